@@ -1,0 +1,3 @@
+from privalign.cli import entrypoint
+
+entrypoint()

@@ -1,0 +1,160 @@
+"""Validation helpers with one message format.
+
+Format (after scikit-learn): ``The 'epsilon' parameter must be a float in the range (0, inf). Got -1.0
+instead.`` Wrong types raise ``TypeError``; wrong values raise :class:`PrivacyParameterError`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from privalign.errors import PrivacyParameterError
+
+__all__ = [
+    "check_real",
+    "check_int",
+    "check_probability",
+    "check_finite_vector",
+    "check_finite_matrix",
+    "check_in_range",
+    "check_choice",
+]
+
+
+def _fmt_range(low: float | None, high: float | None, closed: str) -> str:
+    lo = "-inf" if low is None else f"{low:g}"
+    hi = "inf" if high is None else f"{high:g}"
+    left = "[" if closed in ("left", "both") and low is not None else "("
+    right = "]" if closed in ("right", "both") and high is not None else ")"
+    return f"{left}{lo}, {hi}{right}"
+
+
+def check_real(
+    value: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    closed: str = "neither",
+    allow_inf: bool = False,
+) -> float:
+    """Return ``float(value)`` after checking it is a finite real in the given interval.
+
+    Args:
+      value: The value to check.
+      name: The parameter's name, used in the message.
+      low, high: Bounds (``None`` = unbounded).
+      closed: Which ends are closed: ``"neither"``, ``"left"``, ``"right"`` or ``"both"``.
+      allow_inf: Accept ``+inf`` (e.g. ε = ∞ meaning "no privacy").
+
+    Raises:
+      TypeError: not a real number.
+      PrivacyParameterError: NaN, infinite (unless allowed) or outside the interval.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"The '{name}' parameter must be a real number. Got {value!r} of type {type(value).__name__} instead.")
+    v = float(value)
+    rng = _fmt_range(low, high, closed)
+    if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0 and high is None)):
+        raise PrivacyParameterError(f"The '{name}' parameter must be a finite float in the range {rng}. Got {v!r} instead.")
+    ok = True
+    if low is not None:
+        ok &= v >= low if closed in ("left", "both") else v > low
+    if high is not None:
+        ok &= v <= high if closed in ("right", "both") else v < high
+    if not ok:
+        raise PrivacyParameterError(f"The '{name}' parameter must be a float in the range {rng}. Got {v!r} instead.")
+    return v
+
+
+def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
+    """Return ``int(value)`` after checking it is an integer in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"The '{name}' parameter must be an int. Got {value!r} of type {type(value).__name__} instead.")
+    v = int(value)
+    if (low is not None and v < low) or (high is not None and v > high):
+        lo = "-inf" if low is None else str(low)
+        hi = "inf" if high is None else str(high)
+        raise PrivacyParameterError(f"The '{name}' parameter must be an int in the range [{lo}, {hi}]. Got {v} instead.")
+    return v
+
+
+def check_probability(value: Any, name: str, *, closed: str = "neither") -> float:
+    """A probability in (0, 1) by default (δ, flip probabilities)."""
+    return check_real(value, name, low=0.0, high=1.0, closed=closed)
+
+
+def check_in_range(value: float, name: str, low: float, high: float) -> float:
+    """A real in the closed interval ``[low, high]``."""
+    return check_real(value, name, low=low, high=high, closed="both")
+
+
+def check_choice(value: Any, name: str, choices: tuple | list) -> Any:
+    if value not in choices:
+        raise PrivacyParameterError(f"The '{name}' parameter must be one of {list(choices)}. Got {value!r} instead.")
+    return value
+
+
+def check_finite_vector(
+    values: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    clip: bool = False,
+    min_size: int = 1,
+) -> np.ndarray:
+    """Return a 1-D float64 array, checking it is non-empty and finite.
+
+    If ``low``/``high`` are given, values outside ``[low, high]`` are an error unless ``clip=True``
+    (clipping is a data-independent, 1-Lipschitz map, so it never increases sensitivity).
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1:
+        raise PrivacyParameterError(f"The '{name}' parameter must be a 1-D array. Got an array of shape {arr.shape} instead.")
+    return _check_array(arr, name, low=low, high=high, clip=clip, min_size=min_size)
+
+
+def check_finite_matrix(
+    values: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    clip: bool = False,
+) -> np.ndarray:
+    """Return a 2-D float64 array (rows = prompts), checking it is non-empty and finite."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 2:
+        raise PrivacyParameterError(f"The '{name}' parameter must be a 2-D array. Got an array of shape {arr.shape} instead.")
+    if arr.shape[1] == 0:
+        raise PrivacyParameterError(f"The '{name}' parameter must have at least one column. Got shape {arr.shape} instead.")
+    return _check_array(arr, name, low=low, high=high, clip=clip, min_size=1)
+
+
+def _check_array(arr: np.ndarray, name: str, *, low, high, clip, min_size) -> np.ndarray:
+    if arr.size < min_size:
+        raise PrivacyParameterError(f"The '{name}' parameter must have at least {min_size} element(s). Got {arr.size} instead.")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        idx = np.argwhere(bad)[0]
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must contain only finite values. Got {arr[tuple(idx)]!r} at index {tuple(int(i) for i in idx)}."
+        )
+    if low is not None or high is not None:
+        lo = -np.inf if low is None else low
+        hi = np.inf if high is None else high
+        if clip:
+            return np.clip(arr, lo, hi)
+        out = (arr < lo) | (arr > hi)
+        if out.any():
+            idx = np.argwhere(out)[0]
+            raise PrivacyParameterError(
+                f"The '{name}' parameter must lie in the declared public range [{lo:g}, {hi:g}] "
+                f"(pass clip=True to clip). Got {arr[tuple(idx)]!r} at index {tuple(int(i) for i in idx)}."
+            )
+    return arr

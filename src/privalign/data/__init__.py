@@ -1,0 +1,1 @@
+"""privalign.data"""

@@ -1,0 +1,223 @@
+"""Noise sources: one interface, two implementations.
+
+* :class:`SeededNoise` wraps a ``numpy.random.Generator``. For experiments and reproducibility. PCG64 is
+  *not* a cryptographically secure generator, and numpy's float samplers are vulnerable to
+  floating-point attacks (Mironov 2012): never use it to serve real users (see LIMITATIONS.md).
+* :class:`SecureNoise` draws from OS entropy and uses OpenDP's floating-point-safe samplers for the
+  Laplace, Gaussian and Gumbel-argmax draws. It refuses seeds.
+
+Mechanisms take ``rng`` as a required keyword argument, either a ``numpy.random.Generator`` or a
+:class:`NoiseSource`; :func:`as_noise_source` converts. Nothing in privalign seeds global state.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from privalign.errors import MissingDependencyError, PrivacyParameterError
+
+__all__ = ["NoiseSource", "SeededNoise", "SecureNoise", "as_noise_source", "as_generator"]
+
+
+@runtime_checkable
+class NoiseSource(Protocol):
+    """What a mechanism needs from a source of randomness.
+
+    All methods return float64 arrays (or int arrays for indices). ``scale`` is the distribution's scale
+    parameter (Gumbel β, Laplace b, Gaussian standard deviation σ).
+    """
+
+    secure: bool
+
+    def uniform(self, size: int | tuple[int, ...]) -> np.ndarray: ...
+
+    def gumbel(self, scale: float, size: int | tuple[int, ...]) -> np.ndarray: ...
+
+    def laplace(self, scale: float, size: int | tuple[int, ...]) -> np.ndarray: ...
+
+    def normal(self, scale: float, size: int | tuple[int, ...]) -> np.ndarray: ...
+
+    def gumbel_argmax(self, scores: np.ndarray, scale: float) -> np.ndarray:
+        """``argmax(scores + Gumbel(scale))`` along the last axis (ints, shape ``scores.shape[:-1]``)."""
+        ...
+
+    def bernoulli(self, p: float | np.ndarray, size: int | tuple[int, ...] | None = None) -> np.ndarray: ...
+
+    def permutation(self, n: int) -> np.ndarray: ...
+
+
+class SeededNoise:
+    """Noise from a ``numpy.random.Generator`` (reproducible; not for serving).
+
+    Args:
+      generator: A ``numpy.random.Generator``; an int seed or ``None`` is turned into one with
+        ``numpy.random.default_rng``.
+    """
+
+    secure = False
+
+    def __init__(self, generator: np.random.Generator | int | None = None) -> None:
+        self.generator = as_generator(generator)
+
+    def uniform(self, size):
+        return self.generator.random(size)
+
+    def gumbel(self, scale, size):
+        return self.generator.gumbel(0.0, scale, size)
+
+    def laplace(self, scale, size):
+        return self.generator.laplace(0.0, scale, size)
+
+    def normal(self, scale, size):
+        return self.generator.normal(0.0, scale, size)
+
+    def gumbel_argmax(self, scores, scale):
+        scores = np.asarray(scores, dtype=np.float64)
+        if scale == 0.0:
+            return np.argmax(scores, axis=-1)
+        # In-place to avoid a second temporary of the same size.
+        noisy = self.generator.gumbel(0.0, scale, scores.shape)
+        noisy += scores
+        return np.argmax(noisy, axis=-1)
+
+    def bernoulli(self, p, size=None):
+        p = np.asarray(p, dtype=np.float64)
+        shape = p.shape if size is None else size
+        return self.generator.random(shape) < p
+
+    def permutation(self, n):
+        return self.generator.permutation(n)
+
+    def __repr__(self) -> str:
+        return f"SeededNoise({self.generator!r})"
+
+
+class SecureNoise:
+    """Cryptographically secure, floating-point-safe noise (for serving).
+
+    * Uniforms and Bernoullis: 53-bit uniforms from ``os.urandom`` (the OS CSPRNG).
+    * Laplace and Gaussian vectors, Gumbel argmax: OpenDP's samplers (``make_laplace``,
+      ``make_gaussian``, ``make_noisy_max``), which sample exactly and round safely, defending against
+      the floating-point attack of Mironov (2012).
+    * ``gumbel`` (raw Gumbel draws) is built from secure uniforms by inversion; it is used only in
+      diagnostics, never to release a selection (use :meth:`gumbel_argmax`).
+
+    Seeds are refused: a reproducible secure source is a contradiction.
+    """
+
+    secure = True
+
+    def __init__(self, seed: Any = None) -> None:
+        if seed is not None:
+            raise PrivacyParameterError(
+                f"The 'seed' parameter of SecureNoise must be None (secure noise cannot be seeded). Got {seed!r} instead."
+            )
+        try:
+            import opendp.prelude as dp
+        except ImportError as exc:  # pragma: no cover - opendp is a core dependency
+            raise MissingDependencyError("SecureNoise needs opendp: pip install opendp") from exc
+        dp.enable_features("contrib")
+        self._dp = dp
+        self._cache: dict[tuple, Any] = {}
+
+    # -- uniforms from OS entropy -------------------------------------------------------------
+    def uniform(self, size):
+        shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+        n = int(np.prod(shape, dtype=np.int64))
+        raw = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) if n else np.zeros(0, dtype=np.uint64)
+        return ((raw >> np.uint64(11)).astype(np.float64) * (2.0**-53)).reshape(shape)
+
+    def bernoulli(self, p, size=None):
+        p = np.asarray(p, dtype=np.float64)
+        shape = p.shape if size is None else size
+        return self.uniform(shape) < p
+
+    def permutation(self, n):
+        # Fisher-Yates driven by secure uniforms.
+        u = self.uniform(n)
+        return np.argsort(u, kind="stable")
+
+    def gumbel(self, scale, size):
+        u = self.uniform(size)
+        u = np.where(u == 0.0, 2.0**-53, u)
+        return -scale * np.log(-np.log(u))
+
+    # -- OpenDP samplers ----------------------------------------------------------------------
+    def _measurement(self, kind: str, scale: float):
+        key = (kind, float(scale))
+        m = self._cache.get(key)
+        if m is None:
+            dp = self._dp
+            dom = dp.vector_domain(dp.atom_domain(T=float, nan=False))
+            if kind == "laplace":
+                m = dp.m.make_laplace(dom, dp.l1_distance(T=float), scale=float(scale))
+            elif kind == "gaussian":
+                m = dp.m.make_gaussian(dom, dp.l2_distance(T=float), scale=float(scale))
+            elif kind == "gumbel_argmax":
+                # Gumbel noise is what OpenDP uses for noisy max under zCDP; its argmax has the
+                # softmax law exp(s_i/scale)/Σ exp(s_j/scale).
+                m = dp.m.make_noisy_max(
+                    dom, dp.linf_distance(T=float, monotonic=False), dp.zero_concentrated_divergence(), scale=float(scale)
+                )
+            else:  # pragma: no cover
+                raise ValueError(kind)
+            if len(self._cache) > 256:
+                self._cache.clear()
+            self._cache[key] = m
+        return m
+
+    def laplace(self, scale, size):
+        shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+        n = int(np.prod(shape, dtype=np.int64))
+        out = self._measurement("laplace", scale)([0.0] * n)
+        return np.asarray(out, dtype=np.float64).reshape(shape)
+
+    def normal(self, scale, size):
+        shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+        n = int(np.prod(shape, dtype=np.int64))
+        out = self._measurement("gaussian", scale)([0.0] * n)
+        return np.asarray(out, dtype=np.float64).reshape(shape)
+
+    def gumbel_argmax(self, scores, scale):
+        scores = np.asarray(scores, dtype=np.float64)
+        if scale == 0.0:
+            return np.argmax(scores, axis=-1)
+        m = self._measurement("gumbel_argmax", scale)
+        if scores.ndim == 1:
+            return np.int64(m(scores.tolist()))
+        flat = scores.reshape(-1, scores.shape[-1])
+        idx = np.fromiter((m(row.tolist()) for row in flat), dtype=np.int64, count=flat.shape[0])
+        return idx.reshape(scores.shape[:-1])
+
+    def __repr__(self) -> str:
+        return "SecureNoise()"
+
+
+def as_generator(random_state: np.random.Generator | int | None) -> np.random.Generator:
+    """scikit-learn style: turn ``None``/int/Generator into a ``numpy.random.Generator``.
+
+    ``None`` gives a fresh, OS-seeded generator (never the global state).
+    """
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if random_state is None or isinstance(random_state, int | np.integer | np.random.SeedSequence):
+        return np.random.default_rng(random_state)
+    raise TypeError(
+        f"The 'random_state' parameter must be None, an int, a SeedSequence or a numpy.random.Generator. "
+        f"Got {random_state!r} instead."
+    )
+
+
+def as_noise_source(rng: NoiseSource | np.random.Generator) -> NoiseSource:
+    """Accept a ``numpy.random.Generator`` (wrapped in :class:`SeededNoise`) or any :class:`NoiseSource`."""
+    if isinstance(rng, np.random.Generator):
+        return SeededNoise(rng)
+    if isinstance(rng, SeededNoise | SecureNoise) or isinstance(rng, NoiseSource):
+        return rng
+    raise TypeError(
+        "The 'rng' parameter must be a numpy.random.Generator or a privalign NoiseSource "
+        f"(SeededNoise, SecureNoise). Got {rng!r} of type {type(rng).__name__} instead."
+    )
