@@ -44,6 +44,11 @@ class NoiseSource(Protocol):
         """``argmax(scores + Gumbel(scale))`` along the last axis (ints, shape ``scores.shape[:-1]``)."""
         ...
 
+    def gumbel_topk(self, scores: np.ndarray, k: int, scale: float) -> np.ndarray:
+        """Indices of the ``k`` largest of ``scores + Gumbel(scale)`` along the last axis, in decreasing
+        order of the noisy value (ints, shape ``scores.shape[:-1] + (k,)``)."""
+        ...
+
     def bernoulli(self, p: float | np.ndarray, size: int | tuple[int, ...] | None = None) -> np.ndarray: ...
 
     def permutation(self, n: int) -> np.ndarray: ...
@@ -83,6 +88,11 @@ class SeededNoise:
         noisy += scores
         return np.argmax(noisy, axis=-1)
 
+    def gumbel_topk(self, scores, k, scale):
+        scores = np.asarray(scores, dtype=np.float64)
+        noisy = scores.copy() if scale == 0.0 else self.generator.gumbel(0.0, scale, scores.shape) + scores
+        return _topk_desc(noisy, k)
+
     def bernoulli(self, p, size=None):
         p = np.asarray(p, dtype=np.float64)
         shape = p.shape if size is None else size
@@ -99,9 +109,10 @@ class SecureNoise:
     """Cryptographically secure, floating-point-safe noise (for serving).
 
     * Uniforms and Bernoullis: 53-bit uniforms from ``os.urandom`` (the OS CSPRNG).
-    * Laplace and Gaussian vectors, Gumbel argmax: OpenDP's samplers (``make_laplace``,
-      ``make_gaussian``, ``make_noisy_max``), which sample exactly and round safely, defending against
-      the floating-point attack of Mironov (2012).
+    * Laplace and Gaussian vectors, Gumbel argmax and Gumbel top-k: OpenDP's samplers (``make_laplace``,
+      ``make_gaussian``, ``make_noisy_max``, ``make_noisy_top_k``, the last two with the zCDP measure, i.e.
+      Gumbel noise), which sample exactly and round safely, defending against the floating-point attack of
+      Mironov (2012). Their running time is data-dependent (a timing side channel; see LIMITATIONS.md).
     * ``gumbel`` (raw Gumbel draws) is built from secure uniforms by inversion; it is used only in
       diagnostics, never to release a selection (use :meth:`gumbel_argmax`).
 
@@ -136,7 +147,8 @@ class SecureNoise:
         return self.uniform(shape) < p
 
     def permutation(self, n):
-        # Fisher-Yates driven by secure uniforms.
+        # Sort n secure 53-bit uniforms (a uniformly random permutation up to the probability of a tie,
+        # at most n²/2^54, in which case the stable sort keeps index order).
         u = self.uniform(n)
         return np.argsort(u, kind="stable")
 
@@ -161,6 +173,14 @@ class SecureNoise:
                 # softmax law exp(s_i/scale)/Σ exp(s_j/scale).
                 m = dp.m.make_noisy_max(
                     dom, dp.linf_distance(T=float, monotonic=False), dp.zero_concentrated_divergence(), scale=float(scale)
+                )
+            elif kind.startswith("gumbel_topk:"):
+                m = dp.m.make_noisy_top_k(
+                    dom,
+                    dp.linf_distance(T=float, monotonic=False),
+                    dp.zero_concentrated_divergence(),
+                    k=int(kind.split(":", 1)[1]),
+                    scale=float(scale),
                 )
             else:  # pragma: no cover
                 raise ValueError(kind)
@@ -192,8 +212,30 @@ class SecureNoise:
         idx = np.fromiter((m(row.tolist()) for row in flat), dtype=np.int64, count=flat.shape[0])
         return idx.reshape(scores.shape[:-1])
 
+    def gumbel_topk(self, scores, k, scale):
+        scores = np.asarray(scores, dtype=np.float64)
+        if scale == 0.0:
+            return _topk_desc(scores, k)
+        m = self._measurement(f"gumbel_topk:{int(k)}", scale)
+        flat = scores.reshape(-1, scores.shape[-1])
+        idx = np.array([m(row.tolist()) for row in flat], dtype=np.int64).reshape(flat.shape[0], int(k))
+        return idx.reshape(scores.shape[:-1] + (int(k),))
+
     def __repr__(self) -> str:
         return "SecureNoise()"
+
+
+def _topk_desc(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries along the last axis, largest first (equal values among the selected
+    are ordered by index; which of several tied values at the k-th place is selected is unspecified)."""
+    k = int(k)
+    if k == values.shape[-1]:
+        part = np.broadcast_to(np.arange(k), values.shape).copy()
+    else:
+        part = np.argpartition(-values, k - 1, axis=-1)[..., :k]
+    vals = np.take_along_axis(values, part, axis=-1)
+    order = np.lexsort((part, -vals), axis=-1)
+    return np.take_along_axis(part, order, axis=-1)
 
 
 def as_generator(random_state: np.random.Generator | int | None) -> np.random.Generator:
