@@ -1,1 +1,25 @@
-"""privalign.alignment"""
+"""Inference-time alignment: BoN, ITP, PrivBoN, PrivITP, their exact laws, sessions and simulation.
+
+Selectors share one interface: ``select(scores, *, rng, pool_b_scores=None) -> Selection``,
+``select_batch(scores_2d, *, rng, pool_b_scores=None) -> BatchSelection``, ``worst_case_event(n)``
+(before any score is seen) and ``law(scores, *, pool_b_scores=None) -> SelectionLaw``.
+"""
+
+from privalign.alignment.base import FALLBACK, BatchSelection, Selection, SelectionLaw
+from privalign.alignment.bon import BestOfN
+from privalign.alignment.itp import InferenceTimePessimism
+from privalign.alignment.normalizer import solve_normalizer
+from privalign.alignment.priv_bon import PrivBoN
+from privalign.alignment.priv_itp import PrivITP
+
+__all__ = [
+    "FALLBACK",
+    "Selection",
+    "BatchSelection",
+    "SelectionLaw",
+    "BestOfN",
+    "InferenceTimePessimism",
+    "PrivBoN",
+    "PrivITP",
+    "solve_normalizer",
+]

@@ -1,0 +1,294 @@
+"""Ex-post privacy accounting of PrivITP (spec-inference-time §2.4).
+
+Phase 2 of PrivITP accepts candidate i iff ``r_i + Z_i > λ̃ + W·U_i`` (Gaussian AboveThreshold with a
+fresh uniform threshold on ``[λ̃, λ̃ + W]``; ``W = R_max + σ_Z·L − λ̃``). Conditional on ``λ̃`` and for
+scores in the public range ``[0, R_max]`` whose neighbours differ by at most Δ (ℓ∞):
+
+* ``ℓ1(λ̃) = log E_U Φ((λ̃ + W·U − R_max + Δ)/σ_Z) − log E_U Φ((λ̃ + W·U − R_max)/σ_Z)`` (worst rejection
+  ratio, attained at r = R_max vs R_max − Δ);
+* ``ℓ2(λ̃) = log E_U Φ((Δ − λ̃ − W·U)/σ_Z) − log E_U Φ((−λ̃ − W·U)/σ_Z)`` (worst acceptance ratio, at r = 0
+  vs Δ);
+* ``ε2(t; λ̃) = (t − 1)·ℓ1 + ℓ2`` for a stop at t, and ``n·ℓ1`` for the fallback (defect K8 fixed).
+
+``E_U Φ((c + b·U)/σ)`` has the closed form ``(σ/b)·[G((c+b)/σ) − G(c/σ)]`` with ``G(z) = zΦ(z) + φ(z)``
+(``G′ = Φ``); it is evaluated in log space with ``scipy.special.erfcx`` (no grid). Both orderings of each
+neighbour pair are evaluated and the larger kept (the reverse ratios are ≤ 0 by log-concavity, but we do
+not rely on it).
+
+Phase 1 releases ``λ̂ + N(0, σ_X²)``; λ̂ is 1-Lipschitz in ℓ∞ (proof: ``docs/privacy/privitp.md``), so
+this is the Gaussian mechanism with sensitivity Δ: ``ρ1 = Δ²/(2σ_X²)``-zCDP (Bun & Steinke 2016,
+arXiv 1605.02065v1, Prop. 1.6) and (ε1, δ)-DP with ε1 from the analytic Gaussian mechanism (Balle & Wang
+2018, arXiv 1805.06530v2, Thm. 8), computed by ``privalign.accounting.conversions.gaussian_epsilon``.
+The authors' ``ε1 = Δ/σ_X`` (defect K4) is *not* used.
+
+The worst case over the clamped interval ``λ̃ ∈ [−β, R_max − β]`` is a numerical supremum: a dense grid,
+a bounded local refinement around the best grid point, plus a Lipschitz margin estimated from the grid
+(see :func:`phase2_worst_case`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import special
+
+from privalign._validation import check_int, check_real
+
+__all__ = [
+    "log_G",
+    "log_expected_phi",
+    "ell1",
+    "ell2",
+    "epsilon2",
+    "phase2_worst_case",
+    "phase1_epsilon",
+    "phase1_rho",
+    "PrivITPAccountant",
+    "calibrate_privitp_sigma",
+]
+
+_SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def log_G(z: ArrayLike) -> np.ndarray:
+    """``log G(z)`` with ``G(z) = zΦ(z) + φ(z)`` (the antiderivative of Φ), stable for all finite z.
+
+    For z < 0: ``G(z) = φ(z)·(1 + z·m(z))``, ``m(z) = Φ(z)/φ(z) = sqrt(π/2)·erfcx(−z/√2)``; below
+    z = −30 the asymptotic series ``G(z) = φ(z)·Σ_k (−1)^k (2k−1)!!/z^{2k+2}`` (6 terms, relative error
+    < 1e-12) avoids the cancellation in ``1 + z·m(z)``.
+    """
+    z = np.asarray(z, dtype=np.float64)
+    out = np.empty_like(z)
+    logphi = -0.5 * z * z - _LOG_SQRT_2PI
+    pos = z >= 0
+    out[pos] = np.log(z[pos] * special.ndtr(z[pos]) + np.exp(logphi[pos]))
+    mid = (~pos) & (z >= -30.0)
+    zm = z[mid]
+    out[mid] = logphi[mid] + np.log1p(zm * _SQRT_HALF_PI * special.erfcx(-zm / math.sqrt(2.0)))
+    far = z < -30.0
+    zf = z[far]
+    inv2 = 1.0 / (zf * zf)
+    # 1/z² − 3/z⁴ + 15/z⁶ − 105/z⁸ + 945/z¹⁰ − 10395/z¹²
+    series = inv2 * (1 + inv2 * (-3 + inv2 * (15 + inv2 * (-105 + inv2 * (945 - 10395 * inv2)))))
+    out[far] = logphi[far] + np.log(series)
+    return out
+
+
+def _log1mexp(x: np.ndarray) -> np.ndarray:
+    """log(1 − e^x) for x ≤ 0, accurate near 0 and −∞."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
+
+
+def log_expected_phi(c: ArrayLike, b: ArrayLike, sigma: ArrayLike) -> np.ndarray:
+    """``log E_U Φ((c + b·U)/σ)`` for ``U ~ Unif[0, 1]``, in closed form (broadcasting).
+
+    ``E_U Φ((c + bU)/σ) = [G(hi) − G(lo)]/(hi − lo)`` with ``lo, hi`` the sorted ``c/σ, (c+b)/σ``; when
+    ``|b|/σ < 1e-6`` the midpoint value ``log Φ((c + b/2)/σ)`` is used (error O((b/σ)²)).
+
+    Args:
+      c, b: Offsets and widths (any sign).
+      sigma: σ > 0.
+
+    Returns:
+      The log expectation, an array of the broadcast shape.
+    """
+    c, b, sigma = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (c, b, sigma)))
+    lo = np.minimum(c, c + b) / sigma
+    hi = np.maximum(c, c + b) / sigma
+    width = hi - lo
+    small = width < 1e-6
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lg_hi = log_G(hi)
+        lg_lo = log_G(lo)
+        diff = lg_hi + _log1mexp(np.minimum(lg_lo - lg_hi, 0.0))
+        val = diff - np.log(np.where(small, 1.0, width))
+    mid = special.log_ndtr((lo + hi) / 2.0)
+    return np.where(small, mid, val)
+
+
+def _pair_ratio(c_num, c_den, b, sigma):
+    return log_expected_phi(c_num, b, sigma) - log_expected_phi(c_den, b, sigma)
+
+
+def ell1(lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float, sigma_z: float) -> np.ndarray:
+    """Worst-case log ratio of one *rejection* (r = R_max vs R_max − Δ), both orderings, ≥ 0.
+
+    Args:
+      lam_tilde: The released (clamped) noisy normaliser λ̃.
+      width: The threshold width W = R_max + σ_Z·L − λ̃ (from the mechanism object, never recomputed).
+      r_max: The public upper end of the score range.
+      sensitivity: Δ (ℓ∞); ``min(Δ, R_max)`` is used, which is valid because scores lie in [0, R_max].
+      sigma_z: Phase-2 noise standard deviation.
+    """
+    lam = np.asarray(lam_tilde, dtype=np.float64)
+    d = min(float(sensitivity), float(r_max))
+    base = lam - r_max
+    fwd = _pair_ratio(base + d, base, width, sigma_z)
+    rev = _pair_ratio(base, base + d, width, sigma_z)
+    return np.maximum(np.maximum(fwd, rev), 0.0)
+
+
+def ell2(lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float, sigma_z: float) -> np.ndarray:
+    """Worst-case log ratio of one *acceptance* (r = 0 vs Δ), both orderings, ≥ 0 (see :func:`ell1`)."""
+    lam = np.asarray(lam_tilde, dtype=np.float64)
+    d = min(float(sensitivity), float(r_max))
+    w = np.asarray(width, dtype=np.float64)
+    fwd = _pair_ratio(d - lam, -lam, -w, sigma_z)
+    rev = _pair_ratio(-lam, d - lam, -w, sigma_z)
+    return np.maximum(np.maximum(fwd, rev), 0.0)
+
+
+def epsilon2(t: ArrayLike, n: int, lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float,
+             sigma_z: float) -> np.ndarray:
+    """Ex-post phase-2 loss: ``(t − 1)·ℓ1 + ℓ2`` for t = 1..n; ``n·ℓ1`` for the fallback (t = −1 or 0).
+
+    Args:
+      t: Stopping times (1-based), with ``-1`` (or 0) meaning "fallback".
+      n: The phase-2 pool size (only used for the fallback charge).
+      lam_tilde, width, r_max, sensitivity, sigma_z: See :func:`ell1`.
+    """
+    t = np.asarray(t)
+    l1 = ell1(lam_tilde, width=width, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z)
+    l2 = ell2(lam_tilde, width=width, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z)
+    fb = t <= 0
+    return np.where(fb, n * l1, (np.maximum(t, 1) - 1) * l1 + l2)
+
+
+def _worst_objective(lam, n, *, beta, r_max, sensitivity, sigma_z, L):
+    w = r_max + sigma_z * L - lam
+    l1 = ell1(lam, width=w, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z)
+    l2 = ell2(lam, width=w, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z)
+    return np.maximum((n - 1) * l1 + l2, n * l1)
+
+
+def phase2_worst_case(n: int, *, beta: float, r_max: float, sensitivity: float, sigma_z: float, L: float,
+                      grid_size: int = 2049) -> tuple[float, float]:
+    """``sup_{λ̃ ∈ [−β, R_max − β]} max{(n−1)ℓ1 + ℓ2, n·ℓ1}`` with W = R_max + σ_Z·L − λ̃.
+
+    Method: evaluate on ``grid_size`` equally spaced points (h apart), refine on a 257-point grid over the
+    two cells around the best grid point, and add the margin ``2·max_k |f(λ_{k+1}) − f(λ_k)|``, twice the
+    largest grid step of f. The margin over-covers the excess of the supremum over the grid maximum
+    whenever f is Lipschitz with constant at most twice its largest observed slope (f is smooth in λ̃);
+    the tests check the result against a 20× finer grid and that a coarse grid under-reports.
+
+    Returns:
+      ``(upper_bound, argmax_lambda)``.
+    """
+    n = check_int(n, "n", low=1)
+    lo, hi = -beta, r_max - beta
+    grid = np.linspace(lo, hi, grid_size)
+    kw = dict(beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z, L=L)
+    f = _worst_objective(grid, n, **kw)
+    k = int(np.argmax(f))
+    best, arg = float(f[k]), float(grid[k])
+    a, b = grid[max(k - 1, 0)], grid[min(k + 1, grid_size - 1)]
+    if b > a:
+        fine = np.linspace(a, b, 257)
+        ff = _worst_objective(fine, n, **kw)
+        j = int(np.argmax(ff))
+        if ff[j] > best:
+            best, arg = float(ff[j]), float(fine[j])
+    margin = 2.0 * float(np.max(np.abs(np.diff(f)))) if grid_size > 1 else 0.0
+    return best + margin, arg
+
+
+def phase1_rho(sensitivity: float, sigma_x: float) -> float:
+    """ρ1 = Δ²/(2σ_X²): zCDP of the Gaussian on λ̂ (Bun & Steinke 2016, arXiv 1605.02065v1, Prop. 1.6)."""
+    return sensitivity**2 / (2.0 * sigma_x**2)
+
+
+def phase1_epsilon(sensitivity: float, sigma_x: float, delta: float) -> float:
+    """Smallest ε1 with the Gaussian on λ̂ (sensitivity Δ, std σ_X) (ε1, δ)-DP.
+
+    Uses the analytic Gaussian mechanism (Balle & Wang 2018, arXiv 1805.06530v2, Thm. 8) via
+    ``privalign.accounting.conversions.gaussian_epsilon(noise_multiplier=σ_X/Δ, delta)``.
+    """
+    from privalign.accounting.conversions import gaussian_epsilon
+
+    return float(gaussian_epsilon(sigma_x / sensitivity, delta))
+
+
+@dataclass(frozen=True)
+class PrivITPAccountant:
+    """All of PrivITP's per-prompt accounting for fixed public parameters.
+
+    Args:
+      beta, r_max, sensitivity, sigma_x, sigma_z, L, delta: The mechanism's public parameters (the
+        *same* values the mechanism samples with: build it from the mechanism, never separately).
+    """
+
+    beta: float
+    r_max: float
+    sensitivity: float
+    sigma_x: float
+    sigma_z: float
+    L: float
+    delta: float
+
+    @property
+    def epsilon1(self) -> float:
+        return phase1_epsilon(self.sensitivity, self.sigma_x, self.delta)
+
+    @property
+    def rho1(self) -> float:
+        return phase1_rho(self.sensitivity, self.sigma_x)
+
+    def width(self, lam_tilde: ArrayLike) -> np.ndarray:
+        return self.r_max + self.sigma_z * self.L - np.asarray(lam_tilde, dtype=np.float64)
+
+    def epsilon2(self, t: ArrayLike, n: int, lam_tilde: ArrayLike) -> np.ndarray:
+        return epsilon2(t, n, lam_tilde, width=self.width(lam_tilde), r_max=self.r_max,
+                        sensitivity=self.sensitivity, sigma_z=self.sigma_z)
+
+    def epsilon2_max(self, n: int) -> float:
+        return phase2_worst_case(n, beta=self.beta, r_max=self.r_max, sensitivity=self.sensitivity,
+                                 sigma_z=self.sigma_z, L=self.L)[0]
+
+    def epsilon_max(self, n: int) -> float:
+        """Data-independent worst case ε1(δ) + sup ε2, reserved before running on a pool of n."""
+        return self.epsilon1 + self.epsilon2_max(n)
+
+    def realized(self, t: ArrayLike, n: int, lam_tilde: ArrayLike) -> np.ndarray:
+        """ε1(δ) + ε2(t; λ̃), capped at :meth:`epsilon_max` (never above it)."""
+        return np.minimum(self.epsilon1 + self.epsilon2(t, n, lam_tilde), self.epsilon_max(n))
+
+
+def calibrate_privitp_sigma(epsilon: float, delta: float, n: int, *, beta: float, r_max: float = 1.0,
+                            sensitivity: float | None = None, L: float = 3.0, ratio: float = 1.0,
+                            rtol: float = 1e-4) -> float:
+    """Smallest common scale σ (σ_X = σ, σ_Z = ratio·σ) whose worst case ``ε_max(n) ≤ epsilon`` at δ.
+
+    Used to compare PrivITP with other mechanisms at equal *worst-case* (ε, δ) (defect K12) instead of
+    equal σ. Bisection on σ (ε_max is non-increasing in σ: ε1 decreases in σ_X, and the phase-2 ratios
+    shrink as σ_Z grows, checked numerically); the returned σ satisfies ``ε_max ≤ epsilon``.
+
+    Raises:
+      PrivacyParameterError: bad parameters, or no σ ≤ 1e6·Δ reaches ``epsilon``.
+    """
+    from privalign.errors import PrivacyParameterError
+
+    epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither")
+    d = r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
+
+    def eps_max(s: float) -> float:
+        acc = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=d, sigma_x=s, sigma_z=ratio * s, L=L,
+                                delta=delta)
+        return acc.epsilon_max(n)
+
+    lo, hi = 1e-3 * d, d
+    while eps_max(hi) > epsilon:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e6 * d:
+            raise PrivacyParameterError(f"The 'epsilon' parameter {epsilon!r} is not reachable for n={n}, delta={delta!r}.")
+    while hi - lo > rtol * hi:
+        mid = 0.5 * (lo + hi)
+        if eps_max(mid) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi

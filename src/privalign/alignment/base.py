@@ -1,0 +1,132 @@
+"""Shared types of the inference-time selectors: :class:`Selection`, :class:`BatchSelection`,
+:class:`SelectionLaw` and the :data:`FALLBACK` marker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from privalign._validation import check_finite_matrix, check_finite_vector
+from privalign.accounting.events import PrivacyEvent
+from privalign.errors import PrivacyParameterError
+
+__all__ = ["FALLBACK", "Selection", "BatchSelection", "SelectionLaw", "LazyEvents"]
+
+#: Index returned when a rejection-sampling selector accepted nothing: the caller must serve one more
+#: *fresh* sample from the base policy (spec §2.2 step 7; defect K14).
+FALLBACK = -1
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One query's outcome.
+
+    Attributes:
+      index: The selected candidate (0-based, into the pool the selector chose from: pool B for the
+        two-pool methods), or :data:`FALLBACK`.
+      event: The privacy event realized by this selection (what a filter settles).
+      worst_case_event: The data-independent worst case (what a filter reserves).
+      diagnostics: Released diagnostics (e.g. ``lambda_tilde``, ``t``, ``M``); never private values of a
+        private selector.
+    """
+
+    index: int
+    event: PrivacyEvent
+    worst_case_event: PrivacyEvent
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.index == FALLBACK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": int(self.index),
+            "fallback": self.is_fallback,
+            "event": self.event.to_dict(),
+            "worst_case_event": self.worst_case_event.to_dict(),
+            "diagnostics": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in self.diagnostics.items()},
+        }
+
+
+@dataclass(frozen=True)
+class BatchSelection:
+    """Outcomes of a vectorized batch: ``indices`` (``FALLBACK`` where nothing was accepted), one realized
+    event per row, the common worst case, and diagnostic arrays (one entry per row)."""
+
+    indices: np.ndarray
+    events: Sequence[PrivacyEvent]
+    worst_case_event: PrivacyEvent
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    def __getitem__(self, i: int) -> Selection:
+        return Selection(int(self.indices[i]), self.events[i], self.worst_case_event,
+                         {k: v[i].item() if isinstance(v[i], np.generic) else v[i] for k, v in self.diagnostics.items()})
+
+
+class LazyEvents(Sequence):
+    """A read-only sequence of per-row events built on first access (validated events are costly to
+    construct by the ten thousand, and most batch callers only read a few)."""
+
+    def __init__(self, factory, length: int) -> None:
+        self._factory, self._len, self._cache = factory, int(length), {}
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._len))]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(i)
+        ev = self._cache.get(i)
+        if ev is None:
+            ev = self._cache[i] = self._factory(i)
+        return ev
+
+
+@dataclass(frozen=True)
+class SelectionLaw:
+    """Exact law of a selection: ``probabilities[i]`` = P(select candidate i), ``fallback`` = P(fallback).
+
+    ``error_bound`` bounds |computed − exact| for every entry (0 for closed forms; for PrivITP the
+    quadrature error estimate, see :func:`privalign.alignment.laws.privitp_law`).
+    """
+
+    probabilities: np.ndarray
+    fallback: float = 0.0
+    error_bound: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"probabilities": [float(p) for p in self.probabilities], "fallback": float(self.fallback),
+                "error_bound": float(self.error_bound)}
+
+
+def scores_vector(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
+    """Validate one query's scores (finite, non-empty; in ``[0, r_max]`` unless ``clip``)."""
+    if r_max is None:
+        return check_finite_vector(scores, name)
+    return check_finite_vector(scores, name, low=0.0, high=r_max, clip=clip)
+
+
+def scores_matrix(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
+    if r_max is None:
+        return check_finite_matrix(scores, name)
+    return check_finite_matrix(scores, name, low=0.0, high=r_max, clip=clip)
+
+
+def require_pool_b(pool_b, method: str):
+    if pool_b is None:
+        raise PrivacyParameterError(
+            f"The 'pool_b_scores' parameter is required by {method}: phase 2 must run on a fresh pool of "
+            "candidates independent of pool A (spec §2.2, defect K1). Got None instead."
+        )
+    return pool_b

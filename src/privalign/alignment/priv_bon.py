@@ -1,0 +1,103 @@
+"""PrivBoN: private Best-of-N by Gumbel noisy-argmax (spec-inference-time §2.3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from privalign._validation import check_real
+from privalign.accounting.events import NoisyArgmaxEvent, NonPrivateEvent, PrivacyEvent
+from privalign.alignment.base import BatchSelection, Selection, SelectionLaw, scores_matrix, scores_vector
+from privalign.alignment.laws import softmax_law
+
+__all__ = ["PrivBoN"]
+
+
+class PrivBoN:
+    """Select ``argmax_i (r_i + g_i)``, ``g_i ~ Gumbel(0, σ)``, ``σ = max(2Δ/ε, σ_reg)``.
+
+    Scores must lie in the public range ``[0, r_max]`` (an error unless ``clip=True``; clipping is
+    1-Lipschitz so it never increases Δ). The Gumbel draw is the exponential mechanism, so the law is
+    the softmax ``exp(r_i/σ)/Σ_j exp(r_j/σ)``.
+
+    Args:
+      epsilon: Requested ε > 0; ``math.inf`` means no privacy (≡ BoN unless ``sigma_reg`` > 0).
+      sensitivity: Δ_r, the public ℓ∞ sensitivity of the scores (default ``r_max``, always valid after
+        clipping).
+      r_max: Public upper end of the score range.
+      clip: Clip scores into ``[0, r_max]`` instead of raising.
+      sigma_reg: Optional regularisation temperature (``theory.sigma_reg``). When
+        ``σ_reg > 2Δ/ε`` the mechanism uses σ = σ_reg and reports the smaller ``ε_eff = 2Δ/σ_reg`` it
+        actually spends.
+
+    Privacy:
+      Unit: one training record of the reward model. Relation: replace-one. Sensitivity: ℓ∞ of the
+      scores ≤ Δ. Guarantee: ε_eff-DP (exponential mechanism; the pool is data-independent), and
+      ε_eff²/8-zCDP (bounded range). Event: ``NoisyArgmaxEvent(epsilon=ε_eff)``, or ``NonPrivateEvent``
+      when σ = 0.
+
+    References:
+      McSherry & Talwar 2007 (exponential mechanism, Thm. 6); Durfee & Rogers 2019, arXiv 1905.04273
+      (bounded range); Cesar & Rogers 2021, arXiv 2004.07223v2 (ε-BR ⇒ ε²/8-zCDP, Lemma 3.2); paper 1,
+      arXiv 2608.26324v1 (PrivBoN; theorem numbers not available).
+    """
+
+    name = "privbon"
+
+    def __init__(self, epsilon: float, *, sensitivity: float | None = None, r_max: float = 1.0,
+                 clip: bool = False, sigma_reg: float | None = None) -> None:
+        self.epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither", allow_inf=True)
+        self.r_max = check_real(r_max, "r_max", low=0.0, closed="neither")
+        self.sensitivity = self.r_max if sensitivity is None else check_real(
+            sensitivity, "sensitivity", low=0.0, closed="neither")
+        self.sigma_reg = None if sigma_reg is None else check_real(sigma_reg, "sigma_reg", low=0.0, closed="left")
+        self.clip = bool(clip)
+
+    @property
+    def scale(self) -> float:
+        """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)``."""
+        s = 0.0 if math.isinf(self.epsilon) else 2.0 * self.sensitivity / self.epsilon
+        return max(s, self.sigma_reg or 0.0)
+
+    @property
+    def epsilon_effective(self) -> float:
+        """``2Δ/σ`` (≤ the requested ε; ∞ when σ = 0)."""
+        return math.inf if self.scale == 0.0 else 2.0 * self.sensitivity / self.scale
+
+    @property
+    def event(self) -> PrivacyEvent:
+        return NonPrivateEvent() if self.scale == 0.0 else NoisyArgmaxEvent(epsilon=self.epsilon_effective)
+
+    def worst_case_event(self, n: int | None = None) -> PrivacyEvent:
+        return self.event
+
+    def _argmax(self, r: np.ndarray, rng) -> np.ndarray:
+        if self.scale == 0.0:
+            return np.argmax(r, axis=-1)
+        from privalign.mechanisms.selection import NoisyArgmax
+
+        mech = NoisyArgmax(epsilon=self.epsilon_effective, sensitivity=self.sensitivity)
+        return np.asarray(mech(r, rng=rng))
+
+    def select(self, scores: ArrayLike, *, rng, pool_b_scores=None) -> Selection:
+        """Select one index (``pool_b_scores`` is ignored: one pool).
+
+        Raises:
+          PrivacyParameterError: non-finite scores, or scores outside [0, r_max] without ``clip``.
+        """
+        r = scores_vector(scores, "scores", r_max=self.r_max, clip=self.clip)
+        i = int(self._argmax(r, rng))
+        return Selection(i, self.event, self.event, {"scale": self.scale, "epsilon_effective": self.epsilon_effective,
+                                                     "n": r.size})
+
+    def select_batch(self, scores: ArrayLike, *, rng, pool_b_scores=None) -> BatchSelection:
+        r = scores_matrix(scores, "scores", r_max=self.r_max, clip=self.clip)
+        idx = np.asarray(self._argmax(r, rng), dtype=np.int64).reshape(r.shape[0])
+        return BatchSelection(idx, [self.event] * r.shape[0], self.event, {})
+
+    def law(self, scores: ArrayLike, *, pool_b_scores=None) -> SelectionLaw:
+        """The exact softmax law."""
+        r = scores_vector(scores, "scores", r_max=self.r_max, clip=self.clip)
+        return SelectionLaw(softmax_law(r, self.scale))

@@ -1,0 +1,109 @@
+"""``privalign select``: run one inference-time selector on a list of scores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+__all__ = ["register", "add_selector_args", "build_selector", "parse_floats"]
+
+
+def parse_floats(text: str, name: str) -> list[float]:
+    from privalign.errors import PrivacyParameterError
+
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PrivacyParameterError(f"The '{name}' parameter must be a comma-separated list of numbers. Got {text!r} instead.") from None
+    if not vals:
+        raise PrivacyParameterError(f"The '{name}' parameter must list at least one number. Got {text!r} instead.")
+    return vals
+
+
+def add_selector_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", required=True, choices=["bon", "itp", "privbon", "privitp"], help="selector")
+    p.add_argument("--scores", required=True, help="comma-separated proxy rewards of pool A (the only pool for bon/privbon)")
+    p.add_argument("--scores-b", default=None, help="comma-separated rewards of the fresh pool B (itp, privitp)")
+    p.add_argument("--r-max", type=float, default=1.0, help="public upper end of the score range [0, R_max] (default 1)")
+    p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max] instead of failing")
+    p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
+    p.add_argument("--epsilon", type=float, default=None, help="PrivBoN ε ('inf' = BoN)")
+    p.add_argument("--sigma-reg", type=float, default=None, help="PrivBoN regularisation temperature (σ = max(2Δ/ε, σ_reg))")
+    p.add_argument("--beta", type=float, default=None, help="ITP/PrivITP β > 0")
+    p.add_argument("--sigma-x", type=float, default=None, help="PrivITP phase-1 noise σ_X > 0")
+    p.add_argument("--sigma-z", type=float, default=None, help="PrivITP phase-2 noise σ_Z > 0")
+    p.add_argument("--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)")
+    p.add_argument("--delta", type=float, default=1e-6, help="PrivITP phase-1 δ (default 1e-6)")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+
+
+def _need(args, name):
+    from privalign.errors import PrivacyParameterError
+
+    v = getattr(args, name)
+    if v is None:
+        raise PrivacyParameterError(f"The '--{name.replace('_', '-')}' option is required for --method {args.method}.")
+    return v
+
+
+def build_selector(args):
+    from privalign.alignment import BestOfN, InferenceTimePessimism, PrivBoN, PrivITP
+
+    if args.method == "bon":
+        return BestOfN()
+    if args.method == "itp":
+        return InferenceTimePessimism(_need(args, "beta"), r_max=args.r_max, clip=args.clip)
+    if args.method == "privbon":
+        return PrivBoN(_need(args, "epsilon"), sensitivity=args.sensitivity, r_max=args.r_max, clip=args.clip,
+                       sigma_reg=args.sigma_reg)
+    return PrivITP(_need(args, "beta"), sigma_x=_need(args, "sigma_x"), sigma_z=_need(args, "sigma_z"),
+                   r_max=args.r_max, L=args.L, delta=args.delta, sensitivity=args.sensitivity, clip=args.clip)
+
+
+def _run(args) -> int:
+    from privalign.rng import SecureNoise, SeededNoise
+
+    sel = build_selector(args)
+    a = parse_floats(args.scores, "scores")
+    b = None if args.scores_b is None else parse_floats(args.scores_b, "scores-b")
+    if args.secure:
+        src = SecureNoise()
+    else:
+        src = SeededNoise(args.seed)
+    out = sel.select(a, rng=src, pool_b_scores=b)
+    d = {"method": args.method, "secure": bool(args.secure), **out.to_dict()}
+    if args.json:
+        print(json.dumps(_clean(d)))
+    else:
+        what = "fallback (serve one fresh sample)" if out.is_fallback else f"candidate {out.index}"
+        print(f"{args.method}: {what}")
+        print(f"  realized: {out.event.to_dict()}")
+        print(f"  worst case: {out.worst_case_event.to_dict()}")
+        if out.diagnostics:
+            print(f"  diagnostics: {out.diagnostics}")
+    if not args.secure and args.seed is None:
+        print("privalign: note: unseeded, non-secure noise (use --secure to serve real users)", file=sys.stderr)
+    return 0
+
+
+def _clean(o):
+    if isinstance(o, float) and math.isinf(o):
+        return "inf"
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_clean(v) for v in o]
+    return o
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("select", help="select one candidate with BoN, ITP, PrivBoN or PrivITP",
+                              description="Run one inference-time selector on given scores and print the chosen "
+                                          "index (or the fallback), the realized privacy cost and the worst case.")
+    add_selector_args(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--seed", type=int, default=None, help="seed a reproducible (non-secure) noise source")
+    g.add_argument("--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,288 @@
+"""Scored candidate pools: the JSON Lines format of spec-inference-time §5.3 (+ ``true_reward``, ``meta``).
+
+One JSON object per line, one line per prompt::
+
+    {"prompt": str, "choices": [str, ...]?, "subject": str?, "gt_answer": str?,
+     "responses": [{"text": str, "proxy_reward": float,
+                    "is_correct": bool?, "true_reward": float?, "predicted_answer": str|null?}, ...],
+     "meta": {...}?}
+
+* ``proxy_reward`` (the reward model's score r̂) is required and finite.
+* The true reward is ``true_reward`` when present, else ``float(is_correct)``; a response may have
+  neither (then only proxy-reward metrics are available).
+* ``meta`` (optional, per line) records the generator id, reward-model id, sampling parameters, seed
+  entropy and ``format_version``; files without it are accepted unchanged.
+* Files ending in ``.gz`` are gzip-compressed. Reading streams line by line; every defect raises
+  :class:`~privalign.errors.DataFormatError` naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privalign.errors import DataFormatError
+
+__all__ = ["FORMAT_VERSION", "Response", "PoolRecord", "ScoredPool", "iter_pool", "read_pool", "write_pool"]
+
+FORMAT_VERSION = "privalign-pool/1"
+
+
+@dataclass(frozen=True)
+class Response:
+    """One scored candidate."""
+
+    text: str
+    proxy_reward: float
+    is_correct: bool | None = None
+    true_reward: float | None = None
+    predicted_answer: str | None = None
+
+    @property
+    def true_value(self) -> float:
+        """``true_reward`` if set, else ``float(is_correct)``, else NaN."""
+        if self.true_reward is not None:
+            return float(self.true_reward)
+        if self.is_correct is not None:
+            return float(self.is_correct)
+        return math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"text": self.text, "proxy_reward": self.proxy_reward}
+        for k in ("is_correct", "true_reward", "predicted_answer"):
+            v = getattr(self, k)
+            if v is not None or k == "predicted_answer" and self.is_correct is not None:
+                d[k] = v
+        return d
+
+
+@dataclass(frozen=True)
+class PoolRecord:
+    """One prompt with its scored candidates (one line of a pool file)."""
+
+    prompt: str
+    responses: tuple[Response, ...]
+    gt_answer: str | None = None
+    choices: tuple[str, ...] | None = None
+    subject: str | None = None
+    meta: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def proxy(self) -> np.ndarray:
+        return np.array([r.proxy_reward for r in self.responses], dtype=np.float64)
+
+    @property
+    def true(self) -> np.ndarray:
+        return np.array([r.true_value for r in self.responses], dtype=np.float64)
+
+    def to_dict(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {"prompt": self.prompt}
+        if self.choices is not None:
+            d["choices"] = list(self.choices)
+        if self.subject is not None:
+            d["subject"] = self.subject
+        if self.gt_answer is not None:
+            d["gt_answer"] = self.gt_answer
+        d.update(self.extra)
+        d["responses"] = [r.to_dict() for r in self.responses]
+        m = dict(self.meta or {})
+        if meta:
+            m.update(meta)
+        if m:
+            m.setdefault("format_version", FORMAT_VERSION)
+            d["meta"] = m
+        return d
+
+
+def _open(path: Path, mode: str):
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def _fail(path, lineno, fld, msg):
+    raise DataFormatError(f"{path}:{lineno}: field '{fld}' {msg}")
+
+
+def _real(v, path, lineno, fld) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
+        _fail(path, lineno, fld, f"must be a finite number; got {v!r}")
+    return float(v)
+
+
+def _opt_str(v, path, lineno, fld):
+    if v is not None and not isinstance(v, str):
+        _fail(path, lineno, fld, f"must be a string or null; got {v!r}")
+    return v
+
+
+def _parse(obj: Any, path, lineno: int) -> PoolRecord:
+    if not isinstance(obj, dict):
+        _fail(path, lineno, "<line>", f"must be a JSON object; got {type(obj).__name__}")
+    if not isinstance(obj.get("prompt"), str):
+        _fail(path, lineno, "prompt", f"is required and must be a string; got {obj.get('prompt')!r}")
+    resp = obj.get("responses")
+    if not isinstance(resp, list) or not resp:
+        _fail(path, lineno, "responses", f"is required and must be a non-empty list; got {resp!r:.80}")
+    out = []
+    for j, r in enumerate(resp):
+        f = f"responses[{j}]"
+        if not isinstance(r, dict):
+            _fail(path, lineno, f, f"must be an object; got {r!r:.80}")
+        text = r.get("text", "")
+        if not isinstance(text, str):
+            _fail(path, lineno, f + ".text", f"must be a string; got {text!r:.80}")
+        if "proxy_reward" not in r:
+            _fail(path, lineno, f + ".proxy_reward", "is required")
+        pr = _real(r["proxy_reward"], path, lineno, f + ".proxy_reward")
+        ic = r.get("is_correct")
+        if ic is not None and not isinstance(ic, bool):
+            _fail(path, lineno, f + ".is_correct", f"must be true, false or null; got {ic!r}")
+        tr = r.get("true_reward")
+        tr = None if tr is None else _real(tr, path, lineno, f + ".true_reward")
+        pa = _opt_str(r.get("predicted_answer"), path, lineno, f + ".predicted_answer")
+        out.append(Response(text, pr, ic, tr, pa))
+    choices = obj.get("choices")
+    if choices is not None and (not isinstance(choices, list) or not all(isinstance(c, str) for c in choices)):
+        _fail(path, lineno, "choices", f"must be a list of strings; got {choices!r:.80}")
+    meta = obj.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        _fail(path, lineno, "meta", f"must be an object; got {meta!r:.80}")
+    known = {"prompt", "responses", "choices", "subject", "gt_answer", "meta"}
+    return PoolRecord(
+        prompt=obj["prompt"], responses=tuple(out),
+        gt_answer=_opt_str(obj.get("gt_answer"), path, lineno, "gt_answer"),
+        choices=None if choices is None else tuple(choices),
+        subject=_opt_str(obj.get("subject"), path, lineno, "subject"),
+        meta=meta, extra={k: v for k, v in obj.items() if k not in known},
+    )
+
+
+def iter_pool(path: str | os.PathLike) -> Iterator[PoolRecord]:
+    """Stream the records of a pool file (``.jsonl`` or ``.jsonl.gz``), validating each line.
+
+    Raises:
+      FileNotFoundError: no such file.
+      DataFormatError: a malformed line (message: ``FILE:LINE: field 'F' ...``).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pool file not found: {path}")
+    with _open(path, "r") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})") from None
+            yield _parse(obj, path, lineno)
+
+
+def read_pool(path: str | os.PathLike) -> list[PoolRecord]:
+    """Read a whole pool; an empty pool is an error."""
+    recs = list(iter_pool(path))
+    if not recs:
+        raise DataFormatError(f"{path}: field '<file>' must contain at least one prompt; the pool is empty")
+    return recs
+
+
+def write_pool(path: str | os.PathLike, records: Iterable[PoolRecord | dict], *, meta: dict[str, Any] | None = None) -> int:
+    """Write records atomically (temp file + rename: nothing partial is left on error).
+
+    Args:
+      path: Destination (``.gz`` suffix → gzip).
+      records: :class:`PoolRecord` objects or dicts of the schema (dicts are validated).
+      meta: Merged into each line's ``meta`` (``format_version`` is added).
+
+    Returns:
+      The number of records written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp" + (".gz" if path.suffix == ".gz" else ""))
+    os.close(fd)
+    n = 0
+    try:
+        with _open(Path(tmp), "w") as fh:
+            for i, rec in enumerate(records, start=1):
+                if isinstance(rec, dict):
+                    rec = _parse(rec, "<records>", i)
+                fh.write(json.dumps(rec.to_dict(meta), ensure_ascii=False) + "\n")
+                n += 1
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return n
+
+
+@dataclass(frozen=True)
+class ScoredPool:
+    """Dense arrays view of a pool: ``proxy`` and ``true`` of shape (prompts, max candidates), NaN-padded
+    for ragged pools; ``counts[p]`` = number of candidates of prompt p."""
+
+    proxy: np.ndarray
+    true: np.ndarray
+    counts: np.ndarray
+    prompts: tuple[str, ...] = ()
+
+    @classmethod
+    def from_records(cls, records: Iterable[PoolRecord]) -> ScoredPool:
+        recs = list(records)
+        if not recs:
+            raise DataFormatError("field '<pool>' must contain at least one prompt; the pool is empty")
+        c = max(len(r.responses) for r in recs)
+        proxy = np.full((len(recs), c), np.nan)
+        true = np.full((len(recs), c), np.nan)
+        for i, r in enumerate(recs):
+            proxy[i, : len(r.responses)] = r.proxy
+            true[i, : len(r.responses)] = r.true
+        return cls(proxy, true, np.array([len(r.responses) for r in recs]), tuple(r.prompt for r in recs))
+
+    @classmethod
+    def from_arrays(cls, proxy, true=None) -> ScoredPool:
+        proxy = np.asarray(proxy, dtype=np.float64)
+        true = np.full_like(proxy, np.nan) if true is None else np.asarray(true, dtype=np.float64)
+        if proxy.ndim != 2 or true.shape != proxy.shape:
+            raise DataFormatError(f"field 'proxy'/'true' must be 2-D arrays of the same shape; got {proxy.shape}, {true.shape}")
+        counts = np.sum(np.isfinite(proxy), axis=1)
+        return cls(proxy, true, counts)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> ScoredPool:
+        return cls.from_records(iter_pool(path))
+
+    @property
+    def has_true(self) -> bool:
+        m = np.isfinite(self.proxy)
+        return bool(np.all(np.isfinite(self.true[m])))
+
+    def restrict(self, min_candidates: int) -> tuple[ScoredPool, np.ndarray]:
+        """The prompts with at least ``min_candidates`` candidates (the documented skip rule), all their
+        candidates kept. Returns the sub-pool and the kept prompt indices."""
+        keep = np.flatnonzero(self.counts >= min_candidates)
+        width = int(self.counts[keep].max()) if keep.size else 0
+        sub = ScoredPool(self.proxy[keep][:, :width], self.true[keep][:, :width], self.counts[keep],
+                         tuple(self.prompts[i] for i in keep) if self.prompts else ())
+        return sub, keep
+
+    def to_records(self) -> list[PoolRecord]:
+        out = []
+        for i in range(self.proxy.shape[0]):
+            k = int(self.counts[i])
+            resp = tuple(Response("", float(self.proxy[i, j]),
+                                  true_reward=None if not np.isfinite(self.true[i, j]) else float(self.true[i, j]))
+                         for j in range(k))
+            out.append(PoolRecord(self.prompts[i] if self.prompts else f"prompt-{i}", resp))
+        return out
