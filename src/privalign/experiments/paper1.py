@@ -1,0 +1,424 @@
+"""Paper 1 experiments (private inference-time alignment, arXiv 2608.26324): scaling in N, σ and β
+sweeps, ITP vs PrivITP, ε* on synthetic pools, and the fixed-budget session experiment
+(:mod:`privalign.experiments.budget`).
+
+The evaluation protocol (spec-inference-time §5.4, defects of §6 fixed) is
+:func:`privalign.alignment.simulation.run_protocol` (engineer C): replicates drawn without replacement,
+disjoint phase pools for ITP/PrivITP (K1), exact selection laws (PrivITP: closed form given λ̃,
+quadrature over λ̃; K9), the fallback credited with a fresh base sample (K14), scores clipped to a public
+range (K2, K7). This module turns it into experiments: one cell per N (so an interrupted run resumes at
+the next N), configs, summaries, figures. The only evaluation done here is the **PrivBoN-Gaussian**
+ablation (argmax of r + N(0, σ²), Monte Carlo over ``mc_draws`` noise draws as in the authors'
+``sigma.py``; not calibrated to any ε: K15).
+
+Metrics (per method and N): the **lift** = mean over prompts of (E[truth of the selected response] − the
+prompt's mean truth), in percentage points for 0/1 correctness; the **expected proxy reward** of the
+selected response (in the units of ``transform``); both with standard errors over prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from privalign.experiments.config import Field
+from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
+
+__all__ = ["EXPERIMENTS", "gaussian_rnm_outcomes", "load_scored_pool", "pool_preflight"]
+
+METHODS = ("BoN", "ITP", "PrivBoN", "PrivBoN-Gaussian", "PrivITP")
+
+POOL_FIELDS: dict[str, Field] = {
+    "seed": Field("int", 42, "root seed (SeedSequence entropy)", low=0),
+    "pool": Field("str", "synthetic", "'synthetic', 'shipped' (falls back to synthetic, labelled) or a pool file"),
+    "n_prompts": Field("int", 100, "synthetic: number of prompts; file pools: the first n_prompts", low=1),
+    "pool_size": Field("int", 1024, "synthetic: candidates per prompt", low=1),
+    "syn_p_correct": Field("float", 0.3, "synthetic: mean base accuracy (coverage ≈ 1/p)", low=1e-6),
+    "syn_gap": Field("float", 0.3, "synthetic: proxy mean gap between correct and incorrect", low=0.0),
+    "syn_noise": Field("float", 0.1, "synthetic: proxy noise std (reward-model error)", low=0.0),
+    "syn_hack_rate": Field("float", 0.002, "synthetic: fraction of reward hacks (true 0, high proxy)", low=0.0),
+    "syn_hack_reward": Field("float", 0.97, "synthetic: proxy reward of a hack", low=0.0),
+    "transform": Field("str", "none", "score normalisation", choices=("none", "global_z")),
+    "score_low": Field("float", 0.0, "public clipping range, low end (shifted to 0)"),
+    "score_high": Field("float", 1.0, "public clipping range, high end (R_max = high − low)"),
+    "sensitivity": Field("float", 1.0, "Δ_r used for the reported ε (public)", low=1e-12),
+    "replicates": Field("int", 50, "subsets per (prompt, N)", low=1),
+}
+
+
+def _with_defaults(schema: dict[str, Field], **defaults) -> dict[str, Field]:
+    s = dict(schema)
+    for k, v in defaults.items():
+        f = s[k]
+        s[k] = Field(f.type, v, f.help, f.choices, f.low)
+    return s
+
+
+def _scaling_schema(**defaults) -> dict[str, Field]:
+    s = dict(POOL_FIELDS)
+    s.update({
+        "n_max_log2": Field("int", 12, "N grid 2^0 .. 2^n_max_log2", low=0),
+        "methods": Field("list[str]", ["BoN", "ITP", "PrivBoN", "PrivITP"], "methods", choices=METHODS),
+        "betas": Field("list[float]", [0.05], "ITP β values (score units)", low=1e-12),
+        "sigmas_gumbel": Field("list[float]", [1.0], "PrivBoN Gumbel scales σ (ε_eff = 2Δ_r/σ reported)", low=1e-12),
+        "sigmas_gaussian": Field("list[float]", [1.0], "PrivBoN-Gaussian noise std (ablation, K15)", low=1e-12),
+        "privitp_sigmas": Field("list[float]", [1.0], "PrivITP total σ; σ_X = σ_Z = σ/2", low=1e-12),
+        "privitp_beta": Field("float", 0.05, "PrivITP β", low=1e-12),
+        "privitp_L": Field("float", 4.0, "PrivITP envelope widening L", low=0.0),
+        "privitp_delta": Field("float", 1e-5, "δ of PrivITP's phase-1 Gaussian", low=1e-300),
+        "quad_order": Field("int", 4, "Gauss–Legendre order per panel for PrivITP's λ̃ integral", low=1),
+        "mc_draws": Field("int", 150, "Monte-Carlo draws of the PrivBoN-Gaussian ablation", low=1),
+    })
+    return _with_defaults(s, **defaults)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pools
+# ---------------------------------------------------------------------------------------------------
+
+def _resolve_pool(spec: str) -> tuple[str, Path | None]:
+    from privalign.paths import repo_root
+
+    if spec == "synthetic":
+        return "synthetic", None
+    if spec == "shipped":
+        p = repo_root() / "pools" / "imdb-smollm2.jsonl.gz"
+        return ("file", p) if p.is_file() else ("synthetic-fallback", None)
+    p = Path(spec).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"Pool file not found: {p} (config key 'pool').")
+    return "file", p
+
+
+def load_scored_pool(cfg: dict, ctx: RunContext):
+    """The experiment's :class:`privalign.data.pools.ScoredPool` (cached in ``ctx``)."""
+    if "pool" not in ctx.cache:
+        from privalign.alignment.synthetic import make_synthetic_pool
+
+        ctx.cache["pool"] = make_synthetic_pool(
+            cfg["n_prompts"], cfg["pool_size"], p_correct=cfg["syn_p_correct"], gap=cfg["syn_gap"],
+            noise=cfg["syn_noise"], hack_rate=cfg["syn_hack_rate"], hack_reward=cfg["syn_hack_reward"],
+            random_state=np.random.default_rng(np.random.SeedSequence(cfg["seed"], spawn_key=(2**20,))),
+        )
+    return ctx.cache["pool"]
+
+
+def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
+    """Check the pool before any work: it exists, parses, has true rewards, and is large enough."""
+    from privalign.data.pools import ScoredPool
+
+    if not cfg["score_high"] > cfg["score_low"]:
+        raise ExperimentError(f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']}).")
+    kind, path = _resolve_pool(cfg["pool"])
+    if kind == "file":
+        from privalign.experiments.manifest import file_sha256
+
+        pool = ScoredPool.read(path)
+        if not pool.has_true:
+            raise ExperimentError(
+                f"Pool {path} has responses without a true reward ('is_correct' or 'true_reward'); this "
+                "experiment measures the true-reward lift and needs one for every response."
+            )
+        if pool.proxy.shape[0] > cfg["n_prompts"]:
+            pool = ScoredPool(pool.proxy[: cfg["n_prompts"]], pool.true[: cfg["n_prompts"]],
+                              pool.counts[: cfg["n_prompts"]], pool.prompts[: cfg["n_prompts"]])
+        if int(pool.counts.max()) < min_size:
+            raise ExperimentError(
+                f"Pool {path}: the largest prompt has {int(pool.counts.max())} candidates; this configuration "
+                f"needs {min_size} (2·N_max for the two-pool methods). Lower n_max_log2."
+            )
+        ctx.cache["pool"] = pool
+        ctx.inputs["pool"] = {"kind": "file", "path": str(path), "sha256": file_sha256(path),
+                              "prompts": int(pool.proxy.shape[0])}
+    else:
+        if cfg["pool_size"] < min_size:
+            raise ExperimentError(
+                f"Configuration: pool_size = {cfg['pool_size']}, but this experiment needs {min_size} candidates "
+                "per prompt (2·N_max for the two-pool methods). Raise pool_size or lower n_max_log2."
+            )
+        ctx.inputs["pool"] = {"kind": kind, "note": "synthetic pool (privalign.alignment.synthetic)"
+                              + (": the shipped IMDb pool is absent" if kind == "synthetic-fallback" else "")}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scaling family (p1-scaling, p1-sigma-sweep, p1-beta-sweep, p1-itp-vs-privitp)
+# ---------------------------------------------------------------------------------------------------
+
+def _specs(cfg: dict) -> list[tuple[str, object]]:
+    from privalign.alignment.simulation import MethodSpec
+
+    out: list[tuple[str, object]] = []
+    many = lambda key: len(cfg[key]) > 1
+    for m in cfg["methods"]:
+        if m == "BoN":
+            out.append(("BoN", MethodSpec("bon", label="BoN")))
+        elif m == "ITP":
+            for b in cfg["betas"]:
+                out.append(("ITP", MethodSpec("itp", beta=b, label=f"ITP β={b:g}" if many("betas") else "ITP")))
+        elif m == "PrivBoN":
+            for s in cfg["sigmas_gumbel"]:
+                out.append(("PrivBoN", MethodSpec("privbon", sigma=s,
+                                                  label=f"PrivBoN σ={s:g}" if many("sigmas_gumbel") else "PrivBoN")))
+        elif m == "PrivITP":
+            for s in cfg["privitp_sigmas"]:
+                out.append(("PrivITP", MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=s / 2, sigma_z=s / 2,
+                                                  L=cfg["privitp_L"], delta=cfg["privitp_delta"],
+                                                  label=f"PrivITP σ={s:g}" if many("privitp_sigmas") else "PrivITP")))
+        elif m == "PrivBoN-Gaussian":
+            for s in cfg["sigmas_gaussian"]:
+                out.append(("PrivBoN-Gaussian", s))
+    return out
+
+
+def gaussian_rnm_outcomes(pool, cfg: dict, n: int, rng: np.random.Generator, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """PrivBoN-Gaussian ablation: per prompt, E[truth − base] and E[score − base] of argmax(r + N(0, σ²)) on
+    ``replicates`` subsets of size n (Monte Carlo over ``mc_draws`` noise draws). Scores are the clipped,
+    shifted ones the private methods see; returns arrays over the prompts with ≥ n candidates."""
+    from privalign.alignment.simulation import prepare_scores
+
+    z, clipped, _ = prepare_scores(pool, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]))
+    lifts, proxies = [], []
+    for p in range(pool.proxy.shape[0]):
+        c = int(pool.counts[p])
+        if c < n:
+            continue
+        cp, zp, tp = clipped[p, :c], z[p, :c], pool.true[p, :c]
+        idx = rng.permuted(np.broadcast_to(np.arange(c), (cfg["replicates"], c)), axis=1)[:, :n]
+        cnt = np.zeros(idx.shape)
+        rows = np.arange(idx.shape[0])
+        for _ in range(cfg["mc_draws"]):
+            j = np.argmax(cp[idx] + sigma * rng.standard_normal(idx.shape), axis=1)
+            cnt[rows, j] += 1.0
+        pr = cnt / cfg["mc_draws"]
+        lifts.append(float((pr * tp[idx]).sum(1).mean() - tp.mean()))
+        proxies.append(float((pr * zp[idx]).sum(1).mean() - zp.mean()))
+    return np.array(lifts), np.array(proxies)
+
+
+def _scaling_preflight(cfg: dict, ctx: RunContext) -> None:
+    two = any(m in ("ITP", "PrivITP") for m in cfg["methods"])
+    pool_preflight(cfg, ctx, min_size=2 ** cfg["n_max_log2"] * (2 if two else 1))
+
+
+def _scaling_cells(cfg: dict, ctx: RunContext) -> list[dict]:
+    return [{"cell": f"N={2 ** k}", "N": 2 ** k} for k in range(cfg["n_max_log2"] + 1)]
+
+
+def _finite_or_none(v):
+    if v is None:
+        return None
+    if isinstance(v, list):
+        return [_finite_or_none(x) for x in v]
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
+    from privalign.alignment.simulation import run_protocol
+
+    pool = load_scored_pool(cfg, ctx)
+    n = cell["N"]
+    specs = _specs(cfg)
+    ss_sim, ss_gauss = ss.spawn(2)
+    truth_binary = bool(np.all(np.isin(pool.true[np.isfinite(pool.proxy)], (0.0, 1.0))))
+    scale = 100.0 if truth_binary else 1.0
+    kind = "accuracy" if truth_binary else "true_reward"
+    out: list[dict] = []
+    c_specs = [(m, s) for m, s in specs if m != "PrivBoN-Gaussian"]
+    if c_specs:
+        res = run_protocol(pool, [s for _, s in c_specs], n_grid=[n], replicates=cfg["replicates"],
+                           random_state=ss_sim, transform=cfg["transform"],
+                           score_range=(cfg["score_low"], cfg["score_high"]), sensitivity=cfg["sensitivity"],
+                           skip_short=True, quad_order=cfg["quad_order"], progress=False)
+        for (method, _), m in zip(c_specs, res["methods"]):
+            priv = m["privacy"]
+            rec = {"method": method, "variant": m["name"], "N": n, "n_prompts": res["n_prompts"], "truth_kind": kind,
+                   "lift": scale * m["true_lift"][0], "lift_se": scale * m["true_lift_se"][0],
+                   "proxy": m["proxy"][0] - res["base_proxy"], "proxy_se": m["proxy_se"][0],
+                   "epsilon": _finite_or_none(priv.get("epsilon")), "guarantee": priv.get("guarantee")}
+            if method == "PrivITP":
+                e2 = (priv.get("expected_epsilon2_realized") or [None])[0]
+                rec.update(epsilon1=priv["epsilon1"], delta=priv["delta"],
+                           epsilon_max=_finite_or_none(priv["epsilon_max"][0]),
+                           expected_epsilon_realized=None if e2 is None else _finite_or_none(priv["epsilon1"] + e2))
+            out.append(rec)
+    rng = np.random.default_rng(ss_gauss)
+    for method, sigma in [(m, s) for m, s in specs if m == "PrivBoN-Gaussian"]:
+        lifts, proxies = gaussian_rnm_outcomes(pool, cfg, n, rng, sigma)
+        k = len(lifts)
+        out.append({"method": method, "variant": f"PrivBoN-Gaussian σ={sigma:g}", "N": n, "n_prompts": k,
+                    "truth_kind": kind, "lift": scale * float(lifts.mean()) if k else None,
+                    "lift_se": scale * float(lifts.std(ddof=1) / math.sqrt(k)) if k > 1 else None,
+                    "proxy": float(proxies.mean()) if k else None,
+                    "proxy_se": float(proxies.std(ddof=1) / math.sqrt(k)) if k > 1 else None, "epsilon": None,
+                    "guarantee": "not calibrated (ablation, K15)"})
+    return out
+
+
+def _scaling_summarize(records: list[dict], cfg: dict) -> dict:
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("lift") is not None:
+            by.setdefault(r["variant"], []).append(r)
+    table = []
+    for name, rows in sorted(by.items()):
+        rows.sort(key=lambda r: r["N"])
+        best = max(rows, key=lambda r: r["lift"])
+        last = rows[-1]
+        table.append({"variant": name, "N_max": last["N"], "lift_at_N_max": last["lift"],
+                      "se": last["lift_se"], "best_N": best["N"], "best_lift": best["lift"],
+                      "epsilon (PrivBoN)": last.get("epsilon"), "epsilon_max (PrivITP)": last.get("epsilon_max"),
+                      "E[realized ε] (PrivITP)": last.get("expected_epsilon_realized")})
+    kind = records[0]["truth_kind"] if records else "accuracy"
+    return {"table": table, "truth_kind": kind,
+            "lift_unit": "percentage points" if kind == "accuracy" else "true-reward units",
+            "n_prompts": max((r["n_prompts"] for r in records), default=0)}
+
+
+def _scaling_plot_factory(stem: str, title: str):
+    def plot(run_dir: Path) -> list[str]:
+        from privalign.experiments.plotting import errorbar_series, group_series, new_figure, save_figure
+
+        recs = read_results(run_dir)
+        if not recs:
+            return []
+        kind = recs[0]["truth_kind"]
+        fig, (ax1, ax2) = new_figure(2, 1)
+        errorbar_series(ax1, group_series(recs, "variant", "N", "lift", "lift_se"))
+        errorbar_series(ax2, group_series(recs, "variant", "N", "proxy", "proxy_se"))
+        for ax in (ax1, ax2):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N (candidates per prompt, log scale)")
+            ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+        ax1.set_ylabel("accuracy lift (percentage points)" if kind == "accuracy" else "true-reward lift over base")
+        ax2.set_ylabel("expected proxy reward minus base")
+        ax1.set_title(f"{title}: true objective")
+        ax2.set_title(f"{title}: proxy reward")
+        ax1.legend(loc="best", framealpha=0.85, title="error bars: ±1 SE over prompts", title_fontsize=8)
+        return [save_figure(fig, run_dir, stem)]
+
+    return plot
+
+
+# ---------------------------------------------------------------------------------------------------
+# ε* on synthetic pools
+# ---------------------------------------------------------------------------------------------------
+
+def _epsstar_schema() -> dict[str, Field]:
+    s = dict(POOL_FIELDS)
+    s.update({
+        "N": Field("int", 64, "candidates per prompt", low=1),
+        "epsilons": Field("list[float]", [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256], "PrivBoN ε grid", low=1e-12),
+    })
+    return s
+
+
+def _epsstar_preflight(cfg: dict, ctx: RunContext) -> None:
+    if cfg["pool"] != "synthetic":
+        raise ExperimentError("p1-epsilon-star needs pool = 'synthetic' (ε* needs the known ε_RM and coverage).")
+    pool_preflight(cfg, ctx, min_size=cfg["N"])
+
+
+def _epsstar_cells(cfg: dict, ctx: RunContext) -> list[dict]:
+    return [{"cell": f"eps={e:g}", "epsilon": e} for e in cfg["epsilons"]] + [{"cell": "eps=inf", "epsilon": None}]
+
+
+def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
+    """Two PrivBoN curves: σ = 2Δ_r/ε (plain), and σ = max(2Δ_r/ε, σ_reg) (the spec's implementation
+    rule, ε_eff = 2Δ_r/σ reported), with σ_reg = ε_RM/√C from the known pool quantities."""
+    from privalign.alignment.simulation import MethodSpec, prepare_scores, run_protocol
+    from privalign.alignment.theory import estimate_theory
+
+    pool = load_scored_pool(cfg, ctx)
+    eps = cell["epsilon"]
+    _, clipped, _ = prepare_scores(pool, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]))
+    th = estimate_theory(clipped, pool.true, sensitivity=cfg["sensitivity"])
+    sigma_plain = 0.0 if eps is None else 2 * cfg["sensitivity"] / eps
+    sigma_rule = max(sigma_plain, th["sigma_reg"])
+    specs = [MethodSpec("privbon", sigma=sigma_plain, label="PrivBoN σ=2Δ/ε"),
+             MethodSpec("privbon", sigma=sigma_rule, label="PrivBoN σ=max(2Δ/ε, σ_reg)")]
+    res = run_protocol(pool, specs, n_grid=[cfg["N"]], replicates=cfg["replicates"], random_state=ss,
+                       transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]),
+                       sensitivity=cfg["sensitivity"], skip_short=True, progress=False)
+    j_star = float(np.mean(np.nanmax(pool.true, axis=1)))  # π*: the best-true-reward policy on each pool
+    out = []
+    for variant, sigma, m in zip(("plain", "sigma_reg"), (sigma_plain, sigma_rule), res["methods"]):
+        # SE of the regret = SE of the lift (J(π*) and the base mean are fixed per prompt)
+        out.append({"variant": variant, "label": m["name"], "epsilon": eps, "sigma": sigma,
+                    "epsilon_effective": None if sigma == 0 else 2 * cfg["sensitivity"] / sigma, "N": cfg["N"],
+                    "regret": j_star - m["true_value"][0], "regret_se": m["true_lift_se"][0],
+                    "n_prompts": res["n_prompts"], "eps_rm": th["eps_rm"], "coverage": th["coverage"],
+                    "sensitivity": cfg["sensitivity"], "eps_star": th["epsilon_star"], "sigma_reg": th["sigma_reg"],
+                    "skyline": 0.25 * math.sqrt(th["coverage"] * th["eps_rm"] ** 2)})
+    return out
+
+
+def _epsstar_summarize(records: list[dict], cfg: dict) -> dict:
+    fin = sorted([r for r in records if r["epsilon"] is not None], key=lambda r: (r["variant"], r["epsilon"]))
+    inf = [r for r in records if r["epsilon"] is None and r["variant"] == "plain"]
+    if not fin:
+        return {}
+    plain = [r for r in fin if r["variant"] == "plain"]
+    best = min(plain, key=lambda r: r["regret"])
+    return {"eps_star": fin[0]["eps_star"], "sigma_reg": fin[0]["sigma_reg"], "skyline": fin[0]["skyline"],
+            "eps_rm": fin[0]["eps_rm"], "coverage": fin[0]["coverage"], "best_epsilon_on_grid_plain": best["epsilon"],
+            "best_regret_plain": best["regret"], "regret_bon": inf[0]["regret"] if inf else None,
+            "table": [{"curve": r["label"], "epsilon": r["epsilon"], "regret": r["regret"], "se": r["regret_se"]}
+                      for r in fin]}
+
+
+def _epsstar_plot(run_dir: Path) -> list[str]:
+    from privalign.experiments.plotting import STYLE, new_figure, save_figure
+
+    recs = read_results(run_dir)
+    fin = [r for r in recs if r["epsilon"] is not None]
+    inf = [r for r in recs if r["epsilon"] is None and r["variant"] == "plain"]
+    if not fin:
+        return []
+    fig, (ax,) = new_figure(1, 1, width=6.6, height=4.4)
+    for variant, st in (("plain", {**STYLE["PrivBoN"]}), ("sigma_reg", {"color": "#2ca02c", "marker": "D"})):
+        rows = sorted([r for r in fin if r["variant"] == variant], key=lambda r: r["epsilon"])
+        if rows:
+            ax.errorbar([r["epsilon"] for r in rows], [r["regret"] for r in rows], yerr=[r["regret_se"] for r in rows],
+                        label=f"{rows[0]['label']} (N = {rows[0]['N']})", capsize=3, **st)
+    r0 = fin[0]
+    ax.axvline(r0["eps_star"], color="black", linestyle="--", label=f"ε* = 2Δ_r√C/ε_RM = {r0['eps_star']:.3g}")
+    ax.axhline(r0["skyline"], color="#1f77b4", linestyle=":", label=f"skyline ¼√(C·ε_RM²) = {r0['skyline']:.3f}")
+    if inf:
+        ax.axhline(inf[0]["regret"], color=STYLE["BoN"]["color"], linestyle="-.", label=f"BoN (ε = ∞): {inf[0]['regret']:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("privacy budget ε per query (log scale)")
+    ax.set_ylabel("regret  J(π*) − J(π̂)")
+    ax.set_title("PrivBoN regret vs ε (synthetic pool, known ε_RM and C)")
+    ax.legend(loc="best", framealpha=0.85, fontsize=8, title="error bars: ±1 SE over prompts", title_fontsize=8)
+    return [save_figure(fig, run_dir, "epsilon_star")]
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "p1-scaling": Experiment(
+        "p1-scaling", "Accuracy lift and proxy reward vs N: BoN, ITP, PrivBoN, PrivITP", "paper1",
+        _scaling_schema(), _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
+        _scaling_plot_factory("scaling", "BoN / ITP / PrivBoN / PrivITP")),
+    "p1-sigma-sweep": Experiment(
+        "p1-sigma-sweep", "PrivBoN σ sweep (Gumbel and Gaussian report-noisy-max) vs BoN", "paper1",
+        _scaling_schema(methods=["BoN", "PrivBoN", "PrivBoN-Gaussian"],
+                        sigmas_gumbel=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0], sigmas_gaussian=[0.5, 1.0, 2.0]),
+        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
+        _scaling_plot_factory("sigma_sweep", "PrivBoN σ sweep")),
+    "p1-beta-sweep": Experiment(
+        "p1-beta-sweep", "ITP β sweep vs BoN", "paper1",
+        _scaling_schema(methods=["BoN", "ITP"], betas=[0.0005, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0]),
+        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
+        _scaling_plot_factory("beta_sweep", "ITP β sweep")),
+    "p1-itp-vs-privitp": Experiment(
+        "p1-itp-vs-privitp", "ITP vs PrivITP across noise levels (disjoint phase pools)", "paper1",
+        _scaling_schema(methods=["ITP", "PrivITP"], privitp_sigmas=[0.5, 1.5, 4.0]),
+        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
+        _scaling_plot_factory("itp_vs_privitp", "ITP vs PrivITP")),
+    "p1-epsilon-star": Experiment(
+        "p1-epsilon-star", "PrivBoN regret vs ε with the critical budget ε* marked (synthetic)", "paper1",
+        _epsstar_schema(), _epsstar_preflight, _epsstar_cells, _epsstar_run_cell, _epsstar_summarize,
+        _epsstar_plot),
+}

@@ -1,0 +1,135 @@
+"""End to end through the CLI: every experiment on a tiny configuration, then the report.
+
+Each tiny config is the packaged quick config with a few keys overridden (smaller pools, grids and
+replicate counts), written to a TOML file the way a user would. Outputs are checked: files exist, every
+number in results.jsonl/summary.json is finite, the manifest is complete, figures exist as PNG and PDF,
+and the report renders with the claims table and embedded figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from privalign.cli import main
+from privalign.experiments.config import packaged_config_path
+from privalign.experiments.manifest import REQUIRED_KEYS
+from privalign.experiments.registry import EXPERIMENTS
+
+TINY: dict[str, dict] = {
+    "p1-scaling": {"pool": "synthetic", "n_prompts": 8, "pool_size": 64, "n_max_log2": 4, "replicates": 4},
+    "p1-sigma-sweep": {"n_prompts": 8, "pool_size": 32, "n_max_log2": 3, "replicates": 4, "mc_draws": 5},
+    "p1-beta-sweep": {"n_prompts": 8, "pool_size": 32, "n_max_log2": 3, "replicates": 4},
+    "p1-itp-vs-privitp": {"n_prompts": 8, "pool_size": 32, "n_max_log2": 3, "replicates": 4, "privitp_sigmas": [0.2]},
+    "p1-epsilon-star": {"n_prompts": 10, "pool_size": 64, "N": 16, "replicates": 4, "epsilons": [1.0, 64.0]},
+    "p1-budget": {"n_prompts": 60, "n_seeds": 1, "sigmas": [8.0], "budget_epsilon": 20.0},
+    "p2-rates": {"base_n": 300, "base_d": 40, "base_s": 3, "n_grid": [200, 400], "d_grid": [20, 40], "s_grid": [2, 3],
+                 "eps_grid": [2.0, 8.0], "replicates": 1, "dpsgd_epochs": 1.0,
+                 "methods": ["IHT", "SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear"]},
+    "p2-accuracy": {"datasets": ["hh-rlhf"], "n_pairs": 120, "epsilons": [8.0], "n_features": 512, "sparsity": 8,
+                    "dpsgd_epochs": 1.0},
+    "beyond-train-vs-inference": {"n": 300, "d": 40, "s_star": 3, "T_grid": [1, 100], "eval_queries": 20},
+    "beyond-membership": {"n_train": 100, "n_features": 512, "samples": 500, "epsilons": [2.0], "queries": [1, 10]},
+}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def write_tiny_config(name: str, path: Path, **extra) -> Path:
+    exp = EXPERIMENTS[name]
+    with packaged_config_path(exp.config_name + "_quick").open("rb") as fh:
+        cfg = tomllib.load(fh)
+    cfg.update(TINY[name])
+    cfg.update(extra)
+    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.items()), encoding="utf-8")
+    return path
+
+
+def _all_finite(obj, where="") -> None:
+    if isinstance(obj, float):
+        assert math.isfinite(obj), f"non-finite number at {where}"
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _all_finite(v, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _all_finite(v, f"{where}[{i}]")
+
+
+def test_tiny_configs_cover_every_registered_experiment():
+    assert set(TINY) == set(EXPERIMENTS), "every experiment needs a tiny end-to-end config"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_dir):
+    """Run every experiment once (module scope: the report tests reuse the run directories)."""
+    base = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name in EXPERIMENTS:
+        cfg = write_tiny_config(name, base / f"{name}.toml")
+        rc = main(["reproduce", name, "--config", str(cfg), "--out", str(base / name), "--no-progress"])
+        assert rc == 0, f"{name} exited with {rc}"
+        out[name] = base / name
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_experiment_outputs(runs, name):
+    d = runs[name]
+    man = json.loads((d / "manifest.json").read_text())
+    for key in REQUIRED_KEYS:
+        assert key in man, f"manifest lacks {key}"
+    assert man["status"] == "complete"
+    assert man["experiment"] == name
+    assert re.fullmatch(r"[0-9a-f]{64}", man["config_hash"])
+    assert man["ended_at"] and man["started_at"] <= man["ended_at"]
+    assert man["seed_entropy"] == man["config"]["seed"]
+    assert "numpy" in man["packages"] and man["machine"]["cpu_count"]
+    lines = (d / "results.jsonl").read_text().splitlines()
+    assert lines, "no results"
+    for line in lines:
+        _all_finite(json.loads(line))
+    summary = json.loads((d / "summary.json").read_text())
+    _all_finite(summary)
+    assert summary["experiment"] == name
+    assert man["figures"], "no figures"
+    for stem in man["figures"]:
+        png, pdf = d / "figures" / f"{stem}.png", d / "figures" / f"{stem}.pdf"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert pdf.read_bytes()[:4] == b"%PDF"
+
+
+def test_report_renders_with_claims_table(runs, tmp_path):
+    out = tmp_path / "report"
+    rc = main(["report", *[str(p) for p in runs.values()], "--out", str(out)])
+    assert rc == 0
+    html = (out / "report.html").read_text()
+    md = (out / "report.md").read_text()
+    claims = json.loads((out / "claims.json").read_text())
+    assert "<h2>Claims</h2>" in html and "| id | claim | experiment | rule | measured | verdict |" in md
+    assert html.count("data:image/png;base64,") >= len(runs)
+    assert 'src="http' not in html and "<script" not in html  # self-contained
+    verdicts = {c["id"]: c["verdict"] for c in claims}
+    allowed = {"holds", "does not hold", "inconclusive", "not run", "not testable here"}
+    assert set(verdicts.values()) <= allowed
+    # every claim whose experiment was run got a computed verdict, never "not run"
+    for c in claims:
+        if c["experiment"] in runs:
+            assert c["verdict"] in {"holds", "does not hold", "inconclusive"}, c
+            assert "[quick configuration]" not in c["measured"]  # tiny configs are explicit files, not --quick
+    assert verdicts["P1-10"] == "not testable here" and verdicts["P2-6"] == "not testable here"
+    for c in claims:
+        assert c["id"] in html and c["verdict"] in html
