@@ -1,0 +1,299 @@
+"""Benchmark: ``POST /v1/select`` (16 short candidates, linear reward model) with the privacy layer and
+ledger on SQLite and on PostgreSQL, against the same endpoint with privacy and ledger disabled (baseline,
+same run); plus the ledger's own write rate.
+
+Each server is a separate ``uvicorn`` process on 127.0.0.1 (one worker), all running at once; the load
+generator is this process (threads with keep-alive ``httpx`` clients) on loopback only. The setups are
+measured *interleaved* so that a shared, noisy machine slows them alike:
+
+* sequential latency p50/p99: one request at a time, round-robin over the setups;
+* concurrent (``--clients``): 5 rounds, each one burst per setup in turn; throughput = requests / summed
+  burst time; p50/p99 over all bursts; server CPU time (user + system, from /proc) per request.
+
+Usage::
+
+    python benchmarks/bench_service_select.py [--requests 400] [--clients 8] [--no-postgres] [--json out.json]
+
+Prints a markdown table (and JSON with ``--json``). Ratios are against the baseline of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_URL = os.environ.get("PRIVALIGN_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_reward_model(path: Path) -> None:
+    from privalign.service.components import LinearHashedScorer
+
+    rng = np.random.default_rng(0)
+    LinearHashedScorer.write(path, {int(j): float(rng.normal()) for j in rng.choice(4096, 256, replace=False)},
+                             n_features=4096, ngram_range=(1, 2), bias=0.5)
+
+
+def _config(tmp: Path, db_url: str, schema: str = "", sync: str = "full") -> Path:
+    p = tmp / f"bench-{uuid.uuid4().hex[:6]}.toml"
+    p.write_text(
+        f'[database]\nurl = "{db_url}"\nschema = "{schema}"\nsync = "{sync}"\n\n'
+        '[limits]\nmax_n = 64\nmax_epsilon = 10.0\n\n'
+        '[privacy]\nallowed_methods = ["privbon"]\ndefault_epsilon = 1e-6\n\n'
+        f'[reward_model]\nkind = "linear"\npath = "{tmp / "reward.json"}"\n\n'
+        '[generator]\nkind = "none"\n'
+    )
+    return p
+
+
+def _serve_child(config: str, port: int, private: bool) -> None:
+    """Child process entry: serve one app (``private=False`` = privacy and ledger disabled)."""
+    import uvicorn
+
+    from privalign.service.app import create_app
+    from privalign.service.config import load_config
+
+    app = create_app(load_config(config), private=private)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+
+
+class _Server:
+    def __init__(self, config: Path, private: bool) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(config), str(self.port), "1" if private else "0"],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        import httpx
+
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stderr.read().decode()[-2000:])
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def cpu_s(self) -> float:
+        """CPU time (user + system) the server process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _body(i: int) -> dict:
+    words = ["good", "clear", "short", "answer", "kind", "wrong", "helpful", "reply"]
+    cands = [f"candidate {j}: a {words[(i + j) % 8]} {words[(i * j) % 8]} reply" for j in range(16)]
+    return {"prompt": f"question {i}", "candidates": cands, "privacy": {"method": "privbon", "epsilon": 1e-6}}
+
+
+def _sequential(targets: list[tuple[str, str | None]], per_setup: int) -> list[np.ndarray]:
+    """Round-robin one request at a time over all setups, so every setup sees the same load conditions.
+    Returns the latencies (ms) per setup."""
+    import httpx
+
+    clients = [httpx.Client(timeout=60) for _ in targets]
+    lat: list[list[float]] = [[] for _ in targets]
+    try:
+        for k, (url, tok) in enumerate(targets):  # warm connections
+            clients[k].post(url + "/v1/select", json=_body(-1), headers={"Authorization": f"Bearer {tok}"} if tok else {})
+        for i in range(per_setup):
+            for k, (url, tok) in enumerate(targets):
+                h = {"Authorization": f"Bearer {tok}"} if tok else {}
+                t0 = time.perf_counter()
+                r = clients[k].post(url + "/v1/select", json=_body(i), headers=h)
+                lat[k].append((time.perf_counter() - t0) * 1000)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:200]}")
+    finally:
+        for c in clients:
+            c.close()
+    return [np.asarray(x) for x in lat]
+
+
+def _burst(url: str, token: str | None, n: int, clients: int) -> tuple[float, list[float]]:
+    """``n`` requests from ``clients`` concurrent keep-alive clients; returns (wall seconds, latencies ms)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    lat: list[float] = []
+    lock = threading.Lock()
+    per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
+    conns = [httpx.Client(timeout=60) for _ in range(clients)]
+    for c in conns:
+        c.post(url + "/v1/select", json=_body(-1), headers=headers)
+    start = threading.Barrier(clients + 1)
+
+    def worker(k: int) -> None:
+        start.wait()
+        for i in range(per[k]):
+            t0 = time.perf_counter()
+            r = conns[k].post(url + "/v1/select", json=_body(i), headers=headers)
+            with lock:
+                lat.append((time.perf_counter() - t0) * 1000)
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}")
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return wall, lat
+
+
+def _ledger_rate(engine, seconds: float = 3.0, threads: int = 1, sync: str = "full") -> float:
+    """reserve+settle pairs per second → ledger rows (2 per pair) per second."""
+    from privalign.service.store import SQLBudgetStore
+
+    store = SQLBudgetStore(engine, durable_settle=sync == "full")
+    principal = f"bench-{uuid.uuid4().hex[:8]}"
+    count = [0]
+    lock = threading.Lock()
+    stop = time.perf_counter() + seconds
+
+    def w():
+        k = 0
+        while time.perf_counter() < stop:
+            rid = store.try_reserve(principal, (1e-9, 0.0), (1.0, 0.0))
+            store.settle(rid, (1e-9, 0.0))
+            k += 1
+        with lock:
+            count[0] += k
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=w) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return 2 * count[0] / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    from tqdm import tqdm
+
+    from privalign.service import db
+    from privalign.service.keys import create_key
+
+    tmp = Path(tempfile.mkdtemp(prefix="privalign-bench-"))
+    _write_reward_model(tmp / "reward.json")
+    setups = [("baseline (no privacy, no ledger)", f"sqlite:///{tmp / 'base.db'}", "", False, "normal"),
+              ("privbon + SQLite ledger, sync=full (default)", f"sqlite:///{tmp / 'ledger.db'}", "", True, "full"),
+              ("privbon + SQLite ledger, sync=normal", f"sqlite:///{tmp / 'ledger2.db'}", "", True, "normal")]
+    schema = f"privalign_bench_{uuid.uuid4().hex[:8]}"
+    if not args.no_postgres:
+        setups.append(("privbon + PostgreSQL ledger, sync=full (default)", PG_URL, schema, True, "full"))
+        setups.append(("privbon + PostgreSQL ledger, sync=normal", PG_URL, schema + "n", True, "normal"))
+    rows = []
+    engines = []
+    servers: list[_Server] = []
+    targets: list[tuple[str, str | None]] = []
+    try:
+        for name, url, sch, private, sync in tqdm(setups, desc="start servers", file=sys.stderr):
+            eng = db.make_engine(url, schema=sch or None)
+            db.create_schema(eng, schema=sch or None)
+            engines.append((name, eng, sch, sync))
+            token = create_key(eng, budget_epsilon=1e6)[1] if private else None
+            servers.append(_Server(_config(tmp, url, sch, sync), private))
+            targets.append((servers[-1].url, token))
+        # Sequential latency, interleaved request by request across setups.
+        seq = _sequential(targets, max(50, args.requests // 4))
+        # Throughput: `rounds` interleaved bursts per setup; CPU time of each server over its bursts.
+        rounds = 5
+        walls = [0.0] * len(targets)
+        lats: list[list[float]] = [[] for _ in targets]
+        cpu = [0.0] * len(targets)
+        for _ in tqdm(range(rounds), desc="throughput rounds", file=sys.stderr):
+            for k, (url, tok) in enumerate(targets):
+                c0 = servers[k].cpu_s()
+                w, lt = _burst(url, tok, args.requests // rounds, args.clients)
+                cpu[k] += servers[k].cpu_s() - c0
+                walls[k] += w
+                lats[k] += lt
+        n_conc = rounds * (args.requests // rounds)
+        for k, (name, *_rest) in enumerate(setups):
+            conc = np.asarray(lats[k])
+            rows.append({"setup": name, "seq_p50_ms": float(np.percentile(seq[k], 50)), "seq_p99_ms": float(np.percentile(seq[k], 99)),
+                         "server_cpu_ms_per_req": cpu[k] * 1000 / (n_conc + rounds * args.clients),
+                         "conc_rps": n_conc / walls[k], "conc_p50_ms": float(np.percentile(conc, 50)),
+                         "conc_p99_ms": float(np.percentile(conc, 99)), "errors": 0})
+        for s_ in servers:
+            s_.stop()
+        servers = []
+        ledger = {}
+        for name, eng, _, sync in engines[1:]:
+            ledger[name] = {"rows_per_s_1_thread": _ledger_rate(eng, 3.0, 1, sync), "rows_per_s_4_threads": _ledger_rate(eng, 3.0, 4, sync)}
+    finally:
+        for s_ in servers:
+            s_.stop()
+        for _, eng, sch, _ in engines:
+            if eng.dialect.name == "postgresql":
+                with eng.begin() as conn:
+                    conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{sch}" CASCADE')
+            eng.dispose()
+    base = rows[0]
+    for r in rows:
+        r["overhead_p50_ms"] = r["seq_p50_ms"] - base["seq_p50_ms"]
+        r["overhead_cpu_ms"] = r["server_cpu_ms_per_req"] - base["server_cpu_ms_per_req"]
+        r["throughput_ratio"] = r["conc_rps"] / base["conc_rps"]
+    out = {"command": "python benchmarks/bench_service_select.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "rows": rows, "ledger_writes": ledger}
+    print(f"cpus={out['cpus']} loadavg at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}")
+    print("| setup | seq p50 ms | seq p99 ms | overhead p50 ms | server CPU ms/req | overhead CPU ms/req | conc req/s | "
+          "conc p50 ms | conc p99 ms | throughput vs baseline | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setup']} | {r['seq_p50_ms']:.2f} | {r['seq_p99_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | "
+              f"{r['server_cpu_ms_per_req']:.2f} | {r['overhead_cpu_ms']:+.2f} | {r['conc_rps']:.0f} | "
+              f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['throughput_ratio']:.2f} | {r['errors']} |")
+    print()
+    print("| ledger | rows/s (1 thread) | rows/s (4 threads) |")
+    print("|---|---|---|")
+    for name, v in ledger.items():
+        print(f"| {name} | {v['rows_per_s_1_thread']:.0f} | {v['rows_per_s_4_threads']:.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
+        _serve_child(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
+    else:
+        main()

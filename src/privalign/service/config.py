@@ -1,0 +1,231 @@
+"""Service configuration: one TOML file (``privalign serve --config FILE``), validated on load.
+
+Sections (every key optional; defaults are the secure ones):
+
+.. code-block:: toml
+
+    [database]
+    url = "sqlite:///privalign-service.db"   # or postgresql+psycopg://user@host:5432/db
+    schema = ""                              # PostgreSQL schema (search_path); "" = default
+    sync = "full"                            # full: each settle is flushed to disk before the answer is
+                                             # released; normal: no flush waits (survives process crashes,
+                                             # not power loss)
+
+    [server]
+    host = "127.0.0.1"
+    port = 8000
+    cors_origins = []                         # CORS off unless origins are listed
+
+    [limits]
+    max_n = 64                                # candidates generated / brought per request
+    max_text_chars = 8000                     # prompt and each candidate
+    max_body_bytes = 1000000
+    max_epsilon = 10.0                        # per request
+    max_tokens = 512
+    request_timeout_s = 60.0                  # generation + scoring wall-clock limit
+
+    [privacy]
+    allowed_methods = ["privbon"]             # privbon | privitp | bon
+    allow_non_private = false                 # "bon" is refused unless true AND listed
+    sensitivity = 1.0                         # Δ_r: ℓ∞ change of any score between neighbours (public)
+    reward_max = 1.0                          # R_max: scores are clipped to [0, R_max]
+    default_epsilon = 1.0
+    default_n = 8
+    delta = 1e-6                              # δ of PrivITP's phase 1
+    reconcile_after_s = 300.0                 # open reservations older than this are charged
+    pad_selection_s = 0.0                     # pad scoring + selection to at least this long (timing channel)
+
+    [privacy.privitp]
+    beta = 0.05
+    sigma_x = 1.0
+    sigma_z = 1.0
+    envelope_l = 3.0
+
+    [reward_model]
+    kind = "linear"                           # linear (JSON weights over hashed n-grams) | python
+    path = "reward.json"
+    # kind = "python"; target = "package.module:factory"; options = {...}
+
+    [generator]                               # default: kind = "transformers" (SmolLM2-135M, loaded lazily)
+    kind = "upstream"                         # upstream (OpenAI-compatible, e.g. vLLM) | transformers | python | none
+    base_url = "http://127.0.0.1:8001/v1"
+    model = "served-model"
+    timeout_s = 30.0
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from privalign._validation import check_choice, check_int, check_real
+from privalign.errors import PrivacyParameterError
+
+__all__ = [
+    "DatabaseConfig",
+    "ServerConfig",
+    "LimitsConfig",
+    "PrivacyConfig",
+    "ComponentConfig",
+    "ServiceConfig",
+    "load_config",
+    "METHODS",
+]
+
+METHODS = ("privbon", "privitp", "bon")
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    url: str = "sqlite:///privalign-service.db"
+    schema: str = ""
+    sync: str = "full"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    cors_origins: tuple[str, ...] = ()
+    log_level: str = "warning"
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_n: int = 64
+    max_text_chars: int = 8000
+    max_body_bytes: int = 1_000_000
+    max_epsilon: float = 10.0
+    max_tokens: int = 512
+    request_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    allowed_methods: tuple[str, ...] = ("privbon",)
+    allow_non_private: bool = False
+    sensitivity: float = 1.0
+    reward_max: float = 1.0
+    default_epsilon: float = 1.0
+    default_n: int = 8
+    delta: float = 1e-6
+    reconcile_after_s: float = 300.0
+    pad_selection_s: float = 0.0
+    privitp: dict[str, float] = field(default_factory=lambda: {"beta": 0.05, "sigma_x": 1.0, "sigma_z": 1.0, "envelope_l": 3.0})
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    """A pluggable component (reward model or generator): its ``kind`` and its options."""
+
+    kind: str = "none"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    database: DatabaseConfig = DatabaseConfig()
+    server: ServerConfig = ServerConfig()
+    limits: LimitsConfig = LimitsConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    reward_model: ComponentConfig = ComponentConfig()
+    generator: ComponentConfig = ComponentConfig(kind="transformers")
+    source: str = ""
+
+    def validate(self) -> ServiceConfig:
+        """Check every value; returns ``self``.
+
+        Raises:
+          PrivacyParameterError: naming the section.key, the constraint and the value.
+        """
+        lim, pv = self.limits, self.privacy
+        check_choice(self.database.sync, "database.sync", ("full", "normal"))
+        check_int(lim.max_n, "limits.max_n", low=1, high=10_000)
+        check_int(lim.max_text_chars, "limits.max_text_chars", low=1)
+        check_int(lim.max_body_bytes, "limits.max_body_bytes", low=1024)
+        check_real(lim.max_epsilon, "limits.max_epsilon", low=0.0)
+        check_int(lim.max_tokens, "limits.max_tokens", low=1)
+        check_real(lim.request_timeout_s, "limits.request_timeout_s", low=0.0)
+        for m in pv.allowed_methods:
+            check_choice(m, "privacy.allowed_methods", METHODS)
+        if "bon" in pv.allowed_methods and not pv.allow_non_private:
+            raise PrivacyParameterError(
+                "The 'privacy.allowed_methods' parameter lists 'bon' (no privacy) but 'privacy.allow_non_private' is false. "
+                "Set allow_non_private = true to deploy a non-private service, or remove 'bon'."
+            )
+        check_real(pv.sensitivity, "privacy.sensitivity", low=0.0)
+        check_real(pv.reward_max, "privacy.reward_max", low=0.0)
+        check_real(pv.default_epsilon, "privacy.default_epsilon", low=0.0, high=lim.max_epsilon, closed="right")
+        check_int(pv.default_n, "privacy.default_n", low=1, high=lim.max_n)
+        check_real(pv.delta, "privacy.delta", low=0.0, high=1.0)
+        check_real(pv.reconcile_after_s, "privacy.reconcile_after_s", low=lim.request_timeout_s, closed="left")
+        check_real(pv.pad_selection_s, "privacy.pad_selection_s", low=0.0, high=lim.request_timeout_s, closed="both")
+        unknown = set(pv.privitp) - {"beta", "sigma_x", "sigma_z", "envelope_l"}
+        if unknown:
+            raise PrivacyParameterError(f"Unknown key(s) {sorted(unknown)} in config section [privacy.privitp]; expected beta, sigma_x, sigma_z, envelope_l.")
+        for k in ("beta", "sigma_x", "sigma_z"):
+            check_real(pv.privitp[k], f"privacy.privitp.{k}", low=0.0)
+        check_real(pv.privitp["envelope_l"], "privacy.privitp.envelope_l", low=0.0, closed="left")
+        check_int(self.server.port, "server.port", low=0, high=65535)
+        check_choice(self.reward_model.kind, "reward_model.kind", ("linear", "python", "none"))
+        check_choice(self.generator.kind, "generator.kind", ("upstream", "transformers", "python", "none"))
+        return self
+
+
+def _section(cls: type, data: dict[str, Any], name: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise PrivacyParameterError(f"Unknown key(s) {sorted(unknown)} in config section [{name}]; expected some of {sorted(known)}.")
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "") -> ServiceConfig:
+    """Build and validate a :class:`ServiceConfig` from a parsed TOML dict."""
+    known = {"database", "server", "limits", "privacy", "reward_model", "generator"}
+    unknown = set(data) - known
+    if unknown:
+        raise PrivacyParameterError(f"Unknown config section(s) {sorted(unknown)}; expected some of {sorted(known)}.")
+    priv = dict(data.get("privacy", {}))
+    itp = {**PrivacyConfig().privitp, **priv.pop("privitp", {})}
+    cfg = ServiceConfig(
+        database=_section(DatabaseConfig, data.get("database", {}), "database"),
+        server=_section(ServerConfig, data.get("server", {}), "server"),
+        limits=_section(LimitsConfig, data.get("limits", {}), "limits"),
+        privacy=replace(_section(PrivacyConfig, priv, "privacy"), privitp=itp),
+        reward_model=_component(data.get("reward_model", {})),
+        generator=_component(data.get("generator", {"kind": "transformers"})),
+        source=source,
+    )
+    return cfg.validate()
+
+
+def _component(data: dict[str, Any]) -> ComponentConfig:
+    data = dict(data)
+    kind = data.pop("kind", "none")
+    return ComponentConfig(kind=kind, options=data)
+
+
+def load_config(path: str | Path) -> ServiceConfig:
+    """Read and validate a TOML config file.
+
+    Raises:
+      FileNotFoundError: no such file.
+      PrivacyParameterError: unknown sections/keys or invalid values.
+    """
+    p = Path(path)
+    with p.open("rb") as fh:
+        data = tomllib.load(fh)
+    cfg = config_from_dict(data, source=str(p))
+    # A relative SQLite path or reward-model path is relative to the config file.
+    if cfg.database.url.startswith("sqlite:///") and not cfg.database.url.startswith("sqlite:////"):
+        rel = cfg.database.url[len("sqlite:///") :]
+        if rel and rel != ":memory:":
+            cfg = replace(cfg, database=replace(cfg.database, url=f"sqlite:///{(p.parent / rel).resolve()}"))
+    rm_path = cfg.reward_model.options.get("path")
+    if rm_path and not Path(rm_path).is_absolute():
+        cfg = replace(cfg, reward_model=replace(cfg.reward_model, options={**cfg.reward_model.options, "path": str((p.parent / rm_path).resolve())}))
+    return cfg

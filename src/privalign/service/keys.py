@@ -1,0 +1,223 @@
+"""API keys: create, list, top up, revoke, authenticate (admin operations; never exposed over HTTP).
+
+A key is ``pa_<key_id>_<secret>``: ``key_id`` (public, 16 hex digits) names the row and the budget
+principal; ``secret`` is 32 bytes from ``secrets.token_urlsafe``. Only ``salt`` and
+``HMAC-SHA256(salt, secret)`` are stored. The secret has 256 bits of entropy, so a fast keyed hash is
+the right tool (a slow password hash protects low-entropy secrets and would cost milliseconds per request);
+comparison is constant-time (``hmac.compare_digest``).
+
+Budgets are stored in the key's accounting unit:
+
+* ``pure``: limit ``(ε, δ)``; PrivBoN costs ``(ε, 0)``.
+* ``zcdp``: limit ``(ρ, δ)`` where ``ρ`` is the largest zCDP budget that converts to ``(ε, δ)``-DP with the
+  project's documented conversion (``privalign.accounting.filters.ZCDPFilter.from_epsilon_delta``);
+  PrivBoN costs ``(ε²/8, 0)``.
+* ``ex-post``: limit ``(ε, δ)``; PrivBoN costs ``(ε, 0)``, PrivITP reserves ``(ε_max, δ)`` and settles the
+  realized ex-post cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+
+from privalign._validation import check_choice, check_real
+from privalign.errors import PrivacyParameterError
+from privalign.service import db
+from privalign.service.store import SQLBudgetStore
+
+__all__ = [
+    "ACCOUNTING_MODES",
+    "KeyInfo",
+    "create_key",
+    "list_keys",
+    "top_up",
+    "revoke_key",
+    "authenticate",
+    "budget_units",
+]
+
+ACCOUNTING_MODES = ("pure", "zcdp", "ex-post")
+
+_SQL_AUTH = (
+    "SELECT k.key_id, k.name, k.salt, k.secret_hash, k.accounting, k.created_at, k.revoked_at, p.limit_epsilon, p.limit_delta "
+    "FROM api_keys k LEFT JOIN principals p ON p.principal = k.key_id WHERE k.key_id = :k"
+)
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """Public information about a key (no secret, no hash)."""
+
+    key_id: str
+    name: str
+    accounting: str
+    created_at: float
+    revoked_at: float | None
+    limit: tuple[float, float] = (0.0, 0.0)  # granted budget in store units, read with the key
+
+
+def _hash(salt: str, secret: str) -> str:
+    return hmac.new(bytes.fromhex(salt), secret.encode(), hashlib.sha256).hexdigest()
+
+
+def budget_units(accounting: str, epsilon: float, delta: float) -> tuple[float, float]:
+    """Convert an operator's ``(ε, δ)`` budget into the store's units for ``accounting``.
+
+    Raises:
+      PrivacyParameterError: invalid ε, δ or accounting mode; ``zcdp`` needs ``0 < δ < 1``.
+    """
+    check_choice(accounting, "accounting", ACCOUNTING_MODES)
+    eps = check_real(epsilon, "budget_epsilon", low=0.0, closed="neither")
+    dlt = check_real(delta, "budget_delta", low=0.0, high=1.0, closed="left")
+    if accounting == "zcdp":
+        if dlt <= 0.0:
+            raise PrivacyParameterError(
+                f"The 'budget_delta' parameter must be in (0, 1) for zcdp accounting (ρ-zCDP converts to (ε, δ) only for δ > 0). Got {dlt!r} instead."
+            )
+        from privalign.accounting.filters import ZCDPFilter
+
+        return float(ZCDPFilter.from_epsilon_delta(eps, dlt).budget[0]), dlt
+    return eps, dlt
+
+
+def create_key(
+    engine: Engine,
+    *,
+    budget_epsilon: float,
+    budget_delta: float = 0.0,
+    accounting: str = "pure",
+    name: str = "",
+) -> tuple[str, str]:
+    """Create a key with a budget. Returns ``(key_id, token)``; the token is shown once, never stored.
+
+    Raises:
+      PrivacyParameterError: invalid budget or accounting mode (nothing is written).
+    """
+    units = budget_units(accounting, budget_epsilon, budget_delta)
+    key_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    salt = secrets.token_hex(16)
+    store = SQLBudgetStore(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            db.api_keys.insert().values(
+                key_id=key_id,
+                name=str(name)[:200],
+                salt=salt,
+                secret_hash=_hash(salt, secret),
+                accounting=accounting,
+                created_at=db.now(),
+                revoked_at=None,
+            )
+        )
+        store.grant(key_id, units[0], units[1], note=f"create {accounting} eps={budget_epsilon} delta={budget_delta}", conn=conn)
+    return key_id, f"pa_{key_id}_{secret}"
+
+
+def list_keys(engine: Engine) -> list[dict[str, Any]]:
+    """Every key with its accounting mode, budget limit, spent, reserved and remaining (store units)."""
+    out = []
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(db.api_keys, db.principals).join(db.principals, db.principals.c.principal == db.api_keys.c.key_id)
+        ).mappings().all()
+        conn.rollback()
+    for r in rows:
+        out.append(
+            {
+                "key_id": r["key_id"],
+                "name": r["name"],
+                "accounting": r["accounting"],
+                "created_at": r["created_at"],
+                "revoked": r["revoked_at"] is not None,
+                "limit": [r["limit_epsilon"], r["limit_delta"]],
+                "spent": [r["spent_epsilon"], r["spent_delta"]],
+                "reserved": [r["reserved_epsilon"], r["reserved_delta"]],
+                "remaining": [
+                    max(0.0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
+                    max(0.0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"]),
+                ],
+            }
+        )
+    return out
+
+
+def _key_row(conn: Any, key_id: str) -> Any:
+    row = conn.execute(select(db.api_keys).where(db.api_keys.c.key_id == key_id)).mappings().first()
+    if row is None:
+        raise PrivacyParameterError(f"The 'key_id' parameter must name an existing key. Got {key_id!r} instead.")
+    return row
+
+
+def top_up(engine: Engine, key_id: str, *, epsilon: float, delta: float = 0.0) -> None:
+    """Add budget to a key (an appended grant row).
+
+    For ``pure`` and ``ex-post`` keys the grant is ``(ε, δ)``. For ``zcdp`` keys ``epsilon`` is converted
+    at the key's creation δ into ρ, and that ρ is added (ρ budgets add; the resulting (ε, δ) statement is
+    then computed from the total ρ). ``delta`` must be 0 for zcdp keys.
+
+    Raises:
+      PrivacyParameterError: unknown or revoked key, or invalid amounts (nothing is written).
+    """
+    eps = check_real(epsilon, "epsilon", low=0.0, closed="left")
+    dlt = check_real(delta, "delta", low=0.0, high=1.0, closed="left")
+    if eps == 0.0 and dlt == 0.0:
+        raise PrivacyParameterError("The top-up must add a positive 'epsilon' or 'delta'. Got epsilon=0, delta=0 instead.")
+    store = SQLBudgetStore(engine)
+    with engine.begin() as conn:
+        row = _key_row(conn, key_id)
+        if row["revoked_at"] is not None:
+            raise PrivacyParameterError(f"The 'key_id' parameter must name an active key. Key {key_id!r} is revoked.")
+        if row["accounting"] == "zcdp":
+            if dlt != 0.0:
+                raise PrivacyParameterError(f"The 'delta' parameter must be 0 for a zcdp key (δ is fixed at creation). Got {dlt!r} instead.")
+            first = conn.execute(
+                select(db.budget_grants.c.delta).where(db.budget_grants.c.principal == key_id).order_by(db.budget_grants.c.id).limit(1)
+            ).first()
+            a, b = budget_units("zcdp", eps, first[0]) if eps > 0 else (0.0, 0.0)
+            store.grant(key_id, a, 0.0, note=f"top-up zcdp eps={eps} at delta={first[0]}", conn=conn)
+        else:
+            store.grant(key_id, eps, dlt, note=f"top-up eps={eps} delta={dlt}", conn=conn)
+
+
+def revoke_key(engine: Engine, key_id: str) -> None:
+    """Revoke a key: it gets 401 from then on. Its ledger is kept.
+
+    Raises:
+      PrivacyParameterError: unknown key.
+    """
+    with engine.begin() as conn:
+        row = _key_row(conn, key_id)
+        if row["revoked_at"] is None:
+            conn.execute(update(db.api_keys).where(db.api_keys.c.key_id == key_id).values(revoked_at=db.now()))
+
+
+def authenticate(store: SQLBudgetStore, token: str | None) -> KeyInfo | None:
+    """Return the key for a bearer ``token`` if it exists, is not revoked and its secret matches.
+
+    Args:
+      store: the service's store (its raw-connection read path is used: this runs on every request).
+      token: ``pa_<key_id>_<secret>``.
+    """
+    if not token or not token.startswith("pa_") or len(token) > 200:
+        return None
+    parts = token.split("_", 2)
+    if len(parts) != 3:
+        return None
+    _, key_id, secret = parts
+    row = store.query_one(_SQL_AUTH, {"k": key_id})
+    if row is None:
+        # Spend comparable time on unknown ids (no cheap oracle for which ids exist).
+        hmac.compare_digest(_hash("00" * 16, secret), "0" * 64)
+        return None
+    if not hmac.compare_digest(_hash(row["salt"], secret), row["secret_hash"]) or row["revoked_at"] is not None:
+        return None
+    return KeyInfo(row["key_id"], row["name"], row["accounting"], row["created_at"], row["revoked_at"],
+                   (float(row["limit_epsilon"] or 0.0), float(row["limit_delta"] or 0.0)))

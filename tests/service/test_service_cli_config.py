@@ -1,0 +1,83 @@
+"""Config validation and the admin CLI (`privalign keys ...`, `privalign serve --check/--print-openapi`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import write_config
+from privalign.cli import main
+from privalign.errors import PrivacyParameterError
+from privalign.service.config import config_from_dict, load_config
+
+
+@pytest.mark.parametrize(
+    "data, needle",
+    [
+        ({"privacy": {"allowed_methods": ["privbon", "bon"]}}, "allow_non_private"),
+        ({"privacy": {"allowed_methods": ["greedy"]}}, "privacy.allowed_methods"),
+        ({"limits": {"max_n": 0}}, "limits.max_n"),
+        ({"privacy": {"sensitivity": -1.0}}, "privacy.sensitivity"),
+        ({"privacy": {"default_epsilon": 20.0}}, "privacy.default_epsilon"),
+        ({"privacy": {"reconcile_after_s": 1.0}}, "privacy.reconcile_after_s"),
+        ({"privacy": {"privitp": {"sigma": 1.0}}}, "privacy.privitp"),
+        ({"limits": {"max_nn": 3}}, "max_nn"),
+        ({"admin": {}}, "admin"),
+        ({"reward_model": {"kind": "oracle"}}, "reward_model.kind"),
+        ({"database": {"sync": "off"}}, "database.sync"),
+        ({"privacy": {"pad_selection_s": -1.0}}, "privacy.pad_selection_s"),
+    ],
+)
+def test_invalid_configs_name_the_key(data, needle):
+    with pytest.raises(PrivacyParameterError, match=needle.replace(".", r"\.")):
+        config_from_dict(data)
+
+
+def test_example_config_loads():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "serve.example.toml")
+    assert cfg.privacy.allowed_methods == ("privbon",) and not cfg.privacy.allow_non_private
+    assert cfg.server.cors_origins == () and cfg.server.host == "127.0.0.1"
+
+
+def test_keys_cli_roundtrip(tmp_path, capsys, reward_model):
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    assert main(["keys", "create", "--budget-epsilon", "2", "--accounting", "pure", "--name", "alice", "--db", url, "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["token"].startswith(f"pa_{created['key_id']}_")
+    assert main(["keys", "create", "--budget-epsilon", "1", "--budget-delta", "1e-6", "--accounting", "zcdp", "--db", url, "--json"]) == 0
+    z = json.loads(capsys.readouterr().out)
+    assert main(["keys", "top-up", created["key_id"], "--epsilon", "0.5", "--db", url]) == 0
+    assert main(["keys", "top-up", z["key_id"], "--epsilon", "1", "--db", url]) == 0
+    assert main(["keys", "list", "--db", url, "--json"]) == 0
+    rows = {r["key_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[created["key_id"]]["limit"] == [2.5, 0.0] and rows[created["key_id"]]["name"] == "alice"
+    assert rows[z["key_id"]]["accounting"] == "zcdp" and 0 < rows[z["key_id"]]["limit"][0] < 1  # ρ, not ε
+    # The secret is never stored: neither the token nor its secret part appears in the database file.
+    raw = (tmp_path / "k.db").read_bytes() + b"".join(p.read_bytes() for p in tmp_path.glob("k.db-*"))
+    assert created["token"].split("_", 2)[2].encode() not in raw
+    assert main(["keys", "revoke", created["key_id"], "--db", url]) == 0
+    assert main(["keys", "list", "--db", url, "--json"]) == 0
+    assert {r["key_id"]: r["revoked"] for r in json.loads(capsys.readouterr().out)}[created["key_id"]] is True
+    # Bad input: clear errors, exit code 2, nothing written.
+    assert main(["keys", "create", "--budget-epsilon", "-1", "--db", url]) == 2
+    assert main(["keys", "create", "--budget-epsilon", "1", "--accounting", "zcdp", "--db", url]) == 2  # zcdp needs δ > 0
+    assert main(["keys", "top-up", "nope", "--epsilon", "1", "--db", url]) == 2
+    assert main(["keys", "top-up", created["key_id"], "--epsilon", "1", "--db", url]) == 2  # revoked
+    err = capsys.readouterr().err
+    assert "budget_epsilon" in err and "key_id" in err
+    assert main(["keys", "list", "--db", url, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
+
+
+def test_serve_check_and_openapi(tmp_path, capsys, reward_model):
+    cfg = write_config(tmp_path / "s.toml", {"database": {"url": "sqlite:///s.db"},
+                                              "reward_model": {"kind": "linear", "path": "reward.json"}})
+    assert main(["serve", "--config", str(cfg), "--check"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["database"] == "sqlite" and summary["methods"] == ["privbon"]
+    assert main(["serve", "--config", str(cfg), "--print-openapi"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert "/v1/select" in spec["paths"] and "privacy" in json.dumps(spec["components"])

@@ -1,0 +1,335 @@
+"""End-to-end HTTP tests of the service on SQLite: OpenAI client, refusals before scoring, idempotency,
+tenancy, faults. The server is uvicorn on 127.0.0.1 in a thread; the reward model is the real linear
+hashed-n-gram model; the generator is an OpenAI-compatible upstream on loopback."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import openai
+import pytest
+from svc_components import candidates_for
+
+from conftest import serve_in_thread, write_config
+from privalign.service import db
+from privalign.service.app import create_app
+from privalign.service.config import load_config
+from privalign.service.keys import create_key, revoke_key, top_up
+
+PUBLIC_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/select", "/v1/budget", "/healthz", "/metrics"}
+
+
+def _cfg(tmp_path, reward_model, upstream=None, **privacy):
+    sections = {
+        "database": {"url": f"sqlite:///{tmp_path / 'svc.db'}"},
+        "limits": {"max_n": 16, "max_text_chars": 2000, "max_body_bytes": 20000, "max_epsilon": 5.0, "request_timeout_s": 20.0},
+        "privacy": {"allowed_methods": ["privbon", "privitp"], "sensitivity": 1.0, "reward_max": 1.0, "default_epsilon": 0.5,
+                    "default_n": 4, "reconcile_after_s": 60.0, **privacy},
+        "reward_model": {"kind": "linear", "path": str(reward_model)},
+    }
+    sections["privacy"].setdefault("privitp", {"beta": 0.5, "sigma_x": 4.0, "sigma_z": 2.0, "envelope_l": 3.0})
+    sections["generator"] = {"kind": "upstream", "base_url": upstream, "model": "m", "timeout_s": 5.0} if upstream else {"kind": "none"}
+    itp = sections["privacy"].pop("privitp")
+    path = write_config(tmp_path / "serve.toml", sections)
+    path.write_text(path.read_text() + "\n[privacy.privitp]\n" + "\n".join(f"{k} = {v!r}" for k, v in itp.items()) + "\n")
+    return load_config(path)
+
+
+def metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total
+
+
+def _keys_of(obj) -> set[str]:
+    out = set()
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.add(k)
+            out |= _keys_of(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            out |= _keys_of(v)
+    return out
+
+
+def _spent(engine, key_id):
+    with engine.connect() as conn:
+        return db.derive_totals(conn, key_id)
+
+
+@pytest.fixture
+def service(tmp_path, reward_model, upstream):
+    cfg = _cfg(tmp_path, reward_model, upstream)
+    app = create_app(cfg)
+    with serve_in_thread(app) as url:
+        yield url, app.state.service
+
+
+def test_openai_client_end_to_end_sqlite(service):
+    url, state = service
+    key_id, token = create_key(state.engine, budget_epsilon=2.0, accounting="pure")
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+    prompt = "Say something nice"
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
+                                          extra_body={"privacy": {"method": "privbon", "epsilon": 0.5, "n": 4}})
+    assert chat.choices[0].message.content in candidates_for(prompt, 4)
+    priv = chat.model_extra["privacy"]
+    assert priv["method"] == "privbon" and priv["epsilon_charged"] == 0.5 and priv["epsilon_reserved"] == 0.5
+    assert priv["remaining"]["epsilon"] == pytest.approx(1.5)
+    comp = client.completions.create(model="m", prompt=prompt, extra_body={"privacy": {"epsilon": 0.5, "n": 3}})
+    assert comp.choices[0].text in candidates_for(prompt, 3)
+    assert comp.model_extra["privacy"]["remaining"]["epsilon"] == pytest.approx(1.0)
+    sel = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
+                     json={"prompt": "p", "candidates": ["a kind reply", "a rude reply"], "privacy": {"epsilon": 0.5}})
+    assert sel.status_code == 200 and sel.json()["text"] in ("a kind reply", "a rude reply")
+    # Raw reward scores are never returned.
+    for body in (chat.model_dump(), comp.model_dump(), sel.json()):
+        assert not {"score", "scores", "reward", "rewards"} & _keys_of(body)
+    calls = metric(url, "privalign_scorer_calls_total")
+    assert calls == 3
+    # 0.5 left: a request for 1.0 is refused with 429 naming the remaining budget, before any score.
+    with pytest.raises(openai.RateLimitError) as ei:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
+                                       extra_body={"privacy": {"epsilon": 1.0}})
+    err = ei.value.body
+    assert err["type"] == "budget_exhausted" and err["remaining"]["epsilon"] == pytest.approx(0.5)
+    assert metric(url, "privalign_scorer_calls_total") == calls
+    assert metric(url, "privalign_refusals_total") == 1
+    b = httpx.get(url + "/v1/budget", headers={"Authorization": f"Bearer {token}"}).json()
+    assert b["spent"]["a"] == pytest.approx(1.5) and b["remaining"]["epsilon"] == pytest.approx(0.5)
+    assert [r["action"] for r in b["ledger"]].count("settle") == 3
+    assert _spent(state.engine, key_id)["spent_epsilon"] == pytest.approx(1.5)
+    # Top-up restores service.
+    top_up(state.engine, key_id, epsilon=1.0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], extra_body={"privacy": {"epsilon": 1.0}})
+
+
+def test_idempotency_key_returns_stored_answer_without_charging_twice(service):
+    url, state = service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    h = {"Authorization": f"Bearer {token}", "Idempotency-Key": "req-1"}
+    body = {"prompt": "p", "candidates": ["x", "y", "z"], "privacy": {"epsilon": 0.4}}
+    r1 = httpx.post(url + "/v1/select", headers=h, json=body)
+    r2 = httpx.post(url + "/v1/select", headers=h, json=body)
+    assert r1.status_code == r2.status_code == 200
+    assert r1.json() == r2.json() and r2.headers.get("idempotent-replayed") == "true"
+    assert _spent(state.engine, key_id)["spent_epsilon"] == pytest.approx(0.4)
+    assert metric(url, "privalign_scorer_calls_total") == 1
+    r3 = httpx.post(url + "/v1/select", headers=h, json={**body, "candidates": ["x", "y"]})
+    assert r3.status_code == 422
+    # A refused request does not poison its key: after a top-up the same key can be used.
+    h2 = {**h, "Idempotency-Key": "req-2"}
+    assert httpx.post(url + "/v1/select", headers=h2, json={**body, "privacy": {"epsilon": 0.9}}).status_code == 429
+    top_up(state.engine, key_id, epsilon=1.0)
+    assert httpx.post(url + "/v1/select", headers=h2, json={**body, "privacy": {"epsilon": 0.9}}).status_code == 200
+
+
+def test_tenancy_keys_cannot_read_or_spend_each_other(service):
+    url, state = service
+    a_id, a_tok = create_key(state.engine, budget_epsilon=1.0, name="a")
+    b_id, b_tok = create_key(state.engine, budget_epsilon=1.0, name="b")
+    body = {"prompt": "p", "candidates": ["x", "y"], "privacy": {"epsilon": 1.0}}
+    assert httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {a_tok}"}, json=body).status_code == 200
+    assert httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {a_tok}"}, json=body).status_code == 429
+    # B is untouched and sees only its own ledger.
+    bb = httpx.get(url + "/v1/budget", headers={"Authorization": f"Bearer {b_tok}"}).json()
+    assert bb["key_id"] == b_id and bb["ledger"] == [] and bb["remaining"]["epsilon"] == 1.0
+    # A forged token (B's id with A's secret) is refused; so are unknown and missing keys.
+    forged = f"pa_{b_id}_{a_tok.split('_', 2)[2]}"
+    for tok in (forged, "pa_0000000000000000_x", "garbage"):
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {tok}"}, json=body)
+        assert r.status_code == 401
+        assert httpx.get(url + "/v1/budget", headers={"Authorization": f"Bearer {tok}"}).status_code == 401
+    assert httpx.get(url + "/v1/budget").status_code == 401
+    assert _spent(state.engine, b_id)["spent_epsilon"] == 0.0
+    revoke_key(state.engine, b_id)
+    assert httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {b_tok}"}, json=body).status_code == 401
+
+
+def test_invalid_requests_are_refused_before_any_charge(service):
+    url, state = service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    h = {"Authorization": f"Bearer {token}"}
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "seed": 3}, 400, "seed"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"seed": 3}}, 400, "seed"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"n": 17}}, 400, "privacy.n"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"epsilon": 6.0}}, 400, "privacy.epsilon"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"method": "bon"}}, 400, "privacy.method"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"epsilon": -1}}, 400, "privacy.epsilon"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"typo": 1}}, 400, "privacy.typo"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True}, 400, "stream"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "n": 2}, 400, "'n'"),
+        ("/v1/completions", {"model": "m", "prompt": "x" * 2001}, 400, "prompt"),
+        ("/v1/select", {"prompt": "p", "candidates": ["y"] * 17}, 400, "candidates"),
+        ("/v1/select", {"prompt": "p", "candidates": []}, 400, "candidates"),
+        ("/v1/select", {"prompt": "p", "candidates": ["a", "b"], "privacy": {"method": "privitp"}}, 400, "candidates"),
+        ("/v1/select", {"prompt": "p", "candidates": ["z" * 1999] * 11}, 413, "bytes"),
+    ]
+    for path, body, status, needle in cases:
+        r = httpx.post(url + path, headers=h, json=body)
+        assert r.status_code == status, (path, body, r.text)
+        assert needle in r.json()["error"]["message"] or needle == r.json()["error"].get("param"), r.text
+        assert "Traceback" not in r.text
+    r = httpx.post(url + "/v1/select", headers={**h, "Content-Type": "application/json"}, content=b"{not json")
+    assert r.status_code == 400
+    assert metric(url, "privalign_scorer_calls_total") == 0
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] == 0.0 and t["reserved_epsilon"] == 0.0
+
+
+def test_admin_actions_are_not_reachable_over_http(service):
+    url, _ = service
+    spec = httpx.get(url + "/openapi.json").json()
+    assert set(spec["paths"]) == PUBLIC_PATHS
+    for path in ("/v1/keys", "/keys", "/admin", "/v1/keys/create", "/v1/admin/top-up", "/v1/budget/top-up"):
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            assert httpx.request(method, url + path, json={"budget_epsilon": 100}).status_code in (404, 405)
+    assert httpx.request("OPTIONS", url + "/v1/select", headers={"Origin": "http://evil", "Access-Control-Request-Method": "POST"}).headers.get("access-control-allow-origin") is None
+
+
+def test_upstream_failure_releases_the_reservation(tmp_path, reward_model, failing_upstream):
+    app = create_app(_cfg(tmp_path, reward_model, failing_upstream))
+    state = app.state.service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"})
+        assert r.status_code == 502 and "released" in r.json()["error"]["message"]
+        assert metric(url, "privalign_scorer_calls_total") == 0
+    rows = state.store.ledger_rows(key_id)
+    assert [r["action"] for r in rows] == ["cancel", "reserve"]
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] == 0.0 and t["reserved_epsilon"] == 0.0
+
+
+def test_scorer_failure_keeps_the_charge_and_hides_the_trace(tmp_path, reward_model):
+    def broken(prompt, texts):
+        raise RuntimeError("secret model internals /path/to/weights")
+
+    app = create_app(_cfg(tmp_path, reward_model), scorer=broken)
+    state = app.state.service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
+                       json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}})
+    assert r.status_code == 500 and "secret" not in r.text and "Traceback" not in r.text
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] + t["reserved_epsilon"] == pytest.approx(0.25)  # fail closed
+    assert state.store.reconcile_stale(older_than_s=0.0) and _spent(state.engine, key_id)["spent_epsilon"] == pytest.approx(0.25)
+
+
+def test_database_unavailable_answers_503_without_selecting(tmp_path, reward_model):
+    calls = []
+
+    def counting(prompt, texts):
+        calls.append(1)
+        return [0.5] * len(texts)
+
+    app = create_app(_cfg(tmp_path, reward_model), scorer=counting)
+    state = app.state.service
+    _, token = create_key(state.engine, budget_epsilon=1.0)
+    dead = db.make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")  # nothing listens on port 1
+    state.engine, state.store.engine = dead, dead
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
+                       json={"prompt": "p", "candidates": ["a", "b"]})
+        assert r.status_code == 503 and "unavailable" in r.json()["error"]["message"]
+        assert httpx.get(url + "/healthz").status_code == 503
+    assert calls == []
+
+
+def test_zcdp_and_ex_post_accounting(tmp_path, reward_model):
+    app = create_app(_cfg(tmp_path, reward_model))
+    state = app.state.service
+    z_id, z_tok = create_key(state.engine, budget_epsilon=5.0, budget_delta=1e-6, accounting="zcdp")
+    x_id, x_tok = create_key(state.engine, budget_epsilon=5.0, budget_delta=1e-5, accounting="ex-post")
+    p_id, p_tok = create_key(state.engine, budget_epsilon=5.0, accounting="pure")
+    cands = [f"c{i} kind" for i in range(9)]
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {z_tok}"},
+                       json={"prompt": "p", "candidates": cands[:4], "privacy": {"epsilon": 1.0}})
+        assert r.status_code == 200, r.text
+        pz = r.json()["privacy"]
+        assert pz["charge_unit"] == "rho" and pz["charged"] == pytest.approx(1.0 / 8)  # ε²/8-zCDP
+        body = {"prompt": "p", "candidates": cands, "privacy": {"method": "privitp", "epsilon": 2.0}}
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {x_tok}"}, json=body)
+        assert r.status_code == 200, r.text
+        px = r.json()["privacy"]
+        assert 0 < px["epsilon_charged"] <= px["epsilon_reserved"] and px["delta"] > 0
+        # privacy.epsilon caps the worst case: ε_max(n=4) ≈ 1.95 > 1.5 is refused before anything runs.
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {x_tok}"},
+                       json={**body, "privacy": {"method": "privitp", "epsilon": 1.5}})
+        assert r.status_code == 400 and "exceeds" in r.json()["error"]["message"]
+        # PrivITP is (ε, δ)-ex-post: a pure-DP key cannot pay for it.
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {p_tok}"}, json=body)
+        assert r.status_code == 400 and "not supported" in r.json()["error"]["message"]
+    assert _spent(state.engine, p_id)["reserved_epsilon"] == 0.0
+    t = _spent(state.engine, x_id)
+    assert t["spent_epsilon"] == pytest.approx(px["charged"]) and t["reserved_epsilon"] == 0.0
+
+
+def test_non_private_bon_requires_explicit_opt_in(tmp_path, reward_model):
+    from privalign.errors import PrivacyParameterError
+
+    with pytest.raises(PrivacyParameterError, match="allow_non_private"):
+        _cfg(tmp_path, reward_model, allowed_methods=["privbon", "bon"])
+    app = create_app(_cfg(tmp_path, reward_model, allowed_methods=["privbon", "bon"], allow_non_private=True))
+    key_id, token = create_key(app.state.service.engine, budget_epsilon=1.0)
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
+                       json={"prompt": "p", "candidates": ["a rude reply", "a kind helpful reply"], "privacy": {"method": "bon"}})
+    assert r.status_code == 200 and r.json()["text"] == "a kind helpful reply"
+    assert r.json()["privacy"]["private"] is False and r.json()["privacy"]["guarantee"] == "none"
+    assert _spent(app.state.service.engine, key_id)["reserved_epsilon"] == 0.0 and app.state.service.store.ledger_rows(key_id) == []
+
+
+def test_generator_timeout_releases_the_reservation(tmp_path, reward_model):
+    import threading
+
+    release = threading.Event()
+
+    def slow_generator(prompt, n, **kwargs):
+        release.wait(10)
+        return ["x"] * n
+
+    cfg = _cfg(tmp_path, reward_model)
+    from dataclasses import replace
+
+    cfg = replace(cfg, limits=replace(cfg.limits, request_timeout_s=0.5))
+    app = create_app(cfg, generator=slow_generator)
+    state = app.state.service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}, timeout=30)
+        release.set()
+        assert r.status_code == 504 and "released" in r.json()["error"]["message"]
+        assert metric(url, "privalign_scorer_calls_total") == 0
+    assert [row["action"] for row in state.store.ledger_rows(key_id)] == ["cancel", "reserve"]
+    assert _spent(state.engine, key_id)["spent_epsilon"] == 0.0
+
+
+@pytest.mark.model
+def test_chat_completion_with_the_local_transformers_generator(tmp_path, reward_model):
+    """The default generator: SmolLM2-135M (offline GGUF), loaded lazily, 2 candidates of 2 tokens."""
+    cfg = _cfg(tmp_path, reward_model)
+    from dataclasses import replace
+
+    from privalign.service.config import ComponentConfig
+
+    cfg = replace(cfg, generator=ComponentConfig(kind="transformers", options={"max_new_tokens": 2}),
+                  limits=replace(cfg.limits, request_timeout_s=600.0))  # the first request loads the model
+    app = create_app(cfg)
+    key_id, token = create_key(app.state.service.engine, budget_epsilon=1.0)
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=300)
+        r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Say hi."}],
+                                           max_tokens=2, extra_body={"privacy": {"epsilon": 0.5, "n": 2}})
+    assert isinstance(r.choices[0].message.content, str) and r.model_extra["privacy"]["epsilon_charged"] == 0.5
+    assert _spent(app.state.service.engine, key_id)["spent_epsilon"] == 0.5
