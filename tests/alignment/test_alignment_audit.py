@@ -93,3 +93,24 @@ def test_privbon_audit_with_negative_control(rng):
     cp = np.bincount(broken.select_batch(np.tile(dp, (draws, 1)), rng=rng).indices, minlength=5)
     lb = np.maximum(_log_ratio_lower_bounds(c, cp, draws, ALPHA / 2), _log_ratio_lower_bounds(cp, c, draws, ALPHA / 2))
     assert lb.max() > eps
+
+
+@pytest.mark.statistical
+def test_privitp_fallback_audit_catches_k8(rng):
+    """Negative control for defect K8 (review): where ℓ1 > ℓ2 — here β = 0.5, L = 0, λ̃ = −β, so the
+    threshold interval [−0.5, 1] sits low and rejections are the informative outcome — the fallback's
+    true worst-case loss n·ℓ1 exceeds the authors' charge (n−1)·ℓ1 + ℓ2. Pair pool B = (1, 1) vs (0, 0):
+    the fallback's log-ratio is exactly n·ℓ1. The accountant's ε2 must not be refuted and the K8 charge
+    must be (false-positive probability ≤ ALPHA for the first assertion)."""
+    n, draws, lam = 2, 100_000, -0.5
+    m = PrivITP(0.5, sigma_x=1.0, sigma_z=0.5, L=0.0)
+    lt = np.full(draws, lam)
+    c_hi = _outcome_counts(m.phase2(np.ones((draws, n)), lt, rng)[0], n)
+    c_lo = _outcome_counts(m.phase2(np.zeros((draws, n)), lt, rng)[0], n)
+    claim = m.accountant.epsilon2(np.array([1, 2, -1]), n, np.full(3, lam))
+    lb = np.maximum(_log_ratio_lower_bounds(c_hi, c_lo, draws, ALPHA / 2), _log_ratio_lower_bounds(c_lo, c_hi, draws, ALPHA / 2))
+    assert np.all(lb <= claim), (lb, claim)
+    l1 = float(ell1(lam, width=m.width(lam), r_max=1, sensitivity=1, sigma_z=0.5))
+    l2 = float(ell2(lam, width=m.width(lam), r_max=1, sensitivity=1, sigma_z=0.5))
+    assert l1 > l2 and claim[2] == pytest.approx(n * l1)
+    assert lb[n] > (n - 1) * l1 + l2, (lb, (n - 1) * l1 + l2)  # the K8 fallback charge is refuted

@@ -25,6 +25,18 @@ def test_out_of_range_needs_clip(sel, rng):
         sel.select([0.2, 1.5], rng=rng, pool_b_scores=[0.2, 0.3])
 
 
+@pytest.mark.parametrize("sel", SELECTORS[1:], ids=lambda s: s.name)
+def test_out_of_range_message_does_not_quote_private_scores(sel, rng):
+    """Regression (review): the error quoted the offending score and its index; scores are private and
+    messages reach logs, CLI output and HTTP errors."""
+    with pytest.raises(PrivacyParameterError) as exc:
+        sel.select([0.2, 1.2345678], rng=rng, pool_b_scores=[0.2, 0.3])
+    assert "1.2345678" not in str(exc.value) and "index" not in str(exc.value)
+    with pytest.raises(PrivacyParameterError) as exc:
+        sel.select_batch([[0.2, -0.7654321]], rng=rng, pool_b_scores=[[0.2, 0.3]])
+    assert "0.7654321" not in str(exc.value) and "index" not in str(exc.value)
+
+
 def test_clip_option(rng):
     s = PrivBoN(1.0, clip=True).select([-3.0, 1.5], rng=rng)
     assert s.index in (0, 1)
@@ -111,3 +123,16 @@ def test_secure_noise_source_runs():
     s = PrivITP(0.1, sigma_x=0.5, sigma_z=0.5).select([0.2, 0.8], rng=SecureNoise(), pool_b_scores=[0.9, 0.1])
     assert s.index in (FALLBACK, 0, 1)
     assert PrivBoN(1.0).select([0.2, 0.8], rng=SecureNoise()).index in (0, 1)
+
+
+def test_privitp_parameters_are_read_only_and_shared_with_the_accountant():
+    """Regression (review): σ_X, σ_Z, L, ... were plain attributes next to a separately built accountant,
+    so changing one after construction made the mechanism sample with a σ the events did not account for
+    (defects K3/K5) and left the cached ε_max stale. They are now read-only views of the accountant."""
+    m = PrivITP(0.1, sigma_x=0.5, sigma_z=0.7, L=2.0, delta=1e-5, sensitivity=0.5)
+    acc = m.accountant
+    assert (m.beta, m.sigma_x, m.sigma_z, m.L, m.delta, m.sensitivity, m.r_max) == (
+        acc.beta, acc.sigma_x, acc.sigma_z, acc.L, acc.delta, acc.sensitivity, acc.r_max)
+    for name in ("beta", "sigma_x", "sigma_z", "L", "delta", "sensitivity", "r_max", "accountant"):
+        with pytest.raises(AttributeError):
+            setattr(m, name, 1.0)

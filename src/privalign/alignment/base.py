@@ -110,17 +110,28 @@ class SelectionLaw:
                 "error_bound": float(self.error_bound)}
 
 
+def _in_public_range(arr: np.ndarray, name: str, r_max: float | None, clip: bool) -> np.ndarray:
+    """Clip into ``[0, r_max]`` or refuse out-of-range scores. The message never quotes a score or its
+    position: scores are private, and error messages end up in logs and HTTP responses."""
+    if r_max is None:
+        return arr
+    if clip:
+        return np.clip(arr, 0.0, r_max)
+    if np.any(arr < 0.0) or np.any(arr > r_max):
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must lie in the declared public range [0, {r_max:g}] (pass clip=True to "
+            "clip). Got value(s) outside it (not shown: scores are private)."
+        )
+    return arr
+
+
 def scores_vector(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
     """Validate one query's scores (finite, non-empty; in ``[0, r_max]`` unless ``clip``)."""
-    if r_max is None:
-        return check_finite_vector(scores, name)
-    return check_finite_vector(scores, name, low=0.0, high=r_max, clip=clip)
+    return _in_public_range(check_finite_vector(scores, name), name, r_max, clip)
 
 
 def scores_matrix(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
-    if r_max is None:
-        return check_finite_matrix(scores, name)
-    return check_finite_matrix(scores, name, low=0.0, high=r_max, clip=clip)
+    return _in_public_range(check_finite_matrix(scores, name), name, r_max, clip)
 
 
 def require_pool_b(pool_b, method: str):

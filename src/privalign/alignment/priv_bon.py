@@ -30,7 +30,9 @@ class PrivBoN:
       clip: Clip scores into ``[0, r_max]`` instead of raising.
       sigma_reg: Optional regularisation temperature (``theory.sigma_reg``). When
         ``σ_reg > 2Δ/ε`` the mechanism uses σ = σ_reg and reports the smaller ``ε_eff = 2Δ/σ_reg`` it
-        actually spends.
+        actually spends. ``σ_reg`` must be public (chosen without looking at the private scores, e.g.
+        from public data): a σ that is a function of the scores (such as ``theory.estimate_theory`` on the
+        pool being served) makes the noise scale itself a release and voids the guarantee.
 
     Privacy:
       Unit: one training record of the reward model. Relation: replace-one. Sensitivity: ℓ∞ of the

@@ -65,17 +65,29 @@ class PrivITP:
 
     def __init__(self, beta: float, *, sigma_x: float, sigma_z: float, r_max: float = 1.0, L: float = 3.0,
                  delta: float = 1e-6, sensitivity: float | None = None, clip: bool = False) -> None:
-        self.beta = check_real(beta, "beta", low=0.0, closed="neither")
-        self.sigma_x = check_real(sigma_x, "sigma_x", low=0.0, closed="neither")
-        self.sigma_z = check_real(sigma_z, "sigma_z", low=0.0, closed="neither")
-        self.r_max = check_real(r_max, "r_max", low=0.0, closed="neither")
-        self.L = check_real(L, "L", low=0.0, closed="left")
-        self.delta = check_probability(delta, "delta")
-        self.sensitivity = self.r_max if sensitivity is None else check_real(
+        beta = check_real(beta, "beta", low=0.0, closed="neither")
+        sigma_x = check_real(sigma_x, "sigma_x", low=0.0, closed="neither")
+        sigma_z = check_real(sigma_z, "sigma_z", low=0.0, closed="neither")
+        r_max = check_real(r_max, "r_max", low=0.0, closed="neither")
+        L = check_real(L, "L", low=0.0, closed="left")
+        delta = check_probability(delta, "delta")
+        sensitivity = r_max if sensitivity is None else check_real(
             sensitivity, "sensitivity", low=0.0, closed="neither")
         self.clip = bool(clip)
-        self.accountant = PrivITPAccountant(beta=self.beta, r_max=self.r_max, sensitivity=self.sensitivity,
-                                            sigma_x=self.sigma_x, sigma_z=self.sigma_z, L=self.L, delta=self.delta)
+        # The accountant (frozen) is the single source of every public parameter: the mechanism reads
+        # β, σ_X, σ_Z, R_max, L, δ, Δ from it, and they are read-only, so what is sampled and what is
+        # accounted cannot drift apart (defects K3/K5), and the cached ε_max cannot go stale.
+        self._accountant = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_x=sigma_x,
+                                             sigma_z=sigma_z, L=L, delta=delta)
+
+    accountant = property(lambda self: self._accountant, doc="The PrivITPAccountant built from this mechanism.")
+    beta = property(lambda self: self._accountant.beta, doc="β (read-only).")
+    sigma_x = property(lambda self: self._accountant.sigma_x, doc="Phase-1 noise std σ_X (read-only).")
+    sigma_z = property(lambda self: self._accountant.sigma_z, doc="Phase-2 noise std σ_Z (read-only).")
+    r_max = property(lambda self: self._accountant.r_max, doc="R_max (read-only).")
+    L = property(lambda self: self._accountant.L, doc="Envelope widening L (read-only).")
+    delta = property(lambda self: self._accountant.delta, doc="Phase-1 δ (read-only).")
+    sensitivity = property(lambda self: self._accountant.sensitivity, doc="Δ_r (read-only).")
 
     @property
     def interval(self) -> tuple[float, float]:
