@@ -152,9 +152,10 @@ def _check_array(arr: np.ndarray, name: str, *, low, high, clip, min_size) -> np
             return np.clip(arr, lo, hi)
         out = (arr < lo) | (arr > hi)
         if out.any():
-            idx = np.argwhere(out)[0]
+            # The values (and their positions) are not quoted: they may be private data, and error
+            # messages end up in logs and HTTP responses.
             raise PrivacyParameterError(
                 f"The '{name}' parameter must lie in the declared public range [{lo:g}, {hi:g}] "
-                f"(pass clip=True to clip). Got {arr[tuple(idx)]!r} at index {tuple(int(i) for i in idx)}."
+                "(pass clip=True to clip). Got values outside that range (not quoted: they may be private)."
             )
     return arr
