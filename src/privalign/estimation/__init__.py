@@ -1,1 +1,35 @@
-"""privalign.estimation"""
+"""Private sparse reward estimation (paper 2, ``spec-reward-estimation.md``).
+
+scikit-learn-style estimators of a linear Bradley–Terry–Luce reward ``r(x) = ⟨φ(x), θ⟩`` from pairwise
+preferences; each has ``fit(X, y)``, ``coef_``, ``predict_reward(X)``, ``score(X, y)`` (held-out
+preference accuracy) and ``privacy_event_`` (with the privacy unit: ``"sample"`` or ``"label"``).
+
+* non-private references: :class:`MLE`, :class:`IHT`;
+* sample-DP (ε, δ): :class:`SampleDPIHT` (Peeling), :class:`DPSGDLinear`;
+* label-DP ε: :class:`RRIHT`, :class:`DenseRR` (randomized response; features public).
+"""
+
+from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
+from privalign.estimation.features import EmbeddingFeatures, HashedNgramFeatures, feature_map_from_config
+from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
+from privalign.estimation.persistence import load_model, save_model
+from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
+from privalign.estimation.synthetic import SyntheticBTL, make_btl
+
+__all__ = [
+    "MLE",
+    "IHT",
+    "SampleDPIHT",
+    "RRIHT",
+    "DenseRR",
+    "DPSGDLinear",
+    "HashedNgramFeatures",
+    "EmbeddingFeatures",
+    "feature_map_from_config",
+    "PreferenceData",
+    "train_test_split_by_prompt",
+    "SyntheticBTL",
+    "make_btl",
+    "save_model",
+    "load_model",
+]

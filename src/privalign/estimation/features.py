@@ -1,0 +1,179 @@
+"""Public, data-independent feature maps φ(k, a) for linear BTL rewards (spec-reward-estimation.md §11).
+
+* :class:`HashedNgramFeatures`: hashed word n-grams, values capped to [0, 1] (binary presence), a
+  ``scipy.sparse`` CSR matrix that is never densified. The map is fixed before any data is seen (no
+  vocabulary, no IDF, no scaling from data), so it leaks nothing and needs no privacy budget. A
+  comparison difference ``x = φ(a¹) − φ(a⁰)`` then lies in [−1, 1]^d, i.e. ``feature_bound = 1``.
+* :class:`EmbeddingFeatures`: MiniLM sentence embeddings from ``privalign.models.embeddings`` (loaded
+  offline, imported lazily). Embeddings are L2-normalised, so each coordinate lies in [−1, 1] and a
+  difference in [−2, 2] (``feature_bound = 2``); the map clips to [−1, 1] anyway, data-independently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from privalign._validation import check_choice, check_int
+from privalign.errors import MissingDependencyError, PrivacyParameterError
+
+__all__ = ["HashedNgramFeatures", "EmbeddingFeatures", "feature_map_from_config"]
+
+
+class HashedNgramFeatures:
+    """Binary hashed bag of word n-grams (MurmurHash3 via scikit-learn's ``HashingVectorizer``).
+
+    Args:
+      n_features: the dimension ``d`` (a power of two is customary, e.g. ``2**18``).
+      ngram_range: ``(min_n, max_n)`` word n-gram lengths.
+      lowercase: lowercase before tokenising.
+      use_prompt: include the prompt's n-grams in φ(k, a). Off by default: for a bag of words the
+        shared prompt cancels in the comparison difference anyway.
+
+    The output is a CSR matrix with values in {0, 1} (presence), hence within [0, 1].
+    """
+
+    kind = "hashed_ngram"
+
+    def __init__(
+        self,
+        n_features: int = 2**18,
+        ngram_range: tuple[int, int] = (1, 2),
+        lowercase: bool = True,
+        use_prompt: bool = False,
+    ) -> None:
+        self.n_features = n_features
+        self.ngram_range = ngram_range
+        self.lowercase = lowercase
+        self.use_prompt = use_prompt
+
+    def _vectorizer(self) -> Any:
+        check_int(self.n_features, "n_features", low=1)
+        lo, hi = (check_int(v, "ngram_range", low=1) for v in tuple(self.ngram_range))
+        if lo > hi:
+            raise PrivacyParameterError(f"The 'ngram_range' parameter must satisfy min_n <= max_n. Got {self.ngram_range!r}.")
+        try:
+            from sklearn.feature_extraction.text import HashingVectorizer
+        except ImportError as exc:  # pragma: no cover
+            raise MissingDependencyError("HashedNgramFeatures needs scikit-learn: pip install scikit-learn") from exc
+        return HashingVectorizer(
+            n_features=int(self.n_features),
+            ngram_range=(lo, hi),
+            lowercase=bool(self.lowercase),
+            alternate_sign=False,
+            binary=True,
+            norm=None,
+            dtype=np.float64,
+        )
+
+    @property
+    def feature_bound(self) -> float:
+        """Coordinate bound of a comparison difference φ(a¹) − φ(a⁰)."""
+        return 1.0
+
+    def transform(self, texts: Sequence[str]) -> sp.csr_matrix:
+        """φ of each text: an ``(len(texts), n_features)`` CSR matrix with entries in {0, 1}."""
+        if isinstance(texts, str):
+            raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+        X = self._vectorizer().transform(list(texts)).tocsr()
+        np.minimum(X.data, 1.0, out=X.data)  # cap to [0, 1] (binary=True already does)
+        return X
+
+    def transform_pairs(self, prompts: Sequence[str], responses: Sequence[str]) -> sp.csr_matrix:
+        """φ(k, a) for aligned prompts and responses."""
+        if len(prompts) != len(responses):
+            raise PrivacyParameterError(
+                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and {len(responses)}."
+            )
+        if self.use_prompt:
+            return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
+        return self.transform(responses)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "n_features": int(self.n_features),
+            "ngram_range": [int(v) for v in self.ngram_range],
+            "lowercase": bool(self.lowercase),
+            "use_prompt": bool(self.use_prompt),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"HashedNgramFeatures(n_features={self.n_features}, ngram_range={tuple(self.ngram_range)}, "
+            f"lowercase={self.lowercase}, use_prompt={self.use_prompt})"
+        )
+
+
+class EmbeddingFeatures:
+    """Sentence embeddings of the response (or prompt + response) from engineer E's MiniLM embedder
+    (``privalign.models.embeddings.MiniLMEmbedder``: all-MiniLM-L6-v2, offline, unit-norm 384-d rows).
+
+    Args:
+      backend: ``"onnx"`` (int8, default) or ``"torch"`` (fp32), passed to ``MiniLMEmbedder``.
+      use_prompt: embed ``prompt + "\n" + response`` instead of the response alone.
+      batch_size: texts per forward pass.
+
+    Each coordinate is clipped to [−1, 1] (a fixed map; unit-norm rows already satisfy it), so
+    comparison differences lie in [−2, 2]: ``feature_bound = 2``.
+    """
+
+    kind = "minilm"
+
+    def __init__(self, backend: str = "onnx", use_prompt: bool = False, batch_size: int = 64) -> None:
+        self.backend = backend
+        self.use_prompt = use_prompt
+        self.batch_size = batch_size
+
+    @property
+    def feature_bound(self) -> float:
+        return 2.0
+
+    def _embedder(self) -> Any:
+        if getattr(self, "_embedder_cache", None) is None:
+            try:
+                from privalign.models.embeddings import MiniLMEmbedder
+            except ImportError as exc:
+                raise MissingDependencyError(
+                    "EmbeddingFeatures needs privalign.models.embeddings (pip install 'privalign[models]')."
+                ) from exc
+            self._embedder_cache = MiniLMEmbedder(self.backend, batch_size=check_int(self.batch_size, "batch_size", low=1))
+        return self._embedder_cache
+
+    def transform(self, texts: Sequence[str]) -> np.ndarray:
+        """φ of each text: a dense ``(len(texts), 384)`` float64 matrix with entries in [−1, 1]."""
+        if isinstance(texts, str):
+            raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+        X = np.asarray(self._embedder().embed(list(texts)), dtype=np.float64)
+        return np.clip(X, -1.0, 1.0)
+
+    def transform_pairs(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
+        if len(prompts) != len(responses):
+            raise PrivacyParameterError(
+                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and {len(responses)}."
+            )
+        if self.use_prompt:
+            return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
+        return self.transform(responses)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "backend": self.backend, "use_prompt": bool(self.use_prompt), "batch_size": int(self.batch_size)}
+
+    def __repr__(self) -> str:
+        return f"EmbeddingFeatures(backend={self.backend!r}, use_prompt={self.use_prompt})"
+
+
+def feature_map_from_config(config: dict[str, Any]) -> HashedNgramFeatures | EmbeddingFeatures:
+    """Rebuild a feature map from its ``get_config()`` dict (used by model loading)."""
+    if not isinstance(config, dict):
+        raise PrivacyParameterError(f"The 'config' parameter must be a dict. Got {type(config).__name__}.")
+    kind = check_choice(config.get("kind"), "config['kind']", ("hashed_ngram", "minilm"))
+    kw = {k: v for k, v in config.items() if k != "kind"}
+    if kind == "hashed_ngram":
+        if "ngram_range" in kw:
+            kw["ngram_range"] = tuple(kw["ngram_range"])
+        return HashedNgramFeatures(**kw)
+    return EmbeddingFeatures(**kw)

@@ -1,0 +1,558 @@
+"""Iterative hard thresholding for sparse BTL rewards: non-private IHT, Sample-DP IHT, Label-DP RR-IHT.
+
+Spec: ``spec-reward-estimation.md`` §5 (Sample-DP-IHT), §6 (RR-IHT), §12 (invariants). Proof notes:
+``docs/privacy/sample_dp_iht.md`` and ``docs/privacy/rr_iht.md``.
+
+All three share one loop (``θ⁰ = 0``)::
+
+    for t = 0..T−1:
+        g ← (1/m_t) Σ_{i∈B_t} (σ(x_iᵀθᵗ) − t_i)·x_i     # t_i = y_i, or the debiased ŷ_i (RR-IHT)
+        θᵗ⁺¹ ← Π_{‖·‖₂≤B_θ}( Threshold_s(θᵗ − η·g) )
+
+with ``B_t`` the full data (``variant="full"``) or the t-th of T disjoint batches (``"disjoint"``), and
+``Threshold_s`` exact top-s hard thresholding (IHT, RR-IHT) or private Peeling (Sample-DP IHT).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from privalign._validation import check_choice, check_int, check_probability, check_real
+from privalign.accounting.events import (
+    ComposedEvent,
+    NonPrivateEvent,
+    ParallelComposedEvent,
+    PeelingEvent,
+    PrivacyEvent,
+)
+from privalign.errors import PrivacyParameterError
+from privalign.estimation.base import (
+    RewardEstimator,
+    btl_gradient,
+    check_epsilon,
+    check_Xy,
+    hard_threshold,
+    project_l2,
+    sigmoid,
+    softplus,
+)
+from privalign.rng import as_generator
+
+__all__ = [
+    "IHT",
+    "SampleDPIHT",
+    "RRIHT",
+    "privatize_labels",
+    "debiased_labels",
+    "debiased_gradient",
+    "debiased_loss",
+    "default_n_iter",
+    "advanced_composition_split",
+    "peeling_sensitivity",
+    "gradient_step",
+    "peeling_threshold",
+]
+
+
+def default_n_iter(n: int) -> int:
+    """Default number of disjoint-batch iterations: ``T = clip(⌈ln n⌉, 5, 20)`` (spec §5 defaults)."""
+    return int(min(20, max(5, math.ceil(math.log(max(n, 2))))))
+
+
+def _check_common(est: Any, X: Any, y: Any, d_needed: bool = True) -> tuple[Any, np.ndarray, int]:
+    feature_bound = check_real(est.feature_bound, "feature_bound", low=0.0, closed="neither")
+    Xv, yv = check_Xy(X, y, feature_bound=feature_bound, clip=bool(est.clip))
+    d = Xv.shape[1]
+    s = check_int(est.sparsity, "sparsity", low=1)
+    if s > d:
+        raise PrivacyParameterError(
+            f"The 'sparsity' parameter must be at most the number of features d={d}. Got {s} instead."
+        )
+    check_real(est.step_size, "step_size", low=0.0, closed="neither")
+    check_real(est.radius, "radius", low=0.0, closed="neither", allow_inf=True)
+    return Xv, yv, s
+
+
+def _batches(n: int, T: int, variant: str, rng: np.random.Generator, shuffle: bool = True) -> list[Any] | None:
+    """Disjoint, data-independent batches or ``None`` for full data.
+
+    ``shuffle=True``: sorted index arrays of a random permutation split into T parts (each batch is then
+    copied by fancy indexing). ``shuffle=False``: T contiguous row ranges (``slice`` objects, so a dense
+    batch is a view and nothing is copied); still data-independent, hence private, but statistically
+    sound only if the rows are not ordered by anything that matters.
+    """
+    if variant == "full":
+        return None
+    if T > n:
+        raise PrivacyParameterError(
+            f"The 'n_iter' parameter must be at most the number of samples n={n} for disjoint batches. Got {T}."
+        )
+    if not shuffle:
+        bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(n), T)])
+        return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    perm = rng.permutation(n)
+    return [np.sort(chunk) for chunk in np.array_split(perm, T)]
+
+
+def _iht_loop(
+    X: Any,
+    targets: np.ndarray,
+    *,
+    sparsity: int,
+    n_iter: int,
+    step_size: float,
+    radius: float,
+    batches: list[np.ndarray] | None,
+    threshold: Callable[[np.ndarray, int], np.ndarray],
+    progress: bool = False,
+) -> np.ndarray:
+    """The shared IHT loop; ``threshold(v, m_t)`` receives the batch size (for the sensitivity)."""
+    d = X.shape[1]
+    theta = np.zeros(d)
+    it = range(n_iter)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="IHT", leave=False)
+    for t in it:
+        if batches is None:
+            Xb, tb = X, targets
+        else:
+            Xb, tb = X[batches[t]], targets[batches[t]]
+        v = gradient_step(Xb, tb, theta, step_size)
+        m = Xb.shape[0]
+        del Xb  # free a copied batch before the next one is gathered
+        theta = project_l2(threshold(v, m), radius)
+    return theta
+
+
+# ------------------------------------------------------------------------------------------------
+# Non-private IHT
+# ------------------------------------------------------------------------------------------------
+
+
+class IHT(RewardEstimator):
+    """Non-private iterative hard thresholding for the sparse BTL/logistic model (reference method).
+
+    Args:
+      sparsity: s, the number of non-zeros kept (1 ≤ s ≤ d).
+      n_iter: T iterations (default 100 for ``variant="full"``, ``default_n_iter(n)`` for ``"disjoint"``).
+      step_size: η.
+      radius: B_θ, the ℓ2 ball the iterates are projected on (``inf``: none).
+      feature_bound: the public coordinate bound c_x; rows must satisfy ‖x‖∞ ≤ c_x.
+      clip: clip features into [−c_x, c_x] instead of raising.
+      variant: ``"full"`` (all data every iteration) or ``"disjoint"`` (T disjoint batches, the same
+        schedule as :class:`SampleDPIHT`, so that Sample-DP IHT with the noise off equals it exactly).
+      shuffle: disjoint batches from a random permutation (default) or contiguous row blocks (no copy).
+      random_state: seed of the batch permutation (``"disjoint"`` only).
+
+    Attributes:
+      coef_: the fitted θ̂ (dense, at most s non-zeros). support_: its sorted support.
+      n_iter_: T used. privacy_event_: ``NonPrivateEvent`` (no guarantee).
+    """
+
+    def __init__(
+        self,
+        *,
+        sparsity: int = 16,
+        n_iter: int | None = None,
+        step_size: float = 4.0,
+        radius: float = 5.0,
+        feature_bound: float = 1.0,
+        clip: bool = False,
+        variant: str = "full",
+        shuffle: bool = True,
+        random_state: Any = None,
+    ) -> None:
+        self.sparsity = sparsity
+        self.n_iter = n_iter
+        self.step_size = step_size
+        self.radius = radius
+        self.feature_bound = feature_bound
+        self.clip = clip
+        self.variant = variant
+        self.shuffle = shuffle
+        self.random_state = random_state
+
+    def _resolve_T(self, n: int, variant: str) -> int:
+        if self.n_iter is None:
+            return 100 if variant == "full" else default_n_iter(n)
+        return check_int(self.n_iter, "n_iter", low=1)
+
+    def fit(self, X: Any, y: Any) -> IHT:
+        """Fit on comparisons ``X`` (n × d, dense or sparse) with labels ``y`` ∈ {0, 1}; returns self."""
+        Xv, yv, s = _check_common(self, X, y)
+        variant = check_choice(self.variant, "variant", ("full", "disjoint"))
+        T = self._resolve_T(Xv.shape[0], variant)
+        rng = as_generator(self.random_state)
+        batches = _batches(Xv.shape[0], T, variant, rng, bool(self.shuffle))
+        self.coef_ = _iht_loop(
+            Xv, yv, sparsity=s, n_iter=T, step_size=float(self.step_size), radius=float(self.radius),
+            batches=batches, threshold=lambda v, m: hard_threshold(v, s),
+        )
+        self.support_ = np.flatnonzero(self.coef_)
+        self.n_iter_ = T
+        self.n_features_in_ = Xv.shape[1]
+        self.privacy_event_ = NonPrivateEvent(unit="sample", relation="replace_one")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# Sample-DP IHT
+# ------------------------------------------------------------------------------------------------
+
+
+def _advanced_epsilon(eps_i: float, T: int, delta_prime: float) -> float:
+    """Dwork–Rothblum–Vadhan advanced composition of T ε_i-DP steps (Dwork & Roth 2014, Thm 3.20)."""
+    return math.sqrt(2.0 * T * math.log(1.0 / delta_prime)) * eps_i + T * eps_i * math.expm1(eps_i)
+
+
+def advanced_composition_split(epsilon: float, delta: float, T: int) -> tuple[float, float]:
+    """Per-iteration ``(ε_i, δ_i)`` so that T adaptive (ε_i, δ_i)-DP steps are (ε, δ)-DP.
+
+    Takes the better of basic composition ``(ε/T, δ/T)`` and advanced composition with
+    ``δ_i = δ/(2T)``, ``δ′ = δ/2`` and the largest ε_i (bisection, rounded down) such that
+    ``sqrt(2T ln(1/δ′))·ε_i + T·ε_i·(e^{ε_i} − 1) ≤ ε`` (Dwork & Roth 2014, Thm 3.20).
+    """
+    basic = (epsilon / T, delta / T)
+    lo, hi = 0.0, epsilon
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _advanced_epsilon(mid, T, delta / 2.0) <= epsilon:
+            lo = mid
+        else:
+            hi = mid
+    adv = (lo, delta / (2.0 * T))
+    return adv if adv[0] > basic[0] else basic
+
+
+def peeling_sensitivity(step_size: float, feature_bound: float, batch_size: int) -> float:
+    """λ = 2·η·c_x/m: the ℓ∞ sensitivity of ``v = θ − η·g`` when one of the batch's m comparisons is
+    replaced (``|σ(·) − y| ≤ 1`` and ``‖x‖∞ ≤ c_x`` bound each per-example gradient by c_x in ℓ∞)."""
+    return 2.0 * step_size * feature_bound / batch_size
+
+
+def gradient_step(X: Any, targets: np.ndarray, theta: np.ndarray, step_size: float) -> np.ndarray:
+    """``v = θ − η·(1/m) Σ (σ(x_iᵀθ) − t_i)·x_i`` on one batch (dense float64 output)."""
+    return theta - step_size * btl_gradient(X, targets, theta)
+
+
+@functools.lru_cache(maxsize=64)
+def _peeling(sparsity: int, epsilon: float, delta: float, sensitivity: float) -> Any:
+    """B's Peeling (frozen, stateless) cached by its parameters: its calibration bisection runs once."""
+    from privalign.mechanisms.selection import Peeling
+
+    return Peeling(sparsity, epsilon, delta, sensitivity, unit="sample", relation="replace_one")
+
+
+def peeling_threshold(
+    v: np.ndarray,
+    batch_size: int,
+    *,
+    sparsity: int,
+    epsilon: float,
+    delta: float,
+    step_size: float,
+    feature_bound: float,
+    rng: Any,
+) -> tuple[np.ndarray, PeelingEvent]:
+    """The private thresholding of one Sample-DP IHT step: Peeling of ``v`` at λ = 2ηc_x/m.
+
+    ``v`` may be a batch of vectors (2-D; rows thresholded independently, for audits).
+
+    Returns:
+      ``(sparse_v, event)``; the event records the per-call target (ε, δ) that B's Peeling was
+      calibrated to (``calibrate_peeling``: accounted cost ≤ target) and its noise multiplier.
+    """
+    lam = peeling_sensitivity(step_size, feature_bound, batch_size)
+    mech = _peeling(int(sparsity), float(epsilon), float(delta), float(lam))
+    out, _ = mech(v, rng=rng)
+    # The event records the requested per-call target (ε, δ) (``mech.event`` records the accounted
+    # cost instead, which is ≤ the target); accountants recompute the cost from (sparsity,
+    # noise_multiplier) either way.
+    ev = PeelingEvent(
+        sparsity=sparsity, noise_multiplier=mech.noise_multiplier, target_epsilon=epsilon, target_delta=delta,
+        unit="sample", relation="replace_one",
+    )
+    return out, ev
+
+
+class SampleDPIHT(RewardEstimator):
+    """Sample-DP iterative hard thresholding with Peeling (spec-reward-estimation.md §5).
+
+    Each iteration takes a logistic/BTL gradient step on one batch and replaces hard thresholding by
+    :class:`privalign.mechanisms.Peeling` (private top-s selection and release) at Laplace scale
+    ``noise_multiplier × λ``, ``λ = 2·η·c_x/m`` (the ℓ∞ sensitivity of ``θᵗ − η·g`` under replacing one
+    of the batch's m comparisons), then projects on the ℓ2 ball of radius B_θ.
+
+    Args:
+      epsilon: target ε in (0, ∞]; ``inf`` switches the noise off (exact hard thresholding, no privacy,
+        ``NonPrivateEvent``): then the fit equals :class:`IHT` with the same variant, T, η and seed.
+      delta: target δ in (0, 1).
+      sparsity: s, coordinates kept per iteration (1 ≤ s ≤ d).
+      n_iter: T (default ``default_n_iter(n)``: ``clip(⌈ln n⌉, 5, 20)``).
+      step_size: η.
+      radius: B_θ (public; ``inf``: no projection).
+      feature_bound: c_x (public): every feature must satisfy |x_ij| ≤ c_x.
+      clip: clip features into [−c_x, c_x] instead of raising (data-independent, so free).
+      variant: ``"disjoint"`` (default: T disjoint batches, each Peeling at the full (ε, δ), parallel
+        composition) or ``"full"`` (all data every iteration, ``λ = 2ηc_x/n``, per-iteration budget
+        from :func:`advanced_composition_split`).
+      shuffle: batches from a random permutation (default; each batch is copied) or contiguous row
+        blocks (views, no copy: use on data already in random order). Both splits are data-independent.
+      random_state: seed of the batch permutation and of the Peeling noise.
+
+    Attributes:
+      coef_, support_, n_iter_, noise_multiplier_ (Laplace scale / λ per call), privacy_event_.
+
+    Raises:
+      PrivacyParameterError: labels ∉ {0, 1}, non-finite features, mismatched lengths, s ∉ [1, d],
+        invalid ε/δ, features outside [−c_x, c_x] without ``clip``, T > n for disjoint batches.
+
+    Privacy:
+      Unit: one comparison ``(k, a⁰, a¹, y)`` (``"sample"``: both ``x_i`` and ``y_i`` may change).
+      Relation: replace-one (n is public).
+      Sensitivity: ``‖v(D) − v(D′)‖∞ ≤ 2ηc_x/m`` for the batch that holds the changed record, since
+      ``|σ(·) − y| ≤ 1`` and ``‖x‖∞ ≤ c_x``; θᵗ depends only on earlier batches.
+      Guarantee: each Peeling call is (ε, δ)-DP as accounted by
+      :func:`privalign.accounting.peeling.peeling_epsilon` from its 2s Laplace sub-mechanisms (spec §4
+      option (b)); disjoint, data-independent batches give (ε, δ)-DP overall by adaptive parallel
+      composition. ``"full"``: T adaptive calls at (ε_i, δ_i) compose to (ε, δ) (advanced or basic
+      composition, whichever allows more per-call budget).
+      Event: ``ParallelComposedEvent([PeelingEvent]×T, unit="sample")`` (disjoint) or
+      ``ComposedEvent([PeelingEvent]×T, unit="sample")`` (full); ``NonPrivateEvent`` at ε = ∞.
+
+    References:
+      Cai, Wang & Zhang, "The Cost of Privacy", Ann. Statist. 2021, arXiv:1902.04495v5 (Peeling and
+      its lemma; noisy IHT). McSherry, "Privacy Integrated Queries", SIGMOD 2009, Thm. 4 (parallel
+      composition). Dwork & Roth 2014, Thm. 3.20 (advanced composition).
+    """
+
+    def __init__(
+        self,
+        *,
+        epsilon: float = 1.0,
+        delta: float = 1e-5,
+        sparsity: int = 16,
+        n_iter: int | None = None,
+        step_size: float = 4.0,
+        radius: float = 5.0,
+        feature_bound: float = 1.0,
+        clip: bool = False,
+        variant: str = "disjoint",
+        shuffle: bool = True,
+        random_state: Any = None,
+    ) -> None:
+        self.epsilon = epsilon
+        self.delta = delta
+        self.sparsity = sparsity
+        self.n_iter = n_iter
+        self.step_size = step_size
+        self.radius = radius
+        self.feature_bound = feature_bound
+        self.clip = clip
+        self.variant = variant
+        self.shuffle = shuffle
+        self.random_state = random_state
+
+    def fit(self, X: Any, y: Any) -> SampleDPIHT:
+        """Fit privately; see the class docstring. Nothing random happens before validation."""
+        eps = check_epsilon(self.epsilon)
+        delta = check_probability(self.delta, "delta")
+        Xv, yv, s = _check_common(self, X, y)
+        variant = check_choice(self.variant, "variant", ("disjoint", "full"))
+        n = Xv.shape[0]
+        T = default_n_iter(n) if self.n_iter is None else check_int(self.n_iter, "n_iter", low=1)
+        eta = float(self.step_size)
+        c_x = float(self.feature_bound)
+        rng = as_generator(self.random_state)
+        batches = _batches(n, T, variant, rng, bool(self.shuffle))
+        events: list[PrivacyEvent] = []
+        if math.isinf(eps):
+            threshold = lambda v, m: hard_threshold(v, s)  # noqa: E731
+            nm = 0.0
+        else:
+            eps_call, delta_call = (eps, delta) if variant == "disjoint" else advanced_composition_split(eps, delta, T)
+
+            def threshold(v: np.ndarray, m: int) -> np.ndarray:
+                out, ev = peeling_threshold(
+                    v, m, sparsity=s, epsilon=eps_call, delta=delta_call, step_size=eta, feature_bound=c_x, rng=rng
+                )
+                events.append(ev)
+                return out
+
+        coef = _iht_loop(
+            Xv, yv, sparsity=s, n_iter=T, step_size=eta, radius=float(self.radius), batches=batches, threshold=threshold
+        )
+        if math.isinf(eps):
+            event: PrivacyEvent = NonPrivateEvent(unit="sample", relation="replace_one")
+        elif variant == "disjoint":
+            event = ParallelComposedEvent(events=tuple(events), unit="sample", relation="replace_one")
+            nm = events[0].noise_multiplier
+        else:
+            event = ComposedEvent(events=tuple(events), unit="sample", relation="replace_one")
+            nm = events[0].noise_multiplier
+        self.coef_ = coef
+        self.support_ = np.flatnonzero(coef)
+        self.n_iter_ = T
+        self.n_features_in_ = Xv.shape[1]
+        self.noise_multiplier_ = float(nm)
+        self.privacy_event_ = event
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# Label-DP RR-IHT
+# ------------------------------------------------------------------------------------------------
+
+
+def privatize_labels(y: np.ndarray, epsilon: float, rng: Any) -> tuple[np.ndarray, float, PrivacyEvent]:
+    """Randomized response on 0/1 labels (``privalign.mechanisms.RandomizedResponse``, unit ``"label"``).
+
+    Returns:
+      ``(y_tilde, flip_probability, event)`` with ``y_tilde`` float64 in {0, 1}.
+    """
+    from privalign.mechanisms.randomized_response import RandomizedResponse
+
+    rr = RandomizedResponse(epsilon, unit="label", relation="replace_one")
+    return rr(y, rng=rng).astype(np.float64), float(rr.flip_probability), rr.event
+
+
+def debiased_labels(y_tilde: np.ndarray, flip_probability: float) -> np.ndarray:
+    """Form (3) of spec §6: ``ŷ = (ỹ − ρ)/(1 − 2ρ)``, so ``E[ŷ | y] = y``."""
+    rho = float(flip_probability)
+    if not 0.0 <= rho < 0.5:
+        raise PrivacyParameterError(f"The 'flip_probability' parameter must be in [0, 0.5). Got {rho!r} instead.")
+    return (np.asarray(y_tilde, dtype=np.float64) - rho) / (1.0 - 2.0 * rho)
+
+
+def debiased_gradient(X: Any, y_tilde: np.ndarray, theta: np.ndarray, flip_probability: float, *, form: int = 3) -> np.ndarray:
+    """Per-sample debiased gradients, shape (n, d) (dense; for tests on small problems).
+
+    * form 1: ``[∇ℓ_ỹ − ρ(∇ℓ_0 + ∇ℓ_1)]/(1 − 2ρ)``;
+    * form 2: the gradient of the Natarajan et al. loss ``[(1 − ρ)ℓ(ỹ) − ρℓ(1 − ỹ)]/(1 − 2ρ)``;
+    * form 3: ``(σ(xᵀθ) − ŷ)·x`` with ``ŷ = (ỹ − ρ)/(1 − 2ρ)`` (what RRIHT uses).
+    """
+    X = np.asarray(X.toarray() if hasattr(X, "toarray") else X, dtype=np.float64)
+    yt = np.asarray(y_tilde, dtype=np.float64)
+    rho = float(flip_probability)
+    sig = sigmoid(X @ np.asarray(theta, dtype=np.float64))
+
+    def grad_l(lbl: np.ndarray) -> np.ndarray:
+        return (sig - lbl)[:, None] * X
+
+    if form == 1:
+        return (grad_l(yt) - rho * (grad_l(np.zeros_like(yt)) + grad_l(np.ones_like(yt)))) / (1.0 - 2.0 * rho)
+    if form == 2:
+        return ((1.0 - rho) * grad_l(yt) - rho * grad_l(1.0 - yt)) / (1.0 - 2.0 * rho)
+    if form == 3:
+        return (sig - debiased_labels(yt, rho))[:, None] * X
+    raise PrivacyParameterError(f"The 'form' parameter must be one of [1, 2, 3]. Got {form!r} instead.")
+
+
+def debiased_loss(X: Any, y_tilde: np.ndarray, theta: np.ndarray, flip_probability: float) -> float:
+    """Mean Natarajan et al. (2013) unbiased loss, form (2) of spec §6."""
+    X = np.asarray(X.toarray() if hasattr(X, "toarray") else X, dtype=np.float64)
+    yt = np.asarray(y_tilde, dtype=np.float64)
+    rho = float(flip_probability)
+    z = X @ np.asarray(theta, dtype=np.float64)
+
+    def loss(lbl: np.ndarray) -> np.ndarray:
+        return softplus(z) - lbl * z  # −y log σ(z) − (1 − y) log(1 − σ(z))
+
+    return float(np.mean(((1.0 - rho) * loss(yt) - rho * loss(1.0 - yt)) / (1.0 - 2.0 * rho)))
+
+
+class RRIHT(RewardEstimator):
+    """Label-DP RR-IHT: randomized response on the labels, debiased gradient, exact IHT (spec §6).
+
+    Args:
+      epsilon: ε in (0, ∞] of randomized response; ``inf`` flips nothing (then the fit equals
+        :class:`IHT` with ``variant="full"`` and the same T, η, B_θ).
+      sparsity: s (1 ≤ s ≤ d).
+      n_iter: T (default 50); all data is used in every iteration.
+      step_size: η. radius: B_θ (``inf``: none).
+      feature_bound: c_x; clip: clip features instead of raising.
+      refit: after IHT, minimise the debiased loss (form 2) restricted to the selected support
+        (ridge ``refit_alpha``), then project on the B_θ ball. Post-processing of private labels, free.
+      refit_alpha: ℓ2 penalty of the refit (> 0 keeps the possibly non-convex-below debiased loss bounded).
+      random_state: seed of the randomized response.
+
+    Attributes:
+      coef_, support_, n_iter_, flip_probability_, privacy_event_.
+
+    Raises:
+      PrivacyParameterError: as :class:`SampleDPIHT`.
+
+    Privacy:
+      Unit: one preference label ``y_i`` (``"label"``); the features x_i (prompts, responses, φ) are
+      **public**. Relation: replace-one (the bit flips). Sensitivity: not applicable (a bit).
+      Guarantee: ε-label-DP: each label passes once through ε-DP randomized response (ε-local DP);
+      everything after is post-processing. No δ.
+      Event: ``RandomizedResponseEvent(epsilon, unit="label")`` (``NonPrivateEvent`` at ε = ∞).
+
+    References:
+      Warner 1965 (randomized response); Ghazi et al., "Deep Learning with Label Differential
+      Privacy", arXiv:2102.06062v2, Def. 1 (label DP); Natarajan et al., "Learning with Noisy Labels",
+      NeurIPS 2013, Lemma 1 (unbiased loss); Dwork & Roth 2014, Prop. 2.1 (post-processing).
+    """
+
+    def __init__(
+        self,
+        *,
+        epsilon: float = 1.0,
+        sparsity: int = 16,
+        n_iter: int | None = None,
+        step_size: float = 4.0,
+        radius: float = 5.0,
+        feature_bound: float = 1.0,
+        clip: bool = False,
+        refit: bool = False,
+        refit_alpha: float = 1e-3,
+        random_state: Any = None,
+    ) -> None:
+        self.epsilon = epsilon
+        self.sparsity = sparsity
+        self.n_iter = n_iter
+        self.step_size = step_size
+        self.radius = radius
+        self.feature_bound = feature_bound
+        self.clip = clip
+        self.refit = refit
+        self.refit_alpha = refit_alpha
+        self.random_state = random_state
+
+    def fit(self, X: Any, y: Any) -> RRIHT:
+        """Privatise the labels with RR, then run debiased IHT; returns self."""
+        eps = check_epsilon(self.epsilon)
+        Xv, yv, s = _check_common(self, X, y)
+        T = 50 if self.n_iter is None else check_int(self.n_iter, "n_iter", low=1)
+        alpha = check_real(self.refit_alpha, "refit_alpha", low=0.0, closed="neither")
+        rng = as_generator(self.random_state)
+        y_tilde, rho, rr_event = privatize_labels(yv, eps, rng)
+        targets = debiased_labels(y_tilde, rho)
+        coef = _iht_loop(
+            Xv, targets, sparsity=s, n_iter=T, step_size=float(self.step_size), radius=float(self.radius),
+            batches=None, threshold=lambda v, m: hard_threshold(v, s),
+        )
+        if self.refit:
+            from privalign.estimation.baselines import fit_logistic
+
+            support = np.flatnonzero(coef)
+            if support.size:
+                sub = fit_logistic(Xv[:, support], targets, alpha=alpha, theta0=coef[support])
+                coef = np.zeros_like(coef)
+                coef[support] = sub
+                coef = project_l2(coef, float(self.radius))
+        self.coef_ = coef
+        self.support_ = np.flatnonzero(coef)
+        self.n_iter_ = T
+        self.n_features_in_ = Xv.shape[1]
+        self.flip_probability_ = float(rho)
+        self.privacy_event_ = rr_event
+        return self

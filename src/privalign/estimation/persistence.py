@@ -1,0 +1,165 @@
+"""Save and load fitted reward models, losslessly, with their privacy event and feature-map config.
+
+Format: one JSON file (UTF-8)::
+
+    {"format": "privalign.reward_model", "version": 1,
+     "estimator": "SampleDPIHT", "params": {...}, "coef": {"dtype": "<f8", "shape": [d], "b64": "..."},
+     "fitted": {"support_": [...], "n_iter_": 10, ...},      # other fitted scalars / int lists
+     "privacy_event": {... event.to_dict() ...},
+     "feature_config": {... HashedNgramFeatures.get_config() ...} | null,
+     "metadata": {...}}
+
+``coef_`` is stored as the base64 of its little-endian float64 bytes, so the round trip is bit-exact.
+The file is written to a temporary name in the same directory and renamed, so a failed save never
+leaves a partial model behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privalign.accounting.events import event_from_dict
+from privalign.errors import DataFormatError, PrivacyParameterError
+
+__all__ = ["save_model", "load_model", "ESTIMATORS"]
+
+FORMAT = "privalign.reward_model"
+VERSION = 1
+
+
+def _estimators() -> dict[str, type]:
+    from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
+    from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
+
+    return {c.__name__: c for c in (IHT, SampleDPIHT, RRIHT, MLE, DenseRR, DPSGDLinear)}
+
+
+ESTIMATORS = ("IHT", "SampleDPIHT", "RRIHT", "MLE", "DenseRR", "DPSGDLinear")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return _jsonable(float(v))
+    if isinstance(v, np.ndarray):
+        return [_jsonable(x) for x in v.tolist()]
+    if isinstance(v, tuple | list):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def _unjson(v: Any) -> Any:
+    if not isinstance(v, str):
+        return v
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    return v
+
+
+def save_model(
+    estimator: Any, path: str | os.PathLike, *, feature_config: dict | None = None, metadata: dict | None = None
+) -> Path:
+    """Write a fitted estimator to ``path`` (JSON) atomically; returns the path.
+
+    Args:
+      estimator: a fitted privalign reward estimator (has ``coef_`` and ``privacy_event_``).
+      path: destination file.
+      feature_config: the public feature map's ``get_config()``, so the model can featurise text again.
+      metadata: any JSON-able extra information (e.g. held-out accuracy, data source).
+
+    Raises:
+      PrivacyParameterError: the estimator is not a fitted privalign estimator, or the params are not
+        JSON-serialisable (e.g. a ``numpy.random.Generator`` as ``random_state``).
+    """
+    name = type(estimator).__name__
+    if name not in ESTIMATORS or not hasattr(estimator, "coef_") or not hasattr(estimator, "privacy_event_"):
+        raise PrivacyParameterError(
+            f"The 'estimator' parameter must be a fitted privalign reward estimator ({', '.join(ESTIMATORS)}). "
+            f"Got {estimator!r} instead."
+        )
+    params = {k: _jsonable(v) for k, v in estimator.get_params().items()}
+    coef = np.ascontiguousarray(estimator.coef_, dtype="<f8")
+    fitted: dict[str, Any] = {}
+    for k, v in vars(estimator).items():
+        if k.endswith("_") and k not in ("coef_", "privacy_event_"):
+            fitted[k] = _jsonable(v)
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "estimator": name,
+        "params": params,
+        "coef": {"dtype": "<f8", "shape": list(coef.shape), "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
+        "fitted": fitted,
+        "privacy_event": estimator.privacy_event_.to_dict(),
+        "feature_config": feature_config,
+        "metadata": metadata or {},
+    }
+    try:
+        text = json.dumps(doc, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PrivacyParameterError(f"The estimator's parameters must be JSON-serialisable to save it: {exc}") from exc
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
+    """Read a model written by :func:`save_model`.
+
+    Returns:
+      ``(estimator, feature_config, metadata)``; the estimator has ``coef_``, its other fitted
+      attributes and ``privacy_event_`` restored exactly.
+
+    Raises:
+      DataFormatError: not a privalign model file, wrong version, or corrupt fields (named).
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{path}: not a JSON privalign model file ({exc}).") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise DataFormatError(f"{path}: field 'format' must be {FORMAT!r}. Got {doc.get('format') if isinstance(doc, dict) else doc!r}.")
+    if doc.get("version") != VERSION:
+        raise DataFormatError(f"{path}: field 'version' must be {VERSION}. Got {doc.get('version')!r}.")
+    classes = _estimators()
+    cls = classes.get(doc.get("estimator"))
+    if cls is None:
+        raise DataFormatError(f"{path}: field 'estimator' must be one of {sorted(classes)}. Got {doc.get('estimator')!r}.")
+    est = cls(**{k: _unjson(v) for k, v in doc["params"].items()})
+    c = doc["coef"]
+    try:
+        raw = base64.b64decode(c["b64"], validate=True)
+        coef = np.frombuffer(raw, dtype=c["dtype"]).astype(np.float64).reshape(c["shape"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise DataFormatError(f"{path}: field 'coef' is corrupt ({exc}).") from exc
+    est.coef_ = coef
+    for k, v in doc.get("fitted", {}).items():
+        if k == "support_":
+            setattr(est, k, np.asarray(v, dtype=np.int64))
+        else:
+            setattr(est, k, _unjson(v))
+    est.privacy_event_ = event_from_dict(doc["privacy_event"])
+    return est, doc.get("feature_config"), doc.get("metadata", {})
