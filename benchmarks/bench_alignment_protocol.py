@@ -11,6 +11,11 @@ no early stop). It is too slow to run at full size, so it is timed on ``--loop-p
 ``--loop-replicates`` replicates (all N) and extrapolated linearly in prompts × replicates; the output says
 so. ``--check`` also runs both on a smaller configuration and reports the largest standardized
 difference between their lift estimates.
+
+Timing on a shared machine: the loop's prompts are timed half just before and half just after the engine
+run (so that a change of load during the run affects both sides), and both wall-clock and process CPU
+time (``time.process_time``, all threads of this process) are reported; ``speedup`` is the wall-clock
+ratio, ``speedup_cpu`` the CPU-time ratio (less sensitive to other jobs on the machine).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from privalign.alignment.laws import lambda_quadrature, privitp_acceptance, sequ
 from privalign.alignment.normalizer import solve_normalizer
 from privalign.alignment.simulation import MethodSpec, run_protocol
 from privalign.alignment.synthetic import make_synthetic_pool
+from privalign.data.pools import ScoredPool
 
 BETA, EPS, SX, SZ, L = 0.05, 8.0, 0.1, 0.1, 3.0
 
@@ -97,22 +103,39 @@ def main(argv=None):
         crit = float(norm.isf(0.01 / (2 * 4 * len(g))))
         rows["agreement"] = {"config": "20 prompts × 512 candidates, N ≤ 256, 10 replicates",
                              "max_abs_z": zmax, "critical_z(α=0.01, Bonferroni)": crit, "agree": zmax <= crit}
-    t0 = time.perf_counter()
+    half = args.loop_prompts // 2
+    loop_wall, loop_cpu = [], []
+
+    def time_loop(lo, hi):  # the loop on prompts lo..hi−1 (all N), wall and CPU seconds
+        if hi <= lo:
+            return
+        part = ScoredPool(pool.proxy[lo:hi], pool.true[lo:hi], pool.counts[lo:hi])
+        w0, c0 = time.perf_counter(), time.process_time()
+        loop_protocol(part, grid, args.loop_replicates, 1 + lo)
+        loop_wall.append(time.perf_counter() - w0)
+        loop_cpu.append(time.process_time() - c0)
+
+    time_loop(0, half)
+    w0, c0 = time.perf_counter(), time.process_time()
     res = run_protocol(pool, specs(), n_grid=grid, replicates=args.replicates, random_state=0, progress=True)
-    t_vec = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    loop_protocol(pool, grid, args.loop_replicates, 1, prompts=args.loop_prompts)
-    t_loop_frac = time.perf_counter() - t0
+    t_vec, c_vec = time.perf_counter() - w0, time.process_time() - c0
+    time_loop(half, args.loop_prompts)
     scale = (args.prompts / args.loop_prompts) * (args.replicates / args.loop_replicates)
-    t_loop = t_loop_frac * scale
+    t_loop, c_loop = sum(loop_wall) * scale, sum(loop_cpu) * scale
     rows.update({
         "pool": f"{args.prompts} prompts × {args.candidates} candidates (synthetic)",
         "protocol": f"N = 2^0..2^{args.max_log2_n}, {args.replicates} replicates, 4 methods",
         "vectorized_seconds": t_vec,
-        "loop_seconds_measured": t_loop_frac,
-        "loop_fraction": f"{args.loop_prompts} prompts × {args.loop_replicates} replicates (all N)",
+        "vectorized_cpu_seconds": c_vec,
+        "loop_seconds_measured": sum(loop_wall),
+        "loop_seconds_measured_before_after": loop_wall,
+        "loop_cpu_seconds_measured": sum(loop_cpu),
+        "loop_fraction": f"{args.loop_prompts} prompts × {args.loop_replicates} replicates (all N), "
+                         f"{half} timed before and {args.loop_prompts - half} after the engine",
         "loop_seconds_extrapolated": t_loop,
+        "loop_cpu_seconds_extrapolated": c_loop,
         "speedup": t_loop / t_vec,
+        "speedup_cpu": c_loop / c_vec,
         "lift_at_max_n": {m["name"]: m["true_lift"][-1] for m in res["methods"]},
     })
     print(json.dumps(rows, indent=2))

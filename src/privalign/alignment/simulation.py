@@ -11,9 +11,14 @@ accuracy lift in % for binary rewards), the expected proxy reward, and standard 
 
 Speed: each (prompt, replicate) uses one permutation for all N — pool A = its first N entries, pool B =
 the N entries after position max N — so every N's pools are still a uniform draw without replacement
-(common random numbers across N). PrivITP's acceptance probabilities are precomputed once per prompt on
-fixed λ̃ nodes, and because pool B is nested across N one scan of max N candidates gives the exact law of
-every N (see ``_privitp_nested``).
+(common random numbers across N); the max-N pools are gathered once per prompt and every N uses their
+prefixes. PrivITP's rejection probabilities ``1 − a`` are precomputed once per prompt for every (candidate,
+fixed λ̃ node) pair (the closed form; ``G((r − R_max − σ_Z·L)/σ_Z)`` is the same for every node), and because
+pool B is nested across N one scan of max N candidates — a cumulative product per (node, replicate) and
+one matrix product per segment, nodes dropped once their remaining weighted survival is below 1e-12 —
+gives the exact law of every N (see ``_privitp_nested``). ITP and PrivBoN use the same prefix structure
+(ITP: summation by parts for the sequential law, the product stopped once the survival is below 1e-12 in
+every replicate, the remaining mass credited to the fallback; PrivBoN: one exponential per candidate).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from scipy import special
 
 from privalign._validation import check_choice, check_int, check_real
 from privalign.accounting.expost import PrivITPAccountant, ell1, ell2
-from privalign.alignment.laws import lambda_quadrature, privitp_acceptance, sequential_law
+from privalign.alignment.laws import lambda_quadrature, privitp_acceptance
 from privalign.alignment.normalizer import solve_normalizer
 from privalign.data.pools import ScoredPool
 from privalign.errors import PrivacyParameterError
@@ -194,42 +199,76 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
     it = range(P)
     if progress and tqdm is not None:
         it = tqdm(it, desc="simulate", unit="prompt", file=sys.stderr)
+    n_max = max(n_grid)
+    two = any(s.two_pools for s in specs)
     for p in it:
         c = int(sub.counts[p])
         zp, cp, tp = z[p, :c], clipped[p, :c], sub.true[p, :c]
         base_t, base_z = tp.mean(), zp.mean()
         perm = rng.permuted(np.broadcast_to(np.arange(c), (replicates, c)), axis=1)
-        rej_pool = {}
+        # Pool A for N is perm[:, :N], pool B is perm[:, n_max:n_max + N]: gather the max-N pools once and
+        # slice the nested prefixes (views) for every N.
+        pa = perm[:, :n_max]
+        ca, za, ta = cp[pa], zp[pa], tp[pa]
+        if two:
+            pb = perm[:, n_max:2 * n_max]
+            cb, zb, tb = cp[pb], zp[pb], tp[pb]
+            dv_b = _scan_differences(tb, zb)  # (m, 3, n_max), shared by ITP and PrivITP
+            diffs_b = (dv_b[:, 0, :-1], dv_b[:, 1, :-1])
+        lam_cache = {}  # λ̂ of pool A per (β, N), shared by ITP and PrivITP
+        softmax_cache = {}
+
+        def lam_of(beta, n, _ca=ca, _cache=lam_cache):
+            if (beta, n) not in _cache:
+                _cache[(beta, n)] = solve_normalizer(_ca[:, :n], beta)
+            return _cache[(beta, n)]
+
+        nested = {}
         for i, s in enumerate(specs):
             if s.kind == "privitp":
                 nodes, w, *_ = pre[i]
-                rej_pool[i] = 1.0 - privitp_acceptance(cp[:, None], nodes[None, :], w[None, :], s.sigma_z)  # (C, K)
-        n_max = max(n_grid)
-        nested, lam_cache = {}, {}  # λ̂ of pool A per (β, N), shared by ITP and PrivITP
-        for i, s in enumerate(specs):
-            if s.kind == "privitp":
-                nested[i] = _privitp_nested(s, pre[i], rej_pool[i], cp, tp, zp, perm, n_grid, n_max, base_t, base_z,
-                                            r_max, max_chunk, lam_cache=lam_cache)
+                rej_t = _rejection_table(cp, nodes, w, s.sigma_z, r_max + s.sigma_z * s.L)  # (K, C)
+                for n in n_grid:
+                    lam_of(s.beta, n)
+                nested[i] = _privitp_nested(s, pre[i], rej_t.T, cp, tp, zp, perm, n_grid, n_max, base_t, base_z,
+                                            r_max, max_chunk, lam_cache=lam_cache, pool_b_values=(tb, zb),
+                                            pool_b_diffs=dv_b)
         for g, n in enumerate(n_grid):
-            A = perm[:, :n]
-            B = perm[:, n_max:n_max + n]
             for i, s in enumerate(specs):
                 if s.kind == "bon":
-                    j = np.argmax(zp[A], axis=1)
-                    sel = A[np.arange(replicates), j]
-                    et, ez = tp[sel], zp[sel]
+                    j = np.argmax(za[:, :n], axis=1)
+                    rows = np.arange(replicates)
+                    et, ez = ta[rows, j], za[rows, j]
                 elif s.kind == "privbon":
                     scale = s.sigma if s.sigma is not None else (0.0 if math.isinf(s.epsilon) else 2 * delta_r / s.epsilon)
-                    pr = special.softmax(cp[A] / scale, axis=1) if scale > 0 else _onehot(cp[A])
-                    et, ez = (pr * tp[A]).sum(1), (pr * zp[A]).sum(1)
+                    if scale > 0:
+                        # softmax(c/σ) over the prefix = e/Σe for any per-row shift of the exponent: one exp of
+                        # the max-N pool per replicate, shifted by its row max (per prefix when that could
+                        # leave the normal range)
+                        if i not in softmax_cache:
+                            e = ca / scale
+                            top = e.max(axis=1, keepdims=True)
+                            shared = bool(np.all(top[:, 0] - e.min(axis=1) < 600.0))
+                            softmax_cache[i] = np.exp(e - top) if shared else None
+                        e = softmax_cache[i]
+                        if e is None:
+                            e = ca[:, :n] / scale
+                            e = np.exp(e - e.max(axis=1, keepdims=True))
+                        else:
+                            e = e[:, :n]
+                        tot = e.sum(axis=1)
+                        et = np.einsum("ij,ij->i", e, ta[:, :n]) / tot
+                        ez = np.einsum("ij,ij->i", e, za[:, :n]) / tot
+                    else:
+                        pr = _onehot(ca[:, :n])
+                        et, ez = (pr * ta[:, :n]).sum(1), (pr * za[:, :n]).sum(1)
                 elif s.kind == "itp":
-                    lam = lam_cache.get((s.beta, n))
-                    if lam is None:
-                        lam = lam_cache[(s.beta, n)] = solve_normalizer(cp[A], s.beta)
-                    a = np.clip((cp[B] - lam[:, None]) / (r_max - lam[:, None]), 0.0, 1.0)
-                    pr, fb = sequential_law(a)
-                    et = (pr * tp[B]).sum(1) + fb * base_t
-                    ez = (pr * zp[B]).sum(1) + fb * base_z
+                    # rejection 1 − a = clip((R_max − r)/(R_max − λ̂), 0, 1), a = clip((r − λ̂)/(R_max − λ̂), 0, 1)
+                    lam = lam_of(s.beta, n)[:, None]
+                    rej = r_max - cb[:, :n]
+                    rej /= r_max - lam
+                    np.clip(rej, 0.0, 1.0, out=rej)
+                    et, ez = _sequential_expectation(rej, (tb, zb), diffs_b, (base_t, base_z))
                 else:
                     et, ez, ee = (x[:, g] for x in nested[i])
                     res_eps[i][p, g] = ee.mean()
@@ -276,18 +315,112 @@ def _se(x: np.ndarray) -> np.ndarray:
     return x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
 
 
+def _rejection_table(cp, nodes, w, sigma_z, top):
+    """``1 − a(r; λ̃_k)`` for every candidate score ``r`` (``cp``) and λ̃ node, shape ``(K, C)``.
+
+    Same closed form as :func:`privalign.alignment.laws.privitp_acceptance` (linear space,
+    ``a = [G(hi) − G(lo)]/(hi − lo)``, ``hi = (r − λ̃)/σ_Z``, ``lo = (r − λ̃ − W)/σ_Z``), using that
+    ``λ̃ + W = top = R_max + σ_Z·L`` for every node: ``G(lo)`` depends on the score only and is evaluated
+    once per candidate, ``G(hi)`` once per (candidate, node). Falls back to ``privitp_acceptance`` when a
+    window ``W/σ_Z ≤ 1e-3`` (where that function switches to log space).
+    """
+    if not np.all(w / sigma_z > 1e-3):
+        return 1.0 - privitp_acceptance(cp[None, :], nodes[:, None], w[:, None], sigma_z)
+    inv_sqrt_2pi = 1.0 / math.sqrt(2.0 * math.pi)
+
+    def g(x):  # G(x) = xΦ(x) + φ(x), with in-place temporaries
+        out = special.ndtr(x)
+        out *= x
+        phi = np.multiply(x, x)
+        phi *= -0.5
+        np.exp(phi, out=phi)
+        phi *= inv_sqrt_2pi
+        out += phi
+        return out
+
+    g_lo = g((cp - top) / sigma_z)  # (C,)
+    hi = (cp[None, :] - nodes[:, None]) / sigma_z  # (K, C)
+    a = g(hi)
+    a -= g_lo[None, :]
+    a *= (sigma_z / w)[:, None]
+    np.clip(a, 0.0, 1.0, out=a)
+    return np.subtract(1.0, a, out=a)
+
+
+def _scan_differences(vt, vz):
+    """``dv[:, j, t] = v_{t+1} − v_t`` for the values (true, proxy, position) along the (m, n) pools, with
+    the padding ``v_n = (0, 0, n)``; shape (m, 3, n)."""
+    m, n = vt.shape
+    dv = np.empty((m, 3, n))
+    for j, v in enumerate((vt, vz)):
+        np.subtract(v[:, 1:], v[:, :-1], out=dv[:, j, :-1])
+        dv[:, j, -1] = -v[:, -1]
+    dv[:, 2] = 1.0
+    return dv
+
+
+def _sequential_expectation(rej, values, diffs, bases, *, tol=1e-12, block=256):
+    """``Σ_{t<N} P(t)·v_t + P(fallback)·base`` row-wise for the sequential law ``P(t) = a_t Π_{i<t}(1 − a_i)``
+    (the law of :func:`privalign.alignment.laws.sequential_law`), from the rejection probabilities
+    ``rej = 1 − a`` of shape (m, N) (overwritten). With the survival ``S_t = Π_{i≤t}(1 − a_i)``, summing by
+    parts: ``Σ_{t<E} v_t P(t) = v_0 + Σ_{t<E} (v_{t+1} − v_t) S_t − v_E S_{E−1}`` and ``P(fallback) = S_{N−1}``.
+
+    ``values`` and ``diffs`` hold, per value, the (m, ≥N) values along the pool and their differences
+    ``v_{t+1} − v_t`` (prefixes are used, so one array serves every N). The product is taken in blocks of
+    ``block`` positions and stops at the end E of the first block where ``S_{E−1} < tol`` in every row; the
+    remaining mass ``S_{E−1}`` is then credited to the fallback, so any expectation is off by at most
+    ``tol·(max|v| + |base|)`` (tol = 1e-12, as for PrivITP's scan)."""
+    n = rej.shape[1]
+    accs = [v[:, 0].copy() for v in values]
+    carry = None
+    start = 0
+    while start < n:
+        end = min(start + block, n)
+        seg = rej[:, start:end]
+        if carry is not None:
+            seg[:, 0] *= carry
+        np.cumprod(seg, axis=1, out=seg)
+        hi = min(end, n - 1)  # the last position has no difference term (v_N is not part of the pool)
+        if hi > start:
+            for acc, d in zip(accs, diffs, strict=True):
+                acc += np.einsum("ij,ij->i", d[:, start:hi], seg[:, : hi - start])
+        carry = seg[:, -1]
+        start = end
+        if start < n and carry.max() < tol:
+            break
+    # close the sum at E = start: Σ_{t<E} v_t P(t) = acc − v_E·S_{E−1} if E < N (the difference term at E − 1
+    # was added), acc − v_{N−1}·S_{N−1} if E = N; plus the fallback mass S_{E−1} credited with base
+    out = []
+    for acc, v, base in zip(accs, values, bases, strict=True):
+        last_v = v[:, start] if start < n else v[:, n - 1]
+        out.append(acc - last_v * carry + carry * base)
+    return tuple(out)
+
+
 def _privitp_nested(s, pre, rej_pool, cp, tp, zp, perm, n_grid, n_max, base_t, base_z, r_max, max_chunk,
-                    block=512, tol=1e-12, lam_cache=None):
+                    block=256, tol=1e-12, lam_cache=None, pool_b_values=None, pool_b_diffs=None):
     """PrivITP's exact expected true/proxy value and expected ε2, per replicate and N.
 
     Pool A for N is ``perm[:, :N]`` and pool B is ``perm[:, n_max:n_max + N]``: disjoint, and for each N a
     uniform draw without replacement, nested across N. Because B is a prefix of the same sequence, the
     sequential law of every N is read off one scan of ``n_max`` candidates: with the survival
-    ``S_t = Π_{i≤t}(1 − a_i)``, ``P(t) = S_{t−1} − S_t`` and the fallback mass is ``S_N``. ``rej_pool``
+    ``S_t = Π_{i≤t}(1 − a_i)`` (t = 0-based position), ``P(t) = S_{t−1} − S_t`` and the fallback mass is
+    ``S_{N−1}``; summing by parts, ``Σ_{t<N} v_t P(t) = v_0 + Σ_{t<N} (v_{t+1} − v_t) S_t − v_N S_{N−1}``
+    (any ``v_N``), so each segment of the scan adds one matrix product to the running sums. ``rej_pool``
     (C, K) holds the rejection probability 1 − a of every candidate at every fixed λ̃ node; only the node
-    weights (from λ̂ of pool A) depend on N. The scan stops once Σ_k w_k·S_k < ``tol`` for every
-    replicate and every N's weights; the skipped probability mass is then ≤ tol and any expectation is off
-    by ≤ tol·(max|value| + |base value|) (tol = 1e-12).
+    weights (from λ̂ of pool A) depend on N.
+
+    The scan runs over segments ending at every N of the grid and every ``block`` positions, as one
+    (node × replicate × segment) block: gather, cumulative product (the carried survival multiplies the
+    first entry), matrix product. A node stops being scanned at the end of a segment once
+    ``w_k·S_t < tol/K`` for every replicate, with ``w_k`` the node's largest weight over the N of the grid
+    still ahead (λ̃ nodes where acceptance is likely stop after a few hundred candidates): the probability
+    mass skipped for any N is then ≤ tol in total, any expectation is off by ≤ tol·(max|value| + |base
+    value|) (tol = 1e-12), and the stopped node's remaining mass is credited to the fallback.
+
+    Args:
+      pool_b_values: Optional ``(tp[pb], zp[pb])`` with ``pb = perm[:, n_max:2·n_max]``, already gathered.
+      pool_b_diffs: Optional ``_scan_differences(*pool_b_values)``, already computed.
 
     Returns:
       Arrays of shape (m, G): expected true value, expected proxy value, expected ε2.
@@ -297,50 +430,80 @@ def _privitp_nested(s, pre, rej_pool, cp, tp, zp, perm, n_grid, n_max, base_t, b
     m = perm.shape[0]
     k = nodes.size
     g = len(n_grid)
-    weights = np.empty((g, m, k))
+    lams = np.empty((g, m))
     for gi, n in enumerate(n_grid):
-        lam = lam_cache[(s.beta, n)] if (s.beta, n) in lam_cache else solve_normalizer(cp[perm[:, :n]], s.beta)
-        lam_cache[(s.beta, n)] = lam
-        weights[gi] = lambda_quadrature(lam, s.sigma_x, -s.beta, r_max - s.beta, panel_width=pw, order=order,
-                                        max_panels=400)[1]
-    wmax = weights.max(0)  # (m, K)
+        lam = lam_cache.get((s.beta, n))
+        lams[gi] = lam_cache[(s.beta, n)] = solve_normalizer(cp[perm[:, :n]], s.beta) if lam is None else lam
+    weights = lambda_quadrature(lams, s.sigma_x, -s.beta, r_max - s.beta, panel_width=pw, order=order,
+                                max_panels=400)[1]  # (G, m, K)
+    n_arr = np.asarray(n_grid)
+    rej_t = np.ascontiguousarray(np.asarray(rej_pool, dtype=np.float64).T)  # (K, C)
     bounds = sorted(set(n_grid) | set(range(block, n_max, block)) | {n_max})
     step = max(1, int(max_chunk // max(min(n_max, block) * k, 1)))
     et, ez, ee = np.empty((m, g)), np.empty((m, g)), np.empty((m, g))
-    checkpoint = {n: gi for gi, n in enumerate(n_grid)}
+    cut = tol / k
+    if pool_b_values is None:
+        pb = perm[:, n_max:2 * n_max]
+        pool_b_values = (tp[pb], zp[pb])
     for r0 in range(0, m, step):
         sl = slice(r0, r0 + step)
         bs = perm[sl, n_max:2 * n_max]
+        vb = [np.asarray(v[sl], dtype=np.float64) for v in pool_b_values]
         c = bs.shape[0]
-        surv = np.ones((c, k))
-        sums = np.zeros((c, 3, k))  # Σ_t v_t P(t | λ̃_k) for v = true, proxy, t − 1
+        dv = _scan_differences(*vb) if pool_b_diffs is None else pool_b_diffs[sl]  # (c, 3, n_max)
+        v0 = np.stack([vb[0][:, 0], vb[1][:, 0], np.zeros(c)], axis=1)  # (c, 3)
+
+        def v_at(e, _vb=vb, _c=c):  # (c, 3): v_e, with the padding at e = n_max
+            if e < n_max:
+                return np.stack([_vb[0][:, e], _vb[1][:, e], np.full(_c, float(e))], axis=1)
+            return np.array([0.0, 0.0, float(e)])
+
+        wgt = weights[:, sl].transpose(0, 2, 1)  # (G, K, c)
+        # state of the nodes still scanned (compacted), and final Σ_{t<stop} v_t P(t) / survival of stopped ones
+        act = np.arange(k)
+        table = rej_t
+        surv = np.ones((k, c))
+        sums = np.zeros((k, c, 3))  # Σ_{t<end} (v_{t+1} − v_t) S_t
+        done_q = np.zeros((k, c, 3))
+        done_s = np.zeros((k, c))
+        w_ahead = None
         snaps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        start, stopped = 0, False
+        start = 0
         for end in bounds:
-            if not stopped:
-                idx = bs[:, start:end]
-                blk = end - start
-                cum = rej_pool[idx]  # (c, blk, K): rejection probabilities 1 − a
-                np.cumprod(cum, axis=1, out=cum)
-                vals = np.zeros((c, 3, blk + 1))
-                vals[:, 0, :blk], vals[:, 1, :blk] = tp[idx], zp[idx]
-                vals[:, 2, :blk] = np.arange(start, end, dtype=np.float64)
-                # Σ_t v_t (S_{t−1} − S_t) = v_0 + Σ_t (v_{t+1} − v_t) S_t   (S_{−1} = 1, v_blk = 0)
-                part = vals[:, :, :1] + np.matmul(np.diff(vals, axis=2), cum)
-                sums += part * surv[:, None, :]
-                surv = surv * cum[:, -1, :]
-                stopped = bool((wmax[sl] * surv).sum(1).max() < tol)
-            if end in checkpoint:
-                snaps[end] = (sums.copy(), surv.copy())
+            if act.size:
+                cum = np.take(table, bs[:, start:end], axis=1)  # (k_act, c, blk): 1 − a
+                cum[:, :, 0] *= surv
+                np.cumprod(cum, axis=2, out=cum)
+                sums += np.matmul(cum.transpose(1, 0, 2), dv[:, :, start:end].transpose(0, 2, 1)).transpose(1, 0, 2)
+                surv = cum[:, :, -1].copy()
+                if w_ahead is None:
+                    ahead = n_arr > end
+                    w_ahead = wgt[ahead][:, act].max(axis=0) if ahead.any() else np.zeros((act.size, c))
+                keep = (w_ahead * surv).max(axis=1) >= cut
+                if not keep.all():
+                    gone = ~keep
+                    done_q[act[gone]] = v0[None] + sums[gone] - v_at(end)[None] * surv[gone][:, :, None]
+                    done_s[act[gone]] = surv[gone]
+                    act, surv, sums, w_ahead = act[keep], surv[keep], sums[keep], w_ahead[keep]
+                    # nodes tend to stop in order of λ̃, leaving a contiguous range: a view, no copy
+                    contiguous = act.size and act[-1] - act[0] + 1 == act.size
+                    table = rej_t[act[0]:act[-1] + 1] if contiguous else rej_t[act]
+            if end in n_grid:
+                # Σ_{t<N} v_t P(t) = v_0 + sums − v_N·S_{N−1}  (per node, per replicate, per value)
+                q, sv = done_q.copy(), done_s.copy()
+                q[act] = v0[None] + sums - v_at(end)[None] * surv[:, :, None]
+                sv[act] = surv
+                snaps[end] = (q, sv)
+                w_ahead = None  # the N still ahead changed
             start = end
-        for n, gi in checkpoint.items():
+        for gi, n in enumerate(n_grid):
             sm, sv = snaps[n]
-            wgt = weights[gi, sl]
-            et[sl, gi] = (wgt * (sm[:, 0] + sv * base_t)).sum(1)
-            ez[sl, gi] = (wgt * (sm[:, 1] + sv * base_z)).sum(1)
+            w_g = wgt[gi]  # (K, c)
+            et[sl, gi] = (w_g * (sm[:, :, 0] + sv * base_t)).sum(0)
+            ez[sl, gi] = (w_g * (sm[:, :, 1] + sv * base_z)).sum(0)
             # expected ε2 = Σ_t P(t|λ̃)((t−1)ℓ1 + ℓ2) + P(fallback|λ̃)·N·ℓ1
-            e_eps = sm[:, 2] * l1[None, :] + (1.0 - sv) * l2[None, :] + sv * n * l1[None, :]
-            ee[sl, gi] = (wgt * e_eps).sum(1)
+            e_eps = sm[:, :, 2] * l1[:, None] + (1.0 - sv) * l2[:, None] + sv * n * l1[:, None]
+            ee[sl, gi] = (w_g * e_eps).sum(0)
     return et, ez, ee
 
 
