@@ -217,8 +217,9 @@ def approx_cost(
 ) -> tuple[Cost, Cost]:
     """The (ε, δ) cost of ``event`` under basic composition (exact rationals).
 
-    ApproxDP → (ε, δ) (refused when ``allow_approx=False``: the ex-post filter's argument needs the
-    privacy-loss form, see ``docs/privacy/filters.md``); ExPost → (ε_max, δ) or, for filters settling,
+    ApproxDP → (ε, δ) (refused when ``allow_approx=False``: the ex-post filter does not accept
+    event-form steps yet, because it would have to settle them at exactly their reserved ε; see
+    ``docs/privacy/filters.md``); ExPost → (ε_max, δ) or, for filters settling,
     (ε_realized, δ); pure events → (pure cost, 0); NonPrivate → (∞, 0); Composed → coordinate-wise sum;
     SelfComposed → count ×; ParallelComposed → coordinate-wise max.
 

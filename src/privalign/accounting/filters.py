@@ -27,14 +27,17 @@ Theorems (which filter is valid under fully adaptive choice of queries *and* pri
 * :class:`ZCDPFilter` — Σ ρ_i ≤ ρ ⇒ ρ-zCDP. Feldman & Zrnic 2021, "Individual Privacy Accounting via a
   Rényi Filter", arXiv 2008.11193 (Rényi filter, applied at every order α with ε_i(α) = ρ_i·α), and
   Whitehouse, Ramdas, Rogers & Wu 2023, arXiv 2203.05481 — *theorem numbers unverified*.
-* :class:`ExPostFilter` — Σ realized ε_i ≤ ε and Σ δ_i ≤ δ ⇒ (ε, δ)-DP for mechanisms that are ex-post
-  private in the *privacy-loss form* (with probability ≥ 1 − δ_i over their output, the privacy loss is
-  ≤ ε_i(output), with ε_i(·) ≤ ε_max a function of the output and of the transcript only). Related
-  results: Lebensold, Precup & Balle 2024, arXiv 2402.06137 (a filter for pure ex-post DP) and Rogers,
-  Samorodnitsky, Wu & Ramdas 2023, arXiv 2306.13824 (filters mixing DP and ex-post private mechanisms) —
-  *theorem numbers unverified*; the argument we rely on (a union bound on the δ_i's plus the pointwise
-  product of likelihood ratios, cut by a transcript-measurable stopping rule) is written out in
-  ``docs/privacy/filters.md`` and its uncertainty in ``LIMITATIONS.md``.
+* :class:`ExPostFilter` — Σ realized ε_i ≤ ε and Σ δ_i ≤ δ ⇒ (ε, δ)-DP (event form) for mechanisms
+  satisfying the *decomposition condition*: for every history and ordered neighbouring pair,
+  ``∫ (p_D(o) − e^{ε_i(o)}·p_D′(o))₊ ≤ δ_i`` with ε_i(·) ≤ ε_max a function of the output and of the
+  transcript only, ε_max and δ_i fixed before the mechanism runs. Implied by the privacy-loss form of
+  ex-post DP, by event-form (ε_i, δ_i)-DP (constant ε_i), and by PrivITP's event-form Gaussian phase 1
+  followed by its pointwise ex-post phase 2. The proof (split each step's density into a part dominated
+  by e^{ε_i(o)}·p_D′ plus an excess of mass ≤ δ_i, expand the product by the first step that uses its
+  excess; Dwork & Roth 2014 basic-composition proof and Kasiviswanathan & Smith 2014 — *lemma numbers
+  unverified*) is written out in ``docs/privacy/filters.md``. Related results: Lebensold, Precup & Balle
+  2024, arXiv 2402.06137 (a filter for pure ex-post DP); Rogers, Samorodnitsky, Wu & Ramdas 2023, arXiv
+  2306.13824 (filters mixing DP and ex-post private mechanisms) — *theorem numbers unverified*.
 """
 
 from __future__ import annotations
@@ -326,7 +329,11 @@ class PrivacyFilter(ABC):
                 f"exceeds the reservation {reservation.id!r} ({self.names[0]}={reservation.cost[0]!r}, "
                 f"{self.names[1]}={reservation.cost[1]!r}); nothing was changed."
             )
-        self._store.settle(reservation.id, cost)
+        self._store.settle(reservation.id, self._settled_cost(reservation, cost))
+
+    def _settled_cost(self, reservation: Reservation, realized_cost: CostTuple) -> CostTuple:
+        """The cost actually charged on settling (default: the realized cost, already checked ≤ reserved)."""
+        return realized_cost
 
     def cancel(self, reservation: Reservation) -> None:
         """Release a reservation whose mechanism never ran (did not touch data).
@@ -435,15 +442,22 @@ class ZCDPFilter(PrivacyFilter):
 class ExPostFilter(PrivacyFilter):
     """(ε, δ) filter that charges ex-post mechanisms their *realized* loss.
 
-    Costs: ``ExPostEvent`` reserves ``(epsilon_max, delta)`` and settles ``(epsilon_realized, delta)``;
-    pure events (NoisyArgmax, PureDP, Laplace, RR, Peeling at 3s/nm) cost ``(ε, 0)``; δ sums. Event-form
-    ``ApproxDPEvent`` with δ > 0 is refused (fail closed): the argument below needs a pointwise
-    privacy-loss bound, which an event-form (ε, δ) guarantee does not give.
+    Costs: ``ExPostEvent`` reserves ``(epsilon_max, delta)`` and settles ``(epsilon_realized, δ_reserved)``;
+    pure events (NoisyArgmax, PureDP, Laplace, RR, Peeling at 3s/nm) cost ``(ε, 0)``; δ sums. **δ is
+    never refunded**: settling charges the *reserved* δ even if the realized event states a smaller one
+    (the proof needs each δ_i fixed before mechanism i runs; a δ read off the output is not). Event-form
+    ``ApproxDPEvent`` with δ > 0 is still refused (fail closed). The argument in ``docs/privacy/filters.md``
+    would cover it (at constant ε, basic composition), but it is not enabled: see that page.
 
     Privacy:
-      Guarantee: (ε, δ)-DP per principal, provided every ex-post mechanism satisfies the privacy-loss form
-      (spec-inference-time §1.3) with ε_realized a function of its released output and ε_max a
-      data-independent worst case. See ``docs/privacy/filters.md`` (proof sketch) and ``LIMITATIONS.md``.
+      Guarantee: (ε, δ)-DP per principal (event form), provided every ex-post mechanism satisfies the
+      *decomposition condition* of ``docs/privacy/filters.md``: for every history and ordered neighbouring
+      pair, ``∫ (p_D(o) − e^{ε_i(o)} p_D′(o))₊ dν(o) ≤ δ_i``, with ε_i(·) ≤ ε_max a function of the released
+      output and the transcript only, and ε_max, δ_i fixed before the mechanism runs. The privacy-loss
+      form of spec-inference-time §1.3 implies it; so does an event-form (ε_i, δ_i) guarantee (constant
+      ε_i), and so does PrivITP's "event-form Gaussian phase 1 (ε1, δ) then pointwise ex-post phase 2
+      ε2(t; λ̃)" — which is *not* of the privacy-loss form. See ``docs/privacy/filters.md`` (proof) and
+      ``LIMITATIONS.md``.
 
     References:
       Lebensold, Precup & Balle 2024, arXiv 2402.06137 (pure ex-post filter); Rogers, Samorodnitsky,
@@ -460,3 +474,9 @@ class ExPostFilter(PrivacyFilter):
 
     def _cost(self, event: PrivacyEvent, *, realized: bool) -> tuple[Cost, Cost]:
         return approx_cost(event, ex_post="realized" if realized else "max", allow_approx=False)
+
+    def _settled_cost(self, reservation: Reservation, realized_cost: CostTuple) -> CostTuple:
+        # Realized ε (a function of the output) is charged; δ is charged at the reserved value, never
+        # less (max() keeps a forged Reservation object from lowering the charge below the realized δ;
+        # the store re-checks the result against its own record).
+        return realized_cost[0], max(realized_cost[1], reservation.cost[1])
