@@ -33,6 +33,8 @@ TINY: dict[str, dict] = {
                  "methods": ["IHT", "SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear"]},
     "p2-accuracy": {"datasets": ["hh-rlhf"], "n_pairs": 120, "epsilons": [8.0], "n_features": 512, "sparsity": 8,
                     "dpsgd_epochs": 1.0},
+    "p2-winrate": {"epsilons": [8.0], "replicates": 1, "n_features": 512, "sparsity": 8, "hh_n_pairs": 120,
+                   "dpsgd_epochs": 1.0, "n_bootstrap": 100, "max_prompts": 6},
     "beyond-train-vs-inference": {"n": 300, "d": 40, "s_star": 3, "T_grid": [1, 100], "eval_queries": 20},
     "beyond-membership": {"n_train": 100, "n_features": 512, "samples": 500, "epsilons": [2.0], "queries": [1, 10]},
 }

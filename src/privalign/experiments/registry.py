@@ -12,7 +12,8 @@ from privalign.experiments.runner import Experiment, ExperimentError
 
 __all__ = ["EXPERIMENTS", "UNAVAILABLE", "get_experiment", "experiment_names"]
 
-_MODULES = ("privalign.experiments.paper1", "privalign.experiments.budget", "privalign.experiments.paper2", "privalign.experiments.beyond")
+_MODULES = ("privalign.experiments.paper1", "privalign.experiments.budget", "privalign.experiments.paper2",
+            "privalign.experiments.winrate", "privalign.experiments.beyond")
 
 EXPERIMENTS: dict[str, Experiment] = {}
 UNAVAILABLE: dict[str, str] = {}

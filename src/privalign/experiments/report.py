@@ -188,15 +188,9 @@ def _sparse_beats_dense(records: Records) -> Verdict:
 
 
 def _winrate_order(records: Records) -> Verdict:
-    recs = [r for r in records["p2-winrate"] if r.get("kind") == "winrate" and r.get("epsilon") == 8.0]
-    order = ["RRIHT", "SampleDPIHT", "DenseRR", "DPSGDLinear"]
-    by = {r["method"]: r for r in recs}
-    if not all(m in by for m in order):
-        return "inconclusive", f"methods at ε = 8: {sorted(by)}"
-    wr = [by[m]["win_rate"] for m in order]
-    ok = all(wr[i] >= wr[i + 1] for i in range(3))
-    return ("holds" if ok else "does not hold"), ", ".join(
-        f"{m} {by[m]['win_rate']:.2f} [{by[m]['ci_lo']:.2f}, {by[m]['ci_hi']:.2f}]" for m in order)
+    from privalign.experiments.winrate import order_verdict
+
+    return order_verdict(records["p2-winrate"], epsilon=8.0)
 
 
 def _train_vs_inference(records: Records) -> Verdict:
@@ -269,7 +263,9 @@ CLAIMS: list[Claim] = [
           "p2-accuracy", "holds if each sparse method's held-out preference accuracy exceeds its dense counterpart's at ε = 2 and 8",
           _sparse_beats_dense),
     Claim("P2-5", "Paper 2", "Win rates at ε = 8: RR-IHT > Sample-DP IHT > RR > DP-SGD (Gemma-3-1B, Llama-2-7B). [paper]",
-          "p2-winrate", "holds if the measured win rates (SmolLM2 analogue) are ordered the same way",
+          "p2-winrate", "SmolLM2-135M best-of-16 analogue on IMDb and HH-RLHF at ε = 8: does not hold if any adjacent pair of "
+          "the paper's order is reversed with its 95% paired bootstrap interval below 0 on a data set; holds if the point "
+          "estimates are in the paper's order on every data set; else inconclusive",
           _winrate_order),
     Claim("P2-6", "Paper 2", "PPO-aligned LLaMA-7b on IMDb: higher reward at the same KL for sparse methods. [paper]", None,
           "—", None, "7B policy and PPO need a GPU; the SmolLM2 best-of-N analogue is P2-5"),

