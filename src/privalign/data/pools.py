@@ -220,6 +220,10 @@ def write_pool(path: str | os.PathLike, records: Iterable[PoolRecord | dict], *,
                     rec = _parse(rec, "<records>", i)
                 fh.write(json.dumps(rec.to_dict(meta), ensure_ascii=False) + "\n")
                 n += 1
+        # mkstemp creates 0600 files; give the pool the usual permissions (0666 less the umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
