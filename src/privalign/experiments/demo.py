@@ -22,6 +22,7 @@ DEMO_EXPERIMENTS = (
     "p1-budget",
     "p2-rates",
     "p2-accuracy",
+    "p2-winrate",
     "beyond-membership",
     "beyond-train-vs-inference",
 )
