@@ -1,0 +1,92 @@
+"""``privalign build-pool``: generate candidates, score them with a proxy and a true/gold reward, and write
+a scored pool (resumable; rerun the same command to resume)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "build-pool",
+        help="generate and score a candidate pool (scored-pool JSONL + manifest; resumable)",
+        description="Generate n completions per prompt, score them with a proxy and a true/gold reward, and write "
+        "the scored-pool format with a manifest. Interrupted runs resume when the same command is rerun.",
+    )
+    p.add_argument("--dataset", required=True, choices=["imdb", "gsm8k", "mmlu", "hh-rlhf", "math"])
+    p.add_argument("--math-path", default=None, help="MATH JSONL file (MATH is not redistributed)")
+    p.add_argument("--mmlu-subjects", default="college_mathematics,college_chemistry")
+    p.add_argument("--prompt-words", type=int, default=10, help="IMDb: words of the review opening used as prompt")
+    p.add_argument("--generator", default="transformers", choices=["transformers", "openai", "vllm"])
+    p.add_argument("--model", default=None, help="transformers: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="openai: server base URL")
+    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap prompts in the chat template (default: off for imdb, on otherwise)")
+    p.add_argument("--assistant-prefix", default=None, help="text after the generation prompt (default for QA: 'Let me think step by step.\\n')")
+    p.add_argument("--n", type=int, required=True, help="candidates per prompt")
+    p.add_argument("--num-prompts", type=int, required=True)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--batch-size", type=int, default=64, help="candidates per generate() call")
+    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--proxy-reward", required=True, help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math | none")
+    p.add_argument("--true-reward", required=True, help="same choices as --proxy-reward")
+    p.add_argument("--backend", default="local", choices=["local", "ray"])
+    p.add_argument("--ray-address", default="local", help="ray: 'local' (default) or an existing cluster address, e.g. 'auto'")
+    p.add_argument("--ray-num-cpus", type=int, default=None)
+    p.add_argument("--ray-concurrency", type=int, default=1, help="ray: generator actors")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-chars", type=int, default=2000, help="texts longer than this are cut (and counted)")
+    p.add_argument("--keep-work", action="store_true", help="keep OUT.partial.jsonl after finishing")
+    p.add_argument("--out", required=True, help="POOL.jsonl or POOL.jsonl.gz (manifest: POOL.manifest.json)")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from privalign.data.datasets import load_dataset
+    from privalign.pipeline.build_pool import PoolConfig, build_pool
+
+    qa = args.dataset in ("gsm8k", "mmlu", "math")
+    chat = args.chat_template if args.chat_template is not None else args.dataset != "imdb"
+    prefix = args.assistant_prefix if args.assistant_prefix is not None else ("Let me think step by step.\n" if qa else "")
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    if args.generator == "transformers":
+        gen = {"kind": "transformers", "model": args.model or "smollm2", "batch_size": args.batch_size, "chat_template": chat,
+               "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads}
+    elif args.generator == "openai":
+        if not args.model:
+            print("privalign: error: --model is required with --generator openai (the served model name)", file=sys.stderr)
+            return 2
+        gen = {"kind": "openai", "base_url": args.base_url, "model": args.model, "sampling": sampling, "stop": list(args.stop)}
+    else:
+        gen = {"kind": "vllm", "model": args.model, "sampling": sampling, "stop": list(args.stop)}
+    ds_opts: dict = {}
+    if args.dataset == "imdb":
+        ds_opts = {"num_words": args.prompt_words}
+        examples = load_dataset("imdb", num_prompts=args.num_prompts, **ds_opts)
+    elif args.dataset == "mmlu":
+        ds_opts = {"subjects": args.mmlu_subjects.split(",")}
+        examples = load_dataset("mmlu", **ds_opts)
+    else:
+        examples = load_dataset(args.dataset, math_path=args.math_path)
+    if args.num_prompts > len(examples):
+        print(f"privalign: error: --num-prompts {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}", file=sys.stderr)
+        return 2
+    cfg = PoolConfig(dataset=args.dataset, n=args.n, seed=args.seed, generator=gen, proxy_reward=args.proxy_reward,
+                     true_reward=args.true_reward, num_prompts=args.num_prompts, max_chars=args.max_chars, dataset_options=ds_opts)
+    ray_opts = {"address": args.ray_address, "num_cpus": args.ray_num_cpus, "concurrency": args.ray_concurrency}
+    manifest = build_pool(cfg, examples, args.out, backend=args.backend, keep_work=args.keep_work, progress=not args.no_progress,
+                          ray_options=ray_opts if args.backend == "ray" else None)
+    if args.json:
+        print(json.dumps(manifest, default=str))
+    else:
+        print(f"wrote {args.out}: {manifest['num_prompts']} prompts x {manifest['candidates_per_prompt']} candidates; "
+              f"counts {manifest['counts']}", file=sys.stderr)
+    return 0

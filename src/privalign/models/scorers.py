@@ -1,0 +1,431 @@
+"""Scorers: texts → rewards (float64 arrays), batched.
+
+Proxy rewards (what best-of-N optimises): :class:`LinearRewardScorer` (a linear reward over a public feature
+map, e.g. one fit by ``privalign.estimation``), :class:`HFRewardModelScorer` (a local sequence-
+classification reward-model directory), :class:`VaderScorer` (VADER sentiment) and
+:class:`ProfanityScorer` (``alt-profanity-check``).
+
+True rewards (verifiers, ``score`` in {0, 1}, plus ``predict``): :class:`GSM8KVerifier` (final number),
+:class:`MATHVerifier` (last ``\\boxed{}``), :class:`MMLUVerifier` (spec §5.2 regex).
+
+Every scorer has ``score(texts, *, contexts=None) -> np.ndarray`` where ``contexts[i]`` is a dict for text
+``i`` (e.g. ``{"prompt": ..., "gt_answer": ...}``); verifiers require ``gt_answer``. ``describe()`` returns
+JSON metadata for pool manifests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from privalign._validation import check_choice, check_int
+from privalign.errors import DataFormatError, PrivacyParameterError
+from privalign.models._resources import package_version, require, set_offline
+
+__all__ = [
+    "Scorer",
+    "LinearRewardScorer",
+    "HFRewardModelScorer",
+    "VaderScorer",
+    "ProfanityScorer",
+    "GSM8KVerifier",
+    "MATHVerifier",
+    "MMLUVerifier",
+    "extract_gsm8k_answer",
+    "extract_boxed",
+    "extract_mmlu_letter",
+    "LINEAR_FORMAT",
+]
+
+LINEAR_FORMAT = "privalign-linear-reward/1"
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    name: str
+
+    def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+def _texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+    return [t if isinstance(t, str) else str(t) for t in texts]
+
+
+def _contexts(contexts: Sequence[dict] | None, n: int, need: str | None = None) -> list[dict]:
+    if contexts is None:
+        if need:
+            raise PrivacyParameterError(f"The 'contexts' parameter is required: each text needs a '{need}' entry.")
+        return [{}] * n
+    ctx = list(contexts)
+    if len(ctx) != n:
+        raise PrivacyParameterError(f"The 'contexts' parameter must have one entry per text ({n}). Got {len(ctx)}.")
+    if need:
+        for i, c in enumerate(ctx):
+            if c.get(need) is None:
+                raise PrivacyParameterError(f"The 'contexts' parameter must give '{need}' for every text; missing at index {i}.")
+    return ctx
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear reward over a feature map
+# ----------------------------------------------------------------------------------------------
+class LinearRewardScorer:
+    """``r(x) = link(φ(x)·w + b)`` for a public feature map φ.
+
+    Args:
+      feature_map: An object with ``transform(texts)`` (dense or scipy.sparse rows), e.g.
+        ``privalign.estimation.features.HashedNgramFeatures`` or ``EmbeddingFeatures``.
+      coef: Weight vector ``w`` (length = feature dimension).
+      intercept: ``b``.
+      link: ``"identity"`` or ``"sigmoid"`` (a probability in [0, 1], e.g. a logistic-regression gold model).
+      batch_size: Texts per transform call.
+      name: Identifier recorded in manifests.
+    """
+
+    def __init__(
+        self, feature_map: Any, coef: Any, *, intercept: float = 0.0, link: str = "identity", batch_size: int = 1024, name: str = "linear"
+    ) -> None:
+        self.feature_map = feature_map
+        self.coef = np.asarray(coef, dtype=np.float64).ravel()
+        if not np.all(np.isfinite(self.coef)):
+            raise PrivacyParameterError("The 'coef' parameter must contain only finite values.")
+        self.intercept = float(intercept)
+        self.link = check_choice(link, "link", ("identity", "sigmoid"))
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
+        self.name = name
+        self.metadata: dict[str, Any] = {}
+
+    def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
+        texts = _texts(texts)
+        out = np.empty(len(texts), dtype=np.float64)
+        for s in range(0, len(texts), self.batch_size):
+            X = self.feature_map.transform(texts[s : s + self.batch_size])
+            if X.shape[1] != self.coef.shape[0]:
+                raise PrivacyParameterError(
+                    f"The feature map gives {X.shape[1]} features but 'coef' has {self.coef.shape[0]} entries."
+                )
+            z = np.asarray(X @ self.coef).ravel() + self.intercept
+            out[s : s + len(z)] = z
+        if self.link == "sigmoid":
+            out = 0.5 * (1.0 + np.tanh(0.5 * out))  # numerically stable logistic
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        fm = self.feature_map.get_config() if hasattr(self.feature_map, "get_config") else repr(self.feature_map)
+        return {"scorer": "linear", "name": self.name, "feature_map": fm, "link": self.link, "dim": int(self.coef.shape[0]),
+                "metadata": self.metadata}
+
+    # -- persistence ----------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, *, metadata: dict | None = None) -> Path:
+        """Write ``{format, feature_config, coef (float32, base64), intercept, link, metadata}`` atomically."""
+        if not hasattr(self.feature_map, "get_config"):
+            raise PrivacyParameterError("The feature map must have get_config() to be saved.")
+        coef = np.ascontiguousarray(self.coef, dtype="<f4")
+        doc = {
+            "format": LINEAR_FORMAT,
+            "name": self.name,
+            "feature_config": self.feature_map.get_config(),
+            "coef": {"dtype": "<f4", "shape": [int(coef.shape[0])], "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
+            "intercept": self.intercept,
+            "link": self.link,
+            "metadata": metadata or self.metadata,
+        }
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, **kwargs: Any) -> LinearRewardScorer:
+        """Load a file written by :meth:`save`, or a reward model saved by ``privalign.estimation.persistence.save_model``.
+
+        Raises:
+          FileNotFoundError: no such file.
+          DataFormatError: neither format (the message names the file and the field).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"The reward-model file {path} does not exist.")
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}: not a JSON reward-model file ({exc}).") from exc
+        from privalign.estimation.features import feature_map_from_config
+
+        if isinstance(doc, dict) and doc.get("format") == LINEAR_FORMAT:
+            try:
+                c = doc["coef"]
+                coef = np.frombuffer(base64.b64decode(c["b64"]), dtype=np.dtype(c["dtype"])).astype(np.float64)
+                fm = feature_map_from_config(doc["feature_config"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise DataFormatError(f"{path}: field 'coef'/'feature_config' is malformed ({exc}).") from exc
+            sc = cls(fm, coef, intercept=float(doc.get("intercept", 0.0)), link=doc.get("link", "identity"), name=doc.get("name", path.stem), **kwargs)
+            sc.metadata = dict(doc.get("metadata") or {})
+            return sc
+        from privalign.estimation.persistence import load_model
+
+        est, feature_config, metadata = load_model(path)
+        if not feature_config:
+            raise DataFormatError(f"{path}: field 'feature_config' is missing; cannot featurise text for this reward model.")
+        sc = cls(feature_map_from_config(feature_config), est.coef_, name=f"{type(est).__name__}:{path.name}", **kwargs)
+        sc.metadata = dict(metadata or {})
+        return sc
+
+
+# ----------------------------------------------------------------------------------------------
+# Local HF sequence-classification reward model
+# ----------------------------------------------------------------------------------------------
+class HFRewardModelScorer:
+    """A local ``AutoModelForSequenceClassification`` directory as a reward model (score = logit 0, or
+    ``logits[:, label]`` if ``label`` is given). Input format ``"plain"`` = ``"{prompt}\\n\\n{text}"`` when a
+    context has a ``prompt``, else the text alone (spec §5.2).
+
+    Args:
+      model_dir: Local directory with ``config.json``, weights and a tokenizer. Never downloaded.
+      batch_size: Texts per forward pass.
+      max_length: Truncation length.
+      label: Logit column to use (default 0, as ``logits.squeeze(-1)`` for 1-label reward models).
+      include_prompt: Prepend ``contexts[i]["prompt"]``.
+      device: torch device.
+    """
+
+    def __init__(
+        self, model_dir: str | os.PathLike, *, batch_size: int = 32, max_length: int = 512, label: int = 0,
+        include_prompt: bool = True, device: str = "cpu",
+    ) -> None:
+        set_offline()
+        self._torch = require("torch", purpose="HFRewardModelScorer")
+        tr = require("transformers", purpose="HFRewardModelScorer")
+        d = Path(model_dir).expanduser()
+        if not (d / "config.json").is_file():
+            raise FileNotFoundError(f"The reward-model directory {d} has no config.json (model_dir={str(model_dir)!r}).")
+        self.model_dir = d
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
+        self.max_length = check_int(max_length, "max_length", low=2)
+        self.label = check_int(label, "label", low=0)
+        self.include_prompt = include_prompt
+        self.device = device
+        self.tokenizer = tr.AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+        self.model = tr.AutoModelForSequenceClassification.from_pretrained(str(d), local_files_only=True).to(device).eval()
+        self.name = f"hf:{d.name}"
+
+    def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
+        texts = _texts(texts)
+        ctx = _contexts(contexts, len(texts))
+        inputs = [f"{c['prompt']}\n\n{t}" if self.include_prompt and c.get("prompt") else t for t, c in zip(texts, ctx)]
+        torch = self._torch
+        out = np.empty(len(inputs), dtype=np.float64)
+        for s in range(0, len(inputs), self.batch_size):
+            enc = self.tokenizer(inputs[s : s + self.batch_size], return_tensors="pt", padding=True, truncation=True, max_length=self.max_length)
+            with torch.inference_mode():
+                logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
+            out[s : s + logits.shape[0]] = logits[:, self.label].float().cpu().numpy()
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"scorer": "hf", "model_dir": str(self.model_dir), "label": self.label, "max_length": self.max_length,
+                "transformers": package_version("transformers")}
+
+
+# ----------------------------------------------------------------------------------------------
+# VADER and profanity
+# ----------------------------------------------------------------------------------------------
+class VaderScorer:
+    """VADER sentiment (Hutto & Gilbert 2014). ``output="unit"`` maps the compound score c ∈ [−1, 1] to
+    (c + 1)/2 ∈ [0, 1]; ``"compound"`` returns c. Cheap and easily gamed (exclamation marks, capitals,
+    sentiment words), which is why it serves as the *proxy* reward of the IMDb pool."""
+
+    def __init__(self, output: str = "unit") -> None:
+        self.output = check_choice(output, "output", ("unit", "compound"))
+        mod = require("vaderSentiment.vaderSentiment", purpose="VaderScorer")
+        self._an = mod.SentimentIntensityAnalyzer()
+        self.name = f"vader-{self.output}"
+
+    def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
+        c = np.array([self._an.polarity_scores(t)["compound"] for t in _texts(texts)], dtype=np.float64)
+        return (c + 1.0) / 2.0 if self.output == "unit" else c
+
+    def describe(self) -> dict[str, Any]:
+        return {"scorer": "vader", "output": self.output, "vaderSentiment": package_version("vaderSentiment")}
+
+
+class ProfanityScorer:
+    """``alt-profanity-check`` probability that a text is offensive (in [0, 1]). ``invert=True`` returns
+    1 − p (a "cleanliness" reward)."""
+
+    def __init__(self, invert: bool = False) -> None:
+        self._pc = require("profanity_check", purpose="ProfanityScorer")
+        self.invert = bool(invert)
+        self.name = "clean" if invert else "profanity"
+
+    def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
+        texts = _texts(texts)
+        if not texts:
+            return np.zeros(0)
+        p = np.asarray(self._pc.predict_prob(texts), dtype=np.float64)
+        return 1.0 - p if self.invert else p
+
+    def describe(self) -> dict[str, Any]:
+        return {"scorer": "profanity", "invert": self.invert, "alt-profanity-check": package_version("alt-profanity-check")}
+
+
+# ----------------------------------------------------------------------------------------------
+# Verifiers
+# ----------------------------------------------------------------------------------------------
+_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def _to_number(s: str | None) -> Fraction | None:
+    if s is None:
+        return None
+    s = s.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The answer of a GSM8K solution: the number after ``####`` if present, else after "answer is", else
+    the last number in the text."""
+    if "####" in text:
+        m = _NUM.search(text.split("####")[-1])
+        if m:
+            return m.group(0).replace(",", "")
+    m = re.search(r"answer is\s*[:\s]*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", text, flags=re.IGNORECASE)
+    if m:
+        return m.group(1).replace(",", "")
+    nums = _NUM.findall(text)
+    return nums[-1].replace(",", "") if nums else None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (balanced braces), or ``None``."""
+    k = text.rfind("\\boxed")
+    if k == -1:
+        return None
+    i = text.find("{", k)
+    if i == -1:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+_MMLU_RE = re.compile(r"The answer is\s*[:\s]*\**([A-D])\**", re.IGNORECASE)
+_MMLU_FALLBACK = re.compile(r"\b([A-D])\b")
+
+
+def extract_mmlu_letter(text: str) -> str | None:
+    """Spec §5.2: ``The answer is\\s*[:\\s]*\\**([A-D])\\**`` (case-insensitive), else the last standalone
+    ``\\b[A-D]\\b``, else ``None``."""
+    m = _MMLU_RE.search(text)
+    if m:
+        return m.group(1).upper()
+    ms = _MMLU_FALLBACK.findall(text)
+    return ms[-1] if ms else None
+
+
+def _normalize_math(s: str) -> str:
+    s = s.strip().strip("$").replace(" ", "").replace("\\!", "").replace("\\left", "").replace("\\right", "")
+    s = s.replace("dfrac", "frac").replace("tfrac", "frac").replace("^\\circ", "").replace("^{\\circ}", "")
+    s = re.sub(r"\\text\{(.*?)\}", r"\1", s)
+    s = s.rstrip(".")
+    if s.startswith("\\frac") is False:
+        s = s.replace(",", "") if re.fullmatch(r"-?[\d,]+(\.\d+)?", s) else s
+    return s
+
+
+class _Verifier:
+    kind = "verifier"
+    name = "verifier"
+
+    def predict(self, text: str) -> str | None:
+        raise NotImplementedError
+
+    def is_correct(self, predicted: str | None, gt: str) -> bool:
+        raise NotImplementedError
+
+    def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
+        texts = _texts(texts)
+        ctx = _contexts(contexts, len(texts), need="gt_answer")
+        return np.array([float(self.is_correct(self.predict(t), str(c["gt_answer"]))) for t, c in zip(texts, ctx)])
+
+    def describe(self) -> dict[str, Any]:
+        return {"scorer": self.name}
+
+
+class GSM8KVerifier(_Verifier):
+    """1 if the completion's final number equals the reference (``gt_answer``: a number, or a full GSM8K
+    answer with ``#### n``), compared exactly as rationals, else 0."""
+
+    name = "gsm8k-verifier"
+
+    def predict(self, text: str) -> str | None:
+        return extract_gsm8k_answer(text)
+
+    def is_correct(self, predicted: str | None, gt: str) -> bool:
+        ref = _to_number(extract_gsm8k_answer(gt) if "####" in gt else gt)
+        got = _to_number(predicted)
+        return ref is not None and got is not None and ref == got
+
+
+class MATHVerifier(_Verifier):
+    """1 if the last ``\\boxed{}`` of the completion matches the reference answer (``gt_answer``: the
+    boxed answer or a full solution) after light normalisation (spaces, ``\\dfrac``, ``\\text{}``, ``\\left``);
+    numbers are compared as rationals."""
+
+    name = "math-verifier"
+
+    def predict(self, text: str) -> str | None:
+        return extract_boxed(text)
+
+    def is_correct(self, predicted: str | None, gt: str) -> bool:
+        ref = extract_boxed(gt) if "\\boxed" in gt else gt
+        if predicted is None or ref is None:
+            return False
+        a, b = _normalize_math(predicted), _normalize_math(ref)
+        if a == b:
+            return True
+        na, nb = _to_number(a), _to_number(b)
+        return na is not None and nb is not None and na == nb
+
+
+class MMLUVerifier(_Verifier):
+    """1 if the predicted letter (spec §5.2 regex, :func:`extract_mmlu_letter`) equals ``gt_answer``."""
+
+    name = "mmlu-verifier"
+
+    def predict(self, text: str) -> str | None:
+        return extract_mmlu_letter(text)
+
+    def is_correct(self, predicted: str | None, gt: str) -> bool:
+        return predicted is not None and predicted == gt.strip().upper()
+

