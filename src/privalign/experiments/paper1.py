@@ -297,6 +297,7 @@ def _scaling_plot_factory(stem: str, title: str):
         ax1.set_title(f"{title}: true objective")
         ax2.set_title(f"{title}: proxy reward")
         ax1.legend(loc="best", framealpha=0.85, title="error bars: ±1 SE over prompts", title_fontsize=8)
+        fig.tight_layout()  # keeps the right panel's y label clear of the left panel
         return [save_figure(fig, run_dir, stem)]
 
     return plot
