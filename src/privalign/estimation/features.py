@@ -23,7 +23,27 @@ from privalign.errors import MissingDependencyError, PrivacyParameterError
 __all__ = ["HashedNgramFeatures", "EmbeddingFeatures", "feature_map_from_config"]
 
 
-class HashedNgramFeatures:
+class _PairFeatures:
+    """``transform_pairs`` shared by the feature maps: φ(k, a) is the map of ``"k\na"`` when
+    ``use_prompt`` is set, else of the response alone."""
+
+    use_prompt: bool
+
+    def transform(self, texts: Sequence[str]) -> Any:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    def transform_pairs(self, prompts: Sequence[str], responses: Sequence[str]) -> Any:
+        """φ(k, a) for aligned prompts and responses."""
+        if len(prompts) != len(responses):
+            raise PrivacyParameterError(
+                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and {len(responses)}."
+            )
+        if self.use_prompt:
+            return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
+        return self.transform(responses)
+
+
+class HashedNgramFeatures(_PairFeatures):
     """Binary hashed bag of word n-grams (MurmurHash3 via scikit-learn's ``HashingVectorizer``).
 
     Args:
@@ -82,16 +102,6 @@ class HashedNgramFeatures:
         np.minimum(X.data, 1.0, out=X.data)  # cap to [0, 1] (binary=True already does)
         return X
 
-    def transform_pairs(self, prompts: Sequence[str], responses: Sequence[str]) -> sp.csr_matrix:
-        """φ(k, a) for aligned prompts and responses."""
-        if len(prompts) != len(responses):
-            raise PrivacyParameterError(
-                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and {len(responses)}."
-            )
-        if self.use_prompt:
-            return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
-        return self.transform(responses)
-
     def get_config(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -108,7 +118,7 @@ class HashedNgramFeatures:
         )
 
 
-class EmbeddingFeatures:
+class EmbeddingFeatures(_PairFeatures):
     """Sentence embeddings of the response (or prompt + response) from engineer E's MiniLM embedder
     (``privalign.models.embeddings.MiniLMEmbedder``: all-MiniLM-L6-v2, offline, unit-norm 384-d rows).
 
@@ -149,15 +159,6 @@ class EmbeddingFeatures:
             raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
         X = np.asarray(self._embedder().embed(list(texts)), dtype=np.float64)
         return np.clip(X, -1.0, 1.0)
-
-    def transform_pairs(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
-        if len(prompts) != len(responses):
-            raise PrivacyParameterError(
-                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and {len(responses)}."
-            )
-        if self.use_prompt:
-            return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
-        return self.transform(responses)
 
     def get_config(self) -> dict[str, Any]:
         return {"kind": self.kind, "backend": self.backend, "use_prompt": bool(self.use_prompt), "batch_size": int(self.batch_size)}
