@@ -166,3 +166,76 @@ def test_failed_save_leaves_no_file(tmp_path, small):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(PrivacyParameterError, match="fitted"):
         save_model(SampleDPIHT(), target)
+
+
+# ---- the fused dense pass: the bound/finiteness scan happens inside the IHT loop ------------------------
+VARIANTS = [
+    ("iht-full", lambda: IHT(sparsity=3, n_iter=4)),
+    ("iht-disjoint-shuffled", lambda: IHT(sparsity=3, n_iter=4, variant="disjoint", random_state=0)),
+    ("iht-disjoint-contiguous", lambda: IHT(sparsity=3, n_iter=4, variant="disjoint", shuffle=False)),
+    ("dp-iht-shuffled", lambda: SampleDPIHT(epsilon=1.0, sparsity=3, n_iter=4, random_state=0)),
+    ("dp-iht-contiguous", lambda: SampleDPIHT(epsilon=1.0, sparsity=3, n_iter=4, shuffle=False, random_state=0)),
+    ("dp-iht-full", lambda: SampleDPIHT(epsilon=1.0, sparsity=3, n_iter=4, variant="full", random_state=0)),
+    ("rr-iht", lambda: RRIHT(epsilon=1.0, sparsity=3, n_iter=4, random_state=0)),
+]
+
+
+@pytest.mark.parametrize("make", [m for _, m in VARIANTS], ids=[i for i, _ in VARIANTS])
+@pytest.mark.parametrize("row", [0, 117, 199])
+@pytest.mark.parametrize("bad", [1.5, np.nan, -np.inf])
+def test_deferred_check_catches_any_row_and_leaves_estimator_unfitted(small, make, row, bad):
+    """Whatever batch the bad row falls in (first, middle or last one read), the fit raises the same
+    error as the up-front check and sets no fitted attribute."""
+    X, y = small
+    X = X.astype(np.float32)
+    X[row, 4] = bad
+    est = make()
+    expected = rf"'X'.*finite.*\({row}, 4\)" if not np.isfinite(bad) else r"'X'.*\[-1, 1\].*feature_bound.*1.5"
+    with pytest.raises(PrivacyParameterError, match=expected):
+        est.fit(X, y)
+    assert not hasattr(est, "coef_") and not hasattr(est, "privacy_event_")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", ["all", "slice", "index"])
+@pytest.mark.parametrize("chunk_bytes", [1, 1000, 2**21])
+def test_fused_gradient_matches_two_pass_gradient(dtype, rows, chunk_bytes):
+    from privalign.estimation.base import btl_gradient
+    from privalign.estimation.iht import fused_btl_gradient
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(301, 37)).astype(dtype)
+    t = rng.random(301)
+    theta = rng.standard_normal(37)
+    sel = {"all": None, "slice": slice(17, 250), "index": np.sort(rng.choice(301, 120, replace=False))}[rows]
+    Xs, ts = (X, t) if sel is None else (X[sel], t[sel])
+    g, ok = fused_btl_gradient(X, sel, ts, theta, bound=1.0, chunk_bytes=chunk_bytes)
+    assert ok
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(g, btl_gradient(Xs, ts, theta), rtol=rtol, atol=rtol * 1e-2)
+    X2 = X.copy()
+    first = 0 if sel is None else (sel.start if isinstance(sel, slice) else int(sel[-1]))
+    X2[first, 5] = 1.25
+    assert fused_btl_gradient(X2, sel, ts, theta, bound=1.0, chunk_bytes=chunk_bytes)[1] is False
+    assert fused_btl_gradient(X2, sel, ts, theta, bound=1.5, chunk_bytes=chunk_bytes)[1] is True
+
+
+def test_fused_gradient_is_bit_identical_for_any_thread_count_and_restores_blas_threads():
+    from threadpoolctl import threadpool_info
+
+    from privalign.estimation.iht import fused_btl_gradient
+
+    rng = np.random.default_rng(5)
+    X = rng.uniform(-1, 1, size=(2000, 64)).astype(np.float32)
+    t = rng.random(2000)
+    theta = np.zeros(64)
+    theta[[3, 9]] = [0.5, -1.0]
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    ref, ok = fused_btl_gradient(X, None, t, theta, bound=1.0, chunk_bytes=1024, threads=1)
+    assert ok
+    for k in (2, 3, 8):
+        g, ok = fused_btl_gradient(X, None, t, theta, bound=1.0, chunk_bytes=1024, threads=k)
+        assert ok and np.array_equal(g, ref)
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+    with pytest.raises(PrivacyParameterError, match="'threads'"):
+        fused_btl_gradient(X, None, t, theta, threads=0)

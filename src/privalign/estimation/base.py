@@ -87,6 +87,7 @@ def check_features(
     *,
     feature_bound: float | None = None,
     clip: bool = False,
+    check_values: bool = True,
 ) -> Matrix:
     """Validate a feature matrix: 2-D, non-empty, finite, and within the declared public bound.
 
@@ -98,6 +99,9 @@ def check_features(
       name: Parameter name used in messages.
       feature_bound: The public coordinate bound ``c_x``: every entry must lie in ``[−c_x, c_x]``.
       clip: Clip entries into ``[−c_x, c_x]`` instead of raising (a data-independent map; the caller asked).
+      check_values: ``False`` checks only type, shape and emptiness; the caller then owes the finiteness and
+        bound check of every entry before anything computed from ``X`` is released (the IHT estimators
+        fuse it into their first pass over each row: :func:`privalign.estimation.iht.fused_btl_gradient`).
 
     Returns:
       The validated matrix (a new one only if it had to be converted or clipped).
@@ -124,6 +128,8 @@ def check_features(
         raise PrivacyParameterError(f"The '{name}' parameter must be a 2-D matrix. Got shape {X.shape} instead.")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise PrivacyParameterError(f"The '{name}' parameter must be non-empty. Got shape {X.shape} instead.")
+    if not check_values:
+        return X
     if data.size:
         # min/max propagate NaN and expose ±inf without allocating a temporary of the data's size.
         lo, hi = float(data.min()), float(data.max())
@@ -174,15 +180,18 @@ def check_labels(y: Any, n: int | None = None, name: str = "y") -> np.ndarray:
     return f
 
 
-def check_Xy(X: Any, y: Any, *, feature_bound: float | None = None, clip: bool = False) -> tuple[Matrix, np.ndarray]:
-    """Validate ``(X, y)`` together (shapes first, so a length mismatch is reported as such)."""
+def check_Xy(
+    X: Any, y: Any, *, feature_bound: float | None = None, clip: bool = False, check_values: bool = True
+) -> tuple[Matrix, np.ndarray]:
+    """Validate ``(X, y)`` together (shapes first, so a length mismatch is reported as such); ``check_values``
+    as in :func:`check_features`."""
     n = X.shape[0] if getattr(X, "shape", None) else len(X)
     yv = check_labels(y, None)
     if yv.shape[0] != n:
         raise PrivacyParameterError(
             f"The 'y' parameter must have one label per row of X ({n}). Got {yv.shape[0]} labels instead."
         )
-    Xv = check_features(X, "X", feature_bound=feature_bound, clip=clip)
+    Xv = check_features(X, "X", feature_bound=feature_bound, clip=clip, check_values=check_values)
     return Xv, yv
 
 

@@ -15,8 +15,11 @@ with ``B_t`` the full data (``variant="full"``) or the t-th of T disjoint batche
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +36,10 @@ from privalign.accounting.events import (
 from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import (
     RewardEstimator,
+    _is_sparse,
     btl_gradient,
     check_epsilon,
+    check_features,
     check_Xy,
     hard_threshold,
     project_l2,
@@ -55,6 +60,7 @@ __all__ = [
     "advanced_composition_split",
     "peeling_sensitivity",
     "gradient_step",
+    "fused_btl_gradient",
     "peeling_threshold",
 ]
 
@@ -64,9 +70,17 @@ def default_n_iter(n: int) -> int:
     return int(min(20, max(5, math.ceil(math.log(max(n, 2))))))
 
 
-def _check_common(est: Any, X: Any, y: Any, d_needed: bool = True) -> tuple[Any, np.ndarray, int]:
+def _check_common(est: Any, X: Any, y: Any) -> tuple[Any, np.ndarray, int, float | None]:
+    """Validate parameters and data. Returns ``(X, y, s, pending_bound)``.
+
+    For dense input without ``clip``, the O(n·d) finiteness/bound scan of ``X`` is not done here but fused
+    into the IHT loop's first pass over each row (``pending_bound`` is then ``c_x``; see
+    :func:`fused_btl_gradient`): the loop raises the same error before any result is set. Sparse input and
+    ``clip=True`` are checked (or clipped) here, as before (``pending_bound`` is ``None``).
+    """
     feature_bound = check_real(est.feature_bound, "feature_bound", low=0.0, closed="neither")
-    Xv, yv = check_Xy(X, y, feature_bound=feature_bound, clip=bool(est.clip))
+    defer = not bool(est.clip) and not _is_sparse(X)
+    Xv, yv = check_Xy(X, y, feature_bound=feature_bound, clip=bool(est.clip), check_values=not defer)
     d = Xv.shape[1]
     s = check_int(est.sparsity, "sparsity", low=1)
     if s > d:
@@ -75,7 +89,7 @@ def _check_common(est: Any, X: Any, y: Any, d_needed: bool = True) -> tuple[Any,
         )
     check_real(est.step_size, "step_size", low=0.0, closed="neither")
     check_real(est.radius, "radius", low=0.0, closed="neither", allow_inf=True)
-    return Xv, yv, s
+    return Xv, yv, s, (float(feature_bound) if defer else None)
 
 
 def _batches(n: int, T: int, variant: str, rng: np.random.Generator, shuffle: bool = True) -> list[Any] | None:
@@ -99,6 +113,151 @@ def _batches(n: int, T: int, variant: str, rng: np.random.Generator, shuffle: bo
     return [np.sort(chunk) for chunk in np.array_split(perm, T)]
 
 
+#: Rows per chunk of the fused dense pass are chosen so that a chunk is about this many bytes: small enough
+#: to stay in cache between its two matrix-vector products and its min/max scan, large enough for BLAS.
+FUSED_CHUNK_BYTES = 2**21
+#: Chunks are dealt round-robin to this many *lanes*; each lane sums its chunks in order and the lane sums
+#: are added in lane order, so the result does not depend on how many threads ran the lanes.
+FUSED_LANES = 8
+_POOL: Any = None
+_POOL_LOCK = threading.Lock()
+_BLAS_LIMIT: Any = None  # threadpoolctl limiter, active while _BLAS_USERS > 0
+_BLAS_USERS = 0
+
+
+def _fused_pool(threads: int) -> Any:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < threads:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="privalign-iht")
+        return _POOL
+
+
+@contextlib.contextmanager
+def _one_blas_thread() -> Any:
+    """Hold BLAS to one thread while any fused pass runs (reference-counted across concurrent callers, so
+    the original setting is restored only when the last one leaves)."""
+    global _BLAS_LIMIT, _BLAS_USERS
+    with _POOL_LOCK:
+        if _BLAS_USERS == 0:
+            from threadpoolctl import threadpool_limits
+
+            _BLAS_LIMIT = threadpool_limits(limits=1, user_api="blas")
+        _BLAS_USERS += 1
+    try:
+        yield
+    finally:
+        with _POOL_LOCK:
+            _BLAS_USERS -= 1
+            if _BLAS_USERS == 0:
+                _BLAS_LIMIT.restore_original_limits()
+                _BLAS_LIMIT = None
+
+
+def default_fused_threads() -> int:
+    """Threads for :func:`fused_btl_gradient`: the CPUs this process may use, at most :data:`FUSED_LANES`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(FUSED_LANES, cpus))
+
+
+def fused_btl_gradient(
+    X: np.ndarray,
+    rows: slice | np.ndarray | None,
+    targets: np.ndarray,
+    theta: np.ndarray,
+    *,
+    bound: float | None = None,
+    chunk_bytes: int = FUSED_CHUNK_BYTES,
+    threads: int | None = None,
+) -> tuple[np.ndarray, bool]:
+    """Mean BTL gradient over the rows ``X[rows]`` of a dense matrix, reading each row from memory once.
+
+    The rows are processed in cache-sized chunks: for each chunk ``z = X_c θ`` (over θ's support only
+    when θ is sparse, as IHT iterates are; θ = 0 needs no product), ``r = σ(z) − t_c``, ``g += X_cᵀ r``
+    and, when ``bound`` is given, ``min``/``max`` of the chunk, all while the chunk is in cache. This
+    replaces two full passes (``X θ`` then ``Xᵀ r``) and a separate ``O(n·d)`` input scan by one pass, and
+    never copies a whole batch (``rows`` as an index array is gathered chunk by chunk).
+
+    Chunks run on ``threads`` threads (numpy releases the GIL in the gathers, products and scans); BLAS is
+    held to one thread per worker meanwhile (``threadpoolctl``; process-wide while the call runs). The
+    result is bit-identical for any number of threads (see :data:`FUSED_LANES`).
+
+    Args:
+      X: Dense ``(n, d)`` float32/float64 array.
+      rows: ``None`` (all rows), a ``slice`` with step 1, or an index array.
+      targets: Targets of the selected rows, in the order of ``rows``.
+      theta: Current iterate (float64).
+      bound: If given, also check that every entry of the selected rows is finite and in ``[−bound, bound]``.
+      chunk_bytes: Approximate size of one chunk.
+      threads: Worker threads (default :func:`default_fused_threads`); 1 runs in the calling thread.
+
+    Returns:
+      ``(g, ok)``: the float64 mean gradient and whether the check passed (``True`` when ``bound`` is None).
+      On a failed check the scan stops early and ``g`` is meaningless.
+    """
+    d = X.shape[1]
+    step = max(1, int(chunk_bytes) // (d * X.itemsize))
+    support = np.flatnonzero(theta)
+    sparse_theta = support.size <= d // 8
+    th = (theta[support] if sparse_theta else theta).astype(X.dtype, copy=False)
+    if rows is None:
+        rows = slice(0, X.shape[0])
+    if isinstance(rows, slice):
+        a0, a1, stride = rows.indices(X.shape[0])
+        if stride != 1:
+            raise PrivacyParameterError(f"The 'rows' parameter must be a slice with step 1. Got {rows!r} instead.")
+        m = a1 - a0
+    else:
+        a0, m = 0, len(rows)
+    starts = list(range(0, m, step))
+    failed = threading.Event()
+
+    def lane(k: int) -> np.ndarray:
+        g = np.zeros(d, dtype=np.float64)
+        # Unchecked chunks may hold NaN/inf: that arithmetic is discarded, so its warnings are silenced.
+        with np.errstate(invalid="ignore", over="ignore"):
+            for a in starts[k::FUSED_LANES]:
+                if failed.is_set():
+                    break
+                b = min(a + step, m)
+                Xc = X[a0 + a : a0 + b] if isinstance(rows, slice) else X.take(rows[a:b], axis=0)
+                if not sparse_theta:
+                    z = np.asarray(Xc @ th, dtype=np.float64)
+                elif support.size:
+                    z = np.asarray(Xc[:, support] @ th, dtype=np.float64)
+                else:
+                    z = np.zeros(b - a)
+                r = sigmoid(z) - targets[a:b]
+                g += r.astype(X.dtype, copy=False) @ Xc
+                # The chunk is in cache now. NaN fails both comparisons and ±inf one of them, so this
+                # one scan checks finiteness and the bound.
+                if bound is not None and not (Xc.min() >= -bound and Xc.max() <= bound):
+                    failed.set()
+                    break
+        return g
+
+    threads = default_fused_threads() if threads is None else check_int(threads, "threads", low=1)
+    threads = min(threads, FUSED_LANES, max(1, len(starts)))
+    if threads == 1:
+        parts = [lane(k) for k in range(FUSED_LANES)]
+    else:
+        pool = _fused_pool(threads)
+        with _one_blas_thread():
+            parts = list(pool.map(lane, range(FUSED_LANES)))
+    if failed.is_set():
+        return parts[0], False
+    g = parts[0]
+    for p in parts[1:]:
+        g += p
+    g /= max(m, 1)
+    return g, True
+
+
 def _iht_loop(
     X: Any,
     targets: np.ndarray,
@@ -107,12 +266,21 @@ def _iht_loop(
     n_iter: int,
     step_size: float,
     radius: float,
-    batches: list[np.ndarray] | None,
+    batches: list[Any] | None,
     threshold: Callable[[np.ndarray, int], np.ndarray],
+    pending_bound: float | None = None,
     progress: bool = False,
 ) -> np.ndarray:
-    """The shared IHT loop; ``threshold(v, m_t)`` receives the batch size (for the sensitivity)."""
+    """The shared IHT loop; ``threshold(v, m_t)`` receives the batch size (for the sensitivity).
+
+    Dense input goes through :func:`fused_btl_gradient` (one pass over the batch per iteration).
+    ``pending_bound`` (from :func:`_check_common`) makes the first pass over each row also check it; a
+    violation raises the standard :func:`~privalign.estimation.base.check_features` error, so nothing
+    computed from unchecked data is ever returned. Disjoint batches see every row exactly once; the full
+    variant checks all rows in iteration 0; rows no iteration visits are checked after the loop.
+    """
     d = X.shape[1]
+    dense = not _is_sparse(X)
     theta = np.zeros(d)
     it = range(n_iter)
     if progress:
@@ -120,14 +288,24 @@ def _iht_loop(
 
         it = tqdm(it, desc="IHT", leave=False)
     for t in it:
-        if batches is None:
-            Xb, tb = X, targets
+        rows = None if batches is None else batches[t]
+        tb = targets if rows is None else targets[rows]
+        if dense:
+            check = pending_bound if (batches is not None or t == 0) else None
+            g, ok = fused_btl_gradient(X, rows, tb, theta, bound=check)
+            if not ok:
+                check_features(X, "X", feature_bound=pending_bound)  # raises the standard, precise error
+                raise AssertionError("the fused bound check disagrees with check_features")  # pragma: no cover
+            v = theta - step_size * g
+            m = len(tb)
         else:
-            Xb, tb = X[batches[t]], targets[batches[t]]
-        v = gradient_step(Xb, tb, theta, step_size)
-        m = Xb.shape[0]
-        del Xb  # free a copied batch before the next one is gathered
+            Xb = X if rows is None else X[rows]
+            v = gradient_step(Xb, tb, theta, step_size)
+            m = Xb.shape[0]
+            del Xb  # free a copied batch before the next one is gathered
         theta = project_l2(threshold(v, m), radius)
+    if pending_bound is not None and (n_iter == 0 or (batches is not None and n_iter < len(batches))):
+        check_features(X, "X", feature_bound=pending_bound)  # rows no iteration read are still checked
     return theta
 
 
@@ -186,14 +364,14 @@ class IHT(RewardEstimator):
 
     def fit(self, X: Any, y: Any) -> IHT:
         """Fit on comparisons ``X`` (n × d, dense or sparse) with labels ``y`` ∈ {0, 1}; returns self."""
-        Xv, yv, s = _check_common(self, X, y)
+        Xv, yv, s, pending = _check_common(self, X, y)
         variant = check_choice(self.variant, "variant", ("full", "disjoint"))
         T = self._resolve_T(Xv.shape[0], variant)
         rng = as_generator(self.random_state)
         batches = _batches(Xv.shape[0], T, variant, rng, bool(self.shuffle))
         self.coef_ = _iht_loop(
             Xv, yv, sparsity=s, n_iter=T, step_size=float(self.step_size), radius=float(self.radius),
-            batches=batches, threshold=lambda v, m: hard_threshold(v, s),
+            batches=batches, threshold=lambda v, m: hard_threshold(v, s), pending_bound=pending,
         )
         self.support_ = np.flatnonzero(self.coef_)
         self.n_iter_ = T
@@ -312,7 +490,8 @@ class SampleDPIHT(RewardEstimator):
 
     Raises:
       PrivacyParameterError: labels ∉ {0, 1}, non-finite features, mismatched lengths, s ∉ [1, d],
-        invalid ε/δ, features outside [−c_x, c_x] without ``clip``, T > n for disjoint batches.
+        invalid ε/δ, features outside [−c_x, c_x] without ``clip``, T > n for disjoint batches. A failed
+        fit leaves the estimator's fitted attributes as they were.
 
     Privacy:
       Unit: one comparison ``(k, a⁰, a¹, y)`` (``"sample"``: both ``x_i`` and ``y_i`` may change).
@@ -361,10 +540,16 @@ class SampleDPIHT(RewardEstimator):
         self.random_state = random_state
 
     def fit(self, X: Any, y: Any) -> SampleDPIHT:
-        """Fit privately; see the class docstring. Nothing random happens before validation."""
+        """Fit privately; see the class docstring.
+
+        Parameters, shapes and labels are validated before anything random happens. For dense ``X`` the
+        finiteness/bound scan is fused into the first pass over each row (one memory pass instead of
+        three); a violation raises before ``coef_`` or ``privacy_event_`` is set, so nothing computed from
+        invalid data is released, but ``random_state`` (if a ``Generator``) may have been advanced.
+        """
         eps = check_epsilon(self.epsilon)
         delta = check_probability(self.delta, "delta")
-        Xv, yv, s = _check_common(self, X, y)
+        Xv, yv, s, pending = _check_common(self, X, y)
         variant = check_choice(self.variant, "variant", ("disjoint", "full"))
         n = Xv.shape[0]
         T = default_n_iter(n) if self.n_iter is None else check_int(self.n_iter, "n_iter", low=1)
@@ -387,7 +572,8 @@ class SampleDPIHT(RewardEstimator):
                 return out
 
         coef = _iht_loop(
-            Xv, yv, sparsity=s, n_iter=T, step_size=eta, radius=float(self.radius), batches=batches, threshold=threshold
+            Xv, yv, sparsity=s, n_iter=T, step_size=eta, radius=float(self.radius), batches=batches, threshold=threshold,
+            pending_bound=pending,
         )
         if math.isinf(eps):
             event: PrivacyEvent = NonPrivateEvent(unit="sample", relation="replace_one")
@@ -530,7 +716,7 @@ class RRIHT(RewardEstimator):
     def fit(self, X: Any, y: Any) -> RRIHT:
         """Privatise the labels with RR, then run debiased IHT; returns self."""
         eps = check_epsilon(self.epsilon)
-        Xv, yv, s = _check_common(self, X, y)
+        Xv, yv, s, pending = _check_common(self, X, y)
         T = 50 if self.n_iter is None else check_int(self.n_iter, "n_iter", low=1)
         alpha = check_real(self.refit_alpha, "refit_alpha", low=0.0, closed="neither")
         rng = as_generator(self.random_state)
@@ -538,7 +724,7 @@ class RRIHT(RewardEstimator):
         targets = debiased_labels(y_tilde, rho)
         coef = _iht_loop(
             Xv, targets, sparsity=s, n_iter=T, step_size=float(self.step_size), radius=float(self.radius),
-            batches=None, threshold=lambda v, m: hard_threshold(v, s),
+            batches=None, threshold=lambda v, m: hard_threshold(v, s), pending_bound=pending,
         )
         if self.refit:
             from privalign.estimation.baselines import fit_logistic
