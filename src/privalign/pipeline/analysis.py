@@ -4,6 +4,10 @@ For a prompt with ``m`` candidates sorted by proxy reward (ties broken uniformly
 BoN over ``N`` candidates drawn without replacement selects the candidate of ascending rank ``i`` with
 probability ``C(i, N−1) / C(m, N)``. The expected gold (true) reward of the selection is computed exactly
 from that law, per prompt, and averaged over prompts (with the standard error across prompts).
+
+Whether the gold reward *falls* at large N is decided per prompt, paired: the exact per-prompt differences
+between the largest N and each smaller N go through an exact one-sided sign test, Bonferroni-corrected over
+the compared Ns (:func:`bon_curve`). ``privalign bon-curve`` runs it on one or more pools.
 """
 
 from __future__ import annotations
@@ -44,28 +48,81 @@ def _expected_true(proxy: np.ndarray, true: np.ndarray, N: int) -> float:
     return float(law @ tie_mean[inv])
 
 
-def bon_curve(records: list, Ns: list[int] | None = None) -> dict[str, Any]:
-    """Expected proxy and true reward of BoN(N) on each prompt; means and standard errors over prompts."""
+def _sign_test_p(diffs: np.ndarray) -> float:
+    """Exact one-sided sign-test p-value for H1 "the differences tend to be negative" (zeros dropped)."""
+    from scipy.stats import binom
+
+    nz = diffs[diffs != 0]
+    if nz.size == 0:
+        return 1.0
+    k = int((nz < 0).sum())
+    return float(binom.sf(k - 1, nz.size, 0.5))  # P(K >= k) under H0: K ~ Bin(n, 1/2)
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Pearson correlation, or None when either side is constant."""
+    if np.std(a) == 0 or np.std(b) == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05) -> dict[str, Any]:
+    """Expected proxy and true reward of BoN(N) on each prompt; means and standard errors over prompts.
+
+    Over-optimisation test (paired, per prompt): for every N below the largest ``N_max``, the difference
+    ``D_p = E[true | BoN(N_max)] − E[true | BoN(N)]`` is computed exactly for each prompt p; an exact
+    one-sided sign test asks whether the D_p tend to be negative (the largest N picks *worse* texts by the
+    gold reward). ``overoptimized`` is true iff some N passes at level ``alpha`` after a Bonferroni
+    correction over the compared Ns (family-wise false-positive rate ≤ ``alpha``).
+    """
     proxies = [np.asarray([r.proxy_reward for r in rec.responses], dtype=float) for rec in records]
     trues = [np.asarray([r.true_value for r in rec.responses], dtype=float) for rec in records]
     m = min(len(p) for p in proxies)
     Ns = Ns or [2**k for k in range(int(np.log2(m)) + 1)]
+    per_prompt = np.array([[_expected_true(p[:m], tr[:m], N) for p, tr in zip(proxies, trues)] for N in Ns])
     rows = []
-    for N in Ns:
-        t = np.array([_expected_true(p[:m], tr[:m], N) for p, tr in zip(proxies, trues)])
+    for k, N in enumerate(Ns):
+        t = per_prompt[k]
         pr = np.array([_expected_true(p[:m], p[:m], N) for p in proxies])
         rows.append({"N": N, "true_mean": float(t.mean()), "true_se": float(t.std(ddof=1) / np.sqrt(len(t))) if len(t) > 1 else None,
                      "proxy_mean": float(pr.mean())})
     best = max(rows, key=lambda r: r["true_mean"])
     last = rows[-1]
+    tests = []
+    for k, N in enumerate(Ns[:-1]):
+        D = per_prompt[-1] - per_prompt[k]
+        tests.append({"N": N, "mean_diff": float(D.mean()), "paired_se": float(D.std(ddof=1) / np.sqrt(len(D))) if len(D) > 1 else None,
+                      "prompts_lower": int((D < 0).sum()), "prompts_higher": int((D > 0).sum()),
+                      "sign_test_p": _sign_test_p(D)})
+    level = alpha / max(len(tests), 1)
     return {"num_prompts": len(records), "candidates_used": m, "curve": rows, "argmax_N_true": best["N"],
             "peak_true": best["true_mean"], "true_at_max_N": last["true_mean"],
             "drop_from_peak": best["true_mean"] - last["true_mean"],
-            "corr_proxy_true": float(np.corrcoef(np.concatenate([p[:m] for p in proxies]), np.concatenate([t[:m] for t in trues]))[0, 1])}
+            "corr_proxy_true": _corr(np.concatenate([p[:m] for p in proxies]), np.concatenate([t[:m] for t in trues])),
+            "paired_tests_vs_max_N": tests, "alpha": alpha, "bonferroni_level": level,
+            "overoptimized": any(t["sign_test_p"] <= level for t in tests)}
 
 
-def write_bon_report(pool: str | os.PathLike, out_prefix: str | os.PathLike) -> dict[str, Any]:
-    """Compute :func:`bon_curve` for a pool file; write ``<prefix>.json`` and ``<prefix>.png``."""
+def _label(pool: Path) -> str:
+    from privalign.pipeline.build_pool import manifest_path
+
+    mp = manifest_path(pool)
+    if mp.is_file():
+        man = json.loads(mp.read_text(encoding="utf-8"))
+        name = lambda s: Path(str(s)[7:]).stem if str(s).startswith("linear:") else str(s)  # noqa: E731
+        return f"proxy {name(man.get('proxy_reward'))} / gold {name(man.get('true_reward'))}"
+    return pool.name
+
+
+def write_bon_report(
+    pools: str | os.PathLike | list[str | os.PathLike], out_prefix: str | os.PathLike, *, labels: list[str] | None = None,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """Compute :func:`bon_curve` for one or more pools; write ``<prefix>.json`` and ``<prefix>.png``.
+
+    With one pool the JSON is that pool's result (with ``pool`` added); with several it is
+    ``{"series": [...]}``, one result per pool, labelled from its manifest (proxy / gold) unless ``labels``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,20 +130,35 @@ def write_bon_report(pool: str | os.PathLike, out_prefix: str | os.PathLike) -> 
 
     from privalign.data.pools import read_pool
 
-    res = bon_curve(read_pool(pool))
-    res["pool"] = Path(pool).name
+    paths = [Path(pools)] if isinstance(pools, (str, os.PathLike)) else [Path(p) for p in pools]
+    if labels is not None and len(labels) != len(paths):
+        raise ValueError(f"labels must have one entry per pool ({len(paths)}); got {len(labels)}")
+    series = []
+    for i, p in enumerate(paths):
+        res = bon_curve(read_pool(p), alpha=alpha)
+        res["pool"] = p.name
+        res["label"] = labels[i] if labels else _label(p)
+        series.append(res)
     out_prefix = Path(out_prefix)
-    Path(f"{out_prefix}.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-    Ns = [r["N"] for r in res["curve"]]
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax[0].plot(Ns, [r["proxy_mean"] for r in res["curve"]], "o-")
-    ax[0].set(xscale="log", xlabel="N", ylabel="E[proxy of BoN pick]", title="proxy (VADER)")
-    m = np.array([r["true_mean"] for r in res["curve"]])
-    se = np.array([r["true_se"] or 0.0 for r in res["curve"]])
-    ax[1].errorbar(Ns, m, yerr=se, fmt="o-")
-    ax[1].set(xscale="log", xlabel="N", ylabel="E[gold of BoN pick]", title="gold reward")
-    fig.suptitle(f"BoN on the proxy, {res['num_prompts']} prompts x {res['candidates_used']} candidates")
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = series[0] if len(series) == 1 else {"series": series}
+    Path(f"{out_prefix}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    for res in series:
+        Ns = [r["N"] for r in res["curve"]]
+        ax[0].plot(Ns, [r["proxy_mean"] for r in res["curve"]], "o-", label=res["label"])
+        m = np.array([r["true_mean"] for r in res["curve"]])
+        se = np.array([r["true_se"] or 0.0 for r in res["curve"]])
+        tag = " (over-optimised)" if res["overoptimized"] else ""
+        ax[1].errorbar(Ns, m, yerr=se, fmt="o-", capsize=2, label=res["label"] + tag)
+    ax[0].set(xscale="log", xlabel="N", ylabel="E[proxy of BoN pick]", title="proxy reward")
+    ax[1].set(xscale="log", xlabel="N", ylabel="E[gold of BoN pick]", title="gold reward (± SE over prompts)")
+    ax[1].legend(fontsize=7)
+    if len(series) > 1:
+        ax[0].legend(fontsize=7)
+    s0 = series[0]
+    fig.suptitle(f"Best-of-N on the proxy: {s0['num_prompts']} prompts x {s0['candidates_used']} candidates")
     fig.tight_layout()
     fig.savefig(f"{out_prefix}.png", dpi=100)
     plt.close(fig)
-    return res
+    return doc

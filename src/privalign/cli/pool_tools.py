@@ -1,0 +1,93 @@
+"""Pool tools: ``privalign rescore-pool`` (new rewards for an existing pool), ``privalign bon-curve`` (does
+best-of-N on the proxy over-optimise the gold reward?) and ``privalign fit-imdb-reward`` (the IMDb gold and
+proxy reward models used by the shipped pools)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "rescore-pool",
+        help="re-score an existing pool with other proxy/true rewards (no generation)",
+        description="Recompute proxy_reward and/or true_reward of every candidate of POOL with the named scorers "
+        "(same names as build-pool) and write a new pool plus a manifest naming the source pool (SHA-256). "
+        "The source is never modified.",
+    )
+    p.add_argument("--pool", required=True, help="source pool (.jsonl or .jsonl.gz)")
+    p.add_argument("--proxy-reward", default=None, help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math")
+    p.add_argument("--true-reward", default=None, help="same choices as --proxy-reward")
+    p.add_argument("--out", required=True, help="destination pool (must differ from --pool)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_rescore)
+
+    b = subparsers.add_parser(
+        "bon-curve",
+        help="exact BoN curves of proxy and gold reward; paired test of over-optimisation",
+        description="For each pool: the exact expected proxy and gold reward of best-of-N on the proxy, N = 1, 2, 4, "
+        "... up to the candidates per prompt, and an exact one-sided sign test (Bonferroni over N, level --alpha) of "
+        "whether the largest N picks texts with lower gold reward than some smaller N. Writes OUT.json and OUT.png.",
+    )
+    b.add_argument("--pool", action="append", required=True, help="pool file (repeat to compare several in one figure)")
+    b.add_argument("--label", action="append", default=None, help="series label per --pool (default: proxy / gold from the manifest)")
+    b.add_argument("--alpha", type=float, default=0.05, help="family-wise false-positive rate of the over-optimisation test")
+    b.add_argument("--out", required=True, help="output prefix (OUT.json, OUT.png)")
+    b.set_defaults(func=_bon)
+
+    f = subparsers.add_parser(
+        "fit-imdb-reward",
+        help="fit an IMDb gold or proxy reward model (LinearRewardScorer JSON)",
+        description="gold-ngram: logistic regression on hashed 1-2-grams of the 24,000 fit-part reviews; gold-minilm: "
+        "logistic regression on MiniLM embeddings of word windows of gold-part reviews; proxy-ngram: the n-gram model "
+        "on only the few proxy-part reviews (disjoint from gold-minilm's). Held-out accuracies go into the file's metadata.",
+    )
+    f.add_argument("--kind", required=True, choices=["gold-ngram", "gold-minilm", "proxy-ngram"])
+    f.add_argument("--n-reviews", type=int, default=12_000, help="gold-minilm: gold-part reviews to fit on")
+    f.add_argument("--n-proxy-reviews", type=int, default=200, help="size of the proxy part (proxy-ngram fits on it, gold-minilm excludes it)")
+    f.add_argument("--window-words", type=int, default=24, help="gold-minilm: words per training window")
+    f.add_argument("--out", required=True, help="destination .json")
+    f.set_defaults(func=_fit)
+
+
+def _rescore(args: argparse.Namespace) -> int:
+    from privalign.pipeline.rescore import rescore_pool
+
+    man = rescore_pool(args.pool, args.out, proxy_reward=args.proxy_reward, true_reward=args.true_reward, progress=not args.no_progress)
+    print(f"wrote {args.out}: {man['num_prompts']} prompts, {man['num_candidates']} candidates; re-scored {', '.join(man['rescored'])}",
+          file=sys.stderr)
+    return 0
+
+
+def _bon(args: argparse.Namespace) -> int:
+    from privalign._validation import check_real
+    from privalign.pipeline.analysis import write_bon_report
+
+    alpha = check_real(args.alpha, "alpha", low=0.0, high=1.0, closed="neither")
+    if args.label is not None and len(args.label) != len(args.pool):
+        print(f"privalign: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}", file=sys.stderr)
+        return 2
+    doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha)
+    for res in doc.get("series", [doc]):
+        t = min(res["paired_tests_vs_max_N"], key=lambda r: r["sign_test_p"]) if res["paired_tests_vs_max_N"] else None
+        verdict = "OVER-OPTIMISED" if res["overoptimized"] else "not over-optimised (at this level)"
+        extra = f"; smallest p = {t['sign_test_p']:.3g} (N_max vs N={t['N']})" if t else ""
+        print(f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at N={res['curve'][-1]['N']}: "
+              f"{res['true_at_max_N']:.4f}; {verdict} at family-wise alpha={alpha}{extra}")
+    print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from privalign.pipeline.gold import fit_imdb_reward
+
+    kw: dict = {}
+    if args.kind == "gold-minilm":
+        kw = {"n_reviews": args.n_reviews, "window_words": args.window_words, "n_proxy_reviews": args.n_proxy_reviews}
+    elif args.kind == "proxy-ngram":
+        kw = {"n_proxy_reviews": args.n_proxy_reviews}
+    meta = fit_imdb_reward(args.kind, args.out, **kw)
+    print(json.dumps(meta, indent=1))
+    return 0
