@@ -153,12 +153,11 @@ def write_bon_report(
         ax[1].errorbar(Ns, m, yerr=se, fmt="o-", capsize=2, label=res["label"] + tag)
     ax[0].set(xscale="log", xlabel="N", ylabel="E[proxy of BoN pick]", title="proxy reward")
     ax[1].set(xscale="log", xlabel="N", ylabel="E[gold of BoN pick]", title="gold reward (± SE over prompts)")
-    ax[1].legend(fontsize=7)
-    if len(series) > 1:
-        ax[0].legend(fontsize=7)
+    handles, names = ax[1].get_legend_handles_labels()
     s0 = series[0]
     fig.suptitle(f"Best-of-N on the proxy: {s0['num_prompts']} prompts x {s0['candidates_used']} candidates")
-    fig.tight_layout()
+    fig.legend(handles, names, loc="lower center", ncol=min(2, len(names)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * ((len(names) + 1) // 2), 1, 1))
     fig.savefig(f"{out_prefix}.png", dpi=100)
     plt.close(fig)
     return doc
