@@ -219,13 +219,18 @@ def fused_btl_gradient(
 
     def lane(k: int) -> np.ndarray:
         g = np.zeros(d, dtype=np.float64)
+        # One gather buffer per lane, reused: a fresh multi-MB array per chunk costs page faults.
+        buf = None if isinstance(rows, slice) else np.empty((min(step, m), d), dtype=X.dtype)
         # Unchecked chunks may hold NaN/inf: that arithmetic is discarded, so its warnings are silenced.
         with np.errstate(invalid="ignore", over="ignore"):
             for a in starts[k::FUSED_LANES]:
                 if failed.is_set():
                     break
                 b = min(a + step, m)
-                Xc = X[a0 + a : a0 + b] if isinstance(rows, slice) else X.take(rows[a:b], axis=0)
+                if buf is None:
+                    Xc = X[a0 + a : a0 + b]
+                else:  # mode="clip" lets take write into `out` unbuffered (the indices are valid anyway)
+                    Xc = np.take(X, rows[a:b], axis=0, out=buf[: b - a], mode="clip")
                 if not sparse_theta:
                     z = np.asarray(Xc @ th, dtype=np.float64)
                 elif support.size:
