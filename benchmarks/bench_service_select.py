@@ -10,6 +10,11 @@ measured *interleaved* so that a shared, noisy machine slows them alike:
 * concurrent (``--clients``): 5 rounds, each one burst per setup in turn; throughput = requests / summed
   burst time; p50/p99 over all bursts; server CPU time (user + system, from /proc) per request.
 
+The durable setups (``sync=full``) wait for one disk flush per request (the reserve); the cost of a flush
+is probed at the start and at the end of the run (``fdatasync`` of one page, and PostgreSQL's commit with
+``synchronous_commit`` on and off) and printed with the load average, because on a shared virtual disk
+it varies by an order of magnitude.
+
 Usage::
 
     python benchmarks/bench_service_select.py [--requests 400] [--clients 8] [--no-postgres] [--json out.json]
@@ -174,7 +179,7 @@ def _ledger_rate(engine, seconds: float = 3.0, threads: int = 1, sync: str = "fu
     """reserve+settle pairs per second → ledger rows (2 per pair) per second."""
     from privalign.service.store import SQLBudgetStore
 
-    store = SQLBudgetStore(engine, durable_settle=sync == "full")
+    store = SQLBudgetStore(engine, durable=sync == "full")
     principal = f"bench-{uuid.uuid4().hex[:8]}"
     count = [0]
     lock = threading.Lock()
@@ -198,6 +203,47 @@ def _ledger_rate(engine, seconds: float = 3.0, threads: int = 1, sync: str = "fu
     return 2 * count[0] / (time.perf_counter() - t0)
 
 
+def _flush_probe(tmp: Path, pg_url: str | None, reps: int = 50) -> dict:
+    """Median cost of one disk flush now: ``fdatasync`` of a rewritten 8 KiB page in ``tmp`` (the SQLite
+    files' file system), and PostgreSQL's one-row autocommit INSERT with ``synchronous_commit`` on minus
+    off. The durable (``sync=full``) setups pay one such flush per request; on a virtual disk it varies."""
+    out: dict[str, float] = {}
+    p = tmp / "flush-probe.bin"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, b"\0" * 8192, 0)
+        os.fsync(fd)
+        ts = []
+        for i in range(reps):
+            os.pwrite(fd, bytes([i % 256]) * 8192, 0)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            ts.append(time.perf_counter() - t0)
+        out["fdatasync_ms"] = float(np.median(ts) * 1000)
+    finally:
+        os.close(fd)
+        p.unlink()
+    if pg_url:
+        import psycopg
+
+        conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
+        table = f"privalign_flush_probe_{uuid.uuid4().hex[:8]}"  # not TEMP: temp tables write no WAL
+        with psycopg.connect(conninfo, autocommit=True) as c:
+            c.execute(f"CREATE TABLE {table} (x int)")
+            try:
+                for mode in ("on", "off"):
+                    c.execute(f"SET synchronous_commit TO {mode}")
+                    ts = []
+                    for i in range(reps):
+                        t0 = time.perf_counter()
+                        c.execute(f"INSERT INTO {table} VALUES (%s)", (i,))
+                        ts.append(time.perf_counter() - t0)
+                    out[f"pg_commit_sync_{mode}_ms"] = float(np.median(ts) * 1000)
+            finally:
+                c.execute(f"DROP TABLE {table}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
@@ -213,6 +259,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="privalign-bench-"))
     _write_reward_model(tmp / "reward.json")
+    load_start = os.getloadavg()
+    flush_start = _flush_probe(tmp, None if args.no_postgres else PG_URL)
     setups = [("baseline (no privacy, no ledger)", f"sqlite:///{tmp / 'base.db'}", "", False, "normal"),
               ("privbon + SQLite ledger, sync=full (default)", f"sqlite:///{tmp / 'ledger.db'}", "", True, "full"),
               ("privbon + SQLite ledger, sync=normal", f"sqlite:///{tmp / 'ledger2.db'}", "", True, "normal")]
@@ -272,9 +320,14 @@ def main(argv: list[str] | None = None) -> dict:
         r["overhead_p50_ms"] = r["seq_p50_ms"] - base["seq_p50_ms"]
         r["overhead_cpu_ms"] = r["server_cpu_ms_per_req"] - base["server_cpu_ms_per_req"]
         r["throughput_ratio"] = r["conc_rps"] / base["conc_rps"]
+    flush_end = _flush_probe(tmp, None if args.no_postgres else PG_URL)
     out = {"command": "python benchmarks/bench_service_select.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "rows": rows, "ledger_writes": ledger}
-    print(f"cpus={out['cpus']} loadavg at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}")
+           "cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
+           "flush_probe_start": flush_start, "flush_probe_end": flush_end, "rows": rows, "ledger_writes": ledger}
+    print(f"cpus={out['cpus']} loadavg at start={tuple(round(x, 1) for x in load_start)} "
+          f"at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}")
+    for when, fp in (("start", flush_start), ("end", flush_end)):
+        print(f"disk flush at {when}: " + ", ".join(f"{k} {v:.2f}" for k, v in fp.items()))
     print("| setup | seq p50 ms | seq p99 ms | overhead p50 ms | server CPU ms/req | overhead CPU ms/req | conc req/s | "
           "conc p50 ms | conc p99 ms | throughput vs baseline | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

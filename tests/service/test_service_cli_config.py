@@ -81,3 +81,26 @@ def test_serve_check_and_openapi(tmp_path, capsys, reward_model):
     assert main(["serve", "--config", str(cfg), "--print-openapi"]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert "/v1/select" in spec["paths"] and "privacy" in json.dumps(spec["components"])
+
+
+@pytest.mark.parametrize(
+    "value, needle",
+    [(-0.1, "range"), (61.0, "range"), (float("nan"), "finite"), (float("inf"), "finite"), ("0.5", "real number")],
+)
+def test_pad_selection_s_bad_values_are_refused(tmp_path, capsys, value, needle):
+    # In memory: default request_timeout_s is 60, so the pad must lie in [0, 60].
+    with pytest.raises(PrivacyParameterError, match=r"'privacy\.pad_selection_s'") as ei:
+        config_from_dict({"privacy": {"pad_selection_s": value}})
+    assert needle in str(ei.value)
+    # From a TOML file through the CLI: a clear one-line error naming the key, exit code 2, no traceback.
+    cfg = write_config(tmp_path / "pad.toml", {"database": {"url": "sqlite:///pad.db"}, "privacy": {"pad_selection_s": value}})
+    assert main(["serve", "--config", str(cfg), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "privacy.pad_selection_s" in err and "Traceback" not in err
+
+
+def test_pad_selection_s_may_equal_the_request_timeout(tmp_path):
+    cfg = config_from_dict({"limits": {"request_timeout_s": 2.0}, "privacy": {"pad_selection_s": 2.0}})
+    assert cfg.privacy.pad_selection_s == 2.0
+    with pytest.raises(PrivacyParameterError, match=r"pad_selection_s.*\[0, 2\]"):
+        config_from_dict({"limits": {"request_timeout_s": 2.0}, "privacy": {"pad_selection_s": 2.5}})

@@ -5,6 +5,7 @@ hashed-n-gram model; the generator is an OpenAI-compatible upstream on loopback.
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import openai
@@ -333,3 +334,102 @@ def test_chat_completion_with_the_local_transformers_generator(tmp_path, reward_
                                            max_tokens=2, extra_body={"privacy": {"epsilon": 0.5, "n": 2}})
     assert isinstance(r.choices[0].message.content, str) and r.model_extra["privacy"]["epsilon_charged"] == 0.5
     assert _spent(app.state.service.engine, key_id)["spent_epsilon"] == 0.5
+
+
+def test_pad_selection_s_pads_scoring_and_selection_to_a_minimum(tmp_path, reward_model):
+    """With privacy.pad_selection_s = P, the time from the start of scoring to the answer is at least P;
+    the pad is a minimum, not added on top of a private part that already takes longer than P."""
+    from privalign.service.components import LinearHashedScorer
+
+    inner = LinearHashedScorer(reward_model)
+    starts: list[float] = []
+    sleep_s = {"v": 0.0}
+
+    def timed(prompt, texts):
+        starts.append(time.monotonic())
+        time.sleep(sleep_s["v"])
+        return inner(prompt, texts)
+
+    pad = 0.5
+    app = create_app(_cfg(tmp_path, reward_model, pad_selection_s=pad), scorer=timed)
+    _, token = create_key(app.state.service.engine, budget_epsilon=10.0)
+    body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply", "plain"], "privacy": {"epsilon": 0.5}}
+    with serve_in_thread(app) as url:
+        for _ in range(3):
+            r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=30)
+            done = time.monotonic()
+            assert r.status_code == 200, r.text
+            assert done - starts[-1] >= pad  # unpadded, scoring 3 candidates + selection takes milliseconds
+        sleep_s["v"] = 0.8  # the private part alone takes longer than the pad
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=30)
+        done = time.monotonic()
+        assert r.status_code == 200, r.text
+        assert 0.8 <= done - starts[-1] < 0.8 + pad  # not 0.8 + pad: the pad only tops up to P
+
+
+def test_key_cache_saves_the_auth_read_but_never_outlives_revocation_or_a_top_up(tmp_path, reward_model):
+    """After one database authentication a key's served requests skip the key read (the reservation checks
+    the key is active); a revoked key, a wrong secret, an exhausted or a topped-up budget still get
+    exactly the answers they got without the cache, and nothing is charged for the refusals."""
+    calls = []
+
+    def counting(prompt, texts):
+        calls.append(1)
+        return [0.5] * len(texts)
+
+    app = create_app(_cfg(tmp_path, reward_model), scorer=counting)
+    state = app.state.service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    reads = []
+    query_one = state.store.query_one
+    state.store.query_one = lambda sql, params: reads.append(params) or query_one(sql, params)
+    body = {"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}}
+    h = {"Authorization": f"Bearer {token}"}
+    with serve_in_thread(app) as url:
+        assert httpx.post(url + "/v1/select", headers=h, json=body).status_code == 200
+        assert len(reads) == 1  # first request: authenticated from the database
+        assert httpx.post(url + "/v1/select", headers=h, json=body).status_code == 200
+        assert len(reads) == 1  # second: from the key cache, no key read
+        # A wrong secret for the cached key id: 401, whatever the cache holds.
+        bad = {"Authorization": f"Bearer pa_{key_id}_{'x' * 43}"}
+        assert httpx.post(url + "/v1/select", headers=bad, json=body).status_code == 401
+        # Exhausted (0.5 left, 0.75 asked): the same 429 naming the remaining budget, before any score.
+        r = httpx.post(url + "/v1/select", headers=h, json={**body, "privacy": {"epsilon": 0.75}})
+        assert r.status_code == 429 and r.json()["error"]["remaining"]["epsilon"] == pytest.approx(0.5)
+        # A top-up made by the admin CLI is honoured at once (the cached limit is stale).
+        top_up(state.engine, key_id, epsilon=1.0)
+        r = httpx.post(url + "/v1/select", headers=h, json={**body, "privacy": {"epsilon": 0.75}})
+        assert r.status_code == 200 and r.json()["privacy"]["remaining"]["epsilon"] == pytest.approx(0.75)
+        # Metrics count the cached path like the other: 0.25 + 0.25 + 0.75 reserved and charged.
+        assert metric(url, "privalign_epsilon_reserved_total") == pytest.approx(1.25)
+        assert metric(url, "privalign_epsilon_charged_total") == pytest.approx(1.25)
+        n_calls = len(calls)
+        revoke_key(state.engine, key_id)
+        for _ in range(2):
+            assert httpx.post(url + "/v1/select", headers=h, json=body).status_code == 401
+        assert len(calls) == n_calls == 3  # the refusals never reached the reward model
+    rows = state.store.ledger_rows(key_id)
+    assert [r["action"] for r in rows].count("reserve") == 3 and [r["action"] for r in rows].count("settle") == 3
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] == pytest.approx(1.25) and t["reserved_epsilon"] == 0.0
+
+
+def test_key_cache_is_bounded_checks_the_secret_and_forgets_revoked_keys(tmp_path):
+    from privalign.service.keys import KeyCache, authenticate
+    from privalign.service.store import SQLBudgetStore
+
+    eng = db.make_engine(f"sqlite:///{tmp_path / 'k.db'}")
+    db.create_schema(eng)
+    store, cache = SQLBudgetStore(eng), KeyCache(max_keys=2)
+    toks = [create_key(eng, budget_epsilon=1.0)[1] for _ in range(3)]
+    for t in toks:
+        assert authenticate(store, t, cache=cache) is not None
+    assert cache.verify(toks[0]) is None  # bounded: the first remembered key was forgotten
+    assert cache.verify(toks[1]) is not None and cache.verify(toks[2]) is not None
+    kid = toks[2].split("_", 2)[1]
+    assert cache.verify(f"pa_{kid}_wrong-secret") is None
+    assert authenticate(store, f"pa_{kid}_wrong-secret", cache=cache) is None
+    assert cache.verify(toks[2]) is not None  # a wrong secret does not evict the key (no cheap eviction by others)
+    revoke_key(eng, kid)
+    assert cache.verify(toks[2]) is not None  # the cache alone knows nothing of revocation (the reserve checks it) ...
+    assert authenticate(store, toks[2], cache=cache) is None and cache.verify(toks[2]) is None  # ... the database does

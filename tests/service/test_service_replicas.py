@@ -138,3 +138,15 @@ def test_kill_9_mid_request_stays_charged_and_is_reconciled_sqlite(tmp_path, rew
     engine = db.make_engine(url)
     db.create_schema(engine)
     _crash_and_restart(tmp_path, reward_model, {"url": url}, engine, server_process)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_kill_9_mid_request_stays_charged_and_is_reconciled_postgres(tmp_path, reward_model, pg_schema, server_process):
+    url, schema = pg_schema
+    engine = db.make_engine(url, schema=schema)
+    db.create_schema(engine, schema=schema)
+    try:
+        _crash_and_restart(tmp_path, reward_model, {"url": url, "schema": schema}, engine, server_process)
+    finally:
+        engine.dispose()  # the fixture drops the schema afterwards

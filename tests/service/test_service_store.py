@@ -6,10 +6,12 @@ import math
 import threading
 
 import pytest
+from sqlalchemy import event
 
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
-from privalign.service.store import SQLBudgetStore
+from privalign.service.keys import create_key, revoke_key
+from privalign.service.store import ActiveKeyCheckFailed, SQLBudgetStore, require_active_key
 
 
 def _sqlite(tmp_path):
@@ -124,3 +126,113 @@ def test_ledger_is_append_only_and_sqlite_is_wal(tmp_path):
         mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
         n = conn.exec_driver_sql("SELECT count(*) FROM ledger").scalar()
     assert mode == "wal" and n == 2  # one reserve row, one settle row; nothing updated in place
+
+
+def _durability_scenario(store: SQLBudgetStore) -> list[str]:
+    """reserve+settle, reserve+cancel, reserve+reconcile, a first reservation of a principal without a row
+    (the locking path on PostgreSQL), and a refusal (writes nothing). Returns the actions in order."""
+    store.grant("k", 1.0, 0.0)
+    store.settle(store.try_reserve("k", (0.1, 0.0), (1.0, 0.0)), (0.05, 0.0))
+    store.cancel(store.try_reserve("k", (0.1, 0.0), (1.0, 0.0)))
+    store.reconcile(store.try_reserve("k", (0.1, 0.0), (1.0, 0.0)))
+    store.try_reserve("fresh", (0.1, 0.0), (1.0, 0.0))
+    with pytest.raises(BudgetExhaustedError):
+        store.try_reserve("k", (0.9, 0.0), (1.0, 0.0))
+    return ["reserve", "settle", "reserve", "cancel", "reserve", "reconcile", "reserve"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("durable", [True, False])
+def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable):
+    """The synchronous_commit each ledger write actually commits with, read at commit time by a deferred
+    trigger, with sessions that default to asynchronous commit (so only the store's own setting counts)."""
+    eng = _pg(pg_schema)
+
+    @event.listens_for(eng, "connect")
+    def _async_by_default(dbapi_conn, _record):
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SET synchronous_commit TO off")
+        dbapi_conn.commit()
+
+    eng.dispose()  # drop the connection create_schema opened before the listener existed
+    with eng.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE commit_modes (id serial PRIMARY KEY, action text, mode text)")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO commit_modes (action, mode) VALUES (NEW.action, current_setting('synchronous_commit')); "
+            "RETURN NULL; END $$"
+        )
+        conn.exec_driver_sql(
+            "CREATE CONSTRAINT TRIGGER ledger_commit_mode AFTER INSERT ON ledger DEFERRABLE INITIALLY DEFERRED "
+            "FOR EACH ROW EXECUTE FUNCTION record_commit_mode()"
+        )
+    store = SQLBudgetStore(eng, durable=durable)
+    expected_actions = _durability_scenario(store)
+    with eng.connect() as conn:
+        got = [tuple(r) for r in conn.exec_driver_sql("SELECT action, mode FROM commit_modes ORDER BY id")]
+    reserve_mode = "on" if durable else "off"
+    assert got == [(a, reserve_mode if a == "reserve" else "off") for a in expected_actions]
+    for p in ("k", "fresh"):
+        _check_derivable(store, p)
+    eng.dispose()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_sqlite_commit_modes_reserve_flushed_closes_not(tmp_path, durable):
+    """The PRAGMA synchronous in force when each ledger row is written (FULL = flushed on commit)."""
+    eng = _sqlite(tmp_path)
+    statements: list[str] = []
+
+    @event.listens_for(eng, "connect")
+    def _trace(dbapi_conn, _record):
+        dbapi_conn.set_trace_callback(statements.append)
+
+    eng.dispose()
+    store = SQLBudgetStore(eng, durable=durable)
+    expected_actions = _durability_scenario(store)
+    modes, current = [], None
+    for st in statements:
+        if st.startswith("PRAGMA synchronous="):
+            current = st.split("=", 1)[1]
+        elif st.startswith("INSERT INTO ledger"):
+            modes.append(current)
+    reserve_mode = "FULL" if durable else "NORMAL"
+    assert modes == [reserve_mode if a == "reserve" else "NORMAL" for a in expected_actions]
+    for p in ("k", "fresh"):
+        _check_derivable(store, p)
+
+
+def _active_key_checks(store: SQLBudgetStore) -> None:
+    """Under require_active_key the reserving statement/transaction also checks the key; any failure
+    raises ActiveKeyCheckFailed and writes nothing (no principal row is created either)."""
+    eng = store.engine
+    live, _ = create_key(eng, budget_epsilon=1.0)
+    gone, _ = create_key(eng, budget_epsilon=1.0)
+    revoke_key(eng, gone)
+    token = require_active_key.set(True)
+    try:
+        rid = store.try_reserve(live, (0.5, 0.0), (1.0, 0.0))
+        for principal, cost, limit in ((gone, (0.1, 0.0), (1.0, 0.0)),        # revoked
+                                       ("no-such-key", (0.1, 0.0), (1.0, 0.0)),  # unknown: no row is created
+                                       (live, (0.6, 0.0), (1.0, 0.0)),         # does not fit
+                                       (live, (0.2, 0.0), (0.6, 0.0))):        # fits the grant, not a stale lower limit
+            with pytest.raises(ActiveKeyCheckFailed):
+                store.try_reserve(principal, cost, limit)
+    finally:
+        require_active_key.reset(token)
+    assert store.snapshot("no-such-key") is None
+    assert [r["action"] for r in store.ledger_rows(live)] == ["reserve"] and store.ledger_rows(gone) == []
+    with pytest.raises(BudgetExhaustedError):  # without the flag: the ordinary refusal
+        store.try_reserve(live, (0.6, 0.0), (1.0, 0.0))
+    store.settle(rid, (0.5, 0.0))
+    for p in (live, gone):
+        _check_derivable(store, p)
+
+
+def test_reserve_requiring_an_active_key_sqlite(tmp_path):
+    _active_key_checks(SQLBudgetStore(_sqlite(tmp_path)))
+
+
+@pytest.mark.postgres
+def test_reserve_requiring_an_active_key_postgres(pg_schema):
+    _active_key_checks(SQLBudgetStore(_pg(pg_schema)))

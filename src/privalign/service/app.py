@@ -4,7 +4,10 @@ Request flow (every selecting endpoint; the order is the privacy argument):
 
 1. **parse / validate**: body size, JSON schema, limits (``n``, text length, ε), method allowed, seeds
    refused → 400/413/422, nothing charged.
-2. **authenticate**: bearer key, salted-hash check, not revoked → 401.
+2. **authenticate**: bearer key, salted-hash check, not revoked → 401. For a key this process has
+   authenticated before (``KeyCache``), the secret is checked against the remembered hash without a
+   database read and step 4's statement checks that the key is still active; when that statement writes
+   nothing, the key is authenticated from the database (401) and step 4 is decided again.
 3. **idempotency**: a completed request with the same ``Idempotency-Key`` returns its stored answer
    (not charged again); one in flight → 409.
 4. **reserve** the worst-case event in the key's filter (database transaction) → 429 naming the remaining
@@ -51,9 +54,15 @@ from privalign.errors import (
 from privalign.service import db
 from privalign.service.components import UpstreamError, build_generator, build_scorer
 from privalign.service.config import ServiceConfig
-from privalign.service.keys import KeyInfo, authenticate
+from privalign.service.keys import KeyCache, KeyInfo, authenticate
 from privalign.service.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from privalign.service.store import SQLBudgetStore, last_totals, ledger_event
+from privalign.service.store import (
+    ActiveKeyCheckFailed,
+    SQLBudgetStore,
+    last_totals,
+    ledger_event,
+    require_active_key,
+)
 
 __all__ = ["create_app", "ServiceState"]
 
@@ -261,7 +270,8 @@ class ServiceState:
         self.private = private
         self.engine = db.make_engine(cfg.database.url, schema=cfg.database.schema or None)
         db.create_schema(self.engine, schema=cfg.database.schema or None)
-        self.store = SQLBudgetStore(self.engine, durable_settle=cfg.database.sync == "full")
+        self.store = SQLBudgetStore(self.engine, durable=cfg.database.sync == "full")
+        self.key_cache = KeyCache()
         self.scorer = scorer if scorer is not None else build_scorer(cfg.reward_model)
         self.generator = generator if generator is not None else build_generator(cfg.generator)
         self.noise = SecureNoise()
@@ -282,11 +292,14 @@ class ServiceState:
 # ------------------------------------------------------------------------------------------------
 
 
-def _auth(state: ServiceState, authorization: str | None) -> KeyInfo:
-    token = None
+def _bearer(authorization: str | None) -> str | None:
     if authorization and authorization.lower().startswith("bearer "):
-        token = authorization[7:].strip()
-    key = authenticate(state.store, token)
+        return authorization[7:].strip()
+    return None
+
+
+def _auth(state: ServiceState, authorization: str | None) -> KeyInfo:
+    key = authenticate(state.store, _bearer(authorization), cache=state.key_cache)
     if key is None:
         raise ApiError(401, "authentication_error", "Missing, unknown or revoked API key.")
     return key
@@ -354,20 +367,43 @@ def _run_selection(
     candidates: list[str] | None,
     gen_kwargs: dict[str, Any],
     endpoint: str,
+    reauth: Any = None,
 ) -> tuple[int, str, dict]:
-    """Reserve → generate → score → select → settle. Returns (index, text, privacy block)."""
+    """Reserve → generate → score → select → settle. Returns (index, text, privacy block).
+
+    ``reauth``: ``None`` if ``key`` was authenticated from the database. Otherwise ``key`` comes from the
+    :class:`KeyCache` (the secret matched a remembered hash; revocation and the current limit are
+    unknown), and ``reauth()`` authenticates from the database (raising the 401). The reservation is then
+    made under :data:`require_active_key`, so that the statement that reserves also checks that the key
+    is active; if it writes nothing, the key is authenticated from the database and the reservation is
+    decided again exactly as without the cache.
+    """
     cfg = state.cfg
     deadline = time.monotonic() + cfg.limits.request_timeout_s
-    if state.scorer is None:
-        raise ApiError(503, "service_unavailable", "No reward model is configured on this server.")
-    if candidates is None and state.generator is None:
+    if state.scorer is None or (candidates is None and state.generator is None):
+        if reauth is not None:
+            reauth()  # a 401 comes before a 503, as without the key cache
+        if state.scorer is None:
+            raise ApiError(503, "service_unavailable", "No reward model is configured on this server.")
         raise ApiError(503, "service_unavailable", "No generator is configured on this server; use POST /v1/select.")
 
     flt = res = None
     charged_private = state.private and plan.method != "bon"
     if charged_private:
-        flt = _filter_for(key, state.store)
         ledger_event.set(plan.worst.to_dict())
+        if reauth is not None:
+            token = require_active_key.set(True)
+            try:
+                flt = _filter_for(key, state.store)
+                res = flt.reserve(key.key_id, plan.worst)
+            except (ActiveKeyCheckFailed, BudgetExhaustedError, UnsupportedEventError):
+                res = None  # nothing was written: authenticate from the database and decide again
+            finally:
+                require_active_key.reset(token)
+            if res is None:
+                key = reauth()
+    if charged_private and res is None:
+        flt = _filter_for(key, state.store)
         try:
             res = flt.reserve(key.key_id, plan.worst)
         except BudgetExhaustedError as exc:
@@ -375,7 +411,8 @@ def _run_selection(
             raise ApiError(429, "budget_exhausted", f"Privacy budget exhausted: {exc}", remaining=exc.remaining) from None
         except UnsupportedEventError as exc:
             raise ApiError(400, "invalid_request_error", f"Method {plan.method!r} is not supported by this key's {key.accounting!r} accounting: {exc}", param="privacy.method") from None
-        state.metrics.epsilon_reserved.labels(key.accounting).inc(_cost_of(flt, plan.worst))
+    if res is not None:
+        state.metrics.epsilon_reserved.labels(key.accounting).inc(float(res.cost[0]))  # the filter's cost of plan.worst
 
     # Generation: public inputs only. Failure releases the reservation.
     if candidates is None:
@@ -428,7 +465,7 @@ def _run_selection(
         last_totals.set(None)
         flt.settle(res, realized)  # a DB error here propagates → 503; the reservation stays charged
         snap2 = last_totals.get() or state.store.snapshot(key.key_id) or {}
-        rc, wc = _cost_of(flt, realized, realized=True), _cost_of(flt, plan.worst)
+        rc, wc = _cost_of(flt, realized, realized=True), float(res.cost[0])
         state.metrics.epsilon_charged.labels(key.accounting).inc(rc)
         block.update(
             {
@@ -608,6 +645,15 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
             key = KeyInfo("baseline", "", "pure", 0.0, None)
             idx, text, block = _run_selection(state, key, plan, prompt, score_prompt, candidates, gen_kwargs, endpoint)
             return JSONResponse(render(idx, text, block))
+        if not idem_key and plan.method != "bon":
+            # A key this process has authenticated before: its secret is checked against the remembered
+            # hash here, and the reservation statement checks that the key is still active (one round
+            # trip fewer). Any doubt falls back to the database (see _run_selection).
+            cached = state.key_cache.verify(_bearer(authorization))
+            if cached is not None:
+                idx, text, block = _run_selection(state, cached, plan, prompt, score_prompt, candidates, gen_kwargs, endpoint,
+                                                  reauth=lambda: _auth(state, authorization))
+                return JSONResponse(render(idx, text, block))
         key = _auth(state, authorization)
         req_hash = hashlib.sha256((endpoint + "\n" + body.model_dump_json()).encode()).hexdigest() if idem_key else ""
         stored = _idem_begin(state, key, idem_key, req_hash)

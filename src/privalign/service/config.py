@@ -7,9 +7,10 @@ Sections (every key optional; defaults are the secure ones):
     [database]
     url = "sqlite:///privalign-service.db"   # or postgresql+psycopg://user@host:5432/db
     schema = ""                              # PostgreSQL schema (search_path); "" = default
-    sync = "full"                            # full: each settle is flushed to disk before the answer is
-                                             # released; normal: no flush waits (survives process crashes,
-                                             # not power loss)
+    sync = "full"                            # full: each reservation is flushed to disk before any score
+                                             # is computed (settles are not: a lost settle is reconciled at
+                                             # the reserved cost); normal: no flush waits (survives process
+                                             # crashes, not power loss)
 
     [server]
     host = "127.0.0.1"
@@ -138,8 +139,15 @@ class ServiceConfig:
         """Check every value; returns ``self``.
 
         Raises:
-          PrivacyParameterError: naming the section.key, the constraint and the value.
+          PrivacyParameterError: naming the section.key, the constraint and the value (a value of the
+            wrong type, e.g. a string where a number belongs, included).
         """
+        try:
+            return self._validate()
+        except TypeError as exc:  # check_real/check_int name the key; one exception type for the CLI
+            raise PrivacyParameterError(str(exc)) from None
+
+    def _validate(self) -> ServiceConfig:
         lim, pv = self.limits, self.privacy
         check_choice(self.database.sync, "database.sync", ("full", "normal"))
         check_int(lim.max_n, "limits.max_n", low=1, high=10_000)

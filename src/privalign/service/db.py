@@ -1,8 +1,9 @@
 """Database schema of the service: API keys, budget grants, the append-only ledger, idempotency records.
 
 SQLAlchemy 2 Core tables, so the same code runs on SQLite (the embedded default, WAL mode, every write
-transaction opened with ``BEGIN IMMEDIATE``) and on PostgreSQL (several replicas sharing one ledger; the
-per-principal row is locked with ``SELECT … FOR UPDATE``).
+transaction opened with ``BEGIN IMMEDIATE``) and on PostgreSQL (several replicas sharing one ledger; a
+reservation is a conditional ``UPDATE`` of the per-principal row, which row-locks it, see
+:mod:`privalign.service.store`).
 
 Tables:
 
@@ -138,8 +139,10 @@ def make_engine(url: str, *, schema: str | None = None, pool_size: int = 10, ech
 
     * SQLite: WAL journal, ``busy_timeout`` 10 s, foreign-key pragma, and ``BEGIN IMMEDIATE`` for every
       transaction, so a check-and-reserve holds the write lock from its first read.
-    * PostgreSQL (``postgresql+psycopg://…``): ``READ COMMITTED`` plus explicit ``FOR UPDATE`` row locks in
-      the store; ``schema`` (optional) sets the ``search_path`` (the tests use one schema per run).
+    * PostgreSQL (``postgresql+psycopg://…``): ``READ COMMITTED``; the store's hot path runs single
+      statements on autocommit connections and relies on the row lock of its conditional ``UPDATE`` (and
+      on ``SELECT … FOR UPDATE`` on its slower refusal path); ``schema`` (optional) sets the
+      ``search_path`` (the tests use one schema per run).
 
     Args:
       url: SQLAlchemy database URL.

@@ -35,6 +35,7 @@ from privalign.service.store import SQLBudgetStore
 __all__ = [
     "ACCOUNTING_MODES",
     "KeyInfo",
+    "KeyCache",
     "create_key",
     "list_keys",
     "top_up",
@@ -199,25 +200,81 @@ def revoke_key(engine: Engine, key_id: str) -> None:
             conn.execute(update(db.api_keys).where(db.api_keys.c.key_id == key_id).values(revoked_at=db.now()))
 
 
-def authenticate(store: SQLBudgetStore, token: str | None) -> KeyInfo | None:
-    """Return the key for a bearer ``token`` if it exists, is not revoked and its secret matches.
-
-    Args:
-      store: the service's store (its raw-connection read path is used: this runs on every request).
-      token: ``pa_<key_id>_<secret>``.
-    """
+def _split(token: str | None) -> tuple[str, str] | None:
     if not token or not token.startswith("pa_") or len(token) > 200:
         return None
     parts = token.split("_", 2)
     if len(parts) != 3:
         return None
-    _, key_id, secret = parts
+    return parts[1], parts[2]
+
+
+class KeyCache:
+    """The immutable facts of keys this process has authenticated: salt, secret hash, accounting mode.
+
+    A key's salt, hash and accounting mode never change (``revoke_key`` sets ``revoked_at``; top-ups add
+    grants), so a bearer token can be checked against a remembered hash without a database read.
+    :meth:`verify` answers only "this token holds the key's secret"; it says nothing about revocation or
+    the current budget. The service therefore uses it only where the same database statement that
+    reserves also checks that the key is active (``SQLBudgetStore.try_reserve`` with
+    :data:`privalign.service.store.require_active_key`), and falls back to :func:`authenticate` whenever
+    that statement writes nothing. Only keys that passed :func:`authenticate` are remembered (at most
+    ``max_keys``; the first remembered is forgotten first); a key found revoked or missing is forgotten.
+    """
+
+    def __init__(self, max_keys: int = 10_000) -> None:
+        self.max_keys = int(max_keys)
+        self._keys: dict[str, tuple[str, str, KeyInfo]] = {}
+
+    def remember(self, salt: str, secret_hash: str, info: KeyInfo) -> None:
+        """Remember (or refresh: e.g. a newer ``limit``) a key that :func:`authenticate` accepted."""
+        if info.key_id not in self._keys and len(self._keys) >= self.max_keys:
+            self._keys.pop(next(iter(self._keys), None), None)  # the first remembered goes first
+        self._keys[info.key_id] = (salt, secret_hash, info)
+
+    def forget(self, key_id: str) -> None:
+        self._keys.pop(key_id, None)
+
+    def verify(self, token: str | None) -> KeyInfo | None:
+        """The remembered :class:`KeyInfo` (its ``limit`` as last read) if ``token``'s secret matches the
+        remembered hash (constant-time comparison), else ``None``. No database access."""
+        parts = _split(token)
+        if parts is None:
+            return None
+        hit = self._keys.get(parts[0])
+        if hit is None:
+            return None
+        salt, secret_hash, info = hit
+        return info if hmac.compare_digest(_hash(salt, parts[1]), secret_hash) else None
+
+
+def authenticate(store: SQLBudgetStore, token: str | None, *, cache: KeyCache | None = None) -> KeyInfo | None:
+    """Return the key for a bearer ``token`` if it exists, is not revoked and its secret matches.
+
+    Args:
+      store: the service's store (its raw-connection read path is used: one round trip on PostgreSQL).
+      token: ``pa_<key_id>_<secret>``.
+      cache: if given, a successful check is remembered in it; a revoked or unknown key id is forgotten.
+    """
+    parts = _split(token)
+    if parts is None:
+        return None
+    key_id, secret = parts
     row = store.query_one(_SQL_AUTH, {"k": key_id})
     if row is None:
         # Spend comparable time on unknown ids (no cheap oracle for which ids exist).
         hmac.compare_digest(_hash("00" * 16, secret), "0" * 64)
+        if cache is not None:
+            cache.forget(key_id)
         return None
-    if not hmac.compare_digest(_hash(row["salt"], secret), row["secret_hash"]) or row["revoked_at"] is not None:
+    if not hmac.compare_digest(_hash(row["salt"], secret), row["secret_hash"]):
+        return None  # a wrong secret says nothing about the key: its remembered facts stay
+    if row["revoked_at"] is not None:
+        if cache is not None:
+            cache.forget(key_id)
         return None
-    return KeyInfo(row["key_id"], row["name"], row["accounting"], row["created_at"], row["revoked_at"],
+    info = KeyInfo(row["key_id"], row["name"], row["accounting"], row["created_at"], row["revoked_at"],
                    (float(row["limit_epsilon"] or 0.0), float(row["limit_delta"] or 0.0)))
+    if cache is not None:
+        cache.remember(row["salt"], row["secret_hash"], info)
+    return info

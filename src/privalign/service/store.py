@@ -2,14 +2,32 @@
 
 Reserve-before-run and settle-after-run are single transactions:
 
+* **PostgreSQL**: each of reserve, settle, cancel and reconcile is **one SQL statement**, sent in one round
+  trip on an autocommit connection (so it is its own transaction: no ``BEGIN``/``COMMIT`` round trips).
+  The reserve is a conditional ``UPDATE principals … WHERE spent + reserved + cost ≤ limit`` whose
+  ``RETURNING`` feeds the ``INSERT`` of the ledger row in a data-modifying CTE. Under ``READ COMMITTED`` an
+  ``UPDATE`` that finds the row locked by a concurrent transaction waits for it and re-evaluates its
+  ``WHERE`` on the newest committed version, so concurrent reservations on the same principal (from any
+  number of service processes) are serialised on that row and the check always sees every committed
+  reservation; reservations on different principals do not contend. A closing action inserts its ledger
+  row (``ON CONFLICT DO NOTHING`` on the unique ``closes`` index) and updates the principal's totals from
+  that row's ``RETURNING``, again in one statement. psycopg prepares each statement on its connection
+  after a few executions. Under :data:`require_active_key` the reserving ``UPDATE`` also requires that the
+  principal is an API key that is not revoked (the service's key cache relies on it).
 * **SQLite**: every transaction starts with ``BEGIN IMMEDIATE`` (see :func:`privalign.service.db.make_engine`),
-  so the read of the balance and the write of the reservation happen under one database write lock.
-* **PostgreSQL**: the principal's row is locked with ``SELECT … FOR UPDATE`` before the balance is read;
-  concurrent reservations on the same principal (from any number of service processes) are serialised
-  on that row, reservations on different principals do not contend.
+  so the read of the balance and the write of the reservation happen under one database write lock. SQLite
+  runs in-process, so several statements per transaction cost no round trips.
+
+Durability (``durable=True``, the default; ``[database] sync = "full"``): the **reserve** is flushed to
+disk before :meth:`SQLBudgetStore.try_reserve` returns (PostgreSQL ``synchronous_commit = on``, SQLite
+``synchronous = FULL``), so a reservation is durable before any score is computed. Settle, cancel and
+reconcile commit without waiting for the flush: losing one of them in a database crash leaves the
+reservation open, and reconciliation then charges it at its reserved cost, which is at least the realized
+cost (fail closed). See :meth:`SQLBudgetStore.try_reserve`.
 
 Every change is an append-only ``ledger`` row; the cached totals on the ``principals`` row are updated in
-the same transaction and are always equal to :func:`privalign.service.db.derive_totals`.
+the same transaction (on PostgreSQL: the same statement) and are always equal to
+:func:`privalign.service.db.derive_totals`.
 
 Costs are pairs ``(a, b)`` in the unit of the filter that uses the store (``(ε, δ)`` for pure and ex-post
 filters, ``(ρ, 0)`` for zCDP). A reservation is refused when ``spent + reserved + cost > limit`` in either
@@ -33,7 +51,7 @@ from sqlalchemy.engine import Engine
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
 
-__all__ = ["SQLBudgetStore", "ledger_event", "last_totals"]
+__all__ = ["SQLBudgetStore", "ledger_event", "last_totals", "require_active_key", "ActiveKeyCheckFailed"]
 
 #: The event a caller (e.g. a filter invoked by the service) is reserving or settling; written on the
 #: ledger row when the protocol call itself carries no event. Set with ``ledger_event.set(dict)``.
@@ -43,7 +61,20 @@ ledger_event: contextvars.ContextVar[dict | None] = contextvars.ContextVar("priv
 #: read back inside the same transaction (saves the service a round trip for the ``remaining`` field).
 last_totals: contextvars.ContextVar[dict | None] = contextvars.ContextVar("privalign_last_totals", default=None)
 
+#: When true, :meth:`SQLBudgetStore.try_reserve` also requires, in the same statement (PostgreSQL) or
+#: transaction (SQLite) that reserves, that the principal is an API key that exists and is not revoked,
+#: and raises :class:`ActiveKeyCheckFailed` instead of deciding a refusal. The service sets it when it has
+#: checked the caller's secret against a remembered hash (``privalign.service.keys.KeyCache``) instead of
+#: reading the key: the reservation then authenticates the key's status itself, saving a round trip.
+require_active_key: contextvars.ContextVar[bool] = contextvars.ContextVar("privalign_require_active_key", default=False)
+
 _CLOSING = ("settle", "cancel", "reconcile")
+
+
+class ActiveKeyCheckFailed(Exception):
+    """A reservation under :data:`require_active_key` wrote nothing: the key is unknown or revoked, or the
+    cost does not fit the (possibly stale) limit. Nothing was charged; the caller authenticates the key
+    from the database and decides again."""
 
 
 def _check_cost(cost: Sequence[float], name: str) -> tuple[float, float]:
@@ -63,25 +94,28 @@ class SQLBudgetStore:
       engine: from :func:`privalign.service.db.make_engine`; the tables must exist
         (:func:`privalign.service.db.create_schema`).
       owner: identifier of this process (written on reservations; used by reconciliation).
-      durable_settle: flush each settle to disk before returning (default; see :meth:`_tx`). ``False``
-        never waits for a flush: the ledger then survives a crash of the *service* process (the tests
-        kill -9 it) but a power loss or OS crash can lose the last settled rows, i.e. charges of answers
-        already released.
+      durable: flush each **reserve** to disk before :meth:`try_reserve` returns (default). Settle,
+        cancel and reconcile never wait for a flush (a lost close is charged at the reserved cost by
+        reconciliation: fail closed). ``False`` never waits for a flush: the ledger then survives a crash
+        of the *service* process (the tests kill -9 it) but a power loss or OS crash can lose the last
+        rows, reservations and charges of answers already released included.
 
     The limit passed to :meth:`try_reserve` is combined with the principal's granted budget (the sum of
     its ``budget_grants`` rows) by taking the minimum, so a stale limit can only be more conservative.
     """
 
-    def __init__(self, engine: Engine, *, owner: str | None = None, durable_settle: bool = True) -> None:
+    def __init__(self, engine: Engine, *, owner: str | None = None, durable: bool = True) -> None:
         self.engine = engine
-        self.durable_settle = bool(durable_settle)
+        self.durable = bool(durable)
         self.owner = owner or uuid.uuid4().hex
         self._pg = engine.dialect.name == "postgresql"
+        self._columns: dict[str, tuple[str, ...]] = {}
 
     # -- helpers ------------------------------------------------------------------------------
-    # The hot path (reserve, settle, cancel, totals) talks to the DBAPI connection directly, with SQL
-    # written once and translated to the driver's parameter style: SQLAlchemy's statement machinery cost
-    # several CPU milliseconds per request (benchmarks/bench_service_select.py). Admin paths use Core.
+    # The hot path (reserve, settle, cancel, totals, authentication) talks to the DBAPI connection
+    # directly, with SQL written once and translated to the driver's parameter style: SQLAlchemy's
+    # statement machinery cost several CPU milliseconds per request (benchmarks/bench_service_select.py).
+    # Admin paths use Core.
     _SQL = {
         "lock": "SELECT limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta "
                 "FROM principals WHERE principal = :p",
@@ -98,8 +132,52 @@ class SQLBudgetStore:
                  "spent_epsilon = spent_epsilon + :sa, spent_delta = spent_delta + :sb WHERE principal = :p",
         "res": "SELECT principal, reserved_epsilon, reserved_delta FROM ledger WHERE reservation_id = :rid AND action = 'reserve'",
         "closed": "SELECT action FROM ledger WHERE closes = :rid",
+        "key": "SELECT revoked_at FROM api_keys WHERE key_id = :p",
     }
     _TOTALS = ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta", "reserved_epsilon", "reserved_delta")
+
+    # PostgreSQL: one statement per action. The effective limit is min(caller's limit, granted limit) when
+    # the principal has a grant, exactly as in the SQLite path; ``spent + reserved + cost`` is evaluated
+    # left to right in float8, as Python does. ``set_config(..., true)`` sets synchronous_commit for this
+    # statement's own (autocommit) transaction only.
+    _PG_RESERVE = (
+        "WITH p AS (UPDATE principals SET reserved_epsilon = reserved_epsilon + %(a)s, reserved_delta = reserved_delta + %(b)s "
+        "WHERE principal = %(p)s "
+        "AND spent_epsilon + reserved_epsilon + %(a)s <= CASE WHEN limit_epsilon > 0 OR limit_delta > 0 "
+        "THEN LEAST(%(la)s, limit_epsilon) ELSE %(la)s END "
+        "AND spent_delta + reserved_delta + %(b)s <= CASE WHEN limit_epsilon > 0 OR limit_delta > 0 "
+        "THEN LEAST(%(lb)s, limit_delta) ELSE %(lb)s END "
+        "{active}RETURNING principal), "
+        "l AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
+        "reserved_delta, realized_epsilon, realized_delta, detail, closes) "
+        "SELECT %(rid)s, principal, 'reserve', %(t)s, %(o)s, %(e)s, %(a)s, %(b)s, NULL, NULL, NULL, NULL FROM p RETURNING id) "
+        "SELECT set_config('synchronous_commit', %(sync)s, true) FROM l"
+    )
+    _PG_RESERVE_SQL = {
+        False: _PG_RESERVE.format(active=""),
+        True: _PG_RESERVE.format(active="AND EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(p)s AND revoked_at IS NULL) "),
+    }
+    # {realized}: the realized cost columns of the closing row; {check}: settle's realized ≤ reserved.
+    _PG_CLOSE = (
+        "WITH r AS (SELECT principal, reserved_epsilon, reserved_delta FROM ledger "
+        "WHERE reservation_id = %(rid)s AND action = 'reserve'), "
+        "c AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
+        "reserved_delta, realized_epsilon, realized_delta, detail, closes) "
+        "SELECT %(rid)s, principal, %(act)s, %(t)s, %(o)s, %(e)s, reserved_epsilon, reserved_delta, {realized}, %(d)s, %(rid)s "
+        "FROM r{check} ON CONFLICT DO NOTHING "
+        "RETURNING principal, reserved_epsilon, reserved_delta, COALESCE(realized_epsilon, 0) AS sa, COALESCE(realized_delta, 0) AS sb), "
+        "u AS (UPDATE principals SET reserved_epsilon = principals.reserved_epsilon - c.reserved_epsilon, "
+        "reserved_delta = principals.reserved_delta - c.reserved_delta, spent_epsilon = principals.spent_epsilon + c.sa, "
+        "spent_delta = principals.spent_delta + c.sb FROM c WHERE principals.principal = c.principal "
+        "RETURNING principals.limit_epsilon, principals.limit_delta, principals.spent_epsilon, principals.spent_delta, "
+        "principals.reserved_epsilon, principals.reserved_delta) "
+        "SELECT u.*, set_config('synchronous_commit', %(sync)s, true) FROM u"
+    )
+    _PG_CLOSE_SQL = {
+        "settle": _PG_CLOSE.format(realized="%(sa)s, %(sb)s", check=" WHERE %(sa)s <= reserved_epsilon AND %(sb)s <= reserved_delta"),
+        "cancel": _PG_CLOSE.format(realized="NULL, NULL", check=""),
+        "reconcile": _PG_CLOSE.format(realized="reserved_epsilon, reserved_delta", check=""),
+    }
 
     def _sql(self, name: str) -> str:
         s = self._SQL[name]
@@ -107,45 +185,61 @@ class SQLBudgetStore:
 
     @contextmanager
     def _tx(self, *, write: bool = True, durable: bool = False):
-        """A DBAPI cursor in one transaction (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: implicit BEGIN).
+        """SQLite: a DBAPI cursor in one ``BEGIN IMMEDIATE`` transaction (``write``), flushed to disk on
+        commit if ``durable`` (``synchronous=FULL``, else ``NORMAL``).
 
-        Durability rule: only a **settle** is flushed to disk before it returns (``durable=True``: SQLite
-        ``synchronous=FULL``, PostgreSQL ``synchronous_commit`` on). Reserve, cancel and reconcile commit
-        without waiting for the flush (they are visible to every other transaction at once, so the
-        budget check is unaffected). The log is sequential, so the settle's flush also makes the earlier
-        reserve durable, and the service releases a selection only after settle returns: a released
-        answer is therefore always durably charged. A database crash can lose only reservations whose
-        answers were never released (no privacy cost), or a cancel/reconcile, which at worst reappears
-        as an open reservation and is charged at its reserved cost.
+        PostgreSQL: a cursor on an **autocommit** connection: every statement is its own transaction, in
+        one round trip; ``durable`` is ignored (each writing statement sets ``synchronous_commit`` itself).
+        The uncommon multi-statement paths (a refusal, a close that wrote nothing) open an explicit
+        transaction with ``cur.connection.transaction()`` or run independent reads. The connection goes
+        back to the pool with autocommit off, as SQLAlchemy Core expects.
         """
         raw = self.engine.raw_connection()
         try:
+            if self._pg:
+                dc = raw.driver_connection
+                dc.autocommit = True
+                try:
+                    cur = raw.cursor()
+                    yield cur
+                    cur.close()
+                finally:
+                    try:
+                        dc.autocommit = False  # the pool's other users (SQLAlchemy Core) expect transactions
+                    except Exception:  # e.g. the connection broke: never return it to the pool
+                        raw.invalidate()
+                return
             cur = raw.cursor()
-            if not self._pg and write:
+            if write:
                 cur.execute("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=NORMAL")
                 cur.execute("BEGIN IMMEDIATE")
-            elif self._pg and write and not durable:
-                cur.execute("SET LOCAL synchronous_commit TO OFF")
             try:
                 yield cur
             except BaseException:
-                raw.rollback()
+                if write:
+                    raw.rollback()
                 raise
-            if self._pg or write:
+            if write:
                 raw.commit()
             cur.close()
         finally:
             raw.close()
 
     def query_one(self, sql: str, params: dict) -> dict | None:
-        """Run one read-only statement (``:name`` parameters) on the raw connection; first row as a dict."""
+        """Run one read-only statement (``:name`` parameters) on the raw connection; first row as a dict.
+
+        One round trip on PostgreSQL (autocommit), no transaction on SQLite."""
         if self._pg:
             sql = re.sub(r":([a-z_]+)", r"%(\1)s", sql)
         with self._tx(write=False) as cur:
             cur.execute(sql, params)
             row = cur.fetchone()
-            cols = [d[0] for d in cur.description] if cur.description else []
-        return None if row is None else dict(zip(cols, row))
+            if row is None:
+                return None
+            cols = self._columns.get(sql)
+            if cols is None:  # a statement's result columns never change: read them once
+                cols = self._columns[sql] = tuple(d[0] for d in cur.description)
+        return dict(zip(cols, row))
 
     def _one(self, cur: Any, name: str, params: dict) -> tuple | None:
         cur.execute(self._sql(name), params)
@@ -159,6 +253,23 @@ class SQLBudgetStore:
             row = self._one(cur, q, {"p": principal})
         return None if row is None else dict(zip(self._TOTALS, row))
 
+    @staticmethod
+    def _exhausted(principal: str, row: dict, ca: float, cb: float, la: float, lb: float) -> BudgetExhaustedError | None:
+        """The refusal for ``row`` (cached totals) and a request of ``(ca, cb)`` under limit ``(la, lb)``,
+        or ``None`` if it fits."""
+        if row["limit_epsilon"] > 0 or row["limit_delta"] > 0:  # granted budget (grants are positive)
+            la, lb = min(la, row["limit_epsilon"]), min(lb, row["limit_delta"])
+        used_a = row["spent_epsilon"] + row["reserved_epsilon"]
+        used_b = row["spent_delta"] + row["reserved_delta"]
+        if used_a + ca > la or used_b + cb > lb:
+            remaining = {"primary": max(0.0, la - used_a), "delta": max(0.0, lb - used_b)}
+            return BudgetExhaustedError(
+                f"Reserving cost {(ca, cb)} for principal {principal!r} would exceed its budget {(la, lb)}; "
+                f"remaining {remaining}. Nothing was charged.",
+                remaining=remaining,
+            )
+        return None
+
     # -- BudgetStore protocol -----------------------------------------------------------------
     def try_reserve(
         self,
@@ -169,6 +280,12 @@ class SQLBudgetStore:
         event: dict | None = None,
     ) -> str:
         """Atomically check ``spent + reserved + cost ≤ limit`` and record a reservation.
+
+        PostgreSQL: one statement (one round trip) when the principal exists and the cost fits. Otherwise
+        (a refusal, or the first reservation of a principal without a row) the decision is taken again
+        in a second transaction under ``SELECT … FOR UPDATE`` (a few more round trips, only then). SQLite:
+        one ``BEGIN IMMEDIATE`` transaction. When the store is ``durable``, the reservation is on disk when
+        this returns.
 
         Args:
           principal: who pays (the API key id in the service).
@@ -183,68 +300,114 @@ class SQLBudgetStore:
         Raises:
           BudgetExhaustedError: the reservation would exceed the limit (``remaining`` has keys
             ``"primary"`` and ``"delta"``); nothing was written.
+          ActiveKeyCheckFailed: only under :data:`require_active_key`: the key is unknown or revoked or
+            the cost does not fit (no second, locking attempt is made then); nothing was written.
           PrivacyParameterError: a malformed cost or limit.
         """
         ca, cb = _check_cost(cost, "cost")
         event = event if event is not None else ledger_event.get()
         la, lb = float(limit[0]), float(limit[1])
+        if math.isnan(la) or math.isnan(lb):
+            raise PrivacyParameterError(f"The 'limit' parameter must not be NaN. Got {limit!r} instead.")
         rid = uuid.uuid4().hex
-        with self._tx() as cur:
-            row = self._lock_principal(cur, principal, create=True)
-            if row["limit_epsilon"] > 0 or row["limit_delta"] > 0:  # granted budget (grants are positive)
-                la, lb = min(la, row["limit_epsilon"]), min(lb, row["limit_delta"])
-            used_a = row["spent_epsilon"] + row["reserved_epsilon"]
-            used_b = row["spent_delta"] + row["reserved_delta"]
-            if used_a + ca > la or used_b + cb > lb:
-                remaining = {"primary": max(0.0, la - used_a), "delta": max(0.0, lb - used_b)}
-                raise BudgetExhaustedError(
-                    f"Reserving cost {(ca, cb)} for principal {principal!r} would exceed its budget {(la, lb)}; "
-                    f"remaining {remaining}. Nothing was charged.",
-                    remaining=remaining,
-                )
-            cur.execute(self._sql("ledger"), {
-                "rid": rid, "p": principal, "a": "reserve", "t": db.now(), "o": self.owner,
-                "e": json.dumps(event) if event is not None else None, "ra": ca, "rb": cb,
-                "sa": None, "sb": None, "d": None, "c": None,
-            })
-            cur.execute(self._sql("add_reserved"), {"a": ca, "b": cb, "p": principal})
+        ev = json.dumps(event) if event is not None else None
+        active = require_active_key.get()
+        if self._pg:
+            params = {"p": principal, "a": ca, "b": cb, "la": la, "lb": lb, "rid": rid, "t": db.now(), "o": self.owner,
+                      "e": ev, "sync": "on" if self.durable else "off"}
+            with self._tx() as cur:
+                cur.execute(self._PG_RESERVE_SQL[active], params)
+                if cur.fetchone() is not None:
+                    return rid
+                if active:
+                    raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
+                # Refused, or no principal row yet: decide again under the row lock (a few more round
+                # trips, only on this path). This also names the remaining budget in the refusal.
+                with cur.connection.transaction():
+                    row = self._lock_principal(cur, principal, create=True)
+                    refusal = self._exhausted(principal, row, ca, cb, la, lb)
+                    if refusal is not None:
+                        raise refusal
+                    self._insert_reserve(cur, principal, rid, ca, cb, ev)
+                    cur.execute("SELECT set_config('synchronous_commit', %(s)s, true)", {"s": params["sync"]})
+            return rid
+        with self._tx(durable=self.durable) as cur:
+            if active:
+                key = self._one(cur, "key", {"p": principal})
+                row = self._lock_principal(cur, principal, create=False) if key is not None and key[0] is None else None
+                if row is None or self._exhausted(principal, row, ca, cb, la, lb) is not None:
+                    raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
+            else:
+                row = self._lock_principal(cur, principal, create=True)
+                refusal = self._exhausted(principal, row, ca, cb, la, lb)
+                if refusal is not None:
+                    raise refusal
+            self._insert_reserve(cur, principal, rid, ca, cb, ev)
         return rid
+
+    def _insert_reserve(self, cur: Any, principal: str, rid: str, ca: float, cb: float, ev: str | None) -> None:
+        """The reserve's ledger row and the matching change of the cached totals (caller holds the lock)."""
+        cur.execute(self._sql("ledger"), {
+            "rid": rid, "p": principal, "a": "reserve", "t": db.now(), "o": self.owner,
+            "e": ev, "ra": ca, "rb": cb, "sa": None, "sb": None, "d": None, "c": None,
+        })
+        cur.execute(self._sql("add_reserved"), {"a": ca, "b": cb, "p": principal})
 
     def _close(self, reservation_id: str, action: str, cost: tuple[float, float] | None, event: dict | None, detail: str | None) -> None:
         if event is None and action == "settle":
             event = ledger_event.get()
-        with self._tx(durable=action == "settle" and self.durable_settle) as cur:
+        sa, sb = _check_cost(cost, "cost") if action == "settle" else (None, None)  # type: ignore[arg-type]
+        ev = json.dumps(event) if event is not None else None
+        if self._pg:
+            with self._tx() as cur:
+                cur.execute(self._PG_CLOSE_SQL[action], {
+                    "rid": reservation_id, "act": action, "t": db.now(), "o": self.owner, "e": ev, "sa": sa, "sb": sb,
+                    "d": detail, "sync": "off",  # a lost close is reconciled at the reserved cost (fail closed)
+                })
+                row = cur.fetchone()
+                if row is not None:
+                    last_totals.set(dict(zip(self._TOTALS, row[:6])))
+                    return
+                # Nothing written: say why (unknown id, already closed, or cost above the reservation).
+                res = self._one(cur, "res", {"rid": reservation_id})
+                closed = self._one(cur, "closed", {"rid": reservation_id})
+            self._close_error(reservation_id, action, res, closed, sa, sb)
+            raise ReservationError(f"Reservation {reservation_id!r} could not be {action}d.")  # pragma: no cover
+        with self._tx() as cur:
             res = self._one(cur, "res", {"rid": reservation_id})
-            if res is None:
-                raise ReservationError(f"Unknown reservation id {reservation_id!r}.")
-            principal, ra, rb = res
             closed = self._one(cur, "closed", {"rid": reservation_id})
-            if closed is not None:
-                raise ReservationError(f"Reservation {reservation_id!r} is already closed ({closed[0]}); it cannot be {action}d.")
-            if action == "cancel":
-                sa, sb = None, None
-            elif action == "reconcile":
+            self._close_error(reservation_id, action, res, closed, sa, sb)
+            principal, ra, rb = res
+            if action == "reconcile":
                 sa, sb = ra, rb
-            else:
-                sa, sb = _check_cost(cost, "cost")  # type: ignore[arg-type]
-                if sa > ra or sb > rb:
-                    raise ReservationError(
-                        f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} of reservation {reservation_id!r}."
-                    )
             try:
                 # The unique index on ``closes`` refuses a concurrent second close of the same reservation.
                 cur.execute(self._sql("ledger"), {
                     "rid": reservation_id, "p": principal, "a": action, "t": db.now(), "o": self.owner,
-                    "e": json.dumps(event) if event is not None else None, "ra": ra, "rb": rb,
-                    "sa": sa, "sb": sb, "d": detail, "c": reservation_id,
+                    "e": ev, "ra": ra, "rb": rb, "sa": sa, "sb": sb, "d": detail, "c": reservation_id,
                 })
             except self.engine.dialect.dbapi.IntegrityError:
                 raise ReservationError(f"Reservation {reservation_id!r} is already closed; it cannot be {action}d.") from None
             cur.execute(self._sql("close"), {"ra": ra, "rb": rb, "sa": sa or 0.0, "sb": sb or 0.0, "p": principal})
             last_totals.set(self._lock_principal(cur, principal, create=False))
 
+    @staticmethod
+    def _close_error(reservation_id: str, action: str, res: tuple | None, closed: tuple | None, sa: float | None, sb: float | None) -> None:
+        """Raise the ReservationError that explains why ``action`` cannot close the reservation, if any."""
+        if res is None:
+            raise ReservationError(f"Unknown reservation id {reservation_id!r}.")
+        if closed is not None:
+            raise ReservationError(f"Reservation {reservation_id!r} is already closed ({closed[0]}); it cannot be {action}d.")
+        _, ra, rb = res
+        if action == "settle" and (sa > ra or sb > rb):  # type: ignore[operator]
+            raise ReservationError(
+                f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} of reservation {reservation_id!r}."
+            )
+
     def settle(self, reservation_id: str, cost: tuple[float, float], *, event: dict | None = None) -> None:
         """Charge the realized ``cost`` (≤ the reserved cost) and release the rest.
+
+        One statement on PostgreSQL; it does not wait for a disk flush (see the module docstring).
 
         Raises:
           ReservationError: unknown id, already closed (settled, cancelled, reconciled), or cost above
