@@ -6,9 +6,14 @@ Each server is a separate ``uvicorn`` process on 127.0.0.1 (one worker), all run
 generator is this process (threads with keep-alive ``httpx`` clients) on loopback only. The setups are
 measured *interleaved* so that a shared, noisy machine slows them alike:
 
-* sequential latency p50/p99: one request at a time, round-robin over the setups;
-* concurrent (``--clients``): 5 rounds, each one burst per setup in turn; throughput = requests / summed
-  burst time; p50/p99 over all bursts; server CPU time (user + system, from /proc) per request.
+* sequential latency p50/p99: one request at a time, round-robin over the setups, with an idle gap of
+  ``--gap-ms`` (default 5 ms) after each answer. The private setups write their settle after the answer
+  has been sent; without the gap that work would run during the *next* setup's request (the baseline's,
+  after the last setup) and flatter the overhead;
+* concurrent (``--clients``): 5 rounds, each one burst per setup in turn (50 ms apart, for the same
+  reason); throughput = requests / summed burst time (the deferred settles run inside the bursts, so
+  throughput pays for them); p50/p99 over all bursts; server CPU time (user + system, from /proc) per
+  request.
 
 The durable setups (``sync=full``) wait for one disk flush per request (the reserve); the cost of a flush
 is probed at the start and at the end of the run (``fdatasync`` of one page, and PostgreSQL's commit with
@@ -17,7 +22,7 @@ it varies by an order of magnitude.
 
 Usage::
 
-    python benchmarks/bench_service_select.py [--requests 400] [--clients 8] [--no-postgres] [--json out.json]
+    python benchmarks/bench_service_select.py [--requests 400] [--clients 8] [--gap-ms 5] [--no-postgres] [--json out.json]
 
 Prints a markdown table (and JSON with ``--json``). Ratios are against the baseline of the same run.
 """
@@ -115,9 +120,10 @@ def _body(i: int) -> dict:
     return {"prompt": f"question {i}", "candidates": cands, "privacy": {"method": "privbon", "epsilon": 1e-6}}
 
 
-def _sequential(targets: list[tuple[str, str | None]], per_setup: int) -> list[np.ndarray]:
-    """Round-robin one request at a time over all setups, so every setup sees the same load conditions.
-    Returns the latencies (ms) per setup."""
+def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: float = 0.005) -> list[np.ndarray]:
+    """Round-robin one request at a time over all setups, so every setup sees the same load conditions,
+    idle for ``gap_s`` after each answer (so that work a server does after answering is not timed in the
+    next setup's request). Returns the latencies (ms) per setup."""
     import httpx
 
     clients = [httpx.Client(timeout=60) for _ in targets]
@@ -133,6 +139,8 @@ def _sequential(targets: list[tuple[str, str | None]], per_setup: int) -> list[n
                 lat[k].append((time.perf_counter() - t0) * 1000)
                 if r.status_code != 200:
                     raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:200]}")
+                if gap_s > 0:
+                    time.sleep(gap_s)
     finally:
         for c in clients:
             c.close()
@@ -248,6 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--gap-ms", type=float, default=5.0, help="idle time after each sequential request")
     ap.add_argument("--no-postgres", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -281,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
             servers.append(_Server(_config(tmp, url, sch, sync), private))
             targets.append((servers[-1].url, token))
         # Sequential latency, interleaved request by request across setups.
-        seq = _sequential(targets, max(50, args.requests // 4))
+        seq = _sequential(targets, max(50, args.requests // 4), args.gap_ms / 1000)
         # Throughput: `rounds` interleaved bursts per setup; CPU time of each server over its bursts.
         rounds = 5
         walls = [0.0] * len(targets)
@@ -291,6 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
             for k, (url, tok) in enumerate(targets):
                 c0 = servers[k].cpu_s()
                 w, lt = _burst(url, tok, args.requests // rounds, args.clients)
+                time.sleep(0.05)  # let this setup's last settles finish before the next burst
                 cpu[k] += servers[k].cpu_s() - c0
                 walls[k] += w
                 lats[k] += lt
@@ -321,10 +331,10 @@ def main(argv: list[str] | None = None) -> dict:
         r["overhead_cpu_ms"] = r["server_cpu_ms_per_req"] - base["server_cpu_ms_per_req"]
         r["throughput_ratio"] = r["conc_rps"] / base["conc_rps"]
     flush_end = _flush_probe(tmp, None if args.no_postgres else PG_URL)
-    out = {"command": "python benchmarks/bench_service_select.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python benchmarks/bench_service_select.py " + " ".join(argv if argv is not None else sys.argv[1:]), "gap_ms": args.gap_ms,
            "cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
            "flush_probe_start": flush_start, "flush_probe_end": flush_end, "rows": rows, "ledger_writes": ledger}
-    print(f"cpus={out['cpus']} loadavg at start={tuple(round(x, 1) for x in load_start)} "
+    print(f"cpus={out['cpus']} gap_ms={args.gap_ms:g} loadavg at start={tuple(round(x, 1) for x in load_start)} "
           f"at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}")
     for when, fp in (("start", flush_start), ("end", flush_end)):
         print(f"disk flush at {when}: " + ", ".join(f"{k} {v:.2f}" for k, v in fp.items()))

@@ -34,6 +34,7 @@ def test_fuzz_every_endpoint_no_5xx_no_charge_on_4xx(tmp_path, reward_model, ups
         @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
         @given(case=op.as_strategy())
         def run(case):
+            assert state.wait_settled(timeout=10)  # earlier answers' deferred settles are not this case's charge
             before = totals()
             resp = case.call(headers={"Authorization": f"Bearer {token}"})
             seen.setdefault(f"{op.method.upper()} {op.path}", set()).add(resp.status_code)

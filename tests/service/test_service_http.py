@@ -264,6 +264,9 @@ def test_zcdp_and_ex_post_accounting(tmp_path, reward_model):
         assert r.status_code == 200, r.text
         px = r.json()["privacy"]
         assert 0 < px["epsilon_charged"] <= px["epsilon_reserved"] and px["delta"] > 0
+        # remaining: the limit less the realized charge (not the larger reservation); δ is charged as reserved.
+        assert px["charged"] < px["reserved"] and px["remaining"]["epsilon"] == pytest.approx(5.0 - px["charged"])
+        assert px["remaining"]["delta"] == pytest.approx(1e-5 - px["delta"])
         # privacy.epsilon caps the worst case: ε_max(n=4) ≈ 1.95 > 1.5 is refused before anything runs.
         r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {x_tok}"},
                        json={**body, "privacy": {"method": "privitp", "epsilon": 1.5}})
@@ -271,6 +274,7 @@ def test_zcdp_and_ex_post_accounting(tmp_path, reward_model):
         # PrivITP is (ε, δ)-ex-post: a pure-DP key cannot pay for it.
         r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {p_tok}"}, json=body)
         assert r.status_code == 400 and "not supported" in r.json()["error"]["message"]
+    assert state.wait_settled(timeout=10)
     assert _spent(state.engine, p_id)["reserved_epsilon"] == 0.0
     t = _spent(state.engine, x_id)
     assert t["spent_epsilon"] == pytest.approx(px["charged"]) and t["reserved_epsilon"] == 0.0
@@ -408,6 +412,7 @@ def test_key_cache_saves_the_auth_read_but_never_outlives_revocation_or_a_top_up
         for _ in range(2):
             assert httpx.post(url + "/v1/select", headers=h, json=body).status_code == 401
         assert len(calls) == n_calls == 3  # the refusals never reached the reward model
+    assert state.wait_settled(key_id, timeout=10)
     rows = state.store.ledger_rows(key_id)
     assert [r["action"] for r in rows].count("reserve") == 3 and [r["action"] for r in rows].count("settle") == 3
     t = _spent(state.engine, key_id)
@@ -433,3 +438,95 @@ def test_key_cache_is_bounded_checks_the_secret_and_forgets_revoked_keys(tmp_pat
     revoke_key(eng, kid)
     assert cache.verify(toks[2]) is not None  # the cache alone knows nothing of revocation (the reserve checks it) ...
     assert authenticate(store, toks[2], cache=cache) is None and cache.verify(toks[2]) is None  # ... the database does
+
+
+def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservation(tmp_path, reward_model):
+    """Without an Idempotency-Key the settle is written after the response has been sent: the answer does
+    not wait for it, its ``remaining`` is computed from the reservation's totals, the reservation stays
+    charged at its reserved cost until the settle commits, and GET /v1/budget waits for this process's
+    pending settles of the key. With an Idempotency-Key the settle is written before the answer."""
+    import threading
+
+    app = create_app(_cfg(tmp_path, reward_model))
+    state = app.state.service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    gate, settled = threading.Event(), []
+    settle = state.store.settle
+
+    def gated_settle(rid, cost, *, event=None):
+        assert gate.wait(15), "settle gate never opened"
+        settle(rid, cost, event=event)
+        settled.append(rid)
+
+    state.store.settle = gated_settle
+    h = {"Authorization": f"Bearer {token}"}
+    body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply", "plain"], "privacy": {"epsilon": 0.25}}
+    with serve_in_thread(app) as url:
+        # Gate closed: a settle written before the answer would block the request past its 5 s timeout.
+        r1 = httpx.post(url + "/v1/select", headers=h, json=body, timeout=5)
+        r2 = httpx.post(url + "/v1/select", headers=h, json=body, timeout=5)  # the first is still unsettled
+        assert r1.status_code == r2.status_code == 200, (r1.text, r2.text)
+        p1, p2 = r1.json()["privacy"], r2.json()["privacy"]
+        assert p1["charged"] == p1["reserved"] == 0.25 and p1["remaining"]["epsilon"] == pytest.approx(0.75)
+        assert p2["remaining"]["epsilon"] == pytest.approx(0.5)  # the first request's open reservation counts
+        assert settled == []
+        t = _spent(state.engine, key_id)  # charged at the reserved cost while the settles are pending
+        assert t["spent_epsilon"] == 0.0 and t["reserved_epsilon"] == pytest.approx(0.5)
+        assert [row["action"] for row in state.store.ledger_rows(key_id)] == ["reserve", "reserve"]
+        assert metric(url, "privalign_epsilon_charged_total") == pytest.approx(0.5)
+        # A request that does not fit while they are pending is refused: nothing is ever overspent.
+        r = httpx.post(url + "/v1/select", headers=h, json={**body, "privacy": {"epsilon": 0.75}}, timeout=5)
+        assert r.status_code == 429 and r.json()["error"]["remaining"]["epsilon"] == pytest.approx(0.5)
+        # GET /v1/budget waits for this process's pending settles of the key.
+        got: dict = {}
+        reader = threading.Thread(target=lambda: got.update(httpx.get(url + "/v1/budget", headers=h, timeout=15).json()))
+        reader.start()
+        time.sleep(0.3)
+        assert reader.is_alive() and not got
+        gate.set()
+        reader.join(15)
+        assert got["spent"]["a"] == pytest.approx(0.5) and got["reserved"]["a"] == 0.0
+        assert sorted(settled) == sorted([p1["reservation_id"], p2["reservation_id"]])
+        # With an Idempotency-Key the settle is written before the answer is stored and sent.
+        gate.clear()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/select", headers={**h, "Idempotency-Key": "i1"}, json=body, timeout=1)
+        gate.set()
+        deadline = time.time() + 10
+        while True:  # the first attempt finishes once its settle is written; until then a retry gets 409
+            r = httpx.post(url + "/v1/select", headers={**h, "Idempotency-Key": "i1"}, json=body, timeout=5)
+            if r.status_code != 409 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert r.status_code == 200 and r.headers.get("idempotent-replayed") == "true"
+        assert len(settled) == 3
+        assert r.json()["privacy"]["remaining"]["epsilon"] == pytest.approx(0.25)
+    rows = state.store.ledger_rows(key_id)
+    assert [row["action"] for row in rows].count("settle") == 3 and [row["action"] for row in rows].count("reserve") == 3
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] == pytest.approx(0.75) and t["reserved_epsilon"] == 0.0
+    assert state.store.snapshot(key_id)["spent_epsilon"] == pytest.approx(0.75)
+
+
+def test_a_failed_deferred_settle_leaves_the_reserved_cost_charged(tmp_path, reward_model):
+    """A settle that fails after the answer was sent (database error) is counted and leaves the
+    reservation open at its reserved cost; reconciliation then charges that cost (fail closed)."""
+    app = create_app(_cfg(tmp_path, reward_model))
+    state = app.state.service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+
+    def broken_settle(rid, cost, *, event=None):
+        raise RuntimeError("database gone")
+
+    state.store.settle = broken_settle
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
+                       json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}}, timeout=5)
+        assert r.status_code == 200 and r.json()["privacy"]["charged"] == 0.25
+        assert state.wait_settled(key_id, timeout=10)
+        assert metric(url, "privalign_settle_failures_total") == 1
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] == 0.0 and t["reserved_epsilon"] == pytest.approx(0.25)
+    assert state.store.reconcile_stale(older_than_s=0.0) == [r.json()["privacy"]["reservation_id"]]
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] == pytest.approx(0.25) and t["reserved_epsilon"] == 0.0

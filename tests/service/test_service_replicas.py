@@ -73,6 +73,9 @@ def test_two_replicas_on_postgres_never_overspend(tmp_path, reward_model, upstre
         codes = [c for r in ex.map(client_job, range(64)) for c in r]
     ok, refused = codes.count(200), codes.count(429)
     assert ok + refused == 128, sorted(set(codes))
+    # Settles are written after the answers; GET /v1/budget on each replica waits for its pending ones.
+    for base in (a.url, b.url):
+        assert httpx.get(base + "/v1/budget", headers={"Authorization": f"Bearer {tok}"}, timeout=30).status_code == 200
     store = SQLBudgetStore(engine)
     with engine.connect() as conn:
         derived = db.derive_totals(conn, key_id)
@@ -130,6 +133,112 @@ def _crash_and_restart(tmp_path, reward_model, database, engine, server_process)
         derived = db.derive_totals(conn, key_id)
     assert derived["spent_epsilon"] == 0.25 and derived["reserved_epsilon"] == 0.0
     assert store.snapshot(key_id)["spent_epsilon"] == 0.25
+
+
+def _crash_after_answer(tmp_path, reward_model, database, engine, server_process, hold_ledger):
+    """kill -9 after the answer was sent but before its deferred settle was written: the settle is held
+    back by a lock on the ledger (``hold_ledger``, taken while the reward model runs); the reservation
+    stays charged at its reserved cost and the restarted service reconciles it."""
+    marker = tmp_path / "scoring.marker"
+    scorer = {"target": "svc_components:sleepy_scorer", "path": str(reward_model), "sleep_s": 1.0, "marker": str(marker)}
+    cfg = _config(tmp_path, "after.toml", database, reward_model, scorer=scorer, timeout=2.0, reconcile=2.0)
+    key_id, tok = create_key(engine, budget_epsilon=1.0)
+    srv = server_process(cfg).start()
+    result: dict = {}
+
+    def call():
+        result["r"] = httpx.post(srv.url + "/v1/select", headers={"Authorization": f"Bearer {tok}"},
+                                 json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}}, timeout=30)
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.time() + 30
+    while not marker.exists():  # reserved; the reward model is running
+        assert time.time() < deadline, "scorer never started"
+        time.sleep(0.02)
+    with hold_ledger() as (before_kill, after_kill):
+        t.join(30)
+        r = result["r"]  # answered while the ledger is locked: the answer did not wait for the settle
+        assert r.status_code == 200 and r.json()["privacy"]["charged"] == 0.25
+        assert r.json()["privacy"]["remaining"]["epsilon"] == pytest.approx(0.75)
+        before_kill()
+        srv.kill9()
+        after_kill()
+    store = SQLBudgetStore(engine)
+    assert [row["action"] for row in store.ledger_rows(key_id)] == ["reserve"]
+    assert store.totals(key_id) == ((0.0, 0.0), (0.25, 0.0))  # charged while open (fail closed)
+    time.sleep(2.1)  # older than reconcile_after_s
+    server_process(cfg).start()  # restart reconciles at start-up
+    rows = store.ledger_rows(key_id)
+    assert [row["action"] for row in rows] == ["reconcile", "reserve"] and rows[0]["realized_epsilon"] == 0.25
+    assert rows[1]["reservation_id"] == r.json()["privacy"]["reservation_id"]
+    with engine.connect() as conn:
+        derived = db.derive_totals(conn, key_id)
+    assert derived["spent_epsilon"] == 0.25 and derived["reserved_epsilon"] == 0.0
+
+
+@pytest.mark.slow
+def test_kill_9_after_the_answer_before_the_settle_sqlite(tmp_path, reward_model, server_process):
+    import sqlite3
+    from contextlib import contextmanager
+
+    path = tmp_path / "after.db"
+    engine = db.make_engine(f"sqlite:///{path}")
+    db.create_schema(engine)
+
+    @contextmanager
+    def hold_ledger():
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")  # the database write lock: the settle's BEGIN IMMEDIATE waits
+        try:
+            yield (lambda: None), (lambda: None)
+        finally:
+            conn.rollback()
+            conn.close()
+
+    _crash_after_answer(tmp_path, reward_model, {"url": f"sqlite:///{path}"}, engine, server_process, hold_ledger)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_kill_9_after_the_answer_before_the_settle_postgres(tmp_path, reward_model, pg_schema, server_process):
+    from contextlib import contextmanager
+
+    url, schema = pg_schema
+    engine = db.make_engine(url, schema=schema)
+    db.create_schema(engine, schema=schema)
+
+    @contextmanager
+    def hold_ledger():
+        with engine.connect() as conn:
+            conn.exec_driver_sql("LOCK TABLE ledger IN EXCLUSIVE MODE")  # inserts wait; reads do not
+            blocked_sql = ("SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))")
+
+            pids: list[int] = []
+
+            def before_kill():  # the settle statement was sent after the answer and waits for the lock
+                deadline = time.time() + 10
+                while not pids:
+                    assert time.time() < deadline, "the settle never reached the database"
+                    time.sleep(0.05)
+                    pids.extend(p for (p,) in conn.exec_driver_sql(blocked_sql))
+
+            def after_kill():
+                # PostgreSQL would still commit the waiting statement once the lock is released, although
+                # its client is dead; terminating its backend makes the settle never commit, as when the
+                # process dies before sending it.
+                for pid in pids:
+                    conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
+
+            try:
+                yield before_kill, after_kill
+            finally:
+                conn.rollback()
+
+    try:
+        _crash_after_answer(tmp_path, reward_model, {"url": url, "schema": schema}, engine, server_process, hold_ledger)
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.slow

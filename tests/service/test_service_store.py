@@ -11,7 +11,7 @@ from sqlalchemy import event
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
 from privalign.service.keys import create_key, revoke_key
-from privalign.service.store import ActiveKeyCheckFailed, SQLBudgetStore, require_active_key
+from privalign.service.store import ActiveKeyCheckFailed, SQLBudgetStore, require_active_key, reserve_totals
 
 
 def _sqlite(tmp_path):
@@ -236,3 +236,45 @@ def test_reserve_requiring_an_active_key_sqlite(tmp_path):
 @pytest.mark.postgres
 def test_reserve_requiring_an_active_key_postgres(pg_schema):
     _active_key_checks(SQLBudgetStore(_pg(pg_schema)))
+
+
+def _reserve_totals(store: SQLBudgetStore) -> None:
+    """Every successful reservation (one-statement path, first reservation of a principal without a row,
+    the active-key path) publishes the principal's totals right after it, this reservation included,
+    equal to the committed row; a refusal publishes nothing."""
+    eng = store.engine
+    key, _ = create_key(eng, budget_epsilon=1.0)
+    r0 = store.try_reserve("fresh", (0.25, 1e-7), (1.0, 1e-6))  # no principal row yet: the locking path
+    assert reserve_totals.get() == pytest.approx(store.snapshot("fresh"))
+    assert reserve_totals.get()["reserved_epsilon"] == pytest.approx(0.25) and reserve_totals.get()["reserved_delta"] == pytest.approx(1e-7)
+    store.settle(r0, (0.125, 1e-7))
+    store.try_reserve("fresh", (0.5, 0.0), (1.0, 1e-6))
+    assert reserve_totals.get() == pytest.approx(store.snapshot("fresh"))
+    assert reserve_totals.get()["spent_epsilon"] == pytest.approx(0.125) and reserve_totals.get()["reserved_epsilon"] == pytest.approx(0.5)
+    r1 = store.try_reserve(key, (0.25, 0.0), (1.0, 0.0))
+    assert reserve_totals.get() == pytest.approx(store.snapshot(key)) and reserve_totals.get()["limit_epsilon"] == 1.0
+    token = require_active_key.set(True)
+    try:
+        store.try_reserve(key, (0.5, 0.0), (1.0, 0.0))
+        assert reserve_totals.get() == pytest.approx(store.snapshot(key)) and reserve_totals.get()["reserved_epsilon"] == pytest.approx(0.75)
+        with pytest.raises(ActiveKeyCheckFailed):
+            store.try_reserve(key, (0.5, 0.0), (1.0, 0.0))
+        assert reserve_totals.get() is None
+    finally:
+        require_active_key.reset(token)
+    store.try_reserve(key, (0.125, 0.0), (1.0, 0.0))
+    with pytest.raises(BudgetExhaustedError):
+        store.try_reserve(key, (0.5, 0.0), (1.0, 0.0))
+    assert reserve_totals.get() is None
+    store.settle(r1, (0.25, 0.0))
+    for p in ("fresh", key):
+        _check_derivable(store, p)
+
+
+def test_reserve_returns_the_totals_sqlite(tmp_path):
+    _reserve_totals(SQLBudgetStore(_sqlite(tmp_path)))
+
+
+@pytest.mark.postgres
+def test_reserve_returns_the_totals_postgres(pg_schema):
+    _reserve_totals(SQLBudgetStore(_pg(pg_schema)))

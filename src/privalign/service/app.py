@@ -16,12 +16,18 @@ Request flow (every selecting endpoint; the order is the privacy argument):
    private reward model was not touched) → 502.
 6. **score** with the private reward model, clip to ``[0, R_max]``.
 7. **select** with :class:`privalign.rng.SecureNoise`.
-8. **settle** the realized event (≤ reserved) → respond with one completion and the ``privacy`` block.
+8. **respond, then settle**: the filter checks the realized event (≤ reserved) and computes the charge;
+   the answer (one completion and the ``privacy`` block, whose ``remaining`` comes from the totals the
+   reserving statement returned) is sent, and the settle is written after it by a background task
+   (:meth:`ServiceState.settle_later`). With an ``Idempotency-Key`` the settle is written before the
+   answer is stored and sent.
 
 Fault rules: once step 6 has started, the reservation is never released: a timeout, an exception or a
-failed settle leaves it charged at the reserved cost (reconciled later; 500/503/504 with no selection). A
-database error at any step → 503 with no selection released. A process crash leaves the reservation
-open; :meth:`SQLBudgetStore.reconcile_stale` at start-up charges it at its reserved cost.
+failed settle leaves it charged at the reserved cost (reconciled later). Before the answer, such a
+failure answers 500/503/504 with no selection; a settle that fails after the answer was sent is counted
+(``privalign_settle_failures_total``). A database error before the answer → 503 with no selection
+released. A process crash leaves the reservation open; :meth:`SQLBudgetStore.reconcile_stale` at start-up
+charges it at its reserved cost.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ import hashlib
 import json
 import logging
 import math
+import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Literal
@@ -43,6 +51,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from privalign.errors import (
@@ -59,9 +68,9 @@ from privalign.service.metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from privalign.service.store import (
     ActiveKeyCheckFailed,
     SQLBudgetStore,
-    last_totals,
     ledger_event,
     require_active_key,
+    reserve_totals,
 )
 
 __all__ = ["create_app", "ServiceState"]
@@ -226,11 +235,12 @@ def _select(plan: _Plan, scores: np.ndarray, noise: Any) -> tuple[int, Any]:
 
 
 def _filter_for(key: KeyInfo, store: SQLBudgetStore) -> Any:
-    """A's filter for the key's accounting mode, with the key's granted budget (read at authentication;
+    """A filter for the key's accounting mode, with the key's granted budget (read at authentication;
     the store caps it again with the value under the row lock, so a concurrent top-up or a stale read can
-    only make a request more conservative)."""
+    only make a request more conservative). Its store is a :class:`_SettleCapture` over ``store``."""
     from privalign.accounting import filters as F
 
+    store = _SettleCapture(store)
     lim_a, lim_b = key.limit
     if key.accounting == "pure":
         return F.PureDPFilter(epsilon=lim_a, store=store)
@@ -245,6 +255,40 @@ def _remaining(key: KeyInfo, snap: dict[str, float]) -> dict[str, float]:
     if key.accounting == "zcdp":
         return {"rho": a, "delta": snap["limit_delta"]}
     return {"epsilon": a, "delta": b}
+
+
+def _remaining_after(key: KeyInfo, snap: dict[str, float], reserved: tuple[float, float], charged: tuple[float, float]) -> dict[str, float]:
+    """``remaining`` as of this request's reservation: the totals the reserving statement returned (this
+    reservation included), with this reservation settled at ``charged``. Concurrent requests of the same
+    key are counted as they stood when this one reserved."""
+    s = dict(snap)
+    s["spent_epsilon"] = snap["spent_epsilon"] + charged[0]
+    s["spent_delta"] = snap["spent_delta"] + charged[1]
+    s["reserved_epsilon"] = snap["reserved_epsilon"] - reserved[0]
+    s["reserved_delta"] = snap["reserved_delta"] - reserved[1]
+    return _remaining(key, s)
+
+
+class _SettleCapture:
+    """A ``BudgetStore`` proxy for one request's filter: reservations and cancellations go to the
+    database store; ``settle`` only records the cost the filter computed (after the filter's own checks),
+    so that the service can write it at once or after the answer (:meth:`ServiceState.settle_later`)."""
+
+    def __init__(self, store: SQLBudgetStore) -> None:
+        self.store = store
+        self.captured: tuple[str, tuple[float, float]] | None = None
+
+    def try_reserve(self, principal: str, cost: tuple[float, float], limit: tuple[float, float]) -> str:
+        return self.store.try_reserve(principal, cost, limit)
+
+    def settle(self, reservation_id: str, cost: tuple[float, float]) -> None:
+        self.captured = (reservation_id, (float(cost[0]), float(cost[1])))
+
+    def cancel(self, reservation_id: str) -> None:
+        self.store.cancel(reservation_id)
+
+    def totals(self, principal: str) -> tuple[tuple[float, float], tuple[float, float]]:
+        return self.store.totals(principal)
 
 
 def _reservation_id(res: Any) -> str:
@@ -277,7 +321,74 @@ class ServiceState:
         self.noise = SecureNoise()
         self.metrics = ServiceMetrics()
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="privalign-work")
+        # Deferred settles (settle_later): the worker threads are joined at interpreter exit, so the
+        # settles queued before a graceful shutdown are written. Not yet written: {key id: {reservation
+        # id: give-up time (monotonic)}}.
+        self.settler = ThreadPoolExecutor(max_workers=2, thread_name_prefix="privalign-settle")
+        self._pending: dict[str, dict[str, float]] = {}
+        self._pending_cv = threading.Condition()
         self.started = time.time()
+
+    def settle_later(self, key_id: str, reservation_id: str, cost: tuple[float, float], event: dict) -> Callable[[], Awaitable[None]]:
+        """Register the settle of an answer that is about to be sent. Returns a coroutine function that the
+        endpoint runs once the response has been sent (a Starlette background task, on the event loop); it
+        hands the settle to a worker thread of ``self.settler`` without waiting for it.
+
+        Until it commits, the reservation stays charged at its reserved cost (≥ the realized cost), so
+        every reservation decided meanwhile is at least as conservative. If it fails, if it never runs
+        (the request task is cancelled) or if the process dies first, the reservation stays open and
+        reconciliation charges its reserved cost (fail closed).
+        """
+        with self._pending_cv:
+            self._pending.setdefault(key_id, {})[reservation_id] = time.monotonic() + self.cfg.limits.request_timeout_s
+
+        async def after_response() -> None:
+            self.settler.submit(self._settle, key_id, reservation_id, cost, event)
+
+        return after_response
+
+    def _settle(self, key_id: str, reservation_id: str, cost: tuple[float, float], event: dict) -> None:
+        try:
+            self.store.settle(reservation_id, cost, event=event)
+        except ReservationError as exc:  # e.g. reconciled first: charged at the reserved cost
+            self.metrics.settle_failures.inc()
+            log.warning("deferred settle not written: %s", exc)
+        except Exception as exc:  # database error: the reservation stays charged, reconciled later
+            self.metrics.settle_failures.inc()
+            log.error("deferred settle failed: %s; the reservation stays charged at its reserved cost", type(exc).__name__)
+        finally:
+            with self._pending_cv:
+                mine = self._pending.get(key_id, {})
+                mine.pop(reservation_id, None)
+                if not mine:
+                    self._pending.pop(key_id, None)
+                self._pending_cv.notify_all()
+
+    def wait_settled(self, key_id: str | None = None, timeout: float | None = None) -> bool:
+        """Wait until this process has written the deferred settles of ``key_id`` (of every key if
+        ``None``) registered so far. A settle that has not run within ``limits.request_timeout_s`` of its
+        registration is given up (its reservation stays charged). Returns ``False`` on ``timeout``."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._pending_cv:
+            while True:
+                now = time.monotonic()
+                left = 0.0
+                for k in [key_id] if key_id is not None else list(self._pending):
+                    mine = self._pending.get(k, {})
+                    for rid, give_up in list(mine.items()):
+                        if give_up <= now:
+                            del mine[rid]  # never ran: reconciliation charges it
+                        else:
+                            left = max(left, give_up - now)
+                    if not mine:
+                        self._pending.pop(k, None)
+                if left == 0.0:
+                    return True
+                if end is not None:
+                    if end <= now:
+                        return False
+                    left = min(left, end - now)
+                self._pending_cv.wait(left)
 
     def reconcile(self) -> list[str]:
         done = self.store.reconcile_stale(older_than_s=self.cfg.privacy.reconcile_after_s)
@@ -368,8 +479,15 @@ def _run_selection(
     gen_kwargs: dict[str, Any],
     endpoint: str,
     reauth: Any = None,
-) -> tuple[int, str, dict]:
-    """Reserve → generate → score → select → settle. Returns (index, text, privacy block).
+    defer_settle: bool = False,
+) -> tuple[int, str, dict, Callable[[], Awaitable[None]] | None]:
+    """Reserve → generate → score → select → settle. Returns (index, text, privacy block, deferred settle).
+
+    ``defer_settle``: do not write the settle; return it (:meth:`ServiceState.settle_later`) for the
+    endpoint to run after the response has been sent. Otherwise the settle is written before returning
+    and the last element is ``None``. Either way the answer's ``remaining`` is computed from the totals
+    that the reserving statement returned (:data:`reserve_totals`), as if this request's settle had
+    directly followed its reservation.
 
     ``reauth``: ``None`` if ``key`` was authenticated from the database. Otherwise ``key`` comes from the
     :class:`KeyCache` (the secret matched a remembered hash; revocation and the current limit are
@@ -391,6 +509,7 @@ def _run_selection(
     charged_private = state.private and plan.method != "bon"
     if charged_private:
         ledger_event.set(plan.worst.to_dict())
+        reserve_totals.set(None)
         if reauth is not None:
             token = require_active_key.set(True)
             try:
@@ -411,8 +530,10 @@ def _run_selection(
             raise ApiError(429, "budget_exhausted", f"Privacy budget exhausted: {exc}", remaining=exc.remaining) from None
         except UnsupportedEventError as exc:
             raise ApiError(400, "invalid_request_error", f"Method {plan.method!r} is not supported by this key's {key.accounting!r} accounting: {exc}", param="privacy.method") from None
+    snap = None
     if res is not None:
         state.metrics.epsilon_reserved.labels(key.accounting).inc(float(res.cost[0]))  # the filter's cost of plan.worst
+        snap = reserve_totals.get()  # this key's totals right after this reservation
 
     # Generation: public inputs only. Failure releases the reservation.
     if candidates is None:
@@ -460,12 +581,21 @@ def _run_selection(
     if pad > 0:  # hide how long the private part took (up to pad_selection_s); see LIMITATIONS.md
         time.sleep(pad)
     block: dict[str, Any] = {"method": plan.method, "n": len(candidates), "accounting": key.accounting}
+    settle = None
     if res is not None:
-        ledger_event.set(realized.to_dict())
-        last_totals.set(None)
-        flt.settle(res, realized)  # a DB error here propagates → 503; the reservation stays charged
-        snap2 = last_totals.get() or state.store.snapshot(key.key_id) or {}
-        rc, wc = _cost_of(flt, realized, realized=True), float(res.cost[0])
+        # The filter checks realized ≤ reserved and computes the cost to charge; its store (_SettleCapture)
+        # records that cost instead of writing it.
+        flt.settle(res, realized)
+        rid, cost = flt.store.captured
+        if snap is None:  # pragma: no cover - SQLBudgetStore always sets reserve_totals
+            snap = state.store.snapshot(key.key_id) or {}  # read while this reservation is still open
+        remaining = _remaining_after(key, snap, res.cost, cost)
+        ev = realized.to_dict()
+        if defer_settle:
+            settle = (key.key_id, rid, cost, ev)
+        else:
+            state.store.settle(rid, cost, event=ev)  # a DB error here propagates → 503; the reservation stays charged
+        rc, wc = cost[0], float(res.cost[0])
         state.metrics.epsilon_charged.labels(key.accounting).inc(rc)
         block.update(
             {
@@ -476,7 +606,7 @@ def _run_selection(
                 "charged": rc,
                 "reserved": wc,
                 "charge_unit": "rho" if key.accounting == "zcdp" else "epsilon",
-                "remaining": _remaining(key, snap2),
+                "remaining": remaining,
                 "reservation_id": _reservation_id(res),
             }
         )
@@ -484,7 +614,13 @@ def _run_selection(
         # Non-private (bon, or the benchmark baseline): no guarantee, nothing charged; ε = ∞ is not JSON.
         block.update({"epsilon_requested": None, "epsilon_charged": None, "private": False, "guarantee": "none"})
     state.metrics.selections.labels(plan.method).inc()
-    return idx, candidates[idx], block
+    after = state.settle_later(*settle) if settle is not None else None
+    return idx, candidates[idx], block, after
+
+
+def _answer(body: dict, after: Callable[[], Awaitable[None]] | None) -> JSONResponse:
+    """The 200 answer; ``after`` (a deferred settle) runs once the response has been sent."""
+    return JSONResponse(body, background=None if after is None else BackgroundTask(after))
 
 
 def _eps_of(*, realized: bool, plan: _Plan, ev: Any) -> float:
@@ -493,11 +629,6 @@ def _eps_of(*, realized: bool, plan: _Plan, ev: Any) -> float:
         if v is not None:
             return float(v)
     return float(plan.epsilon)
-
-
-def _cost_of(flt: Any, ev: Any, *, realized: bool = False) -> float:
-    """First coordinate of the filter's cost for ``ev`` (ε, or ρ for zCDP)."""
-    return float(flt.cost(ev, realized=realized)[0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -643,7 +774,7 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
         plan, prompt, score_prompt, candidates, gen_kwargs, render = build()
         if not state.private:
             key = KeyInfo("baseline", "", "pure", 0.0, None)
-            idx, text, block = _run_selection(state, key, plan, prompt, score_prompt, candidates, gen_kwargs, endpoint)
+            idx, text, block, _ = _run_selection(state, key, plan, prompt, score_prompt, candidates, gen_kwargs, endpoint)
             return JSONResponse(render(idx, text, block))
         if not idem_key and plan.method != "bon":
             # A key this process has authenticated before: its secret is checked against the remembered
@@ -651,16 +782,18 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
             # trip fewer). Any doubt falls back to the database (see _run_selection).
             cached = state.key_cache.verify(_bearer(authorization))
             if cached is not None:
-                idx, text, block = _run_selection(state, cached, plan, prompt, score_prompt, candidates, gen_kwargs, endpoint,
-                                                  reauth=lambda: _auth(state, authorization))
-                return JSONResponse(render(idx, text, block))
+                idx, text, block, after = _run_selection(state, cached, plan, prompt, score_prompt, candidates, gen_kwargs,
+                                                         endpoint, reauth=lambda: _auth(state, authorization), defer_settle=True)
+                return _answer(render(idx, text, block), after)
         key = _auth(state, authorization)
         req_hash = hashlib.sha256((endpoint + "\n" + body.model_dump_json()).encode()).hexdigest() if idem_key else ""
         stored = _idem_begin(state, key, idem_key, req_hash)
         if stored is not None:
             return JSONResponse(stored[1], status_code=stored[0], headers={"Idempotent-Replayed": "true"})
         try:
-            idx, text, block = _run_selection(state, key, plan, prompt, score_prompt, candidates, gen_kwargs, endpoint)
+            # With an Idempotency-Key the settle is written before the answer is stored and sent.
+            idx, text, block, after = _run_selection(state, key, plan, prompt, score_prompt, candidates, gen_kwargs, endpoint,
+                                                     defer_settle=not idem_key)
         except ApiError as exc:
             # Errors before scoring charged nothing: allow a retry with the same key. Errors after
             # scoring keep the attempt pending (the retry is answered 409, never charged twice).
@@ -669,7 +802,7 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
             raise
         out = render(idx, text, block)
         _idem_finish(state, key, idem_key, 200, out, block.get("reservation_id"))
-        return JSONResponse(out)
+        return _answer(out, after)
 
     def _gen_kwargs(req: _OpenAIBase, chat: bool) -> dict[str, Any]:
         lim = cfg.limits
@@ -781,6 +914,9 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
     @app.get("/v1/budget", summary="The calling key's budget and its latest ledger rows")
     def budget(authorization: str | None = Header(None)) -> JSONResponse:
         key = _auth(state, authorization)
+        # This process's deferred settles of the key are written first (read-your-writes for its own
+        # answers; another replica's pending settles show as reserved until they commit).
+        state.wait_settled(key.key_id, timeout=cfg.limits.request_timeout_s)
         snap = state.store.snapshot(key.key_id) or {}
         rows = state.store.ledger_rows(key.key_id, limit=100)
         return JSONResponse(

@@ -31,6 +31,9 @@ class ServiceMetrics:
         self.selections = Counter("privalign_selections", "Private selections released", ["method"], registry=r)
         self.cancelled = Counter("privalign_reservations_cancelled", "Reservations released before scoring", registry=r)
         self.reconciled = Counter("privalign_reservations_reconciled", "Stale reservations charged at reserved cost", registry=r)
+        self.settle_failures = Counter(
+            "privalign_settle_failures", "Deferred settles not written (the reservation stays charged at its reserved cost)", registry=r
+        )
         self.db_errors = Counter("privalign_database_errors", "Requests answered 503 because the database failed", registry=r)
         self.latency = Histogram("privalign_request_latency_seconds", "Request latency", ["endpoint"], buckets=_BUCKETS, registry=r)
 

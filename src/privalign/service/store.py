@@ -13,7 +13,8 @@ Reserve-before-run and settle-after-run are single transactions:
   row (``ON CONFLICT DO NOTHING`` on the unique ``closes`` index) and updates the principal's totals from
   that row's ``RETURNING``, again in one statement. psycopg prepares each statement on its connection
   after a few executions. Under :data:`require_active_key` the reserving ``UPDATE`` also requires that the
-  principal is an API key that is not revoked (the service's key cache relies on it).
+  principal is an API key that is not revoked (the service's key cache relies on it). The reserving
+  statement returns the principal's totals after the reservation (:data:`reserve_totals`).
 * **SQLite**: every transaction starts with ``BEGIN IMMEDIATE`` (see :func:`privalign.service.db.make_engine`),
   so the read of the balance and the write of the reservation happen under one database write lock. SQLite
   runs in-process, so several statements per transaction cost no round trips.
@@ -51,7 +52,7 @@ from sqlalchemy.engine import Engine
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
 
-__all__ = ["SQLBudgetStore", "ledger_event", "last_totals", "require_active_key", "ActiveKeyCheckFailed"]
+__all__ = ["SQLBudgetStore", "ledger_event", "last_totals", "reserve_totals", "require_active_key", "ActiveKeyCheckFailed"]
 
 #: The event a caller (e.g. a filter invoked by the service) is reserving or settling; written on the
 #: ledger row when the protocol call itself carries no event. Set with ``ledger_event.set(dict)``.
@@ -60,6 +61,12 @@ ledger_event: contextvars.ContextVar[dict | None] = contextvars.ContextVar("priv
 #: The principal's totals row as committed by the last close (settle/cancel/reconcile) in this context,
 #: read back inside the same transaction (saves the service a round trip for the ``remaining`` field).
 last_totals: contextvars.ContextVar[dict | None] = contextvars.ContextVar("privalign_last_totals", default=None)
+
+#: The principal's totals row (limit, spent, reserved) right after the last successful
+#: :meth:`SQLBudgetStore.try_reserve` in this context, this reservation included, returned by the
+#: reserving statement itself (PostgreSQL) or read under the same write lock (SQLite). The service derives
+#: an answer's ``remaining`` budget from it without waiting for the settle.
+reserve_totals: contextvars.ContextVar[dict | None] = contextvars.ContextVar("privalign_reserve_totals", default=None)
 
 #: When true, :meth:`SQLBudgetStore.try_reserve` also requires, in the same statement (PostgreSQL) or
 #: transaction (SQLite) that reserves, that the principal is an API key that exists and is not revoked,
@@ -147,11 +154,12 @@ class SQLBudgetStore:
         "THEN LEAST(%(la)s, limit_epsilon) ELSE %(la)s END "
         "AND spent_delta + reserved_delta + %(b)s <= CASE WHEN limit_epsilon > 0 OR limit_delta > 0 "
         "THEN LEAST(%(lb)s, limit_delta) ELSE %(lb)s END "
-        "{active}RETURNING principal), "
+        "{active}RETURNING principal, limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta), "
         "l AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
         "reserved_delta, realized_epsilon, realized_delta, detail, closes) "
         "SELECT %(rid)s, principal, 'reserve', %(t)s, %(o)s, %(e)s, %(a)s, %(b)s, NULL, NULL, NULL, NULL FROM p RETURNING id) "
-        "SELECT set_config('synchronous_commit', %(sync)s, true) FROM l"
+        "SELECT p.limit_epsilon, p.limit_delta, p.spent_epsilon, p.spent_delta, p.reserved_epsilon, p.reserved_delta, "
+        "set_config('synchronous_commit', %(sync)s, true) FROM p, l"
     )
     _PG_RESERVE_SQL = {
         False: _PG_RESERVE.format(active=""),
@@ -285,7 +293,8 @@ class SQLBudgetStore:
         (a refusal, or the first reservation of a principal without a row) the decision is taken again
         in a second transaction under ``SELECT … FOR UPDATE`` (a few more round trips, only then). SQLite:
         one ``BEGIN IMMEDIATE`` transaction. When the store is ``durable``, the reservation is on disk when
-        this returns.
+        this returns. On success, :data:`reserve_totals` holds the principal's totals after the
+        reservation (read by the same statement or under the same lock); it is ``None`` after a failure.
 
         Args:
           principal: who pays (the API key id in the service).
@@ -315,9 +324,12 @@ class SQLBudgetStore:
         if self._pg:
             params = {"p": principal, "a": ca, "b": cb, "la": la, "lb": lb, "rid": rid, "t": db.now(), "o": self.owner,
                       "e": ev, "sync": "on" if self.durable else "off"}
+            reserve_totals.set(None)
             with self._tx() as cur:
                 cur.execute(self._PG_RESERVE_SQL[active], params)
-                if cur.fetchone() is not None:
+                done = cur.fetchone()
+                if done is not None:
+                    reserve_totals.set(dict(zip(self._TOTALS, done[:6])))
                     return rid
                 if active:
                     raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
@@ -330,7 +342,9 @@ class SQLBudgetStore:
                         raise refusal
                     self._insert_reserve(cur, principal, rid, ca, cb, ev)
                     cur.execute("SELECT set_config('synchronous_commit', %(s)s, true)", {"s": params["sync"]})
+            reserve_totals.set(self._after_reserve(row, ca, cb))
             return rid
+        reserve_totals.set(None)
         with self._tx(durable=self.durable) as cur:
             if active:
                 key = self._one(cur, "key", {"p": principal})
@@ -343,7 +357,17 @@ class SQLBudgetStore:
                 if refusal is not None:
                     raise refusal
             self._insert_reserve(cur, principal, rid, ca, cb, ev)
+        reserve_totals.set(self._after_reserve(row, ca, cb))
         return rid
+
+    @staticmethod
+    def _after_reserve(row: dict, ca: float, cb: float) -> dict:
+        """The totals row read under the lock before the reservation, with the reservation added (as the
+        ``add_reserved`` statement computes it)."""
+        out = dict(row)
+        out["reserved_epsilon"] = row["reserved_epsilon"] + ca
+        out["reserved_delta"] = row["reserved_delta"] + cb
+        return out
 
     def _insert_reserve(self, cur: Any, principal: str, rid: str, ca: float, cb: float, ev: str | None) -> None:
         """The reserve's ledger row and the matching change of the cached totals (caller holds the lock)."""
