@@ -11,6 +11,7 @@ from privalign._validation import check_real
 from privalign.accounting.events import NoisyArgmaxEvent, NonPrivateEvent, PrivacyEvent
 from privalign.alignment.base import BatchSelection, Selection, SelectionLaw, scores_matrix, scores_vector
 from privalign.alignment.laws import softmax_law
+from privalign.mechanisms._common import gumbel_epsilon, gumbel_scale
 
 __all__ = ["PrivBoN"]
 
@@ -59,14 +60,14 @@ class PrivBoN:
 
     @property
     def scale(self) -> float:
-        """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)``."""
-        s = 0.0 if math.isinf(self.epsilon) else 2.0 * self.sensitivity / self.epsilon
+        """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)`` (2Δ/ε rounded up to the next float if needed)."""
+        s = 0.0 if math.isinf(self.epsilon) else gumbel_scale(self.sensitivity, self.epsilon)
         return max(s, self.sigma_reg or 0.0)
 
     @property
     def epsilon_effective(self) -> float:
-        """``2Δ/σ`` (≤ the requested ε; ∞ when σ = 0)."""
-        return math.inf if self.scale == 0.0 else 2.0 * self.sensitivity / self.scale
+        """``2Δ/σ`` rounded up (≤ the requested ε; ∞ when σ = 0): the ε that is charged."""
+        return math.inf if self.scale == 0.0 else gumbel_epsilon(self.sensitivity, self.scale)
 
     @property
     def event(self) -> PrivacyEvent:

@@ -10,7 +10,32 @@ import numpy as np
 from privalign._validation import check_choice, check_finite_matrix, check_finite_vector, check_real
 from privalign.accounting.events import RELATIONS, UNITS
 
-__all__ = ["check_epsilon", "check_sensitivity", "check_unit_relation", "check_scores"]
+__all__ = ["check_epsilon", "check_sensitivity", "check_unit_relation", "check_scores", "gumbel_scale", "gumbel_epsilon"]
+
+
+def _div_up(num: float, den: float) -> float:
+    """The smallest float ``q`` with ``q·den ≥ num`` in exact arithmetic (num, den > 0 finite).
+
+    IEEE division rounds to nearest, so ``num / den`` can be half an ulp *below* the real quotient; for a
+    noise scale or a charged ε that would be the non-conservative side.
+    """
+    from fractions import Fraction
+
+    q = num / den
+    if Fraction(q) * Fraction(den) < Fraction(num):
+        q = math.nextafter(q, math.inf)
+    return q
+
+
+def gumbel_scale(sensitivity: float, epsilon: float) -> float:
+    """The exponential mechanism's Gumbel scale 2Δ/ε, rounded up (never below the real 2Δ/ε): the scale
+    actually used then gives a privacy loss of at most ε, not ε plus a rounding error."""
+    return _div_up(2.0 * sensitivity, epsilon)
+
+
+def gumbel_epsilon(sensitivity: float, scale: float) -> float:
+    """The ε of Gumbel noise of a given scale, 2Δ/σ, rounded up (what an accountant must be charged)."""
+    return _div_up(2.0 * sensitivity, scale)
 
 
 def check_epsilon(value: Any, name: str = "epsilon", *, allow_inf: bool = False) -> float:

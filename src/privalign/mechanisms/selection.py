@@ -22,7 +22,13 @@ from privalign.accounting.events import (
     SelfComposedEvent,
 )
 from privalign.errors import PrivacyParameterError, PrivacyWarning
-from privalign.mechanisms._common import check_epsilon, check_scores, check_sensitivity, check_unit_relation
+from privalign.mechanisms._common import (
+    check_epsilon,
+    check_scores,
+    check_sensitivity,
+    check_unit_relation,
+    gumbel_scale,
+)
 from privalign.rng import NoiseSource, as_noise_source
 
 __all__ = ["NoisyArgmax", "NoisyTopK", "Peeling", "softmax"]
@@ -95,8 +101,8 @@ class NoisyArgmax:
 
     @property
     def scale(self) -> float:
-        """The Gumbel scale 2Δ/ε (0 at ε = ∞)."""
-        return 2.0 * self.sensitivity / self.epsilon
+        """The Gumbel scale 2Δ/ε, rounded up to the next float if needed (0 at ε = ∞)."""
+        return 0.0 if math.isinf(self.epsilon) else gumbel_scale(self.sensitivity, self.epsilon)
 
     @property
     def event(self) -> PrivacyEvent:
@@ -176,8 +182,8 @@ class NoisyTopK:
 
     @property
     def scale(self) -> float:
-        """The Gumbel scale 2Δ/ε."""
-        return 2.0 * self.sensitivity / self.epsilon
+        """The Gumbel scale 2Δ/ε, rounded up to the next float if needed."""
+        return gumbel_scale(self.sensitivity, self.epsilon)
 
     @property
     def event(self) -> SelfComposedEvent:
