@@ -281,9 +281,11 @@ def _iht_loop(
     Dense input goes through :func:`fused_btl_gradient` (one pass over the batch per iteration).
     ``pending_bound`` (from :func:`_check_common`) makes the first pass over each row also check it; a
     violation raises the standard :func:`~privalign.estimation.base.check_features` error, so nothing
-    computed from unchecked data is ever returned. Disjoint batches see every row exactly once; the full
-    variant checks all rows in iteration 0; rows no iteration visits are checked after the loop.
+    computed from unchecked data is ever returned. Disjoint batches (one per iteration, partitioning the
+    rows) see every row exactly once; the full variant checks all rows in iteration 0.
     """
+    if batches is not None and len(batches) != n_iter:  # every row must be read (and so checked) once
+        raise PrivacyParameterError(f"{len(batches)} batches for {n_iter} iterations: they must be equal.")
     d = X.shape[1]
     dense = not _is_sparse(X)
     theta = np.zeros(d)
@@ -309,8 +311,6 @@ def _iht_loop(
             m = Xb.shape[0]
             del Xb  # free a copied batch before the next one is gathered
         theta = project_l2(threshold(v, m), radius)
-    if pending_bound is not None and (n_iter == 0 or (batches is not None and n_iter < len(batches))):
-        check_features(X, "X", feature_bound=pending_bound)  # rows no iteration read are still checked
     return theta
 
 

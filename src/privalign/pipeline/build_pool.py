@@ -47,6 +47,7 @@ __all__ = [
     "git_info",
     "work_path",
     "manifest_path",
+    "write_manifest",
 ]
 
 SCORER_NAMES = ("vader", "vader-compound", "profanity", "clean", "gsm8k", "mmlu", "math", "none")
@@ -159,6 +160,32 @@ def sanitize_text(text: str, max_chars: int) -> tuple[str, dict[str, int]]:
     return text, flags
 
 
+def score_texts(
+    texts: Sequence[str], prompt: str, gt_answer: Any, proxy, true, prompt_index: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Proxy and true rewards of one prompt's texts (``None`` for an absent scorer); non-finite → error."""
+    ctx = [{"prompt": prompt, "gt_answer": gt_answer}] * len(texts)
+    pr = None if proxy is None else np.asarray(proxy.score(texts, contexts=ctx), dtype=float)
+    tr = None if true is None else np.asarray(true.score(texts, contexts=ctx), dtype=float)
+    for name, arr in (("proxy", pr), ("true", tr)):
+        if arr is not None and not np.all(np.isfinite(arr)):
+            raise DataFormatError(f"prompt {prompt_index}: the {name} scorer returned a non-finite reward")
+    return pr, tr
+
+
+def reward_fields(text: str, proxy_reward: float | None, true_reward: float | None, true) -> dict[str, Any]:
+    """The reward fields of one scored response (verifiers also give ``predicted_answer``/``is_correct``)."""
+    r: dict[str, Any] = {}
+    if proxy_reward is not None:
+        r["proxy_reward"] = float(proxy_reward)
+    if true_reward is not None:
+        r["true_reward"] = float(true_reward)
+        if hasattr(true, "predict"):
+            r["predicted_answer"] = true.predict(text)
+            r["is_correct"] = bool(true_reward >= 0.5)
+    return r
+
+
 def score_prompt(
     example: Example, prompt_index: int, completions: Sequence[Any], proxy, true, max_chars: int
 ) -> tuple[dict[str, Any], dict[str, int]]:
@@ -171,21 +198,10 @@ def score_prompt(
             counts[k] += v
         counts["hit_max_new_tokens"] += int(c.finish_reason == "length")
         texts.append(t)
-    ctx = [{"prompt": example.prompt, "gt_answer": example.gt_answer}] * len(texts)
-    pr = proxy.score(texts, contexts=ctx) if proxy is not None else np.zeros(len(texts))
-    tr = true.score(texts, contexts=ctx) if true is not None else None
-    if not np.all(np.isfinite(pr)) or (tr is not None and not np.all(np.isfinite(tr))):
-        raise DataFormatError(f"prompt {prompt_index}: a scorer returned a non-finite reward")
-    is_verifier = true is not None and hasattr(true, "predict")
-    responses = []
-    for j, t in enumerate(texts):
-        r: dict[str, Any] = {"text": t, "proxy_reward": float(pr[j])}
-        if tr is not None:
-            r["true_reward"] = float(tr[j])
-        if is_verifier:
-            r["predicted_answer"] = true.predict(t)
-            r["is_correct"] = bool(tr[j] >= 0.5)
-        responses.append(r)
+    pr, tr = score_texts(texts, example.prompt, example.gt_answer, proxy, true, prompt_index)
+    if pr is None:
+        pr = np.zeros(len(texts))
+    responses = [{"text": t, **reward_fields(t, pr[j], None if tr is None else tr[j], true)} for j, t in enumerate(texts)]
     rec: dict[str, Any] = {"prompt": example.prompt, "responses": responses}
     if example.choices:
         rec["choices"] = list(example.choices)
@@ -291,6 +307,15 @@ def git_info() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         sha, dirty = None, None
     return {"commit": sha, "dirty": dirty}
+
+
+def write_manifest(pool: Path, manifest: dict[str, Any]) -> Path:
+    """Write ``manifest`` next to ``pool`` (:func:`manifest_path`) atomically (temp file + rename)."""
+    mpath = manifest_path(Path(pool))
+    tmp = mpath.with_name("." + mpath.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, mpath)
+    return mpath
 
 
 def _versions() -> dict[str, str | None]:
@@ -400,10 +425,7 @@ def build_pool(
         "git": git_info(),
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    mpath = manifest_path(out)
-    tmp = mpath.with_name("." + mpath.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, mpath)
+    write_manifest(out, manifest)
     if not keep_work:
         wpath.unlink(missing_ok=True)
     return manifest

@@ -68,21 +68,32 @@ def _vader_accuracy(texts: list[str], labels: np.ndarray) -> float:
     return float(((v > 0).astype(int) == labels).mean())
 
 
+def _fit_ngram(texts: list[str], labels: np.ndarray, fit_idx: np.ndarray, *, C: float, n_features: int,
+               random_state: int, purpose: str) -> tuple[Any, Any, float]:
+    """Logistic regression on binary hashed word 1–2-grams of ``texts[fit_idx]``: ``(feature map, model,
+    held-out accuracy on the prompt part)``."""
+    sk = require("sklearn.linear_model", purpose=purpose)
+    from privalign.data.datasets import imdb_split
+    from privalign.estimation.features import HashedNgramFeatures
+
+    check_real(C, "C", low=0.0, closed="neither")
+    prompt_idx, _ = imdb_split()
+    fm = HashedNgramFeatures(n_features=n_features, ngram_range=(1, 2))
+    clf = sk.LogisticRegression(C=C, max_iter=2000, random_state=random_state)
+    clf.fit(fm.transform([texts[i] for i in fit_idx]), labels[fit_idx])
+    acc = float((clf.predict(fm.transform([texts[i] for i in prompt_idx])) == labels[prompt_idx]).mean())
+    return fm, clf, acc
+
+
 def fit_imdb_gold(out: str | os.PathLike, *, C: float = 4.0, n_features: int = 2**18, random_state: int = 0) -> dict[str, Any]:
     """Fit and save the n-gram gold model (``LinearRewardScorer`` JSON, sigmoid link); returns its metadata."""
-    sk = require("sklearn.linear_model", purpose="fitting the IMDb gold reward")
     from privalign.data.datasets import imdb_split, load_imdb
-    from privalign.estimation.features import HashedNgramFeatures
     from privalign.models.scorers import LinearRewardScorer
 
     texts, labels = load_imdb()
     prompt_idx, fit_idx = imdb_split()
-    fm = HashedNgramFeatures(n_features=n_features, ngram_range=(1, 2))
-    X_fit = fm.transform([texts[i] for i in fit_idx])
-    X_ho = fm.transform([texts[i] for i in prompt_idx])
-    clf = sk.LogisticRegression(C=C, max_iter=2000, random_state=random_state)
-    clf.fit(X_fit, labels[fit_idx])
-    acc_ho = float((clf.predict(X_ho) == labels[prompt_idx]).mean())
+    fm, clf, acc_ho = _fit_ngram(texts, labels, fit_idx, C=C, n_features=n_features, random_state=random_state,
+                                 purpose="fitting the IMDb gold reward")
     meta = {
         "what": "IMDb gold reward: P(positive review | text), logistic regression on binary hashed word 1-2-grams",
         "fit_reviews": int(len(fit_idx)),
@@ -160,24 +171,18 @@ def fit_imdb_proxy(
     out: str | os.PathLike, *, n_proxy_reviews: int = 200, C: float = 1.0, n_features: int = 2**18, random_state: int = 0
 ) -> dict[str, Any]:
     """Fit and save a weak proxy: the n-gram logistic model on only the proxy-part reviews."""
-    sk = require("sklearn.linear_model", purpose="fitting the IMDb proxy reward")
     from privalign.data.datasets import imdb_split, load_imdb
-    from privalign.estimation.features import HashedNgramFeatures
     from privalign.models.scorers import LinearRewardScorer
 
-    check_real(C, "C", low=0.0, closed="neither")
     texts, labels = load_imdb()
-    prompt_idx, _ = imdb_split()
     proxy_idx, _ = imdb_reward_split(n_proxy_reviews)
-    fm = HashedNgramFeatures(n_features=n_features, ngram_range=(1, 2))
-    clf = sk.LogisticRegression(C=C, max_iter=2000, random_state=random_state)
-    clf.fit(fm.transform([texts[i] for i in proxy_idx]), labels[proxy_idx])
-    acc_ho = float((clf.predict(fm.transform([texts[i] for i in prompt_idx])) == labels[prompt_idx]).mean())
+    fm, clf, acc_ho = _fit_ngram(texts, labels, proxy_idx, C=C, n_features=n_features, random_state=random_state,
+                                 purpose="fitting the IMDb proxy reward")
     meta = {
         "what": f"IMDb weak proxy reward: logistic regression on hashed word 1-2-grams of only {len(proxy_idx)} reviews",
         "fit_reviews": int(len(proxy_idx)),
         "fit_part": f"proxy part of imdb_reward_split(n_proxy_reviews={n_proxy_reviews})",
-        "heldout_reviews": int(len(prompt_idx)),
+        "heldout_reviews": int(len(imdb_split()[0])),
         "heldout_accuracy": acc_ho,
         "C": C,
         "sklearn": require("sklearn").__version__,

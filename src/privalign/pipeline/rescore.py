@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from privalign.errors import DataFormatError, PrivacyParameterError
+from privalign.errors import PrivacyParameterError
 
 __all__ = ["rescore_pool"]
 
@@ -57,6 +55,9 @@ def rescore_pool(
         git_info,
         make_scorer,
         manifest_path,
+        reward_fields,
+        score_texts,
+        write_manifest,
     )
 
     src, out = Path(pool), Path(out)
@@ -79,24 +80,12 @@ def rescore_pool(
     new = []
     for i, rec in enumerate(tqdm(records, desc="rescore-pool", unit="prompt", disable=not progress)):
         texts = [r.text for r in rec.responses]
-        ctx = [{"prompt": rec.prompt, "gt_answer": rec.gt_answer}] * len(texts)
-        pr = np.asarray(proxy.score(texts, contexts=ctx), dtype=float) if proxy is not None else None
-        tr = np.asarray(true.score(texts, contexts=ctx), dtype=float) if true is not None else None
-        for name, arr in (("proxy_reward", pr), ("true_reward", tr)):
-            if arr is not None and not np.all(np.isfinite(arr)):
-                raise DataFormatError(f"prompt {i}: the {name} scorer returned a non-finite reward; nothing was written")
+        pr, tr = score_texts(texts, rec.prompt, rec.gt_answer, proxy, true, i)
         resp = []
         for j, r in enumerate(rec.responses):
-            upd: dict[str, Any] = {}
-            if pr is not None:
-                upd["proxy_reward"] = float(pr[j])
-            if tr is not None:
-                upd["true_reward"] = float(tr[j])
-                if hasattr(true, "predict"):
-                    upd["predicted_answer"] = true.predict(r.text)
-                    upd["is_correct"] = bool(tr[j] >= 0.5)
-                else:
-                    upd["predicted_answer"], upd["is_correct"] = None, None
+            upd = reward_fields(r.text, None if pr is None else pr[j], None if tr is None else tr[j], true)
+            if tr is not None and not hasattr(true, "predict"):
+                upd["predicted_answer"], upd["is_correct"] = None, None  # a verifier's fields do not survive
             resp.append(dataclasses.replace(r, **upd))
         new.append(dataclasses.replace(rec, responses=tuple(resp)))
     src_manifest_path = manifest_path(src)
@@ -126,8 +115,5 @@ def rescore_pool(
         "git": git_info(),
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    mpath = manifest_path(out)
-    tmp = mpath.with_name("." + mpath.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, mpath)
+    write_manifest(out, manifest)
     return manifest
