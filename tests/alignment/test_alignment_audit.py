@@ -114,3 +114,46 @@ def test_privitp_fallback_audit_catches_k8(rng):
     l2 = float(ell2(lam, width=m.width(lam), r_max=1, sensitivity=1, sigma_z=0.5))
     assert l1 > l2 and claim[2] == pytest.approx(n * l1)
     assert lb[n] > (n - 1) * l1 + l2, (lb, (n - 1) * l1 + l2)  # the K8 fallback charge is refuted
+
+
+@pytest.mark.statistical
+def test_privitp_phase1_audit_on_tied_neighbours(rng, monkeypatch):
+    """Issue 11: phase 1 on tie-heavy neighbours, with the pre-fix normaliser as the negative control.
+
+    Pool A = (0.99, 0.79, 0.89) vs every score lowered by Δ = 0.01, β = 0.1: the exact roots are 0.79 (a
+    score: the root sits on a tie) and 0.78, so λ̂ moves by exactly Δ, the Gaussian mechanism's worst case.
+    The pre-fix solver returns 0.69 on the first pool (one-ulp miss, last interval forced) and 0.78 on the
+    second: it moves by 9Δ, which the audit must catch. Event form ``P[λ̃(D) ∈ E] − e^ε·P[λ̃(D′) ∈ E] ≤ δ``
+    for the events {λ̃ > c}, {λ̃ ≤ c} with thresholds fixed a priori, both directions; Clopper–Pearson with
+    Bonferroni over every interval; false-positive probability of the first assertion ≤ ALPHA.
+    """
+    import privalign.alignment.priv_itp as priv_itp_module
+    from privalign.audit.broken import broken_solve_normalizer
+
+    draws, delta, sx, d = 100_000, 1e-6, 0.01, 0.01
+    a = np.array([0.99, 0.79, 0.89])
+    a_prime = a - d
+    thresholds = np.array([0.70, 0.735, 0.76, 0.775, 0.78, 0.785, 0.79, 0.80])
+
+    def lambda_tilde(m, pool):
+        b = np.full((draws, 2), 0.5)
+        return m.select_batch(np.tile(pool, (draws, 1)), rng=rng, pool_b_scores=b).diagnostics["lambda_tilde"]
+
+    def refuted(m, eps):
+        x, y = lambda_tilde(m, a), lambda_tilde(m, a_prime)
+        k = 4 * thresholds.size  # 2 event types × 2 directions × thresholds
+        found = False
+        for u, v in ((x, y), (y, x)):
+            for above in (True, False):
+                cu = np.array([((u > c) if above else (u <= c)).sum() for c in thresholds])
+                cv = np.array([((v > c) if above else (v <= c)).sum() for c in thresholds])
+                p_lo, _ = clopper_pearson(cu, draws, ALPHA / k)
+                _, q_hi = clopper_pearson(cv, draws, ALPHA / k)
+                found |= bool(np.any(p_lo - math.exp(eps) * q_hi > delta))
+        return found
+
+    m = PrivITP(0.1, sigma_x=sx, sigma_z=0.5, sensitivity=d, delta=delta)
+    assert m.accountant.epsilon1 < 10.0
+    assert not refuted(m, m.accountant.epsilon1)
+    monkeypatch.setattr(priv_itp_module, "solve_normalizer", broken_solve_normalizer)
+    assert refuted(m, m.accountant.epsilon1)  # the pre-fix normaliser is caught

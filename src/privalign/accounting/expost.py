@@ -46,6 +46,8 @@ __all__ = [
     "phase2_worst_case",
     "phase1_epsilon",
     "phase1_rho",
+    "phase1_sensitivity",
+    "NORMALIZER_CERTIFICATE_REL",
     "PrivITPAccountant",
     "calibrate_privitp_sigma",
 ]
@@ -228,6 +230,23 @@ def phase2_worst_case(n: int, *, beta: float, r_max: float, sensitivity: float, 
     return upper * (1.0 + _FP_REL) + _FP_ABS * (n + 1), arg
 
 
+#: Relative width of the normaliser's certificate (``privalign.alignment.normalizer``): for scores in
+#: ``[0, R_max]`` the computed λ̂ is within ``τ = NORMALIZER_CERTIFICATE_REL·(R_max + β)`` of the exact root.
+NORMALIZER_CERTIFICATE_REL = 2.0**-40
+
+
+def phase1_sensitivity(sensitivity: float, r_max: float, beta: float) -> float:
+    """The ℓ∞ sensitivity of the *computed* λ̂: ``Δ + 2τ`` with ``τ = 2⁻⁴⁰·(R_max + β)``.
+
+    The exact root is 1-Lipschitz (``docs/privacy/privitp.md``); the floating-point solver is certified
+    within τ of it on every input in ``[0, R_max]``, so two neighbours' computed roots differ by at most
+    ``Δ + 2τ``. The slack is added (rounded up) so that the phase-1 accounting never relies on exact
+    arithmetic.
+    """
+    tau = NORMALIZER_CERTIFICATE_REL * (float(r_max) + float(beta))
+    return float(np.nextafter(float(sensitivity) + 2.0 * tau, np.inf))
+
+
 def phase1_rho(sensitivity: float, sigma_x: float) -> float:
     """ρ1 = Δ²/(2σ_X²): zCDP of the Gaussian on λ̂ (Bun & Steinke 2016, arXiv 1605.02065v1, Prop. 1.6)."""
     return sensitivity**2 / (2.0 * sigma_x**2)
@@ -262,12 +281,17 @@ class PrivITPAccountant:
     delta: float
 
     @property
+    def phase1_sensitivity(self) -> float:
+        """Δ + 2τ: the sensitivity of the computed λ̂ (see :func:`phase1_sensitivity`)."""
+        return phase1_sensitivity(self.sensitivity, self.r_max, self.beta)
+
+    @property
     def epsilon1(self) -> float:
-        return phase1_epsilon(self.sensitivity, self.sigma_x, self.delta)
+        return phase1_epsilon(self.phase1_sensitivity, self.sigma_x, self.delta)
 
     @property
     def rho1(self) -> float:
-        return phase1_rho(self.sensitivity, self.sigma_x)
+        return phase1_rho(self.phase1_sensitivity, self.sigma_x)
 
     def width(self, lam_tilde: ArrayLike) -> np.ndarray:
         return self.r_max + self.sigma_z * self.L - np.asarray(lam_tilde, dtype=np.float64)

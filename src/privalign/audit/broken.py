@@ -9,6 +9,10 @@ audit that cannot tell them apart is useless (style.md §8, "mandatory negative 
 * ``randomized_response``: ``wrong_flip`` (flip probability 1/(1+e^{2ε}) instead of 1/(1+e^ε));
 * ``peeling``: ``sqrt_scale`` (``2λ·sqrt(3s·log(1/δ)/ε)``, i.e. ``sqrt(·/ε)`` instead of ``·/ε``; less noise
   than claimed when ε < 1; seen in public code, spec-reward-estimation §12).
+
+And one broken *function*: :func:`broken_solve_normalizer`, PrivITP's phase-1 normaliser as shipped up to
+commit 96b6291 (wrong roots at ties, so not 1-Lipschitz): the negative control of the normaliser's property
+tests and of the phase-1 audit on tie-heavy neighbours.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from privalign.mechanisms._common import check_scores
 from privalign.mechanisms.selection import _peel
 from privalign.rng import as_noise_source
 
-__all__ = ["BROKEN_VARIANTS", "broken_mechanism"]
+__all__ = ["BROKEN_VARIANTS", "broken_mechanism", "broken_solve_normalizer"]
 
 BROKEN_VARIANTS: dict[str, tuple[str, ...]] = {
     "noisy_argmax": ("half_scale", "sensitivity_ignored"),
@@ -157,3 +161,25 @@ def broken_mechanism(correct: Any, variant: str) -> Any:
     raise PrivacyParameterError(
         f"The 'variant' parameter must be one of {BROKEN_VARIANTS} for {type(correct).__name__}. Got {variant!r} instead."
     )
+
+
+def broken_solve_normalizer(scores: Any, beta: float) -> np.ndarray | float:
+    """The pre-fix sort-and-scan normaliser (commits up to 96b6291). **Wrong at ties; never use it.**
+
+    It tests ``s_{k−1} ≤ λ_k < s_k`` in floating point and, when no interval passes (a root that coincides
+    with a score fails its true interval by one ulp), forces the last interval ``k = n − 1``:
+    ``broken_solve_normalizer([1.0, 0.8, 0.9], 0.1) == 0.7`` where the root is 0.8.
+    """
+    r = np.asarray(scores, dtype=np.float64)
+    one_d = r.ndim == 1
+    if one_d:
+        r = r[None, :]
+    n = r.shape[1]
+    s = np.sort(r, axis=1)
+    suffix = np.cumsum(s[:, ::-1], axis=1)[:, ::-1]
+    lam = (suffix - n * beta) / (n - np.arange(n))
+    prev = np.concatenate([np.full((s.shape[0], 1), -np.inf), s[:, :-1]], axis=1)
+    valid = (prev <= lam) & (lam < s)
+    valid[:, -1] = True  # BUG: the "floating-point guard" that turns a one-ulp miss into a wrong interval
+    out = lam[np.arange(s.shape[0]), np.argmax(valid, axis=1)]
+    return float(out[0]) if one_d else out
