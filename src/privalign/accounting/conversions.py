@@ -82,7 +82,7 @@ def zcdp_to_approx_dp_bun_steinke(rho: float, delta: float) -> float:
         return math.inf
     if rho == 0.0:
         return 0.0
-    return round_up(rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta)), 4)
+    return round_up(rho + 2.0 * math.sqrt(rho * -math.log(delta)), 4)
 
 
 def _cks_epsilon_at(alpha: float, rho: float, log_delta: float) -> float:

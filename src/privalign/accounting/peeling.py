@@ -59,7 +59,10 @@ def advanced_composition_epsilon(epsilon0: float, count: int, delta: float) -> f
     delta = check_real(delta, "delta", low=0.0, high=1.0, closed="neither")
     if count == 0:
         return 0.0
-    return round_up(epsilon0 * math.sqrt(2.0 * count * math.log(1.0 / delta)) + count * epsilon0 * math.expm1(epsilon0), 4)
+    if epsilon0 > 700.0:  # e^{ε0} overflows: the bound is infinite (conservative), not an OverflowError
+        return math.inf
+    # -log(δ), not log(1/δ): 1/δ rounds, and for δ near 1 the relative error of log(1/δ) is large
+    return round_up(epsilon0 * math.sqrt(2.0 * count * -math.log(delta)) + count * epsilon0 * math.expm1(epsilon0), 4)
 
 
 def peeling_epsilon_parts(
@@ -130,7 +133,7 @@ def cwz_noise_multiplier(sparsity: int, epsilon: float, delta: float) -> float:
     s = check_int(sparsity, "sparsity", low=1)
     epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither")
     delta = check_real(delta, "delta", low=0.0, high=1.0, closed="neither")
-    return 2.0 * math.sqrt(3.0 * s * math.log(1.0 / delta)) / epsilon
+    return 2.0 * math.sqrt(3.0 * s * -math.log(delta)) / epsilon
 
 
 def calibrate_peeling(sparsity: int, epsilon: float, delta: float) -> float:

@@ -79,7 +79,8 @@ def clopper_pearson(k: Any, n: Any, alpha: float) -> tuple[np.ndarray, np.ndarra
     """Two-sided exact (Clopper–Pearson) interval for a binomial proportion, coverage ≥ 1 − α.
 
     Each tail gets α/2: ``lo = Beta(α/2; k, n−k+1)``, ``hi = Beta(1−α/2; k+1, n−k)`` (0 and 1 at the
-    edges). Vectorized over ``k`` and ``n``.
+    edges; the upper end via the inverse survival function, so a tiny α/2 is not lost to rounding in 1 − α/2).
+    Vectorized over ``k`` and ``n``.
 
     Args:
       k: Successes (0 ≤ k ≤ n).
@@ -96,7 +97,7 @@ def clopper_pearson(k: Any, n: Any, alpha: float) -> tuple[np.ndarray, np.ndarra
         raise PrivacyParameterError(f"clopper_pearson needs 0 ≤ k ≤ n and n ≥ 1. Got k={k!r}, n={n!r} instead.")
     with np.errstate(invalid="ignore"):
         lo = np.where(k > 0, _st.beta.ppf(alpha / 2.0, k, n - k + 1.0), 0.0)
-        hi = np.where(k < n, _st.beta.ppf(1.0 - alpha / 2.0, k + 1.0, n - k), 1.0)
+        hi = np.where(k < n, _st.beta.isf(alpha / 2.0, k + 1.0, n - k), 1.0)  # isf: no 1 − α/2 rounding
     return lo, hi
 
 

@@ -22,20 +22,42 @@ def _div_up(num: float, den: float) -> float:
     from fractions import Fraction
 
     q = num / den
-    if Fraction(q) * Fraction(den) < Fraction(num):
+    if math.isfinite(q) and Fraction(q) * Fraction(den) < Fraction(num):
         q = math.nextafter(q, math.inf)
+    return q
+
+
+def _div_down(num: float, den: float) -> float:
+    """The largest float ``q`` with ``q·den ≤ num`` in exact arithmetic (num, den > 0 finite)."""
+    from fractions import Fraction
+
+    q = num / den
+    if math.isfinite(q) and Fraction(q) * Fraction(den) > Fraction(num):
+        q = math.nextafter(q, 0.0)
+    return q
+
+
+def _finite_ratio(q: float, what: str, num_name: str, num: float, den_name: str, den: float) -> float:
+    if not math.isfinite(q) or q <= 0.0:
+        from privalign.errors import PrivacyParameterError
+
+        raise PrivacyParameterError(
+            f"The {what} {num_name}/{den_name} must be a finite positive float. Got {num_name}={num!r}, "
+            f"{den_name}={den!r} instead.")
     return q
 
 
 def gumbel_scale(sensitivity: float, epsilon: float) -> float:
     """The exponential mechanism's Gumbel scale 2Δ/ε, rounded up (never below the real 2Δ/ε): the scale
     actually used then gives a privacy loss of at most ε, not ε plus a rounding error."""
-    return _div_up(2.0 * sensitivity, epsilon)
+    return _finite_ratio(_div_up(2.0 * sensitivity, epsilon), "Gumbel scale", "2*sensitivity", 2.0 * sensitivity,
+                         "epsilon", epsilon)
 
 
 def gumbel_epsilon(sensitivity: float, scale: float) -> float:
     """The ε of Gumbel noise of a given scale, 2Δ/σ, rounded up (what an accountant must be charged)."""
-    return _div_up(2.0 * sensitivity, scale)
+    return _finite_ratio(_div_up(2.0 * sensitivity, scale), "charged epsilon", "2*sensitivity", 2.0 * sensitivity,
+                         "scale", scale)
 
 
 def check_epsilon(value: Any, name: str = "epsilon", *, allow_inf: bool = False) -> float:

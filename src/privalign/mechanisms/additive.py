@@ -16,7 +16,14 @@ import numpy as np
 from privalign._validation import check_probability, check_real
 from privalign.accounting.events import GaussianEvent, LaplaceEvent
 from privalign.errors import PrivacyParameterError
-from privalign.mechanisms._common import check_epsilon, check_sensitivity, check_unit_relation
+from privalign.mechanisms._common import (
+    _div_down,
+    _div_up,
+    _finite_ratio,
+    check_epsilon,
+    check_sensitivity,
+    check_unit_relation,
+)
 from privalign.rng import NoiseSource, as_noise_source
 
 __all__ = ["GaussianMechanism", "LaplaceMechanism"]
@@ -86,7 +93,13 @@ class GaussianMechanism:
         """The Gaussian mechanism that is exactly ρ-zCDP: σ = Δ₂ / sqrt(2ρ)."""
         rho = check_real(rho, "rho", low=0.0, closed="neither")
         sensitivity = check_sensitivity(sensitivity)
-        return cls(sigma=sensitivity / math.sqrt(2.0 * rho), sensitivity=sensitivity, **kwargs)
+        sigma = sensitivity / math.sqrt(2.0 * rho)
+        # round σ up until Δ²/(2σ²) ≤ ρ holds exactly (sqrt and division each round to nearest)
+        from fractions import Fraction
+
+        while Fraction(sensitivity) ** 2 > 2 * Fraction(rho) * Fraction(sigma) ** 2:
+            sigma = math.nextafter(sigma, math.inf)
+        return cls(sigma=sigma, sensitivity=sensitivity, **kwargs)
 
     @classmethod
     def from_epsilon_delta(cls, epsilon: float, delta: float, sensitivity: float, **kwargs: Any) -> GaussianMechanism:
@@ -116,8 +129,8 @@ class GaussianMechanism:
 
     @property
     def noise_multiplier(self) -> float:
-        """σ / Δ₂."""
-        return self.sigma / self.sensitivity
+        """σ / Δ₂, rounded down (every ε or ρ computed from the event is then conservative)."""
+        return _div_down(self.sigma, self.sensitivity)
 
     @property
     def rho(self) -> float:
@@ -187,17 +200,19 @@ class LaplaceMechanism:
         """The ε-DP Laplace mechanism: b = Δ₁/ε."""
         epsilon = check_epsilon(epsilon)
         sensitivity = check_sensitivity(sensitivity)
-        return cls(scale=sensitivity / epsilon, sensitivity=sensitivity, **kwargs)
+        scale = _finite_ratio(_div_up(sensitivity, epsilon), "Laplace scale", "sensitivity", sensitivity,
+                              "epsilon", epsilon)
+        return cls(scale=scale, sensitivity=sensitivity, **kwargs)  # b rounded up: loss Δ₁/b ≤ ε exactly
 
     @property
     def noise_multiplier(self) -> float:
-        """b / Δ₁."""
-        return self.scale / self.sensitivity
+        """b / Δ₁, rounded down (the event's ε = 1/nm is then never below the true Δ₁/b)."""
+        return _div_down(self.scale, self.sensitivity)
 
     @property
     def epsilon(self) -> float:
-        """Δ₁ / b."""
-        return self.sensitivity / self.scale
+        """Δ₁ / b, rounded up."""
+        return _div_up(self.sensitivity, self.scale)
 
     @property
     def event(self) -> LaplaceEvent:

@@ -61,10 +61,18 @@ class RandomizedResponse:
 
     @property
     def flip_probability(self) -> float:
-        """1/(1+e^ε), computed stably (0 at ε = ∞)."""
+        """1/(1+e^ε), rounded up, and at least 2⁻⁵² (0 at ε = ∞).
+
+        Rounding *up* keeps the realized loss ``ln((1−p)/p)`` at or below ε (each of ``exp`` and the
+        division rounds to nearest, within an ulp; two ulps up cover both). Below 2⁻⁵² a float Bernoulli
+        draw would never flip (``exp(−ε)`` underflows near ε ≈ 745), releasing the bit in the clear while
+        charging ε; the floor keeps every bit randomized (true loss ≤ ln(2⁵²) ≈ 36 < ε there).
+        """
         if math.isinf(self.epsilon):
             return 0.0
-        return math.exp(-self.epsilon) / (1.0 + math.exp(-self.epsilon))
+        e = math.exp(-self.epsilon)
+        p = math.nextafter(math.nextafter(e / (1.0 + e), 1.0), 1.0)
+        return min(max(p, 2.0**-52), 0.5)
 
     @property
     def event(self) -> PrivacyEvent:
