@@ -1,8 +1,9 @@
 """privalign: differentially private alignment of language models.
 
-Layers (imports go one way): ``errors/_validation/rng`` ← ``accounting`` ← ``mechanisms`` ←
-``{alignment, estimation}`` ← ``{pipeline, models, data}`` ← ``{experiments, service, cli}``;
-``audit`` imports only ``mechanisms``/``accounting``.
+Layers, bottom to top (a package imports only its own modules and lower layers; enforced by
+``tests/core/test_core_layers.py``, which lists the exceptions still to remove):
+``errors`` ← ``{_validation, rng, paths}`` ← ``{accounting, data, privalign}`` ← ``mechanisms`` ←
+``{alignment, estimation, audit}`` ← ``models`` ← ``pipeline`` ← ``{experiments, service}`` ← ``cli``.
 """
 
 from privalign.errors import (

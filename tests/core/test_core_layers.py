@@ -1,0 +1,128 @@
+"""The layer order of ``privalign`` is declared once (``LAYERS``) and enforced on the import graph.
+
+Every ``import``/``from … import`` of a ``privalign`` module counts, including function-local ones (a
+function-local import hides a cycle from Python, not from this test). Two checks:
+
+* **Layers**: a sub-package may import only its own modules and sub-packages of a strictly lower layer.
+* **Cycles**: no cycle in the module-level graph.
+
+``KNOWN_*`` lists the violations the codebase still has (issue 18); the test fails on any new one *and* on a
+listed one that no longer occurs, so the lists can only shrink.
+"""
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import privalign
+
+SRC = Path(privalign.__file__).parent
+
+#: Bottom to top. The same order is stated in ``privalign/__init__.py``.
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"_validation", "rng", "paths"},
+    {"accounting", "data", "__init__"},
+    {"mechanisms"},
+    {"alignment", "estimation", "audit"},
+    {"models"},
+    {"pipeline"},
+    {"experiments", "service"},
+    {"cli"},
+    {"__main__"},
+]
+RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+
+KNOWN_UPWARD: set[tuple[str, str]] = {
+    ("data", "models"),
+    ("estimation", "models"),
+}
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset({"privalign.estimation.iht", "privalign.estimation.baselines"}),
+    frozenset({"privalign.experiments.runner", "privalign.experiments.registry"}),
+    frozenset({"privalign.pipeline.build_pool", "privalign.pipeline.ray_backend"}),
+}
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(("privalign", *path.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                if t.startswith("privalign") and t in modules and t != name:
+                    graph[name].add(t)
+    return graph
+
+
+def test_every_package_has_a_layer():
+    packages = {_package(_module_name(p)) for p in SRC.rglob("*.py")}
+    assert packages <= set(RANK), sorted(packages - set(RANK))
+
+
+def test_imports_go_down_the_layers():
+    upward = {(_package(a), _package(b)) for a, bs in _graph().items() for b in bs
+              if _package(a) != _package(b) and RANK[_package(b)] >= RANK[_package(a)]}
+    assert upward - KNOWN_UPWARD == set(), f"new upward imports: {sorted(upward - KNOWN_UPWARD)}"
+    assert KNOWN_UPWARD - upward == set(), f"fixed, remove from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - upward)}"
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: set[frozenset[str]] = set()
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.add(frozenset(comp))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_graph())
+    assert cycles - KNOWN_CYCLES == set(), f"new import cycles: {[sorted(c) for c in cycles - KNOWN_CYCLES]}"
+    assert KNOWN_CYCLES - cycles == set(), f"fixed, remove from KNOWN_CYCLES: {[sorted(c) for c in KNOWN_CYCLES - cycles]}"
+
+
+def test_the_cycle_finder_finds_a_cycle():  # negative control for the check above
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
