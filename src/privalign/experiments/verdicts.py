@@ -240,7 +240,7 @@ def p1_5_rule(records: list[dict], *, match: str = "worst", alpha: float = ALPHA
     noninf = all(d["mean"] - crit * d["se"] > -m for a, b, d, m in pairs)
     ahead = sum(d["mean"] - crit * d["se"] > 0 for a, b, d, m in pairs)
     lines = []
-    for a, b, d, m in sorted(pairs, key=lambda x: (x[0]["N"], eps_of(x[0]))):
+    for a, b, d, _m in sorted(pairs, key=lambda x: (x[0]["N"], eps_of(x[0]))):
         lines.append(f"N={a['N']} ε={eps_of(a):g}: PrivITP {a['lift']:.2f} "
                      f"(ε_max={a.get('epsilon_max') or float('nan'):.3g}, E[ε]={a.get('expected_epsilon_realized') or float('nan'):.3g}, "
                      f"δ={a.get('delta')}) − PrivBoN {b['lift']:.2f} = {d['mean']:+.2f} ± {d['se']:.2f}")
@@ -400,7 +400,7 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     if up < 0.1 * g_max:
         return "holds", text + f"; saturates: upper bound < 10% of the ε_max growth ({0.1 * g_max:.3g})"
     if lo > 0.5 * g_max:
-        return "does not hold", text + f"; the realised cost tracks n: lower bound > 50% of the ε_max growth"
+        return "does not hold", text + "; the realised cost tracks n: lower bound > 50% of the ε_max growth"
     return "inconclusive", text + "; between the 10% and 50% thresholds"
 
 
