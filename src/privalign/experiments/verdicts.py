@@ -303,52 +303,62 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
 
 
 def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25) -> tuple[str, str]:
-    """P1-7 (relative test): at ε ≥ ε* PrivBoN (σ = 2Δ/ε) costs nothing extra; below ε* it does.
+    """P1-7 (relative test): at ε ≥ ε* PrivBoN need pay nothing extra for privacy; well below ε* it does.
 
-    Best = the smallest regret over every σ in the run (both curves, every ε, and BoN at ε = ∞). With
-    paired per-prompt differences (one-sided α, Bonferroni over the comparisons):
+    The curve tested at ε ≥ ε* is the spec's rule σ = max(2Δ_r/ε, σ_reg) (at ε ≥ ε*, σ = σ_reg: adding more
+    noise than 2Δ_r/ε is still ε-DP), with ε*, σ_reg, ε_RM and C estimated on calibration prompts disjoint
+    from the evaluation prompts. Best = the smallest regret over every σ in the run (both curves, every
+    ε, and ε = ∞). With paired per-prompt differences (one-sided α, Bonferroni over the comparisons):
     ``does not hold`` if some grid ε ≥ ε* has regret significantly above the best;
     ``holds`` if none does **and** the control works: some ε ≤ ``below``·ε* has regret significantly above
     the best (the test can see a privacy cost); else ``inconclusive`` (grid does not bracket ε*, or the
-    control fails: no power).
+    control fails: no power). The plain σ = 2Δ_r/ε curve's excess at ε ≥ ε* is reported too.
     """
     recs = [r for r in records if r.get("regret") is not None]
     plain = sorted([r for r in recs if r.get("variant") == "plain" and r.get("epsilon") is not None],
                    key=lambda r: r["epsilon"])
-    if not plain:
-        return "inconclusive", "no finite-ε results of the plain σ = 2Δ/ε curve"
+    rule = sorted([r for r in recs if r.get("variant") == "sigma_reg" and r.get("epsilon") is not None],
+                  key=lambda r: r["epsilon"])
+    if not plain or not rule:
+        return "inconclusive", "no finite-ε results of both PrivBoN curves (σ = 2Δ/ε and σ = max(2Δ/ε, σ_reg))"
     e_star = plain[0]["eps_star"]
     src = plain[0].get("sigma_reg_source", "")
     best = min(recs, key=lambda r: r["regret"])
 
-    def rows(r):  # regret per prompt = J*_p − value_p = −lift_p + const: the paired difference uses −lift
+    def rows(r):  # regret per prompt = J*_p − value_p = −lift_p + const: the paired difference uses −regret
         return {"lift_pp": [-v for v in r["regret_pp"]], "prompts": r.get("prompts")} if r.get("regret_pp") else None
 
-    above = [r for r in plain if r["epsilon"] >= e_star]
+    above = [r for r in rule if r["epsilon"] >= e_star]
     low = [r for r in plain if r["epsilon"] <= below * e_star]
     if not above or not low:
         return "inconclusive", (f"ε* = {e_star:.3g}: the ε grid {[r['epsilon'] for r in plain]} does not bracket it "
                                 f"(needs a point ≥ ε* and one ≤ {below:g}·ε*)")
     k = len(above) + len(low)
-    tests = []
-    for r in above + low:
-        d = paired_diff(rows(best), rows(r)) if rows(r) and rows(best) else None  # regret(r) − regret(best)
+
+    def excess(r):
+        # paired_diff(a, b) = mean of b.lift_pp − a.lift_pp with lift_pp = −regret: regret(r) − regret(best)
+        d = paired_diff(rows(r), rows(best)) if rows(r) and rows(best) else None
         if d is None:
             d = {"mean": r["regret"] - best["regret"], "se": math.sqrt(r["regret_se"] ** 2 + best["regret_se"] ** 2),
                  "df": max(r.get("n_prompts", 2) - 1, 1), "n": r.get("n_prompts")}
-        tests.append((r, d))
+        return d
+
+    tests = [(r, excess(r)) for r in above + low]
     crit = t_crit(min(d["df"] for _, d in tests), alpha, k)
-    sig = lambda d: d["se"] > 0 and d["mean"] / d["se"] > crit or (d["se"] == 0 and d["mean"] > 0)
+    sig = lambda d: (d["se"] > 0 and d["mean"] / d["se"] > crit) or (d["se"] == 0 and d["mean"] > 0)
     bad = [(r, d) for r, d in tests[: len(above)] if sig(d)]
     ctrl = [(r, d) for r, d in tests[len(above):] if sig(d)]
     worst_above = max(tests[: len(above)], key=lambda x: x[1]["mean"])
-    lines = [f"ε* = {e_star:.3g} (σ_reg/ε_RM/C from {src or 'the run'}); best regret {best['regret']:.3f} "
-             f"({best.get('label', best.get('variant'))}, ε={best.get('epsilon')}); at ε ≥ ε* the largest excess is "
-             f"{worst_above[1]['mean']:+.3f} ± {worst_above[1]['se']:.3f} (ε={worst_above[0]['epsilon']:g}); "
-             f"control at ε ≤ {below:g}ε*: " + ", ".join(f"ε={r['epsilon']:g} excess {d['mean']:+.3f} ± {d['se']:.3f}"
-                                                       for r, d in tests[len(above):]),
+    plain_above = [(r, excess(r)) for r in plain if r["epsilon"] >= e_star]
+    lines = [f"ε* = {e_star:.3g} (ε_RM, C, σ_reg = {rule[0].get('sigma_reg', float('nan')):.3g} from {src or 'the run'}); "
+             f"best regret {best['regret']:.3f} ({best.get('label', best.get('variant'))}, ε={best.get('epsilon')}); "
+             f"σ = max(2Δ/ε, σ_reg) at ε ≥ ε*: largest excess {worst_above[1]['mean']:+.3f} ± {worst_above[1]['se']:.3f} "
+             f"(ε={worst_above[0]['epsilon']:g}); control at ε ≤ {below:g}ε*: " + ", ".join(
+                 f"ε={r['epsilon']:.3g} excess {d['mean']:+.3f} ± {d['se']:.3f}" for r, d in tests[len(above):]),
+             "plain σ = 2Δ/ε at ε ≥ ε* (not tested; for contrast): " + ", ".join(
+                 f"ε={r['epsilon']:.3g} {d['mean']:+.3f}" for r, d in plain_above),
              f"paired one-sided α={alpha:g}, Bonferroni over {k} (t_crit={crit:.2f}); detectable excess ≈ "
-             f"{mdd(worst_above[1]['se'], worst_above[1]['df'], alpha, k):.3f}"]
+             f"{mdd(max(d['se'] for _, d in tests), min(d['df'] for _, d in tests), alpha, k):.3f}"]
     if bad:
         return "does not hold", "; ".join(lines)
     if not ctrl:
