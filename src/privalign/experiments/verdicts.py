@@ -30,6 +30,8 @@ __all__ = ["ALPHA", "paired_diff", "t_crit", "mdd", "mcnemar_exact", "bon_degrad
 #: Significance level of every test in the claims table (one-sided unless stated).
 ALPHA = 0.05
 _Z80 = float(stats.norm.ppf(0.8))
+#: Differences and standard errors below this are rounding (e.g. two curves with the same σ and seed).
+_TINY = 1e-12
 
 
 def t_crit(df: int, alpha: float = ALPHA, k: int = 1) -> float:
@@ -91,7 +93,8 @@ def _drop_tests(rows: list[dict], alpha: float = ALPHA) -> dict:
                  "n": last.get("n_prompts", 2), "df": max(last.get("n_prompts", 2) - 1, 1), "unpaired": True}
         tests.append((r, d))
     crit = t_crit(min(d["df"] for _, d in tests), alpha, k)
-    sig = [(r, d) for r, d in tests if d["se"] > 0 and d["mean"] / d["se"] < -crit or (d["se"] == 0 and d["mean"] < 0)]
+    sig = [(r, d) for r, d in tests
+           if (d["se"] > _TINY and d["mean"] / d["se"] < -crit) or (d["se"] <= _TINY and d["mean"] < -_TINY)]
     # the largest drop (point estimate) and its one-sided upper confidence bound
     worst_r, worst = min(tests, key=lambda x: x[1]["mean"])
     upper_drop = -worst["mean"] + crit * worst["se"]
@@ -302,13 +305,16 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     return verdict, "; ".join(parts) + tail
 
 
-def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25) -> tuple[str, str]:
+def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25, rel_tol: float = 0.02
+              ) -> tuple[str, str]:
     """P1-7 (relative test): at ε ≥ ε* PrivBoN need pay nothing extra for privacy; well below ε* it does.
 
     The curve tested at ε ≥ ε* is the spec's rule σ = max(2Δ_r/ε, σ_reg) (at ε ≥ ε*, σ = σ_reg: adding more
     noise than 2Δ_r/ε is still ε-DP), with ε*, σ_reg, ε_RM and C estimated on calibration prompts disjoint
     from the evaluation prompts. Best = the smallest regret over every σ in the run (both curves, every
-    ε, and ε = ∞). With paired per-prompt differences (one-sided α, Bonferroni over the comparisons):
+    ε, and ε = ∞). With paired per-prompt differences (one-sided α, Bonferroni over the comparisons), an
+    excess "is significant" if it is significantly above ``rel_tol`` × the best regret (2%: differences
+    from rounding σ are no cost):
     ``does not hold`` if some grid ε ≥ ε* has regret significantly above the best;
     ``holds`` if none does **and** the control works: some ε ≤ ``below``·ε* has regret significantly above
     the best (the test can see a privacy cost); else ``inconclusive`` (grid does not bracket ε*, or the
@@ -345,7 +351,9 @@ def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25)
 
     tests = [(r, excess(r)) for r in above + low]
     crit = t_crit(min(d["df"] for _, d in tests), alpha, k)
-    sig = lambda d: (d["se"] > 0 and d["mean"] / d["se"] > crit) or (d["se"] == 0 and d["mean"] > 0)
+    tol = rel_tol * abs(best["regret"])  # practical-equivalence margin: excesses below it are no cost
+    sig = lambda d: ((d["se"] > _TINY and (d["mean"] - tol) / d["se"] > crit)
+                     or (d["se"] <= _TINY and d["mean"] > tol + _TINY))
     bad = [(r, d) for r, d in tests[: len(above)] if sig(d)]
     ctrl = [(r, d) for r, d in tests[len(above):] if sig(d)]
     worst_above = max(tests[: len(above)], key=lambda x: x[1]["mean"])
@@ -357,7 +365,8 @@ def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25)
                  f"ε={r['epsilon']:.3g} excess {d['mean']:+.3f} ± {d['se']:.3f}" for r, d in tests[len(above):]),
              "plain σ = 2Δ/ε at ε ≥ ε* (not tested; for contrast): " + ", ".join(
                  f"ε={r['epsilon']:.3g} {d['mean']:+.3f}" for r, d in plain_above),
-             f"paired one-sided α={alpha:g}, Bonferroni over {k} (t_crit={crit:.2f}); detectable excess ≈ "
+             f"paired one-sided α={alpha:g}, Bonferroni over {k} (t_crit={crit:.2f}), excess tested against "
+             f"{rel_tol:g}×best = {tol:.3g}; detectable excess ≈ {tol:.3g} + "
              f"{mdd(max(d['se'] for _, d in tests), min(d['df'] for _, d in tests), alpha, k):.3f}"]
     if bad:
         return "does not hold", "; ".join(lines)
