@@ -118,9 +118,9 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
     t = _drop_tests(rows, alpha)
     w, wr = t["worst"], t["worst_r"]
     power = mdd(w["se"], w["df"], alpha, t["k"])
-    text = (f"BoN lift {t['last']['lift']:.2f} at N={t['last']['N']} vs {wr['lift']:.2f} at N={wr['N']}: paired drop "
-            f"{-w['mean']:.2f} ± {w['se']:.2f} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni over "
-            f"{t['k']} N, t_crit={t['crit']:.2f}; detectable drop at 80% power ≈ {power:.2f})")
+    text = (f"BoN lift {t['last']['lift']:.3g} at N={t['last']['N']} vs {wr['lift']:.3g} at N={wr['N']}: paired drop "
+            f"{-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni over "
+            f"{t['k']} N, t_crit={t['crit']:.3g}; detectable drop at 80% power ≈ {power:.3g})")
     if t["significant"]:
         return {"status": "degrades", "text": text, "drop": -w["mean"], "info": t}
     return {"status": "no", "text": text, "drop": -w["mean"], "info": t}
@@ -169,10 +169,10 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         else:
             v = "inconclusive"
         verdicts.append(v)
-        parts.append((f"{name}: no significant lift at any N (best {top['lift']:.2f} ± {top['lift_se']:.2f}): "
-                      "monotonicity would be vacuous; " if not has_lift else "") + f"{name}: lift {t['last']['lift']:.2f} at N={t['last']['N']}, largest paired drop {-w['mean']:.2f} ± "
-                     f"{w['se']:.2f} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound {t['upper_drop']:.2f} vs margin "
-                     f"½·BoN drop = {margin:.2f}" + ("" if t["paired"] else " [unpaired SE]"))
+        parts.append((f"{name}: no significant lift at any N (best {top['lift']:.3g} ± {top['lift_se']:.3g}): "
+                      "monotonicity would be vacuous; " if not has_lift else "") + f"{name}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop {-w['mean']:.3g} ± "
+                     f"{w['se']:.3g} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound {t['upper_drop']:.3g} vs margin "
+                     f"½·BoN drop = {margin:.3g}" + ("" if t["paired"] else " [unpaired SE]"))
     verdict = ("does not hold" if "does not hold" in verdicts else "holds" if all(v == "holds" for v in verdicts)
                else "inconclusive")
     return verdict, f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts)
@@ -199,7 +199,7 @@ def p1_1_rule(records: list[dict], *, alpha: float = ALPHA, planted_hack_rate: f
     n_max = info["last"]["N"]
     if planted_hack_rate and n_max * planted_hack_rate >= 2 and best > 0 and info["upper_drop"] < 0.1 * best:
         return "does not hold", (f"[{pool}] planted hacks reachable (N_max·hack_rate = {n_max * planted_hack_rate:.1f}) "
-                                 f"but no drop: upper bound {info['upper_drop']:.2f} < 10% of best lift {best:.2f}; "
+                                 f"but no drop: upper bound {info['upper_drop']:.3g} < 10% of best lift {best:.3g}; "
                                  + ctrl["text"])
     return "inconclusive", f"[{pool}] inconclusive on this pool: BoN does not degrade significantly; {ctrl['text']}"
 
@@ -244,11 +244,11 @@ def p1_5_rule(records: list[dict], *, match: str = "worst", alpha: float = ALPHA
     ahead = sum(d["mean"] - crit * d["se"] > 0 for a, b, d, m in pairs)
     lines = []
     for a, b, d, _m in sorted(pairs, key=lambda x: (x[0]["N"], eps_of(x[0]))):
-        lines.append(f"N={a['N']} ε={eps_of(a):g}: PrivITP {a['lift']:.2f} "
+        lines.append(f"N={a['N']} ε={eps_of(a):g}: PrivITP {a['lift']:.3g} "
                      f"(ε_max={a.get('epsilon_max') or float('nan'):.3g}, E[ε]={a.get('expected_epsilon_realized') or float('nan'):.3g}, "
-                     f"δ={a.get('delta')}) − PrivBoN {b['lift']:.2f} = {d['mean']:+.2f} ± {d['se']:.2f}")
+                     f"δ={a.get('delta')}) − PrivBoN {b['lift']:.3g} = {d['mean']:+.3g} ± {d['se']:.3g}")
     head = (f"[{pool}; PrivITP matched: {MATCH_NOTE.get(match, match)}] {k} (N, ε) points, paired one-sided α={alpha:g} "
-            f"Bonferroni (t_crit={crit:.2f}), non-inferiority margin {margin_frac:g}×|BoN lift|: PrivBoN significantly "
+            f"Bonferroni (t_crit={crit:.3g}), non-inferiority margin {margin_frac:g}×|BoN lift|: PrivBoN significantly "
             f"ahead at {len(worse)}, PrivITP significantly ahead at {ahead}. ")
     verdict = "does not hold" if worse else ("holds" if noninf else "inconclusive")
     return verdict, head + "; ".join(lines)
@@ -365,7 +365,7 @@ def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25,
                  f"ε={r['epsilon']:.3g} excess {d['mean']:+.3f} ± {d['se']:.3f}" for r, d in tests[len(above):]),
              "plain σ = 2Δ/ε at ε ≥ ε* (not tested; for contrast): " + ", ".join(
                  f"ε={r['epsilon']:.3g} {d['mean']:+.3f}" for r, d in plain_above),
-             f"paired one-sided α={alpha:g}, Bonferroni over {k} (t_crit={crit:.2f}), excess tested against "
+             f"paired one-sided α={alpha:g}, Bonferroni over {k} (t_crit={crit:.3g}), excess tested against "
              f"{rel_tol:g}×best = {tol:.3g}; detectable excess ≈ {tol:.3g} + "
              f"{mdd(max(d['se'] for _, d in tests), min(d['df'] for _, d in tests), alpha, k):.3f}"]
     if bad:
@@ -435,9 +435,9 @@ def slope_rule(fit: dict | None, *, low: float, high: float, regime: list[dict] 
     """
     if fit is None:
         return "inconclusive", f"{what}: fewer than two values or three points"
-    text = (f"{what}: slope {fit['slope']:.2f} (95% CI {fit['slope_lo']:.2f}..{fit['slope_hi']:.2f}, {fit['points']} points, "
-            f"{fit.get('values', '?')} values over {fit.get('decades', float('nan')):.2f} decades); admissible [{low:g}, {high:g}]; "
-            f"CI half-width {(fit['slope_hi'] - fit['slope_lo']) / 2:.2f}")
+    text = (f"{what}: slope {fit['slope']:.3g} (95% CI {fit['slope_lo']:.3g}..{fit['slope_hi']:.3g}, {fit['points']} points, "
+            f"{fit.get('values', '?')} values over {fit.get('decades', float('nan')):.3g} decades); admissible [{low:g}, {high:g}]; "
+            f"CI half-width {(fit['slope_hi'] - fit['slope_lo']) / 2:.3g}")
     if regime is None:
         return "inconclusive", text + "; records lack ‖θ*‖² (learning-regime check impossible)"
     outside = [p for p in regime if not p["mean_error"] < 0.5 * p["zero_error"]]
