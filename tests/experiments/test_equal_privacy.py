@@ -72,3 +72,27 @@ def test_privacy_sweep_records_carry_both_mechanisms_epsilon(tmp_path):
     rows = [t for t in summary["table"] if t["curve"] == "PrivITP [worst]"]
     assert rows and all(t["epsilon (PrivBoN)"] and t["epsilon_max"] for t in rows)
     assert all("PrivITP − PrivBoN (paired)" in t for t in rows)
+
+
+def test_protocol_per_prompt_lifts_average_to_the_reported_lift():
+    """The paired verdicts read per-prompt lifts: they must be the ones the protocol averages."""
+    import numpy as np
+
+    from privalign.alignment.simulation import MethodSpec, run_protocol
+    from privalign.data.pools import ScoredPool
+
+    pool = make_synthetic_pool(5, 40, random_state=3)
+    short = ScoredPool(pool.proxy.copy(), pool.true.copy(), pool.counts.copy(), pool.prompts)
+    short.counts[1] = 10  # this prompt is skipped at 2·N = 32
+    specs = [MethodSpec("bon"), MethodSpec("privitp", beta=0.05, sigma_x=0.3, sigma_z=0.3, L=2.0, delta=1e-5)]
+    res = run_protocol(short, specs, n_grid=[4, 16], replicates=3, random_state=0, skip_short=True, progress=False,
+                       per_prompt=True)
+    assert res["prompt_index"] == [0, 2, 3, 4]
+    for m in res["methods"]:
+        pp = np.array(m["true_lift_per_prompt"])
+        assert pp.shape == (4, 2)
+        np.testing.assert_allclose(pp.mean(0), m["true_lift"], rtol=0, atol=1e-12)
+    e2 = np.array(res["methods"][1]["expected_epsilon2_per_prompt"])
+    np.testing.assert_allclose(e2.mean(0), res["methods"][1]["privacy"]["expected_epsilon2_realized"], atol=1e-12)
+    assert "true_lift_per_prompt" not in run_protocol(short, specs[:1], n_grid=[4], replicates=2, random_state=0,
+                                                      skip_short=True, progress=False)["methods"][0]
