@@ -276,7 +276,7 @@ def _specs(cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequen
                                         L=cfg["privitp_L"], calib=None, ss=None)
                     out.append(("PrivITP-fixed", MethodSpec(
                         "privitp", beta=cfg["privitp_beta"], sigma_x=info["sigma_x"], sigma_z=info["sigma_z"],
-                        L=info["L"], delta=delta, label=f"PrivITP fixed σ_X={info['sigma_x']:.3g} (P1-8)"),
+                        L=info["L"], delta=delta, label=f"PrivITP fixed σ_X={info['sigma_x']:.3g} (P1-3, P1-8)"),
                         {"sigma_x": info["sigma_x"], "sigma_z": info["sigma_z"], "L": info["L"],
                          "privacy_match": f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})",
                          "epsilon_target": None}))

@@ -169,8 +169,12 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         else:
             v = "inconclusive"
         verdicts.append(v)
+        last = t["last"]
+        priv = (f" [ε={last['epsilon']:.3g}]" if last.get("epsilon") is not None else
+                f" [at N={last['N']}: ε_max={last['epsilon_max']:.3g}, E[ε]={last.get('expected_epsilon_realized') or 0:.3g}, "
+                f"δ={last.get('delta')}]" if last.get("epsilon_max") is not None else "")
         parts.append((f"{name}: no significant lift at any N (best {top['lift']:.3g} ± {top['lift_se']:.3g}): "
-                      "monotonicity would be vacuous; " if not has_lift else "") + f"{name}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop {-w['mean']:.3g} ± "
+                      "monotonicity would be vacuous; " if not has_lift else "") + f"{name}{priv}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop {-w['mean']:.3g} ± "
                      f"{w['se']:.3g} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound {t['upper_drop']:.3g} vs margin "
                      f"½·BoN drop = {margin:.3g}" + ("" if t["paired"] else " [unpaired SE]"))
     verdict = ("does not hold" if "does not hold" in verdicts else "holds" if all(v == "holds" for v in verdicts)
