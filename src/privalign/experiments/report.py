@@ -217,7 +217,8 @@ CLAIMS: list[Claim] = [
     Claim("P1-2", "Paper 1", "PrivBoN is scaling-monotonic: its lift does not fall as N grows. [paper]",
           "p1-scaling", "decided only with a positive control (BoN degrades significantly in the same run); then: does not "
           f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the drop's upper "
-          "95% bound is below ½ of BoN's drop and the curve has a significant lift; else inconclusive",
+          "95% bound is below min(½·BoN's drop, ¼·the curve's best lift) and the curve has a significant lift; else "
+          "inconclusive",
           _mono("PrivBoN"), also=("p1-scaling-imdb",)),
     Claim("P1-3", "Paper 1", "PrivITP is scaling-monotonic. [paper]", "p1-scaling",
           "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve re-matched "

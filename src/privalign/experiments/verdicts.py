@@ -135,9 +135,10 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
 
     Decided only with a positive control (BoN degrades significantly in the same run). Then:
     ``does not hold`` if some variant's lift at N_max is significantly below its lift at a smaller N
-    (paired, one-sided α, Bonferroni); ``holds`` if no drop is significant **and** the one-sided upper
-    confidence bound of the largest drop is below half of BoN's measured drop (the test could have seen
-    a degradation half as large as BoN's); else ``inconclusive``. Without the control: ``inconclusive:
+    (paired, one-sided α, Bonferroni); ``holds`` if no drop is significant, the curve has a significant
+    lift somewhere, **and** the one-sided upper confidence bound of the largest drop is below
+    min(½ · BoN's measured drop, ¼ · the curve's best lift) (the test could have seen a degradation that
+    large); else ``inconclusive``. Without the control: ``inconclusive:
     no over-optimisation on this pool`` (or ``N too small``).
     """
     pool = _pool_of(records)
@@ -149,7 +150,6 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
     series = _series(records, method)
     if not series:
         return "inconclusive", f"[{pool}] no {method} results"
-    margin = 0.5 * ctrl["drop"]
     parts, verdicts = [], []
     for name, rows in sorted(series.items()):
         if len(rows) < 3:
@@ -160,6 +160,9 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         w, wr = t["worst"], t["worst_r"]
         top = max(rows, key=lambda r: r["lift"])
         has_lift = top["lift_se"] > 0 and top["lift"] / top["lift_se"] > t_crit(max(top.get("n_prompts", 2) - 1, 1), alpha)
+        # what must be excluded: a drop of half BoN's (the control's size) or a quarter of this curve's own
+        # best lift, whichever is smaller
+        margin = min(0.5 * ctrl["drop"], 0.25 * top["lift"])
         if t["significant"]:
             v = "does not hold"
         elif not has_lift:
@@ -176,7 +179,7 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         parts.append((f"{name}: no significant lift at any N (best {top['lift']:.3g} ± {top['lift_se']:.3g}): "
                       "monotonicity would be vacuous; " if not has_lift else "") + f"{name}{priv}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop {-w['mean']:.3g} ± "
                      f"{w['se']:.3g} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound {t['upper_drop']:.3g} vs margin "
-                     f"½·BoN drop = {margin:.3g}" + ("" if t["paired"] else " [unpaired SE]"))
+                     f"min(½·BoN drop, ¼·best lift) = {margin:.3g}" + ("" if t["paired"] else " [unpaired SE]"))
     verdict = ("does not hold" if "does not hold" in verdicts else "holds" if all(v == "holds" for v in verdicts)
                else "inconclusive")
     return verdict, f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts)
