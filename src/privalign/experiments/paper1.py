@@ -597,9 +597,9 @@ def _epsstar_plot(run_dir: Path) -> list[str]:
     ax.set_ylabel("regret  J(π*) − J(π̂)")
     ax.set_title("PrivBoN regret vs ε (synthetic pool, known ε_RM and C)")
     ax.legend(loc="best", framealpha=0.85, fontsize=8, title="error bars: ±1 SE over prompts", title_fontsize=8)
-    fig.text(0.01, 0.005, "σ_reg curve: offline study, not a private release — σ_reg is estimated from the served "
-             "pool's clipped private proxy scores (data-dependent noise scale).", fontsize=7, color="#555555",
-             ha="left", va="bottom")
+    src = r0.get("sigma_reg_source", SIGMA_REG_SOURCE)
+    fig.text(0.01, 0.005, f"ε*, ε_RM, C and σ_reg estimated from {src[:110]}; σ_reg curve: offline study, "
+             "not a private release.", fontsize=7, color="#555555", ha="left", va="bottom")
     fig.subplots_adjust(bottom=0.16)
     return [save_figure(fig, run_dir, "epsilon_star")]
 
