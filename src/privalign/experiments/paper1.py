@@ -334,7 +334,11 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
 
     pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     n = cell["N"]
-    ss_sim, ss_gauss, ss_cal = ss.spawn(3)
+    _, ss_gauss, ss_cal = ss.spawn(3)
+    # Common random numbers across N: every N cell draws the same per-prompt permutations (pool A for N is a
+    # prefix of the same sequence), so the paired N-to-N differences of the verdicts lose the subset noise
+    # they share. Each N's estimate is still a uniform draw without replacement.
+    ss_sim = np.random.SeedSequence(cfg["seed"], spawn_key=(2**22,))
     specs = _specs(cfg, n, calib if calib is not None else pool, ss_cal)
     if calib is None:
         for _, _, info in specs:
