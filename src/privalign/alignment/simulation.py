@@ -129,7 +129,7 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
                  random_state: int | np.random.SeedSequence | None = None, transform: str = "none",
                  score_range: tuple[float, float] = (0.0, 1.0), sensitivity: float | None = None,
                  skip_short: bool = False, quad_order: int = 6, quad_panel_width: float | None = None,
-                 progress: bool = True, max_chunk: int = 4_000_000) -> dict[str, Any]:
+                 progress: bool = True, max_chunk: int = 4_000_000, per_prompt: bool = False) -> dict[str, Any]:
     """Run the §5.4 protocol.
 
     Args:
@@ -147,6 +147,10 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
         6; panel width, default ``3·min(σ_X, σ_Z)``: max error of the law ≈ 4e-7 at σ_X = σ_Z = 0.1, see
         ``test_engine_matches_single_prompt_law``).
       progress: Show a tqdm bar on stderr.
+      per_prompt: Also return, per method, the per-prompt lifts ``true_lift_per_prompt`` (a list over
+        the evaluated prompts of lists over ``n_grid``; for PrivITP also ``expected_epsilon2_per_prompt``)
+        and, at the top level, ``prompt_index`` (each evaluated prompt's row in ``pool``), for paired
+        tests across N or across methods on the same prompts.
 
     Returns:
       A JSON-able dict: ``config``, ``methods`` (per method: ``n``, ``true_lift``, ``true_lift_se``,
@@ -291,8 +295,12 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
         if s.kind == "privitp":
             entry["privacy"]["expected_epsilon2_realized"] = np.nanmean(res_eps[i], axis=0).tolist()
             entry["quadrature"] = {"nodes": int(pre[i][0].size), "order": quad_order, "panel_width": pre[i][2]}
+            if per_prompt:
+                entry["expected_epsilon2_per_prompt"] = res_eps[i].tolist()
+        if per_prompt:
+            entry["true_lift_per_prompt"] = lift.tolist()
         methods.append(entry)
-    return {
+    out = {
         "config": {"n_grid": list(n_grid), "replicates": replicates, "transform": transform,
                    "score_range": list(score_range), "r_max": r_max, "sensitivity": delta_r,
                    "seed_entropy": str(ss.entropy), "skip_rule": f"prompts with < {need} candidates skipped"
@@ -301,6 +309,9 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
         "base_true": float(base_true.mean()), "base_proxy": float(base_proxy.mean()),
         "methods": methods, "seconds": time.perf_counter() - t0,
     }
+    if per_prompt:
+        out["prompt_index"] = [int(k) for k in keep]
+    return out
 
 
 def _onehot(x):

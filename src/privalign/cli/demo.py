@@ -38,7 +38,9 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\n{'claim':<6} {'experiment':<26} {'verdict':<18} measured")
     for c in res["claims"]:
         measured = c["measured"] if len(c["measured"]) <= 90 else c["measured"][:87] + "..."
-        print(f"{c['id']:<6} {c['experiment']:<26} {c['verdict']:<18} {measured}")
+        exps = c["experiment"].split(" + ")
+        exp = exps[0] + (f" +{len(exps) - 1}" if len(exps) > 1 else "")  # the full list is in the report
+        print(f"{c['id']:<6} {exp:<26} {c['verdict']:<18} {measured}")
     print("\nper experiment (s): " + ", ".join(f"{k} {v:.1f}" for k, v in res["timings"].items()))
     print(f"total {res['seconds']:.1f} s")
     print(f"report: {res['report']}")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from privalign.experiments.config import Field
-from privalign.experiments.paper1 import POOL_FIELDS, load_scored_pool, pool_preflight
+from privalign.experiments.paper1 import POOL_FIELDS, load_scored_pool, pool_label, pool_preflight
 from privalign.experiments.runner import Experiment, RunContext, read_results
 
 __all__ = ["EXPERIMENTS"]
@@ -87,13 +87,18 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         flt = ExPostFilter(cfg["budget_epsilon"], cfg["budget_delta"])
         rep = run_session(pool, sel, flt, "user", np.random.default_rng(ss_run), n=cfg["n"])
         cum = np.cumsum([r["epsilon_realized"] for r in rep.per_prompt]).tolist()
+        # true-reward lift of each served answer over its prompt's base-policy mean (P1-6: what the extra
+        # prompts served are worth)
+        lifts = [float(r["true_reward"] - np.nanmean(pool.true[r["prompt"], : pool.counts[r["prompt"]]]))
+                 for r in rep.per_prompt]
         row = {**common, "method": "PrivITP", "accounting": "ex-post filter", "sigma": s,
                "served": rep.prompts_served, "pool_exhausted": rep.prompts_served == total,
                "t_basic": rep.basic_composition_count, "epsilon_max": rep.epsilon_max,
                "epsilon1": sel.accountant.epsilon1, "spent_epsilon": rep.spent["epsilon"],
                "spent_delta": rep.spent["delta"], "mean_stopping_time": _nn(rep.mean_stopping_time),
                "fallback_rate": _nn(rep.fallback_rate), "mean_true_reward": _nn(rep.mean_true_reward),
-               "base_true_reward": _nn(rep.base_true_reward), "cumulative_epsilon": cum}
+               "base_true_reward": _nn(rep.base_true_reward), "cumulative_epsilon": cum, "served_lifts": lifts,
+               "pool_label": pool_label(cfg)}
         basic = {**common, "method": "PrivITP", "accounting": "basic composition", "sigma": s,
                  "served": min(rep.basic_composition_count, total), "t_basic": rep.basic_composition_count,
                  "epsilon_max": rep.epsilon_max, "spent_epsilon": min(rep.basic_composition_count, total) * rep.epsilon_max}

@@ -1,9 +1,13 @@
 """The main job (``make demo`` → ``privalign demo --out DIR``): the quick configurations of the headline
 experiments on the embedded defaults, then the report.
 
-The shipped IMDb pool is used when present (``pools/imdb-smollm2.jsonl.gz``); otherwise the quick configs
-fall back to a synthetic pool and the report labels the affected claims ``[synthetic pool: the shipped
-pool was absent]``. Expected time on 2 CPU cores: see ``docs/experiments.md`` (measured, with the command).
+It draws the papers' main figures: the four-way lift-vs-N figure (BoN, ITP, PrivBoN, PrivITP) on the
+synthetic pool with planted reward hacking up to N = 1024 (``p1-scaling``) and on the shipped IMDb pool up
+to N = 256 (``p1-scaling-imdb``), and the lift-vs-ε figure at equal privacy (``p1-privacy-sweep``: PrivITP's
+ε_max(N) at δ = PrivBoN's ε). When the shipped IMDb pool (``pools/imdb-smollm2.jsonl.gz``) is absent, the
+real-pool experiments fall back to a synthetic pool and the report labels the affected claims ``synthetic
+pool: the shipped pool was absent``. Time on 2 CPU cores: see ``docs/experiments.md`` (measured, with the
+command and the machine's load).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ __all__ = ["DEMO_EXPERIMENTS", "run_demo"]
 #: with a message).
 DEMO_EXPERIMENTS = (
     "p1-scaling",
+    "p1-scaling-imdb",
+    "p1-privacy-sweep",
+    "p1-privacy-sweep-imdb",
     "p1-epsilon-star",
     "p1-budget",
     "p2-rates",
@@ -42,19 +49,14 @@ def run_demo(out: str | Path, *, progress: bool | None = None) -> dict:
     for n in DEMO_EXPERIMENTS:
         if n not in EXPERIMENTS:
             print(f"privalign demo: {n} is not available in this build; skipped", file=sys.stderr)
-    from privalign.experiments.config import packaged_config_path
-    from privalign.paths import repo_root
-
-    # The shipped real pool, when present, replaces the synthetic fallback of p1-scaling's quick config.
-    shipped = (repo_root() / "pools" / "imdb-smollm2.jsonl.gz").is_file()
-    configs = {"p1-scaling": packaged_config_path("p1_scaling_shipped")} if shipped else {}
+    configs: dict[str, Path] = {}
     for n in names:
         prepare(n, out=out / n, quick=True, config_path=configs.get(n), progress=progress)
     t0 = time.perf_counter()
     timings = {}
     for n in names:
         t = time.perf_counter()
-        print(f"privalign demo: running {n} ({'shipped pool' if n in configs else 'quick'})…", file=sys.stderr)
+        print(f"privalign demo: running {n} (quick)…", file=sys.stderr)
         run_experiment(n, out=out / n, quick=True, config_path=configs.get(n), progress=progress)
         timings[n] = time.perf_counter() - t
     report = write_report([out / n for n in names], out / "report")

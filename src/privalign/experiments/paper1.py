@@ -24,11 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from privalign.experiments.config import Field
+from privalign.experiments.matching import MATCHINGS
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 
 __all__ = ["EXPERIMENTS", "gaussian_rnm_outcomes", "load_scored_pool", "pool_preflight"]
 
 METHODS = ("BoN", "ITP", "PrivBoN", "PrivBoN-Gaussian", "PrivITP")
+
 
 POOL_FIELDS: dict[str, Field] = {
     "seed": Field("int", 42, "root seed (SeedSequence entropy)", low=0),
@@ -45,6 +47,8 @@ POOL_FIELDS: dict[str, Field] = {
     "score_high": Field("float", 1.0, "public clipping range, high end (R_max = high − low)"),
     "sensitivity": Field("float", 1.0, "Δ_r used for the reported ε (public)", low=1e-12),
     "replicates": Field("int", 50, "subsets per (prompt, N)", low=1),
+    "n_calib_prompts": Field("int", 0, "prompts held out for calibration/tuning (after the n_prompts evaluation "
+                             "prompts; disjoint from them); 0 = none", low=0),
 }
 
 
@@ -62,14 +66,27 @@ def _scaling_schema(**defaults) -> dict[str, Field]:
         "n_max_log2": Field("int", 12, "N grid 2^0 .. 2^n_max_log2", low=0),
         "methods": Field("list[str]", ["BoN", "ITP", "PrivBoN", "PrivITP"], "methods", choices=METHODS),
         "betas": Field("list[float]", [0.05], "ITP β values (score units)", low=1e-12),
-        "sigmas_gumbel": Field("list[float]", [1.0], "PrivBoN Gumbel scales σ (ε_eff = 2Δ_r/σ reported)", low=1e-12),
+        "privitp_match": Field("str", "worst", "how PrivITP is matched to PrivBoN: 'worst' (ε_max(N) at δ = ε), "
+                               "'expected' (E[ε1+ε2] = ε, not an ε-DP guarantee) or 'sigma' (authors' σ rule: "
+                               "not equal privacy; uses sigmas_gumbel and privitp_sigmas)", choices=MATCHINGS),
+        "epsilons": Field("list[float]", [10.0], "PrivBoN ε values (and PrivITP's matched target) unless "
+                          "privitp_match = 'sigma'", low=1e-12),
+        "privitp_ratio": Field("float", 1.0, "PrivITP σ_Z/σ_X under 'worst'/'expected' matching", low=1e-6),
+        "privitp_fixed_N": Field("int", 16, "also run PrivITP at one fixed σ for every N: the σ whose ε_max at this N "
+                                 "equals the first ε (0 = off); P1-3 at fixed noise and P1-8 (E[realised ε] vs N)",
+                                 low=0),
+        "sigmas_gumbel": Field("list[float]", [1.0], "PrivBoN Gumbel scales σ when privitp_match = 'sigma' "
+                               "(ε_eff = 2Δ_r/σ reported)", low=1e-12),
         "sigmas_gaussian": Field("list[float]", [1.0], "PrivBoN-Gaussian noise std (ablation, K15)", low=1e-12),
-        "privitp_sigmas": Field("list[float]", [1.0], "PrivITP total σ; σ_X = σ_Z = σ/2", low=1e-12),
+        "privitp_sigmas": Field("list[float]", [1.0], "PrivITP total σ when privitp_match = 'sigma'; "
+                                "σ_X = σ_Z = σ/2", low=1e-12),
         "privitp_beta": Field("float", 0.05, "PrivITP β", low=1e-12),
         "privitp_L": Field("float", 4.0, "PrivITP envelope widening L", low=0.0),
         "privitp_delta": Field("float", 1e-5, "δ of PrivITP's phase-1 Gaussian", low=1e-300),
         "quad_order": Field("int", 4, "Gauss–Legendre order per panel for PrivITP's λ̃ integral", low=1),
         "mc_draws": Field("int", 150, "Monte-Carlo draws of the PrivBoN-Gaussian ablation", low=1),
+        "calib_replicates": Field("int", 5, "replicates per calibration prompt ('expected' matching, tuning)",
+                                  low=1),
     })
     return _with_defaults(s, **defaults)
 
@@ -98,11 +115,36 @@ def load_scored_pool(cfg: dict, ctx: RunContext):
         from privalign.alignment.synthetic import make_synthetic_pool
 
         ctx.cache["pool"] = make_synthetic_pool(
-            cfg["n_prompts"], cfg["pool_size"], p_correct=cfg["syn_p_correct"], gap=cfg["syn_gap"],
+            cfg["n_prompts"] + cfg.get("n_calib_prompts", 0), cfg["pool_size"], p_correct=cfg["syn_p_correct"], gap=cfg["syn_gap"],
             noise=cfg["syn_noise"], hack_rate=cfg["syn_hack_rate"], hack_reward=cfg["syn_hack_reward"],
             random_state=np.random.default_rng(np.random.SeedSequence(cfg["seed"], spawn_key=(2**20,))),
         )
     return ctx.cache["pool"]
+
+
+def split_pool(pool, cfg: dict):
+    """``(evaluation pool, calibration pool or None)``: the first ``n_prompts`` prompts are evaluated, the
+    next ``n_calib_prompts`` (disjoint) are only used to calibrate or tune free choices."""
+    from privalign.data.pools import ScoredPool
+
+    n_eval, n_cal = cfg["n_prompts"], cfg.get("n_calib_prompts", 0)
+
+    def part(a, b):
+        return ScoredPool(pool.proxy[a:b], pool.true[a:b], pool.counts[a:b], pool.prompts[a:b] if pool.prompts else ())
+
+    if n_cal == 0 and pool.proxy.shape[0] <= n_eval:
+        return pool, None
+    return part(0, n_eval), (part(n_eval, n_eval + n_cal) if n_cal else None)
+
+
+def pool_label(cfg: dict, ctx_inputs: dict | None = None) -> str:
+    """``"synthetic (planted reward hacking)"``, ``"synthetic"`` or ``"real: <file name>"``."""
+    kind, path = _resolve_pool(cfg["pool"])
+    if kind == "file":
+        return f"real: {path.name}"
+    planted = cfg.get("syn_hack_rate", 0.0) > 0
+    note = " (planted reward hacking)" if planted else ""
+    return f"synthetic{note}" + (" [the shipped pool was absent]" if kind == "synthetic-fallback" else "")
 
 
 def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
@@ -116,14 +158,19 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
         from privalign.experiments.manifest import file_sha256
 
         pool = ScoredPool.read(path)
+        want = cfg["n_prompts"] + cfg.get("n_calib_prompts", 0)
+        if cfg.get("n_calib_prompts", 0) and pool.proxy.shape[0] < want:
+            raise ExperimentError(
+                f"Pool {path} has {pool.proxy.shape[0]} prompts; n_prompts + n_calib_prompts = {want}. Lower "
+                "n_prompts or n_calib_prompts (the calibration prompts must be disjoint from the evaluation ones)."
+            )
         if not pool.has_true:
             raise ExperimentError(
                 f"Pool {path} has responses without a true reward ('is_correct' or 'true_reward'); this "
                 "experiment measures the true-reward lift and needs one for every response."
             )
-        if pool.proxy.shape[0] > cfg["n_prompts"]:
-            pool = ScoredPool(pool.proxy[: cfg["n_prompts"]], pool.true[: cfg["n_prompts"]],
-                              pool.counts[: cfg["n_prompts"]], pool.prompts[: cfg["n_prompts"]])
+        if pool.proxy.shape[0] > want:
+            pool = ScoredPool(pool.proxy[:want], pool.true[:want], pool.counts[:want], pool.prompts[:want])
         if int(pool.counts.max()) < min_size:
             raise ExperimentError(
                 f"Pool {path}: the largest prompt has {int(pool.counts.max())} candidates; this configuration "
@@ -146,29 +193,96 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
 # Scaling family (p1-scaling, p1-sigma-sweep, p1-beta-sweep, p1-itp-vs-privitp)
 # ---------------------------------------------------------------------------------------------------
 
-def _specs(cfg: dict) -> list[tuple[str, object]]:
-    from privalign.alignment.simulation import MethodSpec
+def _r_max(cfg: dict) -> float:
+    return cfg["score_high"] - cfg["score_low"]
 
-    out: list[tuple[str, object]] = []
+
+def _privitp_for(cfg: dict, n: int, eps: float, match: str, *, ratio: float, L: float, calib, ss,
+                 rtol: float = 1e-10) -> dict:
+    """PrivITP's parameters matched to PrivBoN at ``eps`` for pool size ``n`` (see
+    :mod:`privalign.experiments.matching`). ``calib`` is the calibration pool ('expected' matching); when
+    it is ``None`` the caller passes the evaluation pool and the record says so."""
+    from privalign.experiments.matching import calibrate_expected, calibrate_worst, sigma_rule
+
+    common = dict(beta=cfg["privitp_beta"], sensitivity=cfg["sensitivity"], L=L)
+    if match == "worst":
+        return calibrate_worst(eps, cfg["privitp_delta"], n, r_max=_r_max(cfg), ratio=ratio, rtol=rtol, **common)
+    if match == "expected":
+        return calibrate_expected(eps, cfg["privitp_delta"], n, calib, r_max_range=(cfg["score_low"], cfg["score_high"]),
+                                  ratio=ratio, transform=cfg["transform"], replicates=cfg["calib_replicates"],
+                                  quad_order=cfg["quad_order"], seed=ss, **common)
+    out = sigma_rule(eps, cfg["sensitivity"])
+    out["L"] = L
+    return out
+
+
+def _privitp_label(match: str, eps: float, delta: float) -> str:
+    if match == "worst":
+        return f"PrivITP ε_max(N)={eps:g} (δ={delta:g})"
+    if match == "expected":
+        return f"PrivITP E[ε]={eps:g} (δ={delta:g}; not ε-DP)"
+    return f"PrivITP σ-rule at ε={eps:g} (NOT equal privacy)"
+
+
+def _specs(cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequence | None = None
+           ) -> list[tuple[str, object, dict]]:
+    """``(method, MethodSpec or Gaussian σ, info)`` for every curve; ``info`` holds the privacy matching of
+    PrivBoN/PrivITP curves (target ε, σ's, calibration accuracy)."""
+    from privalign.alignment.simulation import MethodSpec
+    from privalign.experiments.matching import MATCH_NOTE
+
+    out: list[tuple[str, object, dict]] = []
     many = lambda key: len(cfg[key]) > 1
+    match = cfg["privitp_match"]
+    delta = cfg["privitp_delta"]
+    ss_list = list((ss or np.random.SeedSequence(0)).spawn(len(cfg["epsilons"])))
     for m in cfg["methods"]:
         if m == "BoN":
-            out.append(("BoN", MethodSpec("bon", label="BoN")))
+            out.append(("BoN", MethodSpec("bon", label="BoN"), {}))
         elif m == "ITP":
             for b in cfg["betas"]:
-                out.append(("ITP", MethodSpec("itp", beta=b, label=f"ITP β={b:g}" if many("betas") else "ITP")))
+                out.append(("ITP", MethodSpec("itp", beta=b, label=f"ITP β={b:g}" if many("betas") else "ITP"), {}))
         elif m == "PrivBoN":
-            for s in cfg["sigmas_gumbel"]:
-                out.append(("PrivBoN", MethodSpec("privbon", sigma=s,
-                                                  label=f"PrivBoN σ={s:g}" if many("sigmas_gumbel") else "PrivBoN")))
+            if match == "sigma":
+                for s in cfg["sigmas_gumbel"]:
+                    eps = 2 * cfg["sensitivity"] / s
+                    out.append(("PrivBoN", MethodSpec("privbon", sigma=s, label=f"PrivBoN σ={s:g} (ε={eps:.3g})"),
+                                {"sigma": s, "epsilon_target": eps}))
+            else:
+                for e in cfg["epsilons"]:
+                    out.append(("PrivBoN", MethodSpec("privbon", epsilon=e, label=f"PrivBoN ε={e:g}"),
+                                {"sigma": 2 * cfg["sensitivity"] / e, "epsilon_target": e}))
         elif m == "PrivITP":
-            for s in cfg["privitp_sigmas"]:
-                out.append(("PrivITP", MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=s / 2, sigma_z=s / 2,
-                                                  L=cfg["privitp_L"], delta=cfg["privitp_delta"],
-                                                  label=f"PrivITP σ={s:g}" if many("privitp_sigmas") else "PrivITP")))
+            if match == "sigma":
+                for s in cfg["privitp_sigmas"]:
+                    out.append(("PrivITP", MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=s / 2, sigma_z=s / 2,
+                                                      L=cfg["privitp_L"], delta=delta,
+                                                      label=f"PrivITP σ={s:g} (σ rule: NOT equal privacy)"),
+                                {"privacy_match": "sigma", "match_note": MATCH_NOTE["sigma"], "sigma_x": s / 2,
+                                 "sigma_z": s / 2, "L": cfg["privitp_L"]}))
+            else:
+                pool_note = "calibration prompts (disjoint)" if calib is not None else "evaluation prompts"
+                for e, sse in zip(cfg["epsilons"], ss_list):
+                    info = _privitp_for(cfg, n, e, match, ratio=cfg["privitp_ratio"], L=cfg["privitp_L"],
+                                        calib=calib, ss=sse)
+                    if match == "expected":
+                        info["calibrated_on"] = pool_note
+                    out.append(("PrivITP", MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=info["sigma_x"],
+                                                      sigma_z=info["sigma_z"], L=info["L"], delta=delta,
+                                                      label=_privitp_label(match, e, delta)),
+                                {**info, "privacy_match": match, "match_note": MATCH_NOTE[match], "epsilon_target": e}))
+                if cfg["privitp_fixed_N"]:
+                    info = _privitp_for(cfg, cfg["privitp_fixed_N"], cfg["epsilons"][0], "worst", ratio=cfg["privitp_ratio"],
+                                        L=cfg["privitp_L"], calib=None, ss=None)
+                    out.append(("PrivITP-fixed", MethodSpec(
+                        "privitp", beta=cfg["privitp_beta"], sigma_x=info["sigma_x"], sigma_z=info["sigma_z"],
+                        L=info["L"], delta=delta, label=f"PrivITP fixed σ_X={info['sigma_x']:.3g} (P1-3, P1-8)"),
+                        {"sigma_x": info["sigma_x"], "sigma_z": info["sigma_z"], "L": info["L"],
+                         "privacy_match": f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})",
+                         "epsilon_target": None}))
         elif m == "PrivBoN-Gaussian":
             for s in cfg["sigmas_gaussian"]:
-                out.append(("PrivBoN-Gaussian", s))
+                out.append(("PrivBoN-Gaussian", s, {}))
     return out
 
 
@@ -218,38 +332,52 @@ def _finite_or_none(v):
 def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
     from privalign.alignment.simulation import run_protocol
 
-    pool = load_scored_pool(cfg, ctx)
+    pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     n = cell["N"]
-    specs = _specs(cfg)
-    ss_sim, ss_gauss = ss.spawn(2)
+    _, ss_gauss, ss_cal = ss.spawn(3)
+    # Common random numbers across N: every N cell draws the same per-prompt permutations (pool A for N is a
+    # prefix of the same sequence), so the paired N-to-N differences of the verdicts lose the subset noise
+    # they share. Each N's estimate is still a uniform draw without replacement.
+    ss_sim = np.random.SeedSequence(cfg["seed"], spawn_key=(2**22,))
+    specs = _specs(cfg, n, calib if calib is not None else pool, ss_cal)
+    if calib is None:
+        for _, _, info in specs:
+            if info.get("calibrated_on"):
+                info["calibrated_on"] = "evaluation prompts (no calibration set: n_calib_prompts = 0)"
     truth_binary = bool(np.all(np.isin(pool.true[np.isfinite(pool.proxy)], (0.0, 1.0))))
     scale = 100.0 if truth_binary else 1.0
     kind = "accuracy" if truth_binary else "true_reward"
+    label = pool_label(cfg)
     out: list[dict] = []
-    c_specs = [(m, s) for m, s in specs if m != "PrivBoN-Gaussian"]
+    c_specs = [(m, s, info) for m, s, info in specs if m != "PrivBoN-Gaussian"]
     if c_specs:
-        res = run_protocol(pool, [s for _, s in c_specs], n_grid=[n], replicates=cfg["replicates"],
+        res = run_protocol(pool, [s for _, s, _ in c_specs], n_grid=[n], replicates=cfg["replicates"],
                            random_state=ss_sim, transform=cfg["transform"],
                            score_range=(cfg["score_low"], cfg["score_high"]), sensitivity=cfg["sensitivity"],
-                           skip_short=True, quad_order=cfg["quad_order"], progress=False)
-        for (method, _), m in zip(c_specs, res["methods"]):
+                           skip_short=True, quad_order=cfg["quad_order"], progress=False, per_prompt=True)
+        for (method, _, info), m in zip(c_specs, res["methods"]):
             priv = m["privacy"]
             rec = {"method": method, "variant": m["name"], "N": n, "n_prompts": res["n_prompts"], "truth_kind": kind,
+                   "pool_label": label, "replicates": cfg["replicates"],
                    "lift": scale * m["true_lift"][0], "lift_se": scale * m["true_lift_se"][0],
+                   "lift_pp": [scale * v[0] for v in m["true_lift_per_prompt"]], "prompts": res["prompt_index"],
                    "proxy": m["proxy"][0] - res["base_proxy"], "proxy_se": m["proxy_se"][0],
-                   "epsilon": _finite_or_none(priv.get("epsilon")), "guarantee": priv.get("guarantee")}
-            if method == "PrivITP":
+                   "epsilon": _finite_or_none(priv.get("epsilon")), "guarantee": priv.get("guarantee"),
+                   **{k: _finite_or_none(v) if isinstance(v, float) else v for k, v in info.items()}}
+            if method in ("PrivITP", "PrivITP-fixed"):
                 e2 = (priv.get("expected_epsilon2_realized") or [None])[0]
+                e2_pp = [_finite_or_none(priv["epsilon1"] + v[0]) for v in m["expected_epsilon2_per_prompt"]]
                 rec.update(epsilon1=priv["epsilon1"], delta=priv["delta"],
                            epsilon_max=_finite_or_none(priv["epsilon_max"][0]),
-                           expected_epsilon_realized=None if e2 is None else _finite_or_none(priv["epsilon1"] + e2))
+                           expected_epsilon_realized=None if e2 is None else _finite_or_none(priv["epsilon1"] + e2),
+                           expected_epsilon_pp=e2_pp)
             out.append(rec)
     rng = np.random.default_rng(ss_gauss)
-    for method, sigma in [(m, s) for m, s in specs if m == "PrivBoN-Gaussian"]:
+    for method, sigma, _ in [x for x in specs if x[0] == "PrivBoN-Gaussian"]:
         lifts, proxies = gaussian_rnm_outcomes(pool, cfg, n, rng, sigma)
         k = len(lifts)
         out.append({"method": method, "variant": f"PrivBoN-Gaussian σ={sigma:g}", "N": n, "n_prompts": k,
-                    "truth_kind": kind, "lift": scale * float(lifts.mean()) if k else None,
+                    "truth_kind": kind, "pool_label": label, "lift": scale * float(lifts.mean()) if k else None,
                     "lift_se": scale * float(lifts.std(ddof=1) / math.sqrt(k)) if k > 1 else None,
                     "proxy": float(proxies.mean()) if k else None,
                     "proxy_se": float(proxies.std(ddof=1) / math.sqrt(k)) if k > 1 else None, "epsilon": None,
@@ -270,11 +398,28 @@ def _scaling_summarize(records: list[dict], cfg: dict) -> dict:
         table.append({"variant": name, "N_max": last["N"], "lift_at_N_max": last["lift"],
                       "se": last["lift_se"], "best_N": best["N"], "best_lift": best["lift"],
                       "epsilon (PrivBoN)": last.get("epsilon"), "epsilon_max (PrivITP)": last.get("epsilon_max"),
-                      "E[realized ε] (PrivITP)": last.get("expected_epsilon_realized")})
+                      "E[realized ε] (PrivITP)": last.get("expected_epsilon_realized"),
+                      "privacy_match": last.get("privacy_match")})
     kind = records[0]["truth_kind"] if records else "accuracy"
-    return {"table": table, "truth_kind": kind,
+    return {"table": table, "truth_kind": kind, "pool": records[0].get("pool_label") if records else None,
+            "privitp_match": cfg.get("privitp_match"),
             "lift_unit": "percentage points" if kind == "accuracy" else "true-reward units",
             "n_prompts": max((r["n_prompts"] for r in records), default=0)}
+
+
+def _legend_name(rows: list[dict]) -> str:
+    """A curve's legend entry naming its privacy: ε (PrivBoN), ε_max and E[ε] at the largest N (PrivITP)."""
+    last = max(rows, key=lambda r: r["N"])
+    name = last["variant"]
+    if last["method"] in ("BoN", "ITP"):
+        return f"{name} (ε = ∞)"
+    if last["method"] == "PrivBoN" and last.get("epsilon") is not None:
+        return name if "ε=" in name else f"{name} (ε={last['epsilon']:.3g})"
+    if last.get("epsilon_max") is not None:
+        e = last.get("expected_epsilon_realized")
+        return (f"{name}; at N={last['N']}: ε_max={last['epsilon_max']:.3g}, E[ε]={e:.3g}" if e is not None
+                else f"{name}; ε_max={last['epsilon_max']:.3g} at N={last['N']}")
+    return name
 
 
 def _scaling_plot_factory(stem: str, title: str):
@@ -285,19 +430,49 @@ def _scaling_plot_factory(stem: str, title: str):
         if not recs:
             return []
         kind = recs[0]["truth_kind"]
-        fig, (ax1, ax2) = new_figure(2, 1)
-        errorbar_series(ax1, group_series(recs, "variant", "N", "lift", "lift_se"))
-        errorbar_series(ax2, group_series(recs, "variant", "N", "proxy", "proxy_se"))
-        for ax in (ax1, ax2):
+        main = [r for r in recs if r["method"] != "PrivITP-fixed"]
+        names = {}
+        for r in main:
+            names.setdefault(r["variant"], []).append(r)
+        labels = {k: _legend_name(v) for k, v in names.items()}
+        priv = [r for r in recs if r.get("epsilon_max") is not None]
+        fig, axes = new_figure(3 if priv else 2, 1, width=5.6, height=4.4)
+        ax1, ax2 = axes[0], axes[1]
+        s1 = group_series(main, "variant", "N", "lift", "lift_se")
+        s2 = group_series(main, "variant", "N", "proxy", "proxy_se")
+        errorbar_series(ax1, {labels[k]: v for k, v in s1.items()})
+        errorbar_series(ax2, {labels[k]: v for k, v in s2.items()})
+        for ax in axes:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("N (candidates per prompt, log scale)")
+        for ax in (ax1, ax2):
             ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
         ax1.set_ylabel("accuracy lift (percentage points)" if kind == "accuracy" else "true-reward lift over base")
         ax2.set_ylabel("expected proxy reward minus base")
-        ax1.set_title(f"{title}: true objective")
-        ax2.set_title(f"{title}: proxy reward")
-        ax1.legend(loc="best", framealpha=0.85, title="error bars: ±1 SE over prompts", title_fontsize=8)
-        fig.tight_layout()  # keeps the right panel's y label clear of the left panel
+        pool = recs[0].get("pool_label", "")
+        ax1.set_title(f"{title}: true objective\n[{pool}]", fontsize=10)
+        ax2.set_title(f"{title}: proxy reward", fontsize=10)
+        if priv:
+            ax3 = axes[2]
+            by: dict[str, list[dict]] = {}
+            for r in priv:
+                by.setdefault(r["variant"], []).append(r)
+            for k, (name, rows) in enumerate(sorted(by.items())):
+                rows.sort(key=lambda r: r["N"])
+                xs = [r["N"] for r in rows]
+                c = f"C{k + 2}"
+                ax3.plot(xs, [r["epsilon_max"] for r in rows], "--", color=c, marker="D", label=f"{name}: ε_max(N)")
+                ax3.plot(xs, [r["expected_epsilon_realized"] for r in rows], "-", color=c, marker="o",
+                         label=f"{name}: E[realised ε]")
+            for e in sorted({r["epsilon"] for r in recs if r["method"] == "PrivBoN" and r.get("epsilon")}):
+                ax3.axhline(e, color="#ff7f0e", linewidth=0.9, linestyle=":", label=f"PrivBoN ε = {e:g}")
+            ax3.set_yscale("log")
+            ax3.set_ylabel("PrivITP privacy loss ε (log scale)")
+            ax3.set_title("PrivITP: worst case ε_max(N) and expected realised ε", fontsize=10)
+            ax3.legend(loc="best", fontsize=6, framealpha=0.85)
+        fig.legend(*ax1.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7, framealpha=0.85,
+                   title="error bars: ±1 SE over prompts", title_fontsize=7)
+        fig.tight_layout(rect=(0, 0.16, 1, 1))
         return [save_figure(fig, run_dir, stem)]
 
     return plot
@@ -317,8 +492,10 @@ def _epsstar_schema() -> dict[str, Field]:
     s.update({
         "N": Field("int", 64, "candidates per prompt", low=1),
         "epsilons": Field("list[float]", [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256], "PrivBoN ε grid", low=1e-12),
+        "star_multipliers": Field("list[float]", [0.125, 0.25, 0.5, 1.0, 1.5, 2.0, 4.0],
+                                  "extra ε = m·ε* (finer grid around ε*, from the calibration prompts)", low=1e-9),
     })
-    return s
+    return _with_defaults(s, n_calib_prompts=20)
 
 
 def _epsstar_preflight(cfg: dict, ctx: RunContext) -> None:
@@ -328,7 +505,16 @@ def _epsstar_preflight(cfg: dict, ctx: RunContext) -> None:
 
 
 def _epsstar_cells(cfg: dict, ctx: RunContext) -> list[dict]:
-    return [{"cell": f"eps={e:g}", "epsilon": e} for e in cfg["epsilons"]] + [{"cell": "eps=inf", "epsilon": None}]
+    from privalign.alignment.simulation import prepare_scores
+    from privalign.alignment.theory import estimate_theory
+
+    pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
+    tp = calib if calib is not None else pool
+    _, clipped, _ = prepare_scores(tp, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]))
+    e_star = estimate_theory(clipped, tp.true, sensitivity=cfg["sensitivity"])["epsilon_star"]
+    grid = sorted(set(cfg["epsilons"]) | ({float(f"{m * e_star:.6g}") for m in cfg["star_multipliers"]}
+                                          if math.isfinite(e_star) else set()))
+    return [{"cell": f"eps={e:g}", "epsilon": e} for e in grid] + [{"cell": "eps=inf", "epsilon": None}]
 
 
 def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
@@ -342,27 +528,36 @@ def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     from privalign.alignment.simulation import MethodSpec, prepare_scores, run_protocol
     from privalign.alignment.theory import estimate_theory
 
-    pool = load_scored_pool(cfg, ctx)
+    pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     eps = cell["epsilon"]
-    _, clipped, _ = prepare_scores(pool, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]))
-    th = estimate_theory(clipped, pool.true, sensitivity=cfg["sensitivity"])
+    theory_pool = calib if calib is not None else pool
+    _, clipped, _ = prepare_scores(theory_pool, transform=cfg["transform"],
+                                   score_range=(cfg["score_low"], cfg["score_high"]))
+    th = estimate_theory(clipped, theory_pool.true, sensitivity=cfg["sensitivity"])
+    source = (f"{theory_pool.proxy.shape[0]} calibration prompts disjoint from the evaluation prompts" if calib is not None
+              else SIGMA_REG_SOURCE)
     sigma_plain = 0.0 if eps is None else 2 * cfg["sensitivity"] / eps
     sigma_rule = max(sigma_plain, th["sigma_reg"])
     specs = [MethodSpec("privbon", sigma=sigma_plain, label="PrivBoN σ=2Δ/ε"),
              MethodSpec("privbon", sigma=sigma_rule, label="PrivBoN σ=max(2Δ/ε, σ_reg)")]
     res = run_protocol(pool, specs, n_grid=[cfg["N"]], replicates=cfg["replicates"], random_state=ss,
                        transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]),
-                       sensitivity=cfg["sensitivity"], skip_short=True, progress=False)
-    j_star = float(np.mean(np.nanmax(pool.true, axis=1)))  # π*: the best-true-reward policy on each pool
+                       sensitivity=cfg["sensitivity"], skip_short=True, progress=False, per_prompt=True)
+    idx = res["prompt_index"]
+    best_p = np.array([float(np.nanmax(pool.true[p, : pool.counts[p]])) for p in idx])
+    base_p = np.array([float(np.mean(pool.true[p, : pool.counts[p]])) for p in idx])
+    j_star = float(best_p.mean())  # π*: the best-true-reward policy on each pool
     out = []
     for variant, sigma, m in zip(("plain", "sigma_reg"), (sigma_plain, sigma_rule), res["methods"]):
         # SE of the regret = SE of the lift (J(π*) and the base mean are fixed per prompt)
+        regret_pp = (best_p - base_p - np.array([v[0] for v in m["true_lift_per_prompt"]])).tolist()
         out.append({"variant": variant, "label": m["name"], "epsilon": eps, "sigma": sigma,
                     "epsilon_effective": None if sigma == 0 else 2 * cfg["sensitivity"] / sigma, "N": cfg["N"],
                     "regret": j_star - m["true_value"][0], "regret_se": m["true_lift_se"][0],
+                    "regret_pp": regret_pp, "prompts": idx, "pool_label": pool_label(cfg),
                     "n_prompts": res["n_prompts"], "eps_rm": th["eps_rm"], "coverage": th["coverage"],
                     "sensitivity": cfg["sensitivity"], "eps_star": th["epsilon_star"], "sigma_reg": th["sigma_reg"],
-                    "sigma_reg_source": SIGMA_REG_SOURCE,
+                    "sigma_reg_source": source,
                     "skyline": 0.25 * math.sqrt(th["coverage"] * th["eps_rm"] ** 2)})
     return out
 
@@ -406,9 +601,9 @@ def _epsstar_plot(run_dir: Path) -> list[str]:
     ax.set_ylabel("regret  J(π*) − J(π̂)")
     ax.set_title("PrivBoN regret vs ε (synthetic pool, known ε_RM and C)")
     ax.legend(loc="best", framealpha=0.85, fontsize=8, title="error bars: ±1 SE over prompts", title_fontsize=8)
-    fig.text(0.01, 0.005, "σ_reg curve: offline study, not a private release — σ_reg is estimated from the served "
-             "pool's clipped private proxy scores (data-dependent noise scale).", fontsize=7, color="#555555",
-             ha="left", va="bottom")
+    src = r0.get("sigma_reg_source", SIGMA_REG_SOURCE)
+    fig.text(0.01, 0.005, f"ε*, ε_RM, C and σ_reg estimated from {src[:110]}; σ_reg curve: offline study, "
+             "not a private release.", fontsize=7, color="#555555", ha="left", va="bottom")
     fig.subplots_adjust(bottom=0.16)
     return [save_figure(fig, run_dir, "epsilon_star")]
 
@@ -418,20 +613,29 @@ EXPERIMENTS: dict[str, Experiment] = {
         "p1-scaling", "Accuracy lift and proxy reward vs N: BoN, ITP, PrivBoN, PrivITP", "paper1",
         _scaling_schema(), _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
         _scaling_plot_factory("scaling", "BoN / ITP / PrivBoN / PrivITP")),
+    "p1-scaling-imdb": Experiment(
+        "p1-scaling-imdb", "Lift and proxy reward vs N on the shipped IMDb pool (real SmolLM2 generations): BoN, "
+        "ITP, PrivBoN, PrivITP", "paper1",
+        _scaling_schema(pool="shipped", n_prompts=64, n_max_log2=8, transform="global_z", score_low=-3.0,
+                        score_high=3.0, sensitivity=6.0, replicates=20),
+        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
+        _scaling_plot_factory("scaling", "BoN / ITP / PrivBoN / PrivITP")),
     "p1-sigma-sweep": Experiment(
         "p1-sigma-sweep", "PrivBoN σ sweep (Gumbel and Gaussian report-noisy-max) vs BoN", "paper1",
         _scaling_schema(methods=["BoN", "PrivBoN", "PrivBoN-Gaussian"],
-                        sigmas_gumbel=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0], sigmas_gaussian=[0.5, 1.0, 2.0]),
+                        sigmas_gumbel=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0], sigmas_gaussian=[0.5, 1.0, 2.0],
+                        privitp_match="sigma"),
         _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
         _scaling_plot_factory("sigma_sweep", "PrivBoN σ sweep")),
     "p1-beta-sweep": Experiment(
         "p1-beta-sweep", "ITP β sweep vs BoN", "paper1",
-        _scaling_schema(methods=["BoN", "ITP"], betas=[0.0005, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0]),
+        _scaling_schema(methods=["BoN", "ITP"], betas=[0.0005, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0],
+                        privitp_match="sigma"),
         _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
         _scaling_plot_factory("beta_sweep", "ITP β sweep")),
     "p1-itp-vs-privitp": Experiment(
         "p1-itp-vs-privitp", "ITP vs PrivITP across noise levels (disjoint phase pools)", "paper1",
-        _scaling_schema(methods=["ITP", "PrivITP"], privitp_sigmas=[0.5, 1.5, 4.0]),
+        _scaling_schema(methods=["ITP", "PrivITP"], privitp_sigmas=[0.5, 1.5, 4.0], privitp_match="sigma"),
         _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
         _scaling_plot_factory("itp_vs_privitp", "ITP vs PrivITP")),
     "p1-epsilon-star": Experiment(

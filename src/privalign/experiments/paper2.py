@@ -24,7 +24,7 @@ import numpy as np
 from privalign.experiments.config import Field
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 
-__all__ = ["EXPERIMENTS", "fit_slope", "make_estimator"]
+__all__ = ["EXPERIMENTS", "fit_slope", "learning_regime", "make_estimator", "sparse_dense_pairs"]
 
 ESTIMATORS = ("IHT", "MLE", "SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear")
 UNIT = {"IHT": "non-private", "MLE": "non-private", "SampleDPIHT": "sample-DP (ε, δ)", "RRIHT": "label-DP ε",
@@ -134,7 +134,9 @@ def _rates_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSe
         est.fit(prob.X, prob.y)
         out.append({"sweep": cell["sweep"], "value": cell["value"], "rep": cell["rep"], "method": name,
                     "unit": UNIT[name], "n": int(p["n"]), "d": int(p["d"]), "s_star": int(p["s"]),
-                    "epsilon": float(p["eps"]), "error": prob.squared_error(est.coef_)})
+                    "epsilon": float(p["eps"]), "error": prob.squared_error(est.coef_),
+                    # the zero estimator's error ‖θ*‖²: the learning-regime check of P2-1..P2-3
+                    "zero_error": float(np.sum(prob.theta_star ** 2))})
     return out
 
 
@@ -155,8 +157,23 @@ def fit_slope(records: list[dict], sweep: str, method: str) -> dict | None:
     lx, ly = np.log(x), np.log([e for _, e in pts])
     res = stats.linregress(lx, ly)
     tq = stats.t.ppf(0.975, len(pts) - 2)
+    vals = sorted({v for v, _ in pts})
     return {"slope": float(res.slope), "slope_lo": float(res.slope - tq * res.stderr),
-            "slope_hi": float(res.slope + tq * res.stderr), "points": len(pts)}
+            "slope_hi": float(res.slope + tq * res.stderr), "points": len(pts), "values": len(vals),
+            "decades": float(np.log10(max(vals) / min(vals)))}
+
+
+def learning_regime(records: list[dict], sweep: str, method: str) -> list[dict] | None:
+    """Per value of the sweep: the mean error over replicates and the zero estimator's error ‖θ*‖² (mean
+    over replicates); ``None`` when the records lack ``zero_error``."""
+    pts: dict[float, list[tuple[float, float]]] = {}
+    for r in records:
+        if r.get("sweep") == sweep and r.get("method") == method and r.get("error") is not None:
+            if r.get("zero_error") is None:
+                return None
+            pts.setdefault(r["value"], []).append((r["error"], r["zero_error"]))
+    return [{"value": v, "mean_error": float(np.mean([e for e, _ in x])), "zero_error": float(np.mean([z for _, z in x]))}
+            for v, x in sorted(pts.items())] or None
 
 
 def _rates_summarize(records: list[dict], cfg: dict) -> dict:
@@ -200,6 +217,11 @@ def _rates_plot(run_dir: Path) -> list[str]:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(labels[sweep])
         ax.set_ylabel("squared error ‖θ̂ − θ*‖²")
+        zero = [r["zero_error"] for r in recs if r["sweep"] == sweep and r.get("zero_error") is not None]
+        if zero:
+            z = float(np.mean(zero))
+            ax.axhline(z, color="black", linestyle="--", linewidth=0.9, label=f"θ̂ = 0: ‖θ*‖² = {z:.3g}")
+            ax.axhline(z / 2, color="grey", linestyle=":", linewidth=0.9, label="learning regime: below ½‖θ*‖²")
         ax.set_title(f"error vs {sweep}", fontsize=11)
     axes[0].legend(loc="best", fontsize=7, framealpha=0.85, title="±1 SE over replicates", title_fontsize=7)
     fig.tight_layout()
@@ -286,10 +308,35 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     est.fit(train.X, train.y)
     acc = float(est.score(test.X, test.y))
     n_test = int(test.y.shape[0])
+    # per test pair: 1 if the predicted preference is right; exact ties (reward difference 0) are broken by a
+    # seeded fair coin, as the accuracy counts them ½ (the paired McNemar test of P2-4 needs 0/1 outcomes)
+    r = np.asarray(est.predict_reward(test.X), dtype=float)
+    yv = np.asarray(test.y, dtype=float)
+    right = ((r > 0) == (yv > 0.5)).astype(int)
+    ties = r == 0
+    right[ties] = np.random.default_rng(ss.spawn(1)[0]).integers(0, 2, int(ties.sum()))
     return [{"kind": "accuracy", "dataset": cell["dataset"], "method": cell["method"], "unit": UNIT[cell["method"]],
              "epsilon": cell["epsilon"], "accuracy": acc, "accuracy_se": math.sqrt(max(acc * (1 - acc), 0.0) / n_test),
              "n_train": int(train.y.shape[0]), "n_test": n_test, "d": int(train.X.shape[1]),
+             "correct": "".join(map(str, right.tolist())),
              "privacy_event": est.privacy_event_.to_dict()}]
+
+
+def sparse_dense_pairs(records: list[dict], epsilons=(2.0, 8.0)) -> list[dict]:
+    """For P2-4: per data set and ε, each sparse method vs its dense counterpart on the same test pairs:
+    ``b`` = pairs only the sparse one gets right, ``c`` = only the dense one."""
+    out = []
+    for eps in epsilons:
+        for ds in sorted({r["dataset"] for r in records if r.get("kind") == "accuracy"}):
+            row = {r["method"]: r for r in records if r.get("epsilon") == eps and r.get("dataset") == ds}
+            for sparse, dense in (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear")):
+                if sparse in row and dense in row and row[sparse].get("correct") and row[dense].get("correct"):
+                    a, b = row[sparse]["correct"], row[dense]["correct"]
+                    out.append({"dataset": ds, "epsilon": eps, "sparse": sparse, "dense": dense,
+                                "b": sum(x == "1" and y == "0" for x, y in zip(a, b)),
+                                "c": sum(x == "0" and y == "1" for x, y in zip(a, b)), "n_test": len(a),
+                                "acc_sparse": row[sparse]["accuracy"], "acc_dense": row[dense]["accuracy"]})
+    return out
 
 
 def _acc_summarize(records: list[dict], cfg: dict) -> dict:

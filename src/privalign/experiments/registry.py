@@ -12,7 +12,7 @@ from privalign.experiments.runner import Experiment, ExperimentError
 
 __all__ = ["EXPERIMENTS", "UNAVAILABLE", "get_experiment", "experiment_names"]
 
-_MODULES = ("privalign.experiments.paper1", "privalign.experiments.budget", "privalign.experiments.paper2",
+_MODULES = ("privalign.experiments.paper1", "privalign.experiments.privacy_sweep", "privalign.experiments.budget", "privalign.experiments.paper2",
             "privalign.experiments.winrate", "privalign.experiments.beyond")
 
 EXPERIMENTS: dict[str, Experiment] = {}

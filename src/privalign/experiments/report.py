@@ -45,8 +45,9 @@ class Claim:
       text: The claim, as stated (or paraphrased) with its source tag.
       experiment: The experiment that tests it (``None`` if none can).
       rule: The decision rule applied to the measured numbers.
-      evaluate: ``records_by_experiment -> (verdict, measured)``; ``None`` when not testable.
+      evaluate: ``(records_by_experiment, runs) -> (verdict, measured)``; ``None`` when not testable.
       reason: Why it is not testable here (when ``evaluate`` is ``None``).
+      also: Further experiments the rule reads when their runs are given (e.g. the real-pool twin).
     """
 
     id: str
@@ -54,8 +55,9 @@ class Claim:
     text: str
     experiment: str | None
     rule: str
-    evaluate: Callable[[Records], Verdict] | None = None
+    evaluate: Callable[..., Verdict] | None = None
     reason: str = ""
+    also: tuple[str, ...] = ()
 
 
 def _z(a: float, se_a: float, b: float, se_b: float) -> float:
@@ -65,135 +67,109 @@ def _z(a: float, se_a: float, b: float, se_b: float) -> float:
     return d / se if se > 0 else (math.inf if d > 0 else (-math.inf if d < 0 else 0.0))
 
 
-def _series(records: list[dict], method: str) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for r in records:
-        if r.get("method") == method and r.get("lift") is not None:
-            out.setdefault(r["variant"], []).append(r)
-    for v in out.values():
-        v.sort(key=lambda r: r["N"])
-    return out
+def _combine(results: list[tuple[str, Verdict]]) -> Verdict:
+    """One verdict from several runs (pools): ``does not hold`` if any run says so, else ``holds`` if any
+    does, else ``inconclusive``; the measured text lists every run's verdict."""
+    if not results:
+        return "inconclusive", "no runs with results"
+    vs = [v for _, (v, _) in results]
+    verdict = "does not hold" if "does not hold" in vs else "holds" if "holds" in vs else "inconclusive"
+    if len(results) == 1:
+        return verdict, results[0][1][1]
+    return verdict, " || ".join(f"{exp} → {v}: {m}" for exp, (v, m) in results)
 
 
-def _monotone(records: Records, exp: str, method: str, *, want_monotone: bool) -> Verdict:
-    recs = records[exp]
-    series = _series(recs, method)
-    if not series:
-        return "inconclusive", f"no {method} results in {exp}"
-    parts, drops = [], []
-    for name, rows in sorted(series.items()):
-        if len(rows) < 3:
-            return "inconclusive", f"{name}: only {len(rows)} N values"
-        best = max(rows, key=lambda r: r["lift"])
-        last = rows[-1]
-        z = _z(last["lift"], last["lift_se"], best["lift"], best["lift_se"])
-        drops.append(z > 2.0)
-        parts.append(f"{name}: lift {last['lift']:.2f}±{last['lift_se']:.2f} at N={last['N']} vs best "
-                     f"{best['lift']:.2f}±{best['lift_se']:.2f} at N={best['N']} (drop {z:.1f} SE)")
-    measured = "; ".join(parts)
-    if want_monotone:
-        return ("holds" if not any(drops) else "does not hold"), measured
-    return ("holds" if all(drops) else "does not hold"), measured
+_SCALING = ("p1-scaling", "p1-scaling-imdb")
+_SWEEP = ("p1-privacy-sweep", "p1-privacy-sweep-imdb")
 
 
-def _privitp_vs_privbon(records: Records) -> Verdict:
-    recs = records["p1-scaling"]
-    itp, bon = _series(recs, "PrivITP"), _series(recs, "PrivBoN")
-    if not itp or not bon:
-        return "inconclusive", "PrivITP or PrivBoN missing from p1-scaling"
-    parts, ok = [], []
-    for (ni, ri), (nb, rb) in zip(sorted(itp.items()), sorted(bon.items())):
-        a, b = ri[-1], rb[-1]
-        z = _z(a["lift"], a["lift_se"], b["lift"], b["lift_se"])  # > 0: PrivBoN above PrivITP
-        ok.append(z <= 2.0)
-        e1 = a.get("epsilon1")
-        parts.append(f"N={a['N']}: {ni} {a['lift']:.2f}±{a['lift_se']:.2f} vs {nb} {b['lift']:.2f}±{b['lift_se']:.2f} "
-                     f"(PrivBoN ε={b.get('epsilon') or float('nan'):.3g}; PrivITP ε1={e1 if e1 is None else round(e1, 3)} "
-                     "+ realised ε2; matched by σ as the authors did, not by ε: K12)")
-    return ("holds" if all(ok) else "does not hold"), "; ".join(parts)
+def _hack_rate(records: list[dict], runs: dict | None, exp: str) -> float | None:
+    man = (runs or {}).get(exp, {}).get("manifest") or {}
+    cfg = man.get("config") or {}
+    label = next((r.get("pool_label") for r in records if r.get("pool_label")), "")
+    return cfg.get("syn_hack_rate") if label.startswith("synthetic") else None
 
 
-def _eps_star(records: Records) -> Verdict:
-    recs = [r for r in records["p1-epsilon-star"] if r.get("epsilon") is not None and r.get("variant") == "sigma_reg"]
-    if not recs:
-        return "inconclusive", "no finite-ε results of the σ = max(2Δ/ε, σ_reg) curve"
-    e_star = recs[0]["eps_star"]
-    bound = math.sqrt(recs[0]["coverage"] * recs[0]["eps_rm"] ** 2)
-    above = [r for r in recs if r["epsilon"] >= e_star]
-    if not above:
-        return "inconclusive", f"ε* = {e_star:.3g} is above the largest ε on the grid"
-    worst = max(above, key=lambda r: r["regret"])
-    ok = worst["regret"] - 2 * worst["regret_se"] <= bound
-    plain = {r["epsilon"]: r["regret"] for r in records["p1-epsilon-star"] if r.get("variant") == "plain" and r.get("epsilon")}
-    extra = f"; plain σ = 2Δ/ε at ε={worst['epsilon']:g}: {plain[worst['epsilon']]:.3f}" if worst["epsilon"] in plain else ""
-    return ("holds" if ok else "does not hold"), (
-        f"ε* = {e_star:.3g}; with σ = max(2Δ/ε, σ_reg), max regret at ε ≥ ε*: {worst['regret']:.3f}±{worst['regret_se']:.3f} "
-        f"(ε={worst['epsilon']:g}); √(C·ε_RM²) = {bound:.3f}; skyline ¼√(C·ε_RM²) = {bound / 4:.3f}{extra}")
+def _p1_1(R: Records, runs=None) -> Verdict:
+    from privalign.experiments.verdicts import p1_1_rule
+
+    return _combine([(e, p1_1_rule(R[e], planted_hack_rate=_hack_rate(R[e], runs, e))) for e in _SCALING if R.get(e)])
 
 
-def _budget(records: Records) -> Verdict:
-    allr = records["p1-budget"]
-    recs = [r for r in allr if r.get("accounting") == "ex-post filter"]
-    if not recs:
-        return "inconclusive", "no ex-post filter rows"
-    over = [r for r in allr if ("spent_epsilon" in r and r.get("accounting") != "basic composition"
-                                and r["spent_epsilon"] > r["budget_epsilon"] + 1e-9)
-            or ("spent_rho" in r and r["spent_rho"] > r["rho_budget"] + 1e-12)]
-    ok = all(r["served"] > r["t_basic"] for r in recs)
-    by_sigma: dict = {}
-    for r in recs:
-        by_sigma.setdefault(r["sigma"], []).append(r)
-    parts = [f"σ={s:g}: served {min(r['served'] for r in rows)}–{max(r['served'] for r in rows)} over {len(rows)} sessions "
-             f"vs T_basic {rows[0]['t_basic']}" + (" (pool exhausted)" if any(r.get("pool_exhausted") for r in rows) else "")
-             for s, rows in sorted(by_sigma.items())]
-    bon = {r["accounting"]: r["served"] for r in allr if r.get("method") == "PrivBoN" and r.get("seed_index") == 0}
-    if bon:
-        parts.append("PrivBoN seed 0: " + ", ".join(f"{k} {v}" for k, v in sorted(bon.items())))
-    verdict = "holds" if ok and not over else "does not hold"
-    return verdict, "; ".join(parts) + (f"; {len(over)} OVERSHOOT(S)" if over else "; no overshoot")
+def _mono(method: str, fallback: str | None = None):
+    def f(R: Records, runs=None) -> Verdict:
+        from privalign.experiments.verdicts import monotone_rule
+
+        out = []
+        for e in _SCALING:
+            if not R.get(e):
+                continue
+            recs = R[e]
+            m = method if any(r.get("method") == method for r in recs) or fallback is None else fallback
+            v, txt = monotone_rule(recs, m)
+            if m == "PrivITP-fixed":  # the paper's setting is a fixed noise level; also report equal-ε curves
+                v2, t2 = monotone_rule(recs, "PrivITP")
+                txt += f" | for contrast, PrivITP re-matched to ε at every N (ε_max(N) = ε): {v2}"
+            out.append((e, (v, txt)))
+        return _combine(out)
+
+    return f
+
+
+def _p1_5(R: Records, runs=None) -> Verdict:
+    from privalign.experiments.verdicts import p1_5_rule
+
+    out = [(e, p1_5_rule(R[e], match="worst")) for e in _SWEEP if R.get(e)]
+    if not out:  # the scaling runs, when matched by the default rule
+        out = [(e, p1_5_rule(R[e], match="worst")) for e in _SCALING if R.get(e)]
+    return _combine(out)
+
+
+def _p1_8(R: Records, runs=None) -> Verdict:
+    from privalign.experiments.verdicts import p1_8_rule
+
+    return _combine([(e, p1_8_rule(R[e])) for e in _SCALING if R.get(e)])
+
+
+def _eps_star(R: Records, runs=None) -> Verdict:
+    from privalign.experiments.verdicts import p1_7_rule
+
+    return p1_7_rule(R["p1-epsilon-star"])
+
+
+def _budget(R: Records, runs=None) -> Verdict:
+    from privalign.experiments.verdicts import p1_6_rule
+
+    return p1_6_rule(R["p1-budget"])
 
 
 def _rates_slope(records: Records, *, sweep: str, method: str, low: float, high: float) -> Verdict:
-    from privalign.experiments.paper2 import fit_slope
+    from privalign.experiments.paper2 import fit_slope, learning_regime
+    from privalign.experiments.verdicts import slope_rule
 
-    s = fit_slope(records["p2-rates"], sweep, method)
-    if s is None:
-        return "inconclusive", f"fewer than two {sweep} values for {method}"
-    if low <= s["slope"] <= high:
-        verdict = "holds"
-    elif s["slope_hi"] < low or s["slope_lo"] > high:
-        verdict = "does not hold"
-    else:
-        verdict = "inconclusive"  # point estimate outside the range, but the 95% CI overlaps it
-    return verdict, (
-        f"{method}: log-log slope of the error vs {sweep} = {s['slope']:.2f} (95% CI {s['slope_lo']:.2f}..{s['slope_hi']:.2f}, "
-        f"{s['points']} points)")
+    recs = records["p2-rates"]
+    return slope_rule(fit_slope(recs, sweep, method), low=low, high=high, regime=learning_regime(recs, sweep, method),
+                      what=f"{method}: log-log slope of the squared error vs {sweep}")
 
 
-def _sparse_beats_dense(records: Records) -> Verdict:
+def _sparse_beats_dense(records: Records, runs=None) -> Verdict:
+    from privalign.experiments.paper2 import sparse_dense_pairs
+    from privalign.experiments.verdicts import mcnemar_rule
+
     recs = records["p2-accuracy"]
-    parts, ok = [], []
-    for eps in (2.0, 8.0):
-        for ds in sorted({r["dataset"] for r in recs}):
-            row = {r["method"]: r for r in recs if r.get("epsilon") == eps and r.get("dataset") == ds}
-            for sparse, dense in (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear")):
-                if sparse in row and dense in row:
-                    a, b = row[dense], row[sparse]
-                    ok.append(b["accuracy"] > a["accuracy"])
-                    parts.append(f"{ds} ε={eps:g}: {sparse} {b['accuracy']:.3f} vs {dense} {a['accuracy']:.3f} "
-                                 f"(±{max(a['accuracy_se'], b['accuracy_se']):.3f})")
-    if not ok:
-        return "inconclusive", "no matching rows at ε ∈ {2, 8}"
-    return ("holds" if all(ok) else "does not hold"), "; ".join(parts)
+    pairs = sparse_dense_pairs(recs)
+    if not pairs and any(r.get("epsilon") in (2.0, 8.0) for r in recs):
+        return "inconclusive", "rows at ε ∈ {2, 8} lack per-pair outcomes ('correct'): rerun p2-accuracy"
+    return mcnemar_rule(pairs)
 
 
-def _winrate_order(records: Records) -> Verdict:
+def _winrate_order(records: Records, runs=None) -> Verdict:
     from privalign.experiments.winrate import order_verdict
 
     return order_verdict(records["p2-winrate"], epsilon=8.0)
 
 
-def _train_vs_inference(records: Records) -> Verdict:
+def _train_vs_inference(records: Records, runs=None) -> Verdict:
     recs = records["beyond-train-vs-inference"]
     last = max((r["T"] for r in recs if "T" in r), default=None)
     if last is None:
@@ -203,69 +179,96 @@ def _train_vs_inference(records: Records) -> Verdict:
         return "inconclusive", f"methods at T={last}: {sorted(rows)}"
     a, b = rows["PrivBoN"], rows["DP reward model + BoN"]
     z = _z(a["value"], a["value_se"], b["value"], b["value_se"])
-    return ("holds" if z > 2 else "does not hold"), (
+    verdict = "holds" if z > 2 else "does not hold" if z < -2 else "inconclusive"
+    se = math.sqrt(a["value_se"] ** 2 + b["value_se"] ** 2)
+    return verdict, (
         f"T={last}: DP-trained RM + BoN {b['value']:.3f}±{b['value_se']:.3f} vs PrivBoN {a['value']:.3f}±{a['value_se']:.3f} "
-        "at the same total (ε, δ)")
+        f"at the same total (ε, δ): difference {z:.1f} combined SE (2-SE rule, unpaired); detectable difference ≈ "
+        f"{2.84 * se:.3f} (2 SE + z_0.8·SE)")
 
 
-def _membership(records: Records) -> Verdict:
+def _membership(records: Records, runs=None) -> Verdict:
     recs = [r for r in records["beyond-membership"] if r.get("kind") == "attack"]
     priv = sorted([r for r in recs if r["service"] == "PrivBoN"], key=lambda r: r["epsilon_claimed"])
     bon = [r for r in recs if r["service"] == "BoN"]
     if not priv:
         return "inconclusive", "no PrivBoN audit rows"
     ok = all(r["eps_lower_bound"] <= r["epsilon_claimed"] + 1e-12 for r in priv)
+    # power: the same audit must detect the leak of plain BoN (a positive lower bound), else it says nothing
+    powered = bool(bon) and bon[0]["eps_lower_bound"] > 0
     parts = [f"BoN: advantage {bon[0]['advantage']:.3f} at Q={bon[0]['Q_max']}, audit ε ≥ {bon[0]['eps_lower_bound']:.2f}"] if bon else []
     parts += [f"PrivBoN ε={r['epsilon_claimed']:g}: audit ε ≥ {r['eps_lower_bound']:.3f}, advantage {r['advantage']:.3f} at "
               f"Q={r['Q_max']}" for r in priv]
-    return ("holds" if ok else "does not hold"), "; ".join(parts)
+    if not ok:
+        return "does not hold", "; ".join(parts)
+    if not powered:
+        return "inconclusive", "; ".join(parts) + "; the audit finds no leak against plain BoN either: no power"
+    return "holds", "; ".join(parts) + "; the audit detects plain BoN's leak (positive control)"
 
+
+_PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
 
 CLAIMS: list[Claim] = [
     Claim("P1-1", "Paper 1", "BoN is not scaling-monotonic: past a critical N its true reward falls (reward hacking). [paper; Huang]",
-          "p1-scaling", "holds if BoN's lift at the largest N is more than 2 SE below its best lift over N",
-          lambda R: _monotone(R, "p1-scaling", "BoN", want_monotone=False)),
+          "p1-scaling", f"holds if BoN's lift at the largest N is significantly below its lift at some smaller N ({_PAIRED}); "
+          "on a pool where BoN does not degrade: inconclusive on this pool (never 'does not hold'), except on a synthetic "
+          "pool with reachable planted hacks (N_max·hack_rate ≥ 2) where the drop's upper bound is < 10% of the best lift",
+          _p1_1, also=("p1-scaling-imdb",)),
     Claim("P1-2", "Paper 1", "PrivBoN is scaling-monotonic: its lift does not fall as N grows. [paper]",
-          "p1-scaling", "holds if, for every PrivBoN variant, the lift at the largest N is within 2 SE of its best lift",
-          lambda R: _monotone(R, "p1-scaling", "PrivBoN", want_monotone=True)),
+          "p1-scaling", "decided only with a positive control (BoN degrades significantly in the same run); then: does not "
+          f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the drop's upper "
+          "95% bound is below min(½·BoN's drop, ¼·the curve's best lift) and the curve has a significant lift; else "
+          "inconclusive",
+          _mono("PrivBoN"), also=("p1-scaling-imdb",)),
     Claim("P1-3", "Paper 1", "PrivITP is scaling-monotonic. [paper]", "p1-scaling",
-          "holds if the PrivITP lift at the largest N is within 2 SE of its best lift",
-          lambda R: _monotone(R, "p1-scaling", "PrivITP", want_monotone=True)),
+          "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve re-matched "
+          "to ε at every N is reported for contrast", _mono("PrivITP-fixed", fallback="PrivITP"), also=("p1-scaling-imdb",)),
     Claim("P1-4", "Paper 1", "ITP is scaling-monotonic (attains the skyline; Huang et al.). [paper; Huang]", "p1-scaling",
-          "holds if the ITP lift at the largest N is within 2 SE of its best lift",
-          lambda R: _monotone(R, "p1-scaling", "ITP", want_monotone=True)),
-    Claim("P1-5", "Paper 1", "PrivITP matches or beats PrivBoN at equivalent privacy. [paper]", "p1-scaling",
-          "holds if PrivITP's lift at the largest N is not more than 2 SE below PrivBoN's (pairs matched as in the authors' script)",
-          _privitp_vs_privbon),
+          "as P1-2, for ITP", _mono("ITP"), also=("p1-scaling-imdb",)),
+    Claim("P1-5", "Paper 1", "PrivITP matches or beats PrivBoN at equivalent privacy. [paper]", "p1-privacy-sweep",
+          "at equal privacy (default matching 'worst': PrivITP's ε_max(N) at δ = PrivBoN's ε), at every (N, ε): paired "
+          "per-prompt difference PrivITP − PrivBoN; does not hold if PrivBoN is significantly ahead anywhere (one-sided "
+          "α = 0.05, Bonferroni over the grid); holds if everywhere the lower bound exceeds −10% of BoN's lift "
+          "(non-inferiority); else inconclusive", _p1_5, also=("p1-privacy-sweep-imdb", "p1-scaling", "p1-scaling-imdb")),
     Claim("P1-6", "Paper 1", "Ex-post (adaptive) composition serves more prompts under a fixed budget than basic composition. [paper]",
-          "p1-budget", "holds if, for every σ and seed, prompts served by the ex-post filter > T_basic = ⌊ε_total/ε_max⌋ and no run overshoots",
+          "p1-budget", "does not hold if some session serves ≤ T_basic = ⌊ε_total/ε_max⌋ or a filter overshoots; holds if "
+          "not and at some σ the mean true-reward lift per served prompt is significantly > 0 (one-sided t, α = 0.05, "
+          "Bonferroni over σ); inconclusive if the served prompts have no measurable lift",
           _budget),
     Claim("P1-7", "Paper 1", "At ε ≥ ε* = 2Δ_r√C/ε_RM, PrivBoN's regret is O(√(C·ε_RM²)): privacy costs nothing extra. [paper]",
-          "p1-epsilon-star", "with σ = max(2Δ_r/ε, σ_reg) (spec §2.3 implementation rule): holds if the largest regret at grid ε ≥ ε*, minus 2 SE, is ≤ √(C·ε_RM²) (constant 1: our choice, the paper states O(·))",
+          "p1-epsilon-star", "relative test on the plain PrivBoN curve (σ = 2Δ_r/ε), ε* and σ_reg from calibration prompts "
+          "disjoint from the evaluation prompts: does not hold if some grid ε ≥ ε* has regret significantly above the "
+          "best regret over every σ in the run (paired, one-sided α = 0.05, Bonferroni); holds if none does and the "
+          "control works (some ε ≤ ε*/4 has significantly larger regret); else inconclusive",
           _eps_star),
-    Claim("P1-8", "Paper 1", "PrivITP's ex-post cost depends only on the realised stopping time, not on n. [paper]", None,
-          "—", None, "a property of the accountant's formula ε2 = (t−1)ℓ1 + ℓ2, checked by unit tests (tests/accounting), not by an experiment"),
+    Claim("P1-8", "Paper 1", "PrivITP's ex-post cost depends only on the realised stopping time, not on n. [paper]", "p1-scaling",
+          "at a fixed σ, from N ≈ N_max/8 to N_max: holds if the upper 95% bound of the growth of E[realised ε] (paired "
+          "over prompts) is < 10% of the growth of ε_max(N); does not hold if its lower bound is > 50%; inconclusive "
+          "otherwise or if ε_max grows < 10%", _p1_8, also=("p1-scaling-imdb",)),
     Claim("P1-9", "Paper 1", "Regret bounds: PrivITP O(√(C(ε_RM² + R_max σ))); skyline lower bound ¼√(C ε_RM²). [paper]", None,
           "—", None, "asymptotic statements with unstated constants; only P1-7's instance is checked numerically"),
     Claim("P1-10", "Paper 1", "The reported trends on GSM8K, MMLU and MATH with two LMs and four reward models. [paper]", None,
           "—", None, "needs GPU-built pools (Phi-3-class LM, 10,000 samples per prompt, 7B-scale reward models); "
           "run p1-scaling with --config pointing at such a pool"),
     Claim("P2-1", "Paper 2", "Sample-DP-IHT: error Õ(s*/n + s*²/(n²ε²)), decreasing in n. [paper]", "p2-rates",
-          "holds if the log-log slope of the error vs n lies in [-2.5, -0.5]",
-          lambda R: _rates_slope(R, sweep="n", method="SampleDPIHT", low=-2.5, high=-0.5)),
+          "holds if the 95% CI of the log-log slope of the error vs n lies inside [-2.5, -0.5] and every fitted point is in "
+          "the learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside (points in the regime); else inconclusive",
+          lambda R, runs=None: _rates_slope(R, sweep="n", method="SampleDPIHT", low=-2.5, high=-0.5)),
     Claim("P2-2", "Paper 2", "RR-IHT: error Õ(s*/n·(1 + 1/ε²)): linear in s*. [paper]", "p2-rates",
-          "holds if the log-log slope of the RR-IHT error vs s* lies in [0.5, 1.5]",
-          lambda R: _rates_slope(R, sweep="s", method="RRIHT", low=0.5, high=1.5)),
+          "as P2-1, for the RR-IHT slope vs s* in [0.5, 1.5]",
+          lambda R, runs=None: _rates_slope(R, sweep="s", method="RRIHT", low=0.5, high=1.5)),
     Claim("P2-3", "Paper 2", "Sparse private estimators depend on d only logarithmically. [paper]", "p2-rates",
-          "holds if the log-log slope of the RR-IHT error vs d is ≤ 0.35 (log d growth over the grid)",
-          lambda R: _rates_slope(R, sweep="d", method="RRIHT", low=-1.0, high=0.35)),
+          "as P2-1, for the RR-IHT slope vs d in [-1, 0.35] (log d growth over the grid)",
+          lambda R, runs=None: _rates_slope(R, sweep="d", method="RRIHT", low=-1.0, high=0.35)),
     Claim("P2-4", "Paper 2", "At ε ∈ {2, 8}, sparse methods (RR-IHT, Sample-DP IHT) beat dense ones (RR, DP-SGD). [paper]",
-          "p2-accuracy", "holds if each sparse method's held-out preference accuracy exceeds its dense counterpart's at ε = 2 and 8",
+          "p2-accuracy", "exact one-sided McNemar tests on the shared held-out pairs at ε = 2 and 8, α = 0.05 Bonferroni: "
+          "holds if every sparse method is significantly more accurate than its dense counterpart; does not hold if some "
+          "dense one is significantly more accurate; else (or an ε missing) inconclusive",
           _sparse_beats_dense),
     Claim("P2-5", "Paper 2", "Win rates at ε = 8: RR-IHT > Sample-DP IHT > RR > DP-SGD (Gemma-3-1B, Llama-2-7B). [paper]",
-          "p2-winrate", "SmolLM2-135M best-of-16 analogue on IMDb and HH-RLHF at ε = 8: does not hold if any adjacent pair of "
-          "the paper's order is reversed with its 95% paired bootstrap interval below 0 on a data set; holds if the point "
-          "estimates are in the paper's order on every data set; else inconclusive",
+          "p2-winrate", "SmolLM2-135M best-of-16 analogue on IMDb and HH-RLHF at ε = 8, symmetric: holds if every adjacent "
+          "gap of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval > 0) on "
+          "every data set; does not hold if any gap is significantly reversed; else inconclusive",
           _winrate_order),
     Claim("P2-6", "Paper 2", "PPO-aligned LLaMA-7b on IMDb: higher reward at the same KL for sparse methods. [paper]", None,
           "—", None, "7B policy and PPO need a GPU; the SmolLM2 best-of-N analogue is P2-5"),
@@ -273,10 +276,12 @@ CLAIMS: list[Claim] = [
           "theoretical statements; rates are only checked for their n, s*, d dependence (P2-1..P2-3)"),
     Claim("B-1", "Beyond", "A DP-trained reward model used without further noise (post-processing) beats per-query "
           "PrivBoN at the same total (ε, δ) once T is large. [our question]", "beyond-train-vs-inference",
-          "holds if at the largest T the DP-RM + BoN value exceeds PrivBoN's by more than 2 SE", _train_vs_inference),
+          "at the largest T: holds if the DP-RM + BoN value exceeds PrivBoN's by more than 2 SE; does not hold if it is "
+          "more than 2 SE below; else inconclusive", _train_vs_inference),
     Claim("B-2", "Beyond", "Membership inference by repeated queries succeeds against plain BoN; against PrivBoN the "
           "audit's empirical ε lower bound stays below the claimed ε. [paper describes the attack]", "beyond-membership",
-          "holds if PrivBoN's empirical ε lower bound (Clopper–Pearson, stated α) ≤ the claimed ε", _membership),
+          "does not hold if PrivBoN's empirical ε lower bound (Clopper–Pearson, stated α) exceeds the claimed ε; holds if "
+          "not and the same audit finds plain BoN's leak (ε lower bound > 0); else inconclusive (no power)", _membership),
 ]
 
 
@@ -295,36 +300,63 @@ def _load_runs(run_dirs: list[Path]) -> tuple[Records, dict[str, dict]]:
     return records, runs
 
 
+def _config_tag(name: str, man: dict) -> str:
+    """``quick``, ``full`` (the packaged full configuration) or ``custom`` configuration."""
+    if man.get("quick"):
+        return "quick"
+    try:
+        from privalign.experiments.config import config_hash, load_config, packaged_config_path
+        from privalign.experiments.registry import get_experiment
+
+        exp = get_experiment(name)
+        full = load_config(packaged_config_path(exp.config_name), exp.schema)
+        return "full" if config_hash(exp.name, full) == man.get("config_hash") else "custom"
+    except Exception:  # noqa: BLE001 - an unknown experiment or a missing packaged file: say custom
+        return "custom"
+
+
 def evaluate_claims(records: Records, runs: dict[str, dict] | None = None) -> list[dict]:
-    """Apply every claim's rule to the records (``experiment name -> results.jsonl records``)."""
+    """Apply every claim's rule to the records (``experiment name -> results.jsonl records``).
+
+    Each computed verdict's text ends with the configuration of every run it read (``[p1-scaling: quick
+    configuration]``, full or custom), incomplete runs and synthetic fallbacks; the rules themselves state
+    the pool (real or synthetic with planted reward hacking), how privacy was matched, α and the power.
+    """
     out = []
     for c in CLAIMS:
-        row = {"id": c.id, "paper": c.paper, "claim": c.text, "experiment": c.experiment or "—", "rule": c.rule}
+        exps = [e for e in (c.experiment, *c.also) if e]
+        row = {"id": c.id, "paper": c.paper, "claim": c.text, "experiment": " + ".join(exps) or "—", "rule": c.rule}
+        present = [e for e in exps if e in records]
         if c.evaluate is None:
             row.update(verdict="not testable here", measured=c.reason)
-        elif c.experiment not in records:
+        elif not present:
             from privalign.experiments.registry import EXPERIMENTS
 
             why = (f"no run directory of {c.experiment} was given" if c.experiment in EXPERIMENTS
                    else f"{c.experiment} is not implemented in this build (docs/experiments.md says why)")
             row.update(verdict="not run", measured=why)
-        elif not records[c.experiment]:
+        elif not any(records[e] for e in present):
             row.update(verdict="inconclusive", measured="the run has no results")
         else:
+            full = {e: records.get(e, []) for e in exps}
+            full.update(records)
             try:
-                verdict, measured = c.evaluate(records)
-            except (KeyError, TypeError, ValueError) as exc:
+                verdict, measured = c.evaluate(full, runs)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
                 verdict, measured = "inconclusive", f"results lack a needed field ({type(exc).__name__}: {exc})"
-            if runs and c.experiment in runs:
-                man = runs[c.experiment]["manifest"]
-                if man.get("quick"):
-                    measured += " [quick configuration]"
+            tags = []
+            for e in present:
+                if not (runs and e in runs) or not records[e]:
+                    continue
+                man = runs[e]["manifest"]
+                tag = f"{e}: {_config_tag(e, man)} configuration"
                 if man.get("status") != "complete":
-                    measured += " [run INCOMPLETE]"
+                    tag += ", run INCOMPLETE"
                 pool = (man.get("inputs") or {}).get("pool") or {}
                 if pool.get("kind") == "synthetic-fallback":
-                    measured += " [synthetic pool: the shipped pool was absent]"
-            row.update(verdict=verdict, measured=measured)
+                    tag += ", synthetic pool: the shipped pool was absent"
+                tags.append(f"[{tag}]")
+            row.update(verdict=verdict, measured=measured + (" " + " ".join(tags) if tags else ""))
         out.append(row)
     return out
 

@@ -359,35 +359,33 @@ def winrate_table(records: list[dict], *, n_bootstrap: int | None = None, seed: 
 def order_verdict(records: list[dict], epsilon: float = 8.0) -> tuple[str, str]:
     """Claim P2-5: is RR-IHT > Sample-DP IHT > RR > DP-SGD (win rate at ``epsilon``) on every data set?
 
-    Rule: ``does not hold`` if any adjacent pair of the paper's order is reversed with the 95% bootstrap
-    interval of the (prompt-paired) difference entirely below 0; ``holds`` if the point estimates are strictly
-    in the paper's order on every data set and no pair is significantly reversed; else ``inconclusive``.
+    Symmetric rule (:func:`privalign.experiments.verdicts.order_rule`): ``holds`` only if every adjacent gap
+    of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval
+    above 0) on every data set; ``does not hold`` if any gap is significantly reversed (interval below 0);
+    else ``inconclusive``. The measured text states each interval's half-width and the number of prompts
+    that would give a ±0.05 half-width (enough to resolve a 5-point gap).
     """
+    from privalign.experiments.verdicts import order_rule
+
     rows = [r for r in records if r.get("kind") == "winrate"]
     table = {(t["dataset"], t["method"]): t for t in winrate_table(rows) if t["epsilon"] == epsilon}
     dss = sorted({k[0] for k in table})
     if not dss:
         return "inconclusive", f"no win-rate rows at ε = {epsilon:g}"
-    parts, ordered, reversed_sig, n_sig, n_rev = [], True, False, 0, 0
+    gaps, parts = [], []
     for ds in dss:
         if not all((ds, m) in table for m in PAPER_ORDER):
             return "inconclusive", f"{ds}: methods at ε = {epsilon:g}: {sorted(m for d, m in table if d == ds)}"
-        gaps = []
         for a, b in zip(PAPER_ORDER, PAPER_ORDER[1:]):
             lo, hi = _paired_diff_ci(rows, ds, a, b, epsilon)
-            diff = table[(ds, a)]["win_rate"] - table[(ds, b)]["win_rate"]
-            ordered &= diff > 0
-            reversed_sig |= hi < 0
-            n_sig += lo > 0
-            n_rev += hi < 0
-            gaps.append(f"{a}−{b} {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-        wr = ", ".join(f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, {table[(ds, m)]['ci_hi']:.3f}]"
-                       for m in PAPER_ORDER)
-        parts.append(f"{ds} (P={table[(ds, PAPER_ORDER[0])]['prompts']}, {table[(ds, PAPER_ORDER[0])]['replicates']} seeds): "
-                     f"{wr}; gaps {'; '.join(gaps)}")
-    verdict = "does not hold" if reversed_sig else ("holds" if ordered else "inconclusive")
-    return verdict, " | ".join(parts) + (f" | of {3 * len(dss)} adjacent gaps (95% paired intervals): {n_sig} significantly in "
-                                         f"the paper's direction, {n_rev} significantly reversed")
+            gaps.append({"dataset": ds, "a": a, "b": b, "diff": table[(ds, a)]["win_rate"] - table[(ds, b)]["win_rate"],
+                         "lo": lo, "hi": hi, "prompts": table[(ds, a)]["prompts"]})
+        t0 = table[(ds, PAPER_ORDER[0])]
+        parts.append(f"{ds} (P={t0['prompts']}, {t0['replicates']} seeds): " + ", ".join(
+            f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, {table[(ds, m)]['ci_hi']:.3f}]"
+            for m in PAPER_ORDER))
+    verdict, measured = order_rule(gaps)
+    return verdict, measured + " | " + " | ".join(parts)
 
 
 def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -> tuple[float, float]:

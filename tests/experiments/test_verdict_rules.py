@@ -1,0 +1,261 @@
+"""Every verdict rule of the claims table on constructed results: each rule must be able to return
+"holds", "does not hold" and "inconclusive" (where all three make sense), from the numbers alone.
+
+The constructed records have the fields the experiments write (per-prompt lifts ``lift_pp`` and the
+``prompts`` they belong to, so the paired tests run as they do on real runs)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from privalign.experiments import verdicts as V
+from privalign.experiments.report import evaluate_claims
+
+P = 40  # prompts
+NS = [1, 4, 16, 64, 256, 1024]
+SYN = "synthetic (planted reward hacking)"
+REAL = "real: imdb-smollm2.jsonl.gz"
+
+
+def _rec(method, variant, n, pp, *, pool=SYN, **extra):
+    pp = np.asarray(pp, float)
+    return {"method": method, "variant": variant, "N": n, "n_prompts": pp.size, "lift": float(pp.mean()),
+            "lift_se": float(pp.std(ddof=1) / math.sqrt(pp.size)), "lift_pp": pp.tolist(),
+            "prompts": list(range(pp.size)), "pool_label": pool, **extra}
+
+
+def _curve(method, means, *, noise=1.0, seed=0, pool=SYN, variant=None, prompt_sd=5.0, **extra):
+    """Per-prompt lifts = mean(N) + a prompt effect shared across N + independent noise."""
+    rng = np.random.default_rng(seed)
+    effect = rng.normal(0, prompt_sd, P)
+    return [_rec(method, variant or method, n, m + effect + rng.normal(0, noise, P), pool=pool, **extra)
+            for n, m in zip(NS, means)]
+
+
+BON_DEGRADES = [0, 30, 55, 58, 40, 5]
+BON_RISES = [0, 30, 45, 50, 52, 53]
+
+
+# --- statistics ------------------------------------------------------------------------------------
+
+def test_paired_diff_matches_prompts_and_cancels_prompt_effects():
+    a = {"lift_pp": [1.0, 10.0, 100.0], "prompts": [0, 1, 2]}
+    b = {"lift_pp": [101.0, 2.0, 11.0], "prompts": [2, 0, 1]}  # same prompts, other order, +1 each
+    d = V.paired_diff(a, b)
+    assert d["mean"] == pytest.approx(1.0) and d["se"] == pytest.approx(0.0) and d["n"] == 3
+    assert V.paired_diff(a, {"lift_pp": [1.0], "prompts": [0]}) is None
+
+
+def test_exact_critical_values_and_mcnemar():
+    assert V.t_crit(10) == pytest.approx(1.812461, abs=1e-6)  # t_{0.95, 10}
+    assert V.t_crit(10, k=5) == pytest.approx(2.763769, abs=1e-6)  # t_{0.99, 10}
+    # P(X >= 9), X ~ Bin(10, 1/2) = 11/1024
+    assert V.mcnemar_exact(9, 1) == pytest.approx(11 / 1024)
+    assert V.mcnemar_exact(0, 0) == 1.0
+
+
+# --- P1-1 ----------------------------------------------------------------------------------------
+
+def test_p1_1_three_outcomes():
+    assert V.p1_1_rule(_curve("BoN", BON_DEGRADES))[0] == "holds"
+    v, m = V.p1_1_rule(_curve("BoN", BON_RISES, pool=REAL))
+    assert v == "inconclusive" and "inconclusive on this pool" in m and "real" in m
+    # planted hacks reachable (1024 × 0.01 ≈ 10 per pool) and BoN still rises, tightly: does not hold
+    v, m = V.p1_1_rule(_curve("BoN", BON_RISES, noise=0.2), planted_hack_rate=0.01)
+    assert v == "does not hold" and "planted" in m
+    # the same numbers on a real pool: never "does not hold"
+    assert V.p1_1_rule(_curve("BoN", BON_RISES, noise=0.2, pool=REAL))[0] == "inconclusive"
+    v, m = V.p1_1_rule(_curve("BoN", BON_DEGRADES)[:3])
+    assert v == "inconclusive" and "N too small" in m
+
+
+# --- P1-2..P1-4 ----------------------------------------------------------------------------------
+
+def test_monotone_three_outcomes_and_positive_control():
+    ctrl = _curve("BoN", BON_DEGRADES)
+    flat = _curve("PrivBoN", [0, 10, 20, 25, 25, 25], seed=1)
+    falls = _curve("PrivBoN", [0, 10, 20, 25, 15, 5], seed=1)
+    noisy = _curve("PrivBoN", [0, 10, 20, 25, 23, 21], noise=60.0, seed=1)
+    assert V.monotone_rule(ctrl + flat, "PrivBoN")[0] == "holds"
+    assert V.monotone_rule(ctrl + falls, "PrivBoN")[0] == "does not hold"
+    v, m = V.monotone_rule(ctrl + noisy, "PrivBoN")
+    assert v == "inconclusive"
+    # no positive control: the same flat curve is inconclusive
+    v, m = V.monotone_rule(_curve("BoN", BON_RISES) + flat, "PrivBoN")
+    assert v == "inconclusive" and "no over-optimisation on this pool" in m
+    v, m = V.monotone_rule(ctrl[:3] + flat[:3], "PrivBoN")
+    assert v == "inconclusive" and "N too small" in m
+    # a curve with no lift at all cannot be called monotone
+    v, m = V.monotone_rule(ctrl + _curve("PrivBoN", [0] * 6, noise=0.5, prompt_sd=0.5, seed=3), "PrivBoN")
+    assert v == "inconclusive" and "vacuous" in m
+
+
+# --- P1-5 ----------------------------------------------------------------------------------------
+
+def _sweep(gap, *, noise=0.5, match="worst", seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in (16, 256):
+        base = rng.normal(0, 5, P)
+        out.append(_rec("BoN", "BoN", n, 50 + base, epsilon=None))
+        for e in (1.0, 10.0):
+            pb = 3 * e + base + rng.normal(0, 0.5, P)
+            out.append(_rec("PrivBoN", "PrivBoN", n, pb, epsilon=e))
+            out.append(_rec("PrivITP", f"PrivITP [{match}]", n, pb + gap + rng.normal(0, noise, P), epsilon=e,
+                            privacy_match=match, epsilon_max=e, expected_epsilon_realized=0.5 * e, delta=1e-5))
+    return out
+
+
+def test_p1_5_three_outcomes_at_equal_privacy():
+    assert V.p1_5_rule(_sweep(+1.0))[0] == "holds"
+    v, m = V.p1_5_rule(_sweep(-10.0))
+    assert v == "does not hold" and "ε_max=" in m and "E[ε]=" in m and "equal privacy" in m
+    assert V.p1_5_rule(_sweep(-1.0, noise=40.0))[0] == "inconclusive"
+    v, m = V.p1_5_rule(_sweep(+1.0, match="sigma"))
+    assert v == "inconclusive" and "not at equal privacy" in m
+
+
+# --- P1-6 ----------------------------------------------------------------------------------------
+
+def _budget(served, t_basic, lifts, *, over=False):
+    return [{"method": "PrivITP", "accounting": "ex-post filter", "sigma": 0.5, "seed_index": k, "served": served,
+             "t_basic": t_basic, "budget_epsilon": 50.0, "spent_epsilon": 51.0 if over else 49.0,
+             "served_lifts": lifts} for k in range(3)]
+
+
+def test_p1_6_three_outcomes():
+    rng = np.random.default_rng(0)
+    good = (0.3 + rng.normal(0, 0.1, 20)).tolist()
+    zero = rng.normal(0, 0.3, 20).tolist()
+    assert V.p1_6_rule(_budget(20, 5, good))[0] == "holds"
+    assert V.p1_6_rule(_budget(5, 5, good))[0] == "does not hold"
+    assert V.p1_6_rule(_budget(20, 5, good, over=True))[0] == "does not hold"
+    v, m = V.p1_6_rule(_budget(20, 5, zero))
+    assert v == "inconclusive" and "no σ" in m.replace("at no σ", "no σ")
+
+
+# --- P1-7 ----------------------------------------------------------------------------------------
+
+def _epsstar(excess_above, control, *, grid=(1.0, 2.0, 10.0, 20.0, 40.0), noise=0.01):
+    rng = np.random.default_rng(0)
+    j = rng.uniform(0.5, 1.0, P)  # per-prompt regret of the best σ
+    out = []
+    for e in grid:
+        for variant in ("plain", "sigma_reg"):
+            if e >= 10.0:
+                add = excess_above if variant == "sigma_reg" else 0.3
+            else:
+                add = control
+            pp = j + add + rng.normal(0, noise, P)
+            out.append({"variant": variant, "label": variant, "epsilon": e, "regret": float(pp.mean()),
+                        "regret_se": float(pp.std(ddof=1) / math.sqrt(P)), "regret_pp": pp.tolist(),
+                        "prompts": list(range(P)), "eps_star": 10.0, "sigma_reg": 0.2, "n_prompts": P,
+                        "sigma_reg_source": "calibration prompts"})
+    pp = j + rng.normal(0, noise, P)
+    out.append({"variant": "plain", "label": "best", "epsilon": 15.0, "regret": float(pp.mean()),
+                "regret_se": float(pp.std(ddof=1) / math.sqrt(P)), "regret_pp": pp.tolist(), "prompts": list(range(P)),
+                "eps_star": 10.0, "sigma_reg": 0.2, "n_prompts": P})
+    return out
+
+
+def test_p1_7_three_outcomes():
+    assert V.p1_7_rule(_epsstar(0.0, 0.3))[0] == "holds"
+    assert V.p1_7_rule(_epsstar(0.2, 0.3))[0] == "does not hold"
+    v, m = V.p1_7_rule(_epsstar(0.0, 0.0))
+    assert v == "inconclusive" and "control failed" in m
+    v, m = V.p1_7_rule(_epsstar(0.0, 0.3, grid=(10.0, 20.0)))
+    assert v == "inconclusive" and "bracket" in m
+
+
+# --- P1-8 ----------------------------------------------------------------------------------------
+
+def _fixed(eps_max, exp_eps, *, noise=0.001):
+    rng = np.random.default_rng(0)
+    out = []
+    for n, em, ee in zip(NS, eps_max, exp_eps):
+        pp = ee + rng.normal(0, noise, P)
+        out.append({"method": "PrivITP-fixed", "variant": "PrivITP fixed", "N": n, "epsilon_max": em,
+                    "expected_epsilon_realized": float(pp.mean()), "expected_epsilon_pp": pp.tolist(),
+                    "prompts": list(range(P))})
+    return out
+
+
+def test_p1_8_three_outcomes():
+    grows = [1, 1.2, 2, 4, 10, 30]
+    assert V.p1_8_rule(_fixed(grows, [0.5] * 6))[0] == "holds"
+    assert V.p1_8_rule(_fixed(grows, [0.8 * g for g in grows]))[0] == "does not hold"
+    v, m = V.p1_8_rule(_fixed([1.0] * 6, [0.5] * 6))
+    assert v == "inconclusive" and "hardly grows" in m
+    assert V.p1_8_rule(_fixed(grows, [0.5, 0.5, 0.5, 0.5, 4, 8]))[0] == "inconclusive"
+
+
+# --- P2-1..P2-3 ----------------------------------------------------------------------------------
+
+def _regime(ok=True):
+    return [{"value": v, "mean_error": 1.0 if ok else 6.0, "zero_error": 9.0} for v in (1e3, 1e4, 1e5)]
+
+
+def test_slope_rule_three_outcomes_and_learning_regime():
+    fit = lambda s, hw: {"slope": s, "slope_lo": s - hw, "slope_hi": s + hw, "points": 20, "values": 4, "decades": 2.0}
+    assert V.slope_rule(fit(-1.0, 0.2), low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "holds"
+    assert V.slope_rule(fit(0.2, 0.2), low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "does not hold"
+    # the old rule held on the point estimate; a CI covering the boundary is inconclusive
+    assert V.slope_rule(fit(-1.0, 1.5), low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "inconclusive"
+    v, m = V.slope_rule(fit(-1.0, 0.2), low=-2.5, high=-0.5, regime=_regime(ok=False), what="x")
+    assert v == "inconclusive" and "learning regime" in m
+    assert V.slope_rule(None, low=0, high=1, regime=None, what="x")[0] == "inconclusive"
+
+
+# --- P2-4 ----------------------------------------------------------------------------------------
+
+def _cmp(b, c, eps=(2.0, 8.0)):
+    return [{"dataset": "imdb", "epsilon": e, "sparse": "RRIHT", "dense": "DenseRR", "b": b, "c": c, "n_test": 400,
+             "acc_sparse": 0.7, "acc_dense": 0.6} for e in eps]
+
+
+def test_mcnemar_rule_three_outcomes():
+    assert V.mcnemar_rule(_cmp(60, 10))[0] == "holds"
+    assert V.mcnemar_rule(_cmp(10, 60))[0] == "does not hold"
+    assert V.mcnemar_rule(_cmp(22, 18))[0] == "inconclusive"
+    v, m = V.mcnemar_rule(_cmp(60, 10, eps=(8.0,)))
+    assert v == "inconclusive" and "MISSING ε = [2.0]" in m
+
+
+# --- P2-5 ----------------------------------------------------------------------------------------
+
+def test_order_rule_is_symmetric_and_states_the_prompts_needed():
+    g = lambda d, hw: [{"dataset": "imdb", "a": "A", "b": "B", "diff": d, "lo": d - hw, "hi": d + hw, "prompts": 24}]
+    assert V.order_rule(g(0.1, 0.05))[0] == "holds"
+    assert V.order_rule(g(-0.1, 0.05))[0] == "does not hold"
+    v, m = V.order_rule(g(0.05, 0.15))  # point estimate in the paper's order, but not significant
+    assert v == "inconclusive"
+    assert "≈ 216" in m  # 24 · (0.15 / 0.05)² prompts for a ±0.05 half-width
+
+
+# --- B-1 and the report wrapper ------------------------------------------------------------------
+
+def _tvi(diff):
+    return [{"T": 100, "method": "PrivBoN", "value": 0.5, "value_se": 0.01},
+            {"T": 100, "method": "DP reward model + BoN", "value": 0.5 + diff, "value_se": 0.01}]
+
+
+def test_b1_three_outcomes_through_the_report():
+    def verdict(recs):
+        return {c["id"]: c["verdict"] for c in evaluate_claims({"beyond-train-vs-inference": recs})}["B-1"]
+
+    assert verdict(_tvi(0.1)) == "holds"
+    assert verdict(_tvi(-0.1)) == "does not hold"
+    assert verdict(_tvi(0.01)) == "inconclusive"
+
+
+def test_scaling_claims_combine_synthetic_and_real_runs():
+    syn = _curve("BoN", BON_DEGRADES) + _curve("ITP", [0, 10, 20, 25, 25, 25], seed=1)
+    real = _curve("BoN", BON_RISES, pool=REAL) + _curve("ITP", [0, 10, 20, 25, 25, 25], seed=1, pool=REAL)
+    claims = {c["id"]: c for c in evaluate_claims({"p1-scaling": syn, "p1-scaling-imdb": real})}
+    assert claims["P1-1"]["verdict"] == "holds" and "planted" in claims["P1-1"]["measured"]
+    assert "p1-scaling-imdb → inconclusive" in claims["P1-1"]["measured"]
+    assert claims["P1-4"]["verdict"] == "holds"
+    assert claims["P1-5"]["verdict"] == "inconclusive"  # no equal-privacy PrivITP curve in these runs
