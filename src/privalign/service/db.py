@@ -25,7 +25,8 @@ Tables:
 **Amounts are integers in fixed units** (exact arithmetic, no float rounding in any sum): ε and ρ in
 :data:`EPS_UNIT` = 10⁻⁹ (nano-ε), δ in :data:`DELTA_UNIT` = 10⁻¹⁸. A cost is converted by rounding **up**
 to the unit (:func:`units_up`), a granted budget by rounding **down** (:func:`units_down`), so the exact
-integer sums never undercount. The minimum non-zero charge is one unit (10⁻⁹ ε).
+integer sums never undercount (a budget given as a float is read as the decimal it prints as: ``2.0``,
+``1e-6``). The minimum non-zero charge is one unit (10⁻⁹ ε).
 """
 
 from __future__ import annotations
@@ -105,7 +106,12 @@ def units_up(x: float | int | Fraction | Decimal, scale: int) -> int:
 
 
 def units_down(x: float | int | Fraction | Decimal, scale: int) -> int:
-    """The largest integer number of units ≤ ``x`` (a granted budget is never rounded up)."""
+    """The largest integer number of units ≤ ``x`` (a granted budget is never rounded up). A float is read
+    as the shortest decimal that round-trips it (``1e-6`` is the budget 10⁻⁶ the operator wrote, not the
+    binary float just below it)."""
+    if isinstance(x, float):
+        _exact(x)
+        x = Decimal(repr(x))
     q = _exact(x) * scale
     n = q.numerator // q.denominator
     if n < 0 or n > MAX_UNITS:
