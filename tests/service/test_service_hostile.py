@@ -14,12 +14,12 @@ import httpx
 import openai
 import pytest
 from svc_components import candidates_for
+from test_service_http import _cfg, _spent, metric
 
 from conftest import serve_in_thread
 from privalign.service import db
 from privalign.service.app import create_app
 from privalign.service.keys import create_key
-from test_service_http import _cfg, _spent, metric
 
 
 @pytest.fixture
