@@ -135,8 +135,10 @@ def list_keys(engine: Engine) -> list[dict[str, Any]]:
         ).mappings().all()
         conn.rollback()
     for r in rows:
-        r = {**r, **db.units_to_floats({k: r[k] for k in ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta",
-                                                             "reserved_epsilon", "reserved_delta")})}
+        left = {"remaining_epsilon": max(0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
+                "remaining_delta": max(0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"])}
+        r = {**r, **db.units_to_floats({**left, **{k: r[k] for k in ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta",
+                                                                      "reserved_epsilon", "reserved_delta")}})}
         out.append(
             {
                 "key_id": r["key_id"],
@@ -147,10 +149,7 @@ def list_keys(engine: Engine) -> list[dict[str, Any]]:
                 "limit": [r["limit_epsilon"], r["limit_delta"]],
                 "spent": [r["spent_epsilon"], r["spent_delta"]],
                 "reserved": [r["reserved_epsilon"], r["reserved_delta"]],
-                "remaining": [
-                    max(0.0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
-                    max(0.0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"]),
-                ],
+                "remaining": [r["remaining_epsilon"], r["remaining_delta"]],  # exact: computed in units
             }
         )
     return out
