@@ -369,3 +369,41 @@ def test_readyz_is_false_until_the_generator_is_warm(tmp_path, reward_model, cap
                            json={"prompt": "p", "privacy": {"epsilon": 0.25}})
             assert r.status_code == 200
     assert any("loading the generator" in m for m in caplog.messages)
+
+
+def test_an_unencodable_generated_candidate_is_a_generator_failure_not_a_charge(tmp_path, reward_model):
+    """A generator (e.g. an upstream whose JSON carried an escaped lone surrogate) that returns text that
+    cannot be encoded fails *before* scoring: the reservation is cancelled, nothing is charged."""
+    def gen(prompt, n, **kw):
+        return ["fine", "bad \ud800"] + ["x"] * (n - 2)
+
+    app = create_app(_cfg(tmp_path, reward_model), generator=gen)
+    state = app.state.service
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    with serve_in_thread(app) as url:
+        r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"})
+        assert r.status_code == 502 and "released" in r.json()["error"]["message"]
+        assert metric(url, "privalign_scorer_calls_total") == 0
+    assert [row["action"] for row in state.store.ledger_rows(key_id)] == ["cancel", "reserve"]
+    t = _spent(state.engine, key_id)
+    assert t["spent_epsilon"] == 0.0 and t["reserved_epsilon"] == 0.0
+
+
+def test_filter_charge_is_pure():
+    """PrivacyFilter.charge computes the charge (realized ≤ reserved) without touching its store."""
+    from privalign.accounting.filters import ExPostFilter, InMemoryBudgetStore
+    from privalign.alignment import PrivBoN
+    from privalign.errors import ReservationError
+
+    store = InMemoryBudgetStore()
+    flt = ExPostFilter(1.0, 1e-6, store=store)
+    worst = PrivBoN(0.25, sensitivity=1.0, r_max=1.0, clip=True).worst_case_event(4)
+    res = flt.reserve("u", worst)
+    before = store.totals("u")
+    assert flt.charge(res, worst) == (0.25, 0.0)
+    assert store.totals("u") == before  # nothing written
+    bigger = PrivBoN(0.5, sensitivity=1.0, r_max=1.0, clip=True).worst_case_event(4)
+    with pytest.raises(ReservationError):
+        flt.charge(res, bigger)
+    flt.settle(res, worst)
+    assert store.totals("u")[0] == (0.25, 0.0)
