@@ -7,7 +7,19 @@ import json
 import time
 
 import pytest
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, UniqueConstraint, inspect, select
+from sqlalchemy import (
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    inspect,
+    select,
+)
 
 from privalign.service import db
 from privalign.service.keys import _hash, authenticate
