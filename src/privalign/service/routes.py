@@ -295,18 +295,13 @@ def budget(request: Request, authorization: str | None = Header(None)) -> JSONRe
 @ops_router.get("/healthz", summary="Liveness and database reachability")
 def healthz(request: Request) -> JSONResponse:
     state = _state(request)
-    with state.engine.connect() as conn:
-        conn.exec_driver_sql("SELECT 1")
-        conn.rollback()
-    return JSONResponse({"status": "ok", "database": state.engine.dialect.name, "private": state.private, "ready": state.ready})
+    return JSONResponse({"status": "ok", "database": state.store.ping(), "private": state.private, "ready": state.ready})
 
 
 @ops_router.get("/readyz", summary="Readiness: 200 once the database answers and the generator is warm, else 503")
 def readyz(request: Request) -> JSONResponse:
     state = _state(request)
-    with state.engine.connect() as conn:
-        conn.exec_driver_sql("SELECT 1")
-        conn.rollback()
+    state.store.ping()
     if not state.ready:
         reason = f"the generator failed to load ({state.warm_error})" if state.warm_error else "loading the generator"
         return JSONResponse({"ready": False, "reason": reason}, status_code=503, headers={"Retry-After": "5"})

@@ -278,6 +278,13 @@ class SQLBudgetStore:
         finally:
             raw.close()
 
+    def ping(self) -> str:
+        """One trivial round trip (liveness/readiness); returns the dialect name. Raises on a database error."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+            conn.rollback()
+        return self.engine.dialect.name
+
     def query_one(self, sql: str, params: dict) -> dict | None:
         """Run one read-only statement (``:name`` parameters) on the raw connection; first row as a dict.
 
