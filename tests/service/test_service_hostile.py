@@ -112,9 +112,24 @@ def test_openai_parameters_are_passed_or_refused_by_name(svc, field, value):
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("accounting, delta", [("pure", 0.0), ("ex-post", 1e-6)])
-def test_a_budget_of_two_serves_exactly_twenty_requests_at_a_tenth(svc, accounting, delta):
-    url, state = svc
+@pytest.fixture
+def svc_pg(tmp_path, reward_model, upstream, pg_schema):
+    from dataclasses import replace
+
+    url, schema = pg_schema
+    cfg = _cfg(tmp_path, reward_model, upstream)
+    app = create_app(replace(cfg, database=replace(cfg.database, url=url, schema=schema)))
+    with serve_in_thread(app) as base:
+        yield base, app.state.service
+
+
+@pytest.mark.parametrize("accounting, delta, backend", [
+    ("pure", 0.0, "sqlite"), ("ex-post", 1e-6, "sqlite"),
+    pytest.param("pure", 0.0, "postgres", marks=pytest.mark.postgres),
+    pytest.param("ex-post", 1e-6, "postgres", marks=pytest.mark.postgres),
+])
+def test_a_budget_of_two_serves_exactly_twenty_requests_at_a_tenth(request, accounting, delta, backend):
+    url, state = request.getfixturevalue("svc" if backend == "sqlite" else "svc_pg")
     key_id, token = create_key(state.engine, budget_epsilon=2.0, budget_delta=delta, accounting=accounting)
     h = {"Authorization": f"Bearer {token}"}
     body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply"], "privacy": {"epsilon": 0.1}}
