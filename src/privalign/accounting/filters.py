@@ -318,7 +318,8 @@ class PrivacyFilter(ABC):
             already settled/cancelled or is unknown; nothing changes.
           UnsupportedEventError: the realized event cannot be costed; nothing changes.
         """
-        self._store.settle(reservation.id, self.charge(reservation, realized))
+        cost = self.charge(reservation, realized)  # checks the types first
+        self._store.settle(reservation.id, cost)
 
     def charge(self, reservation: Reservation, realized: PrivacyEvent) -> CostTuple:
         """The cost to charge for a reservation whose mechanism ran, without writing anything (pure: no
