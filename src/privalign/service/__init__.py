@@ -4,7 +4,8 @@ Modules (imported lazily; FastAPI, SQLAlchemy and uvicorn are needed only here, 
 
 * :mod:`privalign.service.app`: ``create_app(cfg)`` (middleware, error handlers, routers);
 * :mod:`privalign.service.pipeline`: the request path, reserve → generate → score → select → charge →
-  respond, one function per step; :mod:`privalign.service.routes`: the HTTP routers;
+  respond, one module per step in :mod:`privalign.service.steps`; :mod:`privalign.service.state`:
+  ``ServiceState``; :mod:`privalign.service.job`: the request, reservation and answer objects; :mod:`privalign.service.routes`: the HTTP routers;
   :mod:`privalign.service.schemas`: strict request schemas; :mod:`privalign.service.plan`: privacy
   parameter checks and the selection;
 * :mod:`privalign.service.store`: ``SQLBudgetStore``, the ``BudgetStore`` of the privacy filters on SQLite
