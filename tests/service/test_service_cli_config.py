@@ -88,12 +88,13 @@ def test_serve_check_and_openapi(tmp_path, capsys, reward_model):
     [(-0.1, "range"), (61.0, "range"), (float("nan"), "finite"), (float("inf"), "finite"), ("0.5", "real number")],
 )
 def test_pad_selection_s_bad_values_are_refused(tmp_path, capsys, value, needle):
-    # In memory: default request_timeout_s is 60, so the pad must lie in [0, 60].
+    # In memory: without a generator the default request_timeout_s is 60, so the pad must lie in [0, 60].
     with pytest.raises(PrivacyParameterError, match=r"'privacy\.pad_selection_s'") as ei:
-        config_from_dict({"privacy": {"pad_selection_s": value}})
+        config_from_dict({"privacy": {"pad_selection_s": value}, "generator": {"kind": "none"}})
     assert needle in str(ei.value)
     # From a TOML file through the CLI: a clear one-line error naming the key, exit code 2, no traceback.
-    cfg = write_config(tmp_path / "pad.toml", {"database": {"url": "sqlite:///pad.db"}, "privacy": {"pad_selection_s": value}})
+    cfg = write_config(tmp_path / "pad.toml", {"database": {"url": "sqlite:///pad.db"}, "privacy": {"pad_selection_s": value},
+                                               "generator": {"kind": "none"}})
     assert main(["serve", "--config", str(cfg), "--check"]) == 2
     err = capsys.readouterr().err
     assert "privacy.pad_selection_s" in err and "Traceback" not in err
@@ -104,3 +105,15 @@ def test_pad_selection_s_may_equal_the_request_timeout(tmp_path):
     assert cfg.privacy.pad_selection_s == 2.0
     with pytest.raises(PrivacyParameterError, match=r"pad_selection_s.*\[0, 2\]"):
         config_from_dict({"limits": {"request_timeout_s": 2.0}, "privacy": {"pad_selection_s": 2.5}})
+
+
+def test_default_request_timeout_is_sized_to_the_generator():
+    """A CPU transformers generator gets minutes, an upstream one its own timeout plus a margin; an
+    explicit value wins; reconciliation waits at least twice the request timeout."""
+    t = config_from_dict({})
+    assert t.generator.kind == "transformers" and t.limits.request_timeout_s == 900.0
+    assert t.privacy.reconcile_after_s >= 2 * 900.0
+    up = config_from_dict({"generator": {"kind": "upstream", "base_url": "http://x/v1", "timeout_s": 45.0}})
+    assert up.limits.request_timeout_s == 75.0
+    assert config_from_dict({"generator": {"kind": "none"}}).limits.request_timeout_s == 60.0
+    assert config_from_dict({"limits": {"request_timeout_s": 5.0}}).limits.request_timeout_s == 5.0

@@ -18,7 +18,7 @@ from privalign.service.app import create_app
 from privalign.service.config import load_config
 from privalign.service.keys import create_key, revoke_key, top_up
 
-PUBLIC_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/select", "/v1/budget", "/healthz", "/metrics"}
+PUBLIC_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/select", "/v1/budget", "/v1/models", "/healthz", "/readyz", "/metrics"}
 
 
 def _cfg(tmp_path, reward_model, upstream=None, **privacy):
@@ -102,8 +102,10 @@ def test_openai_client_end_to_end_sqlite(service):
     assert err["type"] == "budget_exhausted" and err["remaining"]["epsilon"] == pytest.approx(0.5)
     assert metric(url, "privalign_scorer_calls_total") == calls
     assert metric(url, "privalign_refusals_total") == 1
+    assert state.wait_settled(key_id, timeout=10)  # GET /v1/budget never waits for this process's settles
     b = httpx.get(url + "/v1/budget", headers={"Authorization": f"Bearer {token}"}).json()
-    assert b["spent"]["a"] == pytest.approx(1.5) and b["remaining"]["epsilon"] == pytest.approx(0.5)
+    assert b["spent"]["epsilon"] == pytest.approx(1.5) and b["remaining"]["epsilon"] == pytest.approx(0.5)
+    assert b["limit"] == {"epsilon": 2.0, "delta": 0.0} and b["pending_settles"] == 0
     assert [r["action"] for r in b["ledger"]].count("settle") == 3
     assert _spent(state.engine, key_id)["spent_epsilon"] == pytest.approx(1.5)
     # Top-up restores service.
@@ -166,7 +168,7 @@ def test_invalid_requests_are_refused_before_any_charge(service):
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"method": "bon"}}, 400, "privacy.method"),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"epsilon": -1}}, 400, "privacy.epsilon"),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"typo": 1}}, 400, "privacy.typo"),
-        ("/v1/chat/completions", {"model": "m", "messages": msgs, "stream": True}, 400, "stream"),
+        ("/v1/chat/completions", {"model": "m", "messages": msgs, "stop": ["x"]}, 400, "stop"),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "n": 2}, 400, "'n'"),
         ("/v1/completions", {"model": "m", "prompt": "x" * 2001}, 400, "prompt"),
         ("/v1/select", {"prompt": "p", "candidates": ["y"] * 17}, 400, "candidates"),
@@ -443,8 +445,9 @@ def test_key_cache_is_bounded_checks_the_secret_and_forgets_revoked_keys(tmp_pat
 def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservation(tmp_path, reward_model):
     """Without an Idempotency-Key the settle is written after the response has been sent: the answer does
     not wait for it, its ``remaining`` is computed from the reservation's totals, the reservation stays
-    charged at its reserved cost until the settle commits, and GET /v1/budget waits for this process's
-    pending settles of the key. With an Idempotency-Key the settle is written before the answer."""
+    charged at its reserved cost until the settle commits, and GET /v1/budget answers at once (pending
+    settles counted at their reserved cost). With an Idempotency-Key the settle is written before the
+    answer."""
     import threading
 
     app = create_app(_cfg(tmp_path, reward_model))
@@ -453,9 +456,9 @@ def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservati
     gate, settled = threading.Event(), []
     settle = state.store.settle
 
-    def gated_settle(rid, cost, *, event=None):
+    def gated_settle(rid, cost=None, *, event=None, units=None):
         assert gate.wait(15), "settle gate never opened"
-        settle(rid, cost, event=event)
+        settle(rid, cost, event=event, units=units)
         settled.append(rid)
 
     state.store.settle = gated_settle
@@ -477,15 +480,16 @@ def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservati
         # A request that does not fit while they are pending is refused: nothing is ever overspent.
         r = httpx.post(url + "/v1/select", headers=h, json={**body, "privacy": {"epsilon": 0.75}}, timeout=5)
         assert r.status_code == 429 and r.json()["error"]["remaining"]["epsilon"] == pytest.approx(0.5)
-        # GET /v1/budget waits for this process's pending settles of the key.
-        got: dict = {}
-        reader = threading.Thread(target=lambda: got.update(httpx.get(url + "/v1/budget", headers=h, timeout=15).json()))
-        reader.start()
-        time.sleep(0.3)
-        assert reader.is_alive() and not got
+        # GET /v1/budget never waits: the pending settles count at their reserved cost, and it says so.
+        t0 = time.monotonic()
+        got = httpx.get(url + "/v1/budget", headers=h, timeout=2).json()
+        assert time.monotonic() - t0 < 1.5
+        assert got["spent"]["epsilon"] == 0.0 and got["reserved"]["epsilon"] == pytest.approx(0.5)
+        assert got["remaining"]["epsilon"] == pytest.approx(0.5) and got["pending_settles"] == 2
         gate.set()
-        reader.join(15)
-        assert got["spent"]["a"] == pytest.approx(0.5) and got["reserved"]["a"] == 0.0
+        assert state.wait_settled(key_id, timeout=15)
+        got = httpx.get(url + "/v1/budget", headers=h, timeout=2).json()
+        assert got["spent"]["epsilon"] == pytest.approx(0.5) and got["reserved"]["epsilon"] == 0.0 and got["pending_settles"] == 0
         assert sorted(settled) == sorted([p1["reservation_id"], p2["reservation_id"]])
         # With an Idempotency-Key the settle is written before the answer is stored and sent.
         gate.clear()
@@ -515,7 +519,7 @@ def test_a_failed_deferred_settle_leaves_the_reserved_cost_charged(tmp_path, rew
     state = app.state.service
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
 
-    def broken_settle(rid, cost, *, event=None):
+    def broken_settle(rid, cost=None, *, event=None, units=None):
         raise RuntimeError("database gone")
 
     state.store.settle = broken_settle

@@ -11,7 +11,7 @@ from sqlalchemy import event
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
 from privalign.service.keys import create_key, revoke_key
-from privalign.service.store import ActiveKeyCheckFailed, SQLBudgetStore, require_active_key, reserve_totals
+from privalign.service.store import ActiveKeyCheckFailed, SQLBudgetStore
 
 
 def _sqlite(tmp_path):
@@ -33,6 +33,9 @@ def _check_derivable(store: SQLBudgetStore, principal: str) -> None:
         derived = db.derive_totals(conn, principal)
     for k, v in derived.items():
         assert math.isclose(snap[k], v, rel_tol=1e-12, abs_tol=1e-12), (k, snap[k], v)
+    # The ledger keeps exact integer units: the cached totals equal the rows' sums exactly.
+    with store.engine.connect() as conn:
+        assert store.snapshot(principal, units=True) == db.derive_totals(conn, principal, units=True)
 
 
 def _protocol(store: SQLBudgetStore) -> None:
@@ -203,23 +206,20 @@ def test_sqlite_commit_modes_reserve_flushed_closes_not(tmp_path, durable):
 
 
 def _active_key_checks(store: SQLBudgetStore) -> None:
-    """Under require_active_key the reserving statement/transaction also checks the key; any failure
+    """With require_active=True the reserving statement/transaction also checks the key; any failure
     raises ActiveKeyCheckFailed and writes nothing (no principal row is created either)."""
     eng = store.engine
     live, _ = create_key(eng, budget_epsilon=1.0)
     gone, _ = create_key(eng, budget_epsilon=1.0)
     revoke_key(eng, gone)
-    token = require_active_key.set(True)
-    try:
-        rid = store.try_reserve(live, (0.5, 0.0), (1.0, 0.0))
-        for principal, cost, limit in ((gone, (0.1, 0.0), (1.0, 0.0)),        # revoked
-                                       ("no-such-key", (0.1, 0.0), (1.0, 0.0)),  # unknown: no row is created
-                                       (live, (0.6, 0.0), (1.0, 0.0)),         # does not fit
-                                       (live, (0.2, 0.0), (0.6, 0.0))):        # fits the grant, not a stale lower limit
-            with pytest.raises(ActiveKeyCheckFailed):
-                store.try_reserve(principal, cost, limit)
-    finally:
-        require_active_key.reset(token)
+    rid = store.reserve(live, (0.5, 0.0), (1.0, 0.0), require_active=True).reservation_id
+    for principal, cost, limit in ((gone, (0.1, 0.0), (1.0, 0.0)),        # revoked
+                                   ("no-such-key", (0.1, 0.0), (1.0, 0.0)),  # unknown: no row is created
+                                   (live, (0.6, 0.0), (1.0, 0.0)),         # does not fit
+                                   (live, (0.6, 0.0), None),               # does not fit the grant
+                                   (live, (0.2, 0.0), (0.6, 0.0))):        # fits the grant, not a stale lower limit
+        with pytest.raises(ActiveKeyCheckFailed):
+            store.reserve(principal, cost, limit, require_active=True)
     assert store.snapshot("no-such-key") is None
     assert [r["action"] for r in store.ledger_rows(live)] == ["reserve"] and store.ledger_rows(gone) == []
     with pytest.raises(BudgetExhaustedError):  # without the flag: the ordinary refusal
@@ -240,33 +240,32 @@ def test_reserve_requiring_an_active_key_postgres(pg_schema):
 
 def _reserve_totals(store: SQLBudgetStore) -> None:
     """Every successful reservation (one-statement path, first reservation of a principal without a row,
-    the active-key path) publishes the principal's totals right after it, this reservation included,
-    equal to the committed row; a refusal publishes nothing."""
+    the active-key path) returns a receipt with the principal's totals right after it (exact units), this
+    reservation included, equal to the committed row; every close returns the totals after it."""
     eng = store.engine
     key, _ = create_key(eng, budget_epsilon=1.0)
-    r0 = store.try_reserve("fresh", (0.25, 1e-7), (1.0, 1e-6))  # no principal row yet: the locking path
-    assert reserve_totals.get() == pytest.approx(store.snapshot("fresh"))
-    assert reserve_totals.get()["reserved_epsilon"] == pytest.approx(0.25) and reserve_totals.get()["reserved_delta"] == pytest.approx(1e-7)
-    store.settle(r0, (0.125, 1e-7))
-    store.try_reserve("fresh", (0.5, 0.0), (1.0, 1e-6))
-    assert reserve_totals.get() == pytest.approx(store.snapshot("fresh"))
-    assert reserve_totals.get()["spent_epsilon"] == pytest.approx(0.125) and reserve_totals.get()["reserved_epsilon"] == pytest.approx(0.5)
-    r1 = store.try_reserve(key, (0.25, 0.0), (1.0, 0.0))
-    assert reserve_totals.get() == pytest.approx(store.snapshot(key)) and reserve_totals.get()["limit_epsilon"] == 1.0
-    token = require_active_key.set(True)
-    try:
-        store.try_reserve(key, (0.5, 0.0), (1.0, 0.0))
-        assert reserve_totals.get() == pytest.approx(store.snapshot(key)) and reserve_totals.get()["reserved_epsilon"] == pytest.approx(0.75)
-        with pytest.raises(ActiveKeyCheckFailed):
-            store.try_reserve(key, (0.5, 0.0), (1.0, 0.0))
-        assert reserve_totals.get() is None
-    finally:
-        require_active_key.reset(token)
-    store.try_reserve(key, (0.125, 0.0), (1.0, 0.0))
+    r0 = store.reserve("fresh", (0.25, 1e-7), (1.0, 1e-6))  # no principal row yet: the locking path
+    assert r0.totals == store.snapshot("fresh", units=True)
+    assert r0.totals["reserved_epsilon"] == 250_000_000 and r0.totals["reserved_delta"] == 100_000_000_000
+    assert r0.cost == (250_000_000, 100_000_000_000)
+    after = store.settle(r0.reservation_id, (0.125, 1e-7))
+    assert after == store.snapshot("fresh", units=True) and after["spent_epsilon"] == 125_000_000
+    r = store.reserve("fresh", (0.5, 0.0), (1.0, 1e-6))
+    assert r.totals == store.snapshot("fresh", units=True)
+    assert r.totals["spent_epsilon"] == 125_000_000 and r.totals["reserved_epsilon"] == 500_000_000
+    r1 = store.reserve(key, (0.25, 0.0))  # no caller limit: the granted budget
+    assert r1.totals == store.snapshot(key, units=True) and r1.totals["limit_epsilon"] == 1_000_000_000
+    r2 = store.reserve(key, (0.5, 0.0), (1.0, 0.0), require_active=True)
+    assert r2.totals == store.snapshot(key, units=True) and r2.totals["reserved_epsilon"] == 750_000_000
+    # Settled at 0.1, r2 leaves 1.0 - 0.25 (r1, open) - 0.1 = 0.65, exactly.
+    assert r2.remaining_after((100_000_000, 0)) == (650_000_000, 0)
+    with pytest.raises(ActiveKeyCheckFailed):
+        store.reserve(key, (0.5, 0.0), (1.0, 0.0), require_active=True)
+    store.reserve(key, (0.125, 0.0), (1.0, 0.0))
     with pytest.raises(BudgetExhaustedError):
-        store.try_reserve(key, (0.5, 0.0), (1.0, 0.0))
-    assert reserve_totals.get() is None
-    store.settle(r1, (0.25, 0.0))
+        store.reserve(key, (0.5, 0.0), (1.0, 0.0))
+    assert store.cancel(r2.reservation_id) == store.snapshot(key, units=True)
+    store.settle(r1.reservation_id, (0.25, 0.0))
     for p in ("fresh", key):
         _check_derivable(store, p)
 

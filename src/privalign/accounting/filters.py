@@ -318,6 +318,21 @@ class PrivacyFilter(ABC):
             already settled/cancelled or is unknown; nothing changes.
           UnsupportedEventError: the realized event cannot be costed; nothing changes.
         """
+        cost = self.charge(reservation, realized)  # checks the types first
+        self._store.settle(reservation.id, cost)
+
+    def charge(self, reservation: Reservation, realized: PrivacyEvent) -> CostTuple:
+        """The cost to charge for a reservation whose mechanism ran, without writing anything (pure: no
+        store access). :meth:`settle` is ``store.settle(reservation.id, charge(reservation, realized))``;
+        a caller that writes the ledger itself (the service) calls this and then its store.
+
+        Returns:
+          The cost tuple (rounded up), checked ≤ the reserved cost in every coordinate.
+
+        Raises:
+          ReservationError: realized cost above the reservation in some coordinate.
+          UnsupportedEventError: the realized event cannot be costed.
+        """
         if not isinstance(reservation, Reservation):
             raise TypeError(
                 f"The 'reservation' parameter must be a Reservation. Got {type(reservation).__name__} instead."
@@ -329,7 +344,7 @@ class PrivacyFilter(ABC):
                 f"exceeds the reservation {reservation.id!r} ({self.names[0]}={reservation.cost[0]!r}, "
                 f"{self.names[1]}={reservation.cost[1]!r}); nothing was changed."
             )
-        self._store.settle(reservation.id, self._settled_cost(reservation, cost))
+        return self._settled_cost(reservation, cost)
 
     def _settled_cost(self, reservation: Reservation, realized_cost: CostTuple) -> CostTuple:
         """The cost actually charged on settling (default: the realized cost, already checked ≤ reserved)."""

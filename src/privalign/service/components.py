@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,8 @@ import numpy as np
 
 from privalign.errors import DataFormatError, PrivacyParameterError
 from privalign.service.config import ComponentConfig
+
+log = logging.getLogger("privalign.service")
 
 __all__ = ["UpstreamError", "LinearHashedScorer", "UpstreamGenerator", "LocalTransformersGenerator", "build_scorer", "build_generator", "load_target"]
 
@@ -172,29 +175,46 @@ class LocalTransformersGenerator:
         self._gens: dict[int, Any] = {}
         self._lock = threading.Lock()
 
-    def _get(self, max_new_tokens: int) -> Any:
+    def _get(self, max_new_tokens: int, temperature: float | None = None, top_p: float | None = None, chat: bool = True) -> Any:
         from privalign.models.generators import SamplingParams, TransformersGenerator
 
-        g = self._gens.get(max_new_tokens)
+        t = self.sampling["temperature"] if temperature is None else float(temperature)
+        t = max(t, 1e-4)  # temperature 0 (OpenAI: greedy) is sampled at 1e-4: near-greedy
+        tp = self.sampling["top_p"] if top_p is None else float(top_p)
+        use_template = bool(self.chat_template and chat)
+        key = (max_new_tokens, t, tp, use_template)
+        g = self._gens.get(key)
         if g is None:
             base = next(iter(self._gens.values()), None)
-            params = SamplingParams(**{**self.sampling, "max_new_tokens": max_new_tokens})
+            params = SamplingParams(**{**self.sampling, "max_new_tokens": max_new_tokens, "temperature": t, "top_p": tp})
             if base is None:
-                g = TransformersGenerator(self.model, params=params, chat_template=self.chat_template, progress=False, **self.options)
-            else:  # share the loaded model; only the sampling parameters differ
+                log.warning("loading the generator model %s (first use; this can take minutes on CPU)", self.model or "SmolLM2-135M")
+                g = TransformersGenerator(self.model, params=params, chat_template=use_template, progress=False, **self.options)
+                log.warning("generator model loaded")
+            else:  # share the loaded model; only the sampling parameters (and the template switch) differ
                 import copy
 
                 g = copy.copy(base)
                 g.params = params
-            self._gens[max_new_tokens] = g
+                g.chat_template = use_template
+            if len(self._gens) >= 64:  # bounded: one entry per distinct (max_tokens, temperature, top_p, chat)
+                self._gens.pop(next(k for k in self._gens if self._gens[k] is not base))
+            self._gens[key] = g
         return g
 
-    def __call__(self, prompt: str | list[dict], n: int, *, max_tokens: int, temperature: float, top_p: float, chat: bool) -> list[str]:
+    def warm(self) -> None:
+        """Load the model now (readiness: ``/readyz`` answers 200 once this has returned)."""
+        with self._lock:
+            self._get(self.sampling["max_new_tokens"])
+
+    def __call__(self, prompt: str | list[dict], n: int, *, max_tokens: int, temperature: float | None = None,
+                 top_p: float | None = None, chat: bool = True) -> list[str]:
+        """``chat=False`` (``/v1/completions``): the prompt is used as is, without the chat template."""
         import secrets
 
         text = prompt if isinstance(prompt, str) else "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
         with self._lock:
-            gen = self._get(min(int(max_tokens), self.sampling["max_new_tokens"]))
+            gen = self._get(min(int(max_tokens), self.sampling["max_new_tokens"]), temperature, top_p, chat)
             out = gen.generate([text], n, seed=secrets.randbits(63))[0]
         return [c.text for c in out]
 

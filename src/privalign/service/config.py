@@ -22,8 +22,11 @@ Sections (every key optional; defaults are the secure ones):
     max_text_chars = 8000                     # prompt and each candidate
     max_body_bytes = 1000000
     max_epsilon = 10.0                        # per request
+    min_epsilon = 1e-6                        # per request: smaller ε is refused (400); ≥ 1e-9, the ledger unit
     max_tokens = 512
-    request_timeout_s = 60.0                  # generation + scoring wall-clock limit
+    request_timeout_s = 60.0                  # generation + scoring wall-clock limit; default sized to the
+                                              # generator: transformers 900, upstream timeout_s + 30, else 60
+    idempotency_ttl_s = 86400.0               # stored answers of Idempotency-Key requests expire after this
 
     [privacy]
     allowed_methods = ["privbon"]             # privbon | privitp | bon
@@ -99,8 +102,10 @@ class LimitsConfig:
     max_text_chars: int = 8000
     max_body_bytes: int = 1_000_000
     max_epsilon: float = 10.0
+    min_epsilon: float = 1e-6
     max_tokens: int = 512
     request_timeout_s: float = 60.0
+    idempotency_ttl_s: float = 86400.0
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,9 @@ class ServiceConfig:
         check_int(lim.max_n, "limits.max_n", low=1, high=10_000)
         check_int(lim.max_text_chars, "limits.max_text_chars", low=1)
         check_int(lim.max_body_bytes, "limits.max_body_bytes", low=1024)
-        check_real(lim.max_epsilon, "limits.max_epsilon", low=0.0)
+        check_real(lim.max_epsilon, "limits.max_epsilon", low=0.0, high=1e6, closed="right")
+        check_real(lim.min_epsilon, "limits.min_epsilon", low=1e-9, high=lim.max_epsilon, closed="both")
+        check_real(lim.idempotency_ttl_s, "limits.idempotency_ttl_s", low=0.0)
         check_int(lim.max_tokens, "limits.max_tokens", low=1)
         check_real(lim.request_timeout_s, "limits.request_timeout_s", low=0.0)
         for m in pv.allowed_methods:
@@ -199,10 +206,19 @@ def config_from_dict(data: dict[str, Any], *, source: str = "") -> ServiceConfig
         raise PrivacyParameterError(f"Unknown config section(s) {sorted(unknown)}; expected some of {sorted(known)}.")
     priv = dict(data.get("privacy", {}))
     itp = {**PrivacyConfig().privitp, **priv.pop("privitp", {})}
+    limits = dict(data.get("limits", {}))
+    gen = data.get("generator", {"kind": "transformers"})
+    if "request_timeout_s" not in limits:  # sized to the configured generator
+        kind = gen.get("kind", "none") if isinstance(gen, dict) else "none"
+        t = gen.get("timeout_s", 30.0) if isinstance(gen, dict) else 30.0
+        limits["request_timeout_s"] = (900.0 if kind == "transformers"
+                                       else float(t) + 30.0 if kind == "upstream" and isinstance(t, int | float) else 60.0)
+        if "reconcile_after_s" not in priv:
+            priv["reconcile_after_s"] = max(PrivacyConfig().reconcile_after_s, 2.0 * limits["request_timeout_s"])
     cfg = ServiceConfig(
         database=_section(DatabaseConfig, data.get("database", {}), "database"),
         server=_section(ServerConfig, data.get("server", {}), "server"),
-        limits=_section(LimitsConfig, data.get("limits", {}), "limits"),
+        limits=_section(LimitsConfig, limits, "limits"),
         privacy=replace(_section(PrivacyConfig, priv, "privacy"), privitp=itp),
         reward_model=_component(data.get("reward_model", {})),
         generator=_component(data.get("generator", {"kind": "transformers"})),

@@ -17,15 +17,29 @@ Tables:
   top-ups).
 * ``ledger``: append-only; one row per action on a reservation (``reserve``, ``settle``, ``cancel``,
   ``reconcile``) with who, when, the event JSON, the reserved and the realized cost.
-* ``idempotency``: the stored answer of a request with an ``Idempotency-Key`` header.
+* ``idempotency``: the stored answer of a request with an ``Idempotency-Key`` header, with its expiry
+  time (``expires_at``); expired rows are ignored and deleted by reconciliation.
+* ``privalign_schema``: the schema version (:data:`SCHEMA_VERSION`); :func:`create_schema` upgrades an
+  older ledger in place (:func:`migrate`).
+
+**Amounts are integers in fixed units** (exact arithmetic, no float rounding in any sum): ε and ρ in
+:data:`EPS_UNIT` = 10⁻⁹ (nano-ε), δ in :data:`DELTA_UNIT` = 10⁻¹⁸. A cost is converted by rounding **up**
+to the unit (:func:`units_up`), a granted budget by rounding **down** (:func:`units_down`), so the exact
+integer sums never undercount (a budget given as a float is read as the decimal it prints as: ``2.0``,
+``1e-6``). The minimum non-zero charge is one unit (10⁻⁹ ε).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     Float,
     Index,
@@ -38,6 +52,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
 )
 from sqlalchemy.engine import Engine
@@ -52,8 +67,61 @@ __all__ = [
     "make_engine",
     "create_schema",
     "derive_totals",
+    "units_to_floats",
     "now",
+    "EPS_SCALE",
+    "DELTA_SCALE",
+    "SCHEMA_VERSION",
+    "units_up",
+    "units_down",
+    "from_units",
+    "migrate",
 ]
+
+#: Units per ε (or ρ): amounts are stored as integers of 10⁻⁹ ε.
+EPS_SCALE = 10**9
+#: Units per δ: integers of 10⁻¹⁸.
+DELTA_SCALE = 10**18
+#: Largest amount a column may hold (int64 with room for the sum spent + reserved + cost in a check).
+MAX_UNITS = 2**61
+#: Version 1: float amounts, no ``expires_at``; version 2: integer units, idempotency expiry.
+SCHEMA_VERSION = 2
+
+
+def _exact(x: float | int | Fraction | Decimal) -> Fraction:
+    if isinstance(x, bool):
+        raise TypeError(f"An amount must be a number, not a bool. Got {x!r} instead.")
+    if isinstance(x, float) and not math.isfinite(x):
+        raise ValueError(f"An amount must be finite. Got {x!r} instead.")
+    return Fraction(x)
+
+
+def units_up(x: float | int | Fraction | Decimal, scale: int) -> int:
+    """The smallest integer number of units ≥ ``x`` (exact; a cost is never rounded down)."""
+    q = _exact(x) * scale
+    n = -((-q.numerator) // q.denominator)
+    if n < 0 or n > MAX_UNITS:
+        raise ValueError(f"Amount {x!r} is outside [0, {MAX_UNITS / scale:g}].")
+    return int(n)
+
+
+def units_down(x: float | int | Fraction | Decimal, scale: int) -> int:
+    """The largest integer number of units ≤ ``x`` (a granted budget is never rounded up). A float is read
+    as the shortest decimal that round-trips it (``1e-6`` is the budget 10⁻⁶ the operator wrote, not the
+    binary float just below it)."""
+    if isinstance(x, float):
+        _exact(x)
+        x = Decimal(repr(x))
+    q = _exact(x) * scale
+    n = q.numerator // q.denominator
+    if n < 0 or n > MAX_UNITS:
+        raise ValueError(f"Amount {x!r} is outside [0, {MAX_UNITS / scale:g}].")
+    return int(n)
+
+
+def from_units(n: int | None, scale: int) -> float:
+    """Units as a float (for JSON answers; the ledger keeps the exact integers)."""
+    return 0.0 if n is None else int(n) / scale
 
 metadata = MetaData()
 
@@ -62,12 +130,13 @@ principals = Table(
     metadata,
     Column("principal", String(64), primary_key=True),
     Column("created_at", Float, nullable=False),
-    Column("limit_epsilon", Float, nullable=False, default=0.0),
-    Column("limit_delta", Float, nullable=False, default=0.0),
-    Column("spent_epsilon", Float, nullable=False, default=0.0),
-    Column("spent_delta", Float, nullable=False, default=0.0),
-    Column("reserved_epsilon", Float, nullable=False, default=0.0),
-    Column("reserved_delta", Float, nullable=False, default=0.0),
+    # integer units (EPS_SCALE / DELTA_SCALE)
+    Column("limit_epsilon", BigInteger, nullable=False, default=0),
+    Column("limit_delta", BigInteger, nullable=False, default=0),
+    Column("spent_epsilon", BigInteger, nullable=False, default=0),
+    Column("spent_delta", BigInteger, nullable=False, default=0),
+    Column("reserved_epsilon", BigInteger, nullable=False, default=0),
+    Column("reserved_delta", BigInteger, nullable=False, default=0),
 )
 
 api_keys = Table(
@@ -88,8 +157,8 @@ budget_grants = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("principal", String(64), nullable=False, index=True),
     Column("created_at", Float, nullable=False),
-    Column("epsilon", Float, nullable=False),  # in the principal's accounting unit (ε, or ρ for zCDP)
-    Column("delta", Float, nullable=False),
+    Column("epsilon", BigInteger, nullable=False),  # units of the principal's accounting (ε, or ρ for zCDP)
+    Column("delta", BigInteger, nullable=False),
     Column("note", String(200), nullable=False, default=""),
 )
 
@@ -103,10 +172,10 @@ ledger = Table(
     Column("created_at", Float, nullable=False),
     Column("owner", String(64), nullable=False, default=""),  # process instance that reserved
     Column("event", Text, nullable=True),  # JSON of the privacy event (worst case / realized)
-    Column("reserved_epsilon", Float, nullable=False, default=0.0),
-    Column("reserved_delta", Float, nullable=False, default=0.0),
-    Column("realized_epsilon", Float, nullable=True),
-    Column("realized_delta", Float, nullable=True),
+    Column("reserved_epsilon", BigInteger, nullable=False, default=0),
+    Column("reserved_delta", BigInteger, nullable=False, default=0),
+    Column("realized_epsilon", BigInteger, nullable=True),
+    Column("realized_delta", BigInteger, nullable=True),
     Column("detail", Text, nullable=True),
     # Set to reservation_id on settle/cancel/reconcile rows, NULL on reserve rows: the unique index makes
     # a second closing row of a reservation impossible, whatever the race.
@@ -126,6 +195,14 @@ idempotency = Table(
     Column("status_code", Integer, nullable=True),
     Column("response", Text, nullable=True),
     Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=True),  # stored answers are ignored after, and purged
+)
+
+schema_version = Table(
+    "privalign_schema",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("version", Integer, nullable=False),
 )
 
 
@@ -154,6 +231,7 @@ def make_engine(url: str, *, schema: str | None = None, pool_size: int = 10, ech
       The engine.
     """
     if url.startswith("sqlite"):
+        _private_file(url)
         engine = create_engine(url, echo=echo, connect_args={"timeout": 10.0, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
@@ -181,15 +259,106 @@ def make_engine(url: str, *, schema: str | None = None, pool_size: int = 10, ech
     return create_engine(url, **kwargs)
 
 
+def _private_file(url: str) -> None:
+    """Create a SQLite database file readable by its owner only (mode 0600) before SQLite opens it; an
+    existing file is tightened to 0600. SQLite creates its ``-wal`` and ``-shm`` files with the mode of
+    the database file. The ledger holds stored answers of Idempotency-Key requests (until they expire)."""
+    path = url.split("///", 1)[1] if "///" in url else ""
+    path = path.split("?", 1)[0]
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o600)
+    for suffix in ("-wal", "-shm", "-journal"):
+        if os.path.exists(path + suffix) and os.stat(path + suffix).st_mode & 0o077:
+            os.chmod(path + suffix, 0o600)
+
+
 def create_schema(engine: Engine, *, schema: str | None = None) -> None:
-    """Create the tables (and the PostgreSQL schema) if they do not exist. Idempotent."""
+    """Create the tables (and the PostgreSQL schema) if they do not exist, and upgrade a ledger of an
+    older schema version in place (:func:`migrate`). Idempotent; safe for replicas starting together
+    (PostgreSQL: a transaction-level advisory lock; SQLite: ``BEGIN IMMEDIATE``)."""
     if schema and engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-    metadata.create_all(engine)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(72177301)")
+        insp = inspect(conn)
+        has_version = insp.has_table("privalign_schema", schema=schema or None)
+        if not has_version and insp.has_table("principals", schema=schema or None):
+            migrate(conn)
+        metadata.create_all(conn)
+        if conn.execute(select(schema_version.c.version)).first() is None:
+            conn.execute(schema_version.insert().values(id=1, version=SCHEMA_VERSION))
 
 
-def derive_totals(conn: Any, principal: str) -> dict[str, float]:
+#: Stored answers of a version-1 ledger (which had no expiry) expire this long after their creation.
+MIGRATED_IDEMPOTENCY_TTL_S = 86400.0
+
+
+def migrate(conn: Any) -> None:
+    """Upgrade a version-1 ledger (float amounts, idempotency rows without expiry) to version 2, in the
+    caller's transaction (all or nothing).
+
+    Every amount becomes an integer of units, on the conservative side: grants round **down**, reserved
+    and realized costs round **up** (realized ≤ reserved is preserved: rounding up is monotone). The
+    cached totals of ``principals`` are recomputed from the converted rows, so they equal
+    :func:`derive_totals`. Idempotency rows get ``expires_at = created_at +``
+    :data:`MIGRATED_IDEMPOTENCY_TTL_S`. The rows are read into memory and written back (the tables are
+    recreated); the ledger of one service fits in memory.
+
+    An explicit in-code migration rather than Alembic: the schema has one upgrade, Alembic is not a
+    dependency of the project, and changing column types in SQLite needs the copy-and-recreate that
+    this function does directly.
+    """
+    old = MetaData()
+    old_tables = {name: Table(name, old, autoload_with=conn) for name in ("principals", "budget_grants", "ledger", "idempotency")
+                  if inspect(conn).has_table(name)}
+    rows = {name: [dict(r) for r in conn.execute(select(t)).mappings()] for name, t in old_tables.items()}
+    for name in ("ledger", "budget_grants", "idempotency", "principals"):
+        if name in old_tables:
+            old_tables[name].drop(conn)
+    metadata.create_all(conn)
+
+    def up(x: Any, scale: int) -> int | None:
+        return None if x is None else units_up(float(x), scale)
+
+    grants = [{**g, "epsilon": units_down(float(g["epsilon"]), EPS_SCALE), "delta": units_down(float(g["delta"]), DELTA_SCALE)}
+              for g in rows.get("budget_grants", [])]
+    for g in grants:
+        g.pop("id", None)
+    led = []
+    for r in sorted(rows.get("ledger", []), key=lambda r: r["id"]):
+        r = dict(r)
+        r.pop("id", None)
+        r["reserved_epsilon"] = up(r["reserved_epsilon"] or 0.0, EPS_SCALE)
+        r["reserved_delta"] = up(r["reserved_delta"] or 0.0, DELTA_SCALE)
+        r["realized_epsilon"] = up(r["realized_epsilon"], EPS_SCALE)
+        r["realized_delta"] = up(r["realized_delta"], DELTA_SCALE)
+        led.append(r)
+    if grants:
+        conn.execute(budget_grants.insert(), grants)
+    if led:
+        conn.execute(ledger.insert(), led)
+    for p in rows.get("principals", []):
+        conn.execute(principals.insert().values(principal=p["principal"], created_at=p["created_at"], limit_epsilon=0, limit_delta=0,
+                                                spent_epsilon=0, spent_delta=0, reserved_epsilon=0, reserved_delta=0))
+        t = derive_totals(conn, p["principal"], units=True)
+        conn.execute(principals.update().where(principals.c.principal == p["principal"]).values(**t))
+    idem = []
+    for r in rows.get("idempotency", []):
+        r = dict(r)
+        r["expires_at"] = float(r["created_at"]) + MIGRATED_IDEMPOTENCY_TTL_S
+        idem.append(r)
+    if idem:
+        conn.execute(idempotency.insert(), idem)
+    conn.execute(schema_version.insert().values(id=1, version=SCHEMA_VERSION))
+
+
+def derive_totals(conn: Any, principal: str, *, units: bool = False) -> dict[str, Any]:
     """Recompute a principal's totals from the append-only rows alone (grants and ledger).
 
     A reservation is *open* if its only row is ``reserve``; *spent* is the realized cost of ``settle`` and
@@ -197,16 +366,16 @@ def derive_totals(conn: Any, principal: str) -> dict[str, float]:
 
     Returns:
       ``{"limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta", "reserved_epsilon",
-      "reserved_delta"}``.
+      "reserved_delta"}``: exact integer units if ``units``, else floats (ε, δ).
     """
     lim = conn.execute(
-        select(func.coalesce(func.sum(budget_grants.c.epsilon), 0.0), func.coalesce(func.sum(budget_grants.c.delta), 0.0)).where(
+        select(func.coalesce(func.sum(budget_grants.c.epsilon), 0), func.coalesce(func.sum(budget_grants.c.delta), 0)).where(
             budget_grants.c.principal == principal
         )
     ).one()
     spent = conn.execute(
         select(
-            func.coalesce(func.sum(ledger.c.realized_epsilon), 0.0), func.coalesce(func.sum(ledger.c.realized_delta), 0.0)
+            func.coalesce(func.sum(ledger.c.realized_epsilon), 0), func.coalesce(func.sum(ledger.c.realized_delta), 0)
         ).where(ledger.c.principal == principal, ledger.c.action.in_(("settle", "reconcile")))
     ).one()
     closed = select(ledger.c.reservation_id).where(
@@ -214,14 +383,20 @@ def derive_totals(conn: Any, principal: str) -> dict[str, float]:
     )
     res = conn.execute(
         select(
-            func.coalesce(func.sum(ledger.c.reserved_epsilon), 0.0), func.coalesce(func.sum(ledger.c.reserved_delta), 0.0)
+            func.coalesce(func.sum(ledger.c.reserved_epsilon), 0), func.coalesce(func.sum(ledger.c.reserved_delta), 0)
         ).where(ledger.c.principal == principal, ledger.c.action == "reserve", ledger.c.reservation_id.not_in(closed))
     ).one()
-    return {
-        "limit_epsilon": float(lim[0]),
-        "limit_delta": float(lim[1]),
-        "spent_epsilon": float(spent[0]),
-        "spent_delta": float(spent[1]),
-        "reserved_epsilon": float(res[0]),
-        "reserved_delta": float(res[1]),
+    out = {
+        "limit_epsilon": int(lim[0]),
+        "limit_delta": int(lim[1]),
+        "spent_epsilon": int(spent[0]),
+        "spent_delta": int(spent[1]),
+        "reserved_epsilon": int(res[0]),
+        "reserved_delta": int(res[1]),
     }
+    return out if units else units_to_floats(out)
+
+
+def units_to_floats(row: dict[str, int]) -> dict[str, float]:
+    """A totals dict in units → ε/δ floats (``*_delta`` keys use :data:`DELTA_SCALE`)."""
+    return {k: from_units(v, DELTA_SCALE if k.endswith("delta") else EPS_SCALE) for k, v in row.items()}

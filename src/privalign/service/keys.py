@@ -68,6 +68,10 @@ def _hash(salt: str, secret: str) -> str:
     return hmac.new(bytes.fromhex(salt), secret.encode(), hashlib.sha256).hexdigest()
 
 
+#: Largest budget ε of one grant (the ledger holds integers of 10⁻⁹ ε in 64 bits).
+MAX_BUDGET_EPSILON = 1e9
+
+
 def budget_units(accounting: str, epsilon: float, delta: float) -> tuple[float, float]:
     """Convert an operator's ``(ε, δ)`` budget into the store's units for ``accounting``.
 
@@ -75,7 +79,7 @@ def budget_units(accounting: str, epsilon: float, delta: float) -> tuple[float, 
       PrivacyParameterError: invalid ε, δ or accounting mode; ``zcdp`` needs ``0 < δ < 1``.
     """
     check_choice(accounting, "accounting", ACCOUNTING_MODES)
-    eps = check_real(epsilon, "budget_epsilon", low=0.0, closed="neither")
+    eps = check_real(epsilon, "budget_epsilon", low=0.0, high=MAX_BUDGET_EPSILON, closed="right")
     dlt = check_real(delta, "budget_delta", low=0.0, high=1.0, closed="left")
     if accounting == "zcdp":
         if dlt <= 0.0:
@@ -131,6 +135,10 @@ def list_keys(engine: Engine) -> list[dict[str, Any]]:
         ).mappings().all()
         conn.rollback()
     for r in rows:
+        left = {"remaining_epsilon": max(0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
+                "remaining_delta": max(0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"])}
+        r = {**r, **db.units_to_floats({**left, **{k: r[k] for k in ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta",
+                                                                      "reserved_epsilon", "reserved_delta")}})}
         out.append(
             {
                 "key_id": r["key_id"],
@@ -141,10 +149,7 @@ def list_keys(engine: Engine) -> list[dict[str, Any]]:
                 "limit": [r["limit_epsilon"], r["limit_delta"]],
                 "spent": [r["spent_epsilon"], r["spent_delta"]],
                 "reserved": [r["reserved_epsilon"], r["reserved_delta"]],
-                "remaining": [
-                    max(0.0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
-                    max(0.0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"]),
-                ],
+                "remaining": [r["remaining_epsilon"], r["remaining_delta"]],  # exact: computed in units
             }
         )
     return out
@@ -167,7 +172,7 @@ def top_up(engine: Engine, key_id: str, *, epsilon: float, delta: float = 0.0) -
     Raises:
       PrivacyParameterError: unknown or revoked key, or invalid amounts (nothing is written).
     """
-    eps = check_real(epsilon, "epsilon", low=0.0, closed="left")
+    eps = check_real(epsilon, "epsilon", low=0.0, high=MAX_BUDGET_EPSILON, closed="both")
     dlt = check_real(delta, "delta", low=0.0, high=1.0, closed="left")
     if eps == 0.0 and dlt == 0.0:
         raise PrivacyParameterError("The top-up must add a positive 'epsilon' or 'delta'. Got epsilon=0, delta=0 instead.")
@@ -182,8 +187,9 @@ def top_up(engine: Engine, key_id: str, *, epsilon: float, delta: float = 0.0) -
             first = conn.execute(
                 select(db.budget_grants.c.delta).where(db.budget_grants.c.principal == key_id).order_by(db.budget_grants.c.id).limit(1)
             ).first()
-            a, b = budget_units("zcdp", eps, first[0]) if eps > 0 else (0.0, 0.0)
-            store.grant(key_id, a, 0.0, note=f"top-up zcdp eps={eps} at delta={first[0]}", conn=conn)
+            d0 = db.from_units(first[0], db.DELTA_SCALE)
+            a, b = budget_units("zcdp", eps, d0) if eps > 0 else (0.0, 0.0)
+            store.grant(key_id, a, 0.0, note=f"top-up zcdp eps={eps} at delta={d0}", conn=conn)
         else:
             store.grant(key_id, eps, dlt, note=f"top-up eps={eps} delta={dlt}", conn=conn)
 
@@ -217,7 +223,7 @@ class KeyCache:
     :meth:`verify` answers only "this token holds the key's secret"; it says nothing about revocation or
     the current budget. The service therefore uses it only where the same database statement that
     reserves also checks that the key is active (``SQLBudgetStore.try_reserve`` with
-    :data:`privalign.service.store.require_active_key`), and falls back to :func:`authenticate` whenever
+    :meth:`SQLBudgetStore.reserve` with ``require_active=True``), and falls back to :func:`authenticate` whenever
     that statement writes nothing. Only keys that passed :func:`authenticate` are remembered (at most
     ``max_keys``; the first remembered is forgotten first); a key found revoked or missing is forgotten.
     """
@@ -274,7 +280,7 @@ def authenticate(store: SQLBudgetStore, token: str | None, *, cache: KeyCache | 
             cache.forget(key_id)
         return None
     info = KeyInfo(row["key_id"], row["name"], row["accounting"], row["created_at"], row["revoked_at"],
-                   (float(row["limit_epsilon"] or 0.0), float(row["limit_delta"] or 0.0)))
+                   (db.from_units(row["limit_epsilon"], db.EPS_SCALE), db.from_units(row["limit_delta"], db.DELTA_SCALE)))
     if cache is not None:
         cache.remember(row["salt"], row["secret_hash"], info)
     return info

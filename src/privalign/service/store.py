@@ -12,9 +12,9 @@ Reserve-before-run and settle-after-run are single transactions:
   reservation; reservations on different principals do not contend. A closing action inserts its ledger
   row (``ON CONFLICT DO NOTHING`` on the unique ``closes`` index) and updates the principal's totals from
   that row's ``RETURNING``, again in one statement. psycopg prepares each statement on its connection
-  after a few executions. Under :data:`require_active_key` the reserving ``UPDATE`` also requires that the
+  after a few executions. With ``require_active=True`` the reserving ``UPDATE`` also requires that the
   principal is an API key that is not revoked (the service's key cache relies on it). The reserving
-  statement returns the principal's totals after the reservation (:data:`reserve_totals`).
+  statement returns the principal's totals after the reservation (:class:`Receipt`).
 * **SQLite**: every transaction starts with ``BEGIN IMMEDIATE`` (see :func:`privalign.service.db.make_engine`),
   so the read of the balance and the write of the reservation happen under one database write lock. SQLite
   runs in-process, so several statements per transaction cost no round trips.
@@ -31,55 +31,98 @@ the same transaction (on PostgreSQL: the same statement) and are always equal to
 :func:`privalign.service.db.derive_totals`.
 
 Costs are pairs ``(a, b)`` in the unit of the filter that uses the store (``(ε, δ)`` for pure and ex-post
-filters, ``(ρ, 0)`` for zCDP). A reservation is refused when ``spent + reserved + cost > limit`` in either
-coordinate; nothing is written then.
+filters, ``(ρ, 0)`` for zCDP). The store keeps them as **exact integers** of
+:data:`privalign.service.db.EPS_SCALE` / :data:`~privalign.service.db.DELTA_SCALE` units: a cost is rounded
+up to the unit, a limit down, and every sum and comparison is exact (a budget of 2.0 holds exactly twenty
+charges of 0.1). The minimum non-zero charge is one unit (10⁻⁹ ε). A reservation is refused when
+``spent + reserved + cost > limit`` in either coordinate; nothing is written then.
+
+Every operation returns what the caller needs (no context variables): :meth:`SQLBudgetStore.reserve`
+returns a :class:`Receipt` with the principal's totals right after the reservation, read by the reserving
+statement itself (PostgreSQL) or under the same write lock (SQLite); the closing operations return the
+totals after the close.
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
 import math
 import re
 import uuid
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import delete, select, text, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
 
-__all__ = ["SQLBudgetStore", "ledger_event", "last_totals", "reserve_totals", "require_active_key", "ActiveKeyCheckFailed"]
+__all__ = ["SQLBudgetStore", "Receipt", "ActiveKeyCheckFailed", "IdempotencyConflict", "IdempotencyMismatch"]
 
-#: The event a caller (e.g. a filter invoked by the service) is reserving or settling; written on the
-#: ledger row when the protocol call itself carries no event. Set with ``ledger_event.set(dict)``.
-ledger_event: contextvars.ContextVar[dict | None] = contextvars.ContextVar("privalign_ledger_event", default=None)
+EPS, DLT = db.EPS_SCALE, db.DELTA_SCALE
 
-#: The principal's totals row as committed by the last close (settle/cancel/reconcile) in this context,
-#: read back inside the same transaction (saves the service a round trip for the ``remaining`` field).
-last_totals: contextvars.ContextVar[dict | None] = contextvars.ContextVar("privalign_last_totals", default=None)
 
-#: The principal's totals row (limit, spent, reserved) right after the last successful
-#: :meth:`SQLBudgetStore.try_reserve` in this context, this reservation included, returned by the
-#: reserving statement itself (PostgreSQL) or read under the same write lock (SQLite). The service derives
-#: an answer's ``remaining`` budget from it without waiting for the settle.
-reserve_totals: contextvars.ContextVar[dict | None] = contextvars.ContextVar("privalign_reserve_totals", default=None)
+@dataclass(frozen=True)
+class Receipt:
+    """A reservation written to the ledger.
 
-#: When true, :meth:`SQLBudgetStore.try_reserve` also requires, in the same statement (PostgreSQL) or
-#: transaction (SQLite) that reserves, that the principal is an API key that exists and is not revoked,
-#: and raises :class:`ActiveKeyCheckFailed` instead of deciding a refusal. The service sets it when it has
-#: checked the caller's secret against a remembered hash (``privalign.service.keys.KeyCache``) instead of
-#: reading the key: the reservation then authenticates the key's status itself, saving a round trip.
-require_active_key: contextvars.ContextVar[bool] = contextvars.ContextVar("privalign_require_active_key", default=False)
+    Attributes:
+      reservation_id: the ledger's reservation id.
+      principal: who pays.
+      cost: the reserved cost in integer units ``(a, b)``.
+      totals: the principal's totals in integer units right after the reservation (this reservation
+        included): ``limit_*``, ``spent_*``, ``reserved_*``.
+    """
+
+    reservation_id: str
+    principal: str
+    cost: tuple[int, int]
+    totals: dict[str, int]
+
+    def remaining_after(self, charged: tuple[int, int]) -> tuple[int, int]:
+        """What is left (units) once this reservation is settled at ``charged``, counting other requests
+        as they stood when this one reserved. Never negative."""
+        t = self.totals
+        a = t["limit_epsilon"] - t["spent_epsilon"] - t["reserved_epsilon"] + self.cost[0] - charged[0]
+        b = t["limit_delta"] - t["spent_delta"] - t["reserved_delta"] + self.cost[1] - charged[1]
+        return max(0, a), max(0, b)
+
+
+class IdempotencyConflict(Exception):
+    """An attempt with this Idempotency-Key is in progress or was interrupted."""
+
+
+class IdempotencyMismatch(Exception):
+    """This Idempotency-Key was used with a different request."""
+
+
+def cost_units(cost: Sequence[float], name: str = "cost") -> tuple[int, int]:
+    """A cost pair ``(a, b)`` (floats) → integer units, rounded **up**."""
+    a, b = _check_cost(cost, name)
+    return db.units_up(a, EPS), db.units_up(b, DLT)
+
+
+def limit_units(limit: Sequence[float] | None) -> tuple[int, int] | None:
+    """A limit pair → integer units, rounded **down** (``None`` stays ``None``: the granted limit)."""
+    if limit is None:
+        return None
+    la, lb = float(limit[0]), float(limit[1])
+    if math.isnan(la) or math.isnan(lb) or la < 0 or lb < 0:
+        raise PrivacyParameterError(f"The 'limit' parameter must be a pair of non-negative numbers. Got {limit!r} instead.")
+    cap = db.MAX_UNITS
+    return (cap if math.isinf(la) else min(cap, db.units_down(min(la, cap / EPS), EPS)),
+            cap if math.isinf(lb) else min(cap, db.units_down(min(lb, cap / DLT), DLT)))
+
 
 _CLOSING = ("settle", "cancel", "reconcile")
 
 
 class ActiveKeyCheckFailed(Exception):
-    """A reservation under :data:`require_active_key` wrote nothing: the key is unknown or revoked, or the
+    """A reservation with ``require_active=True`` wrote nothing: the key is unknown or revoked, or the
     cost does not fit the (possibly stale) limit. Nothing was charged; the caller authenticates the key
     from the database and decides again."""
 
@@ -87,6 +130,8 @@ class ActiveKeyCheckFailed(Exception):
 def _check_cost(cost: Sequence[float], name: str) -> tuple[float, float]:
     if len(cost) != 2:
         raise PrivacyParameterError(f"The '{name}' parameter must be a pair (a, b). Got {cost!r} instead.")
+    if any(isinstance(v, bool) for v in cost):
+        raise PrivacyParameterError(f"The '{name}' parameter must be a pair of numbers, not bools. Got {cost!r} instead.")
     a, b = float(cost[0]), float(cost[1])
     for v in (a, b):
         if math.isnan(v) or v < 0 or math.isinf(v):
@@ -143,17 +188,17 @@ class SQLBudgetStore:
     }
     _TOTALS = ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta", "reserved_epsilon", "reserved_delta")
 
-    # PostgreSQL: one statement per action. The effective limit is min(caller's limit, granted limit) when
-    # the principal has a grant, exactly as in the SQLite path; ``spent + reserved + cost`` is evaluated
-    # left to right in float8, as Python does. ``set_config(..., true)`` sets synchronous_commit for this
+    # PostgreSQL: one statement per action. The effective limit is the granted limit (no caller limit),
+    # or min(caller's limit, granted limit) when the principal has a grant, exactly as in the SQLite path;
+    # all amounts are exact bigint units. ``set_config(..., true)`` sets synchronous_commit for this
     # statement's own (autocommit) transaction only.
     _PG_RESERVE = (
         "WITH p AS (UPDATE principals SET reserved_epsilon = reserved_epsilon + %(a)s, reserved_delta = reserved_delta + %(b)s "
         "WHERE principal = %(p)s "
-        "AND spent_epsilon + reserved_epsilon + %(a)s <= CASE WHEN limit_epsilon > 0 OR limit_delta > 0 "
-        "THEN LEAST(%(la)s, limit_epsilon) ELSE %(la)s END "
-        "AND spent_delta + reserved_delta + %(b)s <= CASE WHEN limit_epsilon > 0 OR limit_delta > 0 "
-        "THEN LEAST(%(lb)s, limit_delta) ELSE %(lb)s END "
+        "AND spent_epsilon + reserved_epsilon + %(a)s <= CASE WHEN CAST(%(la)s AS BIGINT) IS NULL THEN limit_epsilon "
+        "WHEN limit_epsilon > 0 OR limit_delta > 0 THEN LEAST(CAST(%(la)s AS BIGINT), limit_epsilon) ELSE CAST(%(la)s AS BIGINT) END "
+        "AND spent_delta + reserved_delta + %(b)s <= CASE WHEN CAST(%(lb)s AS BIGINT) IS NULL THEN limit_delta "
+        "WHEN limit_epsilon > 0 OR limit_delta > 0 THEN LEAST(CAST(%(lb)s AS BIGINT), limit_delta) ELSE CAST(%(lb)s AS BIGINT) END "
         "{active}RETURNING principal, limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta), "
         "l AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
         "reserved_delta, realized_epsilon, realized_delta, detail, closes) "
@@ -233,6 +278,13 @@ class SQLBudgetStore:
         finally:
             raw.close()
 
+    def ping(self) -> str:
+        """One trivial round trip (liveness/readiness); returns the dialect name. Raises on a database error."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+            conn.rollback()
+        return self.engine.dialect.name
+
     def query_one(self, sql: str, params: dict) -> dict | None:
         """Run one read-only statement (``:name`` parameters) on the raw connection; first row as a dict.
 
@@ -259,109 +311,114 @@ class SQLBudgetStore:
         if row is None and create:
             cur.execute(self._sql("new"), {"p": principal, "t": db.now()})
             row = self._one(cur, q, {"p": principal})
-        return None if row is None else dict(zip(self._TOTALS, row))
+        return None if row is None else dict(zip(self._TOTALS, (int(v) for v in row)))
 
     @staticmethod
-    def _exhausted(principal: str, row: dict, ca: float, cb: float, la: float, lb: float) -> BudgetExhaustedError | None:
-        """The refusal for ``row`` (cached totals) and a request of ``(ca, cb)`` under limit ``(la, lb)``,
-        or ``None`` if it fits."""
-        if row["limit_epsilon"] > 0 or row["limit_delta"] > 0:  # granted budget (grants are positive)
-            la, lb = min(la, row["limit_epsilon"]), min(lb, row["limit_delta"])
+    def _exhausted(principal: str, row: dict, ca: int, cb: int, lim: tuple[int, int] | None) -> BudgetExhaustedError | None:
+        """The refusal for ``row`` (cached totals, units) and a request of ``(ca, cb)`` units under limit
+        ``lim`` (units; ``None``: the granted limit), or ``None`` if it fits."""
+        if lim is None:
+            la, lb = row["limit_epsilon"], row["limit_delta"]
+        else:
+            la, lb = lim
+            if row["limit_epsilon"] > 0 or row["limit_delta"] > 0:  # granted budget (grants are positive)
+                la, lb = min(la, row["limit_epsilon"]), min(lb, row["limit_delta"])
         used_a = row["spent_epsilon"] + row["reserved_epsilon"]
         used_b = row["spent_delta"] + row["reserved_delta"]
         if used_a + ca > la or used_b + cb > lb:
-            remaining = {"primary": max(0.0, la - used_a), "delta": max(0.0, lb - used_b)}
+            remaining = {"primary": db.from_units(max(0, la - used_a), EPS), "delta": db.from_units(max(0, lb - used_b), DLT)}
             return BudgetExhaustedError(
-                f"Reserving cost {(ca, cb)} for principal {principal!r} would exceed its budget {(la, lb)}; "
-                f"remaining {remaining}. Nothing was charged.",
+                f"Reserving cost {(db.from_units(ca, EPS), db.from_units(cb, DLT))} for principal {principal!r} would exceed "
+                f"its budget {(db.from_units(la, EPS), db.from_units(lb, DLT))}; remaining {remaining}. Nothing was charged.",
                 remaining=remaining,
             )
         return None
 
     # -- BudgetStore protocol -----------------------------------------------------------------
-    def try_reserve(
+    def try_reserve(self, principal: str, cost: tuple[float, float], limit: tuple[float, float] | None, *,
+                    event: dict | None = None) -> str:
+        """The ``BudgetStore`` protocol: :meth:`reserve`, returning the reservation id."""
+        return self.reserve(principal, cost, limit, event=event).reservation_id
+
+    def reserve(
         self,
         principal: str,
         cost: tuple[float, float],
-        limit: tuple[float, float],
+        limit: tuple[float, float] | None = None,
         *,
         event: dict | None = None,
-    ) -> str:
-        """Atomically check ``spent + reserved + cost ≤ limit`` and record a reservation.
+        require_active: bool = False,
+    ) -> Receipt:
+        """Atomically check ``spent + reserved + cost ≤ limit`` (exact integer units) and record a
+        reservation.
 
         PostgreSQL: one statement (one round trip) when the principal exists and the cost fits. Otherwise
         (a refusal, or the first reservation of a principal without a row) the decision is taken again
         in a second transaction under ``SELECT … FOR UPDATE`` (a few more round trips, only then). SQLite:
         one ``BEGIN IMMEDIATE`` transaction. When the store is ``durable``, the reservation is on disk when
-        this returns. On success, :data:`reserve_totals` holds the principal's totals after the
-        reservation (read by the same statement or under the same lock); it is ``None`` after a failure.
+        this returns.
 
         Args:
           principal: who pays (the API key id in the service).
-          cost: worst-case cost ``(a, b)`` to reserve.
-          limit: the caller's budget ``(a, b)``; the granted budget, if any, caps it further.
-          event: optional JSON-able worst-case event, stored on the ledger row (default: the
-            :data:`ledger_event` context variable).
+          cost: worst-case cost ``(a, b)`` to reserve (rounded up to the unit).
+          limit: the caller's budget ``(a, b)`` (rounded down to the unit); the granted budget, if any,
+            caps it further. ``None``: the granted budget alone.
+          event: optional JSON-able worst-case event, stored on the ledger row.
+          require_active: also require, in the same statement (PostgreSQL) or transaction (SQLite), that
+            the principal is an API key that exists and is not revoked; raise
+            :class:`ActiveKeyCheckFailed` instead of deciding a refusal. The service uses it for a key
+            whose secret it checked against a remembered hash.
 
         Returns:
-          The reservation id.
+          A :class:`Receipt` with the principal's totals right after this reservation.
 
         Raises:
           BudgetExhaustedError: the reservation would exceed the limit (``remaining`` has keys
             ``"primary"`` and ``"delta"``); nothing was written.
-          ActiveKeyCheckFailed: only under :data:`require_active_key`: the key is unknown or revoked or
-            the cost does not fit (no second, locking attempt is made then); nothing was written.
+          ActiveKeyCheckFailed: only with ``require_active``: the key is unknown or revoked or the cost
+            does not fit (no second, locking attempt is made then); nothing was written.
           PrivacyParameterError: a malformed cost or limit.
         """
-        ca, cb = _check_cost(cost, "cost")
-        event = event if event is not None else ledger_event.get()
-        la, lb = float(limit[0]), float(limit[1])
-        if math.isnan(la) or math.isnan(lb):
-            raise PrivacyParameterError(f"The 'limit' parameter must not be NaN. Got {limit!r} instead.")
+        ca, cb = cost_units(cost, "cost")
+        lim = limit_units(limit)
         rid = uuid.uuid4().hex
         ev = json.dumps(event) if event is not None else None
-        active = require_active_key.get()
         if self._pg:
-            params = {"p": principal, "a": ca, "b": cb, "la": la, "lb": lb, "rid": rid, "t": db.now(), "o": self.owner,
-                      "e": ev, "sync": "on" if self.durable else "off"}
-            reserve_totals.set(None)
+            params = {"p": principal, "a": ca, "b": cb, "la": None if lim is None else lim[0], "lb": None if lim is None else lim[1],
+                      "rid": rid, "t": db.now(), "o": self.owner, "e": ev, "sync": "on" if self.durable else "off"}
             with self._tx() as cur:
-                cur.execute(self._PG_RESERVE_SQL[active], params)
+                cur.execute(self._PG_RESERVE_SQL[bool(require_active)], params)
                 done = cur.fetchone()
                 if done is not None:
-                    reserve_totals.set(dict(zip(self._TOTALS, done[:6])))
-                    return rid
-                if active:
+                    return Receipt(rid, principal, (ca, cb), dict(zip(self._TOTALS, (int(v) for v in done[:6]))))
+                if require_active:
                     raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
                 # Refused, or no principal row yet: decide again under the row lock (a few more round
                 # trips, only on this path). This also names the remaining budget in the refusal.
                 with cur.connection.transaction():
                     row = self._lock_principal(cur, principal, create=True)
-                    refusal = self._exhausted(principal, row, ca, cb, la, lb)
+                    refusal = self._exhausted(principal, row, ca, cb, lim)
                     if refusal is not None:
                         raise refusal
                     self._insert_reserve(cur, principal, rid, ca, cb, ev)
                     cur.execute("SELECT set_config('synchronous_commit', %(s)s, true)", {"s": params["sync"]})
-            reserve_totals.set(self._after_reserve(row, ca, cb))
-            return rid
-        reserve_totals.set(None)
+            return Receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb))
         with self._tx(durable=self.durable) as cur:
-            if active:
+            if require_active:
                 key = self._one(cur, "key", {"p": principal})
                 row = self._lock_principal(cur, principal, create=False) if key is not None and key[0] is None else None
-                if row is None or self._exhausted(principal, row, ca, cb, la, lb) is not None:
+                if row is None or self._exhausted(principal, row, ca, cb, lim) is not None:
                     raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
             else:
                 row = self._lock_principal(cur, principal, create=True)
-                refusal = self._exhausted(principal, row, ca, cb, la, lb)
+                refusal = self._exhausted(principal, row, ca, cb, lim)
                 if refusal is not None:
                     raise refusal
             self._insert_reserve(cur, principal, rid, ca, cb, ev)
-        reserve_totals.set(self._after_reserve(row, ca, cb))
-        return rid
+        return Receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb))
 
     @staticmethod
-    def _after_reserve(row: dict, ca: float, cb: float) -> dict:
+    def _after_reserve(row: dict, ca: int, cb: int) -> dict:
         """The totals row read under the lock before the reservation, with the reservation added (as the
         ``add_reserved`` statement computes it)."""
         out = dict(row)
@@ -369,7 +426,7 @@ class SQLBudgetStore:
         out["reserved_delta"] = row["reserved_delta"] + cb
         return out
 
-    def _insert_reserve(self, cur: Any, principal: str, rid: str, ca: float, cb: float, ev: str | None) -> None:
+    def _insert_reserve(self, cur: Any, principal: str, rid: str, ca: int, cb: int, ev: str | None) -> None:
         """The reserve's ledger row and the matching change of the cached totals (caller holds the lock)."""
         cur.execute(self._sql("ledger"), {
             "rid": rid, "p": principal, "a": "reserve", "t": db.now(), "o": self.owner,
@@ -377,10 +434,12 @@ class SQLBudgetStore:
         })
         cur.execute(self._sql("add_reserved"), {"a": ca, "b": cb, "p": principal})
 
-    def _close(self, reservation_id: str, action: str, cost: tuple[float, float] | None, event: dict | None, detail: str | None) -> None:
-        if event is None and action == "settle":
-            event = ledger_event.get()
-        sa, sb = _check_cost(cost, "cost") if action == "settle" else (None, None)  # type: ignore[arg-type]
+    def _close(self, reservation_id: str, action: str, cost: tuple[float, float] | None, event: dict | None,
+               detail: str | None, *, units: tuple[int, int] | None = None) -> dict[str, int]:
+        if action == "settle":
+            sa, sb = units if units is not None else cost_units(cost, "cost")  # type: ignore[arg-type]
+        else:
+            sa, sb = None, None
         ev = json.dumps(event) if event is not None else None
         if self._pg:
             with self._tx() as cur:
@@ -390,8 +449,7 @@ class SQLBudgetStore:
                 })
                 row = cur.fetchone()
                 if row is not None:
-                    last_totals.set(dict(zip(self._TOTALS, row[:6])))
-                    return
+                    return dict(zip(self._TOTALS, (int(v) for v in row[:6])))
                 # Nothing written: say why (unknown id, already closed, or cost above the reservation).
                 res = self._one(cur, "res", {"rid": reservation_id})
                 closed = self._one(cur, "closed", {"rid": reservation_id})
@@ -412,11 +470,11 @@ class SQLBudgetStore:
                 })
             except self.engine.dialect.dbapi.IntegrityError:
                 raise ReservationError(f"Reservation {reservation_id!r} is already closed; it cannot be {action}d.") from None
-            cur.execute(self._sql("close"), {"ra": ra, "rb": rb, "sa": sa or 0.0, "sb": sb or 0.0, "p": principal})
-            last_totals.set(self._lock_principal(cur, principal, create=False))
+            cur.execute(self._sql("close"), {"ra": ra, "rb": rb, "sa": sa or 0, "sb": sb or 0, "p": principal})
+            return self._lock_principal(cur, principal, create=False)
 
     @staticmethod
-    def _close_error(reservation_id: str, action: str, res: tuple | None, closed: tuple | None, sa: float | None, sb: float | None) -> None:
+    def _close_error(reservation_id: str, action: str, res: tuple | None, closed: tuple | None, sa: int | None, sb: int | None) -> None:
         """Raise the ReservationError that explains why ``action`` cannot close the reservation, if any."""
         if res is None:
             raise ReservationError(f"Unknown reservation id {reservation_id!r}.")
@@ -425,11 +483,13 @@ class SQLBudgetStore:
         _, ra, rb = res
         if action == "settle" and (sa > ra or sb > rb):  # type: ignore[operator]
             raise ReservationError(
-                f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} of reservation {reservation_id!r}."
+                f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} (units) of reservation {reservation_id!r}."
             )
 
-    def settle(self, reservation_id: str, cost: tuple[float, float], *, event: dict | None = None) -> None:
-        """Charge the realized ``cost`` (≤ the reserved cost) and release the rest.
+    def settle(self, reservation_id: str, cost: tuple[float, float] | None = None, *, event: dict | None = None,
+               units: tuple[int, int] | None = None) -> dict[str, int]:
+        """Charge the realized ``cost`` (≤ the reserved cost; rounded up to the unit, or given exactly as
+        ``units``) and release the rest. Returns the principal's totals after the settle (units).
 
         One statement on PostgreSQL; it does not wait for a disk flush (see the module docstring).
 
@@ -437,22 +497,22 @@ class SQLBudgetStore:
           ReservationError: unknown id, already closed (settled, cancelled, reconciled), or cost above
             the reservation. Nothing is written then.
         """
-        self._close(reservation_id, "settle", cost, event, None)
+        return self._close(reservation_id, "settle", cost, event, None, units=units)
 
-    def cancel(self, reservation_id: str) -> None:
+    def cancel(self, reservation_id: str) -> dict[str, int]:
         """Release a reservation whose mechanism never touched private data.
 
         Raises:
           ReservationError: unknown or already closed.
         """
-        self._close(reservation_id, "cancel", None, None, None)
+        return self._close(reservation_id, "cancel", None, None, None)
 
-    def reconcile(self, reservation_id: str, *, detail: str = "reconciled after an interrupted request") -> None:
+    def reconcile(self, reservation_id: str, *, detail: str = "reconciled after an interrupted request") -> dict[str, int]:
         """Charge an open reservation at its reserved (worst-case) cost: the fail-closed rule."""
-        self._close(reservation_id, "reconcile", None, None, detail)
+        return self._close(reservation_id, "reconcile", None, None, detail)
 
     def totals(self, principal: str) -> tuple[tuple[float, float], tuple[float, float]]:
-        """``(spent, reserved)`` of ``principal``, each a pair; zeros for an unknown principal."""
+        """``(spent, reserved)`` of ``principal``, each a pair of floats; zeros for an unknown principal."""
         row = self.snapshot(principal)
         if row is None:
             return (0.0, 0.0), (0.0, 0.0)
@@ -460,30 +520,36 @@ class SQLBudgetStore:
 
     # -- service extensions -------------------------------------------------------------------
     def grant(self, principal: str, epsilon: float, delta: float, *, note: str = "", conn: Any = None) -> None:
-        """Append a budget grant (creation or top-up) and raise the principal's limit."""
+        """Append a budget grant (creation or top-up) and raise the principal's limit (rounded down to
+        the unit)."""
+        ua, ub = db.units_down(float(epsilon), EPS), db.units_down(float(delta), DLT)
         if conn is None:
             with self.engine.begin() as c:
                 return self.grant(principal, epsilon, delta, note=note, conn=c)
         conn.execute(text(self._SQL["new"]), {"p": principal, "t": db.now()})
         conn.execute(text(self._SQL["lock_pg" if self._pg else "lock"]), {"p": principal})
         conn.execute(
-            db.budget_grants.insert().values(principal=principal, created_at=db.now(), epsilon=float(epsilon), delta=float(delta), note=note)
+            db.budget_grants.insert().values(principal=principal, created_at=db.now(), epsilon=ua, delta=ub, note=note)
         )
         conn.execute(
             update(db.principals)
             .where(db.principals.c.principal == principal)
             .values(
-                limit_epsilon=db.principals.c.limit_epsilon + float(epsilon),
-                limit_delta=db.principals.c.limit_delta + float(delta),
+                limit_epsilon=db.principals.c.limit_epsilon + ua,
+                limit_delta=db.principals.c.limit_delta + ub,
             )
         )
         return None
 
-    def snapshot(self, principal: str) -> dict[str, float] | None:
-        """The cached totals row (limit, spent, reserved) of ``principal``, or ``None``."""
+    def snapshot(self, principal: str, *, units: bool = False) -> dict[str, Any] | None:
+        """The cached totals row (limit, spent, reserved) of ``principal``, or ``None``: floats (ε, δ), or
+        the exact integer units if ``units``."""
         with self._tx(write=False) as cur:
             row = self._one(cur, "lock", {"p": principal})
-        return None if row is None else dict(zip(self._TOTALS, row))
+        if row is None:
+            return None
+        out = dict(zip(self._TOTALS, (int(v) for v in row)))
+        return out if units else db.units_to_floats(out)
 
     def open_reservations(self, *, older_than_s: float = 0.0, principal: str | None = None) -> list[str]:
         """Ids of reservations with no settle/cancel/reconcile row, created more than ``older_than_s`` ago."""
@@ -528,4 +594,66 @@ class SQLBudgetStore:
             r.pop("owner", None)
             if r.get("event"):
                 r["event"] = json.loads(r["event"])
+            for k in ("reserved_epsilon", "realized_epsilon"):
+                r[k] = None if r[k] is None else db.from_units(r[k], EPS)
+            for k in ("reserved_delta", "realized_delta"):
+                r[k] = None if r[k] is None else db.from_units(r[k], DLT)
         return rows
+
+    # -- idempotency --------------------------------------------------------------------------
+    def idempotency_begin(self, principal: str, idem_key: str, request_hash: str, *, ttl_s: float) -> tuple[int, str] | None:
+        """Start an attempt of a request carrying an ``Idempotency-Key``.
+
+        Returns:
+          ``(status_code, response JSON text)`` of a completed, unexpired attempt with the same key and
+          request; ``None`` when a pending attempt was recorded (the caller runs the request). An expired
+          row is replaced.
+
+        Raises:
+          IdempotencyConflict: an attempt with this key is in progress or was interrupted.
+          IdempotencyMismatch: this key was used with a different request.
+        """
+        t = db.now()
+        tbl = db.idempotency
+        cond = (tbl.c.principal == principal) & (tbl.c.idem_key == idem_key)
+        with self.engine.begin() as conn:
+            row = conn.execute(select(tbl).where(cond)).mappings().first()
+            if row is not None and row["expires_at"] is not None and row["expires_at"] <= t and row["status"] == "done":
+                conn.execute(delete(tbl).where(cond))
+                row = None
+            if row is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(tbl.insert().values(principal=principal, idem_key=idem_key, request_hash=request_hash,
+                                                         status="pending", created_at=t, expires_at=t + float(ttl_s)))
+                    return None
+                except IntegrityError:
+                    raise IdempotencyConflict("A request with this Idempotency-Key is in progress.") from None
+        if row["request_hash"] != request_hash:
+            raise IdempotencyMismatch("This Idempotency-Key was used with a different request body.")
+        if row["status"] == "done":
+            return int(row["status_code"]), row["response"]
+        raise IdempotencyConflict(
+            "A request with this Idempotency-Key is in progress or was interrupted; an interrupted attempt stays charged at its reserved cost."
+        )
+
+    def idempotency_finish(self, principal: str, idem_key: str, *, status_code: int | None, response: str | None,
+                           reservation_id: str | None, ttl_s: float) -> None:
+        """Store the answer of an attempt (``response`` JSON text), or, with ``response=None``, drop its
+        pending row (a refusal that charged nothing: the client may retry with the same key)."""
+        tbl = db.idempotency
+        cond = (tbl.c.principal == principal) & (tbl.c.idem_key == idem_key)
+        with self.engine.begin() as conn:
+            if response is None:
+                conn.execute(delete(tbl).where(cond & (tbl.c.status == "pending")))
+            else:
+                conn.execute(update(tbl).where(cond).values(status="done", status_code=status_code, response=response,
+                                                            reservation_id=reservation_id, expires_at=db.now() + float(ttl_s)))
+
+    def purge_expired_answers(self) -> int:
+        """Delete idempotency rows whose ``expires_at`` has passed: stored answers, and pending rows of
+        interrupted attempts (answered 409 until then). Returns the number of rows deleted."""
+        tbl = db.idempotency
+        with self.engine.begin() as conn:
+            res = conn.execute(delete(tbl).where(tbl.c.expires_at.is_not(None), tbl.c.expires_at <= db.now()))
+        return int(res.rowcount or 0)

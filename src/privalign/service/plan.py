@@ -1,0 +1,156 @@
+"""Step 0 of the path: turn a validated request's ``privacy`` object into a :class:`Plan` (method,
+parameters, worst-case event), range-checking every privacy parameter **before** any reservation.
+
+Public bounds (refused with a 400 naming the parameter, nothing charged):
+
+* ``epsilon``: finite, in ``[limits.min_epsilon, limits.max_epsilon]`` (the floor is 10⁻⁶ by default and
+  never below 10⁻⁹, the ledger's unit). PrivBoN's ε is **rounded down to the ledger unit** (10⁻⁹) and the
+  exponential mechanism is run at a float ε whose exact value does not exceed it, so the charge is exactly
+  the requested number of units: a budget of 2.0 serves exactly twenty ε = 0.1 requests.
+* PrivITP: ``beta`` in :data:`BETA_BOUNDS`, ``sigma_x``/``sigma_z`` in :data:`SIGMA_BOUNDS`; the
+  worst-case ε_max must be finite, at least the ε floor's unit and at most the request's ``epsilon`` cap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from privalign.errors import PrivacyParameterError
+from privalign.service import db
+from privalign.service.config import ServiceConfig
+from privalign.service.errors import ApiError
+from privalign.service.schemas import PrivacyParams
+
+__all__ = ["Plan", "make_plan", "pool_size", "select", "BETA_BOUNDS", "SIGMA_BOUNDS", "quantize_epsilon"]
+
+#: PrivITP's KL temperature β: public bounds.
+BETA_BOUNDS = (1e-6, 1e6)
+#: PrivITP's Gaussian noise scales σ_X, σ_Z: public bounds (σ = 1e308 overflows σ²).
+SIGMA_BOUNDS = (1e-6, 1e6)
+
+
+@dataclass
+class Plan:
+    """A validated selection request: method, ε, pool size n, parameters, worst-case event, mechanism."""
+
+    method: str
+    epsilon: float
+    n: int
+    params: dict[str, float]
+    worst: Any
+    mech: Any = None
+
+
+def _bad(param: str, msg: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", msg, param=param)
+
+
+def quantize_epsilon(eps: float) -> tuple[int, float]:
+    """``(units, eps_run)``: the requested ε rounded down to the ledger unit (10⁻⁹, read from the
+    shortest decimal that round-trips the float, so ``0.1`` is exactly 10⁸ units), and the largest float
+    whose exact value is at most ``units`` × 10⁻⁹ (the ε the mechanism runs at)."""
+    units = int((Decimal(repr(float(eps))) * db.EPS_SCALE).to_integral_value(rounding="ROUND_FLOOR"))
+    target = Fraction(units, db.EPS_SCALE)
+    run = float(target)
+    while Fraction(run) > target:
+        run = math.nextafter(run, 0.0)
+    return units, run
+
+
+def _privbon(cfg: ServiceConfig, eps: float, n: int) -> Plan:
+    from privalign.alignment import PrivBoN
+
+    pv = cfg.privacy
+    units, run = quantize_epsilon(eps)
+    target = Fraction(units, db.EPS_SCALE)
+    for _ in range(64):  # the mechanism may round its charged ε up by an ulp: step the run ε down until it fits
+        sel = PrivBoN(run, sensitivity=pv.sensitivity, r_max=pv.reward_max, clip=True)
+        worst = sel.worst_case_event(n)
+        if Fraction(float(worst.epsilon)) <= target:
+            return Plan("privbon", float(target), n, {"sensitivity": pv.sensitivity, "reward_max": pv.reward_max}, worst, sel)
+        run = math.nextafter(run, 0.0)
+    raise _bad("privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly.")  # pragma: no cover
+
+
+def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> Plan:
+    """Validate the ``privacy`` object against the server's public bounds and build the plan.
+
+    Raises:
+      ApiError: 400 naming the parameter, the constraint and the value. Nothing has been reserved.
+    """
+    pv, lim = cfg.privacy, cfg.limits
+    pp = pp or PrivacyParams()
+    if pp.seed is not None:
+        raise _bad("privacy.seed", "The 'privacy.seed' parameter is not accepted: the service uses secure noise only.")
+    method = pp.method or pv.allowed_methods[0]
+    if method not in pv.allowed_methods or (method == "bon" and not pv.allow_non_private):
+        raise _bad("privacy.method", f"The 'privacy.method' parameter must be one of {list(pv.allowed_methods)} on this server. "
+                   f"Got {method!r} instead.")
+    eps = pp.epsilon if pp.epsilon is not None else pv.default_epsilon
+    if not (math.isfinite(eps) and lim.min_epsilon <= eps <= lim.max_epsilon):
+        raise _bad("privacy.epsilon", f"The 'privacy.epsilon' parameter must be a finite number in [{lim.min_epsilon:g}, "
+                   f"{lim.max_epsilon:g}]. Got {eps!r} instead.")
+    n = pp.n if pp.n is not None else n_default
+    if not (1 <= n <= lim.max_n):
+        raise _bad("privacy.n", f"The 'privacy.n' parameter must be in [1, {lim.max_n}]. Got {n!r} instead.")
+    if method == "bon":
+        from privalign.alignment import BestOfN
+
+        sel = BestOfN()
+        return Plan(method, math.inf, n, {}, sel.worst_case_event(n), sel)
+    if method == "privbon":
+        for extra in ("beta", "sigma_x", "sigma_z"):
+            if getattr(pp, extra) is not None:
+                raise _bad(f"privacy.{extra}", f"The 'privacy.{extra}' parameter applies to privitp only.")
+        return _privbon(cfg, eps, n)
+    # privitp: two pools of n (phase 1, phase 2) plus one fallback candidate; privacy.epsilon caps ε_max.
+    from privalign.alignment import PrivITP
+
+    itp = dict(pv.privitp)
+    for name, (lo, hi) in (("beta", BETA_BOUNDS), ("sigma_x", SIGMA_BOUNDS), ("sigma_z", SIGMA_BOUNDS)):
+        v = getattr(pp, name)
+        if v is not None:
+            if not (math.isfinite(v) and lo <= v <= hi):
+                raise _bad(f"privacy.{name}", f"The 'privacy.{name}' parameter must be a finite number in [{lo:g}, {hi:g}]. "
+                           f"Got {v!r} instead.")
+            itp[name] = v
+    try:
+        sel = PrivITP(
+            itp["beta"], sigma_x=itp["sigma_x"], sigma_z=itp["sigma_z"], L=itp.get("envelope_l", 3.0),
+            r_max=pv.reward_max, delta=pv.delta, sensitivity=pv.sensitivity, clip=True,
+        )
+        worst = sel.worst_case_event(n)
+        eps_max = float(worst.epsilon_max)
+    except (PrivacyParameterError, TypeError, ValueError, KeyError, ArithmeticError) as exc:
+        raise _bad("privacy", f"Invalid privitp parameters: {exc}") from None
+    if not math.isfinite(eps_max) or eps_max < 1.0 / db.EPS_SCALE:
+        raise _bad("privacy", f"The privitp worst-case cost ε_max={eps_max!r} (β={itp['beta']}, σ_X={itp['sigma_x']}, "
+                   f"σ_Z={itp['sigma_z']}) must be finite and at least 1e-9 (the ledger unit).")
+    if eps_max > eps:
+        raise _bad("privacy.epsilon",
+                   f"The privitp worst-case cost ε_max={eps_max:.6g} (n={n}, β={itp['beta']}, σ_X={itp['sigma_x']}, "
+                   f"σ_Z={itp['sigma_z']}) exceeds the 'privacy.epsilon' cap {eps:g}: raise epsilon or the noise, or lower n.")
+    return Plan("privitp", eps, n, itp, worst, sel)
+
+
+def pool_size(plan: Plan) -> int:
+    """Candidates needed: n, or 2n + 1 for privitp (phase-1 pool, phase-2 pool, fallback)."""
+    return 2 * plan.n + 1 if plan.method == "privitp" else plan.n
+
+
+def select(plan: Plan, scores: np.ndarray, noise: Any) -> tuple[int, Any]:
+    """Run the selection on clipped scores; returns (index into the candidates, realized event)."""
+    if plan.method == "privitp":
+        from privalign.alignment import FALLBACK
+
+        n = plan.n
+        out = plan.mech.select(scores[:n], rng=noise, pool_b_scores=scores[n : 2 * n])
+        return (2 * n if out.index == FALLBACK else n + int(out.index)), out.event
+    out = plan.mech.select(scores, rng=noise)
+    return int(out.index), out.event
