@@ -15,6 +15,7 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
 
 from privalign.errors import (
     BudgetExhaustedError,
@@ -32,14 +33,15 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_BUDGET, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4
 
 def build_parser() -> argparse.ArgumentParser:
     from privalign import __version__
+    from privalign.cli._args import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="privalign",
         description="Differentially private alignment of language models: private best-of-N and ITP at "
         "inference time, private sparse reward estimation at training time.",
     )
     parser.add_argument("--version", action="version", version=f"privalign {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     pkg = importlib.import_module("privalign.cli")
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
@@ -51,24 +53,101 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(args: argparse.Namespace) -> str:
+    parts = ["privalign", getattr(args, "command", None) or ""]
+    for k in ("keys_command",):
+        if getattr(args, k, None):
+            parts.append(getattr(args, k))
+    return " ".join(p for p in parts if p)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _check_seeds(args: argparse.Namespace) -> str | None:
+    """Every seed option of every subcommand: a non-negative integer (numpy's SeedSequence rule)."""
+    for k, v in vars(args).items():
+        if (k == "seed" or k.endswith("_seed")) and isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            return f"argument --{k.replace('_', '-')}: must be a non-negative integer, got {v}"
+    return None
+
+
+def _user_error(exc: BaseException) -> str | None:
+    """The one-line message of an exception that is the user's to fix, or ``None`` (a bug)."""
+    from privalign.cli._args import extra_for
+
+    if isinstance(exc, ModuleNotFoundError | MissingDependencyError):
+        name = getattr(exc, "name", None)
+        extra = extra_for(name)
+        if extra is not None:
+            return (f"this command needs {name!r}, which is not installed: pip install 'privalign[{extra}]' "
+                    f"(or the whole set: pip install 'privalign[all]')")
+        if isinstance(exc, MissingDependencyError):
+            return _one_line(str(exc))
+        return None
+    if isinstance(exc, PrivacyParameterError | DataFormatError | ReservationError | ValueError | OSError):
+        if isinstance(exc, FileNotFoundError) and exc.filename and str(exc).startswith("[Errno"):
+            return f"no such file or directory: {exc.filename}"
+        return _one_line(str(exc)) or type(exc).__name__
+    mod = type(exc).__module__ or ""
+    if mod.startswith("sqlalchemy"):
+        orig = getattr(exc, "orig", None)
+        detail = _one_line(str(orig if orig is not None else exc).split("\n")[0])
+        return (f"cannot use the database ({type(exc).__name__}): {detail[:300]} "
+                "(check the --db URL or the config's [database].url)")
+    if mod.split(".")[0] in ("httpx", "httpcore", "openai", "requests", "urllib3"):
+        return f"network error ({type(exc).__name__}): {_one_line(str(exc))[:300]}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI in-process (tests call ``main([...])``); returns the exit code."""
+    """Run the CLI in-process (tests call ``main([...])``); returns the exit code.
+
+    The error boundary: a user error (bad flag value, bad file, unreachable database or server, missing
+    optional dependency) prints one line ``privalign CMD: error: ...`` on stderr and returns 2, never a
+    traceback. An unexpected error (a bug) prints one line and returns 1; set ``PRIVALIGN_DEBUG=1`` to see
+    its traceback.
+    """
+    import os
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    cmd = _command(args)
+    bad = _check_seeds(args)
+    if bad:
+        print(f"{cmd}: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, category, *a, **k: print(  # one line per warning
+                f"{cmd}: warning: {_one_line(str(message))}", file=sys.stderr)
+            return int(args.func(args) or 0)
     except BudgetExhaustedError as exc:
-        print(f"privalign: budget exhausted: {exc}", file=sys.stderr)
+        print(f"{cmd}: error: budget exhausted: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_BUDGET
     except UnsupportedEventError as exc:
-        print(f"privalign: unsupported privacy event: {exc}", file=sys.stderr)
+        print(f"{cmd}: error: unsupported privacy event: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_UNSUPPORTED
-    except (PrivacyParameterError, DataFormatError, ReservationError, MissingDependencyError, FileNotFoundError) as exc:
-        print(f"privalign: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("PRIVALIGN_DEBUG"):
+            raise
+        msg = _user_error(exc)
+        if msg is not None:
+            print(f"{cmd}: error: {msg}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"{cmd}: internal error ({type(exc).__name__}): {_one_line(str(exc))[:500]} "
+              "(a bug: please report it; PRIVALIGN_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def entrypoint() -> None:
