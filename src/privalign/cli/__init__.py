@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import re
 import sys
 import warnings
 
@@ -21,8 +22,7 @@ from privalign.errors import (
     BudgetExhaustedError,
     DataFormatError,
     MissingDependencyError,
-    PrivacyParameterError,
-    ReservationError,
+    PrivalignError,
     UnsupportedEventError,
 )
 
@@ -73,9 +73,25 @@ def _check_seeds(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _user_error(exc: BaseException) -> str | None:
+_PARAM = re.compile(r"\b([Tt])he '([A-Za-z_][A-Za-z0-9_]*)' parameter")
+
+
+def _flagify(msg: str, args: argparse.Namespace) -> str:
+    """Name the command-line flag, not the Python parameter: "The 'epsilon' parameter" → "The '--epsilon' option"."""
+    names = set(vars(args))
+
+    def sub(m: re.Match) -> str:
+        name = m.group(2)
+        if name in names:
+            return f"{m.group(1)}he '--{name.replace('_', '-')}' option"
+        return m.group(0)
+
+    return _PARAM.sub(sub, msg)
+
+
+def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> str | None:
     """The one-line message of an exception that is the user's to fix, or ``None`` (a bug)."""
-    from privalign.cli._args import extra_for
+    from privalign.cli._args import EXTRA_OF, extra_for
 
     if isinstance(exc, ModuleNotFoundError | MissingDependencyError):
         name = getattr(exc, "name", None)
@@ -84,21 +100,46 @@ def _user_error(exc: BaseException) -> str | None:
             return (f"this command needs {name!r}, which is not installed: pip install 'privalign[{extra}]' "
                     f"(or the whole set: pip install 'privalign[all]')")
         if isinstance(exc, MissingDependencyError):
-            return _one_line(str(exc))
+            msg = _one_line(str(exc))
+            for mod, extra in EXTRA_OF.items():
+                if extra is not None and "privalign[" not in msg and (mod in msg or mod.replace("_", "-") in msg):
+                    return f"{msg} (or install the extra: pip install 'privalign[{extra}]')"
+            return msg
         return None
-    if isinstance(exc, PrivacyParameterError | DataFormatError | ReservationError | ValueError | OSError):
+    if isinstance(exc, PrivalignError | ValueError | OSError):
         if isinstance(exc, FileNotFoundError) and exc.filename and str(exc).startswith("[Errno"):
             return f"no such file or directory: {exc.filename}"
         return _one_line(str(exc)) or type(exc).__name__
+    if type(exc).__name__ in ("GenerationError", "UpstreamError"):  # a generator/server the user pointed at failed
+        return f"generation failed: {_one_line(str(exc))[:500]}"
     mod = type(exc).__module__ or ""
     if mod.startswith("sqlalchemy"):
         orig = getattr(exc, "orig", None)
         detail = _one_line(str(orig if orig is not None else exc).split("\n")[0])
-        return (f"cannot use the database ({type(exc).__name__}): {detail[:300]} "
-                "(check the --db URL or the config's [database].url)")
+        url = getattr(args, "db", None)
+        where = f"--db {url!r}" if url else "the --db URL or the config's [database].url"
+        return f"cannot use the database ({type(exc).__name__}): {detail[:300]} (check {where})"
     if mod.split(".")[0] in ("httpx", "httpcore", "openai", "requests", "urllib3"):
         return f"network error ({type(exc).__name__}): {_one_line(str(exc))[:300]}"
     return None
+
+
+_NEGATIVE = re.compile(r"^-(\d|\.\d|inf\b)")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--score-range -4,16`` → ``--score-range=-4,16``: argparse would take ``-4,16`` for an option."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and "=" not in a and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,9 +154,13 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if extra:  # reported by the subcommand, not by the top-level parser
+        cmd = _command(args)
+        print(f"{cmd}: error: unrecognized arguments: {' '.join(extra)} (see '{cmd} --help')", file=sys.stderr)
+        return EXIT_USAGE
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
@@ -141,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("PRIVALIGN_DEBUG"):
             raise
-        msg = _user_error(exc)
+        msg = _user_error(exc, args)
         if msg is not None:
+            msg = _flagify(msg, args)
             print(f"{cmd}: error: {msg}", file=sys.stderr)
             return EXIT_USAGE
         print(f"{cmd}: internal error ({type(exc).__name__}): {_one_line(str(exc))[:500]} "

@@ -49,6 +49,27 @@ def register(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
+def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, naming the flag, when nothing answers at ``--base-url`` (any HTTP answer counts as reachable)."""
+    import urllib.error
+    import urllib.request
+
+    from privalign.errors import PrivacyParameterError
+
+    if not base_url.startswith(("http://", "https://")):
+        raise PrivacyParameterError(f"argument --base-url: must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
+    try:
+        urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout_s).close()  # noqa: S310
+    except urllib.error.HTTPError:
+        return  # the server answered
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise PrivacyParameterError(
+            f"argument --base-url: nothing answers at {base_url} ({reason}); start the OpenAI-compatible server "
+            "(e.g. vLLM) first or fix the URL"
+        ) from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from privalign.data.datasets import load_dataset
     from privalign.pipeline.build_pool import PoolConfig, build_pool
@@ -62,8 +83,9 @@ def _run(args: argparse.Namespace) -> int:
                "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads}
     elif args.generator == "openai":
         if not args.model:
-            print("privalign: error: --model is required with --generator openai (the served model name)", file=sys.stderr)
+            print("privalign build-pool: error: argument --model: required with --generator openai (the served model name)", file=sys.stderr)
             return 2
+        _check_reachable(args.base_url)
         gen = {"kind": "openai", "base_url": args.base_url, "model": args.model, "sampling": sampling, "stop": list(args.stop)}
     else:
         gen = {"kind": "vllm", "model": args.model, "sampling": sampling, "stop": list(args.stop)}
@@ -77,7 +99,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         examples = load_dataset(args.dataset, math_path=args.math_path)
     if args.num_prompts > len(examples):
-        print(f"privalign: error: --num-prompts {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}", file=sys.stderr)
+        print(f"privalign build-pool: error: argument --num-prompts: {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}", file=sys.stderr)
         return 2
     cfg = PoolConfig(dataset=args.dataset, n=args.n, seed=args.seed, generator=gen, proxy_reward=args.proxy_reward,
                      true_reward=args.true_reward, num_prompts=args.num_prompts, max_chars=args.max_chars, dataset_options=ds_opts)

@@ -30,7 +30,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         res = run_demo(args.out, progress=False if args.no_progress else None)
     except (ExperimentError, ConfigError) as exc:
-        print(f"privalign: error: {exc}", file=sys.stderr)
+        print(f"privalign demo: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(res, indent=2))

@@ -67,7 +67,7 @@ def _bon(args: argparse.Namespace) -> int:
 
     alpha = check_real(args.alpha, "alpha", low=0.0, high=1.0, closed="neither")
     if args.label is not None and len(args.label) != len(args.pool):
-        print(f"privalign: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}", file=sys.stderr)
+        print(f"privalign bon-curve: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}", file=sys.stderr)
         return 2
     doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha)
     for res in doc.get("series", [doc]):

@@ -58,17 +58,17 @@ def _run(args: argparse.Namespace) -> int:
             summaries = {}
             for name in EXPERIMENTS:
                 summaries[name] = run_experiment(name, out=out / name, quick=args.quick, progress=progress)
-                print(f"privalign: {name}: done -> {out / name}", file=sys.stderr)
+                print(f"privalign reproduce: {name}: done -> {out / name}", file=sys.stderr)
             if args.json:
                 print(json.dumps(summaries, indent=2, default=str))
             return 0
         summary = run_experiment(args.experiment, out=args.out, config_path=args.config, quick=args.quick,
                                  progress=progress)
     except (ExperimentError, ConfigError) as exc:
-        print(f"privalign: error: {exc}", file=sys.stderr)
+        print(f"privalign reproduce: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        print(f"privalign: {args.experiment}: done -> {args.out}", file=sys.stderr)
+        print(f"privalign reproduce: {args.experiment}: done -> {args.out}", file=sys.stderr)
     return 0

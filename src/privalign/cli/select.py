@@ -84,7 +84,7 @@ def _run(args) -> int:
         if out.diagnostics:
             print(f"  diagnostics: {out.diagnostics}")
     if not args.secure and args.seed is None:
-        print("privalign: note: unseeded, non-secure noise (use --secure to serve real users)", file=sys.stderr)
+        print("privalign select: note: unseeded, non-secure noise (use --secure to serve real users)", file=sys.stderr)
     return 0
 
 

@@ -42,7 +42,14 @@ def _config(args: argparse.Namespace):  # noqa: ANN202
 
     from privalign.service.config import default_config, load_config
 
-    cfg = load_config(args.config) if args.config else default_config()
+    import tomllib
+
+    if args.config and not Path(args.config).is_file():
+        raise FileNotFoundError(f"argument --config: no such file: {args.config}")
+    try:
+        cfg = load_config(args.config) if args.config else default_config()
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"argument --config: {args.config} is not valid TOML: {exc}") from None
     if args.reward_model is not None:
         path = Path(args.reward_model).expanduser()
         if not path.is_file():
