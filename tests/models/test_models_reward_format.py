@@ -17,7 +17,7 @@ import pytest
 
 from privalign.cli import main
 from privalign.errors import DataFormatError
-from privalign.estimation import HashedNgramFeatures, IHT, load_model, save_model
+from privalign.estimation import IHT, HashedNgramFeatures, load_model, save_model
 from privalign.models.scorers import FormatUpgradeWarning, LinearRewardScorer, read_reward_model
 
 GOOD = ["helpful", "kind", "clear", "polite", "correct", "careful"]

@@ -20,7 +20,6 @@ import warnings
 
 from privalign.errors import (
     BudgetExhaustedError,
-    DataFormatError,
     MissingDependencyError,
     PrivalignError,
     UnsupportedEventError,

@@ -37,12 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):  # noqa: ANN202
+    import tomllib
     from dataclasses import replace
     from pathlib import Path
 
     from privalign.service.config import default_config, load_config
-
-    import tomllib
 
     if args.config and not Path(args.config).is_file():
         raise FileNotFoundError(f"argument --config: no such file: {args.config}")
