@@ -76,6 +76,7 @@ def test_readme_generation_quickstart_runs_verbatim(tmp_path):
     import json
 
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("{")))
+    assert "choices" in out, out
     assert out["choices"][0]["message"]["content"] is not None and out["privacy"]["method"] == "privbon"
 
 

@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="Database URL (sqlite:///FILE or postgresql+psycopg://...); overrides [database].url.")
     p.add_argument("--host", default=None, help="Override [server].host.")
     p.add_argument("--port", type=port, default=None, help="Override [server].port (0..65535).")
+    p.add_argument("--preload", action="store_true",
+                   help="Load the generator (e.g. SmolLM2) before serving, so the first generating request does not "
+                        "spend its deadline ([limits].request_timeout_s) on loading the model.")
     p.add_argument("--print-openapi", action="store_true", help="Print the OpenAPI schema as JSON and exit.")
     p.add_argument("--check", action="store_true",
                    help="Validate the config, open the database and the reward model, print a JSON summary and exit.")
@@ -106,6 +109,14 @@ def _serve(args: argparse.Namespace) -> int:
     from privalign.service.server import run
 
     app = _create_app(cfg)  # fail here (one line) rather than inside uvicorn
+    gen = app.state.service.generator
+    if args.preload and gen is not None:
+        import time
+
+        t0 = time.perf_counter()
+        print(f"privalign serve: loading the generator ({cfg.generator.kind}) ...", file=sys.stderr)
+        gen("Hello", 1, max_tokens=1, temperature=1.0, top_p=1.0, chat=False)  # one token: loads and warms the model
+        print(f"privalign serve: generator ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     base = f"http://{cfg.server.host}:{cfg.server.port}"
     db_flag = f"--config {args.config}" if args.config and args.db is None else f"--db {cfg.database.url}"
     print(f"privalign serve: serving on {base} (config: {cfg.source}; ledger: {cfg.database.url}; "
