@@ -9,16 +9,21 @@ __all__ = ["register"]
 
 
 def _run(args) -> int:
+    import sys
+
     import numpy as np
 
     from privalign.accounting.filters import ExPostFilter, PureDPFilter
     from privalign.alignment import PrivBoN, PrivITP
     from privalign.alignment.session import privbon_zcdp_comparison, run_session
     from privalign.cli.select import _clean
-    from privalign.data.pools import ScoredPool
+    from privalign.data.pools import ReadStats, ScoredPool
     from privalign.rng import SecureNoise
 
-    pool = ScoredPool.read(args.pool)
+    stats = ReadStats()
+    pool = ScoredPool.read(args.pool, stats=stats)
+    if stats.describe():
+        print(f"privalign session: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
     if args.shuffle_seed is not None:
         order = np.random.default_rng(args.shuffle_seed).permutation(pool.proxy.shape[0])
         pool = ScoredPool(pool.proxy[order], pool.true[order], pool.counts[order],
@@ -40,6 +45,7 @@ def _run(args) -> int:
             out = {"method": "privbon", **privbon_zcdp_comparison(
                 pool, sel, budget_epsilon=args.budget_epsilon, delta=args.budget_delta, n=args.n, rng=args.seed,
                 principal=args.principal, max_prompts=args.max_prompts)}
+    out["pool_read"] = stats.to_dict()
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "session.json").write_text(json.dumps(_clean(out), indent=2))

@@ -71,11 +71,14 @@ def _run(args) -> int:
 
     from privalign.alignment.simulation import plot_results, prepare_scores, run_protocol, write_results
     from privalign.cli.select import _clean, parse_floats
-    from privalign.data.pools import ScoredPool
+    from privalign.data.pools import ReadStats, ScoredPool
     from privalign.errors import PrivacyParameterError
 
+    stats = ReadStats()
     if args.pool:
-        pool = ScoredPool.read(args.pool)
+        pool = ScoredPool.read(args.pool, stats=stats)
+        if stats.describe():
+            print(f"privalign simulate: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
     else:
         from privalign.alignment.synthetic import make_synthetic_pool
 
@@ -102,6 +105,7 @@ def _run(args) -> int:
     summary = {"results": str(path), "figures": [str(f) for f in figs], "n_prompts": res["n_prompts"],
                "skipped_prompts": res["skipped_prompts"], "seconds": res["seconds"], "max_n": 2**k,
                "transform": args.transform, "score_range": [lo, hi], "clipped_fraction": clipped_fraction,
+               "pool_read": stats.to_dict() if args.pool else None,
                "methods": [{"name": m["name"], "true_lift_at_max_n": m["true_lift"][-1],
                             "privacy": m["privacy"]} for m in res["methods"]]}
     if args.json:
