@@ -75,15 +75,28 @@ def _check_seeds(args: argparse.Namespace) -> str | None:
 _PARAM = re.compile(r"\b([Tt])he '([A-Za-z_][A-Za-z0-9_]*)' parameter")
 
 
-def _flagify(msg: str, args: argparse.Namespace) -> str:
+def _options_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """``dest → option string`` of the options of the subcommand that ran (positionals excluded)."""
+    out: dict[str, str] = {}
+    current = parser
+    for key in ("command", "keys_command"):
+        sub = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, key, None)
+        if sub is None or name not in sub.choices:
+            break
+        current = sub.choices[name]
+    for a in current._actions:
+        if a.option_strings and a.dest not in ("help",):
+            out[a.dest] = max(a.option_strings, key=len)
+    return out
+
+
+def _flagify(msg: str, options: dict[str, str]) -> str:
     """Name the command-line flag, not the Python parameter: "The 'epsilon' parameter" → "The '--epsilon' option"."""
-    names = set(vars(args))
 
     def sub(m: re.Match) -> str:
-        name = m.group(2)
-        if name in names:
-            return f"{m.group(1)}he '--{name.replace('_', '-')}' option"
-        return m.group(0)
+        flag = options.get(m.group(2))
+        return f"{m.group(1)}he '{flag}' option" if flag else m.group(0)
 
     return _PARAM.sub(sub, msg)
 
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         msg = _user_error(exc, args)
         if msg is not None:
-            msg = _flagify(msg, args)
+            msg = _flagify(msg, _options_of(parser, args))
             print(f"{cmd}: error: {msg}", file=sys.stderr)
             return EXIT_USAGE
         print(f"{cmd}: internal error ({type(exc).__name__}): {_one_line(str(exc))[:500]} "

@@ -69,3 +69,25 @@ def extra_for(module: str | None) -> str | None:
 
 def warn(cmd: str, message: str) -> None:
     print(f"privalign {cmd}: note: {message}", file=sys.stderr)
+
+
+def _clean(o):  # noqa: ANN001, ANN202
+    import math
+
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, float) and math.isinf(o):
+        return "inf" if o > 0 else "-inf"
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_clean(v) for v in o]
+    return o
+
+
+def emit_json(obj, *, indent: int | None = None) -> None:  # noqa: ANN001
+    """Print ``obj`` as valid JSON on stdout (the one output convention: ``--json`` → JSON on stdout, messages on
+    stderr): NaN → null, ±inf → "inf"/"-inf", other non-JSON values → their string."""
+    import json
+
+    print(json.dumps(_clean(json.loads(json.dumps(obj, default=str))), indent=indent, allow_nan=False))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -33,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"privalign demo: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(res, indent=2))
+        emit_json(res, indent=2)
         return 0
     print(f"\n{'claim':<6} {'experiment':<26} {'verdict':<18} measured")
     for c in res["claims"]:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from privalign.cli._args import emit_json
+
 __all__ = ["register"]
 
 
@@ -35,6 +37,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         from pathlib import Path
 
-        print(json.dumps(json.loads((Path(args.out) / "claims.json").read_text()), indent=2))
+        emit_json(json.loads((Path(args.out) / "claims.json").read_text()), indent=2)
     print(f"privalign report: report written to {path}", file=sys.stderr)
     return 0

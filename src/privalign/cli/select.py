@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
+
+from privalign.cli._args import emit_json
 
 __all__ = ["register", "add_selector_args", "build_selector", "parse_floats"]
 
@@ -75,7 +76,7 @@ def _run(args) -> int:
     out = sel.select(a, rng=src, pool_b_scores=b)
     d = {"method": args.method, "secure": bool(args.secure), **out.to_dict()}
     if args.json:
-        print(json.dumps(_clean(d)))
+        emit_json(d)
     else:
         what = "fallback (serve one fresh sample)" if out.is_fallback else f"candidate {out.index}"
         print(f"{args.method}: {what}")
@@ -89,8 +90,11 @@ def _run(args) -> int:
 
 
 def _clean(o):
+    """JSON-safe: ±inf → "inf"/"-inf", NaN (an undefined mean, e.g. over zero served prompts) → null."""
+    if isinstance(o, float) and math.isnan(o):
+        return None
     if isinstance(o, float) and math.isinf(o):
-        return "inf"
+        return "inf" if o > 0 else "-inf"
     if isinstance(o, dict):
         return {k: _clean(v) for k, v in o.items()}
     if isinstance(o, list | tuple):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -49,7 +49,7 @@ def _synthetic(text: str) -> tuple[int, int]:
 
 
 def _max_log2_n(args, pool) -> int:
-    """The largest k with 2^k (2·2^k for the two-pool PrivITP) candidates in every prompt, at most 12 (§5.4)."""
+    """The largest k with 2^k (2·2^k for the two-pool PrivITP) candidates in every prompt, at most 12 (the authors' N grid)."""
     import math
 
     from privalign.errors import PrivacyParameterError
@@ -70,7 +70,7 @@ def _run(args) -> int:
     import numpy as np
 
     from privalign.alignment.simulation import plot_results, prepare_scores, run_protocol, write_results
-    from privalign.cli.select import _clean, parse_floats
+    from privalign.cli.select import parse_floats
     from privalign.data.pools import ReadStats, ScoredPool
     from privalign.errors import PrivacyParameterError
 
@@ -109,7 +109,7 @@ def _run(args) -> int:
                "methods": [{"name": m["name"], "true_lift_at_max_n": m["true_lift"][-1],
                             "privacy": m["privacy"]} for m in res["methods"]]}
     if args.json:
-        print(json.dumps(_clean(summary)))
+        emit_json(summary)
     else:
         for m in summary["methods"]:
             print(f"{m['name']:<40s} lift at N={2**k}: {100 * m['true_lift_at_max_n']:+.2f}")

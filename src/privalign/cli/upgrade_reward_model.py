@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -38,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     out = {"model": str(path), "name": sc.name, "estimator": sc.estimator, "dim": int(sc.coef.shape[0]),
            "privacy_event": sc.privacy_event}
     if args.json:
-        print(json.dumps(out))
+        emit_json(out)
     else:
         print(f"wrote {path} ({sc.name}, d={out['dim']}, privacy event: "
               f"{(sc.privacy_event or {}).get('kind', 'none recorded')})", file=sys.stderr)
