@@ -75,11 +75,23 @@ def _run(args) -> int:
         src = SeededNoise(args.seed)
     out = sel.select(a, rng=src, pool_b_scores=b)
     d = {"method": args.method, "secure": bool(args.secure), **out.to_dict()}
+    if out.is_fallback:
+        try:
+            p_fb = float(sel.law(a, pool_b_scores=b).fallback)
+        except Exception:  # the law is an explanation only; never fail the selection over it
+            p_fb = float("nan")
+        d["fallback_reason"] = (
+            f"no candidate of pool B passed the rejection test (accept candidate i when its noisy score exceeds the "
+            f"noisy normaliser plus W·U); this happens with probability {p_fb:.3g} for these scores and parameters. "
+            "The fallback serves one fresh sample from the base policy. More candidates make it rarer; 'privalign law' "
+            "with the same options prints the exact fallback probability for other settings.")
     if args.json:
         emit_json(d)
     else:
         what = "fallback (serve one fresh sample)" if out.is_fallback else f"candidate {out.index}"
         print(f"{args.method}: {what}")
+        if out.is_fallback:
+            print(f"  why: {d['fallback_reason']}")
         print(f"  realized: {out.event.to_dict()}")
         print(f"  worst case: {out.worst_case_event.to_dict()}")
         if out.diagnostics:
@@ -108,6 +120,7 @@ def register(subparsers) -> None:
                                           "index (or the fallback), the realized privacy cost and the worst case.")
     add_selector_args(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--seed", type=int, default=None, help="seed a reproducible (non-secure) noise source")
+    g.add_argument("--seed", type=int, default=None, help="seed a reproducible (non-secure) noise source, a non-negative integer (default: none, i.e. fresh "
+                        "entropy; a note says so)")
     g.add_argument("--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)")
     p.set_defaults(func=_run)

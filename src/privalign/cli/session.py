@@ -94,7 +94,7 @@ def register(subparsers) -> None:
     p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max]")
     p.add_argument("--principal", default="session", help="name of the budget holder in the filter (default 'session')")
     p.add_argument("--max-prompts", type=int, default=None, help="process at most this many prompts (default: all)")
-    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle prompt order with this seed")
+    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle prompt order with this seed (default: none, the file order)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--seed", type=int, default=0, help="seed of the (non-secure) noise, a non-negative integer (default 0)")
     g.add_argument("--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)")

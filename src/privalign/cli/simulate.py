@@ -144,7 +144,7 @@ def register(subparsers) -> None:
     p.add_argument("--score-range", default="-4,4",
                    help="public clipping range LOW,HIGH after the transform (default -4,4; e.g. --score-range -4,16)")
     p.add_argument("--skip-short", action="store_true", help="skip prompts with too few candidates")
-    p.add_argument("--seed", type=int, default=0, help="SeedSequence entropy (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="SeedSequence entropy, a non-negative integer (default 0)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
