@@ -345,6 +345,14 @@ def _short_time(ts) -> str:
     return html.escape(ts[:19].replace("T", " "))
 
 
+def _span(start, end) -> str:
+    """``2026-11-30 21:40:12 → 21:41:05`` (the end's date is shown only when it differs)."""
+    a, b = _short_time(start), _short_time(end)
+    if len(a) == 19 and len(b) == 19 and a[:10] == b[:10]:
+        b = b[11:]
+    return f"{a} → {b}"
+
+
 def _json_cell(v, label: str | None = None) -> str:
     """Complete JSON, never cut: short values inline, long ones in a collapsed, scrollable block."""
     text = json.dumps(v, default=str)
@@ -416,7 +424,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
                  f"<td class='v' style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>")
     h.append("</table></div>")
     h.append("<h2>Runs</h2><div class='tw'><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config hash</th>"
-             "<th>git commit</th><th>dirty</th><th>seed</th><th>started (UTC)</th><th>ended (UTC)</th><th>inputs</th></tr>")
+             "<th>git commit</th><th>dirty</th><th>seed</th><th>ran (UTC)</th><th>inputs</th></tr>")
     md: list[str] = ["# privalign: reproduction report", "", f"Generated {utc_now()}. Verdicts are computed from "
                      "each run's `results.jsonl` with the stated rule (2-standard-error margins).", "",
                      "## Claims", "", "| id | claim | experiment | rule | measured | verdict |", "|---|---|---|---|---|---|"]
@@ -432,8 +440,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
         h.append(f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(m.get('status')))}</td><td>{m.get('quick')}</td>"
                  f"<td><code>{str(m.get('config_hash'))[:12]}</code></td><td><code>{str(git.get('commit'))[:10]}</code></td>"
                  f"<td>{git.get('dirty')}</td><td>{m.get('seed_entropy')}</td>"
-                 f"<td class='nw' title='{html.escape(str(m.get('started_at')))}'>{_short_time(m.get('started_at'))}</td>"
-                 f"<td class='nw' title='{html.escape(str(m.get('ended_at')))}'>{_short_time(m.get('ended_at'))}</td>"
+                 f"<td class='nw' title='{html.escape(str(m.get('started_at')))} to {html.escape(str(m.get('ended_at')))}'>"
+                 f"{_span(m.get('started_at'), m.get('ended_at'))}</td>"
                  f"<td>{inputs_cell}</td></tr>")
         inputs_md = ", ".join(str(k) for k in inp) if isinstance(inp, dict) else str(inp)
         md.append(f"| {name} | {m.get('status')} | {m.get('quick')} | `{str(m.get('config_hash'))[:12]}` | "
