@@ -103,3 +103,12 @@ def test_json_only_with_the_json_flag(capsys):
     assert main(["audit", "--mechanism", "randomized_response", "--epsilon", "1", "--samples", "2000", "--seed", "0",
                  "--json"]) == 0
     assert _strict(capsys.readouterr().out)["verdict"]
+
+
+def test_errors_cite_documents_in_the_repository_not_spec_sections(capsys):
+    assert main(["select", "--method", "itp", "--beta", "0.1", "--scores", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "§" not in err and "docs/privacy/privitp.md" in err
+    from privalign.paths import repo_root
+
+    assert (repo_root() / "docs" / "privacy" / "privitp.md").is_file()

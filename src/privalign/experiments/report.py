@@ -241,7 +241,7 @@ CLAIMS: list[Claim] = [
           "p1-budget", "holds if, for every σ and seed, prompts served by the ex-post filter > T_basic = ⌊ε_total/ε_max⌋ and no run overshoots",
           _budget),
     Claim("P1-7", "Paper 1", "At ε ≥ ε* = 2Δ_r√C/ε_RM, PrivBoN's regret is O(√(C·ε_RM²)): privacy costs nothing extra. [paper]",
-          "p1-epsilon-star", "with σ = max(2Δ_r/ε, σ_reg) (spec §2.3 implementation rule): holds if the largest regret at grid ε ≥ ε*, minus 2 SE, is ≤ √(C·ε_RM²) (constant 1: our choice, the paper states O(·))",
+          "p1-epsilon-star", "with σ = max(2Δ_r/ε, σ_reg) (docs/privacy/privbon.md): holds if the largest regret at grid ε ≥ ε*, minus 2 SE, is ≤ √(C·ε_RM²) (constant 1: our choice, the paper states O(·))",
           _eps_star),
     Claim("P1-8", "Paper 1", "PrivITP's ex-post cost depends only on the realised stopping time, not on n. [paper]", None,
           "—", None, "a property of the accountant's formula ε2 = (t−1)ℓ1 + ℓ2, checked by unit tests (tests/accounting), not by an experiment"),
