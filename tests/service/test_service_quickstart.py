@@ -68,6 +68,22 @@ def test_readme_train_then_serve_quickstart_runs_verbatim(tmp_path):
 
 
 @pytest.mark.model
+def test_readme_train_then_pool_runs_verbatim(tmp_path):
+    from privalign.paths import data_dir
+
+    data_dir()
+    proc = _run_block("train-pool", tmp_path, timeout=900)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    work = tmp_path / "work"
+    assert (work / "pool.jsonl.gz").is_file() and (work / "sim" / "results.json").is_file()
+    from privalign.data.pools import read_pool
+
+    recs = read_pool(work / "pool.jsonl.gz")
+    assert len(recs) == 2 and all(len(r.responses) == 8 for r in recs)
+
+
+@pytest.mark.model
 def test_readme_generation_quickstart_runs_verbatim(tmp_path):
     pytest.importorskip("fastapi", reason="needs privalign[serve]")
     proc = _run_block("serve-generate", tmp_path, timeout=600)
