@@ -40,7 +40,7 @@ def register(subparsers) -> None:
 
     f = subparsers.add_parser(
         "fit-imdb-reward",
-        help="fit an IMDb gold or proxy reward model (LinearRewardScorer JSON)",
+        help="fit an IMDb gold or proxy reward model (a reward-model file, privalign.reward_model v2)",
         description="gold-ngram: logistic regression on hashed 1-2-grams of the 24,000 fit-part reviews; gold-minilm: "
         "logistic regression on MiniLM embeddings of word windows of gold-part reviews; proxy-ngram: the n-gram model "
         "on only the few proxy-part reviews (disjoint from gold-minilm's). Held-out accuracies go into the file's metadata.",
