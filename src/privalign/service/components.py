@@ -67,6 +67,8 @@ class LinearHashedScorer:
         fm = self.model.feature_map
         self.n_features = int(self.model.coef.shape[0])
         self.ngram_range = tuple(getattr(fm, "ngram_range", (1, 1)))
+        if getattr(fm, "kind", None) == "hashed_ngram":  # import the featurizer now, not in the first request
+            self.model("", ["warm up"])
 
     @staticmethod
     def write(path: str | Path, weights: dict[int, float] | Sequence[float], *, n_features: int, ngram_range=(1, 2), bias=0.0) -> None:
