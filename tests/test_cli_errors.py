@@ -63,7 +63,7 @@ def _cases(t: Path):
         ("keys create", ["keys", "create", "--budget-epsilon", "1", "--db", "postgresql+psycopg://u@127.0.0.1:1/x"],
          ["database", "--db"]),
         ("keys list", ["keys", "list", "--db", f"sqlite:///{t / 'no_such_dir' / 'x.db'}"], ["database", "--db"]),
-        ("keys list", ["keys", "list"], ["--db"]),
+        ("keys list", ["keys", "list", "--config", str(t / "missing.toml")], ["missing.toml"]),
         ("serve", ["serve", "--check", "--db", f"sqlite:///{t / 'a_file' / 'x.db'}"], ["--db", "a_file"]),
         ("serve", ["serve", "--check", "--db", "nonsense"], ["--db", "nonsense"]),
         # service config

@@ -111,3 +111,18 @@ def test_serve_without_config_starts_on_embedded_defaults(tmp_path, monkeypatch,
     assert out["reward_model_path"] == str(DEFAULT_REWARD_MODEL) and out["generator"] == "transformers"
     assert out["reward_model_privacy_event"] == {"kind": "randomized_response", "unit": "label",
                                                  "relation": "replace_one", "epsilon": 4.0}
+
+
+def test_keys_without_db_use_the_default_ledger_of_serve(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("sqlalchemy", reason="needs privalign[serve]")
+    import json
+
+    from privalign.cli import main
+
+    monkeypatch.setenv("PRIVALIGN_HOME", str(tmp_path / "ph"))
+    assert main(["keys", "create", "--budget-epsilon", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["token"] and f"sqlite:///{tmp_path / 'ph' / 'service.db'}" in cap.err
+    assert (tmp_path / "ph" / "service.db").is_file()
+    assert main(["keys", "list", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 1

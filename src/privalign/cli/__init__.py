@@ -154,6 +154,19 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _default_ledger(args: argparse.Namespace, cmd: str) -> None:
+    """``privalign keys`` without ``--db``/``--config`` uses the ledger of ``privalign serve`` without a config."""
+    from pathlib import Path
+
+    from privalign.service.config import default_config
+
+    url = default_config().database.url
+    Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    args.db = url
+    print(f"{cmd}: note: no --db or --config: using the default ledger {url} (the one 'privalign serve' uses "
+          "without --config)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI in-process (tests call ``main([...])``); returns the exit code.
 
@@ -181,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"{cmd}: error: {bad}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "keys" and getattr(args, "db", "x") is None and getattr(args, "config", "x") is None:
+        _default_ledger(args, cmd)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = lambda message, category, *a, **k: print(  # one line per warning

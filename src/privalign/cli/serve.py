@@ -91,6 +91,8 @@ def _create_app(cfg):  # noqa: ANN001, ANN202
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from privalign.service.config import default_config
+
     cfg = _config(args)
     if args.print_openapi or args.check:
         app = _create_app(cfg)
@@ -118,11 +120,16 @@ def _serve(args: argparse.Namespace) -> int:
         gen("Hello", 1, max_tokens=1, temperature=1.0, top_p=1.0, chat=False)  # one token: loads and warms the model
         print(f"privalign serve: generator ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     base = f"http://{cfg.server.host}:{cfg.server.port}"
-    db_flag = f"--config {args.config}" if args.config and args.db is None else f"--db {cfg.database.url}"
+    if args.config and args.db is None:
+        db_flag = f"--config {args.config} "
+    elif args.db is None and cfg.database.url == default_config().database.url:
+        db_flag = ""  # `privalign keys` defaults to this ledger
+    else:
+        db_flag = f"--db {cfg.database.url} "
     print(f"privalign serve: serving on {base} (config: {cfg.source}; ledger: {cfg.database.url}; "
           f"reward model: {cfg.reward_model.options.get('path') or cfg.reward_model.kind}; "
           f"generator: {cfg.generator.kind})", file=sys.stderr)
-    print(f"privalign serve: create an API key with:  privalign keys create {db_flag} --budget-epsilon 10", file=sys.stderr)
+    print(f"privalign serve: create an API key with:  privalign keys create {db_flag}--budget-epsilon 10", file=sys.stderr)
     print(f"privalign serve: then:  curl -s {base}/v1/select -H \"Authorization: Bearer $TOKEN\" "
           "-H 'Content-Type: application/json' -d '{\"prompt\": \"Hi\", \"candidates\": [\"a\", \"b\"], "
           "\"privacy\": {\"epsilon\": 1}}'", file=sys.stderr)
