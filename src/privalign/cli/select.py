@@ -51,6 +51,12 @@ def _need(args, name):
 
 def build_selector(args):
     from privalign.alignment import BestOfN, InferenceTimePessimism, PrivBoN, PrivITP
+    from privalign.errors import PrivacyParameterError
+
+    if args.method in ("itp", "privitp") and args.scores_b is None:
+        raise PrivacyParameterError(
+            f"The '--scores-b' option (the selector's 'pool_b_scores') is required for --method {args.method}: phase 2 "
+            "runs on a fresh pool of candidates independent of --scores (see docs/privacy/privitp.md).")
 
     if args.method == "bon":
         return BestOfN()
