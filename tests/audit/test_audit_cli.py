@@ -39,7 +39,7 @@ def test_cli_audit_catches_a_broken_variant_and_can_fail(capsys):
 
 def test_cli_audit_gaussian_needs_delta_and_reports_it(capsys):
     rc, _, err = _run(capsys, "--mechanism", "gaussian", "--epsilon", "1")
-    assert rc == 2 and "'delta'" in err
+    assert rc == 2 and "'--delta'" in err  # the flag, not the Python parameter (issue 16)
     rc, out, _ = _run(capsys, "--mechanism", "gaussian", "--epsilon", "1", "--delta", "0.01", "--samples", "2000", "--seed", "1", "--json")
     rep = json.loads(out)
     assert rc == 0 and rep["delta"] == 0.01 and rep["parameters"]["sigma"] > 0
@@ -48,10 +48,10 @@ def test_cli_audit_gaussian_needs_delta_and_reports_it(capsys):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--mechanism", "laplace", "--epsilon", "-1"], "'epsilon'"),
-        (["--mechanism", "laplace", "--epsilon", "1", "--alpha", "2"], "'alpha'"),
-        (["--mechanism", "laplace", "--epsilon", "1", "--samples", "0"], "'samples'"),
-        (["--mechanism", "laplace", "--epsilon", "1", "--broken", "wrong_flip"], "'broken'"),
+        (["--mechanism", "laplace", "--epsilon", "-1"], "'--epsilon'"),
+        (["--mechanism", "laplace", "--epsilon", "1", "--alpha", "2"], "'--alpha'"),
+        (["--mechanism", "laplace", "--epsilon", "1", "--samples", "0"], "'--samples'"),
+        (["--mechanism", "laplace", "--epsilon", "1", "--broken", "wrong_flip"], "'--broken'"),
     ],
 )
 def test_cli_audit_bad_input_exits_2_with_a_named_message(capsys, argv, needle):

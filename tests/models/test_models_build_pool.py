@@ -67,7 +67,7 @@ def test_cli_bad_input_is_refused_before_work(tiny_lm, tmp_path, capsys):
     assert cli_main(_cli_args(tiny_lm, out, extra=[]) [:-2] + ["--out", str(tmp_path / "p.txt")]) == 2
     assert "must end in .jsonl" in capsys.readouterr().err
     assert cli_main([*_cli_args(tiny_lm, out)[:13], "--proxy-reward", "nonsense", *_cli_args(tiny_lm, out)[15:]]) == 2
-    assert "'proxy_reward' parameter must be one of" in capsys.readouterr().err
+    assert "'--proxy-reward' option must be one of" in capsys.readouterr().err  # the flag (issue 16)
     assert not out.exists() and not work_path(out).exists()
 
 

@@ -138,6 +138,6 @@ def require_pool_b(pool_b, method: str):
     if pool_b is None:
         raise PrivacyParameterError(
             f"The 'pool_b_scores' parameter is required by {method}: phase 2 must run on a fresh pool of "
-            "candidates independent of pool A (spec §2.2, defect K1). Got None instead."
+            "candidates independent of pool A (see docs/privacy/privitp.md). Got None instead."
         )
     return pool_b

@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import re
 import sys
+import warnings
 
 from privalign.errors import (
     BudgetExhaustedError,
-    DataFormatError,
     MissingDependencyError,
-    PrivacyParameterError,
-    ReservationError,
+    PrivalignError,
     UnsupportedEventError,
 )
 
@@ -32,14 +32,15 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_BUDGET, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4
 
 def build_parser() -> argparse.ArgumentParser:
     from privalign import __version__
+    from privalign.cli._args import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="privalign",
         description="Differentially private alignment of language models: private best-of-N and ITP at "
         "inference time, private sparse reward estimation at training time.",
     )
     parser.add_argument("--version", action="version", version=f"privalign {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     pkg = importlib.import_module("privalign.cli")
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
@@ -51,24 +52,175 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(args: argparse.Namespace) -> str:
+    parts = ["privalign", getattr(args, "command", None) or ""]
+    for k in ("keys_command",):
+        if getattr(args, k, None):
+            parts.append(getattr(args, k))
+    return " ".join(p for p in parts if p)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _check_seeds(args: argparse.Namespace) -> str | None:
+    """Every seed option of every subcommand: a non-negative integer (numpy's SeedSequence rule)."""
+    for k, v in vars(args).items():
+        if (k == "seed" or k.endswith("_seed")) and isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            return f"argument --{k.replace('_', '-')}: must be a non-negative integer, got {v}"
+    return None
+
+
+_PARAM = re.compile(r"\b([Tt])he '([A-Za-z_][A-Za-z0-9_]*)' parameter")
+
+
+def _options_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """``dest → option string`` of the options of the subcommand that ran (positionals excluded)."""
+    out: dict[str, str] = {}
+    current = parser
+    for key in ("command", "keys_command"):
+        sub = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, key, None)
+        if sub is None or name not in sub.choices:
+            break
+        current = sub.choices[name]
+    for a in current._actions:
+        if a.option_strings and a.dest not in ("help",):
+            out[a.dest] = max(a.option_strings, key=len)
+    return out
+
+
+def _flagify(msg: str, options: dict[str, str]) -> str:
+    """Name the command-line flag, not the Python parameter: "The 'epsilon' parameter" → "The '--epsilon' option"."""
+
+    def sub(m: re.Match) -> str:
+        flag = options.get(m.group(2))
+        return f"{m.group(1)}he '{flag}' option" if flag else m.group(0)
+
+    return _PARAM.sub(sub, msg)
+
+
+def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> str | None:
+    """The one-line message of an exception that is the user's to fix, or ``None`` (a bug)."""
+    from privalign.cli._args import EXTRA_OF, extra_for
+
+    if isinstance(exc, ModuleNotFoundError | MissingDependencyError):
+        name = getattr(exc, "name", None)
+        extra = extra_for(name)
+        if extra is not None:
+            return (f"this command needs {name!r}, which is not installed: pip install 'privalign[{extra}]' "
+                    f"(or the whole set: pip install 'privalign[all]')")
+        if isinstance(exc, MissingDependencyError):
+            msg = _one_line(str(exc))
+            for mod, extra in EXTRA_OF.items():
+                if extra is not None and "privalign[" not in msg and (mod in msg or mod.replace("_", "-") in msg):
+                    return f"{msg} (or install the extra: pip install 'privalign[{extra}]')"
+            return msg
+        return None
+    if isinstance(exc, PrivalignError | ValueError | OSError):
+        if isinstance(exc, FileNotFoundError) and exc.filename and str(exc).startswith("[Errno"):
+            return f"no such file or directory: {exc.filename}"
+        return _one_line(str(exc)) or type(exc).__name__
+    if type(exc).__name__ in ("GenerationError", "UpstreamError"):  # a generator/server the user pointed at failed
+        return f"generation failed: {_one_line(str(exc))[:500]}"
+    mod = type(exc).__module__ or ""
+    if mod.startswith("sqlalchemy"):
+        orig = getattr(exc, "orig", None)
+        detail = _one_line(str(orig if orig is not None else exc).split("\n")[0])
+        url = getattr(args, "db", None)
+        where = f"--db {url!r}" if url else "the --db URL or the config's [database].url"
+        return f"cannot use the database ({type(exc).__name__}): {detail[:300]} (check {where})"
+    if mod.split(".")[0] in ("httpx", "httpcore", "openai", "requests", "urllib3"):
+        return f"network error ({type(exc).__name__}): {_one_line(str(exc))[:300]}"
+    return None
+
+
+_NEGATIVE = re.compile(r"^-(\d|\.\d|inf\b)")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--score-range -4,16`` → ``--score-range=-4,16``: argparse would take ``-4,16`` for an option."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and "=" not in a and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _default_ledger(args: argparse.Namespace, cmd: str) -> None:
+    """``privalign keys`` without ``--db``/``--config`` uses the ledger of ``privalign serve`` without a config."""
+    from pathlib import Path
+
+    from privalign.service.config import default_config
+
+    url = default_config().database.url
+    Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    args.db = url
+    print(f"{cmd}: note: no --db or --config: using the default ledger {url} (the one 'privalign serve' uses "
+          "without --config)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI in-process (tests call ``main([...])``); returns the exit code."""
+    """Run the CLI in-process (tests call ``main([...])``); returns the exit code.
+
+    The error boundary: a user error (bad flag value, bad file, unreachable database or server, missing
+    optional dependency) prints one line ``privalign CMD: error: ...`` on stderr and returns 2, never a
+    traceback. An unexpected error (a bug) prints one line and returns 1; set ``PRIVALIGN_DEBUG=1`` to see
+    its traceback.
+    """
+    import os
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if extra:  # reported by the subcommand, not by the top-level parser
+        cmd = _command(args)
+        print(f"{cmd}: error: unrecognized arguments: {' '.join(extra)} (see '{cmd} --help')", file=sys.stderr)
+        return EXIT_USAGE
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    cmd = _command(args)
+    bad = _check_seeds(args)
+    if bad:
+        print(f"{cmd}: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "keys" and getattr(args, "db", "x") is None and getattr(args, "config", "x") is None:
+        _default_ledger(args, cmd)
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, category, *a, **k: print(  # one line per warning
+                f"{cmd}: warning: {_one_line(str(message))}", file=sys.stderr)
+            return int(args.func(args) or 0)
     except BudgetExhaustedError as exc:
-        print(f"privalign: budget exhausted: {exc}", file=sys.stderr)
+        print(f"{cmd}: error: budget exhausted: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_BUDGET
     except UnsupportedEventError as exc:
-        print(f"privalign: unsupported privacy event: {exc}", file=sys.stderr)
+        print(f"{cmd}: error: unsupported privacy event: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_UNSUPPORTED
-    except (PrivacyParameterError, DataFormatError, ReservationError, MissingDependencyError, FileNotFoundError) as exc:
-        print(f"privalign: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("PRIVALIGN_DEBUG"):
+            raise
+        msg = _user_error(exc, args)
+        if msg is not None:
+            msg = _flagify(msg, _options_of(parser, args))
+            print(f"{cmd}: error: {msg}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"{cmd}: internal error ({type(exc).__name__}): {_one_line(str(exc))[:500]} "
+              "(a bug: please report it; PRIVALIGN_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def entrypoint() -> None:

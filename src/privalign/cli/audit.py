@@ -1,6 +1,6 @@
 """``privalign audit``: audit a built-in mechanism on its analytic worst-case neighbouring pair.
 
-Prints JSON (with ``--json``, or always when stdout is not a terminal) holding the claimed ε (and δ),
+Prints JSON with ``--json`` (the convention of every subcommand; text otherwise) holding the claimed ε (and δ),
 the empirical lower bound ε̂, α, the samples per side and the verdict. ε̂ > claimed ε refutes the claim
 with false-positive probability ≤ α; passing never proves privacy.
 
@@ -11,8 +11,8 @@ Exit codes: 0 (audit ran; any verdict), or 1 with ``--fail-on-violation`` when a
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=2, help="k for noisy_top_k (default 2).")
     p.add_argument("--sparsity", type=int, default=1, help="s for peeling (default 1).")
     p.add_argument("--dimension", type=int, default=None, help="d for peeling (default s + 2).")
-    p.add_argument("--json", action="store_true", help="Print JSON on stdout (default when stdout is not a terminal).")
+    p.add_argument("--json", action="store_true", help="Print JSON on stdout (as every subcommand: only with --json).")
     p.add_argument("--fail-on-violation", action="store_true", help="Exit with code 1 when the audit finds a violation.")
     p.set_defaults(func=_run)
 
@@ -67,8 +67,8 @@ def _run(args: argparse.Namespace) -> int:
         sensitivity=args.sensitivity,
         **extra,
     )
-    if args.json or not sys.stdout.isatty():
-        print(json.dumps(report, indent=2))
+    if args.json:
+        emit_json(report, indent=2)
     else:
         print(
             f"{report['mechanism']}{' [BROKEN: ' + args.broken + ']' if args.broken else ''} on {report['pair']}: "

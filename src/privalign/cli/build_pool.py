@@ -4,8 +4,9 @@ a scored pool (resumable; rerun the same command to resume)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from privalign.cli._args import emit_json
 
 
 def register(subparsers) -> None:
@@ -15,38 +16,63 @@ def register(subparsers) -> None:
         description="Generate n completions per prompt, score them with a proxy and a true/gold reward, and write "
         "the scored-pool format with a manifest. Interrupted runs resume when the same command is rerun.",
     )
-    p.add_argument("--dataset", required=True, choices=["imdb", "gsm8k", "mmlu", "hh-rlhf", "math"])
+    p.add_argument("--dataset", "--data", dest="dataset", required=True, choices=["imdb", "gsm8k", "mmlu", "hh-rlhf", "math"],
+                   help="prompt source (--data is an alias, as in fit-reward)")
     p.add_argument("--math-path", default=None, help="MATH JSONL file (MATH is not redistributed)")
-    p.add_argument("--mmlu-subjects", default="college_mathematics,college_chemistry")
+    p.add_argument("--mmlu-subjects", default="college_mathematics,college_chemistry",
+                   help="mmlu: comma-separated subjects (default: the authors' two)")
     p.add_argument("--prompt-words", type=int, default=10, help="IMDb: words of the review opening used as prompt")
-    p.add_argument("--generator", default="transformers", choices=["transformers", "openai", "vllm"])
+    p.add_argument("--generator", default="transformers", choices=["transformers", "openai", "vllm"],
+                   help="transformers: a local model (default SmolLM2); openai: an OpenAI-compatible server at --base-url; "
+                        "vllm: in-process vLLM (GPU)")
     p.add_argument("--model", default=None, help="transformers: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name")
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="openai: server base URL")
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap prompts in the chat template (default: off for imdb, on otherwise)")
     p.add_argument("--assistant-prefix", default=None, help="text after the generation prompt (default for QA: 'Let me think step by step.\\n')")
     p.add_argument("--n", type=int, required=True, help="candidates per prompt")
-    p.add_argument("--num-prompts", type=int, required=True)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--num-prompts", type=int, required=True, help="number of prompts (the first ones of the dataset)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per candidate (default 32)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    p.add_argument("--top-k", type=int, default=50, help="top-k sampling (default 50)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1: off)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--batch-size", type=int, default=64, help="candidates per generate() call")
-    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--proxy-reward", required=True, help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math | none")
     p.add_argument("--true-reward", required=True, help="same choices as --proxy-reward")
-    p.add_argument("--backend", default="local", choices=["local", "ray"])
+    p.add_argument("--backend", default="local", choices=["local", "ray"], help="local (default) or Ray Data (privalign[ray])")
     p.add_argument("--ray-address", default="local", help="ray: 'local' (default) or an existing cluster address, e.g. 'auto'")
-    p.add_argument("--ray-num-cpus", type=int, default=None)
+    p.add_argument("--ray-num-cpus", type=int, default=None, help="ray: CPUs for a local Ray instance (default: all)")
     p.add_argument("--ray-concurrency", type=int, default=1, help="ray: generator actors")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed, a non-negative integer (default 0)")
     p.add_argument("--max-chars", type=int, default=2000, help="texts longer than this are cut (and counted)")
     p.add_argument("--keep-work", action="store_true", help="keep OUT.partial.jsonl after finishing")
     p.add_argument("--out", required=True, help="POOL.jsonl or POOL.jsonl.gz (manifest: POOL.manifest.json)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_run)
+
+
+def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, naming the flag, when nothing answers at ``--base-url`` (any HTTP answer counts as reachable)."""
+    import urllib.error
+    import urllib.request
+
+    from privalign.errors import PrivacyParameterError
+
+    if not base_url.startswith(("http://", "https://")):
+        raise PrivacyParameterError(f"argument --base-url: must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
+    try:
+        urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout_s).close()  # noqa: S310
+    except urllib.error.HTTPError:
+        return  # the server answered
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise PrivacyParameterError(
+            f"argument --base-url: nothing answers at {base_url} ({reason}); start the OpenAI-compatible server "
+            "(e.g. vLLM) first or fix the URL"
+        ) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -62,8 +88,9 @@ def _run(args: argparse.Namespace) -> int:
                "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads}
     elif args.generator == "openai":
         if not args.model:
-            print("privalign: error: --model is required with --generator openai (the served model name)", file=sys.stderr)
+            print("privalign build-pool: error: argument --model: required with --generator openai (the served model name)", file=sys.stderr)
             return 2
+        _check_reachable(args.base_url)
         gen = {"kind": "openai", "base_url": args.base_url, "model": args.model, "sampling": sampling, "stop": list(args.stop)}
     else:
         gen = {"kind": "vllm", "model": args.model, "sampling": sampling, "stop": list(args.stop)}
@@ -77,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         examples = load_dataset(args.dataset, math_path=args.math_path)
     if args.num_prompts > len(examples):
-        print(f"privalign: error: --num-prompts {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}", file=sys.stderr)
+        print(f"privalign build-pool: error: argument --num-prompts: {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}", file=sys.stderr)
         return 2
     cfg = PoolConfig(dataset=args.dataset, n=args.n, seed=args.seed, generator=gen, proxy_reward=args.proxy_reward,
                      true_reward=args.true_reward, num_prompts=args.num_prompts, max_chars=args.max_chars, dataset_options=ds_opts)
@@ -85,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     manifest = build_pool(cfg, examples, args.out, backend=args.backend, keep_work=args.keep_work, progress=not args.no_progress,
                           ray_options=ray_opts if args.backend == "ray" else None)
     if args.json:
-        print(json.dumps(manifest, default=str))
+        emit_json(manifest)
     else:
         print(f"wrote {args.out}: {manifest['num_prompts']} prompts x {manifest['candidates_per_prompt']} candidates; "
               f"counts {manifest['counts']}", file=sys.stderr)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -30,10 +31,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         res = run_demo(args.out, progress=False if args.no_progress else None)
     except (ExperimentError, ConfigError) as exc:
-        print(f"privalign: error: {exc}", file=sys.stderr)
+        print(f"privalign demo: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(res, indent=2))
+        emit_json(res, indent=2)
         return 0
     print(f"\n{'claim':<6} {'experiment':<26} {'verdict':<18} measured")
     for c in res["claims"]:

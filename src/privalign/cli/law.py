@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -16,9 +16,8 @@ def _run(args) -> int:
     law = sel.law(a, pool_b_scores=b)
     d = {"method": args.method, **law.to_dict(), "worst_case_event": sel.worst_case_event(len(b or a)).to_dict()}
     if args.json:
-        from privalign.cli.select import _clean
 
-        print(json.dumps(_clean(d)))
+        emit_json(d)
     else:
         for i, p in enumerate(law.probabilities):
             print(f"{i}\t{p:.6g}")

@@ -5,8 +5,9 @@ proxy reward models used by the shipped pools)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from privalign.cli._args import emit_json
 
 
 def register(subparsers) -> None:
@@ -21,7 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--proxy-reward", default=None, help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math")
     p.add_argument("--true-reward", default=None, help="same choices as --proxy-reward")
     p.add_argument("--out", required=True, help="destination pool (must differ from --pool)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_rescore)
 
     b = subparsers.add_parser(
@@ -39,12 +40,12 @@ def register(subparsers) -> None:
 
     f = subparsers.add_parser(
         "fit-imdb-reward",
-        help="fit an IMDb gold or proxy reward model (LinearRewardScorer JSON)",
+        help="fit an IMDb gold or proxy reward model (a reward-model file, privalign.reward_model v2)",
         description="gold-ngram: logistic regression on hashed 1-2-grams of the 24,000 fit-part reviews; gold-minilm: "
         "logistic regression on MiniLM embeddings of word windows of gold-part reviews; proxy-ngram: the n-gram model "
         "on only the few proxy-part reviews (disjoint from gold-minilm's). Held-out accuracies go into the file's metadata.",
     )
-    f.add_argument("--kind", required=True, choices=["gold-ngram", "gold-minilm", "proxy-ngram"])
+    f.add_argument("--kind", required=True, choices=["gold-ngram", "gold-minilm", "proxy-ngram"], help="which model to fit (see above)")
     f.add_argument("--n-reviews", type=int, default=12_000, help="gold-minilm: gold-part reviews to fit on")
     f.add_argument("--n-proxy-reviews", type=int, default=200, help="size of the proxy part (proxy-ngram fits on it, gold-minilm excludes it)")
     f.add_argument("--window-words", type=int, default=24, help="gold-minilm: words per training window")
@@ -67,7 +68,7 @@ def _bon(args: argparse.Namespace) -> int:
 
     alpha = check_real(args.alpha, "alpha", low=0.0, high=1.0, closed="neither")
     if args.label is not None and len(args.label) != len(args.pool):
-        print(f"privalign: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}", file=sys.stderr)
+        print(f"privalign bon-curve: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}", file=sys.stderr)
         return 2
     doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha)
     for res in doc.get("series", [doc]):
@@ -89,5 +90,5 @@ def _fit(args: argparse.Namespace) -> int:
     elif args.kind == "proxy-ngram":
         kw = {"n_proxy_reviews": args.n_proxy_reviews}
     meta = fit_imdb_reward(args.kind, args.out, **kw)
-    print(json.dumps(meta, indent=1))
+    emit_json(meta, indent=1)
     return 0

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from privalign.cli._args import emit_json
+
 __all__ = ["register"]
 
 
@@ -30,11 +32,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         path = write_report(args.runs, args.out)
     except ExperimentError as exc:
-        print(f"privalign: error: {exc}", file=sys.stderr)
+        print(f"privalign report: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         from pathlib import Path
 
-        print(json.dumps(json.loads((Path(args.out) / "claims.json").read_text()), indent=2))
-    print(f"privalign: report written to {path}", file=sys.stderr)
+        emit_json(json.loads((Path(args.out) / "claims.json").read_text()), indent=2)
+    print(f"privalign report: report written to {path}", file=sys.stderr)
     return 0

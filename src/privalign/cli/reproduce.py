@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -37,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.list:
         rows = [{"name": n, "paper": e.paper, "title": e.title} for n, e in EXPERIMENTS.items()]
         if args.json:
-            print(json.dumps(rows, indent=2))
+            emit_json(rows, indent=2)
         else:
             for r in rows:
                 print(f"{r['name']:<22} {r['paper']:<7} {r['title']}")
@@ -58,17 +59,17 @@ def _run(args: argparse.Namespace) -> int:
             summaries = {}
             for name in EXPERIMENTS:
                 summaries[name] = run_experiment(name, out=out / name, quick=args.quick, progress=progress)
-                print(f"privalign: {name}: done -> {out / name}", file=sys.stderr)
+                print(f"privalign reproduce: {name}: done -> {out / name}", file=sys.stderr)
             if args.json:
-                print(json.dumps(summaries, indent=2, default=str))
+                emit_json(summaries, indent=2)
             return 0
         summary = run_experiment(args.experiment, out=args.out, config_path=args.config, quick=args.quick,
                                  progress=progress)
     except (ExperimentError, ConfigError) as exc:
-        print(f"privalign: error: {exc}", file=sys.stderr)
+        print(f"privalign reproduce: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(summary, indent=2, default=str))
+        emit_json(summary, indent=2)
     else:
-        print(f"privalign: {args.experiment}: done -> {args.out}", file=sys.stderr)
+        print(f"privalign reproduce: {args.experiment}: done -> {args.out}", file=sys.stderr)
     return 0

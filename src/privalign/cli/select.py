@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
+
+from privalign.cli._args import emit_json
 
 __all__ = ["register", "add_selector_args", "build_selector", "parse_floats"]
 
@@ -50,6 +51,12 @@ def _need(args, name):
 
 def build_selector(args):
     from privalign.alignment import BestOfN, InferenceTimePessimism, PrivBoN, PrivITP
+    from privalign.errors import PrivacyParameterError
+
+    if args.method in ("itp", "privitp") and args.scores_b is None:
+        raise PrivacyParameterError(
+            f"The '--scores-b' option (the selector's 'pool_b_scores') is required for --method {args.method}: phase 2 "
+            "runs on a fresh pool of candidates independent of --scores (see docs/privacy/privitp.md).")
 
     if args.method == "bon":
         return BestOfN()
@@ -74,23 +81,38 @@ def _run(args) -> int:
         src = SeededNoise(args.seed)
     out = sel.select(a, rng=src, pool_b_scores=b)
     d = {"method": args.method, "secure": bool(args.secure), **out.to_dict()}
+    if out.is_fallback:
+        try:
+            p_fb = float(sel.law(a, pool_b_scores=b).fallback)
+        except Exception:  # the law is an explanation only; never fail the selection over it
+            p_fb = float("nan")
+        d["fallback_reason"] = (
+            f"no candidate of pool B passed the rejection test (accept candidate i when its noisy score exceeds the "
+            f"noisy normaliser plus W·U); this happens with probability {p_fb:.3g} for these scores and parameters. "
+            "The fallback serves one fresh sample from the base policy. More candidates make it rarer; 'privalign law' "
+            "with the same options prints the exact fallback probability for other settings.")
     if args.json:
-        print(json.dumps(_clean(d)))
+        emit_json(d)
     else:
         what = "fallback (serve one fresh sample)" if out.is_fallback else f"candidate {out.index}"
         print(f"{args.method}: {what}")
+        if out.is_fallback:
+            print(f"  why: {d['fallback_reason']}")
         print(f"  realized: {out.event.to_dict()}")
         print(f"  worst case: {out.worst_case_event.to_dict()}")
         if out.diagnostics:
             print(f"  diagnostics: {out.diagnostics}")
     if not args.secure and args.seed is None:
-        print("privalign: note: unseeded, non-secure noise (use --secure to serve real users)", file=sys.stderr)
+        print("privalign select: note: unseeded, non-secure noise (use --secure to serve real users)", file=sys.stderr)
     return 0
 
 
 def _clean(o):
+    """JSON-safe: ±inf → "inf"/"-inf", NaN (an undefined mean, e.g. over zero served prompts) → null."""
+    if isinstance(o, float) and math.isnan(o):
+        return None
     if isinstance(o, float) and math.isinf(o):
-        return "inf"
+        return "inf" if o > 0 else "-inf"
     if isinstance(o, dict):
         return {k: _clean(v) for k, v in o.items()}
     if isinstance(o, list | tuple):
@@ -104,6 +126,7 @@ def register(subparsers) -> None:
                                           "index (or the fallback), the realized privacy cost and the worst case.")
     add_selector_args(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--seed", type=int, default=None, help="seed a reproducible (non-secure) noise source")
+    g.add_argument("--seed", type=int, default=None, help="seed a reproducible (non-secure) noise source, a non-negative integer (default: none, i.e. fresh "
+                        "entropy; a note says so)")
     g.add_argument("--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)")
     p.set_defaults(func=_run)

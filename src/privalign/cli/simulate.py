@@ -1,8 +1,8 @@
-"""``privalign simulate``: the §5.4 evaluation protocol on a scored pool → results.json + PNG figures."""
+"""``privalign simulate``: the authors' evaluation protocol on a scored pool → results.json + PNG figures."""
 
 from __future__ import annotations
 
-import json
+from privalign.cli._args import emit_json
 
 __all__ = ["register"]
 
@@ -33,33 +33,86 @@ def _specs(args):
     return specs
 
 
-def _run(args) -> int:
-    from privalign.alignment.simulation import plot_results, run_protocol, write_results
-    from privalign.cli.select import _clean, parse_floats
-    from privalign.data.pools import ScoredPool
+def _synthetic(text: str) -> tuple[int, int]:
+    from privalign.errors import PrivacyParameterError
 
+    parts = [x.strip() for x in text.split(",")]
+    try:
+        p, c = (int(x) for x in parts)
+        if p < 1 or c < 1:
+            raise ValueError
+    except ValueError:
+        raise PrivacyParameterError(
+            f"argument --synthetic: must be PROMPTS,CANDIDATES (two positive integers, e.g. 20,512), got {text!r}"
+        ) from None
+    return p, c
+
+
+def _max_log2_n(args, pool) -> int:
+    """The largest k with 2^k (2·2^k for the two-pool PrivITP) candidates in every prompt, at most 12 (the authors' N grid)."""
+    import math
+
+    from privalign.errors import PrivacyParameterError
+
+    if args.max_log2_n is not None:
+        return args.max_log2_n
+    two = "privitp" in args.methods
+    smallest = int(pool.counts.min())
+    usable = smallest // 2 if two else smallest
+    if usable < 1:
+        raise PrivacyParameterError(f"The pool's smallest prompt has {smallest} candidate(s): too few for --methods {args.methods}.")
+    return min(12, int(math.floor(math.log2(usable))))
+
+
+def _run(args) -> int:
+    import sys
+
+    import numpy as np
+
+    from privalign.alignment.simulation import plot_results, prepare_scores, run_protocol, write_results
+    from privalign.cli.select import parse_floats
+    from privalign.data.pools import ReadStats, ScoredPool
+    from privalign.errors import PrivacyParameterError
+
+    stats = ReadStats()
     if args.pool:
-        pool = ScoredPool.read(args.pool)
+        pool = ScoredPool.read(args.pool, stats=stats)
+        if stats.describe():
+            print(f"privalign simulate: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
     else:
         from privalign.alignment.synthetic import make_synthetic_pool
 
-        p, c = (int(x) for x in args.synthetic.split(","))
+        p, c = _synthetic(args.synthetic)
         pool = make_synthetic_pool(p, c, random_state=args.seed)
-    lo, hi = parse_floats(args.score_range, "score-range")[:2]
-    res = run_protocol(pool, _specs(args), n_grid=[2**k for k in range(args.max_log2_n + 1)],
+    rng_ = parse_floats(args.score_range, "score-range")
+    if len(rng_) != 2 or not rng_[0] < rng_[1]:
+        raise PrivacyParameterError(f"argument --score-range: must be LOW,HIGH with LOW < HIGH, got {args.score_range!r}")
+    lo, hi = rng_
+    k = _max_log2_n(args, pool)
+    z, _, _ = prepare_scores(pool, transform=args.transform, score_range=(lo, hi))
+    finite = np.isfinite(z)
+    n_clip = int(np.sum(finite & ((z < lo) | (z > hi))))
+    clipped_fraction = n_clip / max(1, int(finite.sum()))
+    if n_clip:
+        print(f"privalign simulate: note: {n_clip} of {int(finite.sum())} scores ({100 * clipped_fraction:.2f}%) lie outside "
+              f"--score-range {lo:g},{hi:g} (after --transform {args.transform}) and are clipped for the bounded-score methods",
+              file=sys.stderr)
+    res = run_protocol(pool, _specs(args), n_grid=[2**i for i in range(k + 1)],
                        replicates=args.replicates, random_state=args.seed, transform=args.transform,
                        score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
     path = write_results(res, args.out)
     figs = plot_results(res, args.out)
     summary = {"results": str(path), "figures": [str(f) for f in figs], "n_prompts": res["n_prompts"],
-               "skipped_prompts": res["skipped_prompts"], "seconds": res["seconds"],
+               "skipped_prompts": res["skipped_prompts"], "seconds": res["seconds"], "max_n": 2**k,
+               "transform": args.transform, "score_range": [lo, hi], "clipped_fraction": clipped_fraction,
+               "pool_read": stats.to_dict() if args.pool else None,
                "methods": [{"name": m["name"], "true_lift_at_max_n": m["true_lift"][-1],
                             "privacy": m["privacy"]} for m in res["methods"]]}
     if args.json:
-        print(json.dumps(_clean(summary)))
+        emit_json(summary)
     else:
         for m in summary["methods"]:
-            print(f"{m['name']:<40s} lift at N={2**args.max_log2_n}: {100 * m['true_lift_at_max_n']:+.2f}")
+            print(f"{m['name']:<40s} lift at N={2**k}: {100 * m['true_lift_at_max_n']:+.2f}")
         print(f"wrote {path} and {len(figs)} figures")
     return 0
 
@@ -67,11 +120,15 @@ def _run(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("simulate", help="evaluation protocol (N = 2^0..2^k) on a scored pool",
                               description="Run BoN/ITP/PrivBoN/PrivITP with exact selection laws on a scored pool "
-                                          "(spec §5.4) and write results.json plus PNG figures into --out.")
+                                          "and write results.json plus PNG figures into --out. Defaults follow the "
+                                          "authors' protocol (docs/alignment.md): rewards z-normalised over the whole "
+                                          "pool, 50 replicates, N up to the largest power of two the pool supports "
+                                          "(at most 2^12); scores outside --score-range are clipped for the "
+                                          "bounded-score methods and the count is printed.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--pool", help="scored-pool JSONL(.gz) file")
-    src.add_argument("--synthetic", help="PROMPTS,CANDIDATES: use a synthetic pool instead")
-    p.add_argument("--methods", default="bon,itp,privbon,privitp", help="comma-separated methods")
+    src.add_argument("--synthetic", help="PROMPTS,CANDIDATES (e.g. 20,512): use a synthetic pool instead")
+    p.add_argument("--methods", default="bon,itp,privbon,privitp", help="comma-separated methods (bon, itp, privbon, privitp)")
     p.add_argument("--beta", default="0.05", help="β values (comma-separated sweep) for itp/privitp")
     p.add_argument("--epsilon", default="4", help="PrivBoN ε values (sweep)")
     p.add_argument("--sigma-gumbel", default=None, help="PrivBoN Gumbel scales instead of ε (sweep)")
@@ -79,12 +136,15 @@ def register(subparsers) -> None:
     p.add_argument("--sigma-z", default=None, help="PrivITP σ_Z values (default: = σ_X)")
     p.add_argument("--L", type=float, default=3.0, help="PrivITP envelope widening (units of σ_Z)")
     p.add_argument("--delta", type=float, default=1e-6, help="PrivITP δ")
-    p.add_argument("--max-log2-n", type=int, default=6, help="largest N is 2^k (default 6)")
+    p.add_argument("--max-log2-n", type=int, default=None,
+                   help="largest N is 2^k (default: the largest the pool supports, at most 12)")
     p.add_argument("--replicates", type=int, default=50, help="replicates per (prompt, N) (default 50)")
-    p.add_argument("--transform", choices=["none", "global_z"], default="none", help="reward normalisation")
-    p.add_argument("--score-range", default="0,1", help="public clipping range LOW,HIGH (after the transform)")
+    p.add_argument("--transform", choices=["none", "global_z"], default="global_z",
+                   help="reward normalisation (default global_z: z-scores over all responses, as the authors do)")
+    p.add_argument("--score-range", default="-4,4",
+                   help="public clipping range LOW,HIGH after the transform (default -4,4; e.g. --score-range -4,16)")
     p.add_argument("--skip-short", action="store_true", help="skip prompts with too few candidates")
-    p.add_argument("--seed", type=int, default=0, help="SeedSequence entropy (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="SeedSequence entropy, a non-negative integer (default 0)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")

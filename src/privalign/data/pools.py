@@ -14,6 +14,11 @@ One JSON object per line, one line per prompt::
   entropy and ``format_version``; files without it are accepted unchanged.
 * Files ending in ``.gz`` are gzip-compressed. Reading streams line by line; every defect raises
   :class:`~privalign.errors.DataFormatError` naming the file, the line and the field.
+
+The authors' documented variants are accepted and counted (:class:`ReadStats`, recorded in run manifests):
+``is_correct`` given as 0/1 is coerced to false/true; a response whose ``proxy_reward`` is null (unscored)
+is skipped, and a prompt left without responses is skipped; a file holding one JSON array of prompt objects
+(instead of one object per line) is read as well.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import numpy as np
 
 from privalign.errors import DataFormatError
 
-__all__ = ["FORMAT_VERSION", "Response", "PoolRecord", "ScoredPool", "iter_pool", "read_pool", "write_pool"]
+__all__ = ["FORMAT_VERSION", "Response", "PoolRecord", "ScoredPool", "ReadStats", "iter_pool", "read_pool", "write_pool"]
 
 FORMAT_VERSION = "privalign-pool/1"
 
@@ -104,6 +109,33 @@ class PoolRecord:
         return d
 
 
+@dataclass
+class ReadStats:
+    """What a read changed: counts of coerced values and skipped responses/prompts (all zero for a file in
+    the canonical schema). ``to_dict()`` goes into run manifests."""
+
+    prompts_read: int = 0
+    responses_read: int = 0
+    is_correct_coerced: int = 0
+    responses_skipped_null_proxy: int = 0
+    prompts_skipped_no_scored_response: int = 0
+    json_array_file: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def describe(self) -> str:
+        """One sentence on what was changed, or "" if nothing was."""
+        parts = []
+        if self.is_correct_coerced:
+            parts.append(f"coerced {self.is_correct_coerced} 'is_correct' values from 0/1 to false/true")
+        if self.responses_skipped_null_proxy:
+            parts.append(f"skipped {self.responses_skipped_null_proxy} responses with a null 'proxy_reward'")
+        if self.prompts_skipped_no_scored_response:
+            parts.append(f"skipped {self.prompts_skipped_no_scored_response} prompts left without a scored response")
+        return "; ".join(parts)
+
+
 def _open(path: Path, mode: str):
     if path.suffix == ".gz":
         return gzip.open(path, mode + "t", encoding="utf-8")
@@ -126,7 +158,7 @@ def _opt_str(v, path, lineno, fld):
     return v
 
 
-def _parse(obj: Any, path, lineno: int) -> PoolRecord:
+def _parse(obj: Any, path, lineno: int, stats: ReadStats | None = None) -> PoolRecord | None:
     if not isinstance(obj, dict):
         _fail(path, lineno, "<line>", f"must be a JSON object; got {type(obj).__name__}")
     if not isinstance(obj.get("prompt"), str):
@@ -144,10 +176,16 @@ def _parse(obj: Any, path, lineno: int) -> PoolRecord:
             _fail(path, lineno, f + ".text", f"must be a string; got {text!r:.80}")
         if "proxy_reward" not in r:
             _fail(path, lineno, f + ".proxy_reward", "is required")
+        if r["proxy_reward"] is None and stats is not None:  # unscored response (authors' variant): skip, count
+            stats.responses_skipped_null_proxy += 1
+            continue
         pr = _real(r["proxy_reward"], path, lineno, f + ".proxy_reward")
         ic = r.get("is_correct")
+        if stats is not None and not isinstance(ic, bool) and isinstance(ic, int) and ic in (0, 1):
+            ic = bool(ic)  # 0/1 (authors' variant)
+            stats.is_correct_coerced += 1
         if ic is not None and not isinstance(ic, bool):
-            _fail(path, lineno, f + ".is_correct", f"must be true, false or null; got {ic!r}")
+            _fail(path, lineno, f + ".is_correct", f"must be true, false, 0, 1 or null; got {ic!r}")
         tr = r.get("true_reward")
         tr = None if tr is None else _real(tr, path, lineno, f + ".true_reward")
         pa = _opt_str(r.get("predicted_answer"), path, lineno, f + ".predicted_answer")
@@ -159,6 +197,11 @@ def _parse(obj: Any, path, lineno: int) -> PoolRecord:
     if meta is not None and not isinstance(meta, dict):
         _fail(path, lineno, "meta", f"must be an object; got {meta!r:.80}")
     known = {"prompt", "responses", "choices", "subject", "gt_answer", "meta"}
+    if stats is not None:
+        stats.responses_read += len(resp)
+        if not out:
+            stats.prompts_skipped_no_scored_response += 1
+            return None
     return PoolRecord(
         prompt=obj["prompt"], responses=tuple(out),
         gt_answer=_opt_str(obj.get("gt_answer"), path, lineno, "gt_answer"),
@@ -168,8 +211,12 @@ def _parse(obj: Any, path, lineno: int) -> PoolRecord:
     )
 
 
-def iter_pool(path: str | os.PathLike) -> Iterator[PoolRecord]:
-    """Stream the records of a pool file (``.jsonl`` or ``.jsonl.gz``), validating each line.
+def iter_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> Iterator[PoolRecord]:
+    """Stream the records of a pool file (``.jsonl``, ``.jsonl.gz``, or one JSON array), validating each.
+
+    Args:
+      path: the pool file.
+      stats: filled with the counts of coerced and skipped values (see :class:`ReadStats`).
 
     Raises:
       FileNotFoundError: no such file.
@@ -178,20 +225,40 @@ def iter_pool(path: str | os.PathLike) -> Iterator[PoolRecord]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"pool file not found: {path}")
+    stats = stats if stats is not None else ReadStats()
     with _open(path, "r") as fh:
-        for lineno, line in enumerate(fh, start=1):
+        first = fh.read(1)
+        while first and first.isspace():
+            first = fh.read(1)
+        if first == "[":  # one JSON array of prompt objects
+            try:
+                arr = json.loads(first + fh.read())
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{path}:{exc.lineno}: field '<file>' is not a valid JSON array ({exc.msg})") from None
+            stats.json_array_file = True
+            for i, obj in enumerate(arr, start=1):
+                rec = _parse(obj, path, i, stats)
+                if rec is not None:
+                    stats.prompts_read += 1
+                    yield rec
+            return
+        lines = (first + line if k == 0 else line for k, line in enumerate(fh))
+        for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataFormatError(f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})") from None
-            yield _parse(obj, path, lineno)
+            rec = _parse(obj, path, lineno, stats)
+            if rec is not None:
+                stats.prompts_read += 1
+                yield rec
 
 
-def read_pool(path: str | os.PathLike) -> list[PoolRecord]:
+def read_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> list[PoolRecord]:
     """Read a whole pool; an empty pool is an error."""
-    recs = list(iter_pool(path))
+    recs = list(iter_pool(path, stats=stats))
     if not recs:
         raise DataFormatError(f"{path}: field '<file>' must contain at least one prompt; the pool is empty")
     return recs
@@ -264,8 +331,9 @@ class ScoredPool:
         return cls(proxy, true, counts)
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> ScoredPool:
-        return cls.from_records(iter_pool(path))
+    def read(cls, path: str | os.PathLike, *, stats: ReadStats | None = None) -> ScoredPool:
+        """Read a pool file (any accepted variant; ``stats`` receives what was coerced or skipped)."""
+        return cls.from_records(iter_pool(path, stats=stats))
 
     @property
     def has_true(self) -> bool:

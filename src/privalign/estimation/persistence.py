@@ -1,13 +1,20 @@
 """Save and load fitted reward models, losslessly, with their privacy event and feature-map config.
 
-Format: one JSON file (UTF-8)::
+Format: one JSON file (UTF-8), the one reward-model format of privalign (``fit-reward``, ``fit-imdb-reward``,
+``build-pool``/``rescore-pool`` ``linear:PATH`` and ``privalign serve --reward-model`` all read and write it)::
 
-    {"format": "privalign.reward_model", "version": 1,
-     "estimator": "SampleDPIHT", "params": {...}, "coef": {"dtype": "<f8", "shape": [d], "b64": "..."},
+    {"format": "privalign.reward_model", "version": 2,
+     "name": "SampleDPIHT",                                   # identifier recorded in pool manifests
+     "estimator": "SampleDPIHT" | null,                       # null: a linear reward fit outside privalign's
+     "params": {...},                                         #   estimators (e.g. a logistic-regression gold model)
+     "coef": {"dtype": "<f8", "shape": [d], "b64": "..."},
+     "intercept": 0.0, "link": "identity" | "sigmoid",        # reward = link(φ(x)·coef + intercept)
      "fitted": {"support_": [...], "n_iter_": 10, ...},      # other fitted scalars / int lists
-     "privacy_event": {... event.to_dict() ...},
+     "privacy_event": {... event.to_dict() ...} | null,      # null: no privacy guarantee is claimed
      "feature_config": {... HashedNgramFeatures.get_config() ...} | null,
      "metadata": {...}}
+
+Version 1 (the same without ``name``, ``intercept`` and ``link``) still loads: intercept 0, identity link.
 
 ``coef_`` is stored as the base64 of its little-endian float64 bytes, so the round trip is bit-exact.
 The file is written to a temporary name in the same directory and renamed, so a failed save never
@@ -29,10 +36,11 @@ import numpy as np
 from privalign.accounting.events import event_from_dict
 from privalign.errors import DataFormatError, PrivacyParameterError
 
-__all__ = ["save_model", "load_model", "ESTIMATORS"]
+__all__ = ["save_model", "load_model", "ESTIMATORS", "FORMAT", "VERSION", "write_reward_model"]
 
 FORMAT = "privalign.reward_model"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 def _estimators() -> dict[str, type]:
@@ -70,7 +78,8 @@ def _unjson(v: Any) -> Any:
 
 
 def save_model(
-    estimator: Any, path: str | os.PathLike, *, feature_config: dict | None = None, metadata: dict | None = None
+    estimator: Any, path: str | os.PathLike, *, feature_config: dict | None = None, metadata: dict | None = None,
+    name: str | None = None,
 ) -> Path:
     """Write a fitted estimator to ``path`` (JSON) atomically; returns the path.
 
@@ -79,12 +88,13 @@ def save_model(
       path: destination file.
       feature_config: the public feature map's ``get_config()``, so the model can featurise text again.
       metadata: any JSON-able extra information (e.g. held-out accuracy, data source).
+      name: identifier recorded in pool manifests (default: the estimator's class name).
 
     Raises:
       PrivacyParameterError: the estimator is not a fitted privalign estimator, or the params are not
         JSON-serialisable (e.g. a ``numpy.random.Generator`` as ``random_state``).
     """
-    name = type(estimator).__name__
+    model_name, name = name, type(estimator).__name__
     if name not in ESTIMATORS or not hasattr(estimator, "coef_") or not hasattr(estimator, "privacy_event_"):
         raise PrivacyParameterError(
             f"The 'estimator' parameter must be a fitted privalign reward estimator ({', '.join(ESTIMATORS)}). "
@@ -99,14 +109,22 @@ def save_model(
     doc = {
         "format": FORMAT,
         "version": VERSION,
+        "name": name if model_name is None else str(model_name),
         "estimator": name,
         "params": params,
         "coef": {"dtype": "<f8", "shape": list(coef.shape), "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
+        "intercept": 0.0,
+        "link": "identity",
         "fitted": fitted,
         "privacy_event": estimator.privacy_event_.to_dict(),
         "feature_config": feature_config,
         "metadata": metadata or {},
     }
+    return write_reward_model(doc, path)
+
+
+def write_reward_model(doc: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write a reward-model document (see the module docstring) to ``path`` atomically; returns the path."""
     try:
         text = json.dumps(doc, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -117,6 +135,7 @@ def save_model(
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a model file is as readable as any other output
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -142,8 +161,21 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
         raise DataFormatError(f"{path}: not a JSON privalign model file ({exc}).") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise DataFormatError(f"{path}: field 'format' must be {FORMAT!r}. Got {doc.get('format') if isinstance(doc, dict) else doc!r}.")
-    if doc.get("version") != VERSION:
-        raise DataFormatError(f"{path}: field 'version' must be {VERSION}. Got {doc.get('version')!r}.")
+    if doc.get("version") not in READABLE_VERSIONS:
+        raise DataFormatError(
+            f"{path}: field 'version' must be one of {list(READABLE_VERSIONS)} (this privalign writes {VERSION}). "
+            f"Got {doc.get('version')!r}; a newer privalign wrote it: upgrade privalign."
+        )
+    if doc.get("estimator") is None:
+        raise DataFormatError(
+            f"{path}: field 'estimator' is null: a linear reward fit outside privalign's estimators, with no "
+            "estimator to restore. Load it with privalign.models.LinearRewardScorer.load(path) instead."
+        )
+    if doc.get("intercept", 0.0) != 0.0 or doc.get("link", "identity") != "identity":
+        raise DataFormatError(
+            f"{path}: fields 'intercept'/'link' are {doc.get('intercept')!r}/{doc.get('link')!r}; an estimator's reward "
+            "has intercept 0 and the identity link. Load it with privalign.models.LinearRewardScorer.load(path)."
+        )
     classes = _estimators()
     cls = classes.get(doc.get("estimator"))
     if cls is None:

@@ -154,7 +154,17 @@ def load_config(path: str | Path, schema: dict[str, Field]) -> dict[str, Any]:
             raw = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    return validate_config(raw, schema, source=str(path))
+    out = validate_config(raw, schema, source=str(path))
+    # A relative pool path is relative to the configuration file (as in service configs), not to the cwd.
+    # Keys documented as repository-relative (win-rate *_pool) are config-relative only when the file is there.
+    for key, value in out.items():
+        if key not in raw or not isinstance(value, str) or value in ("", "synthetic", "shipped"):
+            continue
+        if key == "pool" or key.endswith("_pool"):
+            p = Path(value).expanduser()
+            if not p.is_absolute() and (key == "pool" or (path.parent / p).is_file()):
+                out[key] = str((path.parent / p).resolve())
+    return out
 
 
 def config_hash(experiment: str, config: dict[str, Any]) -> str:

@@ -63,7 +63,8 @@ def _with_defaults(schema: dict[str, Field], **defaults) -> dict[str, Field]:
 def _scaling_schema(**defaults) -> dict[str, Field]:
     s = dict(POOL_FIELDS)
     s.update({
-        "n_max_log2": Field("int", 12, "N grid 2^0 .. 2^n_max_log2", low=0),
+        "n_max_log2": Field("int", -1, "N grid 2^0 .. 2^n_max_log2; -1 (the default): 12 [authors' code] for a "
+                            "synthetic pool, else the largest the pool file supports (at most 12)", low=-1),
         "methods": Field("list[str]", ["BoN", "ITP", "PrivBoN", "PrivITP"], "methods", choices=METHODS),
         "betas": Field("list[float]", [0.05], "ITP β values (score units)", low=1e-12),
         "privitp_match": Field("str", "worst", "how PrivITP is matched to PrivBoN: 'worst' (ε_max(N) at δ = ε), "
@@ -155,9 +156,11 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
         raise ExperimentError(f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']}).")
     kind, path = _resolve_pool(cfg["pool"])
     if kind == "file":
+        from privalign.data.pools import ReadStats
         from privalign.experiments.manifest import file_sha256
 
-        pool = ScoredPool.read(path)
+        stats = ReadStats()
+        pool = ScoredPool.read(path, stats=stats)
         want = cfg["n_prompts"] + cfg.get("n_calib_prompts", 0)
         if cfg.get("n_calib_prompts", 0) and pool.proxy.shape[0] < want:
             raise ExperimentError(
@@ -178,7 +181,7 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
             )
         ctx.cache["pool"] = pool
         ctx.inputs["pool"] = {"kind": "file", "path": str(path), "sha256": file_sha256(path),
-                              "prompts": int(pool.proxy.shape[0])}
+                              "prompts": int(pool.proxy.shape[0]), "read": stats.to_dict()}
     else:
         if cfg["pool_size"] < min_size:
             raise ExperimentError(
@@ -311,13 +314,32 @@ def gaussian_rnm_outcomes(pool, cfg: dict, n: int, rng: np.random.Generator, sig
     return np.array(lifts), np.array(proxies)
 
 
+def _n_max_log2(cfg: dict, two: bool) -> int:
+    """``n_max_log2``, with -1 resolved: 12 for synthetic pools, else the largest k such that the pool's largest
+    prompt has 2^k (two-pool methods: 2·2^k) candidates, at most 12."""
+    if cfg["n_max_log2"] >= 0:
+        return int(cfg["n_max_log2"])
+    kind, path = _resolve_pool(cfg["pool"])
+    if kind != "file":
+        return 12
+    from privalign.data.pools import ScoredPool
+
+    counts = ScoredPool.read(path).counts[: cfg["n_prompts"]]
+    usable = int(counts.max()) // (2 if two else 1)
+    if usable < 1:
+        raise ExperimentError(f"Pool {path}: the largest prompt has {int(counts.max())} candidate(s), too few for these methods.")
+    return min(12, int(math.floor(math.log2(usable))))
+
+
 def _scaling_preflight(cfg: dict, ctx: RunContext) -> None:
     two = any(m in ("ITP", "PrivITP") for m in cfg["methods"])
-    pool_preflight(cfg, ctx, min_size=2 ** cfg["n_max_log2"] * (2 if two else 1))
+    k = ctx.cache["n_max_log2"] = _n_max_log2(cfg, two)
+    pool_preflight(cfg, ctx, min_size=2**k * (2 if two else 1))
 
 
 def _scaling_cells(cfg: dict, ctx: RunContext) -> list[dict]:
-    return [{"cell": f"N={2 ** k}", "N": 2 ** k} for k in range(cfg["n_max_log2"] + 1)]
+    k = ctx.cache.get("n_max_log2", cfg["n_max_log2"])
+    return [{"cell": f"N={2 ** k}", "N": 2 ** k} for k in range(k + 1)]
 
 
 def _finite_or_none(v):

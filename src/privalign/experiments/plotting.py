@@ -52,9 +52,32 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.2, height: fl
     return fig, list(axes.ravel())
 
 
+def legends_outside(fig) -> None:
+    """Move every axes legend placed with ``loc="best"`` below its axes (centred, no frame), so that no legend
+    covers data, and re-run the layout so the legends get room."""
+    moved = False
+    for ax in fig.axes:
+        leg = ax.get_legend()
+        if leg is None or getattr(leg, "_loc", None) != 0:  # 0 = "best"; explicit placements are kept
+            continue
+        handles, labels = ax.get_legend_handles_labels()
+        if not handles:
+            continue
+        title = leg.get_title().get_text() or None
+        size = leg.get_texts()[0].get_fontsize() if leg.get_texts() else None
+        leg.remove()
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(2, len(labels)),
+                  frameon=False, fontsize=size, title=title, title_fontsize=size)
+        moved = True
+    if moved:
+        fig.tight_layout()
+
+
 def save_figure(fig, run_dir: str | Path, stem: str) -> str:
-    """Save ``fig`` as ``RUN/figures/<stem>.png`` and ``.pdf``; close it; return ``stem``."""
+    """Save ``fig`` as ``RUN/figures/<stem>.png`` and ``.pdf``; close it; return ``stem``. Legends placed with
+    ``loc="best"`` are moved below their axes first (:func:`legends_outside`): a legend never covers data."""
     plt = _mpl()
+    legends_outside(fig)
     d = Path(run_dir) / "figures"
     d.mkdir(parents=True, exist_ok=True)
     fig.savefig(d / f"{stem}.png", dpi=150)

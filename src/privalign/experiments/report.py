@@ -370,14 +370,45 @@ def _img_tag(png: Path, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"/><figcaption>{html.escape(alt)}</figcaption></figure>'
 
 
+def _short_time(ts) -> str:
+    """``2026-11-30T21:40:12.123+00:00`` → ``2026-11-30 21:40:12`` (UTC in the manifest; full value in the tooltip)."""
+    if not isinstance(ts, str) or len(ts) < 19:
+        return html.escape(str(ts))
+    return html.escape(ts[:19].replace("T", " "))
+
+
+def _span(start, end) -> str:
+    """``2026-11-30 21:40:12 → 21:41:05`` (the end's date is shown only when it differs)."""
+    a, b = _short_time(start), _short_time(end)
+    if len(a) == 19 and len(b) == 19 and a[:10] == b[:10]:
+        b = b[11:]
+    return f"{a} → {b}"
+
+
+def _json_cell(v, label: str | None = None) -> str:
+    """Complete JSON, never cut: short values inline, long ones in a collapsed, scrollable block."""
+    text = json.dumps(v, default=str)
+    if len(text) <= 120:
+        return f"<code class='json'>{html.escape(text)}</code>"
+    summary = label or (f"{len(v)} item{'s' if len(v) != 1 else ''}" if isinstance(v, list | dict) else "value")
+    return (f"<details><summary>{html.escape(summary)}</summary>"
+            f"<pre class='json'>{html.escape(json.dumps(v, indent=1, default=str))}</pre></details>")
+
+
 def _fmt(v) -> str:
     if v is None:
         return "—"
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, list | dict):
-        return html.escape(json.dumps(v)[:200])
+        return _json_cell(v)
     return html.escape(str(v))
+
+
+def _fmt_md(v) -> str:
+    if isinstance(v, list | dict):
+        return json.dumps(v, default=str).replace("|", "\\|")
+    return _fmt(v)
 
 
 def _scalar_items(summary: dict) -> list[tuple[str, object]]:
@@ -406,22 +437,26 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>privalign reproduction report</title>",
         "<style>body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.5em auto;padding:0 1em;color:#222}"
         "table{border-collapse:collapse;margin:0.6em 0;font-size:0.88em}td,th{border:1px solid #bbb;padding:4px 7px;"
-        "vertical-align:top;text-align:left}th{background:#f0f0f0}td:first-child{white-space:nowrap}td{overflow-wrap:anywhere;max-width:460px}figure{display:inline-block;margin:0.5em}"
+        "vertical-align:top;text-align:left}th{background:#f0f0f0}td:first-child{white-space:nowrap}"
+        "td{overflow-wrap:break-word;word-break:normal;hyphens:none;max-width:460px}.nw{white-space:nowrap}"
+        "td code:not(.json){white-space:nowrap}.tw{max-width:100%;overflow-x:auto}pre.json{max-height:16em;max-width:440px;overflow:auto;margin:0.3em 0;"
+        "font-size:0.92em;white-space:pre}details summary{cursor:pointer;color:#245}"
+        "figure{display:inline-block;margin:0.5em;max-width:100%}"
         "img{max-width:100%;border:1px solid #ddd}figcaption{font-size:0.8em;color:#555}"
         ".v{font-weight:600;white-space:nowrap}code{background:#f4f4f4;padding:0 3px}</style></head><body>",
         "<h1>privalign: reproduction report</h1>",
         f"<p>Generated {utc_now()} from {len(dirs)} run director{'y' if len(dirs) == 1 else 'ies'}. "
         "Verdicts are computed from each run's <code>results.jsonl</code> with the stated rule; "
         "comparisons use a 2-standard-error margin. " + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items())) + ".</p>",
-        "<h2>Claims</h2><table><tr><th>id</th><th>claim</th><th>experiment</th><th>rule</th><th>measured</th><th>verdict</th></tr>",
+        "<h2>Claims</h2><div class='tw'><table><tr><th>id</th><th>claim</th><th>experiment</th><th>rule</th><th>measured</th><th>verdict</th></tr>",
     ]
     for c in claims:
         h.append(f"<tr><td>{c['id']}</td><td>{html.escape(c['claim'])}</td><td><code>{html.escape(c['experiment'])}</code></td>"
                  f"<td>{html.escape(c['rule'])}</td><td>{html.escape(c['measured'])}</td>"
                  f"<td class='v' style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>")
-    h.append("</table>")
-    h.append("<h2>Runs</h2><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config hash</th>"
-             "<th>git commit</th><th>dirty</th><th>seed</th><th>started</th><th>ended</th><th>inputs</th></tr>")
+    h.append("</table></div>")
+    h.append("<h2>Runs</h2><div class='tw'><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config hash</th>"
+             "<th>git commit</th><th>dirty</th><th>seed</th><th>ran (UTC)</th><th>inputs</th></tr>")
     md: list[str] = ["# privalign: reproduction report", "", f"Generated {utc_now()}. Verdicts are computed from "
                      "each run's `results.jsonl` with the stated rule (2-standard-error margins).", "",
                      "## Claims", "", "| id | claim | experiment | rule | measured | verdict |", "|---|---|---|---|---|---|"]
@@ -432,29 +467,34 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     for name, run in runs.items():
         m = run["manifest"]
         git = m.get("git") or {}
-        inputs = json.dumps(m.get("inputs") or {})[:160]
+        inp = m.get("inputs") or {}
+        inputs_cell = _json_cell(inp, ", ".join(inp) if isinstance(inp, dict) and inp else None) if inp else "—"
         h.append(f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(m.get('status')))}</td><td>{m.get('quick')}</td>"
                  f"<td><code>{str(m.get('config_hash'))[:12]}</code></td><td><code>{str(git.get('commit'))[:10]}</code></td>"
-                 f"<td>{git.get('dirty')}</td><td>{m.get('seed_entropy')}</td><td>{m.get('started_at')}</td>"
-                 f"<td>{m.get('ended_at')}</td><td>{html.escape(inputs)}</td></tr>")
+                 f"<td>{git.get('dirty')}</td><td>{m.get('seed_entropy')}</td>"
+                 f"<td class='nw' title='{html.escape(str(m.get('started_at')))} to {html.escape(str(m.get('ended_at')))}'>"
+                 f"{_span(m.get('started_at'), m.get('ended_at'))}</td>"
+                 f"<td>{inputs_cell}</td></tr>")
+        inputs_md = ", ".join(str(k) for k in inp) if isinstance(inp, dict) else str(inp)
         md.append(f"| {name} | {m.get('status')} | {m.get('quick')} | `{str(m.get('config_hash'))[:12]}` | "
-                  f"`{str(git.get('commit'))[:10]}` | {git.get('dirty')} | {inputs.replace('|', '/')} |")
-    h.append("</table>")
+                  f"`{str(git.get('commit'))[:10]}` | {git.get('dirty')} | {inputs_md.replace('|', '/') or '—'} |")
+    h.append("</table></div>")
     for name, run in runs.items():
         summ = run["summary"]
         h.append(f"<h2 id='{html.escape(name)}'>{html.escape(name)}: {html.escape(summ.get('title', ''))}</h2>")
         md += ["", f"## {name}: {summ.get('title', '')}", ""]
         items = _scalar_items(summ)
         if items:
-            h.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in items) + "</table>")
-            md += [f"- {k}: {_fmt(v)}" for k, v in items]
+            h.append("<div class='tw'><table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in items)
+                     + "</table></div>")
+            md += [f"- {k}: {_fmt_md(v)}" for k, v in items]
         table = summ.get("table")
         if isinstance(table, list) and table and isinstance(table[0], dict):
             cols = list(table[0])
-            h.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>" + "".join(
-                "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in table) + "</table>")
+            h.append("<div class='tw'><table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>" + "".join(
+                "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in table) + "</table></div>")
             md += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in table]
+            md += ["| " + " | ".join(_fmt_md(r.get(c)) for c in cols) + " |" for r in table]
         for png in sorted((Path(run["dir"]) / "figures").glob("*.png")):
             h.append(_img_tag(png, f"{name}: {png.stem}"))
             dest = out / "figures" / f"{name}__{png.name}"

@@ -19,7 +19,6 @@ import base64
 import json
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -44,9 +43,13 @@ __all__ = [
     "extract_boxed",
     "extract_mmlu_letter",
     "LINEAR_FORMAT",
+    "FormatUpgradeWarning",
+    "read_reward_model",
+    "load_reward_model",
+    "upgrade_reward_model",
 ]
 
-LINEAR_FORMAT = "privalign-linear-reward/1"
+LINEAR_FORMAT = "privalign-linear-reward/1"  # the old format of LinearRewardScorer.save (still read)
 
 
 @runtime_checkable
@@ -83,7 +86,13 @@ def _contexts(contexts: Sequence[dict] | None, n: int, need: str | None = None) 
 # Linear reward over a feature map
 # ----------------------------------------------------------------------------------------------
 class LinearRewardScorer:
-    """``r(x) = link(φ(x)·w + b)`` for a public feature map φ.
+    """``r(x) = link(φ(x)·w + b)`` for a public feature map φ: the one linear reward model of privalign.
+
+    The same object scores pools (``build-pool``/``rescore-pool`` ``--proxy-reward linear:PATH``) and serves
+    (``privalign serve --reward-model PATH`` calls it as ``scorer(prompt, texts)``), so the service featurises
+    text exactly as the trainer did: φ(k, a) = ``feature_map.transform_pairs`` when the map uses the prompt,
+    else ``feature_map.transform(texts)``; with the identity link and intercept 0 the scores are exactly the
+    fitted estimator's ``predict_reward`` of those rows.
 
     Args:
       feature_map: An object with ``transform(texts)`` (dense or scipy.sparse rows), e.g.
@@ -93,10 +102,12 @@ class LinearRewardScorer:
       link: ``"identity"`` or ``"sigmoid"`` (a probability in [0, 1], e.g. a logistic-regression gold model).
       batch_size: Texts per transform call.
       name: Identifier recorded in manifests.
+      privacy_event: the privacy event of the fit (a dict, ``event.to_dict()``), or ``None`` (no claim).
     """
 
     def __init__(
-        self, feature_map: Any, coef: Any, *, intercept: float = 0.0, link: str = "identity", batch_size: int = 1024, name: str = "linear"
+        self, feature_map: Any, coef: Any, *, intercept: float = 0.0, link: str = "identity", batch_size: int = 1024, name: str = "linear",
+        privacy_event: dict | None = None,
     ) -> None:
         self.feature_map = feature_map
         self.coef = np.asarray(coef, dtype=np.float64).ravel()
@@ -106,91 +117,171 @@ class LinearRewardScorer:
         self.link = check_choice(link, "link", ("identity", "sigmoid"))
         self.batch_size = check_int(batch_size, "batch_size", low=1)
         self.name = name
+        self.privacy_event = privacy_event
         self.metadata: dict[str, Any] = {}
+        self.estimator: str | None = None
 
     def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
+        from privalign.estimation.base import matvec
+
         texts = _texts(texts)
+        ctx = _contexts(contexts, len(texts))
+        pairs = bool(getattr(self.feature_map, "use_prompt", False))
         out = np.empty(len(texts), dtype=np.float64)
         for s in range(0, len(texts), self.batch_size):
-            X = self.feature_map.transform(texts[s : s + self.batch_size])
+            chunk = texts[s : s + self.batch_size]
+            if pairs:
+                prompts = [str(c.get("prompt") or "") for c in ctx[s : s + self.batch_size]]
+                X = self.feature_map.transform_pairs(prompts, chunk)
+            else:
+                X = self.feature_map.transform(chunk)
             if X.shape[1] != self.coef.shape[0]:
                 raise PrivacyParameterError(
                     f"The feature map gives {X.shape[1]} features but 'coef' has {self.coef.shape[0]} entries."
                 )
-            z = np.asarray(X @ self.coef).ravel() + self.intercept
+            z = matvec(X, self.coef) + self.intercept
             out[s : s + len(z)] = z
         if self.link == "sigmoid":
             out = 0.5 * (1.0 + np.tanh(0.5 * out))  # numerically stable logistic
         return out
 
+    def __call__(self, prompt: str, texts: Sequence[str]) -> np.ndarray:
+        """The service's scorer interface: the reward of each candidate ``texts[i]`` for ``prompt``."""
+        texts = _texts(texts)
+        return self.score(texts, contexts=[{"prompt": prompt}] * len(texts))
+
     def describe(self) -> dict[str, Any]:
         fm = self.feature_map.get_config() if hasattr(self.feature_map, "get_config") else repr(self.feature_map)
         return {"scorer": "linear", "name": self.name, "feature_map": fm, "link": self.link, "dim": int(self.coef.shape[0]),
-                "metadata": self.metadata}
+                "estimator": self.estimator, "privacy_event": self.privacy_event, "metadata": self.metadata}
 
     # -- persistence ----------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, *, metadata: dict | None = None) -> Path:
-        """Write ``{format, feature_config, coef (float32, base64), intercept, link, metadata}`` atomically."""
+    def save(self, path: str | os.PathLike, *, metadata: dict | None = None, dtype: str = "<f8") -> Path:
+        """Write the model in the reward-model format (``privalign.reward_model`` version 2, see
+        :mod:`privalign.estimation.persistence`) atomically. ``dtype="<f4"`` halves the file (not lossless)."""
+        from privalign.estimation.persistence import FORMAT, VERSION, write_reward_model
+
         if not hasattr(self.feature_map, "get_config"):
             raise PrivacyParameterError("The feature map must have get_config() to be saved.")
-        coef = np.ascontiguousarray(self.coef, dtype="<f4")
+        dtype = check_choice(dtype, "dtype", ("<f8", "<f4"))
+        coef = np.ascontiguousarray(self.coef, dtype=dtype)
         doc = {
-            "format": LINEAR_FORMAT,
+            "format": FORMAT,
+            "version": VERSION,
             "name": self.name,
-            "feature_config": self.feature_map.get_config(),
-            "coef": {"dtype": "<f4", "shape": [int(coef.shape[0])], "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
+            "estimator": None,
+            "params": {},
+            "coef": {"dtype": dtype, "shape": [int(coef.shape[0])], "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
             "intercept": self.intercept,
             "link": self.link,
+            "fitted": {},
+            "privacy_event": self.privacy_event,
+            "feature_config": self.feature_map.get_config(),
             "metadata": metadata or self.metadata,
         }
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_reward_model(doc, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, **kwargs: Any) -> LinearRewardScorer:
-        """Load a file written by :meth:`save`, or a reward model saved by ``privalign.estimation.persistence.save_model``.
+        """Load a reward-model file: the current format (``privalign.reward_model`` v2, written by
+        ``fit-reward``, ``fit-imdb-reward`` and :meth:`save`), or, with a :class:`FormatUpgradeWarning` that
+        names the upgrade command, the two older formats that hold the same information
+        (``privalign.reward_model`` v1 and ``privalign-linear-reward/1``).
 
         Raises:
           FileNotFoundError: no such file.
-          DataFormatError: neither format (the message names the file and the field).
+          DataFormatError: not a reward-model file, or the retired service weights format (the message
+            says how to replace it); the message names the file and the field.
         """
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"The reward-model file {path} does not exist.")
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataFormatError(f"{path}: not a JSON reward-model file ({exc}).") from exc
+        doc = read_reward_model(path)
         from privalign.estimation.features import feature_map_from_config
 
-        if isinstance(doc, dict) and doc.get("format") == LINEAR_FORMAT:
-            try:
-                c = doc["coef"]
-                coef = np.frombuffer(base64.b64decode(c["b64"]), dtype=np.dtype(c["dtype"])).astype(np.float64)
-                fm = feature_map_from_config(doc["feature_config"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise DataFormatError(f"{path}: field 'coef'/'feature_config' is malformed ({exc}).") from exc
-            sc = cls(fm, coef, intercept=float(doc.get("intercept", 0.0)), link=doc.get("link", "identity"), name=doc.get("name", path.stem), **kwargs)
-            sc.metadata = dict(doc.get("metadata") or {})
-            return sc
-        from privalign.estimation.persistence import load_model
-
-        est, feature_config, metadata = load_model(path)
-        if not feature_config:
-            raise DataFormatError(f"{path}: field 'feature_config' is missing; cannot featurise text for this reward model.")
-        sc = cls(feature_map_from_config(feature_config), est.coef_, name=f"{type(est).__name__}:{path.name}", **kwargs)
-        sc.metadata = dict(metadata or {})
+        p = Path(path)
+        try:
+            c = doc["coef"]
+            coef = np.frombuffer(base64.b64decode(c["b64"], validate=True), dtype=np.dtype(c["dtype"])).astype(np.float64)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataFormatError(f"{p}: field 'coef' is malformed ({exc}).") from exc
+        if not doc.get("feature_config"):
+            raise DataFormatError(f"{p}: field 'feature_config' is missing; cannot featurise text for this reward model.")
+        try:
+            fm = feature_map_from_config(doc["feature_config"])
+        except (TypeError, ValueError) as exc:
+            raise DataFormatError(f"{p}: field 'feature_config' is malformed ({exc}).") from exc
+        try:
+            sc = cls(fm, coef, intercept=float(doc.get("intercept") or 0.0), link=doc.get("link") or "identity",
+                     name=str(doc.get("name") or p.stem), privacy_event=doc.get("privacy_event"), **kwargs)
+        except PrivacyParameterError as exc:
+            raise DataFormatError(f"{p}: {exc}") from exc
+        sc.metadata = dict(doc.get("metadata") or {})
+        sc.estimator = doc.get("estimator")
         return sc
+
+
+class FormatUpgradeWarning(UserWarning):
+    """A file was read in an older privalign format; the message gives the command that rewrites it."""
+
+
+def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
+    """The reward-model document at ``path`` in the current schema (``privalign.reward_model`` v2), converting
+    the older formats in memory (with a :class:`FormatUpgradeWarning`). See :meth:`LinearRewardScorer.load`."""
+    import warnings
+
+    from privalign.estimation.persistence import FORMAT, VERSION
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"The reward-model file {p} does not exist.")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{p}: not a JSON reward-model file ({exc}).") from exc
+    if not isinstance(doc, dict):
+        raise DataFormatError(f"{p}: not a reward-model file (a JSON {type(doc).__name__}, expected an object).")
+    upgrade = f"`privalign upgrade-reward-model {p} --out NEW.json` rewrites it in the current format ({FORMAT} v{VERSION})"
+    fmt = doc.get("format")
+    if fmt == FORMAT and doc.get("version") == VERSION:
+        return doc
+    if fmt == FORMAT and doc.get("version") == 1:
+        warnings.warn(f"{p} is a version-1 reward model; it loads unchanged (intercept 0, identity link). {upgrade}.",
+                      FormatUpgradeWarning, stacklevel=3)
+        return {**doc, "version": VERSION, "name": doc.get("estimator") or p.stem, "intercept": 0.0, "link": "identity"}
+    if fmt == FORMAT:
+        raise DataFormatError(f"{p}: field 'version' is {doc.get('version')!r}; this privalign reads versions 1 and {VERSION}: "
+                              "upgrade privalign.")
+    if fmt == LINEAR_FORMAT:
+        warnings.warn(f"{p} is in the old {LINEAR_FORMAT!r} format; it loads unchanged (no privacy event). {upgrade}.",
+                      FormatUpgradeWarning, stacklevel=3)
+        return {"format": FORMAT, "version": VERSION, "name": doc.get("name") or p.stem, "estimator": None, "params": {},
+                "coef": doc.get("coef"), "intercept": doc.get("intercept", 0.0), "link": doc.get("link", "identity"),
+                "fitted": {}, "privacy_event": None, "feature_config": doc.get("feature_config"),
+                "metadata": doc.get("metadata") or {}}
+    if "weights" in doc and "n_features" in doc:
+        raise DataFormatError(
+            f"{p}: this is the retired service weights format ('n_features'/'weights' over BLAKE2b-signed, l2-normalised "
+            "n-grams), which no trainer writes and whose features differ from the trainer's; it cannot be converted. "
+            "Fit a model with `privalign fit-reward --data ... --method ... --out rm.json` and serve it with "
+            "`privalign serve --reward-model rm.json`."
+        )
+    raise DataFormatError(f"{p}: field 'format' must be {FORMAT!r}. Got {fmt!r}; not a privalign reward-model file.")
+
+
+def load_reward_model(path: str | os.PathLike) -> LinearRewardScorer:
+    """Shorthand for :meth:`LinearRewardScorer.load`."""
+    return LinearRewardScorer.load(path)
+
+
+def upgrade_reward_model(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Rewrite a reward-model file of an older format in the current one (lossless: the coefficients keep
+    their stored dtype and bytes; estimator, parameters, fitted attributes and privacy event are kept)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FormatUpgradeWarning)
+        doc = read_reward_model(path)
+    from privalign.estimation.persistence import write_reward_model
+
+    return write_reward_model(doc, out)
 
 
 # ----------------------------------------------------------------------------------------------

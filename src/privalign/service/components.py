@@ -3,7 +3,7 @@ the candidate generator.
 
 * **Scorer**: a callable ``(prompt, texts) -> scores`` (one float per text). It holds the *private*
   reward model; the service calls it only after the request's worst-case cost is reserved, and never
-  returns its output. Kinds: ``linear`` (JSON weights over hashed n-gram features, see
+  returns its output. Kinds: ``linear`` (a reward-model file as written by ``privalign fit-reward``, see
   :class:`LinearHashedScorer`) and ``python`` (``target = "module:factory"``, called with the options).
 * **Generator**: a callable ``(prompt, n, *, max_tokens, temperature, top_p, chat) -> list[str]``. Kinds:
   ``upstream`` (an OpenAI-compatible server such as vLLM, via ``/completions`` or ``/chat/completions``
@@ -15,18 +15,15 @@ service maps to 502 and, because no private score was touched, releases the rese
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import json
 import logging
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from privalign.errors import DataFormatError, PrivacyParameterError
+from privalign.errors import PrivacyParameterError
 from privalign.service.config import ComponentConfig
 
 log = logging.getLogger("privalign.service")
@@ -36,7 +33,6 @@ __all__ = ["UpstreamError", "LinearHashedScorer", "UpstreamGenerator", "LocalTra
 Scorer = Callable[[str, Sequence[str]], Sequence[float]]
 Generator = Callable[..., list[str]]
 
-_TOKEN = re.compile(r"\w+", re.UNICODE)
 
 
 class UpstreamError(RuntimeError):
@@ -48,60 +44,59 @@ def load_target(target: str) -> Any:
     if not isinstance(target, str) or ":" not in target:
         raise PrivacyParameterError(f"The 'target' parameter must look like 'package.module:attribute'. Got {target!r} instead.")
     mod, attr = target.split(":", 1)
-    return getattr(importlib.import_module(mod), attr)
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PrivacyParameterError(
+            f"The 'target' parameter {target!r} cannot be imported: {type(exc).__name__}: {exc}. "
+            "It must name an importable 'package.module:attribute'."
+        ) from None
 
 
 class LinearHashedScorer:
-    """A linear reward model over signed hashed word n-gram counts: ``r = bias + Σ_j w_j·x_j(prompt, text)``.
-
-    Features: lower-cased word n-grams (``ngram_range``) of the candidate text, hashed with BLAKE2b into
-    ``n_features`` buckets with a hash-derived sign, ℓ2-normalised. The weights file is JSON:
-    ``{"n_features": 4096, "ngram_range": [1, 2], "bias": 0.0, "weights": {"17": 0.3, ...}}`` (sparse) or
-    ``"weights": [...]`` (dense).
+    """The service's ``linear`` reward model: a reward-model file (``privalign.reward_model``, as written by
+    ``privalign fit-reward`` and ``fit-imdb-reward``) loaded as a
+    :class:`privalign.models.scorers.LinearRewardScorer`, so the service featurises text with the trainer's
+    feature map (one featurizer: ``HashedNgramFeatures`` or MiniLM, from the file's ``feature_config``).
 
     Args:
-      path: the JSON weights file.
+      path: the reward-model JSON file.
     """
 
     def __init__(self, path: str | Path) -> None:
-        p = Path(path)
-        try:
-            spec = json.loads(p.read_text())
-            self.n_features = int(spec["n_features"])
-            self.ngram_range = tuple(int(v) for v in spec.get("ngram_range", (1, 1)))
-            self.bias = float(spec.get("bias", 0.0))
-            w = np.zeros(self.n_features)
-            raw = spec["weights"]
-            if isinstance(raw, dict):
-                for k, v in raw.items():
-                    w[int(k)] = float(v)
-            else:
-                w[:] = np.asarray(raw, dtype=np.float64)
-        except (OSError, KeyError, ValueError, TypeError) as exc:
-            raise DataFormatError(f"Reward model file {str(p)!r} is not a valid linear model: {exc}") from exc
-        self.weights = w
+        from privalign.models.scorers import LinearRewardScorer
+
+        self.model = LinearRewardScorer.load(path)
+        fm = self.model.feature_map
+        self.n_features = int(self.model.coef.shape[0])
+        self.ngram_range = tuple(getattr(fm, "ngram_range", (1, 1)))
+        if getattr(fm, "kind", None) == "hashed_ngram":  # import the featurizer now, not in the first request
+            self.model("", ["warm up"])
 
     @staticmethod
     def write(path: str | Path, weights: dict[int, float] | Sequence[float], *, n_features: int, ngram_range=(1, 2), bias=0.0) -> None:
-        """Write a weights file in the format :class:`LinearHashedScorer` reads."""
-        ws = {str(k): float(v) for k, v in weights.items()} if isinstance(weights, dict) else [float(v) for v in weights]
-        Path(path).write_text(json.dumps({"n_features": n_features, "ngram_range": list(ngram_range), "bias": bias, "weights": ws}))
+        """Write a hashed n-gram linear model (``weights``: bucket → weight, or dense) in the reward-model format."""
+        from privalign.estimation.features import HashedNgramFeatures
+        from privalign.models.scorers import LinearRewardScorer
+
+        w = np.zeros(int(n_features))
+        if isinstance(weights, dict):
+            for k, v in weights.items():
+                w[int(k)] = float(v)
+        else:
+            w[:] = np.asarray(weights, dtype=np.float64)
+        fm = HashedNgramFeatures(n_features=int(n_features), ngram_range=tuple(ngram_range))
+        LinearRewardScorer(fm, w, intercept=float(bias), name=Path(path).stem).save(path)
 
     def features(self, text: str) -> np.ndarray:
-        toks = _TOKEN.findall(text.lower())
-        x = np.zeros(self.n_features)
-        lo, hi = self.ngram_range
-        for n in range(lo, hi + 1):
-            for i in range(len(toks) - n + 1):
-                h = hashlib.blake2b(" ".join(toks[i : i + n]).encode(), digest_size=8).digest()
-                v = int.from_bytes(h, "little")
-                x[v % self.n_features] += 1.0 if (v >> 63) & 1 else -1.0
-        nrm = np.linalg.norm(x)
-        return x / nrm if nrm > 0 else x
+        """φ(text) as a dense vector (the trainer's hashed n-gram map with this model's settings)."""
+        from privalign.estimation.features import HashedNgramFeatures
+
+        fm = HashedNgramFeatures(n_features=int(self.n_features), ngram_range=tuple(self.ngram_range))
+        return np.asarray(fm.transform([text]).toarray()[0], dtype=np.float64)
 
     def __call__(self, prompt: str, texts: Sequence[str]) -> np.ndarray:
-        X = np.stack([self.features(t) for t in texts]) if texts else np.zeros((0, self.n_features))
-        return self.bias + X @ self.weights
+        return self.model(prompt, list(texts))
 
 
 class UpstreamGenerator:
@@ -219,6 +214,15 @@ class LocalTransformersGenerator:
         return [c.text for c in out]
 
 
+def _target(opts: dict[str, Any], section: str) -> Any:
+    if "target" not in opts:
+        raise PrivacyParameterError(f"The '{section}.target' parameter is required for {section}.kind = 'python'.")
+    try:
+        return load_target(opts.pop("target"))
+    except PrivacyParameterError as exc:
+        raise PrivacyParameterError(str(exc).replace("The 'target' parameter", f"The '{section}.target' parameter", 1)) from None
+
+
 def build_scorer(cfg: ComponentConfig) -> Scorer | None:
     """The configured reward model, or ``None`` (kind ``none``: only ``bon`` without scores is impossible,
     so every selecting endpoint answers 503 'no reward model configured')."""
@@ -226,9 +230,11 @@ def build_scorer(cfg: ComponentConfig) -> Scorer | None:
     if cfg.kind == "none":
         return None
     if cfg.kind == "linear":
+        if not opts.get("path"):
+            raise PrivacyParameterError("The 'reward_model.path' parameter is required for reward_model.kind = 'linear'.")
         return LinearHashedScorer(opts["path"])
     if cfg.kind == "python":
-        factory = load_target(opts.pop("target"))
+        factory = _target(opts, "reward_model")
         return factory(**opts)
     raise PrivacyParameterError(f"The 'reward_model.kind' parameter must be one of ['linear', 'python', 'none']. Got {cfg.kind!r} instead.")
 
@@ -241,7 +247,7 @@ def build_generator(cfg: ComponentConfig) -> Generator | None:
     if cfg.kind == "upstream":
         return UpstreamGenerator(**opts)
     if cfg.kind == "python":
-        factory = load_target(opts.pop("target"))
+        factory = _target(opts, "generator")
         return factory(**opts)
     if cfg.kind == "transformers":
         return LocalTransformersGenerator(**opts)

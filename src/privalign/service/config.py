@@ -75,10 +75,29 @@ __all__ = [
     "ComponentConfig",
     "ServiceConfig",
     "load_config",
+    "default_config",
+    "user_data_dir",
+    "DEFAULT_REWARD_MODEL",
     "METHODS",
 ]
 
 METHODS = ("privbon", "privitp", "bon")
+
+# The reward model shipped with privalign (``privalign serve`` without a config serves it): RR-IHT, label-DP
+# ε = 4, fit on the HH-RLHF harmless pairs by ``privalign fit-reward --data hh-rlhf --method rr-iht --epsilon 4
+# --seed 0`` (held-out preference accuracy 0.616 on 463 pairs). See README "Serve".
+DEFAULT_REWARD_MODEL = Path(__file__).resolve().parents[1] / "models" / "reward_models" / "hh-rlhf-harmless-rr-iht.json"
+
+
+def user_data_dir() -> Path:
+    """Where ``privalign serve`` keeps its default SQLite ledger: ``$PRIVALIGN_HOME``, else
+    ``$XDG_DATA_HOME/privalign``, else ``~/.local/share/privalign``."""
+    import os
+
+    if os.environ.get("PRIVALIGN_HOME"):
+        return Path(os.environ["PRIVALIGN_HOME"]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser() / "privalign"
 
 
 @dataclass(frozen=True)
@@ -231,6 +250,18 @@ def _component(data: dict[str, Any]) -> ComponentConfig:
     data = dict(data)
     kind = data.pop("kind", "none")
     return ComponentConfig(kind=kind, options=data)
+
+
+def default_config() -> ServiceConfig:
+    """The embedded defaults of ``privalign serve`` without ``--config``: the SQLite ledger
+    ``user_data_dir()/service.db``, the shipped reward model (:data:`DEFAULT_REWARD_MODEL`) and the local
+    SmolLM2 generator (loaded on the first generating request)."""
+    db = user_data_dir() / "service.db"
+    return config_from_dict(
+        {"database": {"url": f"sqlite:///{db}"}, "reward_model": {"kind": "linear", "path": str(DEFAULT_REWARD_MODEL)},
+         "generator": {"kind": "transformers"}},
+        source="(embedded defaults)",
+    )
 
 
 def load_config(path: str | Path) -> ServiceConfig:

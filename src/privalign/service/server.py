@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from privalign.service.config import ServiceConfig
 
@@ -28,18 +29,20 @@ def _reconciler(state, stop: threading.Event) -> None:  # noqa: ANN001
             log.warning("reconciliation failed: %s", type(exc).__name__)
 
 
-def run(cfg: ServiceConfig, *, host: str | None = None, port: int | None = None) -> None:
+def run(cfg: ServiceConfig, *, host: str | None = None, port: int | None = None, app: Any = None) -> None:
     """Serve ``cfg`` until interrupted.
 
     Args:
       cfg: validated config.
       host, port: override ``[server]``.
+      app: an app already built from ``cfg`` by ``create_app`` (default: build it here).
     """
     import uvicorn
 
     from privalign.service.app import create_app
 
-    app = create_app(cfg)
+    if app is None:
+        app = create_app(cfg)
     app.state.service.start_warm_up()  # /readyz answers 503 (and a log line says so) until the generator is warm
     stop = threading.Event()
     t = threading.Thread(target=_reconciler, args=(app.state.service, stop), daemon=True, name="privalign-reconciler")
