@@ -13,7 +13,7 @@ from privalign.experiments.runner import Experiment, ExperimentError
 __all__ = ["EXPERIMENTS", "UNAVAILABLE", "get_experiment", "experiment_names"]
 
 _MODULES = ("privalign.experiments.paper1", "privalign.experiments.budget", "privalign.experiments.paper2",
-            "privalign.experiments.winrate", "privalign.experiments.beyond")
+            "privalign.experiments.winrate", "privalign.experiments.beyond", "privalign.experiments.rlhf")
 
 EXPERIMENTS: dict[str, Experiment] = {}
 UNAVAILABLE: dict[str, str] = {}

@@ -11,7 +11,13 @@ Privacy: the trained policy is post-processing of the reward model, so it inheri
 and privacy unit (docs/privacy/rlhf_policy.md). Imports of torch/TRL happen inside the functions.
 """
 
-from privalign.rlhf.prompts import check_prompts_disjoint, find_overlap, heldout_imdb_pairs, imdb_rl_prompts, load_prompt_file
+from privalign.rlhf.prompts import (
+           check_prompts_disjoint,
+           find_overlap,
+           heldout_imdb_pairs,
+           imdb_rl_prompts,
+           load_prompt_file,
+)
 from privalign.rlhf.rewards import PrivateReward, ScorerReward, load_reward
 from privalign.rlhf.train import AlignConfig, align_policy, load_base_model, privacy_statement
 

@@ -279,7 +279,8 @@ def align_policy(
 
     # dataset: enough rows for every step (TRL samples prompts without replacement within an epoch)
     ds = Dataset.from_dict({"prompt": list(prompts)})
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    # Trainer re-seeds the legacy global RNGs; save and restore them (we never draw from them ourselves)
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())  # noqa: NPY002
     t0 = time.perf_counter()
     try:
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds,
@@ -292,7 +293,7 @@ def align_policy(
         raise
     finally:
         random.setstate(states[0])
-        np.random.set_state(states[1])
+        np.random.set_state(states[1])  # noqa: NPY002
         torch.set_rng_state(states[2])
     seconds = time.perf_counter() - t0
     log = [{k: float(v) for k, v in h.items() if isinstance(v, int | float) and k in
