@@ -285,6 +285,10 @@ def align_policy(
     try:
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds,
                               processing_class=tok, peft_config=LoraConfig(**lora))
+        if not progress:  # without tqdm, transformers prints every log dict to stdout (it would break --json)
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
     except BaseException as exc:
         manifest["status"] = "incomplete"
