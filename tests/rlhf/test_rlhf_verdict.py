@@ -38,15 +38,18 @@ def test_kl_estimate_mean_and_se():
     assert m == 2.5 and se == pytest.approx(np.std([1, 2, 3, 4], ddof=1) / 2)
 
 
-def test_best_of_n_picks_by_selector():
+def test_best_of_n_picks_by_selector_in_disjoint_blocks():
     sel = np.array([[0.0, 1.0, 0.5, 2.0], [3.0, 0.0, 0.0, 0.0]])
     gold = np.array([[0.1, 0.9, 0.3, 0.2], [0.7, 0.1, 0.1, 0.1]])
     out = best_of_n_gold(sel, gold, [1, 2, 4])
-    assert [o["n"] for o in out] == [1, 2, 4]
-    assert out[0]["gold"] == pytest.approx((0.1 + 0.7) / 2)
-    assert out[1]["gold"] == pytest.approx((0.9 + 0.7) / 2)
+    assert [o["n"] for o in out] == [1, 2, 4] and [o["blocks"] for o in out] == [4, 2, 1]
+    assert out[0]["gold"] == pytest.approx(gold.mean()) and out[0]["win_rate"] == pytest.approx(0.5)
+    # N = 2: blocks (0.1, 0.9) -> 0.9, (0.3, 0.2) -> 0.2; (0.7, 0.1) -> 0.7, ties (0.1, 0.1) -> 0.1
+    assert out[1]["gold"] == pytest.approx(((0.9 + 0.2) / 2 + (0.7 + 0.1) / 2) / 2)
     assert out[2]["gold"] == pytest.approx((0.2 + 0.7) / 2)
     assert out[2]["kl"] == pytest.approx(bon_kl(4))
+    with pytest.raises(Exception, match="ns"):
+        best_of_n_gold(sel, gold, [8])
 
 
 def test_bootstrap_ci_covers_mean(rng):

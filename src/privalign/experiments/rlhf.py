@@ -272,9 +272,10 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 
 
 def _bon_at_kl(bon: list[dict], kl: float) -> float | None:
-    """Gold reward of best-of-N linearly interpolated at ``kl`` on the BoN curve (None outside its range)."""
+    """Gold reward of best-of-N linearly interpolated at ``kl`` on the BoN curve (None beyond its largest N)."""
     xs = [b["kl"] for b in bon]
     ys = [b["gold"] for b in bon]
+    kl = max(kl, 0.0)  # a Monte Carlo KL estimate can fall below 0; the true KL cannot
     if not xs or kl < xs[0] or kl > xs[-1]:
         return None
     return float(np.interp(kl, xs, ys))
@@ -359,7 +360,8 @@ def _plot(run_dir: Path) -> list[str]:
     ax.plot([0], [ref["gold_mean"]], "k*", markersize=10, label="reference policy")
     ax.set_xlabel("KL(policy ‖ reference) [nats]  (BoN: log N − (N−1)/N)")
     ax.set_ylabel("gold reward (MiniLM P(positive))")
-    ax.set_title(f"RL (points) vs best-of-N (lines) on {ref['n_prompts']} held-out IMDb prompts", fontsize=9)
+    ax.set_title(f"RL (points; bars: 95% paired CI of the gold gain, ±2 SE of KL) vs best-of-N (lines),\n"
+                 f"{ref['n_prompts']} held-out IMDb prompts", fontsize=8)
     ax.legend(fontsize=6, loc="best")
     names = [r["policy"] for r in pols]
     ax2.bar(range(len(pols)), [r["win_rate"] for r in pols], color=[colors[r["method"]] for r in pols], alpha=0.8,

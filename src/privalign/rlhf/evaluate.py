@@ -108,20 +108,28 @@ def paired_bootstrap_ci(per_prompt: np.ndarray, *, n_boot: int, rng: np.random.G
 
 
 def best_of_n_gold(selector: np.ndarray, gold: np.ndarray, ns: Sequence[int]) -> list[dict[str, float]]:
-    """Best-of-N from the reference samples: for each N (first N samples of every prompt), the mean gold reward of
-    the selector's pick (ties: average over tied maxima), the analytic KL, and the exact win probability of the
-    pick against one random reference sample (:func:`privalign.experiments.winrate.bon_win_probability`)."""
+    """Best-of-N from the reference samples, for each N: the ``M`` samples of every prompt are cut into
+    ``⌊M / N⌋`` disjoint blocks of N (in order); each block's pick is the selector's maximum (ties: average over
+    the tied candidates). Returns the mean gold reward of the picks, the analytic KL, and the exact probability
+    that a pick beats one random candidate of its block (:func:`privalign.experiments.winrate.bon_win_probability`);
+    N = 1 gives the reference policy's mean gold reward over all samples and win rate ½."""
     from privalign.experiments.winrate import bon_win_probability
 
     selector = np.asarray(selector, float)
     gold = np.asarray(gold, float)
+    M = selector.shape[1]
     out = []
     for n in ns:
-        s, g = selector[:, :n], gold[:, :n]
-        top = s >= s.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(s).max(axis=1, keepdims=True))
-        picked = (g * top).sum(1) / top.sum(1)
-        out.append({"n": int(n), "kl": bon_kl(n), "gold": float(picked.mean()),
-                    "win_rate": float(bon_win_probability(s, g).mean()), "per_prompt_gold": [float(v) for v in picked]})
+        n = check_int(n, "ns", low=1, high=M)
+        picked, wins = [], []
+        for b in range(M // n):
+            s, g = selector[:, b * n:(b + 1) * n], gold[:, b * n:(b + 1) * n]
+            top = s >= s.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(s).max(axis=1, keepdims=True))
+            picked.append((g * top).sum(1) / top.sum(1))
+            wins.append(bon_win_probability(s, g))
+        pp = np.mean(picked, axis=0)
+        out.append({"n": int(n), "kl": bon_kl(n), "gold": float(pp.mean()), "win_rate": float(np.mean(wins)),
+                    "blocks": M // n, "per_prompt_gold": [float(v) for v in pp]})
     return out
 
 
