@@ -145,6 +145,9 @@ def test_private_reward_scores_like_the_estimator(tmp_path, make_rm):
     assert got[0] > got[1]
     d = r.describe()
     assert d["privacy_unit"] == "label" and d["privacy_event"]["epsilon"] == 8.0 and len(d["sha256"]) == 64
+    from privalign.rlhf.rewards import file_sha256
+
+    assert d["training_data_sha256"] == file_sha256(tmp_path / "pairs.jsonl")
     assert r.__name__ == "private_reward"
 
 
