@@ -283,8 +283,15 @@ def align_policy(
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state())  # noqa: NPY002
     t0 = time.perf_counter()
     try:
+        from peft import get_peft_model
+
+        # TRL would attach the adapter before transformers seeds anything, so the LoRA initialisation would come
+        # from whatever state the global torch RNG is in: seed it from `seed` inside a forked (restored) RNG.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = get_peft_model(model, LoraConfig(**lora))
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds,
-                              processing_class=tok, peft_config=LoraConfig(**lora))
+                              processing_class=tok)
         if not progress:  # without tqdm, transformers prints every log dict to stdout (it would break --json)
             from transformers.trainer_callback import PrinterCallback
 
