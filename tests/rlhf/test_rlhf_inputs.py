@@ -171,3 +171,16 @@ def test_prompt_loader(tmp_path):
     (tmp_path / "c.txt").write_text("\n")
     with pytest.raises(DataFormatError, match="prompts"):
         load_prompt_file(tmp_path / "c.txt")
+
+
+def test_reference_rewards_are_not_private(tmp_path):
+    from privalign.rlhf.prompts import check_prompts_disjoint
+    from privalign.rlhf.rewards import load_reward
+
+    v = load_reward("vader")
+    assert v.privacy_unit == "none" and v.describe()["privacy_event"] is None
+    s = v(["", ""], ["What a wonderful, brilliant film!", "Awful, boring, terrible."])
+    assert s[0] > s[1]
+    assert check_prompts_disjoint(["anything"], v) == {"checked": False, "why": "reference reward (no private preference data)"}
+    with pytest.raises(FileNotFoundError, match="reward_model"):
+        load_reward(f"linear:{tmp_path / 'missing.json'}")
