@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -238,7 +239,8 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
                        seed=int(s_rl.generate_state(1)[0] >> 33), save_steps=max(1, cfg["steps"]))
     t0 = time.perf_counter()
     res = align_policy(reward, d["train_prompts"], d["train_info"], pol_dir, acfg, base=(model, tok, mid),
-                       overlap_check=overlap, save_policy=False, progress=bool(ctx.progress))
+                       overlap_check=overlap, save_policy=False,
+                       progress=ctx.progress if ctx.progress is not None else sys.stderr.isatty())
     t_train = time.perf_counter() - t0
     t0 = time.perf_counter()
     s = sample_with_logprobs(res["model"], tok, d["eval_prompts"], cfg["eval_samples"], max_new_tokens=cfg["max_new_tokens"],
