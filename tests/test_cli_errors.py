@@ -87,6 +87,10 @@ def _cases(t: Path):
          ["no_pool.jsonl"]),
         ("upgrade-reward-model", ["upgrade-reward-model", str(t / "old.json"), "--out", str(t / "new.json")], ["old.json"]),
         ("fit-reward", ["fit-reward", "--data", str(t / "pairs.jsonl"), "--method", "mle"], ["pairs.jsonl"]),
+        # align (issue 14): checked before any model or file is loaded
+        ("align", ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al"), "--beta", "0"],
+         ["--beta", "0"]),
+        ("align", ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al")], ["missing_rm.json"]),
     ]
 
 

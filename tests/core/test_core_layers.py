@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"alignment", "estimation", "audit"},
     {"models"},
     {"pipeline"},
+    {"rlhf"},
     {"experiments", "service"},
     {"cli"},
     {"__main__"},
@@ -36,6 +37,7 @@ RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("data", "models"),
     ("estimation", "models"),
+    ("rlhf", "experiments"),  # rlhf uses experiments.winrate/manifest helpers: move them down
 }
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"privalign.estimation.iht", "privalign.estimation.baselines"}),

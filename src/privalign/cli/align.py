@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--allow-overlap", action="store_true", help="train even if prompts overlap the private preference data")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar with ETA on stderr)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
     p.set_defaults(func=_run)
 

@@ -267,7 +267,11 @@ def _private_file(url: str) -> None:
     path = path.split("?", 1)[0]
     if not path or path == ":memory:" or path.startswith("file:"):
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot open the SQLite database {path!r} ({exc.strerror}); check the "
+                      "database URL (--db or [database].url)") from None
     os.close(fd)
     if os.stat(path).st_mode & 0o077:
         os.chmod(path, 0o600)
