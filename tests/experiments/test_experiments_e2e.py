@@ -145,6 +145,6 @@ def test_report_renders_with_claims_table(runs, tmp_path):
             assert c["verdict"] in {"holds", "does not hold", "inconclusive"}, c
             assert "quick configuration" not in c["measured"]  # tiny configs are explicit files, not --quick
             assert "custom configuration]" in c["measured"], c  # each verdict names its configuration
-    assert verdicts["P1-10"] == "not testable here" and verdicts["P2-6"] == "not testable here"
+    assert verdicts["P1-10"] == "not testable here" and verdicts["P2-6"] == "not run"
     for c in claims:
         assert c["id"] in html and c["verdict"] in html

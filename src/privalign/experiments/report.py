@@ -206,6 +206,12 @@ def _membership(records: Records, runs=None) -> Verdict:
     return "holds", "; ".join(parts) + "; the audit detects plain BoN's leak (positive control)"
 
 
+def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
+    from privalign.experiments.rlhf import rlhf_verdict
+
+    return rlhf_verdict(records["p2-rlhf"])
+
+
 _PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
 
 CLAIMS: list[Claim] = [
@@ -270,8 +276,12 @@ CLAIMS: list[Claim] = [
           "gap of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval > 0) on "
           "every data set; does not hold if any gap is significantly reversed; else inconclusive",
           _winrate_order),
-    Claim("P2-6", "Paper 2", "PPO-aligned LLaMA-7b on IMDb: higher reward at the same KL for sparse methods. [paper]", None,
-          "—", None, "7B policy and PPO need a GPU; the SmolLM2 best-of-N analogue is P2-5"),
+    Claim("P2-6", "Paper 2", "PPO-aligned LLaMA-7b on IMDb: higher reward at the same KL for sparse methods. [paper]",
+          "p2-rlhf", "CPU analogue: SmolLM2-135M policies trained by GRPO (LoRA) on each private reward model; per (sparse, "
+          "dense) pair and ε, prompt-paired bootstrap interval of the gold-reward difference at no more KL: holds if every "
+          "pair is significantly in the sparse direction; does not hold if any is significantly reversed; else "
+          "inconclusive (the measured text states steps, prompts and the detectable difference)",
+          _rlhf),
     Claim("P2-7", "Paper 2", "Minimax lower bounds (Sample-DP and Label-DP). [paper]", None, "—", None,
           "theoretical statements; rates are only checked for their n, s*, d dependence (P2-1..P2-3)"),
     Claim("B-1", "Beyond", "A DP-trained reward model used without further noise (post-processing) beats per-query "
