@@ -282,10 +282,12 @@ class DPSGDLinear(RewardEstimator):
         accountant: str = "pld",
         feature_bound: float | None = None,
         clip: bool = False,
+        averaging: float = 0.5,
         random_state: Any = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
+        self.averaging = averaging
         self.clip_norm = clip_norm
         self.batch_size = batch_size
         self.epochs = epochs
@@ -315,8 +317,12 @@ class DPSGDLinear(RewardEstimator):
         rng = as_generator(self.random_state)
         sq_norms = np.asarray(Xv.multiply(Xv).sum(axis=1)).ravel() if sp.issparse(Xv) else np.einsum("ij,ij->i", Xv, Xv, dtype=np.float64)
         row_norms = np.sqrt(sq_norms)
+        avg_frac = check_real(self.averaging, "averaging", low=0.0, high=1.0, closed="both")
+        avg_start = steps - max(1, int(math.ceil(avg_frac * steps))) if avg_frac > 0 else steps
         theta = np.zeros(d)
-        for _ in range(steps):
+        theta_sum = np.zeros(d)
+        n_avg = 0
+        for step in range(steps):
             idx = np.flatnonzero(rng.random(n) < q)
             total = np.zeros(d)
             if idx.size:
@@ -329,6 +335,11 @@ class DPSGDLinear(RewardEstimator):
             if private:
                 total = total + rng.normal(0.0, nm * C, size=d)
             theta = project_l2(theta - lr * total / b, radius)
+            if step >= avg_start:
+                theta_sum += theta
+                n_avg += 1
+        if n_avg:
+            theta = project_l2(theta_sum / n_avg, radius)
         self.coef_ = theta
         self.n_features_in_ = d
         self.noise_multiplier_ = float(nm)
