@@ -38,7 +38,11 @@ from typing import Any
 import numpy as np
 
 from privalign._validation import check_choice, check_probability, check_real
-from privalign.accounting.events import ComposedEvent, NoisyArgmaxEvent, NonPrivateEvent, ParallelComposedEvent
+from privalign.accounting.events import (
+    ComposedEvent,
+    NonPrivateEvent,
+    ParallelComposedEvent,
+)
 from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import RewardEstimator, check_Xy
 from privalign.rng import as_generator
