@@ -38,8 +38,9 @@ __all__ = ["MLE", "DenseRR", "DPSGDLinear", "fit_logistic", "dpsgd_epsilon", "ca
 
 
 def fit_logistic(
-    X: Any, targets: np.ndarray, *, alpha: float, theta0: np.ndarray | None = None, max_iter: int = 500, tol: float = 1e-8
-) -> np.ndarray:
+    X: Any, targets: np.ndarray, *, alpha: float, theta0: np.ndarray | None = None, max_iter: int = 500, tol: float = 1e-8,
+    return_n_iter: bool = False,
+) -> Any:
     """Minimise ``(1/n) Σ [softplus(x_iᵀθ) − t_i·x_iᵀθ] + (α/2)‖θ‖²`` with L-BFGS.
 
     For ``t ∈ {0, 1}`` this is the ℓ2-regularised logistic (BTL) negative log-likelihood; for debiased
@@ -57,6 +58,8 @@ def fit_logistic(
 
     x0 = np.zeros(d) if theta0 is None else np.asarray(theta0, dtype=np.float64).copy()
     res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": tol})
+    if return_n_iter:
+        return np.asarray(res.x, dtype=np.float64), max(1, int(res.nit))
     return np.asarray(res.x, dtype=np.float64)
 
 
@@ -91,7 +94,7 @@ class MLE(RewardEstimator):
 
     def fit(self, X: Any, y: Any) -> MLE:
         Xv, yv, alpha = _check_dense_common(self, X, y)
-        self.coef_ = fit_logistic(Xv, yv, alpha=alpha, max_iter=int(self.max_iter))
+        self.coef_, self.n_iter_ = fit_logistic(Xv, yv, alpha=alpha, max_iter=int(self.max_iter), return_n_iter=True)
         self.n_features_in_ = Xv.shape[1]
         self.privacy_event_ = NonPrivateEvent(unit="sample", relation="replace_one")
         return self
@@ -146,7 +149,7 @@ class DenseRR(RewardEstimator):
         rng = as_generator(self.random_state)
         y_tilde, rho, event = privatize_labels(yv, eps, rng)
         targets = debiased_labels(y_tilde, rho)
-        self.coef_ = fit_logistic(Xv, targets, alpha=alpha, max_iter=int(self.max_iter))
+        self.coef_, self.n_iter_ = fit_logistic(Xv, targets, alpha=alpha, max_iter=int(self.max_iter), return_n_iter=True)
         self.n_features_in_ = Xv.shape[1]
         self.flip_probability_ = rho
         self.privacy_event_ = event
