@@ -240,3 +240,54 @@ def test_fit_reward_tune_cli(tmp_path, capsys):
     assert res["privacy_event"]["kind"] == "parallel_composed"
     assert main(["fit-reward", "--data", str(f), "--method", "iht", "--tune", "--validation-fraction", "1.5"]) == 2
     assert "validation_fraction" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sparsity check pieces
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_lexicon_features_and_harm_lexicon():
+    from privalign.estimation import LexiconFeatures, feature_map_from_config, harm_lexicon
+
+    words = harm_lexicon(8)
+    assert len(words) == len(set(words)) and "sorry" in words and len(words) > 8
+    fm = LexiconFeatures(words, name="harm")
+    X = fm.transform(["I'm sorry, I can't help you steal.", "sure, here is how"])
+    assert X.shape == (2, len(words)) and X.max() == 1.0
+    assert X[0].sum() == 4 and X[1].sum() == 0  # sorry, can't, help, steal
+    assert feature_map_from_config(fm.get_config()).words == words
+    with pytest.raises(PrivacyParameterError, match="duplicates"):
+        LexiconFeatures(["a", "a"])
+    with pytest.raises(PrivacyParameterError, match="'words'"):
+        LexiconFeatures([])
+
+
+def test_mcnemar_exact_known_values():
+    from scipy import stats
+
+    from privalign.estimation.sparsity import mcnemar_exact
+
+    a = np.array([1] * 10 + [0] * 2 + [1] * 50)
+    b = np.array([0] * 10 + [1] * 2 + [1] * 50)
+    t = mcnemar_exact(a, b)
+    assert (t["a_better"], t["b_better"]) == (10, 2)
+    assert t["p_value"] == pytest.approx(2 * stats.binom.cdf(2, 12, 0.5))  # 0.0386 < α = 0.05
+    assert t["significant"] and t["alpha"] == 0.05
+    assert mcnemar_exact(a, a)["p_value"] == 1.0
+    with pytest.raises(PrivacyParameterError):
+        mcnemar_exact(a, b[:-1])
+
+
+def test_sparsity_curve_sees_a_sparse_signal():
+    from privalign.estimation.preferences import PreferenceData
+    from privalign.estimation.sparsity import sparsity_curve
+
+    p = make_btl(3000, 100, 2, random_state=np.random.default_rng(3))
+    tr = PreferenceData(X=p.X[:2400], y=p.y[:2400])
+    te = PreferenceData(X=p.X[2400:], y=p.y[2400:])
+    rows = sparsity_curve(tr, te, [1, 2, 50, 500])
+    acc = {r["s"]: r["accuracy"] for r in rows if r["method"] == "IHT"}
+    assert set(acc) == {1, 2, 50}  # s > d skipped
+    mle = next(r for r in rows if r["method"] == "MLE")
+    assert acc[2] >= mle["accuracy"] - 0.03  # s = s* already as good as dense
