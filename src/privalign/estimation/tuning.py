@@ -47,7 +47,7 @@ from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import RewardEstimator, check_Xy
 from privalign.rng import as_generator
 
-__all__ = ["PrivateGridSearch", "tune", "expand_grid", "split_validation", "default_param_grid"]
+__all__ = ["PrivateGridSearch", "tune", "expand_grid", "split_validation", "default_param_grid", "experiment_param_grid"]
 
 
 def expand_grid(param_grid: Any, estimator: Any = None) -> list[dict[str, Any]]:
@@ -325,3 +325,22 @@ def default_param_grid(method: str, *, sparsity: int = 32) -> dict[str, list[Any
     if method not in grids:
         raise PrivacyParameterError(f"The 'method' parameter must be one of {sorted(grids)}. Got {method!r} instead.")
     return grids[method]
+
+
+def experiment_param_grid(estimator_name: str, *, sparsity: int = 64) -> dict[str, list[Any]]:
+    """The grid of the experiments' ``tune = true`` mode, by estimator class name (at most 4 candidates, so
+    a sample-DP candidate still runs at ε/4)."""
+    s = [max(1, sparsity // 4), sparsity, sparsity * 4]
+    grids: dict[str, dict[str, list[Any]]] = {
+        "IHT": {"sparsity": s},
+        "MLE": {"alpha": [1e-3, 1e-2, 1e-1, 1.0]},
+        "SampleDPIHT": {"sparsity": s},
+        "RRIHT": {"sparsity": s},
+        "DenseRR": {"alpha": [1e-3, 1e-2, 1e-1, 1.0]},
+        "DPSGDLinear": {"clip_norm": [1.0, 4.0], "learning_rate": [0.5, 2.0]},
+    }
+    if estimator_name not in grids:
+        raise PrivacyParameterError(
+            f"The 'estimator_name' parameter must be one of {sorted(grids)}. Got {estimator_name!r} instead."
+        )
+    return grids[estimator_name]
