@@ -35,9 +35,11 @@ def make_estimator(name: str, *, epsilon: float, delta: float, sparsity: int, fe
                    random_state, cfg: dict, n_train: int):
     """Build one of D's estimators with this experiment's hyper-parameters (DP-SGD's expected batch is
     capped at the training-set size n, a public quantity)."""
+    tuned = bool(cfg.get("tune", False))
+    # Tuned candidates are fitted on ≈ 80% of the training pairs: DP-SGD's batch is capped at 3/4 of n.
     est = _make_estimator(name, epsilon=epsilon, delta=delta, sparsity=sparsity, feature_bound=feature_bound,
-                          random_state=random_state, cfg=cfg, n_train=n_train)
-    if not cfg.get("tune", False):
+                          random_state=random_state, cfg=cfg, n_train=max(1, (3 * n_train) // 4) if tuned else n_train)
+    if not tuned:
         return est
     # Tuned by the accounted protocol (privalign.estimation.tuning): validation split of the training pairs,
     # exponential-mechanism selection; the whole search costs (ε, δ) of the cell.
