@@ -124,7 +124,8 @@ class DenseRR(RewardEstimator):
     Args:
       epsilon: ε in (0, ∞] of randomized response (``inf``: no flips; then the fit equals :class:`MLE`).
       alpha: ridge penalty α > 0 (needed: the debiased loss is unbounded below on separable data);
-        ``None`` (default): :func:`default_alpha` ``= 0.1·d/n`` (data-independent: n, d are public).
+        ``None`` (default): ``0.1·d/n/(1 − 2ρ)²`` (:func:`default_alpha` scaled by the variance factor of
+        the debiased labels, ρ = 1/(1 + e^ε) the flip probability; data-independent: n, d, ε are public).
       max_iter: L-BFGS iterations.
       feature_bound, clip: as :class:`MLE`.
       random_state: seed of the randomized response.
@@ -166,6 +167,8 @@ class DenseRR(RewardEstimator):
         Xv, yv, alpha = _check_dense_common(self, X, y)
         rng = as_generator(self.random_state)
         y_tilde, rho, event = privatize_labels(yv, eps, rng)
+        if self.alpha is None:  # debiased labels have variance ∝ 1/(1 − 2ρ)²: regularise as much more
+            alpha = alpha / (1.0 - 2.0 * rho) ** 2
         targets = debiased_labels(y_tilde, rho)
         self.coef_, self.n_iter_ = fit_logistic(Xv, targets, alpha=alpha, max_iter=int(self.max_iter), return_n_iter=True)
         self.n_features_in_ = Xv.shape[1]
