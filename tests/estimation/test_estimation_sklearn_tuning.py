@@ -215,6 +215,15 @@ def test_grid_search_split_with_fewer_pairs_than_batches(prob):
         PrivateGridSearch(DPSGDLinear(batch_size=2900), {"epochs": [1.0]}).fit(prob.X, prob.y)
 
 
+def test_grid_search_refuses_epsilon_in_grid_with_total_epsilon(prob):
+    with pytest.raises(PrivacyParameterError, match="epsilon/delta"):
+        PrivateGridSearch(RRIHT(), {"epsilon": [1.0, 2.0]}, epsilon=2.0).fit(prob.X, prob.y)
+    # Without a total, candidates keep their own ε and the total is their sum (no shared RR draw).
+    g = PrivateGridSearch(RRIHT(sparsity=3), {"epsilon": [1.0, 2.0]}, selection_epsilon=0.5, random_state=0)
+    g.fit(prob.X, prob.y)
+    assert not g.shared_label_noise_ and g.privacy_budget_["epsilon"] == pytest.approx(3.0)
+
+
 def test_expand_grid_list_of_dicts():
     assert expand_grid([{"a": [1, 2]}, {"b": [3]}]) == [{"a": 1}, {"a": 2}, {"b": 3}]
 

@@ -219,6 +219,11 @@ class PrivateGridSearch(RewardEstimator):
         sel_eps = total_eps if total_eps is not None else check_real(
             self.selection_epsilon, "selection_epsilon", low=0.0, closed="neither", allow_inf=True
         )
+        if total_eps is not None and any("epsilon" in c or "delta" in c for c in cands):
+            raise PrivacyParameterError(
+                f"The 'param_grid' parameter must not vary epsilon/delta when the total 'epsilon' "
+                f"({total_eps!r}) is given: the search splits it over the candidates itself."
+            )
         n = X.shape[0] if getattr(X, "shape", None) else len(X)
         Xv, yv = check_Xy(X, y, check_values=False)
         rng = as_generator(self.random_state)
