@@ -300,3 +300,14 @@ def test_sparsity_curve_sees_a_sparse_signal():
     assert set(acc) == {1, 2, 50}  # s > d skipped
     mle = next(r for r in rows if r["method"] == "MLE")
     assert acc[2] >= mle["accuracy"] - 0.03  # s = s* already as good as dense
+
+
+def test_dpsgd_auto_learning_rate_is_noise_aware():
+    from privalign.estimation.baselines import auto_learning_rate
+
+    assert auto_learning_rate(0.0, 256, 100) == 1.0
+    assert auto_learning_rate(1.0, 1024, 200) == 1.0
+    assert auto_learning_rate(16.5, 1024, 200) == pytest.approx(0.03 * 1024 / (16.5 * math.sqrt(200)))
+    p = make_btl(2000, 40, 3, random_state=np.random.default_rng(2))
+    est = DPSGDLinear(epsilon=1.0, learning_rate=None, clip_norm=4.0, epochs=2, random_state=0).fit(p.X, p.y)
+    assert est.privacy_event_.kind == "self_composed" and np.all(np.isfinite(est.coef_))

@@ -39,7 +39,8 @@ LABELS = {
 #: The rate problem of issue 13 (d = 200, s* = 5, ε = 8 at the base point; n up to 128k). DP-SGD's
 #: hyper-parameters for it (``overrides``) were chosen on independent synthetic draws (seeds 0–1, estimator
 #: seeds 100–101; est's notes): clip norm C = 1 clips every per-example gradient (‖x‖₂ ≈ 8 at d = 200) and
-#: biases the fixed point (error ≈ 4 at every n), so C = 8, batch 1024, 10 epochs, η = 1, tail averaging.
+#: biases the fixed point (error ≈ 4 at every n), so C = 8, batch 1024, 10 epochs, noise-aware η
+#: (``auto_learning_rate``), tail averaging.
 RATE_GRIDS: dict[str, dict[str, Any]] = {
     "full": {
         "base": {"n": 8000, "d": 200, "s_star": 5, "epsilon": 8.0},
@@ -49,7 +50,7 @@ RATE_GRIDS: dict[str, dict[str, Any]] = {
         "epsilon": [0.5, 1.0, 2.0, 4.0, 8.0],
         "reps": 3,
         "d_scan_n": 8000,
-        "overrides": {"dp-sgd": {"clip_norm": 8.0, "batch_size": 1024, "epochs": 10.0, "learning_rate": 1.0}},
+        "overrides": {"dp-sgd": {"clip_norm": 8.0, "batch_size": 1024, "epochs": 10.0, "learning_rate": None}},
     },
     "quick": {
         "base": {"n": 2000, "d": 100, "s_star": 4, "epsilon": 8.0},
@@ -59,7 +60,7 @@ RATE_GRIDS: dict[str, dict[str, Any]] = {
         "epsilon": [1.0, 8.0],
         "reps": 1,
         "d_scan_n": 1000,
-        "overrides": {"dp-sgd": {"clip_norm": 8.0, "batch_size": 256, "epochs": 10.0, "learning_rate": 1.0}},
+        "overrides": {"dp-sgd": {"clip_norm": 8.0, "batch_size": 256, "epochs": 10.0, "learning_rate": None}},
     },
 }
 

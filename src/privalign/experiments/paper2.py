@@ -71,7 +71,7 @@ def _make_estimator(name: str, *, epsilon: float, delta: float, sparsity: int, f
         return DenseRR(epsilon=epsilon, alpha=cfg["alpha"] or None, random_state=random_state, **common)
     if name == "DPSGDLinear":
         return DPSGDLinear(epsilon=epsilon, delta=delta, epochs=cfg["dpsgd_epochs"], batch_size=min(cfg["dpsgd_batch"], n_train),
-                           clip_norm=cfg["dpsgd_clip"], learning_rate=cfg["dpsgd_lr"], random_state=random_state,
+                           clip_norm=cfg["dpsgd_clip"], learning_rate=cfg["dpsgd_lr"] or None, random_state=random_state,
                            **common)
     raise ExperimentError(f"unknown estimator {name!r}")  # pragma: no cover
 
@@ -87,7 +87,7 @@ _EST_FIELDS: dict[str, Field] = {
     "dpsgd_epochs": Field("float", 5.0, "DP-SGD epochs", low=1e-6),
     "dpsgd_batch": Field("int", 256, "DP-SGD expected batch size", low=1),
     "dpsgd_clip": Field("float", 1.0, "DP-SGD clip norm C", low=1e-12),
-    "dpsgd_lr": Field("float", 1.0, "DP-SGD learning rate", low=1e-12),
+    "dpsgd_lr": Field("float", 1.0, "DP-SGD learning rate (0: noise-aware min(1, 0.03·b/(ν·√d)))", low=0.0),
 }
 
 
