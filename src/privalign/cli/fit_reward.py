@@ -8,6 +8,11 @@ losslessly with ``privalign.estimation.load_model``.
 
 Privacy units differ: ``dp-iht`` and ``dp-sgd`` are sample-DP (ε, δ); ``rr-iht`` and ``rr`` are
 label-DP ε (features public); ``mle`` and ``iht`` are not private.
+
+``--tune`` chooses the hyper-parameters (a small grid per method, ``privalign.estimation.tuning``) on a
+validation split of the *training* prompts (``--validation-fraction``), never the test prompts; the
+selection is the exponential mechanism on validation accuracy and the whole search, selection included,
+costs the ``--epsilon``/``--delta`` given (candidates run at ε/K, δ/K), as the saved privacy event records.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--step-size", type=float, default=None, help="η for the IHT methods / learning rate for dp-sgd.")
     p.add_argument("--n-iter", type=int, default=None, help="T for the IHT methods.")
     p.add_argument("--test-size", type=float, default=0.2, help="Fraction of prompts held out (default 0.2).")
+    p.add_argument("--tune", action="store_true",
+                   help="Choose hyper-parameters on a validation split of the training prompts (privacy accounted).")
+    p.add_argument("--validation-fraction", type=float, default=0.2,
+                   help="With --tune: fraction of training prompts used for selection, in (0, 1) (default 0.2).")
     p.add_argument("--seed", type=int, default=None, help="Seed (default: fresh entropy, recorded in the model).")
     p.add_argument("--out", default=None, help="Where to save the model (JSON).")
     p.add_argument("--json", action="store_true", help="Print the result as JSON on stdout.")
@@ -72,8 +81,32 @@ def _run(args: argparse.Namespace) -> int:
     )
     train, test = train_test_split_by_prompt(data, test_size=args.test_size, random_state=np.random.default_rng(split_seed))
     est.set_params(feature_bound=fmap.feature_bound)
-    print(f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})", file=sys.stderr)
-    est.fit(train.X, train.y)
+    tuning = None
+    if args.tune:
+        from privalign.estimation.tuning import PrivateGridSearch, default_param_grid
+
+        private = args.method not in ("mle", "iht") and args.epsilon != float("inf")
+        search = PrivateGridSearch(
+            est, default_param_grid(args.method, sparsity=args.sparsity),
+            validation_fraction=args.validation_fraction, epsilon=args.epsilon if private else None,
+            delta=args.delta, selection_epsilon=float("inf") if not private else 1.0,
+            random_state=int(est_seed.generate_state(2)[1]),
+        )
+        print(f"tuning {type(est).__name__} over {len(_n_cands(search))} candidates on "
+              f"{train.n_samples} training pairs", file=sys.stderr)
+        search.fit(train.X, train.y, groups=train.prompt_ids)
+        tuning = {"best_params": search.best_params_, "candidates": search.candidates_,
+                  "n_fit": search.n_fit_, "n_validation": search.n_validation_,
+                  "selection": "exponential mechanism on validation accuracy" if private else "argmax (not private)",
+                  "privacy_budget": search.privacy_budget_}
+        final = search
+        est = search.best_estimator_
+        # The released model's guarantee is the whole search's (candidates + selection), not the fit's alone.
+        est.privacy_event_ = search.privacy_event_
+    else:
+        print(f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})", file=sys.stderr)
+        est.fit(train.X, train.y)
+        final = est
     acc = est.score(test.X, test.y)
     result = {
         "method": args.method,
@@ -84,11 +117,13 @@ def _run(args: argparse.Namespace) -> int:
         "n_test": test.n_samples,
         "n_features": train.n_features,
         "nonzeros": int(np.count_nonzero(est.coef_)),
-        "privacy_event": est.privacy_event_.to_dict(),
+        "privacy_event": final.privacy_event_.to_dict(),
         "feature_config": fmap.get_config(),
         "data": args.data,
         "seed_entropy": int(ss.entropy),
     }
+    if tuning is not None:
+        result["tuning"] = tuning
     if args.out:
         path = save_model(
             est, args.out, feature_config=fmap.get_config(),
@@ -115,3 +150,12 @@ def _validate_params(est, args: argparse.Namespace) -> None:
     check_int(args.sparsity, "sparsity", low=1)
     check_int(args.n_features, "n_features", low=1)
     check_probability(args.test_size, "test_size")
+    if args.tune:
+        check_real(args.validation_fraction, "validation_fraction (--validation-fraction)", low=0.0, high=1.0,
+                   closed="neither")
+
+
+def _n_cands(search) -> list:
+    from privalign.estimation.tuning import expand_grid
+
+    return expand_grid(search.param_grid)

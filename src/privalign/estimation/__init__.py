@@ -6,15 +6,30 @@ preference accuracy) and ``privacy_event_`` (with the privacy unit: ``"sample"``
 
 * non-private references: :class:`MLE`, :class:`IHT`;
 * sample-DP (ε, δ): :class:`SampleDPIHT` (Peeling), :class:`DPSGDLinear`;
-* label-DP ε: :class:`RRIHT`, :class:`DenseRR` (randomized response; features public).
+* label-DP ε: :class:`RRIHT`, :class:`DenseRR` (randomized response; features public);
+* tuning: :class:`PrivateGridSearch` / :func:`tune` (validation split of the training data, selection by
+  the exponential mechanism, cost composed into ``privacy_event_``; ``docs/estimation.md``).
+
+All estimators are scikit-learn binary classifiers of the preference (``BaseEstimator`` +
+``ClassifierMixin``): rows of ``X`` are comparison differences ``φ(a¹) − φ(a⁰)``, ``y = 1`` when ``a¹`` is
+preferred; they work with ``clone``, ``GridSearchCV``, ``cross_val_score``, ``Pipeline`` and
+``check_is_fitted`` (which do *not* account privacy; see ``RewardEstimator``).
 """
 
+from privalign.estimation.base import NotFittedError
 from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
-from privalign.estimation.features import EmbeddingFeatures, HashedNgramFeatures, feature_map_from_config
+from privalign.estimation.features import (
+    EmbeddingFeatures,
+    HashedNgramFeatures,
+    LexiconFeatures,
+    feature_map_from_config,
+    harm_lexicon,
+)
 from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
 from privalign.estimation.persistence import load_model, save_model
 from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
 from privalign.estimation.synthetic import SyntheticBTL, make_btl
+from privalign.estimation.tuning import PrivateGridSearch, tune
 
 __all__ = [
     "MLE",
@@ -25,6 +40,11 @@ __all__ = [
     "DPSGDLinear",
     "HashedNgramFeatures",
     "EmbeddingFeatures",
+    "LexiconFeatures",
+    "harm_lexicon",
+    "PrivateGridSearch",
+    "tune",
+    "NotFittedError",
     "feature_map_from_config",
     "PreferenceData",
     "train_test_split_by_prompt",

@@ -11,18 +11,20 @@ never copied) or ``scipy.sparse`` matrices (converted to CSR, never densified). 
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import NotFittedError as _SkNotFittedError
 
 from privalign._validation import check_real
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
     "RewardEstimator",
+    "NotFittedError",
     "check_features",
     "check_labels",
     "check_Xy",
@@ -77,6 +79,10 @@ def project_l2(v: np.ndarray, radius: float) -> np.ndarray:
     return v
 
 
+class _NonNumericError(PrivacyParameterError, TypeError):
+    """Non-numeric features: a ``PrivacyParameterError`` that is also a ``TypeError`` (as numpy raises)."""
+
+
 def _is_sparse(X: Any) -> bool:
     return sp.issparse(X)
 
@@ -116,18 +122,26 @@ def check_features(
         data = X.data
     else:
         X = np.asarray(X)
+        if np.iscomplexobj(X):
+            raise PrivacyParameterError(f"The '{name}' parameter must be real (Complex data not supported). Got dtype {X.dtype} instead.")
         if X.dtype not in (np.float32, np.float64):
             try:
                 X = X.astype(np.float64)
             except (TypeError, ValueError) as exc:
-                raise PrivacyParameterError(
-                    f"The '{name}' parameter must be a numeric matrix. Got dtype {X.dtype} instead."
+                raise _NonNumericError(
+                    f"The '{name}' parameter must be a numeric matrix. Got dtype {X.dtype} instead ({exc})."
                 ) from exc
         data = X
     if X.ndim != 2:
-        raise PrivacyParameterError(f"The '{name}' parameter must be a 2-D matrix. Got shape {X.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a 2-D matrix (Reshape your data: one row per comparison). "
+            f"Got shape {X.shape} instead."
+        )
     if X.shape[0] == 0 or X.shape[1] == 0:
-        raise PrivacyParameterError(f"The '{name}' parameter must be non-empty. Got shape {X.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be non-empty. Got shape {X.shape} instead: {X.shape[0]} sample(s) and "
+            f"{X.shape[1]} feature(s) (shape={X.shape}) while a minimum of 1 is required."
+        )
     if not check_values:
         return X
     if data.size:
@@ -137,7 +151,7 @@ def check_features(
             bad = np.argwhere(~np.isfinite(data))[0]
             where = tuple(int(i) for i in bad)
             raise PrivacyParameterError(
-                f"The '{name}' parameter must contain only finite values. Got {data[tuple(bad)]!r} at "
+                f"The '{name}' parameter must contain only finite values (no NaN or inf). Got {data[tuple(bad)]!r} at "
                 f"{'data index' if _is_sparse(X) else 'index'} {where}."
             )
         if feature_bound is not None and (lo < -feature_bound or hi > feature_bound):
@@ -158,7 +172,22 @@ def check_features(
 
 def check_labels(y: Any, n: int | None = None, name: str = "y") -> np.ndarray:
     """Validate preference labels: 1-D, values in {0, 1}, length ``n``; returns float64."""
+    if y is None:
+        raise PrivacyParameterError(
+            f"The '{name}' parameter is required: this estimator requires y to be passed, but the target y is None."
+        )
     arr = np.asarray(y)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        import warnings
+
+        from sklearn.exceptions import DataConversionWarning
+
+        warnings.warn(
+            "A column-vector y was passed when a 1d array was expected; it is raveled "
+            f"(the {name} parameter must be 1-D).",
+            DataConversionWarning, stacklevel=3,
+        )
+        arr = arr.ravel()
     if arr.ndim != 1:
         raise PrivacyParameterError(f"The '{name}' parameter must be a 1-D array. Got shape {arr.shape} instead.")
     if n is not None and arr.shape[0] != n:
@@ -174,8 +203,13 @@ def check_labels(y: Any, n: int | None = None, name: str = "y") -> np.ndarray:
     bad = ~((f == 0.0) | (f == 1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
+        finite = np.isfinite(f)
+        kind = (
+            "Unknown label type: continuous. " if not (finite.all() and (f == np.round(f)).all())
+            else "Only binary classification is supported. "
+        )
         raise PrivacyParameterError(
-            f"The '{name}' parameter must contain labels in {{0, 1}}. Got {arr[i]!r} at index {i} instead."
+            f"{kind}The '{name}' parameter must contain labels in {{0, 1}}. Got {arr[i]!r} at index {i} instead."
         )
     return f
 
@@ -185,7 +219,9 @@ def check_Xy(
 ) -> tuple[Matrix, np.ndarray]:
     """Validate ``(X, y)`` together (shapes first, so a length mismatch is reported as such); ``check_values``
     as in :func:`check_features`."""
-    n = X.shape[0] if getattr(X, "shape", None) else len(X)
+    if not hasattr(X, "shape") or not hasattr(X, "dtype"):
+        X = np.asarray(X)
+    n = X.shape[0] if X.ndim >= 1 else 0
     yv = check_labels(y, None)
     if yv.shape[0] != n:
         raise PrivacyParameterError(
@@ -226,43 +262,80 @@ def check_epsilon(value: Any, name: str = "epsilon", *, allow_inf: bool = True) 
     return check_real(value, name, low=0.0, closed="neither", allow_inf=allow_inf)
 
 
-class RewardEstimator:
-    """scikit-learn-style base class: parameters are ``__init__`` keyword arguments stored unchanged.
+class NotFittedError(PrivacyParameterError, _SkNotFittedError):
+    """An estimator was used before ``fit``: scikit-learn's ``NotFittedError`` (so ``check_is_fitted`` and
+    scikit-learn tools recognise it) and privalign's ``PrivacyParameterError`` (a ``ValueError``)."""
 
-    Subclasses implement ``fit(X, y)`` (validate there, set attributes ending in ``_``, return ``self``).
+
+class RewardEstimator(ClassifierMixin, BaseEstimator):
+    """scikit-learn base class of the reward estimators: parameters are ``__init__`` keyword arguments
+    stored unchanged; ``fit`` validates them and sets attributes ending in ``_``.
+
+    **Input convention for preference pairs** (works with ``clone``, ``GridSearchCV``,
+    ``cross_val_score``, ``Pipeline``, ``check_is_fitted``): one row per comparison,
+    ``X[i] = φ(k_i, a_i¹) − φ(k_i, a_i⁰)`` (the difference of the two responses' public features, dense or
+    ``scipy.sparse``), ``y[i] = 1`` if ``a_i¹`` is preferred and ``0`` otherwise
+    (:class:`~privalign.estimation.preferences.PreferenceData` builds both). The estimators are binary
+    classifiers of the preference: ``predict`` returns the preferred side (``reward > 0``),
+    ``predict_proba`` the BTL probabilities ``σ(⟨x, θ̂⟩)``, ``decision_function`` the reward difference
+    and ``score`` the preference accuracy (ties count ½). ``predict_reward`` applied to rows ``φ(k, a)``
+    gives rewards of single responses.
+
+    Privacy caveat: a scikit-learn tool that looks at the data (a fitted scaler in a ``Pipeline``, the
+    validation folds of ``GridSearchCV``) is not accounted; only data-independent transforms keep the
+    estimator's guarantee. :class:`~privalign.estimation.tuning.PrivateGridSearch` is the accounted tuner.
     """
 
     coef_: np.ndarray
 
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return sorted(p.name for p in sig.parameters.values() if p.name != "self" and p.kind != p.VAR_KEYWORD)
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """The constructor parameters (scikit-learn convention)."""
-        return {k: getattr(self, k) for k in self._get_param_names()}
-
     def set_params(self, **params: Any) -> RewardEstimator:
-        """Set constructor parameters; unknown names raise ``PrivacyParameterError``."""
-        valid = set(self._get_param_names())
-        for k, v in params.items():
+        """Set constructor parameters (nested ``a__b`` names as scikit-learn); unknown names raise
+        ``PrivacyParameterError`` (a ``ValueError``, as scikit-learn raises)."""
+        valid = set(self.get_params(deep=True))
+        for k in params:
             if k not in valid:
                 raise PrivacyParameterError(
-                    f"Invalid parameter {k!r} for estimator {type(self).__name__}; valid parameters: {sorted(valid)}."
+                    f"Invalid parameter {k!r} for estimator {type(self).__name__}; valid parameters: "
+                    f"{sorted(self._get_param_names())}."
                 )
-            setattr(self, k, v)
-        return self
+        return super().set_params(**params)
 
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-        return f"{type(self).__name__}({args})"
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.target_tags.required = True
+        tags.classifier_tags.multi_class = False
+        tags.classifier_tags.poor_score = True  # private estimators are noisy by design
+        tags.non_deterministic = True  # randomized mechanisms (seeded by random_state)
+        return tags
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "coef_")
 
     def _check_is_fitted(self) -> None:
         if not hasattr(self, "coef_"):
-            raise PrivacyParameterError(
+            raise NotFittedError(
                 f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with appropriate arguments first."
             )
+
+    @property
+    def classes_(self) -> np.ndarray:
+        """The labels, ``[0, 1]`` (0: the first response ``a⁰`` preferred; 1: the second ``a¹``)."""
+        self._check_is_fitted()
+        return np.array([0, 1])
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """The reward difference ``⟨x, θ̂⟩`` of each comparison (positive: ``a¹`` preferred)."""
+        return self.predict_reward(X)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted label per comparison: ``1`` where ``⟨x, θ̂⟩ > 0``, else ``0`` (int64)."""
+        return (self.predict_reward(X) > 0).astype(np.int64)
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """BTL probabilities ``[1 − σ(⟨x, θ̂⟩), σ(⟨x, θ̂⟩)]`` per comparison, shape ``(n, 2)``."""
+        p = sigmoid(self.predict_reward(X))
+        return np.column_stack([1.0 - p, p])
 
     def predict_reward(self, X: Any) -> np.ndarray:
         """Reward ``⟨x, θ̂⟩`` of each row of ``X`` (rows may be φ(k, a) or comparison differences).
@@ -280,8 +353,8 @@ class RewardEstimator:
         X = check_features(X, "X")
         if X.shape[1] != self.coef_.shape[0]:
             raise PrivacyParameterError(
-                f"The 'X' parameter must have {self.coef_.shape[0]} columns (the fitted dimension). "
-                f"Got {X.shape[1]} instead."
+                f"The 'X' parameter must have {self.coef_.shape[0]} columns (the fitted dimension): X has "
+                f"{X.shape[1]} features, but {type(self).__name__} is expecting {self.coef_.shape[0]} features as input."
             )
         return matvec(X, self.coef_)
 

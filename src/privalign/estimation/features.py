@@ -4,6 +4,10 @@
   ``scipy.sparse`` CSR matrix that is never densified. The map is fixed before any data is seen (no
   vocabulary, no IDF, no scaling from data), so it leaks nothing and needs no privacy budget. A
   comparison difference ``x = φ(a¹) − φ(a⁰)`` then lies in [−1, 1]^d, i.e. ``feature_bound = 1``.
+* :class:`LexiconFeatures`: whole-word presence indicators of a fixed word list (d = its length), e.g.
+  :func:`harm_lexicon`: refusal/harm words written down in advance plus the most profane words of the
+  public ``alt-profanity-check`` model (trained on public toxic-comment data, not on ours). A candidate
+  feature map whose preference signal may be sparse (issue 13's sparsity check). Values in {0, 1}.
 * :class:`EmbeddingFeatures`: MiniLM sentence embeddings from ``privalign.models.embeddings`` (loaded
   offline, imported lazily). Embeddings are L2-normalised, so each coordinate lies in [−1, 1] and a
   difference in [−2, 2] (``feature_bound = 2``); the map clips to [−1, 1] anyway, data-independently.
@@ -20,7 +24,14 @@ import scipy.sparse as sp
 from privalign._validation import check_choice, check_int
 from privalign.errors import MissingDependencyError, PrivacyParameterError
 
-__all__ = ["HashedNgramFeatures", "EmbeddingFeatures", "feature_map_from_config"]
+__all__ = [
+    "HashedNgramFeatures",
+    "EmbeddingFeatures",
+    "LexiconFeatures",
+    "HARM_WORDS",
+    "harm_lexicon",
+    "feature_map_from_config",
+]
 
 
 class _PairFeatures:
@@ -167,14 +178,103 @@ class EmbeddingFeatures(_PairFeatures):
         return f"EmbeddingFeatures(backend={self.backend!r}, use_prompt={self.use_prompt})"
 
 
-def feature_map_from_config(config: dict[str, Any]) -> HashedNgramFeatures | EmbeddingFeatures:
+#: Refusal and harm words, fixed before looking at any preference data (general knowledge of what harmless
+#: assistant replies say and harmful ones mention); the data-independent part of :func:`harm_lexicon`.
+HARM_WORDS: tuple[str, ...] = tuple(
+    """sorry apologize cannot can't won't unable appropriate inappropriate illegal unethical harmful dangerous
+    against law laws police crime criminal hurt harm kill murder steal stealing theft drug drugs weapon weapons
+    gun guns bomb violence violent abuse racist racism offensive hate respect safe safety consent private privacy
+    recommend instead professional help therapist doctor lawyer advice wrong bad careful risk legal""".split()
+)
+
+
+def harm_lexicon(n_profane: int = 256) -> list[str]:
+    """:data:`HARM_WORDS` followed by the ``n_profane`` words with the largest coefficients (averaged over the
+    calibration folds) of the linear SVM shipped in ``alt-profanity-check`` (a public model, fixed before our
+    data is seen, so the lexicon is data-independent). Duplicates are dropped, order kept.
+
+    Raises:
+      MissingDependencyError: ``alt-profanity-check`` is not installed (``pip install alt-profanity-check``).
+    """
+    n_profane = check_int(n_profane, "n_profane", low=0)
+    words = list(HARM_WORDS)
+    if n_profane:
+        try:
+            from profanity_check import profanity_check as pc
+        except ImportError as exc:  # pragma: no cover - installed with the core dependencies
+            raise MissingDependencyError(
+                "harm_lexicon needs alt-profanity-check: pip install alt-profanity-check"
+            ) from exc
+        coef = np.mean([c.estimator.coef_.ravel() for c in pc.model.calibrated_classifiers_], axis=0)
+        vocab = np.empty(len(pc.vectorizer.vocabulary_), dtype=object)
+        for w, i in pc.vectorizer.vocabulary_.items():
+            vocab[i] = w
+        words += [str(w) for w in vocab[np.argsort(-coef, kind="stable")[:n_profane]]]
+    return list(dict.fromkeys(words))
+
+
+class LexiconFeatures(_PairFeatures):
+    """Presence indicators of a fixed word list: ``φ(a)_j = 1`` if word j occurs in ``a`` (lower-cased
+    tokens ``\\b\\w[\\w']*\\b``), else 0. The list is public and fixed, so the map is data-independent;
+    comparison differences lie in [−1, 1] (``feature_bound = 1``). Output: CSR, ``d = len(words)``.
+
+    Args:
+      words: the lexicon (non-empty; lower-case, duplicates are an error).
+      name: a label recorded in the config (e.g. ``"harm"``).
+      use_prompt: include the prompt's words.
+    """
+
+    kind = "lexicon"
+
+    def __init__(self, words: Sequence[str], name: str = "lexicon", use_prompt: bool = False) -> None:
+        self.words = list(words)
+        self.name = name
+        self.use_prompt = use_prompt
+        if not self.words or not all(isinstance(w, str) and w for w in self.words):
+            raise PrivacyParameterError(f"The 'words' parameter must be a non-empty list of words. Got {words!r}.")
+        if len(set(self.words)) != len(self.words):
+            raise PrivacyParameterError("The 'words' parameter must not contain duplicates.")
+        self._index = {w.lower(): j for j, w in enumerate(self.words)}
+
+    @property
+    def n_features(self) -> int:
+        return len(self.words)
+
+    @property
+    def feature_bound(self) -> float:
+        return 1.0
+
+    def transform(self, texts: Sequence[str]) -> sp.csr_matrix:
+        import re
+
+        if isinstance(texts, str):
+            raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+        tok = re.compile(r"\b\w[\w']*\b")
+        rows: list[int] = []
+        cols: list[int] = []
+        for r, t in enumerate(texts):
+            hits = {self._index[w] for w in tok.findall(t.lower()) if w in self._index}
+            rows.extend([r] * len(hits))
+            cols.extend(sorted(hits))
+        return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(texts), len(self.words)))
+
+    def get_config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "words": list(self.words), "name": self.name, "use_prompt": bool(self.use_prompt)}
+
+    def __repr__(self) -> str:
+        return f"LexiconFeatures({len(self.words)} words, name={self.name!r}, use_prompt={self.use_prompt})"
+
+
+def feature_map_from_config(config: dict[str, Any]) -> HashedNgramFeatures | EmbeddingFeatures | LexiconFeatures:
     """Rebuild a feature map from its ``get_config()`` dict (used by model loading)."""
     if not isinstance(config, dict):
         raise PrivacyParameterError(f"The 'config' parameter must be a dict. Got {type(config).__name__}.")
-    kind = check_choice(config.get("kind"), "config['kind']", ("hashed_ngram", "minilm"))
+    kind = check_choice(config.get("kind"), "config['kind']", ("hashed_ngram", "minilm", "lexicon"))
     kw = {k: v for k, v in config.items() if k != "kind"}
     if kind == "hashed_ngram":
         if "ngram_range" in kw:
             kw["ngram_range"] = tuple(kw["ngram_range"])
         return HashedNgramFeatures(**kw)
+    if kind == "lexicon":
+        return LexiconFeatures(**kw)
     return EmbeddingFeatures(**kw)

@@ -35,6 +35,24 @@ def make_estimator(name: str, *, epsilon: float, delta: float, sparsity: int, fe
                    random_state, cfg: dict, n_train: int):
     """Build one of D's estimators with this experiment's hyper-parameters (DP-SGD's expected batch is
     capped at the training-set size n, a public quantity)."""
+    tuned = bool(cfg.get("tune", False))
+    # Tuned candidates are fitted on ≈ 80% of the training pairs: DP-SGD's batch is capped at 3/4 of n.
+    est = _make_estimator(name, epsilon=epsilon, delta=delta, sparsity=sparsity, feature_bound=feature_bound,
+                          random_state=random_state, cfg=cfg, n_train=max(1, (3 * n_train) // 4) if tuned else n_train)
+    if not tuned:
+        return est
+    # Tuned by the accounted protocol (privalign.estimation.tuning): validation split of the training pairs,
+    # exponential-mechanism selection; the whole search costs (ε, δ) of the cell.
+    from privalign.estimation.tuning import PrivateGridSearch, experiment_param_grid
+
+    private = name not in ("IHT", "MLE") and math.isfinite(epsilon)
+    return PrivateGridSearch(est, experiment_param_grid(name, sparsity=sparsity),
+                             epsilon=epsilon if private else None, delta=delta,
+                             selection_epsilon=1.0 if private else math.inf, random_state=random_state)
+
+
+def _make_estimator(name: str, *, epsilon: float, delta: float, sparsity: int, feature_bound: float,
+                    random_state, cfg: dict, n_train: int):
     from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
     from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
 
@@ -42,7 +60,7 @@ def make_estimator(name: str, *, epsilon: float, delta: float, sparsity: int, fe
     if name == "IHT":
         return IHT(sparsity=sparsity, step_size=cfg["step_size"], radius=cfg["radius"], **common)
     if name == "MLE":
-        return MLE(alpha=cfg["alpha"], **common)
+        return MLE(alpha=cfg["alpha"] or None, **common)  # 0: default_alpha = 0.1·d/n
     if name == "SampleDPIHT":
         return SampleDPIHT(epsilon=epsilon, delta=delta, sparsity=sparsity, step_size=cfg["step_size"],
                            radius=cfg["radius"], random_state=random_state, **common)
@@ -50,10 +68,10 @@ def make_estimator(name: str, *, epsilon: float, delta: float, sparsity: int, fe
         return RRIHT(epsilon=epsilon, sparsity=sparsity, step_size=cfg["step_size"], radius=cfg["radius"],
                      random_state=random_state, **common)
     if name == "DenseRR":
-        return DenseRR(epsilon=epsilon, alpha=cfg["alpha"], random_state=random_state, **common)
+        return DenseRR(epsilon=epsilon, alpha=cfg["alpha"] or None, random_state=random_state, **common)
     if name == "DPSGDLinear":
         return DPSGDLinear(epsilon=epsilon, delta=delta, epochs=cfg["dpsgd_epochs"], batch_size=min(cfg["dpsgd_batch"], n_train),
-                           clip_norm=cfg["dpsgd_clip"], learning_rate=cfg["dpsgd_lr"], random_state=random_state,
+                           clip_norm=cfg["dpsgd_clip"], learning_rate=cfg["dpsgd_lr"] or None, random_state=random_state,
                            **common)
     raise ExperimentError(f"unknown estimator {name!r}")  # pragma: no cover
 
@@ -64,11 +82,12 @@ _EST_FIELDS: dict[str, Field] = {
     "delta": Field("float", 1e-5, "δ of the sample-DP methods", low=1e-300),
     "step_size": Field("float", 4.0, "IHT step size η", low=1e-12),
     "radius": Field("float", 5.0, "IHT ℓ2 radius B_θ", low=1e-12),
-    "alpha": Field("float", 1e-3, "ℓ2 regularisation of MLE / DenseRR", low=0.0),
+    "alpha": Field("float", 1e-3, "ℓ2 regularisation of MLE / DenseRR (0: 0.1·d/n)", low=0.0),
+    "tune": Field("bool", False, "choose hyper-parameters by the accounted validation protocol", low=None),
     "dpsgd_epochs": Field("float", 5.0, "DP-SGD epochs", low=1e-6),
     "dpsgd_batch": Field("int", 256, "DP-SGD expected batch size", low=1),
     "dpsgd_clip": Field("float", 1.0, "DP-SGD clip norm C", low=1e-12),
-    "dpsgd_lr": Field("float", 1.0, "DP-SGD learning rate", low=1e-12),
+    "dpsgd_lr": Field("float", 1.0, "DP-SGD learning rate (0: noise-aware min(1, 0.03·b/(ν·√d)))", low=0.0),
 }
 
 
