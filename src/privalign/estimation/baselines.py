@@ -226,12 +226,21 @@ def dpsgd_epsilon(
 
         acc = rdp_privacy_accountant.RdpAccountant()
         acc.compose(ev)
-        # Largest δ₁ (bisection on log δ₁) with (1 + e^{ε₁(δ₁)})·δ₁ ≤ δ; ε₁ decreases in δ₁.
-        a, b = math.log(delta) - 60.0, math.log(delta)
+        # Largest δ₁ (bisection on log δ₁) with (1 + e^{ε₁(δ₁)})·δ₁ ≤ δ; ε₁ decreases in δ₁. The test is
+        # made in log space, log(1 + e^{ε₁}) + log δ₁ ≤ log δ (no overflow of e^{ε₁}), and the returned δ₁ is
+        # one at which the test was *checked* (the low end is checked first; if it fails, ε = ∞).
+        log_delta = math.log(delta)
+
+        def feasible(log_d1: float) -> bool:
+            e1 = acc.get_epsilon(math.exp(log_d1))
+            return math.isfinite(e1) and float(np.logaddexp(0.0, e1)) + log_d1 <= log_delta
+
+        a, b = log_delta - 60.0, log_delta
+        if not feasible(a):
+            return math.inf
         for _ in range(80):
             m = 0.5 * (a + b)
-            e1 = acc.get_epsilon(math.exp(m))
-            if (1.0 + math.exp(e1)) * math.exp(m) <= delta:
+            if feasible(m):
                 a = m
             else:
                 b = m

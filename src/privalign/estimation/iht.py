@@ -21,6 +21,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -421,7 +422,9 @@ class IHT(RewardEstimator):
 
 def _advanced_epsilon(eps_i: float, T: int, delta_prime: float) -> float:
     """Dwork–Rothblum–Vadhan advanced composition of T ε_i-DP steps (Dwork & Roth 2014, Thm 3.20)."""
-    return math.sqrt(2.0 * T * math.log(1.0 / delta_prime)) * eps_i + T * eps_i * math.expm1(eps_i)
+    if eps_i > 700.0:
+        return math.inf
+    return math.sqrt(2.0 * T * -math.log(delta_prime)) * eps_i + T * eps_i * math.expm1(eps_i)
 
 
 def advanced_composition_split(epsilon: float, delta: float, T: int) -> tuple[float, float]:
@@ -431,15 +434,23 @@ def advanced_composition_split(epsilon: float, delta: float, T: int) -> tuple[fl
     ``δ_i = δ/(2T)``, ``δ′ = δ/2`` and the largest ε_i (bisection, rounded down) such that
     ``sqrt(2T ln(1/δ′))·ε_i + T·ε_i·(e^{ε_i} − 1) ≤ ε`` (Dwork & Roth 2014, Thm 3.20).
     """
-    basic = (epsilon / T, delta / T)
+    from privalign.accounting.conversions import round_up
+
+    def down(total: float, k: int) -> float:  # the largest float x with k·x ≤ total exactly
+        x = total / k
+        while k * Fraction(x) > Fraction(total):
+            x = math.nextafter(x, 0.0)
+        return x
+
+    basic = (down(epsilon, T), down(delta, T))
     lo, hi = 0.0, epsilon
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if _advanced_epsilon(mid, T, delta / 2.0) <= epsilon:
+        if round_up(_advanced_epsilon(mid, T, delta / 2.0), 4) <= epsilon:  # the float formula, rounded up
             lo = mid
         else:
             hi = mid
-    adv = (lo, delta / (2.0 * T))
+    adv = (lo, down(delta / 2.0, T))  # T·δ_i ≤ δ/2 exactly, and δ′ = δ/2 (exact) gives the rest
     return adv if adv[0] > basic[0] else basic
 
 
