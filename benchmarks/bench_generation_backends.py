@@ -7,6 +7,7 @@ the model load). Rounds alternate A/B/A/B to spread machine noise over both; gen
 may stop early at EOS), and the ratio of median new-token rates (ctranslate2 / transformers) is reported.
 
 Usage: python benchmarks/bench_generation_backends.py [--batch 64] [--tokens 24] [--rounds 3] [--threads 2]
+       [--ct2-reseed prompt|run]
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ PROMPTS = [
 ]
 
 
-def _worker(conn, backend: str, batch: int, tokens: int, threads: int) -> None:
+def _worker(conn, backend: str, batch: int, tokens: int, threads: int, reseed: str) -> None:
     from privalign.models.generators import CTranslate2Generator, SamplingParams, TransformersGenerator
 
     params = SamplingParams(max_new_tokens=tokens, temperature=1.0, top_k=50)
     t = time.perf_counter()
     if backend == "ctranslate2":
-        g = CTranslate2Generator(params=params, batch_size=batch, chat_template=True, num_threads=threads, progress=False)
+        g = CTranslate2Generator(params=params, batch_size=batch, chat_template=True, num_threads=threads, reseed=reseed,
+                                 progress=False)
     else:
         g = TransformersGenerator(params=params, batch_size=batch, chat_template=True, num_threads=threads, progress=False)
     load_s = time.perf_counter() - t
@@ -55,12 +57,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokens", type=int, default=24, help="max new tokens")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ct2-reseed", default="prompt", choices=["prompt", "run"],
+                    help="CTranslate2 seeding: per prompt (model reload per call, the default) or once per run")
     args = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
     workers = {}
     for b in ("transformers", "ctranslate2"):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(child, b, args.batch, args.tokens, args.threads))
+        p = ctx.Process(target=_worker, args=(child, b, args.batch, args.tokens, args.threads, args.ct2_reseed))
         p.start()
         workers[b] = (p, parent, parent.recv())  # sequential loads: one model load at a time
     rates: dict[str, list[float]] = {b: [] for b in workers}
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
             conn.send(r)
             out = conn.recv()
             rates[b].append(out["tokens"] / out["seconds"])
-    res: dict = {"batch": args.batch, "max_new_tokens": args.tokens, "rounds": args.rounds, "threads": args.threads}
+    res: dict = {"batch": args.batch, "max_new_tokens": args.tokens, "rounds": args.rounds, "threads": args.threads,
+                 "ct2_reseed": args.ct2_reseed}
     for b, (p, conn, info) in workers.items():
         conn.send(None)
         mem = conn.recv()

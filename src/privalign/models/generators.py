@@ -455,6 +455,10 @@ class CTranslate2Generator:
       compute_type: CTranslate2 compute type (``"int8"`` default; ``"float32"`` for an unquantised run).
       num_threads: OpenMP threads (``intra_threads``; 0 = CTranslate2's default).
       cache_dir: Conversion cache (default ``<user cache>/privalign/ct2``).
+      reseed: ``"prompt"`` (default): reload and reseed per prompt, as described above. ``"run"``: seed once,
+        at the first ``generate`` call, from ``candidate_seed(seed, first prompt index, 0)`` and never reload
+        (faster: no per-prompt reload); results are then reproducible only for the same sequence of calls on a
+        fresh generator, so a resumed pool build differs from an uninterrupted one.
       progress: tqdm bar on stderr.
 
     Raises:
@@ -473,8 +477,12 @@ class CTranslate2Generator:
         compute_type: str = "int8",
         num_threads: int | None = None,
         cache_dir: str | None = None,
+        reseed: str = "prompt",
         progress: bool = True,
     ) -> None:
+        from privalign._validation import check_choice
+
+        self.reseed = check_choice(reseed, "reseed", ("prompt", "run"))
         ct2 = require("ctranslate2", purpose="the CTranslate2 generator (--generator ctranslate2)")
         require("transformers", purpose="the CTranslate2 generator's tokenizer")
         from transformers import AutoTokenizer
@@ -564,7 +572,8 @@ class CTranslate2Generator:
         with _progress(n * len(prompts), "generate[ct2]", self.progress) as bar:
             for p, pi in zip(prompts, idxs):
                 tokens = self._prompt_tokens(self.format_prompt(p))
-                self._reseed(candidate_seed(seed, pi, 0))
+                if self.reseed == "prompt" or self._gen is None:
+                    self._reseed(candidate_seed(seed, pi, 0))
                 comps: list[Completion] = []
                 for s in range(0, n, self.batch_size):
                     k = min(self.batch_size, n - s)
@@ -584,7 +593,9 @@ class CTranslate2Generator:
             "chat_template": self.chat_template,
             "assistant_prefix": self.assistant_prefix,
             "num_threads": self.num_threads,
-            "seeding": "per prompt i: model reloaded after ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)",
+            "reseed": self.reseed,
+            "seeding": "per prompt i: model reloaded after ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)"
+            if self.reseed == "prompt" else "once per run: ctranslate2.set_random_seed(candidate_seed(seed, first i, 0) mod 2**32)",
             "ctranslate2": package_version("ctranslate2"),
             "transformers": package_version("transformers"),
         }
