@@ -87,6 +87,9 @@ def _cases(t: Path):
          ["no_pool.jsonl"]),
         ("upgrade-reward-model", ["upgrade-reward-model", str(t / "old.json"), "--out", str(t / "new.json")], ["old.json"]),
         ("fit-reward", ["fit-reward", "--data", str(t / "pairs.jsonl"), "--method", "mle"], ["pairs.jsonl"]),
+        ("fit-hh-reward", ["fit-hh-reward", "--kind", "proxy", "--out", str(t / "p.json")], ["--gold"]),
+        ("fit-hh-reward", ["fit-hh-reward", "--kind", "proxy", "--gold", "g.json", "--n-pairs", "a,b",
+                           "--out", str(t / "p.json")], ["--n-pairs", "a,b"]),
         # align (issue 14): checked before any model or file is loaded
         ("align", ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al"), "--beta", "0"],
          ["--beta", "0"]),

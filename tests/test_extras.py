@@ -68,7 +68,7 @@ def test_every_import_is_provided_by_core_or_an_extra():
 def test_all_has_no_dev_tools_and_the_makefile_installs_dev():
     extras = _project()["optional-dependencies"]
     assert set(extras) >= {"models", "serve", "ray", "dev", "all"}
-    assert extras["all"] == ["privalign[models,serve,ray,rlhf]"]
+    assert extras["all"] == ["privalign[models,fast-cpu,serve,ray,rlhf]"]
     dev = {_name(r) for r in extras["dev"]}
     users = set().union(*({_name(r) for r in extras[k]} for k in ("models", "serve", "ray")))
     assert not dev & {"pytest", "ruff", "hypothesis"} & users

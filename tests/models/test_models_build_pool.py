@@ -197,3 +197,78 @@ def test_bon_selection_law_matches_brute_force(rng):
     for N in (1, 3, 7):
         brute = np.mean([true[list(c)][np.argmax(proxy[list(c)])] for c in itertools.combinations(range(m), N)])
         assert _expected_true(proxy, true, N) == pytest.approx(brute, rel=1e-12)
+
+
+class _CountingGenerator:
+    """Deterministic fake generator that counts its calls (one per prompt)."""
+
+    model_id, params = "counting", None
+
+    def __init__(self, fail_at: int | None = None):
+        self.calls, self.fail_at = 0, fail_at
+
+    def generate(self, prompts, n, *, seed, prompt_indices=None):
+        self.calls += 1
+        i = prompt_indices[0]
+        if i == self.fail_at:
+            raise ValueError("the generator failed before any prompt finished")
+        return [[Completion(text=f"prompt {i} candidate {j} seed {seed}", num_tokens=5) for j in range(n)]]
+
+    def describe(self):
+        return {"backend": "counting"}
+
+
+def test_finished_pool_is_not_regenerated(tmp_path):
+    from privalign.models.scorers import VaderScorer
+
+    ex = [Example(prompt=f"p{i}") for i in range(4)]
+    out = tmp_path / "p.jsonl.gz"
+    g1 = _CountingGenerator()
+    m1 = build_pool(_config(num_prompts=2), ex, out, generator=g1, proxy=VaderScorer(), progress=False)
+    assert g1.calls == 2 and len(m1["pool_sha256"]) == 64
+    before = (out.read_bytes(), out.stat().st_mtime_ns)
+    g2 = _CountingGenerator()
+    m2 = build_pool(_config(num_prompts=2), ex, out, generator=g2, proxy=VaderScorer(), progress=False)
+    assert g2.calls == 0 and m2["reused"] is True  # the same command again: nothing regenerated or rewritten
+    assert (out.read_bytes(), out.stat().st_mtime_ns) == before
+    # more prompts: the finished ones are reused, only the new ones are generated
+    g3 = _CountingGenerator()
+    m3 = build_pool(_config(num_prompts=4), ex, out, generator=g3, proxy=VaderScorer(), progress=False)
+    assert g3.calls == 2 and m3["resumed_prompts"] == 2
+    assert [r["meta"]["prompt_index"] for r in _lines(out)] == [0, 1, 2, 3]
+    # a pool edited after it was built (hash mismatch) is not trusted: it is rebuilt
+    with gzip.open(out, "wt", encoding="utf-8") as fh:
+        fh.write("")
+    g4 = _CountingGenerator()
+    build_pool(_config(num_prompts=4), ex, out, generator=g4, proxy=VaderScorer(), progress=False)
+    assert g4.calls == 4 and len(_lines(out)) == 4
+
+
+def test_failed_start_leaves_no_work_file_and_corrected_command_runs(tmp_path):
+    from privalign.models.scorers import VaderScorer
+
+    ex = [Example(prompt=f"p{i}") for i in range(2)]
+    out = tmp_path / "p.jsonl"
+    with pytest.raises(ValueError, match="before any prompt"):
+        build_pool(_config(num_prompts=2), ex, out, generator=_CountingGenerator(fail_at=0), proxy=VaderScorer(), max_retries=0,
+                   progress=False)
+    assert not work_path(out).exists() and not out.exists()
+    m = build_pool(_config(num_prompts=2, seed=9), ex, out, generator=_CountingGenerator(), proxy=VaderScorer(), progress=False)
+    assert m["num_prompts"] == 2
+    # a header-only work file left by an older version (another configuration, no finished prompt) does not block
+    out2 = tmp_path / "q.jsonl"
+    work_path(out2).write_text(json.dumps({"_header": "0123456789abcdef"}) + "\n", encoding="utf-8")
+    build_pool(_config(num_prompts=2), ex, out2, generator=_CountingGenerator(), proxy=VaderScorer(), progress=False)
+    assert len(_lines(out2)) == 2
+
+
+def test_cli_bad_model_leaves_nothing_that_blocks_the_corrected_command(tiny_lm, tmp_path, capsys):
+    out = tmp_path / "p.jsonl"
+    args = _cli_args(tiny_lm, out)
+    bad = [*args]
+    bad[bad.index("--model") + 1] = str(tmp_path / "no-such-model")
+    assert cli_main(bad) == 2
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and "Traceback" not in err
+    assert not work_path(out).exists()
+    assert cli_main(args) == 0 and len(read_pool(out)) == 3

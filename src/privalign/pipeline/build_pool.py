@@ -50,6 +50,7 @@ __all__ = [
     "write_manifest",
 ]
 
+GENERATOR_KINDS = ("transformers", "ctranslate2", "openai", "vllm")
 SCORER_NAMES = ("vader", "vader-compound", "profanity", "clean", "gsm8k", "mmlu", "math", "none")
 
 
@@ -70,7 +71,7 @@ class PoolConfig:
     def fingerprint(self) -> str:
         d = asdict(self)
         d.pop("num_prompts")
-        d["generator"] = {k: v for k, v in d["generator"].items() if k not in ("progress", "num_threads")}
+        d["generator"] = {k: v for k, v in d["generator"].items() if k not in ("progress", "num_threads", "cache_dir")}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -78,8 +79,9 @@ class PoolConfig:
 # factories (specs → objects), used by the CLI and by Ray actors
 # ----------------------------------------------------------------------------------------------
 def make_generator(spec: dict[str, Any]):
-    """Build a generator from a JSON spec: ``{"kind": "transformers"|"openai"|"vllm", ...}``."""
+    """Build a generator from a JSON spec: ``{"kind": "transformers"|"ctranslate2"|"openai"|"vllm", ...}``."""
     from privalign.models.generators import (
+        CTranslate2Generator,
         OpenAICompatibleGenerator,
         SamplingParams,
         TransformersGenerator,
@@ -87,10 +89,12 @@ def make_generator(spec: dict[str, Any]):
     )
 
     spec = dict(spec)
-    kind = check_choice(spec.pop("kind", "transformers"), "generator", ("transformers", "openai", "vllm"))
+    kind = check_choice(spec.pop("kind", "transformers"), "generator", GENERATOR_KINDS)
     params = SamplingParams(**{**spec.pop("sampling", {}), "stop": tuple(spec.pop("stop", ()))})
     if kind == "transformers":
         return TransformersGenerator(spec.pop("model", None), params=params, **spec)
+    if kind == "ctranslate2":
+        return CTranslate2Generator(spec.pop("model", None), params=params, **spec)
     if kind == "openai":
         return OpenAICompatibleGenerator(spec.pop("base_url"), spec.pop("model"), params=params, **spec)
     return VLLMGenerator(spec.pop("model"), params=params, **spec)
@@ -257,6 +261,9 @@ def _load_work(path: Path, fingerprint: str) -> dict[int, dict]:
             raise DataFormatError(f"{path}: line {k + 1} is corrupt (not the last line); delete the work file to restart") from None
         if k == 0:
             if obj.get("_header") != fingerprint:
+                if not any(x.strip() for x in lines[1:]):  # no finished prompt: a failed start, not work to protect
+                    path.unlink()
+                    return done
                 raise PrivacyParameterError(
                     f"{path} was written by a different pool configuration (fingerprint {obj.get('_header')!r}, now "
                     f"{fingerprint!r}); use another --out or delete the work file to start over."
@@ -273,14 +280,23 @@ def _load_work(path: Path, fingerprint: str) -> dict[int, dict]:
 
 
 class _WorkWriter:
+    """Appends finished prompts to the work file; the file (with its header) is created only when the first
+    prompt is finished, so a run that fails before any work (bad model path, bad scorer) leaves nothing behind."""
+
     def __init__(self, path: Path, fingerprint: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        new = not path.exists() or path.stat().st_size == 0
-        self.fh = open(path, "a", encoding="utf-8")
+        self.path, self.fingerprint = path, fingerprint
+        self.fh = None
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self.fh = open(self.path, "a", encoding="utf-8")
         if new:
-            self._write({"_header": fingerprint})
+            self._write({"_header": self.fingerprint})
 
     def _write(self, obj: dict) -> None:
+        if self.fh is None:
+            self._open()
         self.fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self.fh.flush()
         os.fsync(self.fh.fileno())
@@ -289,7 +305,41 @@ class _WorkWriter:
         self._write(rec)
 
     def close(self) -> None:
-        self.fh.close()
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _finished_pool(out: Path, fingerprint: str) -> tuple[dict[str, Any], dict[int, dict]] | None:
+    """``(manifest, {prompt_index: record})`` of a finished pool at ``out`` built with the same configuration
+    (fingerprint in its manifest, and the pool's SHA-256 equal to the manifest's), else ``None``."""
+    mpath = manifest_path(out)
+    if not (out.is_file() and mpath.is_file()):
+        return None
+    try:
+        man = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if man.get("fingerprint") != fingerprint or man.get("pool_sha256") != _sha256(out):
+        return None
+    import gzip
+
+    recs: dict[int, dict] = {}
+    op = gzip.open if out.name.endswith(".gz") else open
+    with op(out, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                obj = json.loads(line)
+                recs[int(obj["meta"]["prompt_index"])] = obj
+    return man, recs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -375,7 +425,16 @@ def build_pool(
     check_reward_name(config.true_reward, "true_reward")
     fp = config.fingerprint()
     wpath = work_path(out)
+    finished = _finished_pool(out, fp)
+    if finished is not None and int(finished[0].get("num_prompts", -1)) == num:
+        manifest = dict(finished[0])
+        manifest["reused"] = True  # the same command again: the finished pool is kept, nothing is regenerated
+        return manifest
     done = _load_work(wpath, fp)
+    if finished is not None:  # a finished pool of the same configuration with another --num-prompts: reuse its prompts
+        for i, rec in finished[1].items():
+            if i < num:
+                done.setdefault(i, rec)
     resumed = len([i for i in done if i < num])
     todo = [i for i in range(num) if i not in done]
     t0 = time.time()
@@ -391,7 +450,8 @@ def build_pool(
                 describe = run_ray(config, examples, todo, writer, max_retries=max_retries, progress=progress, **(ray_options or {}))
     finally:
         writer.close()
-    done = _load_work(wpath, fp)
+    for i, rec in _load_work(wpath, fp).items():
+        done[i] = rec
     missing = [i for i in range(num) if i not in done]
     if missing:
         raise RuntimeError(f"pool incomplete: prompts {missing[:10]} missing after the run; rerun to resume")
@@ -406,6 +466,7 @@ def build_pool(
                 "true_reward": config.true_reward, "seed": config.seed, "fingerprint": fp}
     write_pool(out, records, meta=run_meta)
     manifest = {
+        "pool_sha256": _sha256(out),
         "format": "privalign-pool-manifest/1",
         "pool": out.name,
         "config": asdict(config),
