@@ -36,14 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ls.set_defaults(func=_list)
 
     t = sub.add_parser("top-up", help="Add budget to a key.")
-    t.add_argument("key_id")
-    t.add_argument("--epsilon", type=float, default=0.0)
-    t.add_argument("--delta", type=float, default=0.0)
+    t.add_argument("key_id", help="the key's id (privalign keys list)")
+    t.add_argument("--epsilon", type=float, default=0.0, help="ε to add to the key's budget (default 0)")
+    t.add_argument("--delta", type=float, default=0.0, help="δ to add to the key's budget (default 0)")
     common(t)
     t.set_defaults(func=_top_up)
 
     r = sub.add_parser("revoke", help="Revoke a key (401 from then on; its ledger is kept).")
-    r.add_argument("key_id")
+    r.add_argument("key_id", help="the key's id (privalign keys list)")
     common(r)
     r.set_defaults(func=_revoke)
     p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
