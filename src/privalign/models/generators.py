@@ -120,6 +120,17 @@ def candidate_seed(seed: int, prompt_index: int, candidate_index: int) -> int:
     return int(ss.generate_state(1, dtype=np.uint64)[0] & np.uint64((1 << 63) - 1))
 
 
+
+def _check_generate_args(prompts: Sequence[str], n: int, prompt_indices: Sequence[int] | None) -> tuple[int, list[int]]:
+    """The shared argument checks of every local generator's ``generate``: ``(n, prompt indices)``."""
+    n = check_int(n, "n", low=1)
+    if isinstance(prompts, str):
+        raise PrivacyParameterError("The 'prompts' parameter must be a sequence of strings, not a single string.")
+    idxs = list(range(len(prompts))) if prompt_indices is None else [int(i) for i in prompt_indices]
+    if len(idxs) != len(prompts):
+        raise PrivacyParameterError(f"The 'prompt_indices' parameter must have len(prompts)={len(prompts)} entries. Got {len(idxs)}.")
+    return n, idxs
+
 def _apply_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     cut = len(text)
     for s in stop:
@@ -296,12 +307,7 @@ class TransformersGenerator:
         self, prompts: Sequence[str], n: int, *, seed: int, prompt_indices: Sequence[int] | None = None
     ) -> list[list[Completion]]:
         """Sample ``n`` completions for each prompt (see the module docstring for the seeding)."""
-        n = check_int(n, "n", low=1)
-        if isinstance(prompts, str):
-            raise PrivacyParameterError("The 'prompts' parameter must be a sequence of strings, not a single string.")
-        idxs = list(range(len(prompts))) if prompt_indices is None else [int(i) for i in prompt_indices]
-        if len(idxs) != len(prompts):
-            raise PrivacyParameterError(f"The 'prompt_indices' parameter must have len(prompts)={len(prompts)} entries. Got {len(idxs)}.")
+        n, idxs = _check_generate_args(prompts, n, prompt_indices)
         out: list[list[Completion]] = []
         with _progress(n * len(prompts), "generate", self.progress) as bar:
             for p, pi in zip(prompts, idxs):
@@ -562,12 +568,7 @@ class CTranslate2Generator:
         self, prompts: Sequence[str], n: int, *, seed: int, prompt_indices: Sequence[int] | None = None
     ) -> list[list[Completion]]:
         """Sample ``n`` completions for each prompt (batches seeded as described in the class docstring)."""
-        n = check_int(n, "n", low=1)
-        if isinstance(prompts, str):
-            raise PrivacyParameterError("The 'prompts' parameter must be a sequence of strings, not a single string.")
-        idxs = list(range(len(prompts))) if prompt_indices is None else [int(i) for i in prompt_indices]
-        if len(idxs) != len(prompts):
-            raise PrivacyParameterError(f"The 'prompt_indices' parameter must have len(prompts)={len(prompts)} entries. Got {len(idxs)}.")
+        n, idxs = _check_generate_args(prompts, n, prompt_indices)
         out: list[list[Completion]] = []
         with _progress(n * len(prompts), "generate[ct2]", self.progress) as bar:
             for p, pi in zip(prompts, idxs):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import shutil
 import time
@@ -285,11 +286,16 @@ def align_policy(
     try:
         from peft import get_peft_model
 
-        # TRL would attach the adapter before transformers seeds anything, so the LoRA initialisation would come
-        # from whatever state the global torch RNG is in: seed it from `seed` inside a forked (restored) RNG.
+        # peft initialises the adapter from the global torch RNG; draw that (throw-away) initialisation inside a
+        # forked RNG, then re-initialise every LoRA A matrix from an explicit Generator seeded by `seed` (peft's
+        # own law: Kaiming-uniform with a = √5; B stays zero), so the run is reproducible without seeding globals.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
             model = get_peft_model(model, LoraConfig(**lora))
+        lora_gen = torch.Generator().manual_seed(int(config.seed))
+        with torch.no_grad():
+            for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+                if ".lora_A." in name:
+                    torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=lora_gen)
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds,
                               processing_class=tok)
         if not progress:  # without tqdm, transformers prints every log dict to stdout (it would break --json)
