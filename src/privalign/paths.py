@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal, overload
 
 __all__ = ["data_dir", "candidate_data_dirs", "repo_root"]
 
@@ -24,6 +25,12 @@ def candidate_data_dirs() -> list[Path]:
         return [Path(env).expanduser()]
     cwd = Path.cwd()
     return [cwd / "shared" / "data", cwd.parent / "shared" / "data", repo_root().parent / "shared" / "data"]
+
+
+@overload
+def data_dir(required: Literal[True] = ...) -> Path: ...
+@overload
+def data_dir(required: bool) -> Path | None: ...
 
 
 def data_dir(required: bool = True) -> Path | None:

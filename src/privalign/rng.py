@@ -19,7 +19,19 @@ import numpy as np
 
 from privalign.errors import MissingDependencyError, PrivacyParameterError
 
-__all__ = ["NoiseSource", "SeededNoise", "SecureNoise", "as_noise_source", "as_generator"]
+__all__ = ["NoiseSource", "SeededNoise", "SecureNoise", "as_noise_source", "as_generator", "entropy_int"]
+
+
+def entropy_int(ss: np.random.SeedSequence) -> int:
+    """The entropy of ``ss`` as an ``int`` (what manifests record to replay a run).
+
+    Raises:
+      TypeError: ``ss`` was built from a sequence of ints, not one int or OS entropy.
+    """
+    e = ss.entropy
+    if isinstance(e, int | np.integer):
+        return int(e)
+    raise TypeError(f"The 'ss' parameter must be a SeedSequence built from one int or None. Got entropy {e!r} instead.")
 
 
 @runtime_checkable

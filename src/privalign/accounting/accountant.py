@@ -173,8 +173,8 @@ def zcdp_cost(event: PrivacyEvent, *, path: str = "event") -> Cost:
     if isinstance(event, ZCDPEvent):
         return _f(event.rho)
     if isinstance(event, NoisyArgmaxEvent):
-        e = Fraction(event.epsilon)
-        return e * e / 8
+        eps = Fraction(event.epsilon)
+        return eps * eps / 8
     if isinstance(event, GaussianEvent):
         nm = Fraction(event.noise_multiplier)
         return 1 / (2 * nm * nm)

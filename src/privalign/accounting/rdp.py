@@ -206,7 +206,7 @@ class RDPAccountant(Accountant):
                 )
             return ("poisson_laplace", q, float(inner.noise_multiplier))
         # Gaussian, possibly nested in Composed/SelfComposed: effective nm = (Σ k_i / nm_i²)^(-1/2).
-        flat = Counter()
+        flat: Counter = Counter()
         try:
             flat = self._flatten(inner, f"{path}.event")
         except UnsupportedEventError:

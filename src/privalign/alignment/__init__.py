@@ -9,8 +9,9 @@ from privalign.alignment.base import FALLBACK, BatchSelection, Selection, Select
 from privalign.alignment.bon import BestOfN
 from privalign.alignment.itp import InferenceTimePessimism
 from privalign.alignment.normalizer import solve_normalizer
-from privalign.alignment.priv_bon import PrivBoN
+from privalign.alignment.priv_bon import PrivBoN, privbon_epsilon, privbon_scale
 from privalign.alignment.priv_itp import PrivITP
+from privalign.alignment.selectors import Selector, make_selector, pool_size
 
 __all__ = [
     "FALLBACK",
@@ -21,5 +22,10 @@ __all__ = [
     "InferenceTimePessimism",
     "PrivBoN",
     "PrivITP",
+    "privbon_scale",
+    "privbon_epsilon",
     "solve_normalizer",
+    "Selector",
+    "make_selector",
+    "pool_size",
 ]

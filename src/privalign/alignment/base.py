@@ -75,7 +75,8 @@ class LazyEvents(Sequence):
     construct by the ten thousand, and most batch callers only read a few)."""
 
     def __init__(self, factory, length: int) -> None:
-        self._factory, self._len, self._cache = factory, int(length), {}
+        self._factory, self._len = factory, int(length)
+        self._cache: dict[int, Any] = {}
 
     def __len__(self) -> int:
         return self._len

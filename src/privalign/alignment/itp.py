@@ -77,7 +77,7 @@ class InferenceTimePessimism:
 
     def _run(self, a: np.ndarray, b: np.ndarray, rng) -> BatchSelection:
         src = as_noise_source(rng)
-        lam = solve_normalizer(a, self.beta)
+        lam = np.asarray(solve_normalizer(a, self.beta))  # 2-D scores: one λ̂ per row
         width = self.r_max - lam
         u = src.uniform(b.shape)
         acc = b > lam[:, None] + width[:, None] * u

@@ -144,7 +144,7 @@ def privitp_law(scores_a: ArrayLike, scores_b: ArrayLike, *, beta: float, r_max:
     """
     from privalign.alignment.normalizer import solve_normalizer
 
-    lam_hat = solve_normalizer(scores_a, beta)
+    lam_hat = float(solve_normalizer(scores_a, beta))  # 1-D scores: a float already
     lo, hi = -beta, r_max - beta
     rb = np.asarray(scores_b, dtype=np.float64)
     pw = min(sigma_x, sigma_z if sigma_z > 0 else sigma_x) / 2.0

@@ -13,7 +13,19 @@ from privalign.alignment.base import BatchSelection, Selection, SelectionLaw, sc
 from privalign.alignment.laws import softmax_law
 from privalign.mechanisms._common import gumbel_epsilon, gumbel_scale
 
-__all__ = ["PrivBoN"]
+__all__ = ["PrivBoN", "privbon_scale", "privbon_epsilon"]
+
+
+def privbon_scale(epsilon: float, sensitivity: float) -> float:
+    """PrivBoN's Gumbel scale for a target ε: ``2Δ/ε`` rounded *up* (so the charged ε never exceeds the
+    target); ``0.0`` (plain BoN) when ε = ∞. The one ε → scale conversion of the package."""
+    return 0.0 if math.isinf(epsilon) else gumbel_scale(sensitivity, epsilon)
+
+
+def privbon_epsilon(scale: float, sensitivity: float) -> float:
+    """The ε charged for Gumbel noise of scale σ: ``2Δ/σ`` rounded *up*; ∞ when σ = 0. The one scale → ε
+    conversion of the package (the inverse of :func:`privbon_scale`, conservative in both directions)."""
+    return math.inf if scale == 0.0 else gumbel_epsilon(sensitivity, scale)
 
 
 class PrivBoN:
@@ -61,13 +73,12 @@ class PrivBoN:
     @property
     def scale(self) -> float:
         """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)`` (2Δ/ε rounded up to the next float if needed)."""
-        s = 0.0 if math.isinf(self.epsilon) else gumbel_scale(self.sensitivity, self.epsilon)
-        return max(s, self.sigma_reg or 0.0)
+        return max(privbon_scale(self.epsilon, self.sensitivity), self.sigma_reg or 0.0)
 
     @property
     def epsilon_effective(self) -> float:
         """``2Δ/σ`` rounded up (≤ the requested ε; ∞ when σ = 0): the ε that is charged."""
-        return math.inf if self.scale == 0.0 else gumbel_epsilon(self.sensitivity, self.scale)
+        return privbon_epsilon(self.scale, self.sensitivity)
 
     @property
     def event(self) -> PrivacyEvent:

@@ -20,6 +20,7 @@ import numpy as np
 
 from privalign._validation import check_int
 from privalign.alignment.base import FALLBACK
+from privalign.alignment.selectors import TWO_POOL_METHODS, pool_size
 from privalign.data.pools import ScoredPool
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError
 from privalign.rng import as_noise_source
@@ -85,8 +86,8 @@ def run_session(pool: ScoredPool, selector, filter, principal: str, rng, *, n: i
         public counts only, before anything is reserved).
     """
     n = check_int(n, "n", low=1)
-    two = getattr(selector, "name", "") in ("itp", "privitp")
-    need = 2 * n + 1 if two else n
+    two = getattr(selector, "name", "") in TWO_POOL_METHODS
+    need = pool_size(selector.name, n) if two else n
     short = np.flatnonzero(pool.counts < need)
     if short.size:
         raise PrivacyParameterError(
@@ -125,7 +126,7 @@ def run_session(pool: ScoredPool, selector, filter, principal: str, rng, *, n: i
         if sel.index == FALLBACK:
             served_idx = int(perm[2 * n] if two else perm[n])
         else:
-            served_idx = int((b_idx if two else a_idx)[sel.index])
+            served_idx = int((a_idx if b_idx is None else b_idx)[sel.index])
         realized = float(filter.cost(sel.event, realized=True)[0])
         t = sel.diagnostics.get("t")
         rows.append({"prompt": p, "candidate": served_idx, "fallback": sel.index == FALLBACK,
@@ -157,7 +158,8 @@ def privbon_zcdp_comparison(pool: ScoredPool, selector, *, budget_epsilon: float
     from privalign.accounting.filters import PureDPFilter, ZCDPFilter
 
     gen = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
-    seeds = gen.bit_generator.seed_seq.spawn(2) if hasattr(gen.bit_generator, "seed_seq") else [None, None]
+    ss = getattr(gen.bit_generator, "seed_seq", None)
+    seeds = ss.spawn(2) if isinstance(ss, np.random.SeedSequence) else [None, None]
     pure = run_session(pool, selector, PureDPFilter(budget_epsilon), principal, np.random.default_rng(seeds[0]),
                        n=n, max_prompts=max_prompts)
     zf = ZCDPFilter.from_epsilon_delta(budget_epsilon, delta)
@@ -165,6 +167,6 @@ def privbon_zcdp_comparison(pool: ScoredPool, selector, *, budget_epsilon: float
     rho_spent = zc.spent["rho"]
     return {
         "pure": pure.to_dict(),
-        "zcdp": {**zc.to_dict(), "rho_budget": zf.budget[0], "target": list(zf.target),
+        "zcdp": {**zc.to_dict(), "rho_budget": zf.budget[0], "target": list(zf.target or ()),
                  "epsilon_at_delta": zcdp_to_approx_dp(rho_spent, delta) if rho_spent > 0 else 0.0},
     }

@@ -38,6 +38,7 @@ from privalign._validation import check_choice, check_int, check_real
 from privalign.accounting.expost import PrivITPAccountant, ell1, ell2
 from privalign.alignment.laws import lambda_quadrature, privitp_acceptance
 from privalign.alignment.normalizer import solve_normalizer
+from privalign.alignment.priv_bon import privbon_epsilon, privbon_scale
 from privalign.data.pools import ScoredPool
 from privalign.errors import PrivacyParameterError
 
@@ -87,6 +88,13 @@ class MethodSpec:
     def two_pools(self) -> bool:
         return self.kind in ("itp", "privitp")
 
+    def privbon_scale(self, sensitivity: float) -> float:
+        """PrivBoN's Gumbel scale: ``sigma`` if given, else :func:`privbon_scale` of ``epsilon`` (rounded up)."""
+        if self.sigma is not None:
+            return self.sigma
+        assert self.epsilon is not None  # __post_init__: exactly one of epsilon, sigma
+        return privbon_scale(self.epsilon, sensitivity)
+
     def name(self) -> str:
         if self.label:
             return self.label
@@ -119,6 +127,7 @@ def prepare_scores(pool: ScoredPool, *, transform: str = "none", score_range: tu
 
 
 def _privitp_nodes(spec: MethodSpec, r_max: float, panel_width: float | None, order: int):
+    assert spec.beta is not None and spec.sigma_x is not None and spec.sigma_z is not None  # __post_init__
     lo, hi = -spec.beta, r_max - spec.beta
     pw = panel_width if panel_width is not None else 3.0 * min(spec.sigma_x, spec.sigma_z)
     nodes, _ = lambda_quadrature(np.array([0.0]), spec.sigma_x, lo, hi, panel_width=pw, order=order, max_panels=400)
@@ -191,6 +200,7 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
     pre = {}
     for i, s in enumerate(specs):
         if s.kind == "privitp":
+            assert s.sigma_z is not None  # __post_init__
             nodes, pw = _privitp_nodes(s, r_max, quad_panel_width, quad_order)
             w = r_max + s.sigma_z * s.L - nodes
             l1 = ell1(nodes, width=w, r_max=r_max, sensitivity=delta_r, sigma_z=s.sigma_z)
@@ -219,7 +229,7 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
             cb, zb, tb = cp[pb], zp[pb], tp[pb]
             dv_b = _scan_differences(tb, zb)  # (m, 3, n_max), shared by ITP and PrivITP
             diffs_b = (dv_b[:, 0, :-1], dv_b[:, 1, :-1])
-        lam_cache = {}  # λ̂ of pool A per (β, N), shared by ITP and PrivITP
+        lam_cache: dict[tuple[float, int], Any] = {}  # λ̂ of pool A per (β, N), shared by ITP and PrivITP
         softmax_cache = {}
 
         def lam_of(beta, n, _ca=ca, _cache=lam_cache):
@@ -230,6 +240,7 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
         nested = {}
         for i, s in enumerate(specs):
             if s.kind == "privitp":
+                assert s.sigma_z is not None  # __post_init__
                 nodes, w, *_ = pre[i]
                 rej_t = _rejection_table(cp, nodes, w, s.sigma_z, r_max + s.sigma_z * s.L)  # (K, C)
                 for n in n_grid:
@@ -244,7 +255,7 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
                     rows = np.arange(replicates)
                     et, ez = ta[rows, j], za[rows, j]
                 elif s.kind == "privbon":
-                    scale = s.sigma if s.sigma is not None else (0.0 if math.isinf(s.epsilon) else 2 * delta_r / s.epsilon)
+                    scale = s.privbon_scale(delta_r)
                     if scale > 0:
                         # softmax(c/σ) over the prefix = e/Σe for any per-row shift of the exponent: one exp of
                         # the max-N pool per replicate, shifted by its row max (per prefix when that could
@@ -522,10 +533,11 @@ def _privacy(s: MethodSpec, n_grid, r_max, delta_r) -> dict[str, Any]:
     if s.kind in ("bon", "itp"):
         return {"guarantee": "none", "epsilon": math.inf}
     if s.kind == "privbon":
-        scale = s.sigma if s.sigma is not None else (0.0 if math.isinf(s.epsilon) else 2 * delta_r / s.epsilon)
-        eps = math.inf if scale == 0 else 2 * delta_r / scale
+        scale = s.privbon_scale(delta_r)
+        eps = privbon_epsilon(scale, delta_r)
         return {"guarantee": "pure ε-DP per query (exponential mechanism); ε²/8-zCDP", "epsilon": eps,
                 "rho": eps**2 / 8 if math.isfinite(eps) else math.inf, "scale": scale}
+    assert s.beta is not None and s.sigma_x is not None and s.sigma_z is not None  # __post_init__
     acc = PrivITPAccountant(beta=s.beta, r_max=r_max, sensitivity=delta_r, sigma_x=s.sigma_x, sigma_z=s.sigma_z,
                             L=s.L, delta=s.delta)
     return {"guarantee": "ex-post (ε1(δ) + ε2(t; λ̃), δ)", "delta": s.delta, "epsilon1": acc.epsilon1,

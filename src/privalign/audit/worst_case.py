@@ -30,6 +30,7 @@ from privalign._validation import check_choice, check_int
 from privalign.audit.audit import AuditResult, audit_mechanism, audit_threshold
 from privalign.audit.broken import BROKEN_VARIANTS, BrokenPeeling, broken_mechanism
 from privalign.errors import PrivacyParameterError
+from privalign.rng import entropy_int
 
 __all__ = ["MECHANISMS", "DEFAULT_SAMPLES", "AuditSetup", "worst_case_setup", "audit_builtin"]
 
@@ -153,8 +154,8 @@ def worst_case_setup(
     if mechanism == "noisy_top_k":
         k = check_int(k, "k", low=1)
         mm = 2 * k
-        good = NoisyTopK(k, epsilon, D)
-        m = wrap(good)
+        topk = NoisyTopK(k, epsilon, D)
+        m = wrap(topk)
         sd = np.concatenate([np.full(k, D), np.zeros(mm)])
         sdp = np.concatenate([np.zeros(k), np.full(mm, D)])
         params.update(k=k, candidates=k + mm)
@@ -163,34 +164,34 @@ def worst_case_setup(
             return lambda n: np.all(m(np.broadcast_to(scores, (n, k + mm)), rng=rng) < k, axis=1).astype(np.int64)
 
         return AuditSetup(
-            mechanism, f"({D:g}·1_{k}, 0·1_{mm}) vs (0·1_{k}, {D:g}·1_{mm})", k * good.epsilon, 0.0,
+            mechanism, f"({D:g}·1_{k}, 0·1_{mm}) vs (0·1_{k}, {D:g}·1_{mm})", k * topk.epsilon, 0.0,
             first_block(sd), first_block(sdp), outcomes=(0, 1), parameters=params, broken=broken,
             labels={1: f"all {k} selected among the first {k}", 0: "some selected index outside the first k"},
         )
     if mechanism == "randomized_response":
-        good = RandomizedResponse(epsilon)
-        m = wrap(good)
+        rr = RandomizedResponse(epsilon)
+        m = wrap(rr)
         params.pop("sensitivity")
         return AuditSetup(
-            mechanism, "bit 0 vs bit 1", good.epsilon, 0.0,
+            mechanism, "bit 0 vs bit 1", rr.epsilon, 0.0,
             lambda n: m(np.zeros(n, dtype=np.int64), rng=rng), lambda n: m(np.ones(n, dtype=np.int64), rng=rng),
             outcomes=(0, 1), parameters=params, broken=broken,
         )
     if mechanism == "laplace":
-        good = LaplaceMechanism.from_epsilon(epsilon, D)
-        m = wrap(good)
-        params["scale"] = good.scale
+        lap = LaplaceMechanism.from_epsilon(epsilon, D)
+        m = wrap(lap)
+        params["scale"] = lap.scale
         return AuditSetup(
-            mechanism, f"0 vs {D:g} (one coordinate)", good.epsilon, 0.0,
+            mechanism, f"0 vs {D:g} (one coordinate)", lap.epsilon, 0.0,
             lambda n: m(np.zeros(n), rng=rng), lambda n: m(np.full(n, D), rng=rng),
             thresholds=(0.0, D), parameters=params, broken=broken,
         )
     if mechanism == "gaussian":
         if delta is None:
             raise PrivacyParameterError("The 'delta' parameter is required for the gaussian audit. Got None instead.")
-        good = GaussianMechanism.from_epsilon_delta(epsilon, delta, D)
-        m = wrap(good)
-        sig = good.sigma
+        gauss = GaussianMechanism.from_epsilon_delta(epsilon, delta, D)
+        m = wrap(gauss)
+        sig = gauss.sigma
         params.update(delta=delta, sigma=sig)
         ts = tuple(D / 2.0 - c * sig for c in (0.5, 1.0, 1.5, 2.0))
         return AuditSetup(
@@ -241,10 +242,10 @@ def audit_builtin(
     ε̂, α, the samples per side and the verdict (``"consistent"`` or ``"violation"``).
     """
     n = DEFAULT_SAMPLES[check_choice(mechanism, "mechanism", MECHANISMS)] if samples is None else check_int(samples, "samples", low=1)
-    entropy = np.random.SeedSequence(seed).entropy
+    entropy = entropy_int(np.random.SeedSequence(seed))
     setup = worst_case_setup(mechanism, epsilon=epsilon, delta=delta, rng=np.random.default_rng(entropy), broken=broken, **kwargs)
     res = setup.run(n, alpha)
-    out = {"mechanism": mechanism, "pair": setup.pair, "broken": broken, "parameters": setup.parameters, "seed": int(entropy)}
+    out: dict[str, Any] = {"mechanism": mechanism, "pair": setup.pair, "broken": broken, "parameters": setup.parameters, "seed": entropy}
     out.update(res.to_dict())
     if not math.isfinite(out["epsilon_lower_bound"]):  # pragma: no cover - bound is always finite
         out["epsilon_lower_bound"] = None

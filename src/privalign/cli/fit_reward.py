@@ -61,6 +61,7 @@ def _run(args: argparse.Namespace) -> int:
     from privalign.estimation.preferences import train_test_split_by_prompt
     from privalign.estimation.rates import PRIVACY_UNIT, make_estimator
     from privalign.estimation.realdata import load_preference_data
+    from privalign.rng import entropy_int
 
     ss = np.random.SeedSequence(args.seed)
     data_seed, split_seed, est_seed = ss.spawn(3)
@@ -120,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         "privacy_event": final.privacy_event_.to_dict(),
         "feature_config": fmap.get_config(),
         "data": args.data,
-        "seed_entropy": int(ss.entropy),
+        "seed_entropy": entropy_int(ss),
     }
     if tuning is not None:
         result["tuning"] = tuning

@@ -50,7 +50,7 @@ def _need(args, name):
 
 
 def build_selector(args):
-    from privalign.alignment import BestOfN, InferenceTimePessimism, PrivBoN, PrivITP
+    from privalign.alignment import make_selector
     from privalign.errors import PrivacyParameterError
 
     if args.method in ("itp", "privitp") and args.scores_b is None:
@@ -58,27 +58,20 @@ def build_selector(args):
             f"The '--scores-b' option (the selector's 'pool_b_scores') is required for --method {args.method}: phase 2 "
             "runs on a fresh pool of candidates independent of --scores (see docs/privacy/privitp.md).")
 
-    if args.method == "bon":
-        return BestOfN()
-    if args.method == "itp":
-        return InferenceTimePessimism(_need(args, "beta"), r_max=args.r_max, clip=args.clip)
-    if args.method == "privbon":
-        return PrivBoN(_need(args, "epsilon"), sensitivity=args.sensitivity, r_max=args.r_max, clip=args.clip,
-                       sigma_reg=args.sigma_reg)
-    return PrivITP(_need(args, "beta"), sigma_x=_need(args, "sigma_x"), sigma_z=_need(args, "sigma_z"),
-                   r_max=args.r_max, L=args.L, delta=args.delta, sensitivity=args.sensitivity, clip=args.clip)
+    # the CLI names its missing options (--beta, --epsilon, ...) before the shared factory sees them
+    need = {"itp": ("beta",), "privbon": ("epsilon",), "privitp": ("beta", "sigma_x", "sigma_z")}.get(args.method, ())
+    params = {k: _need(args, k) for k in need}
+    return make_selector(args.method, **params, r_max=args.r_max, L=args.L, delta=args.delta,
+                         sensitivity=args.sensitivity, clip=args.clip, sigma_reg=args.sigma_reg)
 
 
 def _run(args) -> int:
-    from privalign.rng import SecureNoise, SeededNoise
+    from privalign.rng import NoiseSource, SecureNoise, SeededNoise
 
     sel = build_selector(args)
     a = parse_floats(args.scores, "scores")
     b = None if args.scores_b is None else parse_floats(args.scores_b, "scores-b")
-    if args.secure:
-        src = SecureNoise()
-    else:
-        src = SeededNoise(args.seed)
+    src: NoiseSource = SecureNoise() if args.secure else SeededNoise(args.seed)
     out = sel.select(a, rng=src, pool_b_scores=b)
     d = {"method": args.method, "secure": bool(args.secure), **out.to_dict()}
     if out.is_fallback:

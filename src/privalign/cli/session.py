@@ -14,7 +14,7 @@ def _run(args) -> int:
     import numpy as np
 
     from privalign.accounting.filters import ExPostFilter, PureDPFilter
-    from privalign.alignment import PrivBoN, PrivITP
+    from privalign.alignment import make_selector
     from privalign.alignment.session import privbon_zcdp_comparison, run_session
     from privalign.cli.select import _clean
     from privalign.data.pools import ReadStats, ScoredPool
@@ -30,13 +30,13 @@ def _run(args) -> int:
                           tuple(pool.prompts[i] for i in order) if pool.prompts else ())
     rng = SecureNoise() if args.secure else np.random.default_rng(args.seed)
     if args.method == "privitp":
-        sel = PrivITP(args.beta, sigma_x=args.sigma_x, sigma_z=args.sigma_z or args.sigma_x, r_max=args.r_max,
+        sel = make_selector("privitp", beta=args.beta, sigma_x=args.sigma_x, sigma_z=args.sigma_z or args.sigma_x, r_max=args.r_max,
                       L=args.L, delta=args.delta, sensitivity=args.sensitivity, clip=args.clip)
         rep = run_session(pool, sel, ExPostFilter(args.budget_epsilon, args.budget_delta), args.principal, rng,
                           n=args.n, max_prompts=args.max_prompts, progress=not args.no_progress)
         out = {"method": "privitp", "filter": "ExPostFilter", **rep.to_dict()}
     else:
-        sel = PrivBoN(args.epsilon, sensitivity=args.sensitivity, r_max=args.r_max, clip=args.clip)
+        sel = make_selector("privbon", epsilon=args.epsilon, sensitivity=args.sensitivity, r_max=args.r_max, clip=args.clip)
         if args.secure:
             rep = run_session(pool, sel, PureDPFilter(args.budget_epsilon), args.principal, rng, n=args.n,
                               max_prompts=args.max_prompts)

@@ -283,9 +283,9 @@ def write_pool(path: str | os.PathLike, records: Iterable[PoolRecord | dict], *,
     try:
         with _open(Path(tmp), "w") as fh:
             for i, rec in enumerate(records, start=1):
-                if isinstance(rec, dict):
-                    rec = _parse(rec, "<records>", i)
-                fh.write(json.dumps(rec.to_dict(meta), ensure_ascii=False) + "\n")
+                parsed = _parse(rec, "<records>", i) if isinstance(rec, dict) else rec
+                assert parsed is not None  # _parse returns None only when given ReadStats
+                fh.write(json.dumps(parsed.to_dict(meta), ensure_ascii=False) + "\n")
                 n += 1
         # mkstemp creates 0600 files; give the pool the usual permissions (0666 less the umask).
         umask = os.umask(0)

@@ -77,7 +77,9 @@ def load_hh_rlhf_pairs(path: str | os.PathLike | None = None, *, limit: int | No
     if limit is not None:
         limit = check_int(limit, "limit", low=1)
     opener = gzip.open if path.suffix == ".gz" else open
-    prompts, chosen, rejected = [], [], []
+    prompts: list[str] = []
+    chosen: list[str] = []
+    rejected: list[str] = []
     with opener(path, "rt", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if limit is not None and len(prompts) >= limit:
@@ -140,7 +142,8 @@ def load_imdb_pairs(
     m = min(len(pos), len(neg))
     n_pairs = m if n_pairs is None else check_int(n_pairs, "n_pairs", low=1)
     rng = as_generator(random_state)
-    chosen, rejected = [], []
+    chosen: list[str] = []
+    rejected: list[str] = []
     while len(chosen) < n_pairs:
         pi, ni = rng.permutation(len(pos))[:m], rng.permutation(len(neg))[:m]
         take = min(m, n_pairs - len(chosen))

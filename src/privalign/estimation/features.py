@@ -72,7 +72,7 @@ class HashedNgramFeatures(_PairFeatures):
     def __init__(
         self,
         n_features: int = 2**18,
-        ngram_range: tuple[int, int] = (1, 2),
+        ngram_range: Sequence[int] = (1, 2),
         lowercase: bool = True,
         use_prompt: bool = False,
     ) -> None:

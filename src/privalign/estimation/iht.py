@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -260,7 +260,7 @@ def fused_btl_gradient(
                 if buf is None:
                     Xc = X[a0 + a : a0 + b]
                 else:  # mode="clip" lets take write into `out` unbuffered (the indices are valid anyway)
-                    Xc = np.take(X, rows[a:b], axis=0, out=buf[: b - a], mode="clip")
+                    Xc = np.take(X, cast(np.ndarray, rows)[a:b], axis=0, out=buf[: b - a], mode="clip")
                 if not sparse_theta:
                     z = np.asarray(Xc @ th, dtype=np.float64)
                 elif support.size:
@@ -609,7 +609,7 @@ class SampleDPIHT(RewardEstimator):
             T = default_n_iter(n, noise_multiplier=nm0, step_size=eta, feature_bound=c_x)
         rng = as_generator(self.random_state)
         batches = _batches(n, T, variant, rng, bool(self.shuffle))
-        events: list[PrivacyEvent] = []
+        events: list[PeelingEvent] = []
         if math.isinf(eps):
             threshold = lambda v, m: hard_threshold(v, s)  # noqa: E731
             nm = 0.0

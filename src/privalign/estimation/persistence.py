@@ -177,7 +177,7 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
             "has intercept 0 and the identity link. Load it with privalign.models.LinearRewardScorer.load(path)."
         )
     classes = _estimators()
-    cls = classes.get(doc.get("estimator"))
+    cls = classes.get(str(doc.get("estimator")))
     if cls is None:
         raise DataFormatError(f"{path}: field 'estimator' must be one of {sorted(classes)}. Got {doc.get('estimator')!r}.")
     est = cls(**{k: _unjson(v) for k, v in doc["params"].items()})

@@ -72,6 +72,7 @@ class PreferenceData:
     def subset(self, idx: Any) -> PreferenceData:
         """The comparisons at positions ``idx`` (a new object; features are copied by indexing)."""
         idx = np.asarray(idx)
+        assert self.prompt_ids is not None  # set by __post_init__
         return PreferenceData(
             X=self.X[idx],
             y=self.y[idx],
@@ -149,6 +150,7 @@ def train_test_split_by_prompt(
     test_size = check_real(test_size, "test_size", low=0.0, high=1.0, closed="neither")
     rng = as_generator(random_state)
     ids = data.prompt_ids
+    assert ids is not None  # set by PreferenceData.__post_init__
     uniq, inverse = np.unique(ids.astype(str) if ids.dtype == object else ids, return_inverse=True)
     if uniq.shape[0] < 2:
         raise PrivacyParameterError(

@@ -22,6 +22,7 @@ import numpy as np
 
 from privalign._validation import check_choice
 from privalign.errors import PrivacyParameterError
+from privalign.rng import entropy_int
 
 __all__ = ["METHODS", "PRIVACY_UNIT", "make_estimator", "run_rates", "fit_slopes", "plot_rates", "RATE_GRIDS"]
 
@@ -209,7 +210,7 @@ def run_rates(
             slopes[scan][method] = fit_slopes(xs, ys)
     result = {
         "config": {k: v for k, v in g.items()},
-        "entropy": int(ss.entropy),
+        "entropy": entropy_int(ss),
         "delta": delta,
         "methods": list(methods),
         "rows": rows,

@@ -99,6 +99,7 @@ def make_btl(
         theta_star = np.asarray(theta_star, dtype=np.float64)
         if theta_star.shape != (d,):
             raise PrivacyParameterError(f"The 'theta_star' parameter must have shape ({d},). Got {theta_star.shape}.")
+    X: np.ndarray
     if design == "uniform":
         X = rng.uniform(-feature_bound, feature_bound, size=(n, d)).astype(dtype, copy=False)
     else:

@@ -42,6 +42,7 @@ from privalign.accounting.events import (
     ComposedEvent,
     NonPrivateEvent,
     ParallelComposedEvent,
+    PrivacyEvent,
 )
 from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import RewardEstimator, check_Xy
@@ -271,7 +272,7 @@ class PrivateGridSearch(RewardEstimator):
             a_event = ComposedEvent(events=tuple(cand_events), unit=unit, relation="replace_one")
             a_eps = sum(float(e.get_params().get("epsilon", math.inf)) for e in built)
             a_delta = sum(float(e.get_params().get("delta", 0.0)) if unit == "sample" else 0.0 for e in built)
-        event = ParallelComposedEvent(events=(a_event, sel_event), unit=unit, relation="replace_one")
+        event: PrivacyEvent = ParallelComposedEvent(events=(a_event, sel_event), unit=unit, relation="replace_one")
         eps_total = max(a_eps, float(sel_eps)) if private else math.inf
         delta_total = a_delta
         chosen = built[best]

@@ -118,12 +118,12 @@ def _models(cfg: dict, ctx: RunContext):
 
 
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    from privalign.alignment import BestOfN, PrivBoN
+    from privalign.alignment import make_selector
     from privalign.audit.audit import epsilon_lower_bound
 
     pool_d, pool_dp, raw_d, raw_dp = _models(cfg, ctx)
     eps = cell["epsilon"]
-    sel = BestOfN() if eps is None else PrivBoN(eps, r_max=cfg["score_high"] - cfg["score_low"])
+    sel = make_selector("bon") if eps is None else make_selector("privbon", epsilon=eps, r_max=cfg["score_high"] - cfg["score_low"])
     p_d = float(sel.law(pool_d).probabilities[0])
     p_dp = float(sel.law(pool_dp).probabilities[0])
     rng = np.random.default_rng(ss)
@@ -259,6 +259,7 @@ def _tvi_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     """
     from privalign.accounting.conversions import approx_dp_to_zcdp
     from privalign.alignment.laws import bon_law, softmax_law
+    from privalign.alignment.priv_bon import privbon_scale
 
     phi, true, s_np, s_dp, dp_event = _tvi_setup(cfg, ctx)
     t = cell["T"]
@@ -272,7 +273,7 @@ def _tvi_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     for method, law, note in (
         ("non-private RM + BoN", bon_law(s_np), "no privacy (reference)"),
         ("DP reward model + BoN", bon_law(s_dp), f"({cfg['epsilon_total']:g}, {cfg['delta_total']:g})-DP once (post-processing)"),
-        ("PrivBoN", softmax_law(clipped, 2 * delta_r / eps_q),
+        ("PrivBoN", softmax_law(clipped, privbon_scale(eps_q, delta_r)),
          f"ε_q = {eps_q:.4g} per query ({'zCDP' if eps_z >= eps_pure else 'pure'} composition over T)"),
     ):
         v = (law * true).sum(axis=1) - base

@@ -103,11 +103,11 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
                  "served": min(rep.basic_composition_count, total), "t_basic": rep.basic_composition_count,
                  "epsilon_max": rep.epsilon_max, "spent_epsilon": min(rep.basic_composition_count, total) * rep.epsilon_max}
         return [row, basic]
-    from privalign.alignment import PrivBoN
+    from privalign.alignment import make_selector
     from privalign.alignment.session import privbon_zcdp_comparison
 
-    sel = PrivBoN(cfg["privbon_epsilon"], r_max=r_max, sensitivity=cfg["sensitivity"])
-    res = privbon_zcdp_comparison(pool, sel, budget_epsilon=cfg["budget_epsilon"], delta=cfg["budget_delta"],
+    bon_sel = make_selector("privbon", epsilon=cfg["privbon_epsilon"], r_max=r_max, sensitivity=cfg["sensitivity"])
+    res = privbon_zcdp_comparison(pool, bon_sel, budget_epsilon=cfg["budget_epsilon"], delta=cfg["budget_delta"],
                                   n=cfg["n"], rng=np.random.default_rng(ss_run))
     pure, zc = res["pure"], res["zcdp"]
     return [

@@ -89,7 +89,7 @@ def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05
     m = min(len(p) for p in proxies)
     Ns = Ns or [2**k for k in range(int(np.log2(m)) + 1)]
     per_prompt = np.array([[_expected_true(p[:m], tr[:m], N) for p, tr in zip(proxies, trues)] for N in Ns])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k, N in enumerate(Ns):
         t = per_prompt[k]
         pr = np.array([_expected_true(p[:m], p[:m], N) for p in proxies])
@@ -97,7 +97,7 @@ def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05
                      "proxy_mean": float(pr.mean())})
     best = max(rows, key=lambda r: r["true_mean"])
     last = rows[-1]
-    tests = []
+    tests: list[dict[str, Any]] = []
     for k, N in enumerate(Ns[:-1]):
         D = per_prompt[-1] - per_prompt[k]
         tests.append({"N": N, "mean_diff": float(D.mean()), "paired_se": float(D.std(ddof=1) / np.sqrt(len(D))) if len(D) > 1 else None,

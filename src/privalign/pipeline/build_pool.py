@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -285,7 +285,7 @@ class _WorkWriter:
 
     def __init__(self, path: Path, fingerprint: str) -> None:
         self.path, self.fingerprint = path, fingerprint
-        self.fh = None
+        self.fh: TextIO | None = None
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -297,6 +297,7 @@ class _WorkWriter:
     def _write(self, obj: dict) -> None:
         if self.fh is None:
             self._open()
+        assert self.fh is not None  # _open sets it
         self.fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self.fh.flush()
         os.fsync(self.fh.fileno())

@@ -25,6 +25,7 @@ proxy. Held-out accuracies of every model are recorded in the saved file's metad
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,5 +198,5 @@ def fit_imdb_reward(kind: str, out: str | os.PathLike, **kwargs: Any) -> dict[st
     from privalign._validation import check_choice
 
     kind = check_choice(kind, "kind", KINDS)
-    fn = {"gold-ngram": fit_imdb_gold, "gold-minilm": fit_imdb_gold_minilm, "proxy-ngram": fit_imdb_proxy}[kind]
-    return fn(out, **kwargs)
+    fns: dict[str, Callable[..., dict[str, Any]]] = {"gold-ngram": fit_imdb_gold, "gold-minilm": fit_imdb_gold_minilm, "proxy-ngram": fit_imdb_proxy}
+    return fns[kind](out, **kwargs)

@@ -127,7 +127,7 @@ def fit_hh_proxy(
     nested (the first 50 pairs of the 200-pair proxy are the 50-pair proxy's).
     """
     single = isinstance(n_pairs, int)
-    sizes = [n_pairs] if single else list(n_pairs)
+    sizes = [n_pairs] if isinstance(n_pairs, int) else list(n_pairs)
     if len(sizes) > 1 and "{n}" not in str(out):
         raise PrivacyParameterError(f"The 'out' parameter must contain '{{n}}' when several n_pairs are given. Got {str(out)!r}.")
     from privalign.estimation.features import HashedNgramFeatures

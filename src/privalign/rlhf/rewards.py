@@ -138,6 +138,7 @@ class ScorerReward:
         self.spec = spec
         self.path: Path | None = None
         self.sha256: str | None = None
+        self.scorer: VaderScorer | LinearRewardScorer
         if spec == "vader":
             self.scorer = VaderScorer("unit")
         elif spec.startswith("linear:"):

@@ -41,7 +41,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -256,7 +256,7 @@ def align_policy(
         model.train()
     ckpt = last_checkpoint(out)
     bsz = config.num_generations * config.prompts_per_step
-    targs = dict(
+    targs: dict[str, Any] = dict(
         output_dir=str(out / "checkpoints"), max_steps=config.steps, per_device_train_batch_size=bsz,
         gradient_accumulation_steps=1, num_generations=config.num_generations, max_completion_length=config.max_new_tokens,
         learning_rate=config.learning_rate, beta=config.beta, temperature=1.0, top_k=0, top_p=1.0,
@@ -265,7 +265,7 @@ def align_policy(
         fp16=False, gradient_checkpointing=False, disable_tqdm=not progress, dataloader_num_workers=0,
         log_completions=False, loss_type="grpo", scale_rewards="group", shuffle_dataset=True,
     )
-    lora = dict(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
+    lora: dict[str, Any] = dict(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                 task_type="CAUSAL_LM", bias="none")
     manifest = {
         "format": "privalign.align/1", "run_hash": run_hash, "status": "running",
@@ -316,7 +316,7 @@ def align_policy(
     log = [{k: float(v) for k, v in h.items() if isinstance(v, int | float) and k in
             ("step", "reward", "reward_std", "kl", "entropy", "loss", "completions/mean_length", "step_time")}
            for h in trainer.state.log_history if "reward" in h]
-    merged = trainer.model.merge_and_unload()
+    merged = cast(Any, trainer.model).merge_and_unload()  # the peft wrapper (typed as a plain Module)
     merged.eval()
     if hasattr(merged.config, "quantization_config"):
         del merged.config.quantization_config

@@ -72,7 +72,7 @@ def _privbon(cfg: ServiceConfig, eps: float, n: int) -> Plan:
     for _ in range(64):  # the mechanism may round its charged ε up by an ulp: step the run ε down until it fits
         sel = PrivBoN(run, sensitivity=pv.sensitivity, r_max=pv.reward_max, clip=True)
         worst = sel.worst_case_event(n)
-        if Fraction(float(worst.epsilon)) <= target:
+        if Fraction(float(sel.epsilon_effective)) <= target:  # the ε that worst (a NoisyArgmaxEvent) charges
             return Plan("privbon", float(target), n, {"sensitivity": pv.sensitivity, "reward_max": pv.reward_max}, worst, sel)
         run = math.nextafter(run, 0.0)
     raise _bad("privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly.")  # pragma: no cover
@@ -100,10 +100,10 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
     if not (1 <= n <= lim.max_n):
         raise _bad("privacy.n", f"The 'privacy.n' parameter must be in [1, {lim.max_n}]. Got {n!r} instead.")
     if method == "bon":
-        from privalign.alignment import BestOfN
+        from privalign.alignment import make_selector
 
-        sel = BestOfN()
-        return Plan(method, math.inf, n, {}, sel.worst_case_event(n), sel)
+        bon = make_selector("bon")
+        return Plan(method, math.inf, n, {}, bon.worst_case_event(n), bon)
     if method == "privbon":
         for extra in ("beta", "sigma_x", "sigma_z"):
             if getattr(pp, extra) is not None:
@@ -141,7 +141,9 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
 
 def pool_size(plan: Plan) -> int:
     """Candidates needed: n, or 2n + 1 for privitp (phase-1 pool, phase-2 pool, fallback)."""
-    return 2 * plan.n + 1 if plan.method == "privitp" else plan.n
+    from privalign.alignment.selectors import pool_size as candidates_for
+
+    return candidates_for(plan.method, plan.n)
 
 
 def select(plan: Plan, scores: np.ndarray, noise: Any) -> tuple[int, Any]:
