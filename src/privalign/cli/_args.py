@@ -72,17 +72,10 @@ def warn(cmd: str, message: str) -> None:
 
 
 def _clean(o):  # noqa: ANN001, ANN202
-    import math
+    """The one JSON policy (:func:`privalign._json.to_jsonable`): ±inf → "inf"/"-inf", NaN → null."""
+    from privalign._json import to_jsonable
 
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, float) and math.isinf(o):
-        return "inf" if o > 0 else "-inf"
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_clean(v) for v in o]
-    return o
+    return to_jsonable(o)
 
 
 def emit_json(obj, *, indent: int | None = None) -> None:  # noqa: ANN001

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from privalign.cli._args import emit_json
 
@@ -105,7 +106,7 @@ def _fit_hh(args: argparse.Namespace) -> int:
         print(f"privalign fit-hh-reward: error: --seed must be >= 0; got {args.seed}", file=sys.stderr)
         return 2
     if args.kind == "gold":
-        meta = fit_hh_gold(args.out, random_state=args.seed)
+        meta: dict[str, Any] | list[dict[str, Any]] = fit_hh_gold(args.out, random_state=args.seed)
     else:
         if not args.gold:
             print("privalign fit-hh-reward: error: --gold is required with --kind proxy", file=sys.stderr)

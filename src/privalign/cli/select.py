@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from privalign.cli._args import emit_json
@@ -101,16 +100,11 @@ def _run(args) -> int:
 
 
 def _clean(o):
-    """JSON-safe: ±inf → "inf"/"-inf", NaN (an undefined mean, e.g. over zero served prompts) → null."""
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, float) and math.isinf(o):
-        return "inf" if o > 0 else "-inf"
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_clean(v) for v in o]
-    return o
+    """JSON-safe by the one policy (:func:`privalign._json.to_jsonable`): ±inf → "inf"/"-inf", NaN (an
+    undefined mean, e.g. over zero served prompts) → null."""
+    from privalign._json import to_jsonable
+
+    return to_jsonable(o)
 
 
 def register(subparsers) -> None:

@@ -24,8 +24,7 @@ import numpy as np
 
 from privalign._validation import check_choice, check_int
 from privalign.errors import DataFormatError, MissingDependencyError
-from privalign.models._resources import package_dir
-from privalign.paths import candidate_data_dirs, data_dir
+from privalign.paths import candidate_data_dirs, data_dir, package_dir
 
 __all__ = [
     "Example",
@@ -253,7 +252,7 @@ def load_hh_rlhf(subset: str = "harmless-base", split: str = "test") -> list[Exa
 def load_math(path: str | os.PathLike | None = None) -> list[Example]:
     """MATH problems from a user JSONL file (``{"problem","level","type","solution"}``); ``gt_answer`` = the
     last ``\\boxed{}`` of the solution. ``path`` defaults to ``$PRIVALIGN_MATH_PATH``."""
-    from privalign.models.scorers import extract_boxed
+    from privalign.data.answers import extract_boxed
 
     raw = path if path is not None else os.environ.get("PRIVALIGN_MATH_PATH")
     if raw is None:

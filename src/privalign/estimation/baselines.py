@@ -170,7 +170,7 @@ class DenseRR(RewardEstimator):
         self.random_state = random_state
 
     def fit(self, X: Any, y: Any) -> DenseRR:
-        from privalign.estimation.iht import debiased_labels, privatize_labels
+        from privalign.estimation.labels import debiased_labels, privatize_labels
 
         eps = check_epsilon(self.epsilon)
         Xv, yv, alpha = _check_dense_common(self, X, y)

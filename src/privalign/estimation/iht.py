@@ -47,6 +47,7 @@ from privalign.estimation.base import (
     sigmoid,
     softplus,
 )
+from privalign.estimation.labels import debiased_labels, privatize_labels
 from privalign.rng import as_generator
 
 __all__ = [
@@ -647,26 +648,6 @@ class SampleDPIHT(RewardEstimator):
 # ------------------------------------------------------------------------------------------------
 # Label-DP RR-IHT
 # ------------------------------------------------------------------------------------------------
-
-
-def privatize_labels(y: np.ndarray, epsilon: float, rng: Any) -> tuple[np.ndarray, float, PrivacyEvent]:
-    """Randomized response on 0/1 labels (``privalign.mechanisms.RandomizedResponse``, unit ``"label"``).
-
-    Returns:
-      ``(y_tilde, flip_probability, event)`` with ``y_tilde`` float64 in {0, 1}.
-    """
-    from privalign.mechanisms.randomized_response import RandomizedResponse
-
-    rr = RandomizedResponse(epsilon, unit="label", relation="replace_one")
-    return rr(y, rng=rng).astype(np.float64), float(rr.flip_probability), rr.event
-
-
-def debiased_labels(y_tilde: np.ndarray, flip_probability: float) -> np.ndarray:
-    """Form (3) of spec §6: ``ŷ = (ỹ − ρ)/(1 − 2ρ)``, so ``E[ŷ | y] = y``."""
-    rho = float(flip_probability)
-    if not 0.0 <= rho < 0.5:
-        raise PrivacyParameterError(f"The 'flip_probability' parameter must be in [0, 0.5). Got {rho!r} instead.")
-    return (np.asarray(y_tilde, dtype=np.float64) - rho) / (1.0 - 2.0 * rho)
 
 
 def debiased_gradient(X: Any, y_tilde: np.ndarray, theta: np.ndarray, flip_probability: float, *, form: int = 3) -> np.ndarray:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from privalign._json import to_jsonable
 from privalign._validation import check_choice
 from privalign.errors import PrivacyParameterError
 from privalign.rng import entropy_int
@@ -220,20 +221,10 @@ def run_rates(
         "zero_estimator_error": ZERO_ESTIMATOR_ERROR,
         "design": "uniform[-1,1]^d",
     }
-    (out / "results.json").write_text(json.dumps(_nan_to_none(result), indent=1))
+    (out / "results.json").write_text(json.dumps(to_jsonable(result), indent=1, allow_nan=False))
     if plot:
         plot_rates(result, out / "rates.png")
     return result
-
-
-def _nan_to_none(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
-        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_nan_to_none(v) for v in obj]
-    return obj
 
 
 def plot_rates(result: dict[str, Any], path: str | os.PathLike) -> Path:

@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from privalign._json import write_json_atomic  # re-exported (moved to privalign._json in issue 18)
 from privalign.paths import repo_root
 
 __all__ = ["build_manifest", "git_info", "package_versions", "machine_info", "file_sha256", "utc_now",
@@ -103,15 +104,6 @@ def build_manifest(*, experiment: str, config: dict, config_hash: str, seed_entr
         "inputs": inputs,
         "argv": list(sys.argv),
     }
-
-
-def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True) -> None:
-    """Write JSON through a temporary file and ``os.replace`` (never a half-written file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=sort_keys, allow_nan=False)
-        fh.write("\n")
-    os.replace(tmp, path)
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,7 +142,7 @@ def split_pool(pool, cfg: dict):
 def pool_label(cfg: dict, ctx_inputs: dict | None = None) -> str:
     """``"synthetic (planted reward hacking)"``, ``"synthetic"`` or ``"real: <file name>"``."""
     kind, path = _resolve_pool(cfg["pool"])
-    if kind == "file":
+    if kind == "file" and path is not None:
         return f"real: {path.name}"
     planted = cfg.get("syn_hack_rate", 0.0) > 0
     note = " (planted reward hacking)" if planted else ""
@@ -155,7 +156,7 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
     if not cfg["score_high"] > cfg["score_low"]:
         raise ExperimentError(f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']}).")
     kind, path = _resolve_pool(cfg["pool"])
-    if kind == "file":
+    if kind == "file" and path is not None:
         from privalign.data.pools import ReadStats
         from privalign.experiments.manifest import file_sha256
 
@@ -228,13 +229,14 @@ def _privitp_label(match: str, eps: float, delta: float) -> str:
 
 
 def _specs(cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequence | None = None
-           ) -> list[tuple[str, object, dict]]:
+           ) -> list[tuple[str, Any, dict]]:
     """``(method, MethodSpec or Gaussian σ, info)`` for every curve; ``info`` holds the privacy matching of
     PrivBoN/PrivITP curves (target ε, σ's, calibration accuracy)."""
+    from privalign.alignment.priv_bon import privbon_scale
     from privalign.alignment.simulation import MethodSpec
     from privalign.experiments.matching import MATCH_NOTE
 
-    out: list[tuple[str, object, dict]] = []
+    out: list[tuple[str, Any, dict]] = []  # Any: a MethodSpec, or PrivBoN-Gaussian's σ (a float)
     many = lambda key: len(cfg[key]) > 1
     match = cfg["privitp_match"]
     delta = cfg["privitp_delta"]
@@ -254,7 +256,7 @@ def _specs(cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequen
             else:
                 for e in cfg["epsilons"]:
                     out.append(("PrivBoN", MethodSpec("privbon", epsilon=e, label=f"PrivBoN ε={e:g}"),
-                                {"sigma": 2 * cfg["sensitivity"] / e, "epsilon_target": e}))
+                                {"sigma": privbon_scale(e, cfg["sensitivity"]), "epsilon_target": e}))
         elif m == "PrivITP":
             if match == "sigma":
                 for s in cfg["privitp_sigmas"]:
@@ -264,6 +266,8 @@ def _specs(cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequen
                                 {"privacy_match": "sigma", "match_note": MATCH_NOTE["sigma"], "sigma_x": s / 2,
                                  "sigma_z": s / 2, "L": cfg["privitp_L"]}))
             else:
+                if n is None:
+                    raise ExperimentError(f"PrivITP matched by {match!r} is calibrated per N: the cell's N is required.")
                 pool_note = "calibration prompts (disjoint)" if calib is not None else "evaluation prompts"
                 for e, sse in zip(cfg["epsilons"], ss_list):
                     info = _privitp_for(cfg, n, e, match, ratio=cfg["privitp_ratio"], L=cfg["privitp_L"],
@@ -320,7 +324,7 @@ def _n_max_log2(cfg: dict, two: bool) -> int:
     if cfg["n_max_log2"] >= 0:
         return int(cfg["n_max_log2"])
     kind, path = _resolve_pool(cfg["pool"])
-    if kind != "file":
+    if kind != "file" or path is None:
         return 12
     from privalign.data.pools import ScoredPool
 
@@ -453,7 +457,7 @@ def _scaling_plot_factory(stem: str, title: str):
             return []
         kind = recs[0]["truth_kind"]
         main = [r for r in recs if r["method"] != "PrivITP-fixed"]
-        names = {}
+        names: dict[str, list[dict]] = {}
         for r in main:
             names.setdefault(r["variant"], []).append(r)
         labels = {k: _legend_name(v) for k, v in names.items()}
@@ -547,6 +551,7 @@ def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     the very pool being served (and its true rewards), then used as a PrivBoN noise scale, so the
     "σ_reg" curve's noise scale depends on the private data (``sigma_reg_source`` in every row says so).
     A deployment would need σ_reg from public data or a separately accounted estimate."""
+    from privalign.alignment.priv_bon import privbon_scale
     from privalign.alignment.simulation import MethodSpec, prepare_scores, run_protocol
     from privalign.alignment.theory import estimate_theory
 
@@ -558,7 +563,7 @@ def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     th = estimate_theory(clipped, theory_pool.true, sensitivity=cfg["sensitivity"])
     source = (f"{theory_pool.proxy.shape[0]} calibration prompts disjoint from the evaluation prompts" if calib is not None
               else SIGMA_REG_SOURCE)
-    sigma_plain = 0.0 if eps is None else 2 * cfg["sensitivity"] / eps
+    sigma_plain = 0.0 if eps is None else privbon_scale(eps, cfg["sensitivity"])
     sigma_rule = max(sigma_plain, th["sigma_reg"])
     specs = [MethodSpec("privbon", sigma=sigma_plain, label="PrivBoN σ=2Δ/ε"),
              MethodSpec("privbon", sigma=sigma_rule, label="PrivBoN σ=max(2Δ/ε, σ_reg)")]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def _make_estimator(name: str, *, epsilon: float, delta: float, sparsity: int, f
     from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
     from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
 
-    common = {"feature_bound": feature_bound, "clip": True}
+    common: dict[str, Any] = {"feature_bound": feature_bound, "clip": True}
     if name == "IHT":
         return IHT(sparsity=sparsity, step_size=cfg["step_size"], radius=cfg["radius"], **common)
     if name == "MLE":

@@ -107,7 +107,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     ss_sim, ss_tune, ss_cal = ss.spawn(3)
     label = pool_label(cfg)
     delta = cfg["privitp_delta"]
-    curves: list[tuple[str, str, object, dict]] = [
+    curves: list[tuple[str, str, MethodSpec, dict]] = [
         ("BoN", "BoN", MethodSpec("bon"), {"epsilon": None}),
         ("ITP", "ITP", MethodSpec("itp", beta=cfg["itp_beta"]), {"epsilon": None}),
     ]
@@ -224,7 +224,7 @@ def _plot(run_dir: Path) -> list[str]:
         ax.set_xlabel("PrivBoN's ε = PrivITP's matched ε (log scale)")
         ax.set_ylabel("accuracy lift (pp)" if rows[0]["truth_kind"] == "accuracy" else "true-reward lift")
         ax.set_title(f"N = {n} ({rows[0]['n_prompts']} prompts)", fontsize=10)
-    tuned = next((r.get("tuned_on") for r in recs if r.get("tuned_on")), "—")
+    tuned = str(next((r.get("tuned_on") for r in recs if r.get("tuned_on")), "—"))
     fig.suptitle(f"Lift vs ε at equal privacy [{recs[0].get('pool_label')}]", fontsize=11)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=7, framealpha=0.85,
                title="error bars ±1 SE over prompts; PrivITP's σ_Z/σ_X and L tuned on: " + tuned, title_fontsize=7)

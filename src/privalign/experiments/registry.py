@@ -1,4 +1,4 @@
-"""Experiment name → :class:`~privalign.experiments.runner.Experiment` (a plain dict).
+"""Experiment name → :class:`~privalign.experiments.base.Experiment` (a plain dict).
 
 Modules whose building blocks are missing (an optional dependency not installed) are left out of
 ``EXPERIMENTS`` and listed, with the reason, in ``UNAVAILABLE``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from privalign.experiments.runner import Experiment, ExperimentError
+from privalign.experiments.base import Experiment, ExperimentError
 
 __all__ = ["EXPERIMENTS", "UNAVAILABLE", "get_experiment", "experiment_names"]
 

@@ -86,7 +86,7 @@ _SWEEP = ("p1-privacy-sweep", "p1-privacy-sweep-imdb")
 def _hack_rate(records: list[dict], runs: dict | None, exp: str) -> float | None:
     man = (runs or {}).get(exp, {}).get("manifest") or {}
     cfg = man.get("config") or {}
-    label = next((r.get("pool_label") for r in records if r.get("pool_label")), "")
+    label = str(next((r.get("pool_label") for r in records if r.get("pool_label")), ""))
     return cfg.get("syn_hack_rate") if label.startswith("synthetic") else None
 
 

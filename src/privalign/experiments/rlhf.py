@@ -28,6 +28,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -167,7 +168,7 @@ def _base(cfg: dict, ctx: RunContext):
 
 
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
-    cells = [{"cell": "reference", "policy": "reference", "method": "reference", "epsilon": None}]
+    cells: list[dict[str, Any]] = [{"cell": "reference", "policy": "reference", "method": "reference", "epsilon": None}]
     for spec in cfg["policies"]:
         m, e = parse_policy(spec)
         cells.append({"cell": spec, "policy": spec, "method": m, "epsilon": e})
@@ -346,7 +347,7 @@ def _plot(run_dir: Path) -> list[str]:
     if not pols or ref is None:
         return []
     fig, (ax, ax2) = new_figure(2, 1, width=6.0, height=4.6)
-    colors = {}
+    colors: dict[str, str] = {}
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
     for r in pols:
         colors.setdefault(r["method"], STYLE.get(r["method"], {}).get("color", palette[len(colors) % len(palette)]))

@@ -24,16 +24,14 @@ import json
 import math
 import shutil
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from privalign.errors import PrivalignError
+from privalign.experiments.base import Experiment, ExperimentError, RunContext, RunDirectoryError
 from privalign.experiments.config import (
-    Field,
     config_hash,
     load_config,
     packaged_config_path,
@@ -43,64 +41,6 @@ from privalign.experiments.manifest import build_manifest, read_manifest, utc_no
 
 __all__ = ["Experiment", "RunContext", "ExperimentError", "RunDirectoryError", "run_experiment",
            "read_results", "read_summary", "cell_seed", "check_finite_records", "prepare"]
-
-
-class ExperimentError(PrivalignError):
-    """An experiment cannot be run as asked (unknown name, missing inputs)."""
-
-
-class RunDirectoryError(ExperimentError):
-    """The output directory holds something else (a different run, or files that are not a run)."""
-
-
-@dataclass
-class RunContext:
-    """What an experiment sees while it runs.
-
-    Attributes:
-      run_dir: The run directory.
-      quick: Whether the quick configuration was requested.
-      inputs: Input files and their provenance (recorded in the manifest); filled by ``preflight``.
-      cache: Objects shared between cells (a loaded pool, a trained model); never written anywhere.
-      progress: Whether to show progress bars.
-    """
-
-    run_dir: Path
-    quick: bool = False
-    inputs: dict[str, Any] = field(default_factory=dict)
-    cache: dict[str, Any] = field(default_factory=dict)
-    progress: bool | None = None
-
-
-@dataclass(frozen=True)
-class Experiment:
-    """An experiment: a schema, a list of cells, a function per cell, a summary and figures.
-
-    Attributes:
-      name: Registry name (``privalign reproduce NAME``).
-      title: One line for the report.
-      paper: ``"paper1"``, ``"paper2"`` or ``"beyond"``.
-      schema: Configuration schema.
-      preflight: ``(config, ctx) -> None``; checks inputs and raises before any work.
-      cells: ``(config, ctx) -> list[dict]``; each cell dict has a unique ``"cell"`` string.
-      run_cell: ``(cell, config, ctx, seed_sequence) -> list[dict]`` records (JSON-serialisable, finite).
-      summarize: ``(records, config) -> dict``; reads only the records.
-      plot: ``(run_dir) -> list[str]``; draws figures from the run directory only, returns the stems.
-    """
-
-    name: str
-    title: str
-    paper: str
-    schema: dict[str, Field]
-    preflight: Callable[[dict, RunContext], None]
-    cells: Callable[[dict, RunContext], list[dict]]
-    run_cell: Callable[[dict, dict, RunContext, np.random.SeedSequence], list[dict]]
-    summarize: Callable[[list[dict], dict], dict]
-    plot: Callable[[Path], list[str]]
-
-    @property
-    def config_name(self) -> str:
-        return self.name.replace("-", "_")
 
 
 def cell_seed(root_seed: int, index: int) -> np.random.SeedSequence:

@@ -127,7 +127,7 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
 
 
 def _pool_of(records: list[dict]) -> str:
-    return next((r.get("pool_label") for r in records if r.get("pool_label")), "pool unknown")
+    return str(next((r.get("pool_label") for r in records if r.get("pool_label")), "pool unknown"))
 
 
 def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> tuple[str, str]:
@@ -250,10 +250,10 @@ def p1_5_rule(records: list[dict], *, match: str = "worst", alpha: float = ALPHA
     noninf = all(d["mean"] - crit * d["se"] > -m for a, b, d, m in pairs)
     ahead = sum(d["mean"] - crit * d["se"] > 0 for a, b, d, m in pairs)
     lines = []
-    for a, b, d, _m in sorted(pairs, key=lambda x: (x[0]["N"], eps_of(x[0]))):
+    for a, bb, d, _m in sorted(pairs, key=lambda x: (x[0]["N"], eps_of(x[0]))):
         lines.append(f"N={a['N']} ε={eps_of(a):g}: PrivITP {a['lift']:.3g} "
                      f"(ε_max={a.get('epsilon_max') or float('nan'):.3g}, E[ε]={a.get('expected_epsilon_realized') or float('nan'):.3g}, "
-                     f"δ={a.get('delta')}) − PrivBoN {b['lift']:.3g} = {d['mean']:+.3g} ± {d['se']:.3g}")
+                     f"δ={a.get('delta')}) − PrivBoN {bb['lift']:.3g} = {d['mean']:+.3g} ± {d['se']:.3g}")
     head = (f"[{pool}; PrivITP matched: {MATCH_NOTE.get(match, match)}] {k} (N, ε) points, paired one-sided α={alpha:g} "
             f"Bonferroni (t_crit={crit:.3g}), non-inferiority margin {margin_frac:g}×|BoN lift|: PrivBoN significantly "
             f"ahead at {len(worse)}, PrivITP significantly ahead at {ahead}. ")

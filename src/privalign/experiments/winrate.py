@@ -30,25 +30,17 @@ from typing import Any
 
 import numpy as np
 
+from privalign.alignment.win_rate import bon_win_probability  # re-exported (moved down in issue 18)
+from privalign.data.dialogue import _HUMAN, first_human_turn  # re-exported (moved down in issue 18)
 from privalign.experiments.config import Field
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 
 __all__ = ["EXPERIMENTS", "first_human_turn", "hh_winrate_examples", "build_hh_pool", "bon_win_probability",
            "winrate_table", "order_verdict"]
 
-_HUMAN = "\n\nHuman:"
-_ASSISTANT = "\n\nAssistant:"
 
 #: Seed of the permutation that picks the HH-RLHF win-rate prompts [our choice].
 HH_PROMPT_SEED = 20261129
-
-
-def first_human_turn(dialogue: str) -> str:
-    """The text of the first ``Human:`` turn of an HH-RLHF transcript or prefix (stripped)."""
-    i = dialogue.find(_HUMAN)
-    body = dialogue[i + len(_HUMAN):] if i >= 0 else dialogue
-    j = body.find(_ASSISTANT)
-    return (body[:j] if j >= 0 else body).strip()
 
 
 def hh_winrate_examples(num_prompts: int, *, seed: int = HH_PROMPT_SEED) -> list[Any]:
@@ -265,29 +257,6 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
     return cells
 
 
-def bon_win_probability(selector: np.ndarray, judge: np.ndarray) -> np.ndarray:
-    """Exact per-prompt win probability of best-of-N against one uniformly random base candidate.
-
-    Best-of-N picks a candidate with the largest ``selector`` score (uniformly among tied maxima); the base
-    policy's single sample is a uniformly random candidate of the same prompt (the pool holds i.i.d. samples
-    of the base policy); a win counts 1, a judge tie ½ (so a selector that ignores the text scores exactly ½).
-
-    Args:
-      selector: ``(P, N)`` scores used to pick.
-      judge: ``(P, N)`` judge scores.
-
-    Returns:
-      ``(P,)`` win probabilities in [0, 1].
-    """
-    selector = np.asarray(selector, float)
-    judge = np.asarray(judge, float)
-    top = selector >= selector.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(selector).max(axis=1, keepdims=True))
-    gt = (judge[:, :, None] > judge[:, None, :]).mean(axis=2)
-    eq = (judge[:, :, None] == judge[:, None, :]).mean(axis=2)
-    w = gt + 0.5 * eq  # (P, N): win probability of candidate k against a random base candidate
-    return (w * top).sum(axis=1) / top.sum(axis=1)
-
-
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
     from privalign.experiments.paper2 import UNIT, make_estimator
 
@@ -463,10 +432,11 @@ def _plot(run_dir: Path) -> list[str]:
         P = rows[0]["prompts"]
         ax.set_title(f"{ds}: best-of-{recs[0]['best_of']}, {P} prompts; judge: "
                      + ("IMDb gold sentiment model" if ds == "imdb" else "1 − profanity-check"), fontsize=10)
+        from matplotlib.artist import Artist
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
 
-        handles = [Patch(color="grey", alpha=shades[e], label=f"private RM, ε = {e:g}") for e in eps]
+        handles: list[Artist] = [Patch(color="grey", alpha=shades[e], label=f"private RM, ε = {e:g}") for e in eps]
         handles += [Patch(facecolor="#bbbbbb", hatch="//", label="non-private / reference"),
                     Line2D([], [], color="k", linestyle="--", label="0.5 = no gain over the base sample"),
                     Line2D([], [], color="grey", linestyle=":", label="best possible 1 − 1/(2N)")]

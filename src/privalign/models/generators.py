@@ -507,10 +507,10 @@ class CTranslate2Generator:
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
         self.model_id = info.get("model_id", str(self.model_dir))
         tok_dir = self.model_dir / "tokenizer"
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir if tok_dir.is_dir() else self.model_dir), local_files_only=True)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(tok_dir if tok_dir.is_dir() else self.model_dir), local_files_only=True)
         eos = info.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_ids = [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
-        self._gen = None  # created per prompt by _reseed
+        self._gen: Any = None  # a ctranslate2.Generator, created per prompt by _reseed
 
     def format_prompt(self, prompt: str) -> str:
         """The exact model input for ``prompt`` (chat template or raw), as in :class:`TransformersGenerator`."""

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from privalign._validation import check_choice, check_int
+from privalign.data.answers import extract_boxed  # re-exported (moved to data in issue 18)
 from privalign.errors import DataFormatError, PrivacyParameterError
 from privalign.models._resources import package_version, require, set_offline
 
@@ -409,25 +410,6 @@ def extract_gsm8k_answer(text: str) -> str | None:
         return m.group(1).replace(",", "")
     nums = _NUM.findall(text)
     return nums[-1].replace(",", "") if nums else None
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (balanced braces), or ``None``."""
-    k = text.rfind("\\boxed")
-    if k == -1:
-        return None
-    i = text.find("{", k)
-    if i == -1:
-        return None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return None
 
 
 _MMLU_RE = re.compile(r"The answer is\s*[:\s]*\**([A-D])\**", re.IGNORECASE)

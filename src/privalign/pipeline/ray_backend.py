@@ -29,7 +29,7 @@ __all__ = ["run_ray"]
 
 class _GenerateActor:
     def __init__(self, gen_spec: dict, seed: int, n: int, prompts: list[str]) -> None:
-        from privalign.pipeline.build_pool import make_generator
+        from privalign.pipeline.steps import make_generator
 
         spec = dict(gen_spec)
         spec["progress"] = False
@@ -47,7 +47,7 @@ class _GenerateActor:
 
 class _ScoreActor:
     def __init__(self, proxy: str, true: str, examples: list, max_chars: int) -> None:
-        from privalign.pipeline.build_pool import make_scorer
+        from privalign.pipeline.steps import make_scorer
 
         self.proxy, self.true = make_scorer(proxy), make_scorer(true)
         self.examples, self.max_chars = examples, max_chars
@@ -56,7 +56,7 @@ class _ScoreActor:
         import json
 
         from privalign.models.generators import Completion
-        from privalign.pipeline.build_pool import score_prompt
+        from privalign.pipeline.steps import score_prompt
 
         recs = []
         for i, payload in zip(batch["prompt_index"], batch["completions"]):

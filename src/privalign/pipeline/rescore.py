@@ -51,14 +51,11 @@ def rescore_pool(
     from privalign.data.pools import read_pool, write_pool
     from privalign.pipeline.build_pool import (
         _versions,
-        check_reward_name,
         git_info,
-        make_scorer,
         manifest_path,
-        reward_fields,
-        score_texts,
         write_manifest,
     )
+    from privalign.pipeline.steps import check_reward_name, make_scorer, reward_fields, score_texts
 
     src, out = Path(pool), Path(out)
     if proxy_reward is None and true_reward is None:

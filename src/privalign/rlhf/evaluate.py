@@ -111,9 +111,9 @@ def best_of_n_gold(selector: np.ndarray, gold: np.ndarray, ns: Sequence[int]) ->
     """Best-of-N from the reference samples, for each N: the ``M`` samples of every prompt are cut into
     ``⌊M / N⌋`` disjoint blocks of N (in order); each block's pick is the selector's maximum (ties: average over
     the tied candidates). Returns the mean gold reward of the picks, the analytic KL, and the exact probability
-    that a pick beats one random candidate of its block (:func:`privalign.experiments.winrate.bon_win_probability`);
+    that a pick beats one random candidate of its block (:func:`privalign.alignment.win_rate.bon_win_probability`);
     N = 1 gives the reference policy's mean gold reward over all samples and win rate ½."""
-    from privalign.experiments.winrate import bon_win_probability
+    from privalign.alignment.win_rate import bon_win_probability
 
     selector = np.asarray(selector, float)
     gold = np.asarray(gold, float)

@@ -118,7 +118,7 @@ def reward_training_pairs(metadata: dict[str, Any], model_path: str | os.PathLik
 def find_overlap(prompts: Sequence[str], pairs: Any) -> list[int]:
     """Indices of ``prompts`` that are private preference data: equal to a pair's prompt (or its first Human
     turn), or a word-prefix of a pair's chosen/rejected text (whitespace-normalised)."""
-    from privalign.experiments.winrate import first_human_turn
+    from privalign.data.dialogue import first_human_turn
 
     pair_prompts: set[str] = set()
     for k in pairs.prompts:

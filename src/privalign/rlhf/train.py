@@ -166,7 +166,7 @@ def _versions() -> dict[str, str | None]:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from privalign.experiments.manifest import write_json_atomic
+    from privalign._json import write_json_atomic
 
     write_json_atomic(path, data)
 

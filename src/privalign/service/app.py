@@ -75,23 +75,10 @@ class _BodyLimit:
         return await self.app(scope, replay, send)
 
 
-def _db_error_types() -> list[type[BaseException]]:
+def _db_error_types() -> list[type[Exception]]:
     import sqlite3
 
-    types: list[type[BaseException]] = [SQLAlchemyError, sqlite3.Error]
-    try:
-        import psycopg
-
-        types.append(psycopg.Error)
-    except ImportError:  # pragma: no cover - PostgreSQL support is optional
-        pass
-    return types
-
-
-def _db_error_types() -> list[type[BaseException]]:
-    import sqlite3
-
-    types: list[type[BaseException]] = [SQLAlchemyError, sqlite3.Error]
+    types: list[type[Exception]] = [SQLAlchemyError, sqlite3.Error]
     try:
         import psycopg
 
@@ -102,7 +89,7 @@ def _db_error_types() -> list[type[BaseException]]:
 
 
 def _param_of(loc: tuple) -> str:
-    parts = []
+    parts: list[str] = []
     for p in loc:
         if p == "body":
             continue
@@ -153,7 +140,8 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
         except Exception:  # pragma: no cover - last line of defence: no stack traces to clients
             log.exception("unhandled error")
             response = JSONResponse(error_body("internal_error", "Internal error."), status_code=500)
-        path = request.scope.get("route").path if request.scope.get("route") is not None else "other"
+        route = request.scope.get("route")
+        path = route.path if route is not None else "other"
         state.metrics.requests.labels(path, str(response.status_code)).inc()
         state.metrics.latency.labels(path).observe(time.perf_counter() - t0)
         return response

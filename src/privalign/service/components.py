@@ -30,7 +30,7 @@ log = logging.getLogger("privalign.service")
 
 __all__ = ["UpstreamError", "LinearHashedScorer", "UpstreamGenerator", "LocalTransformersGenerator", "build_scorer", "build_generator", "load_target"]
 
-Scorer = Callable[[str, Sequence[str]], Sequence[float]]
+Scorer = Callable[[str, Sequence[str]], Sequence[float] | np.ndarray]
 Generator = Callable[..., list[str]]
 
 
@@ -166,8 +166,8 @@ class LocalTransformersGenerator:
         import threading
 
         self.model, self.options, self.chat_template = model, options, chat_template
-        self.sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
-        self._gens: dict[int, Any] = {}
+        self.sampling: dict[str, Any] = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
+        self._gens: dict[tuple[int, float, float, bool], Any] = {}
         self._lock = threading.Lock()
 
     def _get(self, max_new_tokens: int, temperature: float | None = None, top_p: float | None = None, chat: bool = True) -> Any:

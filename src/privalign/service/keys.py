@@ -134,7 +134,8 @@ def list_keys(engine: Engine) -> list[dict[str, Any]]:
             select(db.api_keys, db.principals).join(db.principals, db.principals.c.principal == db.api_keys.c.key_id)
         ).mappings().all()
         conn.rollback()
-    for r in rows:
+    for raw in rows:
+        r: dict[str, Any] = dict(raw)
         left = {"remaining_epsilon": max(0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
                 "remaining_delta": max(0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"])}
         r = {**r, **db.units_to_floats({**left, **{k: r[k] for k in ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta",
@@ -187,6 +188,7 @@ def top_up(engine: Engine, key_id: str, *, epsilon: float, delta: float = 0.0) -
             first = conn.execute(
                 select(db.budget_grants.c.delta).where(db.budget_grants.c.principal == key_id).order_by(db.budget_grants.c.id).limit(1)
             ).first()
+            assert first is not None  # a zcdp key has the grant made at its creation
             d0 = db.from_units(first[0], db.DELTA_SCALE)
             a, b = budget_units("zcdp", eps, d0) if eps > 0 else (0.0, 0.0)
             store.grant(key_id, a, 0.0, note=f"top-up zcdp eps={eps} at delta={d0}", conn=conn)
@@ -235,7 +237,8 @@ class KeyCache:
     def remember(self, salt: str, secret_hash: str, info: KeyInfo) -> None:
         """Remember (or refresh: e.g. a newer ``limit``) a key that :func:`authenticate` accepted."""
         if info.key_id not in self._keys and len(self._keys) >= self.max_keys:
-            self._keys.pop(next(iter(self._keys), None), None)  # the first remembered goes first
+            for oldest in list(self._keys)[:1]:  # the first remembered goes first
+                self._keys.pop(oldest)
         self._keys[info.key_id] = (salt, secret_hash, info)
 
     def forget(self, key_id: str) -> None:

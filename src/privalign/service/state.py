@@ -35,8 +35,8 @@ class ServiceState:
         db.create_schema(self.engine, schema=cfg.database.schema or None)
         self.store = SQLBudgetStore(self.engine, durable=cfg.database.sync == "full")
         self.key_cache = KeyCache()
-        self.scorer = scorer if scorer is not None else build_scorer(cfg.reward_model)
-        self.generator = generator if generator is not None else build_generator(cfg.generator)
+        self.scorer: Any = scorer if scorer is not None else build_scorer(cfg.reward_model)  # duck-typed plug-ins
+        self.generator: Any = generator if generator is not None else build_generator(cfg.generator)
         self.noise = SecureNoise()
         self.metrics = ServiceMetrics()
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="privalign-work")

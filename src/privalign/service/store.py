@@ -52,7 +52,7 @@ import uuid
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.engine import Engine
@@ -250,7 +250,7 @@ class SQLBudgetStore:
         raw = self.engine.raw_connection()
         try:
             if self._pg:
-                dc = raw.driver_connection
+                dc: Any = raw.driver_connection  # the psycopg connection (typed Optional by SQLAlchemy)
                 dc.autocommit = True
                 try:
                     cur = raw.cursor()
@@ -305,7 +305,14 @@ class SQLBudgetStore:
         cur.execute(self._sql(name), params)
         return cur.fetchone()
 
+    @overload
+    def _lock_principal(self, cur: Any, principal: str, *, create: Literal[True]) -> dict: ...
+    @overload
+    def _lock_principal(self, cur: Any, principal: str, *, create: bool) -> dict | None: ...
+
     def _lock_principal(self, cur: Any, principal: str, *, create: bool) -> dict | None:
+        """The principal's cached totals under the row lock; with ``create``, the row is inserted first if
+        missing (so the result is never ``None``)."""
         q = "lock_pg" if self._pg else "lock"
         row = self._one(cur, q, {"p": principal})
         if row is None and create:
@@ -406,9 +413,10 @@ class SQLBudgetStore:
         with self._tx(durable=self.durable) as cur:
             if require_active:
                 key = self._one(cur, "key", {"p": principal})
-                row = self._lock_principal(cur, principal, create=False) if key is not None and key[0] is None else None
-                if row is None or self._exhausted(principal, row, ca, cb, lim) is not None:
+                locked = self._lock_principal(cur, principal, create=False) if key is not None and key[0] is None else None
+                if locked is None or self._exhausted(principal, locked, ca, cb, lim) is not None:
                     raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
+                row = locked
             else:
                 row = self._lock_principal(cur, principal, create=True)
                 refusal = self._exhausted(principal, row, ca, cb, lim)
@@ -459,6 +467,7 @@ class SQLBudgetStore:
             res = self._one(cur, "res", {"rid": reservation_id})
             closed = self._one(cur, "closed", {"rid": reservation_id})
             self._close_error(reservation_id, action, res, closed, sa, sb)
+            assert res is not None  # _close_error raised otherwise
             principal, ra, rb = res
             if action == "reconcile":
                 sa, sb = ra, rb
@@ -468,10 +477,12 @@ class SQLBudgetStore:
                     "rid": reservation_id, "p": principal, "a": action, "t": db.now(), "o": self.owner,
                     "e": ev, "ra": ra, "rb": rb, "sa": sa, "sb": sb, "d": detail, "c": reservation_id,
                 })
-            except self.engine.dialect.dbapi.IntegrityError:
+            except self.engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]  # a connected engine has its DBAPI
                 raise ReservationError(f"Reservation {reservation_id!r} is already closed; it cannot be {action}d.") from None
             cur.execute(self._sql("close"), {"ra": ra, "rb": rb, "sa": sa or 0, "sb": sb or 0, "p": principal})
-            return self._lock_principal(cur, principal, create=False)
+            totals = self._lock_principal(cur, principal, create=False)
+            assert totals is not None  # the reservation's principal row exists (foreign key)
+            return totals
 
     @staticmethod
     def _close_error(reservation_id: str, action: str, res: tuple | None, closed: tuple | None, sa: int | None, sb: int | None) -> None:
@@ -481,7 +492,7 @@ class SQLBudgetStore:
         if closed is not None:
             raise ReservationError(f"Reservation {reservation_id!r} is already closed ({closed[0]}); it cannot be {action}d.")
         _, ra, rb = res
-        if action == "settle" and (sa > ra or sb > rb):  # type: ignore[operator]
+        if action == "settle" and (sa > ra or sb > rb):
             raise ReservationError(
                 f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} (units) of reservation {reservation_id!r}."
             )

@@ -25,6 +25,7 @@ def respond(job: Job, r: Reserved, idx: int, text: str, n: int, realized: Any, u
     settle = None
     if r.receipt is not None:
         rc = r.receipt
+        assert units is not None  # a receipt exists only for a private method, which is always charged
         block.update({
             "epsilon_requested": job.plan.epsilon,
             "epsilon_reserved": _eps_of(realized=False, plan=job.plan, ev=job.plan.worst),
