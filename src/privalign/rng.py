@@ -166,9 +166,38 @@ class SecureNoise:
         return ((raw >> np.uint64(11)).astype(np.float64) * (2.0**-53)).reshape(shape)
 
     def bernoulli(self, p, size=None):
+        """Bernoulli(p) draws. A scalar ``p`` in [0, 1/2] (randomized response's flip probability) is sampled
+        *exactly* by OpenDP (:meth:`flip_mask`); otherwise by comparing a secure 53-bit uniform with ``p``
+        (success probability ⌈p·2⁵³⌉/2⁵³ ≥ p)."""
         p = np.asarray(p, dtype=np.float64)
         shape = p.shape if size is None else size
+        if p.ndim == 0 and 0.0 <= float(p) <= 0.5:
+            return self.flip_mask(float(p), shape)
         return self.uniform(shape) < p
+
+    def flip_mask(self, p: float, size: int | tuple[int, ...]) -> np.ndarray:
+        """A boolean array whose entries are independent Bernoulli(``p``), ``p`` in [0, 1/2], drawn with OpenDP's
+        exact Bernoulli sampler (``make_randomized_response_bitvec`` with f = 2p on the zero vector: each bit is
+        set with probability exactly f/2 = p, the float's exact rational value; no float comparison, no
+        rounding). ``p = 0`` gives all ``False``.
+        """
+        shape = (int(size),) if isinstance(size, int | np.integer) else tuple(int(s) for s in size)
+        n = int(np.prod(shape, dtype=np.int64))
+        if not 0.0 <= p <= 0.5:
+            raise PrivacyParameterError(f"The 'p' parameter of flip_mask must be in [0, 0.5]. Got {p!r} instead.")
+        if p == 0.0 or n == 0:
+            return np.zeros(shape, dtype=bool)
+        key = ("flip_mask", p)
+        m = self._cache.get(key)
+        if m is None:
+            dp = self._dp
+            m = dp.m.make_randomized_response_bitvec(dp.bitvector_domain(max_weight=1), dp.discrete_distance(), f=2.0 * p)
+            if len(self._cache) > 256:
+                self._cache.clear()
+            self._cache[key] = m
+        out = m(np.zeros((n + 7) // 8, dtype=np.uint8))
+        bits = np.unpackbits(np.frombuffer(bytes(out), dtype=np.uint8), count=n)
+        return bits.astype(bool).reshape(shape)
 
     def permutation(self, n):
         # Sort n secure 53-bit uniforms (a uniformly random permutation up to the probability of a tie,

@@ -1,0 +1,104 @@
+"""One factory per concept (issue 18): ``make_selector``/``pool_size`` and PrivBoN's ε ↔ scale conversion.
+
+The factory must build exactly what the direct constructors build (same laws, same events, same draws for
+the same seed), name a missing parameter, and be the one source of the "n, or 2n + 1" candidate rule.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from privalign.alignment import (
+    BestOfN,
+    InferenceTimePessimism,
+    PrivBoN,
+    PrivITP,
+    Selector,
+    make_selector,
+    pool_size,
+    privbon_epsilon,
+    privbon_scale,
+)
+from privalign.errors import PrivacyParameterError
+
+SCORES_A = np.array([0.1, 0.9, 0.4, 0.7, 0.2])
+SCORES_B = np.array([0.3, 0.8, 0.5, 0.6, 0.1])
+
+CASES = [
+    ("bon", {}, lambda: BestOfN()),
+    ("itp", {"beta": 0.5}, lambda: InferenceTimePessimism(0.5)),
+    ("privbon", {"epsilon": 0.7, "sensitivity": 0.5}, lambda: PrivBoN(0.7, sensitivity=0.5)),
+    ("privitp", {"beta": 0.5, "sigma_x": 0.2, "sigma_z": 0.3},
+     lambda: PrivITP(0.5, sigma_x=0.2, sigma_z=0.3)),
+]
+
+
+@pytest.mark.parametrize(("method", "params", "direct"), CASES, ids=[c[0] for c in CASES])
+def test_factory_builds_what_the_constructor_builds(method, params, direct, seed):
+    made, ref = make_selector(method, **params), direct()
+    assert isinstance(made, Selector) and type(made) is type(ref) and made.name == method
+    assert made.worst_case_event(5) == ref.worst_case_event(5)
+    b = SCORES_B if method in ("itp", "privitp") else None
+    law_m, law_r = made.law(SCORES_A, pool_b_scores=b), ref.law(SCORES_A, pool_b_scores=b)
+    assert np.array_equal(law_m.probabilities, law_r.probabilities) and law_m.fallback == law_r.fallback
+    s_m = made.select(SCORES_A, rng=np.random.default_rng(seed), pool_b_scores=b)
+    s_r = ref.select(SCORES_A, rng=np.random.default_rng(seed), pool_b_scores=b)
+    assert s_m.index == s_r.index and s_m.event == s_r.event
+
+
+@pytest.mark.parametrize(("method", "missing"), [("itp", "beta"), ("privbon", "epsilon"), ("privitp", "beta"),
+                                                 ("privitp", "sigma_x")])
+def test_missing_parameter_is_named(method, missing):
+    params = {"beta": 0.5, "epsilon": 1.0, "sigma_x": 0.2}
+    params.pop(missing)
+    with pytest.raises(PrivacyParameterError, match=f"'{missing}' parameter is required for method '{method}'"):
+        make_selector(method, **params)
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(PrivacyParameterError, match="'method'"):
+        make_selector("privmax")
+
+
+def test_sigma_z_defaults_to_sigma_x():
+    sel = make_selector("privitp", beta=0.5, sigma_x=0.25)
+    assert sel.worst_case_event(4) == PrivITP(0.5, sigma_x=0.25, sigma_z=0.25).worst_case_event(4)
+
+
+@pytest.mark.parametrize(("method", "n", "want"), [("bon", 4, 4), ("privbon", 4, 4), ("itp", 4, 9), ("privitp", 1, 3)])
+def test_pool_size_is_n_or_two_n_plus_one(method, n, want):
+    assert pool_size(method, n) == want
+
+
+def test_pool_size_refuses_bad_input():
+    with pytest.raises(PrivacyParameterError):
+        pool_size("privitp", 0)
+    with pytest.raises(PrivacyParameterError):
+        pool_size("nope", 3)
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3, 0.7, 1.0, 2.0 / 3.0, 1e-6, 7.3])
+@pytest.mark.parametrize("sens", [1.0, 0.5, 0.3, 3.0])
+def test_privbon_conversion_is_conservative_and_shared(eps, sens):
+    from fractions import Fraction
+
+    scale = privbon_scale(eps, sens)
+    assert Fraction(scale) * Fraction(eps) >= 2 * Fraction(sens)  # scale ≥ 2Δ/ε exactly: charged ε ≤ target
+    charged = privbon_epsilon(scale, sens)
+    assert Fraction(charged) * Fraction(scale) >= 2 * Fraction(sens)  # charged ≥ 2Δ/scale exactly
+    assert charged <= eps or math.nextafter(eps, math.inf) >= charged  # at most one ulp above the target
+    sel = PrivBoN(eps, sensitivity=sens)  # the selector uses the same conversion
+    assert sel.scale == scale and sel.epsilon_effective == charged
+
+
+def test_privbon_conversion_at_infinity():
+    assert privbon_scale(math.inf, 1.0) == 0.0
+    assert privbon_epsilon(0.0, 1.0) == math.inf
+
+
+def test_simulation_uses_the_shared_conversion():
+    from privalign.alignment.simulation import MethodSpec
+
+    assert MethodSpec("privbon", epsilon=0.3).privbon_scale(0.7) == privbon_scale(0.3, 0.7)
+    assert MethodSpec("privbon", sigma=0.25).privbon_scale(0.7) == 0.25
