@@ -44,4 +44,4 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs .pytest_cache
+	rm -rf $(VENV) build *.egg-info runs .pytest_cache .mypy_cache .ruff_cache
