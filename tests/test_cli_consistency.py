@@ -32,7 +32,9 @@ def test_no_spec_section_citations_in_help():
     """The specification documents are not in the repository: help text must not cite their sections."""
     for cmd, a in _walk(build_parser()):
         assert "§" not in (a.help or ""), (cmd, a.option_strings, a.help)
-    for _, sp in next(x for x in build_parser()._actions if isinstance(x, argparse._SubParsersAction)).choices.items():
+    for _, sp in next(
+        x for x in build_parser()._actions if isinstance(x, argparse._SubParsersAction)
+    ).choices.items():
         assert "spec §" not in (sp.description or ""), sp.prog
 
 
@@ -46,8 +48,23 @@ def test_seed_options_share_one_vocabulary():
 
 def test_build_pool_accepts_data_as_in_fit_reward():
     p = build_parser()
-    args = p.parse_args(["build-pool", "--data", "gsm8k", "--n", "2", "--num-prompts", "1", "--proxy-reward", "none",
-                         "--true-reward", "gsm8k", "--out", "x.jsonl"])
+    args = p.parse_args(
+        [
+            "build-pool",
+            "--data",
+            "gsm8k",
+            "--n",
+            "2",
+            "--num-prompts",
+            "1",
+            "--proxy-reward",
+            "none",
+            "--true-reward",
+            "gsm8k",
+            "--out",
+            "x.jsonl",
+        ]
+    )
     assert args.dataset == "gsm8k"
 
 
@@ -64,8 +81,22 @@ def test_session_json_is_valid_even_when_nothing_is_served(tmp_path, capsys):
 
     path = tmp_path / "pool.jsonl.gz"
     write_pool(path, make_synthetic_pool(6, 40, random_state=0).to_records())
-    assert main(["session", "--pool", str(path), "--budget-epsilon", "1", "--out", str(tmp_path / "s"),
-                 "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "session",
+                "--pool",
+                str(path),
+                "--budget-epsilon",
+                "1",
+                "--out",
+                str(tmp_path / "s"),
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     out = _strict(cap.out)
     assert out["prompts_served"] == 0 and out["mean_true_reward"] is None
@@ -74,15 +105,48 @@ def test_session_json_is_valid_even_when_nothing_is_served(tmp_path, capsys):
 
 
 def test_errors_name_flags_not_python_parameters(capsys):
-    assert main(["select", "--method", "privitp", "--beta", "0.1", "--sigma-x", "-1", "--sigma-z", "1",
-                 "--scores", "0.1", "--scores-b", "0.2"]) == 2
+    assert (
+        main(
+            [
+                "select",
+                "--method",
+                "privitp",
+                "--beta",
+                "0.1",
+                "--sigma-x",
+                "-1",
+                "--sigma-z",
+                "1",
+                "--scores",
+                "0.1",
+                "--scores-b",
+                "0.2",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "'--sigma-x'" in err and "'sigma_x'" not in err
 
 
 def test_select_fallback_says_why(capsys):
-    argv = ["select", "--method", "privitp", "--scores", "0.1,0.5,0.9", "--scores-b", "0.2,0.8,0.4", "--beta", "0.1",
-            "--sigma-x", "2", "--sigma-z", "0.5", "--seed", "0"]
+    argv = [
+        "select",
+        "--method",
+        "privitp",
+        "--scores",
+        "0.1,0.5,0.9",
+        "--scores-b",
+        "0.2,0.8,0.4",
+        "--beta",
+        "0.1",
+        "--sigma-x",
+        "2",
+        "--sigma-z",
+        "0.5",
+        "--seed",
+        "0",
+    ]
     assert main([*argv, "--json"]) == 0
     out = _strict(capsys.readouterr().out)
     if not out["fallback"]:
@@ -94,12 +158,42 @@ def test_select_fallback_says_why(capsys):
 
 def test_json_only_with_the_json_flag(capsys):
     """One convention: --json prints JSON on stdout; without it, text (also when stdout is not a terminal)."""
-    assert main(["audit", "--mechanism", "randomized_response", "--epsilon", "1", "--samples", "2000", "--seed", "0"]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                "--mechanism",
+                "randomized_response",
+                "--epsilon",
+                "1",
+                "--samples",
+                "2000",
+                "--seed",
+                "0",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     with pytest.raises(ValueError):
         json.loads(text)
-    assert main(["audit", "--mechanism", "randomized_response", "--epsilon", "1", "--samples", "2000", "--seed", "0",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                "--mechanism",
+                "randomized_response",
+                "--epsilon",
+                "1",
+                "--samples",
+                "2000",
+                "--seed",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert _strict(capsys.readouterr().out)["verdict"]
 
 

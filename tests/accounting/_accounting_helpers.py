@@ -32,9 +32,14 @@ EVENT_STRATEGIES = {
     "approx_dp_zero_delta": st.builds(lambda e: ApproxDPEvent(epsilon=e, delta=0.0), pos),
     "zcdp": st.builds(lambda r: ZCDPEvent(rho=r), pos),
     "ex_post": st.builds(
-        lambda a, b, d: ExPostEvent(epsilon_realized=min(a, b), epsilon_max=max(a, b), delta=d), pos, pos, deltas
+        lambda a, b, d: ExPostEvent(epsilon_realized=min(a, b), epsilon_max=max(a, b), delta=d),
+        pos,
+        pos,
+        deltas,
     ),
-    "ex_post_pure": st.builds(lambda a, b: ExPostEvent(epsilon_realized=min(a, b), epsilon_max=max(a, b)), pos, pos),
+    "ex_post_pure": st.builds(
+        lambda a, b: ExPostEvent(epsilon_realized=min(a, b), epsilon_max=max(a, b)), pos, pos
+    ),
     "noisy_argmax": st.builds(lambda e: NoisyArgmaxEvent(epsilon=e), pos),
     "gaussian": st.builds(lambda n: GaussianEvent(noise_multiplier=n), nms),
     "laplace": st.builds(lambda n: LaplaceEvent(noise_multiplier=n), nms),
@@ -51,16 +56,60 @@ EVENT_STRATEGIES = {
 
 # Which kinds each accountant supports (the contract says: every other kind fails closed).
 SUPPORTED = {
-    "pure": {"pure_dp", "approx_dp_zero_delta", "ex_post_pure", "noisy_argmax", "laplace",
-             "randomized_response", "peeling"},
-    "zcdp": {"pure_dp", "approx_dp_zero_delta", "ex_post_pure", "zcdp", "noisy_argmax", "gaussian", "laplace",
-             "randomized_response", "peeling"},
-    "approx": {"pure_dp", "approx_dp", "approx_dp_zero_delta", "ex_post", "ex_post_pure", "noisy_argmax",
-               "laplace", "randomized_response", "peeling"},
-    "rdp": {"pure_dp", "approx_dp_zero_delta", "ex_post_pure", "zcdp", "noisy_argmax", "gaussian", "laplace",
-            "randomized_response", "peeling", "poisson_gaussian"},
-    "pld": {"pure_dp", "approx_dp_zero_delta", "ex_post_pure", "noisy_argmax", "gaussian", "laplace",
-            "randomized_response", "peeling", "poisson_gaussian"},
+    "pure": {
+        "pure_dp",
+        "approx_dp_zero_delta",
+        "ex_post_pure",
+        "noisy_argmax",
+        "laplace",
+        "randomized_response",
+        "peeling",
+    },
+    "zcdp": {
+        "pure_dp",
+        "approx_dp_zero_delta",
+        "ex_post_pure",
+        "zcdp",
+        "noisy_argmax",
+        "gaussian",
+        "laplace",
+        "randomized_response",
+        "peeling",
+    },
+    "approx": {
+        "pure_dp",
+        "approx_dp",
+        "approx_dp_zero_delta",
+        "ex_post",
+        "ex_post_pure",
+        "noisy_argmax",
+        "laplace",
+        "randomized_response",
+        "peeling",
+    },
+    "rdp": {
+        "pure_dp",
+        "approx_dp_zero_delta",
+        "ex_post_pure",
+        "zcdp",
+        "noisy_argmax",
+        "gaussian",
+        "laplace",
+        "randomized_response",
+        "peeling",
+        "poisson_gaussian",
+    },
+    "pld": {
+        "pure_dp",
+        "approx_dp_zero_delta",
+        "ex_post_pure",
+        "noisy_argmax",
+        "gaussian",
+        "laplace",
+        "randomized_response",
+        "peeling",
+        "poisson_gaussian",
+    },
 }
 
 FACTORIES = {

@@ -41,14 +41,19 @@ def golden_events() -> list:
         GaussianEvent(noise_multiplier=1.5),
         LaplaceEvent(noise_multiplier=4.0),
         RandomizedResponseEvent(epsilon=2.0, unit="label"),
-        PeelingEvent(sparsity=16, noise_multiplier=30.5, target_epsilon=1.0, target_delta=1e-5, unit="sample"),
+        PeelingEvent(
+            sparsity=16, noise_multiplier=30.5, target_epsilon=1.0, target_delta=1e-5, unit="sample"
+        ),
         PoissonSampledEvent(
             sampling_probability=0.01, event=GaussianEvent(noise_multiplier=1.1), relation="add_remove_one"
         ),
         ComposedEvent(events=[NoisyArgmaxEvent(epsilon=0.1), LaplaceEvent(noise_multiplier=2.0)]),
         SelfComposedEvent(event=NoisyArgmaxEvent(epsilon=0.1), count=100),
         ParallelComposedEvent(
-            events=[PeelingEvent(sparsity=4, noise_multiplier=10.0), PeelingEvent(sparsity=4, noise_multiplier=12.0)],
+            events=[
+                PeelingEvent(sparsity=4, noise_multiplier=10.0),
+                PeelingEvent(sparsity=4, noise_multiplier=12.0),
+            ],
             unit="sample",
         ),
     ]

@@ -37,7 +37,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("fn", "args", "param", "value"), CASES, ids=[f"{c[0].__name__}-{c[2]}-{c[3]}" for c in CASES])
+@pytest.mark.parametrize(
+    ("fn", "args", "param", "value"), CASES, ids=[f"{c[0].__name__}-{c[2]}-{c[3]}" for c in CASES]
+)
 def test_bad_values(fn, args, param, value):
     with pytest.raises(PrivacyParameterError) as info:
         fn(*args)

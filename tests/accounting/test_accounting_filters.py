@@ -123,7 +123,10 @@ class FilterMachine(RuleBasedStateMachine):
 
 TestFilterMachine = FilterMachine.TestCase
 TestFilterMachine.settings = settings(
-    max_examples=40, stateful_step_count=30, deadline=None, derandomize=True,
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=list(HealthCheck),
 )
 
@@ -337,7 +340,7 @@ def _mechanism(seed, i, hist):
     ex-post given a. Either phase may be trivial (a point mass under both datasets).
     """
     code = 0
-    for (a, b) in hist:
+    for a, b in hist:
         code = code * (_K * _K + 1) + a * _K + b + 1
     rng = np.random.default_rng([seed, i, code])
     kind = rng.integers(3)  # 0 event-form only, 1 pointwise only, 2 both (PrivITP-like)
@@ -376,11 +379,20 @@ def _transcripts(seed, budget, *, charge_delta=True):
         f = ExPostFilter(*budget)
         for i, (a, b) in enumerate(hist):
             pa, qa, ea, da, pb, qb, eb = _mechanism(seed, i, hist[:i])
-            worst = ExPostEvent(epsilon_realized=ea + float(eb.max()), epsilon_max=ea + float(eb.max()),
-                                delta=da if charge_delta else 0.0)
+            worst = ExPostEvent(
+                epsilon_realized=ea + float(eb.max()),
+                epsilon_max=ea + float(eb.max()),
+                delta=da if charge_delta else 0.0,
+            )
             r = f.reserve("u", worst)
-            f.settle(r, ExPostEvent(epsilon_realized=ea + float(eb[a, b]), epsilon_max=ea + float(eb.max()),
-                                    delta=da if charge_delta else 0.0))
+            f.settle(
+                r,
+                ExPostEvent(
+                    epsilon_realized=ea + float(eb[a, b]),
+                    epsilon_max=ea + float(eb.max()),
+                    delta=da if charge_delta else 0.0,
+                ),
+            )
         return f
 
     def walk(hist, pd, pd2, dsum, esum):
@@ -390,8 +402,11 @@ def _transcripts(seed, budget, *, charge_delta=True):
             return
         pa, qa, ea, da, pb, qb, eb = _mechanism(seed, i, hist)
         f = replay(hist)
-        worst = ExPostEvent(epsilon_realized=ea + float(eb.max()), epsilon_max=ea + float(eb.max()),
-                            delta=da if charge_delta else 0.0)
+        worst = ExPostEvent(
+            epsilon_realized=ea + float(eb.max()),
+            epsilon_max=ea + float(eb.max()),
+            delta=da if charge_delta else 0.0,
+        )
         try:
             f.reserve("u", worst)
         except BudgetExhaustedError:
@@ -399,8 +414,13 @@ def _transcripts(seed, budget, *, charge_delta=True):
             return
         for a in range(_K):
             for b in range(_K):
-                walk(hist + ((a, b),), pd * pa[a] * pb[a, b], pd2 * qa[a] * qb[a, b], dsum + da,
-                     esum + ea + float(eb[a, b]))
+                walk(
+                    hist + ((a, b),),
+                    pd * pa[a] * pb[a, b],
+                    pd2 * qa[a] * qb[a, b],
+                    dsum + da,
+                    esum + ea + float(eb[a, b]),
+                )
 
     walk((), 1.0, 1.0, 0.0, 0.0)
     return out
@@ -469,4 +489,3 @@ def test_expost_filter_never_refunds_delta():
     with pytest.raises(ReservationError, match="exceeds the reservation"):
         f.settle(r2, ExPostEvent(epsilon_realized=0.1, epsilon_max=0.1, delta=2e-7))
     assert f.spent("u")["settled_delta"] == 1e-6
-

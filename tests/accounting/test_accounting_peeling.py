@@ -81,7 +81,9 @@ def _rnm_prob_first(scores: tuple[float, float], b: float) -> float:
     """P(argmax(scores + Laplace(b)^2) = 0), exactly, by integrating over the first noise."""
     lap = stats.laplace(scale=b)
     f = lambda w: lap.pdf(w) * lap.cdf(scores[0] + w - scores[1])  # noqa: E731
-    val, err = integrate.quad(f, -60 * b, 60 * b, points=[0.0, scores[1] - scores[0]], epsabs=1e-14, limit=200)
+    val, err = integrate.quad(
+        f, -60 * b, 60 * b, points=[0.0, scores[1] - scores[0]], epsabs=1e-14, limit=200
+    )
     return val
 
 

@@ -59,7 +59,9 @@ def test_gaussian_epsilon_is_sound_and_tight(nm, delta):
 @pytest.mark.parametrize("k", [1, 4])
 def test_rdp_pld_gaussian_delta_never_below_optimal_curve(method, nm, k):
     """k Gaussians at nm are one Gaussian at nm/sqrt(k); the accountant's δ(ε) must be ≥ its exact curve."""
-    acc = RDPAccountant(method, value_discretization_interval=1e-3).compose(GaussianEvent(noise_multiplier=nm), k)
+    acc = RDPAccountant(method, value_discretization_interval=1e-3).compose(
+        GaussianEvent(noise_multiplier=nm), k
+    )
     nm_eff = nm / math.sqrt(k)
     for eps in [0.1, 0.5, 1.0, 2.0, 4.0]:
         assert acc.get_delta(eps) >= float(oracle_delta(nm_eff, eps)), eps
@@ -130,8 +132,9 @@ def test_pure_get_delta_is_the_randomized_response_hockey_stick():
 
 
 def test_poisson_sampled_gaussian_pld_not_above_rdp():
-    ev = PoissonSampledEvent(sampling_probability=0.01, event=GaussianEvent(noise_multiplier=1.0),
-                             relation="add_remove_one")
+    ev = PoissonSampledEvent(
+        sampling_probability=0.01, event=GaussianEvent(noise_multiplier=1.0), relation="add_remove_one"
+    )
     rdp = RDPAccountant("rdp").compose(ev, 500).get_epsilon(1e-5)
     pld = RDPAccountant("pld").compose(ev, 500).get_epsilon(1e-5)
     assert 0 < pld <= rdp

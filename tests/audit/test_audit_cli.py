@@ -17,7 +17,9 @@ def _run(capsys, *argv):
 
 @pytest.mark.statistical
 def test_cli_audit_prints_json_with_claim_bound_alpha_and_verdict(capsys):
-    rc, out, _ = _run(capsys, "--mechanism", "randomized_response", "--epsilon", "1.0", "--seed", "3", "--json")
+    rc, out, _ = _run(
+        capsys, "--mechanism", "randomized_response", "--epsilon", "1.0", "--seed", "3", "--json"
+    )
     assert rc == 0
     rep = json.loads(out)
     assert rep["mechanism"] == "randomized_response" and rep["pair"] == "bit 0 vs bit 1"
@@ -29,8 +31,17 @@ def test_cli_audit_prints_json_with_claim_bound_alpha_and_verdict(capsys):
 @pytest.mark.statistical
 def test_cli_audit_catches_a_broken_variant_and_can_fail(capsys):
     rc, out, _ = _run(
-        capsys, "--mechanism", "noisy_argmax", "--epsilon", "1", "--seed", "5", "--broken", "sensitivity_ignored",
-        "--json", "--fail-on-violation",
+        capsys,
+        "--mechanism",
+        "noisy_argmax",
+        "--epsilon",
+        "1",
+        "--seed",
+        "5",
+        "--broken",
+        "sensitivity_ignored",
+        "--json",
+        "--fail-on-violation",
     )
     rep = json.loads(out)
     assert rep["verdict"] == "violation" and rep["epsilon_lower_bound"] > 1.0 and rc == 1
@@ -40,7 +51,20 @@ def test_cli_audit_catches_a_broken_variant_and_can_fail(capsys):
 def test_cli_audit_gaussian_needs_delta_and_reports_it(capsys):
     rc, _, err = _run(capsys, "--mechanism", "gaussian", "--epsilon", "1")
     assert rc == 2 and "'--delta'" in err  # the flag, not the Python parameter (issue 16)
-    rc, out, _ = _run(capsys, "--mechanism", "gaussian", "--epsilon", "1", "--delta", "0.01", "--samples", "2000", "--seed", "1", "--json")
+    rc, out, _ = _run(
+        capsys,
+        "--mechanism",
+        "gaussian",
+        "--epsilon",
+        "1",
+        "--delta",
+        "0.01",
+        "--samples",
+        "2000",
+        "--seed",
+        "1",
+        "--json",
+    )
     rep = json.loads(out)
     assert rc == 0 and rep["delta"] == 0.01 and rep["parameters"]["sigma"] > 0
 

@@ -24,8 +24,18 @@ ALPHA = 1e-4
 
 CASES = [
     # (test id naming the pair, mechanism, kwargs, samples per side)
-    ("noisy_argmax-(1,0,...,0)_vs_(0,1,...,1)-d8-eps1", "noisy_argmax", {"epsilon": 1.0, "candidates": 8}, 10_000),
-    ("noisy_argmax-(1,0,...,0)_vs_(0,1,...,1)-d8-eps0.5", "noisy_argmax", {"epsilon": 0.5, "candidates": 8}, 30_000),
+    (
+        "noisy_argmax-(1,0,...,0)_vs_(0,1,...,1)-d8-eps1",
+        "noisy_argmax",
+        {"epsilon": 1.0, "candidates": 8},
+        10_000,
+    ),
+    (
+        "noisy_argmax-(1,0,...,0)_vs_(0,1,...,1)-d8-eps0.5",
+        "noisy_argmax",
+        {"epsilon": 0.5, "candidates": 8},
+        30_000,
+    ),
     ("noisy_top_k-(1,1,0,0,0,0)_vs_(0,0,1,1,1,1)-k2-eps1", "noisy_top_k", {"epsilon": 1.0, "k": 2}, 10_000),
     ("randomized_response-bit0_vs_bit1-eps1", "randomized_response", {"epsilon": 1.0}, 10_000),
     ("randomized_response-bit0_vs_bit1-eps3", "randomized_response", {"epsilon": 3.0}, 20_000),
@@ -35,7 +45,12 @@ CASES = [
 
 
 def _audit(mechanism, kwargs, n, seed, broken=None):
-    setup = worst_case_setup(mechanism, rng=np.random.default_rng([seed, zlib.crc32(str(broken).encode())]), broken=broken, **kwargs)
+    setup = worst_case_setup(
+        mechanism,
+        rng=np.random.default_rng([seed, zlib.crc32(str(broken).encode())]),
+        broken=broken,
+        **kwargs,
+    )
     return setup.run(n, ALPHA)
 
 
@@ -59,8 +74,12 @@ def test_audit_of_a_uninformative_pair_cannot_see_the_factor_two_bug(seed):
     rng = np.random.default_rng(seed)
     d, dp = np.array([1.0, 0.0, 0.0, 0.0]), np.array([0.0, 1.0, 0.0, 0.0])
     res = audit_mechanism(
-        lambda n: bad(np.tile(d, (n, 1)), rng=rng), lambda n: bad(np.tile(dp, (n, 1)), rng=rng), 10_000, ALPHA,
-        claimed_epsilon=1.0, outcomes=range(4),
+        lambda n: bad(np.tile(d, (n, 1)), rng=rng),
+        lambda n: bad(np.tile(dp, (n, 1)), rng=rng),
+        10_000,
+        ALPHA,
+        claimed_epsilon=1.0,
+        outcomes=range(4),
     )
     # True max log-ratio on this pair is exactly ε = 1, so with probability ≥ 1 − α no violation is seen.
     assert res.passed

@@ -66,7 +66,9 @@ def test_chi_square_accepts_the_true_law_and_rejects_a_wrong_one(rng):
     p = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
     counts = rng.multinomial(5_000, p)
     res = assert_chi_square(counts, p, ALPHA)
-    assert res.details["df"] >= 1 and res.critical_value == pytest.approx(stats.chi2.isf(ALPHA, res.details["df"]))
+    assert res.details["df"] >= 1 and res.critical_value == pytest.approx(
+        stats.chi2.isf(ALPHA, res.details["df"])
+    )
     wrong = rng.multinomial(5_000, [0.45, 0.35, 0.15, 0.05, 0.0])
     with pytest.raises(StatisticalAssertionError, match="false-positive probability"):
         assert_chi_square(wrong, p, ALPHA)
@@ -97,7 +99,9 @@ def test_epsilon_lower_bound_on_exact_counts():
     # Both sides with 10^6 draws and the exact e^1 ratio: the bound is below 1 but close.
     n = 1_000_000
     p, q = 0.7310585786300049, 0.2689414213699951
-    res = epsilon_lower_bound([round(n * p), round(n * q)], [round(n * q), round(n * p)], n, n, alpha=1e-3, claimed_epsilon=1.0)
+    res = epsilon_lower_bound(
+        [round(n * p), round(n * q)], [round(n * q), round(n * p)], n, n, alpha=1e-3, claimed_epsilon=1.0
+    )
     assert 0.97 < res.epsilon_lower_bound < 1.0 and res.passed and res.n_intervals == 4
     # δ is subtracted before the ratio.
     res_d = epsilon_lower_bound([500], [100], 1000, 1000, alpha=1e-3, delta=0.3)

@@ -14,7 +14,9 @@ import privalign
 SRC = Path(privalign.__file__).parent
 MODULES = sorted(
     ".".join(("privalign", *p.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__")
-    for p in SRC.rglob("*.py") if ">>>" in p.read_text(encoding="utf-8"))
+    for p in SRC.rglob("*.py")
+    if ">>>" in p.read_text(encoding="utf-8")
+)
 
 
 def test_some_examples_are_collected():
@@ -24,6 +26,10 @@ def test_some_examples_are_collected():
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
+    result = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False
+    )
     assert result.attempted > 0, f"{name}: no example found by doctest"
-    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed (run python -m doctest -v)"
+    assert result.failed == 0, (
+        f"{name}: {result.failed} of {result.attempted} examples failed (run python -m doctest -v)"
+    )

@@ -10,11 +10,22 @@ import pytest
 from privalign._json import dumps, from_jsonable, to_jsonable, write_json_atomic
 
 
-@pytest.mark.parametrize(("value", "want"), [
-    (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, None), (np.float64(np.inf), "inf"),
-    (np.float32(-np.inf), "-inf"), (np.float32(np.nan), None), (np.int64(7), 7), (np.bool_(True), True),
-    (1.5, 1.5), ("inf", "inf"), (None, None),
-])
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        (math.inf, "inf"),
+        (-math.inf, "-inf"),
+        (math.nan, None),
+        (np.float64(np.inf), "inf"),
+        (np.float32(-np.inf), "-inf"),
+        (np.float32(np.nan), None),
+        (np.int64(7), 7),
+        (np.bool_(True), True),
+        (1.5, 1.5),
+        ("inf", "inf"),
+        (None, None),
+    ],
+)
 def test_scalars(value, want):
     got = to_jsonable(value)
     assert got == want and type(got) is type(want)
@@ -51,7 +62,12 @@ def test_the_cli_and_old_names_use_the_one_policy():
     from privalign.experiments.manifest import write_json_atomic as manifest_write
 
     obj = {"eps": math.inf, "mean": math.nan, "t": (1, -math.inf)}
-    assert args_clean(obj) == select_clean(obj) == to_jsonable(obj) == {"eps": "inf", "mean": None, "t": [1, "-inf"]}
+    assert (
+        args_clean(obj)
+        == select_clean(obj)
+        == to_jsonable(obj)
+        == {"eps": "inf", "mean": None, "t": [1, "-inf"]}
+    )
     assert manifest_write is write_json_atomic
 
 
@@ -68,8 +84,17 @@ def test_old_import_paths_still_work():  # public API kept: the moved helpers ar
     assert iht.privatize_labels is labels.privatize_labels and iht.debiased_labels is labels.debiased_labels
     assert runner.Experiment is base.Experiment and runner.ExperimentError is base.ExperimentError
     assert runner.RunContext is base.RunContext and runner.RunDirectoryError is base.RunDirectoryError
-    for name in ("make_generator", "make_scorer", "score_prompt", "sanitize_text", "score_texts", "reward_fields",
-                 "check_reward_name", "GENERATOR_KINDS", "SCORER_NAMES"):
+    for name in (
+        "make_generator",
+        "make_scorer",
+        "score_prompt",
+        "sanitize_text",
+        "score_texts",
+        "reward_fields",
+        "check_reward_name",
+        "GENERATOR_KINDS",
+        "SCORER_NAMES",
+    ):
         assert getattr(build_pool, name) is getattr(steps, name)
     assert winrate.first_human_turn is first_human_turn and winrate.bon_win_probability is bon_win_probability
     assert scorers.extract_boxed is extract_boxed and _resources.package_dir is package_dir

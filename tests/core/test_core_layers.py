@@ -74,8 +74,12 @@ def test_every_package_has_a_layer():
 
 
 def test_imports_go_down_the_layers():
-    upward = {(_package(a), _package(b)) for a, bs in _graph().items() for b in bs
-              if _package(a) != _package(b) and RANK[_package(b)] >= RANK[_package(a)]}
+    upward = {
+        (_package(a), _package(b))
+        for a, bs in _graph().items()
+        for b in bs
+        if _package(a) != _package(b) and RANK[_package(b)] >= RANK[_package(a)]
+    }
     assert upward - KNOWN_UPWARD == set(), f"new upward imports: {sorted(upward - KNOWN_UPWARD)}"
     assert KNOWN_UPWARD - upward == set(), f"fixed, remove from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - upward)}"
 
@@ -120,7 +124,9 @@ def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 def test_no_import_cycles():
     cycles = _cycles(_graph())
     assert cycles - KNOWN_CYCLES == set(), f"new import cycles: {[sorted(c) for c in cycles - KNOWN_CYCLES]}"
-    assert KNOWN_CYCLES - cycles == set(), f"fixed, remove from KNOWN_CYCLES: {[sorted(c) for c in KNOWN_CYCLES - cycles]}"
+    assert KNOWN_CYCLES - cycles == set(), (
+        f"fixed, remove from KNOWN_CYCLES: {[sorted(c) for c in KNOWN_CYCLES - cycles]}"
+    )
 
 
 def test_the_cycle_finder_finds_a_cycle():  # negative control for the check above

@@ -240,4 +240,6 @@ def test_seed_contract_same_seed_same_output_no_seed_differs(seed):
     # candidates has probability 50^-200.
     assert not np.array_equal(m(scores, rng=SeededNoise(None)), m(scores, rng=SeededNoise(None)))
     children = np.random.SeedSequence(seed).spawn(2)
-    assert not np.array_equal(m(scores, rng=np.random.default_rng(children[0])), m(scores, rng=np.random.default_rng(children[1])))
+    assert not np.array_equal(
+        m(scores, rng=np.random.default_rng(children[0])), m(scores, rng=np.random.default_rng(children[1]))
+    )

@@ -21,7 +21,9 @@ mpmath.mp.dps = 60
 
 def test_advanced_composition_delta_near_one_is_not_understated():  # F1
     got = advanced_composition_epsilon(0.1, 1, 0.999999)
-    exact = mpmath.mpf(0.1) * mpmath.sqrt(2 * -mpmath.log(mpmath.mpf(0.999999))) + mpmath.mpf(0.1) * mpmath.expm1(0.1)
+    exact = mpmath.mpf(0.1) * mpmath.sqrt(2 * -mpmath.log(mpmath.mpf(0.999999))) + mpmath.mpf(
+        0.1
+    ) * mpmath.expm1(0.1)
     assert mpmath.mpf(got) >= exact
 
 
@@ -40,7 +42,7 @@ def test_peeling_huge_epsilon_is_not_an_overflow():  # F2
 @pytest.mark.parametrize("eps,sens", [(0.1, 0.1), (0.3, 0.7), (1.0 / 3.0, 0.1), (0.7, 0.3), (2.9, 1.1)])
 def test_laplace_loss_never_exceeds_the_requested_epsilon(eps, sens):  # F5
     m = LaplaceMechanism.from_epsilon(eps, sens)
-    assert Fraction(sens) / Fraction(m.scale) <= Fraction(eps)      # the noise actually used
+    assert Fraction(sens) / Fraction(m.scale) <= Fraction(eps)  # the noise actually used
     assert 1 / Fraction(m.noise_multiplier) >= Fraction(sens) / Fraction(m.scale)  # the event charges ≥ it
     assert Fraction(m.epsilon) >= Fraction(sens) / Fraction(m.scale)
 

@@ -142,7 +142,8 @@ def _rnm_laplace_probs(a: np.ndarray, b: float) -> np.ndarray:
             return _lap_pdf(x - a[i], b) * np.prod(_lap_cdf(x - others, b))
 
         out[i] = sum(
-            integrate.quad(f, lo, hi, epsabs=1e-13, limit=200)[0] for lo, hi in zip([-np.inf] + pts, pts + [np.inf])
+            integrate.quad(f, lo, hi, epsabs=1e-13, limit=200)[0]
+            for lo, hi in zip([-np.inf] + pts, pts + [np.inf])
         )
     return out
 

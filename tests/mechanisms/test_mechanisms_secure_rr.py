@@ -63,10 +63,17 @@ def test_secure_randomized_response_audit_passes_and_catches_broken(eps):
     n = {1.0: 10_000, 3.0: 20_000}[eps]
     rr = RandomizedResponse(epsilon=eps)
     src = SecureNoise()
-    good = audit_mechanism(lambda k: rr(np.zeros(k, dtype=np.int64), rng=src),
-                           lambda k: rr(np.ones(k, dtype=np.int64), rng=src),
-                           n, ALPHA, claimed_epsilon=eps, outcomes=(0, 1))
+    good = audit_mechanism(
+        lambda k: rr(np.zeros(k, dtype=np.int64), rng=src),
+        lambda k: rr(np.ones(k, dtype=np.int64), rng=src),
+        n,
+        ALPHA,
+        claimed_epsilon=eps,
+        outcomes=(0, 1),
+    )
     assert good.passed, good.to_dict()
     p_bad = 1.0 / (1.0 + math.exp(2 * eps))
-    bad = audit_mechanism(_secure_rr(p_bad, 0), _secure_rr(p_bad, 1), n, ALPHA, claimed_epsilon=eps, outcomes=(0, 1))
+    bad = audit_mechanism(
+        _secure_rr(p_bad, 0), _secure_rr(p_bad, 1), n, ALPHA, claimed_epsilon=eps, outcomes=(0, 1)
+    )
     assert not bad.passed, bad.to_dict()

@@ -21,8 +21,9 @@ def _pairs(rng: np.random.Generator, n: int) -> list[dict]:
     return out
 
 
-def make_reward_model(tmp: Path, *, method: str = "RRIHT", n_features: int = 256, data: str | None = "pairs",
-                      seed: int = 0) -> Path:
+def make_reward_model(
+    tmp: Path, *, method: str = "RRIHT", n_features: int = 256, data: str | None = "pairs", seed: int = 0
+) -> Path:
     from privalign.estimation.baselines import MLE
     from privalign.estimation.features import HashedNgramFeatures
     from privalign.estimation.iht import RRIHT
@@ -34,9 +35,14 @@ def make_reward_model(tmp: Path, *, method: str = "RRIHT", n_features: int = 256
     pairs_path = tmp / "pairs.jsonl"
     pairs_path.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
     fmap = HashedNgramFeatures(n_features=n_features, ngram_range=(1, 1))
-    d = PreferenceData.from_text_pairs([p["prompt"] for p in pairs], [p["chosen"] for p in pairs],
-                                       [p["rejected"] for p in pairs], fmap, prompt_ids=[p["prompt_id"] for p in pairs],
-                                       random_state=rng)
+    d = PreferenceData.from_text_pairs(
+        [p["prompt"] for p in pairs],
+        [p["chosen"] for p in pairs],
+        [p["rejected"] for p in pairs],
+        fmap,
+        prompt_ids=[p["prompt_id"] for p in pairs],
+        random_state=rng,
+    )
     est = RRIHT(epsilon=8.0, sparsity=8, random_state=seed) if method == "RRIHT" else MLE()
     est.fit(d.X, d.y)
     meta = {"data": str(pairs_path) if data == "pairs" else data}

@@ -10,8 +10,18 @@ import pytest
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-TINY = {"policies": ["RRIHT@8", "DenseRR@8"], "steps": 1, "train_prompts": 1, "eval_prompts": 2, "eval_samples": 1,
-        "reference_samples": 2, "bon_ns": [1, 2], "max_new_tokens": 4, "lora_rank": 2, "n_bootstrap": 100}
+TINY = {
+    "policies": ["RRIHT@8", "DenseRR@8"],
+    "steps": 1,
+    "train_prompts": 1,
+    "eval_prompts": 2,
+    "eval_samples": 1,
+    "reference_samples": 2,
+    "bon_ns": [1, 2],
+    "max_new_tokens": 4,
+    "lora_rank": 2,
+    "n_bootstrap": 100,
+}
 
 
 def _finite(obj):
@@ -42,9 +52,13 @@ def test_p2_rlhf_tiny_end_to_end(tmp_path):
         assert r["privacy_event"]["epsilon"] == 8.0 and r["privacy_event"]["unit"] == "label"
         assert r["overlap_check"]["checked"] and r["overlap_check"]["overlapping_prompts"] == 0
         assert 0.0 <= r["win_rate"] <= 1.0 and r["win_ci"][0] <= r["win_rate"] <= r["win_ci"][1]
-        assert [b["n"] for b in r["bon"]] == [1, 2] and r["bon"][0]["gold"] == pytest.approx(recs[0]["gold_mean"])
+        assert [b["n"] for b in r["bon"]] == [1, 2] and r["bon"][0]["gold"] == pytest.approx(
+            recs[0]["gold_mean"]
+        )
         assert (out / "reward_models" / (r["policy"].replace("@", "_eps") + ".json")).is_file()
-        assert not list((out / "policies" / r["policy"].replace("@", "_eps") / "checkpoints").glob("checkpoint-*"))
+        assert not list(
+            (out / "policies" / r["policy"].replace("@", "_eps") / "checkpoints").glob("checkpoint-*")
+        )
     # rerunning the same configuration on the same directory does nothing new (every cell is recorded)
     run_experiment("p2-rlhf", out=out, quick=True, overrides=TINY, progress=False)
     assert len(read_results(out)) == 3

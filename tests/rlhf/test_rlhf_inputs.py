@@ -28,7 +28,10 @@ def test_missing_reward_model_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("beta", ["0", "-0.1", "nan", "inf"])
 def test_kl_coefficient_must_be_positive(reward_model, tmp_path, capsys, beta):
-    assert main(["align", "--reward-model", str(reward_model), "--out", str(tmp_path / "o"), "--beta", beta]) == 2
+    assert (
+        main(["align", "--reward-model", str(reward_model), "--out", str(tmp_path / "o"), "--beta", beta])
+        == 2
+    )
     err = _err(capsys)
     assert "--beta" in err and "> 0" in err
     assert not (tmp_path / "o").exists()
@@ -77,7 +80,10 @@ def test_prompts_overlapping_private_pairs_refused(tmp_path, capsys, make_rm):
     prompts = tmp_path / "prompts.txt"
     # a public prompt and the opening (first 3 words) of a private chosen review
     prompts.write_text("A film about the sea\n" + " ".join(pairs[5]["chosen"].split()[:3]) + "\n")
-    assert main(["align", "--reward-model", str(rm), "--out", str(tmp_path / "o"), "--prompts", str(prompts)]) == 2
+    assert (
+        main(["align", "--reward-model", str(rm), "--out", str(tmp_path / "o"), "--prompts", str(prompts)])
+        == 2
+    )
     err = _err(capsys)
     assert "--prompts" in err and "--allow-overlap" in err and "1 of 2" in err
     assert not (tmp_path / "o").exists()
@@ -101,19 +107,52 @@ def test_unverifiable_training_data_fails_closed(tmp_path, capsys, make_rm):
     rm = make_rm(tmp_path, data=str(tmp_path / "gone.jsonl"))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("A film about the sea\n")
-    assert main(["align", "--reward-model", str(rm), "--out", str(tmp_path / "o"), "--prompts", str(prompts)]) == 2
+    assert (
+        main(["align", "--reward-model", str(rm), "--out", str(tmp_path / "o"), "--prompts", str(prompts)])
+        == 2
+    )
     assert "--allow-overlap" in _err(capsys)
 
 
 def test_bad_prompt_file_and_range(reward_model, tmp_path, capsys):
-    assert main(["align", "--reward-model", str(reward_model), "--out", str(tmp_path / "o"), "--prompts",
-                 str(tmp_path / "none.txt")]) == 2
+    assert (
+        main(
+            [
+                "align",
+                "--reward-model",
+                str(reward_model),
+                "--out",
+                str(tmp_path / "o"),
+                "--prompts",
+                str(tmp_path / "none.txt"),
+            ]
+        )
+        == 2
+    )
     assert "--prompts" in _err(capsys)
-    assert main(["align", "--reward-model", str(reward_model), "--out", str(tmp_path / "o"), "--num-prompts", "0"]) == 2
+    assert (
+        main(
+            ["align", "--reward-model", str(reward_model), "--out", str(tmp_path / "o"), "--num-prompts", "0"]
+        )
+        == 2
+    )
     assert "--num-prompts" in _err(capsys)
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"text": "x"}\n')
-    assert main(["align", "--reward-model", str(reward_model), "--out", str(tmp_path / "o"), "--prompts", str(bad)]) == 2
+    assert (
+        main(
+            [
+                "align",
+                "--reward-model",
+                str(reward_model),
+                "--out",
+                str(tmp_path / "o"),
+                "--prompts",
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert "prompt" in _err(capsys)
 
 
@@ -121,10 +160,21 @@ def test_find_overlap_rules():
     from privalign.data.preferences_io import TextPairs
     from privalign.rlhf.prompts import find_overlap
 
-    pairs = TextPairs(["\n\nHuman: How do I bake bread?\n\nAssistant:", ""],
-                      ["Knead the dough well", "This movie was a  joy to watch"], ["No idea", "Worst film ever made"],
-                      [0, 1], "t")
-    prompts = ["How do I bake bread?", "This movie was a", "This movie was not", "Worst film", "Knead", "unrelated"]
+    pairs = TextPairs(
+        ["\n\nHuman: How do I bake bread?\n\nAssistant:", ""],
+        ["Knead the dough well", "This movie was a  joy to watch"],
+        ["No idea", "Worst film ever made"],
+        [0, 1],
+        "t",
+    )
+    prompts = [
+        "How do I bake bread?",
+        "This movie was a",
+        "This movie was not",
+        "Worst film",
+        "Knead",
+        "unrelated",
+    ]
     assert find_overlap(prompts, pairs) == [0, 1, 3, 4]
 
 
@@ -181,6 +231,9 @@ def test_reference_rewards_are_not_private(tmp_path):
     assert v.privacy_unit == "none" and v.describe()["privacy_event"] is None
     s = v(["", ""], ["What a wonderful, brilliant film!", "Awful, boring, terrible."])
     assert s[0] > s[1]
-    assert check_prompts_disjoint(["anything"], v) == {"checked": False, "why": "reference reward (no private preference data)"}
+    assert check_prompts_disjoint(["anything"], v) == {
+        "checked": False,
+        "why": "reference reward (no private preference data)",
+    }
     with pytest.raises(FileNotFoundError, match="reward_model"):
         load_reward(f"linear:{tmp_path / 'missing.json'}")

@@ -21,9 +21,31 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The film was\nI watched this movie and\n")
     out = tmp_path / "run"
-    argv = ["align", "--reward-model", str(rm), "--out", str(out), "--prompts", str(prompts), "--steps", "2",
-            "--save-steps", "1", "--num-generations", "2", "--max-new-tokens", "4", "--lora-rank", "2",
-            "--num-threads", "1", "--seed", "3", "--no-progress", "--json"]
+    argv = [
+        "align",
+        "--reward-model",
+        str(rm),
+        "--out",
+        str(out),
+        "--prompts",
+        str(prompts),
+        "--steps",
+        "2",
+        "--save-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--lora-rank",
+        "2",
+        "--num-threads",
+        "1",
+        "--seed",
+        "3",
+        "--no-progress",
+        "--json",
+    ]
     assert main(argv) == 0
     man = json.loads(capsys.readouterr().out)
     assert man["status"] == "complete" and man["steps_done"] == 2 and man["resumed_from"] is None
@@ -49,7 +71,11 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
     (out / "manifest.json").write_text(json.dumps(m))
     assert main(argv) == 0
     man2 = json.loads(capsys.readouterr().out)
-    assert man2["resumed_from"].endswith("checkpoint-1") and man2["steps_done"] == 2 and (policy / "config.json").is_file()
+    assert (
+        man2["resumed_from"].endswith("checkpoint-1")
+        and man2["steps_done"] == 2
+        and (policy / "config.json").is_file()
+    )
 
     # other arguments on the same directory are refused
     assert main([*argv[:-1], "--beta", "0.2"]) == 2
@@ -57,9 +83,33 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
 
     # the policy is the generator of build-pool ...
     pool = tmp_path / "pool.jsonl"
-    assert main(["build-pool", "--dataset", "imdb", "--model", str(policy), "--n", "1", "--num-prompts", "1",
-                 "--max-new-tokens", "4", "--proxy-reward", "vader", "--true-reward", "none", "--out", str(pool),
-                 "--no-progress", "--num-threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "build-pool",
+                "--dataset",
+                "imdb",
+                "--model",
+                str(policy),
+                "--n",
+                "1",
+                "--num-prompts",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--proxy-reward",
+                "vader",
+                "--true-reward",
+                "none",
+                "--out",
+                str(pool),
+                "--no-progress",
+                "--num-threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     rec = json.loads(pool.read_text().splitlines()[0])
     assert len(rec["responses"]) == 1 and isinstance(rec["responses"][0]["text"], str)
     assert rec["meta"]["generator"] == str(policy)
@@ -68,7 +118,11 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
     from privalign.service.components import build_generator
     from privalign.service.config import ComponentConfig
 
-    gen = build_generator(ComponentConfig(kind="transformers", options={"model": str(policy), "max_new_tokens": 4,
-                                                                        "chat_template": False, "num_threads": 1}))
+    gen = build_generator(
+        ComponentConfig(
+            kind="transformers",
+            options={"model": str(policy), "max_new_tokens": 4, "chat_template": False, "num_threads": 1},
+        )
+    )
     texts = gen("This movie was", 1, max_tokens=4, temperature=1.0, top_p=1.0, chat=False)
     assert len(texts) == 1 and isinstance(texts[0], str)

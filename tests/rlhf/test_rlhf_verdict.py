@@ -60,8 +60,18 @@ def test_bootstrap_ci_covers_mean(rng):
 
 
 def _rec(method, eps, gold, kl, kl_se=0.01):
-    return {"kind": "policy", "method": method, "epsilon": eps, "per_prompt_gold": list(gold), "kl": kl, "kl_se": kl_se,
-            "n_prompts": len(gold), "steps": 10, "root_seed": 0, "n_bootstrap": 1000}
+    return {
+        "kind": "policy",
+        "method": method,
+        "epsilon": eps,
+        "per_prompt_gold": list(gold),
+        "kl": kl,
+        "kl_se": kl_se,
+        "n_prompts": len(gold),
+        "steps": 10,
+        "root_seed": 0,
+        "n_bootstrap": 1000,
+    }
 
 
 @pytest.fixture
@@ -82,13 +92,20 @@ def test_sparse_vs_dense_three_values(base, rng):
     v, msg = sparse_vs_dense_verdict(noisy, down, n_boot=1000, rng=rng)
     assert v in ("inconclusive", "holds", "does not hold")  # the value depends on the draw ...
     lo, hi = (float(s) for s in msg.split("[95% CI ")[1].split("]")[0].split(", "))
-    assert v == ("holds" if lo > 0 else "does not hold" if hi < 0 else "inconclusive")  # ... but follows the rule
+    assert v == (
+        "holds" if lo > 0 else "does not hold" if hi < 0 else "inconclusive"
+    )  # ... but follows the rule
     assert "80% power" in msg
 
 
 def test_rlhf_verdict_combines_pairs(base):
-    recs = [_rec("RRIHT", 8.0, base + 0.1, 1.0), _rec("DenseRR", 8.0, base, 1.0),
-            _rec("RRIHT", 2.0, base + 0.1, 1.0), _rec("DenseRR", 2.0, base, 1.0), _rec("IHT", None, base, 1.0)]
+    recs = [
+        _rec("RRIHT", 8.0, base + 0.1, 1.0),
+        _rec("DenseRR", 8.0, base, 1.0),
+        _rec("RRIHT", 2.0, base + 0.1, 1.0),
+        _rec("DenseRR", 2.0, base, 1.0),
+        _rec("IHT", None, base, 1.0),
+    ]
     assert rlhf_verdict(recs)[0] == "holds"
     recs[3] = _rec("DenseRR", 2.0, base + 0.2, 1.0)
     v, m = rlhf_verdict(recs)
@@ -117,7 +134,9 @@ def test_packaged_configs_load_and_preflight_refuses_overlap(tmp_path):
     assert q["train_prompts"] + q["eval_prompts"] <= q["reserve"] and q["beta"] > 0
     assert set(full["policies"]) > set(q["policies"])
     with pytest.raises(ExperimentError, match="reserve"):
-        prepare("p2-rlhf", out=tmp_path / "r", quick=True, overrides={"train_prompts": 150, "eval_prompts": 100})
+        prepare(
+            "p2-rlhf", out=tmp_path / "r", quick=True, overrides={"train_prompts": 150, "eval_prompts": 100}
+        )
     with pytest.raises(ExperimentError, match="bon_ns"):
         prepare("p2-rlhf", out=tmp_path / "r", quick=True, overrides={"bon_ns": [1, 64]})
     assert not (tmp_path / "r").exists()

@@ -112,7 +112,9 @@ def _unsupported(event: PrivacyEvent, path: str, currency: str, hint: str = "") 
 # ------------------------------------------------------------------------------------------------
 
 
-def pure_cost(event: PrivacyEvent, *, ex_post: Literal["max", "realized"] = "max", path: str = "event") -> Cost:
+def pure_cost(
+    event: PrivacyEvent, *, ex_post: Literal["max", "realized"] = "max", path: str = "event"
+) -> Cost:
     """The pure-ε cost of ``event`` (exact rational, or ``inf``).
 
     NoisyArgmax/PureDP/RR → ε; Laplace → 1/nm; Peeling → 3s/nm (s report-noisy-max rounds at 2/nm each,
@@ -144,7 +146,9 @@ def pure_cost(event: PrivacyEvent, *, ex_post: Literal["max", "realized"] = "max
     if isinstance(event, SelfComposedEvent):
         return _mul(event.count, pure_cost(event.event, ex_post=ex_post, path=f"{path}.event"))
     if isinstance(event, ParallelComposedEvent):
-        costs = [pure_cost(e, ex_post=ex_post, path=f"{path}.events[{i}]") for i, e in enumerate(event.events)]
+        costs = [
+            pure_cost(e, ex_post=ex_post, path=f"{path}.events[{i}]") for i, e in enumerate(event.events)
+        ]
         return max(costs, default=Fraction(0))
     hint = {
         GaussianEvent: "A Gaussian mechanism is not pure-DP; use ZCDPAccountant or RDPAccountant.",
@@ -254,7 +258,9 @@ def approx_cost(
             approx_cost(e, ex_post=ex_post, allow_approx=allow_approx, path=f"{path}.events[{i}]")
             for i, e in enumerate(event.events)
         ]
-        return max((p[0] for p in parts), default=Fraction(0)), max((p[1] for p in parts), default=Fraction(0))
+        return max((p[0] for p in parts), default=Fraction(0)), max(
+            (p[1] for p in parts), default=Fraction(0)
+        )
     if isinstance(event, GaussianEvent):
         raise _unsupported(
             event,
@@ -338,7 +344,9 @@ class Accountant(ABC):
             ``unit``/``relation`` differ from the ledger's.
         """
         if not isinstance(event, PrivacyEvent):
-            raise TypeError(f"The 'event' parameter must be a PrivacyEvent. Got {type(event).__name__} instead.")
+            raise TypeError(
+                f"The 'event' parameter must be a PrivacyEvent. Got {type(event).__name__} instead."
+            )
         count = check_int(count, "count", low=0)
         if self._unit is not None and (event.unit, event.relation) != (self._unit, self._relation):
             raise UnsupportedEventError(

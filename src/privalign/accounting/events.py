@@ -92,7 +92,9 @@ class PrivacyEvent:
         """Inverse of :meth:`to_dict`; validates, and checks the kind matches ``cls`` if not the base."""
         ev = event_from_dict(data)
         if cls is not PrivacyEvent and not isinstance(ev, cls):
-            raise PrivacyParameterError(f"Expected an event of kind {cls.kind!r}. Got kind {data.get('kind')!r} instead.")
+            raise PrivacyParameterError(
+                f"Expected an event of kind {cls.kind!r}. Got kind {data.get('kind')!r} instead."
+            )
         return ev
 
 
@@ -103,14 +105,18 @@ def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
     kind = data["kind"]
     cls = _REGISTRY.get(kind)
     if cls is None:
-        raise PrivacyParameterError(f"The 'kind' of an event must be one of {sorted(_REGISTRY)}. Got {kind!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'kind' of an event must be one of {sorted(_REGISTRY)}. Got {kind!r} instead."
+        )
     kwargs: dict[str, Any] = {}
     names = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in data.items():
         if key == "kind":
             continue
         if key not in names:
-            raise PrivacyParameterError(f"Unknown field {key!r} for event kind {kind!r}; expected {sorted(names)}.")
+            raise PrivacyParameterError(
+                f"Unknown field {key!r} for event kind {kind!r}; expected {sorted(names)}."
+            )
         if key == "event":
             value = event_from_dict(value)
         elif key == "events":
@@ -198,7 +204,9 @@ class ExPostEvent(PrivacyEvent):
                 f"Got {self.epsilon_realized!r} instead."
             )
         if not isinstance(self.details, dict):
-            raise TypeError(f"The 'details' parameter must be a dict. Got {type(self.details).__name__} instead.")
+            raise TypeError(
+                f"The 'details' parameter must be a dict. Got {type(self.details).__name__} instead."
+            )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,7 +304,9 @@ class PoissonSampledEvent(PrivacyEvent):
     def _validate(self) -> None:
         check_real(self.sampling_probability, "sampling_probability", low=0.0, high=1.0, closed="right")
         if not isinstance(self.event, PrivacyEvent):
-            raise TypeError(f"The 'event' parameter must be a PrivacyEvent. Got {type(self.event).__name__} instead.")
+            raise TypeError(
+                f"The 'event' parameter must be a PrivacyEvent. Got {type(self.event).__name__} instead."
+            )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,7 +328,9 @@ class ComposedEvent(PrivacyEvent):
     def _validate(self) -> None:
         for i, e in enumerate(self.events):
             if not isinstance(e, PrivacyEvent):
-                raise TypeError(f"The 'events[{i}]' parameter must be a PrivacyEvent. Got {type(e).__name__} instead.")
+                raise TypeError(
+                    f"The 'events[{i}]' parameter must be a PrivacyEvent. Got {type(e).__name__} instead."
+                )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,7 +343,9 @@ class SelfComposedEvent(PrivacyEvent):
 
     def _validate(self) -> None:
         if not isinstance(self.event, PrivacyEvent):
-            raise TypeError(f"The 'event' parameter must be a PrivacyEvent. Got {type(self.event).__name__} instead.")
+            raise TypeError(
+                f"The 'event' parameter must be a PrivacyEvent. Got {type(self.event).__name__} instead."
+            )
         check_int(self.count, "count", low=0)
 
 
@@ -352,4 +366,6 @@ class ParallelComposedEvent(PrivacyEvent):
     def _validate(self) -> None:
         for i, e in enumerate(self.events):
             if not isinstance(e, PrivacyEvent):
-                raise TypeError(f"The 'events[{i}]' parameter must be a PrivacyEvent. Got {type(e).__name__} instead.")
+                raise TypeError(
+                    f"The 'events[{i}]' parameter must be a PrivacyEvent. Got {type(e).__name__} instead."
+                )

@@ -117,7 +117,9 @@ def _pair_ratio(c_num, c_den, b, sigma):
     return log_expected_phi(c_num, b, sigma) - log_expected_phi(c_den, b, sigma)
 
 
-def ell1(lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float, sigma_z: float) -> np.ndarray:
+def ell1(
+    lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float, sigma_z: float
+) -> np.ndarray:
     """Worst-case log ratio of one *rejection* (r = R_max vs R_max − Δ), both orderings, ≥ 0.
 
     Args:
@@ -135,7 +137,9 @@ def ell1(lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: f
     return np.maximum(np.maximum(fwd, rev), 0.0)
 
 
-def ell2(lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float, sigma_z: float) -> np.ndarray:
+def ell2(
+    lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float, sigma_z: float
+) -> np.ndarray:
     """Worst-case log ratio of one *acceptance* (r = 0 vs Δ), both orderings, ≥ 0 (see :func:`ell1`)."""
     lam = np.asarray(lam_tilde, dtype=np.float64)
     d = min(float(sensitivity), float(r_max))
@@ -145,8 +149,16 @@ def ell2(lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: f
     return np.maximum(np.maximum(fwd, rev), 0.0)
 
 
-def epsilon2(t: ArrayLike, n: int, lam_tilde: ArrayLike, *, width: ArrayLike, r_max: float, sensitivity: float,
-             sigma_z: float) -> np.ndarray:
+def epsilon2(
+    t: ArrayLike,
+    n: int,
+    lam_tilde: ArrayLike,
+    *,
+    width: ArrayLike,
+    r_max: float,
+    sensitivity: float,
+    sigma_z: float,
+) -> np.ndarray:
     """Ex-post phase-2 loss: ``(t − 1)·ℓ1 + ℓ2`` for t = 1..n; ``n·ℓ1`` for the fallback (t = −1 or 0).
 
     Args:
@@ -181,8 +193,9 @@ def _cell_upper_bounds(l1: np.ndarray, l2: np.ndarray, n: int) -> np.ndarray:
 _FP_REL, _FP_ABS = 1e-8, 1e-9
 
 
-def phase2_worst_case(n: int, *, beta: float, r_max: float, sensitivity: float, sigma_z: float, L: float,
-                      grid_size: int = 2049) -> tuple[float, float]:
+def phase2_worst_case(
+    n: int, *, beta: float, r_max: float, sensitivity: float, sigma_z: float, L: float, grid_size: int = 2049
+) -> tuple[float, float]:
     """Certified ``sup_{λ̃ ∈ [−β, R_max − β]} max{(n−1)ℓ1 + ℓ2, n·ℓ1}`` with W = R_max + σ_Z·L − λ̃.
 
     **Monotonicity (proof).** With ``W = C − λ̃`` and ``C = R_max + σ_Z·L`` fixed, the threshold
@@ -297,12 +310,20 @@ class PrivITPAccountant:
         return self.r_max + self.sigma_z * self.L - np.asarray(lam_tilde, dtype=np.float64)
 
     def epsilon2(self, t: ArrayLike, n: int, lam_tilde: ArrayLike) -> np.ndarray:
-        return epsilon2(t, n, lam_tilde, width=self.width(lam_tilde), r_max=self.r_max,
-                        sensitivity=self.sensitivity, sigma_z=self.sigma_z)
+        return epsilon2(
+            t,
+            n,
+            lam_tilde,
+            width=self.width(lam_tilde),
+            r_max=self.r_max,
+            sensitivity=self.sensitivity,
+            sigma_z=self.sigma_z,
+        )
 
     def epsilon2_max(self, n: int) -> float:
-        return phase2_worst_case(n, beta=self.beta, r_max=self.r_max, sensitivity=self.sensitivity,
-                                 sigma_z=self.sigma_z, L=self.L)[0]
+        return phase2_worst_case(
+            n, beta=self.beta, r_max=self.r_max, sensitivity=self.sensitivity, sigma_z=self.sigma_z, L=self.L
+        )[0]
 
     def epsilon_max(self, n: int) -> float:
         """Data-independent worst case ε1(δ) + sup ε2, reserved before running on a pool of n."""
@@ -313,9 +334,18 @@ class PrivITPAccountant:
         return np.minimum(self.epsilon1 + self.epsilon2(t, n, lam_tilde), self.epsilon_max(n))
 
 
-def calibrate_privitp_sigma(epsilon: float, delta: float, n: int, *, beta: float, r_max: float = 1.0,
-                            sensitivity: float | None = None, L: float = 3.0, ratio: float = 1.0,
-                            rtol: float = 1e-4) -> float:
+def calibrate_privitp_sigma(
+    epsilon: float,
+    delta: float,
+    n: int,
+    *,
+    beta: float,
+    r_max: float = 1.0,
+    sensitivity: float | None = None,
+    L: float = 3.0,
+    ratio: float = 1.0,
+    rtol: float = 1e-4,
+) -> float:
     """Smallest common scale σ (σ_X = σ, σ_Z = ratio·σ) whose worst case ``ε_max(n) ≤ epsilon`` at δ.
 
     Used to compare PrivITP with other mechanisms at equal *worst-case* (ε, δ) (defect K12) instead of
@@ -331,15 +361,18 @@ def calibrate_privitp_sigma(epsilon: float, delta: float, n: int, *, beta: float
     d = r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
 
     def eps_max(s: float) -> float:
-        acc = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=d, sigma_x=s, sigma_z=ratio * s, L=L,
-                                delta=delta)
+        acc = PrivITPAccountant(
+            beta=beta, r_max=r_max, sensitivity=d, sigma_x=s, sigma_z=ratio * s, L=L, delta=delta
+        )
         return acc.epsilon_max(n)
 
     lo, hi = 1e-3 * d, d
     while eps_max(hi) > epsilon:
         lo, hi = hi, hi * 2.0
         if hi > 1e6 * d:
-            raise PrivacyParameterError(f"The 'epsilon' parameter {epsilon!r} is not reachable for n={n}, delta={delta!r}.")
+            raise PrivacyParameterError(
+                f"The 'epsilon' parameter {epsilon!r} is not reachable for n={n}, delta={delta!r}."
+            )
     while hi - lo > rtol * hi:
         mid = 0.5 * (lo + hi)
         if eps_max(mid) > epsilon:

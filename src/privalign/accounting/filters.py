@@ -226,7 +226,9 @@ class PrivacyFilter(ABC):
         self._budget = budget
         self._store: BudgetStore = InMemoryBudgetStore() if store is None else store
         if not isinstance(self._store, BudgetStore):
-            raise TypeError(f"The 'store' parameter must implement BudgetStore. Got {type(store).__name__} instead.")
+            raise TypeError(
+                f"The 'store' parameter must implement BudgetStore. Got {type(store).__name__} instead."
+            )
         self._limits = limits if limits is not None else {}
 
     @property
@@ -251,7 +253,9 @@ class PrivacyFilter(ABC):
           UnsupportedEventError: the event (or a nested sub-event, named in the message) is not supported.
         """
         if not isinstance(event, PrivacyEvent):
-            raise TypeError(f"The 'event' parameter must be a PrivacyEvent. Got {type(event).__name__} instead.")
+            raise TypeError(
+                f"The 'event' parameter must be a PrivacyEvent. Got {type(event).__name__} instead."
+            )
         p, d = self._cost(event, realized=realized)
         return fraction_to_float_up(p), fraction_to_float_up(d)
 
@@ -267,7 +271,9 @@ class PrivacyFilter(ABC):
     @staticmethod
     def _check_principal(principal: str) -> str:
         if not isinstance(principal, str) or not principal:
-            raise PrivacyParameterError(f"The 'principal' parameter must be a non-empty str. Got {principal!r} instead.")
+            raise PrivacyParameterError(
+                f"The 'principal' parameter must be a non-empty str. Got {principal!r} instead."
+            )
         return principal
 
     # -- reserve / settle / cancel ----------------------------------------------------------------------
@@ -370,7 +376,11 @@ class PrivacyFilter(ABC):
         sp, rs = self._store.totals(principal)
         out = {}
         for i, n in enumerate(self.names):
-            out[n] = fraction_to_float_up(Fraction(sp[i]) + Fraction(rs[i])) if math.isfinite(sp[i] + rs[i]) else math.inf
+            out[n] = (
+                fraction_to_float_up(Fraction(sp[i]) + Fraction(rs[i]))
+                if math.isfinite(sp[i] + rs[i])
+                else math.inf
+            )
             out[f"settled_{n}"] = sp[i]
             out[f"outstanding_{n}"] = rs[i]
         return out
@@ -382,7 +392,9 @@ class PrivacyFilter(ABC):
         limit = self.limit_for(principal)
         out = {}
         for i, n in enumerate(self.names):
-            left = Fraction(limit[i]) - Fraction(sp[i]) - Fraction(rs[i]) if math.isfinite(sp[i] + rs[i]) else -1
+            left = (
+                Fraction(limit[i]) - Fraction(sp[i]) - Fraction(rs[i]) if math.isfinite(sp[i] + rs[i]) else -1
+            )
             out[n] = _float_down(max(left, Fraction(0)))
         return out
 
@@ -482,7 +494,9 @@ class ExPostFilter(PrivacyFilter):
 
     names = ("epsilon", "delta")
 
-    def __init__(self, epsilon: float, delta: float, *, store: BudgetStore | None = None, limits=None) -> None:
+    def __init__(
+        self, epsilon: float, delta: float, *, store: BudgetStore | None = None, limits=None
+    ) -> None:
         epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither")
         delta = check_real(delta, "delta", low=0.0, high=1.0, closed="left")
         super().__init__((epsilon, delta), store=store, limits=limits)

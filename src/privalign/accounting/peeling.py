@@ -62,7 +62,9 @@ def advanced_composition_epsilon(epsilon0: float, count: int, delta: float) -> f
     if epsilon0 > 700.0:  # e^{ε0} overflows: the bound is infinite (conservative), not an OverflowError
         return math.inf
     # -log(δ), not log(1/δ): 1/δ rounds, and for δ near 1 the relative error of log(1/δ) is large
-    return round_up(epsilon0 * math.sqrt(2.0 * count * -math.log(delta)) + count * epsilon0 * math.expm1(epsilon0), 4)
+    return round_up(
+        epsilon0 * math.sqrt(2.0 * count * -math.log(delta)) + count * epsilon0 * math.expm1(epsilon0), 4
+    )
 
 
 def peeling_epsilon_parts(

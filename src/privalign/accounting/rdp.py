@@ -119,7 +119,9 @@ class RDPAccountant(Accountant):
         try:
             from dp_accounting.rdp import rdp_privacy_accountant as _rdp
         except ImportError as exc:  # pragma: no cover - dependency is mandatory in pyproject
-            raise MissingDependencyError("RDPAccountant needs dp-accounting: pip install dp-accounting") from exc
+            raise MissingDependencyError(
+                "RDPAccountant needs dp-accounting: pip install dp-accounting"
+            ) from exc
         if orders is None:
             orders = _rdp.DEFAULT_RDP_ORDERS
         arr = np.asarray(orders, dtype=np.float64)
@@ -144,7 +146,9 @@ class RDPAccountant(Accountant):
             return Counter({("laplace", float(event.noise_multiplier)): 1})
         if isinstance(event, RandomizedResponseEvent):
             if event.relation != "replace_one":
-                raise _err(event, path, m, "Randomized response is accounted under relation='replace_one' only.")
+                raise _err(
+                    event, path, m, "Randomized response is accounted under relation='replace_one' only."
+                )
             return Counter({("rr", float(event.epsilon)): 1})
         if isinstance(event, NoisyArgmaxEvent):
             return Counter({("br", float(event.epsilon)): 1})
@@ -336,7 +340,10 @@ class RDPAccountant(Accountant):
             elif kind == "poisson_gaussian":
                 rel = NR.ADD_OR_REMOVE_ONE if atom[3] == "add_remove_one" else NR.REPLACE_ONE
                 p = pldm.from_gaussian_mechanism(
-                    atom[2], value_discretization_interval=vdi, sampling_prob=atom[1], neighboring_relation=rel
+                    atom[2],
+                    value_discretization_interval=vdi,
+                    sampling_prob=atom[1],
+                    neighboring_relation=rel,
                 ).self_compose(k)
             elif kind == "poisson_laplace":
                 p = pldm.from_laplace_mechanism(

@@ -114,7 +114,9 @@ def epsilon_lower_bound(
     n_d = check_int(n_d, "n_d", low=1)
     n_d_prime = check_int(n_d_prime, "n_d_prime", low=1)
     if claimed_epsilon is not None:
-        claimed_epsilon = check_real(claimed_epsilon, "claimed_epsilon", low=0.0, closed="left", allow_inf=True)
+        claimed_epsilon = check_real(
+            claimed_epsilon, "claimed_epsilon", low=0.0, closed="left", allow_inf=True
+        )
     c = np.asarray(counts_d, dtype=np.int64).ravel()
     cp = np.asarray(counts_d_prime, dtype=np.int64).ravel()
     if c.shape != cp.shape or c.size == 0:
@@ -126,8 +128,12 @@ def epsilon_lower_bound(
     p_lo, p_hi = clopper_pearson(c, n_d, a)
     q_lo, q_hi = clopper_pearson(cp, n_d_prime, a)
     with np.errstate(divide="ignore", invalid="ignore"):
-        fwd = np.where((p_lo - delta > 0) & (q_hi > 0), np.log(np.maximum(p_lo - delta, 1e-300)) - np.log(q_hi), -np.inf)
-        bwd = np.where((q_lo - delta > 0) & (p_hi > 0), np.log(np.maximum(q_lo - delta, 1e-300)) - np.log(p_hi), -np.inf)
+        fwd = np.where(
+            (p_lo - delta > 0) & (q_hi > 0), np.log(np.maximum(p_lo - delta, 1e-300)) - np.log(q_hi), -np.inf
+        )
+        bwd = np.where(
+            (q_lo - delta > 0) & (p_hi > 0), np.log(np.maximum(q_lo - delta, 1e-300)) - np.log(p_hi), -np.inf
+        )
     names = list(event_names) if event_names is not None else list(range(c.size))
     jf, jb = int(np.argmax(fwd)), int(np.argmax(bwd))
     if fwd[jf] >= bwd[jb]:
@@ -157,7 +163,9 @@ def _jsonable(x: Any) -> Any:
 def _draw(sampler: Callable[[int], Any], n: int, name: str) -> np.ndarray:
     out = np.asarray(sampler(n))
     if out.shape[:1] != (n,):
-        raise PrivacyParameterError(f"The '{name}' sampler must return {n} outputs (first axis). Got shape {out.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' sampler must return {n} outputs (first axis). Got shape {out.shape} instead."
+        )
     return out
 
 
@@ -213,7 +221,13 @@ def audit_mechanism(
     cx = np.array([(x == o).sum() for o in outs])
     cy = np.array([(y == o).sum() for o in outs])
     return epsilon_lower_bound(
-        cx, cy, n, n, alpha=alpha, delta=delta, event_names=[(labels or {}).get(o, f"output == {o!r}") for o in outs.tolist()],
+        cx,
+        cy,
+        n,
+        n,
+        alpha=alpha,
+        delta=delta,
+        event_names=[(labels or {}).get(o, f"output == {o!r}") for o in outs.tolist()],
         claimed_epsilon=claimed_epsilon,
     )
 
@@ -247,8 +261,14 @@ def audit_threshold(
     n = check_int(n, "n", low=1)
     ts = np.asarray(list(thresholds), dtype=np.float64)
     if ts.size == 0 or not np.all(np.isfinite(ts)):
-        raise PrivacyParameterError(f"The 'thresholds' parameter must be a non-empty list of finite reals. Got {ts!r} instead.")
-    stat = statistic if statistic is not None else (lambda a: np.asarray(a, dtype=np.float64).reshape(a.shape[0], -1)[:, 0])
+        raise PrivacyParameterError(
+            f"The 'thresholds' parameter must be a non-empty list of finite reals. Got {ts!r} instead."
+        )
+    stat = (
+        statistic
+        if statistic is not None
+        else (lambda a: np.asarray(a, dtype=np.float64).reshape(a.shape[0], -1)[:, 0])
+    )
     x = np.asarray(stat(_draw(sample_d, n, "sample_d")), dtype=np.float64)
     y = np.asarray(stat(_draw(sample_d_prime, n, "sample_d_prime")), dtype=np.float64)
     le_x = (x[None, :] <= ts[:, None]).sum(axis=1)

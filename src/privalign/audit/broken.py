@@ -114,7 +114,9 @@ class _BrokenRR:
 
     def __call__(self, bits: Any, *, rng) -> np.ndarray:
         b = np.asarray(bits).astype(np.int64)
-        flips = np.asarray(as_noise_source(rng).bernoulli(self.flip_probability, b.shape if b.ndim else 1)).reshape(b.shape)
+        flips = np.asarray(
+            as_noise_source(rng).bernoulli(self.flip_probability, b.shape if b.ndim else 1)
+        ).reshape(b.shape)
         return np.bitwise_xor(b, flips.astype(np.int64))
 
 
@@ -130,7 +132,11 @@ class BrokenPeeling:
     @property
     def noise_scale(self) -> float:
         # BUG: sqrt(3 s log(1/δ) / ε) instead of sqrt(3 s log(1/δ)) / ε.
-        return 2.0 * self.sensitivity * math.sqrt(3.0 * self.sparsity * math.log(1.0 / self.delta) / self.epsilon)
+        return (
+            2.0
+            * self.sensitivity
+            * math.sqrt(3.0 * self.sparsity * math.log(1.0 / self.delta) / self.epsilon)
+        )
 
     @property
     def accounted(self) -> tuple[float, float]:
@@ -138,7 +144,9 @@ class BrokenPeeling:
 
     def __call__(self, v: Any, *, rng) -> tuple[np.ndarray, np.ndarray]:
         arr = check_scores(v, "v")
-        out, sup = _peel(arr.reshape(-1, arr.shape[-1]), self.sparsity, self.noise_scale, as_noise_source(rng))
+        out, sup = _peel(
+            arr.reshape(-1, arr.shape[-1]), self.sparsity, self.noise_scale, as_noise_source(rng)
+        )
         return (out[0], sup[0]) if arr.ndim == 1 else (out, sup)
 
 

@@ -94,7 +94,9 @@ def clopper_pearson(k: Any, n: Any, alpha: float) -> tuple[np.ndarray, np.ndarra
     k = np.asarray(k, dtype=np.float64)
     n = np.asarray(n, dtype=np.float64)
     if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
-        raise PrivacyParameterError(f"clopper_pearson needs 0 ≤ k ≤ n and n ≥ 1. Got k={k!r}, n={n!r} instead.")
+        raise PrivacyParameterError(
+            f"clopper_pearson needs 0 ≤ k ≤ n and n ≥ 1. Got k={k!r}, n={n!r} instead."
+        )
     with np.errstate(invalid="ignore"):
         lo = np.where(k > 0, _st.beta.ppf(alpha / 2.0, k, n - k + 1.0), 0.0)
         hi = np.where(k < n, _st.beta.isf(alpha / 2.0, k + 1.0, n - k), 1.0)  # isf: no 1 − α/2 rounding
@@ -133,7 +135,9 @@ def merge_bins(expected: Any, observed: Any, min_expected: float = 5.0) -> tuple
     return em, om, len(e) - len(groups)
 
 
-def chi_square_test(observed: Any, probabilities: Any, alpha: float, *, min_expected: float = 5.0) -> StatTestResult:
+def chi_square_test(
+    observed: Any, probabilities: Any, alpha: float, *, min_expected: float = 5.0
+) -> StatTestResult:
     """Pearson chi-square goodness of fit of counts against a closed-form law.
 
     Args:
@@ -153,12 +157,19 @@ def chi_square_test(observed: Any, probabilities: Any, alpha: float, *, min_expe
             f"chi_square_test needs observed and probabilities of the same length ≥ 2. Got {o.shape} and {p.shape} instead."
         )
     if np.any(p < 0) or abs(p.sum() - 1.0) > 1e-9:
-        raise PrivacyParameterError(f"The 'probabilities' parameter must be a law summing to 1. Got sum {p.sum()!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'probabilities' parameter must be a law summing to 1. Got sum {p.sum()!r} instead."
+        )
     n = o.sum()
     impossible = (p == 0) & (o > 0)
     if impossible.any():
         return StatTestResult(
-            "chi-square", float("inf"), 0.0, 0.0, alpha, True,
+            "chi-square",
+            float("inf"),
+            0.0,
+            0.0,
+            alpha,
+            True,
             {"reason": f"count {o[impossible][0]:g} in a category of null probability 0", "n": int(n)},
         )
     keep = p > 0
@@ -172,10 +183,14 @@ def chi_square_test(observed: Any, probabilities: Any, alpha: float, *, min_expe
     stat = float(np.sum((om - em) ** 2 / em))
     crit = float(_st.chi2.isf(alpha, df))
     pval = float(_st.chi2.sf(stat, df))
-    return StatTestResult("chi-square", stat, crit, pval, alpha, stat > crit, {"df": df, "bins_merged": merged, "n": int(n)})
+    return StatTestResult(
+        "chi-square", stat, crit, pval, alpha, stat > crit, {"df": df, "bins_merged": merged, "n": int(n)}
+    )
 
 
-def ks_test(samples: Any, cdf: Callable[[np.ndarray], np.ndarray] | str, alpha: float, args: tuple = ()) -> StatTestResult:
+def ks_test(
+    samples: Any, cdf: Callable[[np.ndarray], np.ndarray] | str, alpha: float, args: tuple = ()
+) -> StatTestResult:
     """One-sample Kolmogorov–Smirnov test against a continuous law.
 
     Args:
@@ -201,7 +216,9 @@ def binomial_test(k: int, n: int, p: float, alpha: float) -> StatTestResult:
     k = check_int(k, "k", low=0, high=n)
     p = check_probability(p, "p", closed="both")
     res = _st.binomtest(k, n, p, alternative="two-sided")
-    return StatTestResult("binomial", k / n, None, float(res.pvalue), alpha, bool(res.pvalue < alpha), {"k": k, "n": n, "p": p})
+    return StatTestResult(
+        "binomial", k / n, None, float(res.pvalue), alpha, bool(res.pvalue < alpha), {"k": k, "n": n, "p": p}
+    )
 
 
 def _raise_if(res: StatTestResult) -> StatTestResult:
@@ -210,7 +227,9 @@ def _raise_if(res: StatTestResult) -> StatTestResult:
     return res
 
 
-def assert_chi_square(observed: Any, probabilities: Any, alpha: float, *, min_expected: float = 5.0) -> StatTestResult:
+def assert_chi_square(
+    observed: Any, probabilities: Any, alpha: float, *, min_expected: float = 5.0
+) -> StatTestResult:
     """Raise :class:`StatisticalAssertionError` if :func:`chi_square_test` rejects."""
     return _raise_if(chi_square_test(observed, probabilities, alpha, min_expected=min_expected))
 

@@ -69,12 +69,24 @@ class AuditSetup:
         """Draw ``n`` outputs per side and return the audit (false-positive rate ``alpha``)."""
         if self.thresholds is None:
             return audit_mechanism(
-                self.sample_d, self.sample_d_prime, n, alpha,
-                claimed_epsilon=self.claimed_epsilon, delta=self.delta, outcomes=self.outcomes, labels=self.labels,
+                self.sample_d,
+                self.sample_d_prime,
+                n,
+                alpha,
+                claimed_epsilon=self.claimed_epsilon,
+                delta=self.delta,
+                outcomes=self.outcomes,
+                labels=self.labels,
             )
         return audit_threshold(
-            self.sample_d, self.sample_d_prime, n, alpha, thresholds=self.thresholds,
-            claimed_epsilon=self.claimed_epsilon, delta=self.delta, statistic=self.statistic,
+            self.sample_d,
+            self.sample_d_prime,
+            n,
+            alpha,
+            thresholds=self.thresholds,
+            claimed_epsilon=self.claimed_epsilon,
+            delta=self.delta,
+            statistic=self.statistic,
         )
 
 
@@ -130,7 +142,9 @@ def worst_case_setup(
     if broken is not None:
         check_choice(broken, "broken", BROKEN_VARIANTS[mechanism])
     if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"The 'rng' parameter must be a numpy.random.Generator. Got {type(rng).__name__} instead.")
+        raise TypeError(
+            f"The 'rng' parameter must be a numpy.random.Generator. Got {type(rng).__name__} instead."
+        )
     wrap = (lambda m: broken_mechanism(m, broken)) if broken else (lambda m: m)
     D = float(sensitivity)
     params: dict[str, Any] = {"epsilon": epsilon, "sensitivity": D}
@@ -145,10 +159,15 @@ def worst_case_setup(
         sdp[0] = 0.0
         params["candidates"] = d
         return AuditSetup(
-            mechanism, f"({D:g},0,…,0) vs (0,{D:g},…,{D:g}), d={d}", good.epsilon, 0.0,
+            mechanism,
+            f"({D:g},0,…,0) vs (0,{D:g},…,{D:g}), d={d}",
+            good.epsilon,
+            0.0,
             lambda n: (m(np.broadcast_to(sd, (n, d)), rng=rng) == 0).astype(np.int64),
             lambda n: (m(np.broadcast_to(sdp, (n, d)), rng=rng) == 0).astype(np.int64),
-            outcomes=(0, 1), parameters=params, broken=broken,
+            outcomes=(0, 1),
+            parameters=params,
+            broken=broken,
             labels={1: "selected index 0", 0: "selected another index"},
         )
     if mechanism == "noisy_top_k":
@@ -161,11 +180,20 @@ def worst_case_setup(
         params.update(k=k, candidates=k + mm)
 
         def first_block(scores: np.ndarray) -> Callable[[int], np.ndarray]:
-            return lambda n: np.all(m(np.broadcast_to(scores, (n, k + mm)), rng=rng) < k, axis=1).astype(np.int64)
+            return lambda n: np.all(m(np.broadcast_to(scores, (n, k + mm)), rng=rng) < k, axis=1).astype(
+                np.int64
+            )
 
         return AuditSetup(
-            mechanism, f"({D:g}·1_{k}, 0·1_{mm}) vs (0·1_{k}, {D:g}·1_{mm})", k * topk.epsilon, 0.0,
-            first_block(sd), first_block(sdp), outcomes=(0, 1), parameters=params, broken=broken,
+            mechanism,
+            f"({D:g}·1_{k}, 0·1_{mm}) vs (0·1_{k}, {D:g}·1_{mm})",
+            k * topk.epsilon,
+            0.0,
+            first_block(sd),
+            first_block(sdp),
+            outcomes=(0, 1),
+            parameters=params,
+            broken=broken,
             labels={1: f"all {k} selected among the first {k}", 0: "some selected index outside the first k"},
         )
     if mechanism == "randomized_response":
@@ -173,35 +201,57 @@ def worst_case_setup(
         m = wrap(rr)
         params.pop("sensitivity")
         return AuditSetup(
-            mechanism, "bit 0 vs bit 1", rr.epsilon, 0.0,
-            lambda n: m(np.zeros(n, dtype=np.int64), rng=rng), lambda n: m(np.ones(n, dtype=np.int64), rng=rng),
-            outcomes=(0, 1), parameters=params, broken=broken,
+            mechanism,
+            "bit 0 vs bit 1",
+            rr.epsilon,
+            0.0,
+            lambda n: m(np.zeros(n, dtype=np.int64), rng=rng),
+            lambda n: m(np.ones(n, dtype=np.int64), rng=rng),
+            outcomes=(0, 1),
+            parameters=params,
+            broken=broken,
         )
     if mechanism == "laplace":
         lap = LaplaceMechanism.from_epsilon(epsilon, D)
         m = wrap(lap)
         params["scale"] = lap.scale
         return AuditSetup(
-            mechanism, f"0 vs {D:g} (one coordinate)", lap.epsilon, 0.0,
-            lambda n: m(np.zeros(n), rng=rng), lambda n: m(np.full(n, D), rng=rng),
-            thresholds=(0.0, D), parameters=params, broken=broken,
+            mechanism,
+            f"0 vs {D:g} (one coordinate)",
+            lap.epsilon,
+            0.0,
+            lambda n: m(np.zeros(n), rng=rng),
+            lambda n: m(np.full(n, D), rng=rng),
+            thresholds=(0.0, D),
+            parameters=params,
+            broken=broken,
         )
     if mechanism == "gaussian":
         if delta is None:
-            raise PrivacyParameterError("The 'delta' parameter is required for the gaussian audit. Got None instead.")
+            raise PrivacyParameterError(
+                "The 'delta' parameter is required for the gaussian audit. Got None instead."
+            )
         gauss = GaussianMechanism.from_epsilon_delta(epsilon, delta, D)
         m = wrap(gauss)
         sig = gauss.sigma
         params.update(delta=delta, sigma=sig)
         ts = tuple(D / 2.0 - c * sig for c in (0.5, 1.0, 1.5, 2.0))
         return AuditSetup(
-            mechanism, f"0 vs {D:g} (one coordinate)", float(epsilon), float(delta),
-            lambda n: m(np.zeros(n), rng=rng), lambda n: m(np.full(n, D), rng=rng),
-            thresholds=ts, parameters=params, broken=broken,
+            mechanism,
+            f"0 vs {D:g} (one coordinate)",
+            float(epsilon),
+            float(delta),
+            lambda n: m(np.zeros(n), rng=rng),
+            lambda n: m(np.full(n, D), rng=rng),
+            thresholds=ts,
+            parameters=params,
+            broken=broken,
         )
     # peeling
     if delta is None:
-        raise PrivacyParameterError("The 'delta' parameter is required for the peeling audit. Got None instead.")
+        raise PrivacyParameterError(
+            "The 'delta' parameter is required for the peeling audit. Got None instead."
+        )
     s = check_int(sparsity, "sparsity", low=1)
     if broken == "sqrt_scale":
         m = BrokenPeeling(s, float(epsilon), float(delta), D)
@@ -211,17 +261,24 @@ def worst_case_setup(
     dim = s + 2 if dimension is None else check_int(dimension, "dimension", low=s + 1)
     vd = np.concatenate([np.full(s, D), np.zeros(dim - s)])
     vdp = np.concatenate([np.zeros(s), np.full(dim - s, D)])
-    params.update(delta=delta, sparsity=s, dimension=dim, noise_scale=m.noise_scale, accounted=[eps_claim, delta_claim])
+    params.update(
+        delta=delta, sparsity=s, dimension=dim, noise_scale=m.noise_scale, accounted=[eps_claim, delta_claim]
+    )
 
     def stat(out: np.ndarray) -> np.ndarray:
         return out[:, :s].sum(axis=1)
 
     return AuditSetup(
-        mechanism, f"({D:g}·1_{s}, 0·1_{dim - s}) vs (0·1_{s}, {D:g}·1_{dim - s})", float(eps_claim),
+        mechanism,
+        f"({D:g}·1_{s}, 0·1_{dim - s}) vs (0·1_{s}, {D:g}·1_{dim - s})",
+        float(eps_claim),
         float(min(delta_claim, 1.0)),
         _chunked(lambda n: m(np.broadcast_to(vd, (n, dim)), rng=rng)[0]),
         _chunked(lambda n: m(np.broadcast_to(vdp, (n, dim)), rng=rng)[0]),
-        thresholds=(s * D,), statistic=stat, parameters=params, broken=broken,
+        thresholds=(s * D,),
+        statistic=stat,
+        parameters=params,
+        broken=broken,
     )
 
 
@@ -241,11 +298,23 @@ def audit_builtin(
     The report holds the mechanism, the pair, the parameters, the claimed ε (and δ), the lower bound
     ε̂, α, the samples per side and the verdict (``"consistent"`` or ``"violation"``).
     """
-    n = DEFAULT_SAMPLES[check_choice(mechanism, "mechanism", MECHANISMS)] if samples is None else check_int(samples, "samples", low=1)
+    n = (
+        DEFAULT_SAMPLES[check_choice(mechanism, "mechanism", MECHANISMS)]
+        if samples is None
+        else check_int(samples, "samples", low=1)
+    )
     entropy = entropy_int(np.random.SeedSequence(seed))
-    setup = worst_case_setup(mechanism, epsilon=epsilon, delta=delta, rng=np.random.default_rng(entropy), broken=broken, **kwargs)
+    setup = worst_case_setup(
+        mechanism, epsilon=epsilon, delta=delta, rng=np.random.default_rng(entropy), broken=broken, **kwargs
+    )
     res = setup.run(n, alpha)
-    out: dict[str, Any] = {"mechanism": mechanism, "pair": setup.pair, "broken": broken, "parameters": setup.parameters, "seed": entropy}
+    out: dict[str, Any] = {
+        "mechanism": mechanism,
+        "pair": setup.pair,
+        "broken": broken,
+        "parameters": setup.parameters,
+        "seed": entropy,
+    }
     out.update(res.to_dict())
     if not math.isfinite(out["epsilon_lower_bound"]):  # pragma: no cover - bound is always finite
         out["epsilon_lower_bound"] = None

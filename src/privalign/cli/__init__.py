@@ -109,12 +109,18 @@ def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> s
         name = getattr(exc, "name", None)
         extra = extra_for(name)
         if extra is not None:
-            return (f"this command needs {name!r}, which is not installed: pip install 'privalign[{extra}]' "
-                    f"(or the whole set: pip install 'privalign[all]')")
+            return (
+                f"this command needs {name!r}, which is not installed: pip install 'privalign[{extra}]' "
+                f"(or the whole set: pip install 'privalign[all]')"
+            )
         if isinstance(exc, MissingDependencyError):
             msg = _one_line(str(exc))
             for mod, extra in EXTRA_OF.items():
-                if extra is not None and "privalign[" not in msg and (mod in msg or mod.replace("_", "-") in msg):
+                if (
+                    extra is not None
+                    and "privalign[" not in msg
+                    and (mod in msg or mod.replace("_", "-") in msg)
+                ):
                     return f"{msg} (or install the extra: pip install 'privalign[{extra}]')"
             return msg
         return None
@@ -122,7 +128,10 @@ def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> s
         if isinstance(exc, FileNotFoundError) and exc.filename and str(exc).startswith("[Errno"):
             return f"no such file or directory: {exc.filename}"
         return _one_line(str(exc)) or type(exc).__name__
-    if type(exc).__name__ in ("GenerationError", "UpstreamError"):  # a generator/server the user pointed at failed
+    if type(exc).__name__ in (
+        "GenerationError",
+        "UpstreamError",
+    ):  # a generator/server the user pointed at failed
         return f"generation failed: {_one_line(str(exc))[:500]}"
     mod = type(exc).__module__ or ""
     if mod.startswith("sqlalchemy"):
@@ -161,10 +170,13 @@ def _default_ledger(args: argparse.Namespace, cmd: str) -> None:
     from privalign.service.config import default_config
 
     url = default_config().database.url
-    Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     args.db = url
-    print(f"{cmd}: note: no --db or --config: using the default ledger {url} (the one 'privalign serve' uses "
-          "without --config)", file=sys.stderr)
+    print(
+        f"{cmd}: note: no --db or --config: using the default ledger {url} (the one 'privalign serve' uses "
+        "without --config)",
+        file=sys.stderr,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,12 +191,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     try:
-        args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+        args, extra = parser.parse_known_args(
+            _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+        )
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if extra:  # reported by the subcommand, not by the top-level parser
         cmd = _command(args)
-        print(f"{cmd}: error: unrecognized arguments: {' '.join(extra)} (see '{cmd} --help')", file=sys.stderr)
+        print(
+            f"{cmd}: error: unrecognized arguments: {' '.join(extra)} (see '{cmd} --help')", file=sys.stderr
+        )
         return EXIT_USAGE
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
@@ -199,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = lambda message, category, *a, **k: print(  # one line per warning
-                f"{cmd}: warning: {_one_line(str(message))}", file=sys.stderr)
+                f"{cmd}: warning: {_one_line(str(message))}", file=sys.stderr
+            )
             return int(args.func(args) or 0)
     except BudgetExhaustedError as exc:
         print(f"{cmd}: error: budget exhausted: {_one_line(str(exc))}", file=sys.stderr)
@@ -218,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
             msg = _flagify(msg, _options_of(parser, args))
             print(f"{cmd}: error: {msg}", file=sys.stderr)
             return EXIT_USAGE
-        print(f"{cmd}: internal error ({type(exc).__name__}): {_one_line(str(exc))[:500]} "
-              "(a bug: please report it; PRIVALIGN_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"{cmd}: internal error ({type(exc).__name__}): {_one_line(str(exc))[:500]} "
+            "(a bug: please report it; PRIVALIGN_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
 
 

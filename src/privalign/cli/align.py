@@ -27,24 +27,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--reward-model", required=True, help="reward-model JSON (privalign fit-reward --out), 'vader' or 'linear:PATH'")
+    p.add_argument(
+        "--reward-model",
+        required=True,
+        help="reward-model JSON (privalign fit-reward --out), 'vader' or 'linear:PATH'",
+    )
     p.add_argument("--out", required=True, help="output directory (manifest, checkpoints, policy/)")
-    p.add_argument("--prompts", default="imdb", help="'imdb' (held-out IMDb openings, default) or a .txt/.jsonl file")
+    p.add_argument(
+        "--prompts", default="imdb", help="'imdb' (held-out IMDb openings, default) or a .txt/.jsonl file"
+    )
     p.add_argument("--num-prompts", type=int, default=64, help="imdb: number of prompts (default 64)")
-    p.add_argument("--prompt-offset", type=int, default=0, help="imdb: start in the fixed prompt order (default 0)")
-    p.add_argument("--base-model", default="smollm2", help="'smollm2' (default), a local HF directory or a .gguf file")
+    p.add_argument(
+        "--prompt-offset", type=int, default=0, help="imdb: start in the fixed prompt order (default 0)"
+    )
+    p.add_argument(
+        "--base-model", default="smollm2", help="'smollm2' (default), a local HF directory or a .gguf file"
+    )
     p.add_argument("--steps", type=int, default=20, help="optimiser steps (default 20)")
-    p.add_argument("--beta", type=float, default=0.05, help="KL coefficient to the reference policy, > 0 (default 0.05)")
+    p.add_argument(
+        "--beta", type=float, default=0.05, help="KL coefficient to the reference policy, > 0 (default 0.05)"
+    )
     p.add_argument("--learning-rate", type=float, default=2e-4, help="LoRA learning rate (default 2e-4)")
-    p.add_argument("--num-generations", type=int, default=4, help="samples per prompt in a GRPO group (default 4)")
+    p.add_argument(
+        "--num-generations", type=int, default=4, help="samples per prompt in a GRPO group (default 4)"
+    )
     p.add_argument("--prompts-per-step", type=int, default=1, help="prompts per optimiser step (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="completion length (default 16)")
     p.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16)")
     p.add_argument("--save-steps", type=int, default=5, help="checkpoint every this many steps (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--allow-overlap", action="store_true", help="train even if prompts overlap the private preference data")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar with ETA on stderr)")
+    p.add_argument(
+        "--allow-overlap",
+        action="store_true",
+        help="train even if prompts overlap the private preference data",
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (default: a bar with ETA on stderr)"
+    )
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
     p.set_defaults(func=_run)
 
@@ -65,13 +85,23 @@ def _run(args: argparse.Namespace) -> int:
     from privalign.rlhf.train import AlignConfig
 
     try:
-        cfg = AlignConfig(steps=args.steps, beta=args.beta, learning_rate=args.learning_rate,
-                          num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
-                          max_new_tokens=args.max_new_tokens, lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank,
-                          seed=args.seed, save_steps=args.save_steps)
+        cfg = AlignConfig(
+            steps=args.steps,
+            beta=args.beta,
+            learning_rate=args.learning_rate,
+            num_generations=args.num_generations,
+            prompts_per_step=args.prompts_per_step,
+            max_new_tokens=args.max_new_tokens,
+            lora_rank=args.lora_rank,
+            lora_alpha=2.0 * args.lora_rank,
+            seed=args.seed,
+            save_steps=args.save_steps,
+        )
     except PrivacyParameterError as exc:
-        return _fail(f"{exc} (flags: --steps --beta --learning-rate --num-generations --prompts-per-step "
-                     "--max-new-tokens --lora-rank --seed --save-steps)")
+        return _fail(
+            f"{exc} (flags: --steps --beta --learning-rate --num-generations --prompts-per-step "
+            "--max-new-tokens --lora-rank --seed --save-steps)"
+        )
     if args.num_threads is not None:
         if args.num_threads < 1:
             return _fail(f"argument --num-threads: must be an integer >= 1. Got {args.num_threads}.")
@@ -85,8 +115,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.prompts == "imdb":
             if not 1 <= args.num_prompts <= 1000 - max(args.prompt_offset, 0) or args.prompt_offset < 0:
-                return _fail(f"argument --num-prompts/--prompt-offset: need 0 <= offset and 1 <= num-prompts <= 1000 - offset. "
-                             f"Got --num-prompts {args.num_prompts}, --prompt-offset {args.prompt_offset}.")
+                return _fail(
+                    f"argument --num-prompts/--prompt-offset: need 0 <= offset and 1 <= num-prompts <= 1000 - offset. "
+                    f"Got --num-prompts {args.num_prompts}, --prompt-offset {args.prompt_offset}."
+                )
             prompts, info = imdb_rl_prompts(args.num_prompts, offset=args.prompt_offset)
         else:
             prompts, info = load_prompt_file(args.prompts)
@@ -97,8 +129,11 @@ def _run(args: argparse.Namespace) -> int:
     except PrivacyParameterError as exc:
         return _fail(f"argument --prompts: {exc}")
     if overlap.get("overlapping_prompts"):
-        print(f"privalign align: warning: {overlap['overlapping_prompts']} prompts overlap the reward model's preference "
-              "data (--allow-overlap given); the policy's privacy statement does not cover those prompts.", file=sys.stderr)
+        print(
+            f"privalign align: warning: {overlap['overlapping_prompts']} prompts overlap the reward model's preference "
+            "data (--allow-overlap given); the policy's privacy statement does not cover those prompts.",
+            file=sys.stderr,
+        )
     if args.num_threads is not None:
         import torch
 
@@ -106,8 +141,16 @@ def _run(args: argparse.Namespace) -> int:
     from privalign.rlhf.train import align_policy
 
     try:
-        res = align_policy(reward, prompts, info, args.out, cfg, base_model=args.base_model, overlap_check=overlap,
-                           progress=not args.no_progress)
+        res = align_policy(
+            reward,
+            prompts,
+            info,
+            args.out,
+            cfg,
+            base_model=args.base_model,
+            overlap_check=overlap,
+            progress=not args.no_progress,
+        )
     except PrivacyParameterError as exc:
         return _fail(f"argument --out: {exc}" if "'out'" in str(exc) else str(exc))
     except MissingDependencyError as exc:
@@ -119,7 +162,9 @@ def _run(args: argparse.Namespace) -> int:
         log = man.get("training_log") or []
         first = log[0]["reward"] if log else float("nan")
         last = log[-1]["reward"] if log else float("nan")
-        print(f"aligned {man['steps_done']} steps on {len(prompts)} prompts; training reward {first:.4g} -> {last:.4g}; "
-              f"policy saved to {man['policy_dir']}")
+        print(
+            f"aligned {man['steps_done']} steps on {len(prompts)} prompts; training reward {first:.4g} -> {last:.4g}; "
+            f"policy saved to {man['policy_dir']}"
+        )
         print(man["privacy"]["statement"])
     return 0

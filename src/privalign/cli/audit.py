@@ -26,23 +26,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--mechanism", required=True, choices=_MECHANISMS, help="Which built-in mechanism to audit.")
-    p.add_argument("--epsilon", required=True, type=float,
-                   help="The mechanism's ε (per selection for noisy_top_k: the claim is then k·ε).")
+    p.add_argument(
+        "--mechanism", required=True, choices=_MECHANISMS, help="Which built-in mechanism to audit."
+    )
+    p.add_argument(
+        "--epsilon",
+        required=True,
+        type=float,
+        help="The mechanism's ε (per selection for noisy_top_k: the claim is then k·ε).",
+    )
     p.add_argument("--delta", type=float, default=None, help="δ (required for gaussian and peeling).")
     p.add_argument("--sensitivity", type=float, default=1.0, help="Δ (λ for peeling); default 1.")
-    p.add_argument("--samples", type=int, default=None, help="Draws per side (default: per mechanism, see docs/audit.md).")
-    p.add_argument("--alpha", type=float, default=1e-3, help="False-positive rate of the audit (default 1e-3).")
-    p.add_argument("--seed", type=int, default=None, help="Seed of the audit's own randomness (default: fresh entropy).")
-    p.add_argument("--broken", default=None,
-                   help="Audit a deliberately broken negative control instead (e.g. half_scale, sensitivity_ignored, "
-                        "wrong_flip, sqrt_scale).")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="Draws per side (default: per mechanism, see docs/audit.md).",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=1e-3, help="False-positive rate of the audit (default 1e-3)."
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="Seed of the audit's own randomness (default: fresh entropy)."
+    )
+    p.add_argument(
+        "--broken",
+        default=None,
+        help="Audit a deliberately broken negative control instead (e.g. half_scale, sensitivity_ignored, "
+        "wrong_flip, sqrt_scale).",
+    )
     p.add_argument("--candidates", type=int, default=8, help="d for noisy_argmax (default 8).")
     p.add_argument("--k", type=int, default=2, help="k for noisy_top_k (default 2).")
     p.add_argument("--sparsity", type=int, default=1, help="s for peeling (default 1).")
     p.add_argument("--dimension", type=int, default=None, help="d for peeling (default s + 2).")
-    p.add_argument("--json", action="store_true", help="Print JSON on stdout (as every subcommand: only with --json).")
-    p.add_argument("--fail-on-violation", action="store_true", help="Exit with code 1 when the audit finds a violation.")
+    p.add_argument(
+        "--json", action="store_true", help="Print JSON on stdout (as every subcommand: only with --json)."
+    )
+    p.add_argument(
+        "--fail-on-violation", action="store_true", help="Exit with code 1 when the audit finds a violation."
+    )
     p.set_defaults(func=_run)
 
 

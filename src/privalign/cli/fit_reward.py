@@ -34,21 +34,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--data", required=True, help="'hh-rlhf', 'imdb' or a path to a .jsonl of pairs.")
-    p.add_argument("--features", default="ngram", choices=("ngram", "minilm"), help="Public feature map (default ngram).")
+    p.add_argument(
+        "--features", default="ngram", choices=("ngram", "minilm"), help="Public feature map (default ngram)."
+    )
     p.add_argument("--method", required=True, choices=_METHODS, help="Estimator.")
     p.add_argument("--epsilon", type=float, default=1.0, help="ε (private methods; default 1).")
     p.add_argument("--delta", type=float, default=1e-5, help="δ (sample-DP methods; default 1e-5).")
     p.add_argument("--sparsity", type=int, default=32, help="s for the IHT methods (default 32).")
     p.add_argument("--n-features", type=int, default=2**12, help="Hashed n-gram dimension d (default 4096).")
     p.add_argument("--n-pairs", type=int, default=None, help="Use at most this many pairs.")
-    p.add_argument("--step-size", type=float, default=None, help="η for the IHT methods / learning rate for dp-sgd.")
+    p.add_argument(
+        "--step-size", type=float, default=None, help="η for the IHT methods / learning rate for dp-sgd."
+    )
     p.add_argument("--n-iter", type=int, default=None, help="T for the IHT methods.")
     p.add_argument("--test-size", type=float, default=0.2, help="Fraction of prompts held out (default 0.2).")
-    p.add_argument("--tune", action="store_true",
-                   help="Choose hyper-parameters on a validation split of the training prompts (privacy accounted).")
-    p.add_argument("--validation-fraction", type=float, default=0.2,
-                   help="With --tune: fraction of training prompts used for selection, in (0, 1) (default 0.2).")
-    p.add_argument("--seed", type=int, default=None, help="Seed (default: fresh entropy, recorded in the model).")
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="Choose hyper-parameters on a validation split of the training prompts (privacy accounted).",
+    )
+    p.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.2,
+        help="With --tune: fraction of training prompts used for selection, in (0, 1) (default 0.2).",
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="Seed (default: fresh entropy, recorded in the model)."
+    )
     p.add_argument("--out", default=None, help="Where to save the model (JSON).")
     p.add_argument("--json", action="store_true", help="Print the result as JSON on stdout.")
     p.set_defaults(func=_run)
@@ -72,15 +85,24 @@ def _run(args: argparse.Namespace) -> int:
     if args.n_iter is not None:
         overrides["n_iter"] = args.n_iter
     est = make_estimator(
-        args.method, epsilon=args.epsilon, delta=args.delta, sparsity=args.sparsity,
-        random_state=int(est_seed.generate_state(1)[0]), **overrides,
+        args.method,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        sparsity=args.sparsity,
+        random_state=int(est_seed.generate_state(1)[0]),
+        **overrides,
     )
     _validate_params(est, args)
     data, fmap = load_preference_data(
-        args.data, features=args.features, n_features=args.n_features, n_pairs=args.n_pairs,
+        args.data,
+        features=args.features,
+        n_features=args.n_features,
+        n_pairs=args.n_pairs,
         random_state=np.random.default_rng(data_seed),
     )
-    train, test = train_test_split_by_prompt(data, test_size=args.test_size, random_state=np.random.default_rng(split_seed))
+    train, test = train_test_split_by_prompt(
+        data, test_size=args.test_size, random_state=np.random.default_rng(split_seed)
+    )
     est.set_params(feature_bound=fmap.feature_bound)
     tuning = None
     if args.tune:
@@ -88,24 +110,38 @@ def _run(args: argparse.Namespace) -> int:
 
         private = args.method not in ("mle", "iht") and args.epsilon != float("inf")
         search = PrivateGridSearch(
-            est, default_param_grid(args.method, sparsity=args.sparsity),
-            validation_fraction=args.validation_fraction, epsilon=args.epsilon if private else None,
-            delta=args.delta, selection_epsilon=float("inf") if not private else 1.0,
+            est,
+            default_param_grid(args.method, sparsity=args.sparsity),
+            validation_fraction=args.validation_fraction,
+            epsilon=args.epsilon if private else None,
+            delta=args.delta,
+            selection_epsilon=float("inf") if not private else 1.0,
             random_state=int(est_seed.generate_state(2)[1]),
         )
-        print(f"tuning {type(est).__name__} over {len(_n_cands(search))} candidates on "
-              f"{train.n_samples} training pairs", file=sys.stderr)
+        print(
+            f"tuning {type(est).__name__} over {len(_n_cands(search))} candidates on "
+            f"{train.n_samples} training pairs",
+            file=sys.stderr,
+        )
         search.fit(train.X, train.y, groups=train.prompt_ids)
-        tuning = {"best_params": search.best_params_, "candidates": search.candidates_,
-                  "n_fit": search.n_fit_, "n_validation": search.n_validation_,
-                  "selection": "exponential mechanism on validation accuracy" if private else "argmax (not private)",
-                  "privacy_budget": search.privacy_budget_}
+        tuning = {
+            "best_params": search.best_params_,
+            "candidates": search.candidates_,
+            "n_fit": search.n_fit_,
+            "n_validation": search.n_validation_,
+            "selection": "exponential mechanism on validation accuracy"
+            if private
+            else "argmax (not private)",
+            "privacy_budget": search.privacy_budget_,
+        }
         final = search
         est = search.best_estimator_
         # The released model's guarantee is the whole search's (candidates + selection), not the fit's alone.
         est.privacy_event_ = search.privacy_event_
     else:
-        print(f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})", file=sys.stderr)
+        print(
+            f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})", file=sys.stderr
+        )
         est.fit(train.X, train.y)
         final = est
     acc = est.score(test.X, test.y)
@@ -127,7 +163,9 @@ def _run(args: argparse.Namespace) -> int:
         result["tuning"] = tuning
     if args.out:
         path = save_model(
-            est, args.out, feature_config=fmap.get_config(),
+            est,
+            args.out,
+            feature_config=fmap.get_config(),
             metadata={k: v for k, v in result.items() if k not in ("privacy_event", "feature_config")},
         )
         result["model"] = str(path)
@@ -152,8 +190,13 @@ def _validate_params(est, args: argparse.Namespace) -> None:
     check_int(args.n_features, "n_features", low=1)
     check_probability(args.test_size, "test_size")
     if args.tune:
-        check_real(args.validation_fraction, "validation_fraction (--validation-fraction)", low=0.0, high=1.0,
-                   closed="neither")
+        check_real(
+            args.validation_fraction,
+            "validation_fraction (--validation-fraction)",
+            low=0.0,
+            high=1.0,
+            closed="neither",
+        )
 
 
 def _n_cands(search) -> list:

@@ -18,15 +18,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="keys_command", metavar="ACTION")
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--db", default=None, help="Database URL (e.g. sqlite:///svc.db, postgresql+psycopg://@127.0.0.1/test).")
+        sp.add_argument(
+            "--db",
+            default=None,
+            help="Database URL (e.g. sqlite:///svc.db, postgresql+psycopg://@127.0.0.1/test).",
+        )
         sp.add_argument("--db-schema", default=None, help="PostgreSQL schema.")
-        sp.add_argument("--config", default=None, help="Service config whose [database] to use (if --db is absent).")
+        sp.add_argument(
+            "--config", default=None, help="Service config whose [database] to use (if --db is absent)."
+        )
         sp.add_argument("--json", action="store_true", help="Print JSON on stdout.")
 
     c = sub.add_parser("create", help="Create a key with a privacy budget; prints the token once.")
     c.add_argument("--budget-epsilon", type=float, required=True, help="Budget ε (> 0).")
-    c.add_argument("--budget-delta", type=float, default=0.0, help="Budget δ in [0, 1) (zcdp: δ of the conversion, > 0).")
-    c.add_argument("--accounting", choices=["pure", "zcdp", "ex-post"], default="pure", help="Accounting of this key's budget.")
+    c.add_argument(
+        "--budget-delta", type=float, default=0.0, help="Budget δ in [0, 1) (zcdp: δ of the conversion, > 0)."
+    )
+    c.add_argument(
+        "--accounting",
+        choices=["pure", "zcdp", "ex-post"],
+        default="pure",
+        help="Accounting of this key's budget.",
+    )
     c.add_argument("--name", default="", help="A label.")
     common(c)
     c.set_defaults(func=_create)
@@ -69,16 +82,29 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
 def _create(args: argparse.Namespace) -> int:
     from privalign.service.keys import create_key
 
-    key_id, token = create_key(_engine(args), budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
-                               accounting=args.accounting, name=args.name)
-    out = {"key_id": key_id, "token": token, "accounting": args.accounting,
-           "budget_epsilon": args.budget_epsilon, "budget_delta": args.budget_delta}
+    key_id, token = create_key(
+        _engine(args),
+        budget_epsilon=args.budget_epsilon,
+        budget_delta=args.budget_delta,
+        accounting=args.accounting,
+        name=args.name,
+    )
+    out = {
+        "key_id": key_id,
+        "token": token,
+        "accounting": args.accounting,
+        "budget_epsilon": args.budget_epsilon,
+        "budget_delta": args.budget_delta,
+    }
     if args.json:
         print(json.dumps(out))
     else:
         print(token)
-        print(f"key {key_id} created ({args.accounting}, ε={args.budget_epsilon}, δ={args.budget_delta}); "
-              "the token is shown only once", file=sys.stderr)
+        print(
+            f"key {key_id} created ({args.accounting}, ε={args.budget_epsilon}, δ={args.budget_delta}); "
+            "the token is shown only once",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -90,8 +116,10 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
     else:
         for r in rows:
-            print(f"{r['key_id']}  {r['accounting']:7s}  revoked={r['revoked']!s:5s}  limit={r['limit']}  spent={r['spent']}  "
-                  f"reserved={r['reserved']}  remaining={r['remaining']}  {r['name']}")
+            print(
+                f"{r['key_id']}  {r['accounting']:7s}  revoked={r['revoked']!s:5s}  limit={r['limit']}  spent={r['spent']}  "
+                f"reserved={r['reserved']}  remaining={r['remaining']}  {r['name']}"
+            )
     return 0
 
 

@@ -14,9 +14,12 @@ def _run(args) -> int:
     a = parse_floats(args.scores, "scores")
     b = None if args.scores_b is None else parse_floats(args.scores_b, "scores-b")
     law = sel.law(a, pool_b_scores=b)
-    d = {"method": args.method, **law.to_dict(), "worst_case_event": sel.worst_case_event(len(b or a)).to_dict()}
+    d = {
+        "method": args.method,
+        **law.to_dict(),
+        "worst_case_event": sel.worst_case_event(len(b or a)).to_dict(),
+    }
     if args.json:
-
         emit_json(d)
     else:
         for i, p in enumerate(law.probabilities):
@@ -30,8 +33,11 @@ def _run(args) -> int:
 def register(subparsers) -> None:
     from privalign.cli.select import add_selector_args
 
-    p = subparsers.add_parser("law", help="exact selection law of BoN, ITP, PrivBoN or PrivITP",
-                              description="Print the exact probability of selecting each candidate (of pool B for "
-                                          "itp/privitp) and the fallback mass, without Monte Carlo.")
+    p = subparsers.add_parser(
+        "law",
+        help="exact selection law of BoN, ITP, PrivBoN or PrivITP",
+        description="Print the exact probability of selecting each candidate (of pool B for "
+        "itp/privitp) and the fallback mass, without Monte Carlo.",
+    )
     add_selector_args(p)
     p.set_defaults(func=_run)

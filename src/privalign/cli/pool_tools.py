@@ -20,7 +20,11 @@ def register(subparsers) -> None:
         "The source is never modified.",
     )
     p.add_argument("--pool", required=True, help="source pool (.jsonl or .jsonl.gz)")
-    p.add_argument("--proxy-reward", default=None, help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math")
+    p.add_argument(
+        "--proxy-reward",
+        default=None,
+        help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math",
+    )
     p.add_argument("--true-reward", default=None, help="same choices as --proxy-reward")
     p.add_argument("--out", required=True, help="destination pool (must differ from --pool)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -33,9 +37,21 @@ def register(subparsers) -> None:
         "... up to the candidates per prompt, and an exact one-sided sign test (Bonferroni over N, level --alpha) of "
         "whether the largest N picks texts with lower gold reward than some smaller N. Writes OUT.json and OUT.png.",
     )
-    b.add_argument("--pool", action="append", required=True, help="pool file (repeat to compare several in one figure)")
-    b.add_argument("--label", action="append", default=None, help="series label per --pool (default: proxy / gold from the manifest)")
-    b.add_argument("--alpha", type=float, default=0.05, help="family-wise false-positive rate of the over-optimisation test")
+    b.add_argument(
+        "--pool", action="append", required=True, help="pool file (repeat to compare several in one figure)"
+    )
+    b.add_argument(
+        "--label",
+        action="append",
+        default=None,
+        help="series label per --pool (default: proxy / gold from the manifest)",
+    )
+    b.add_argument(
+        "--alpha",
+        type=float,
+        default=0.05,
+        help="family-wise false-positive rate of the over-optimisation test",
+    )
     b.add_argument("--out", required=True, help="output prefix (OUT.json, OUT.png)")
     b.set_defaults(func=_bon)
 
@@ -46,9 +62,19 @@ def register(subparsers) -> None:
         "logistic regression on MiniLM embeddings of word windows of gold-part reviews; proxy-ngram: the n-gram model "
         "on only the few proxy-part reviews (disjoint from gold-minilm's). Held-out accuracies go into the file's metadata.",
     )
-    f.add_argument("--kind", required=True, choices=["gold-ngram", "gold-minilm", "proxy-ngram"], help="which model to fit (see above)")
+    f.add_argument(
+        "--kind",
+        required=True,
+        choices=["gold-ngram", "gold-minilm", "proxy-ngram"],
+        help="which model to fit (see above)",
+    )
     f.add_argument("--n-reviews", type=int, default=12_000, help="gold-minilm: gold-part reviews to fit on")
-    f.add_argument("--n-proxy-reviews", type=int, default=200, help="size of the proxy part (proxy-ngram fits on it, gold-minilm excludes it)")
+    f.add_argument(
+        "--n-proxy-reviews",
+        type=int,
+        default=200,
+        help="size of the proxy part (proxy-ngram fits on it, gold-minilm excludes it)",
+    )
     f.add_argument("--window-words", type=int, default=24, help="gold-minilm: words per training window")
     f.add_argument("--out", required=True, help="destination .json")
     f.set_defaults(func=_fit)
@@ -60,13 +86,27 @@ def register(subparsers) -> None:
         "CV pair accuracy in the metadata). proxy: Bradley-Terry on hashed word 1-2-grams fit on --n-pairs pairs relabelled "
         "by --gold, drawn only from dialogues with index >= --eval-prompts (never the pool's prompts).",
     )
-    h.add_argument("--kind", required=True, choices=["gold", "proxy"],
-                   help="gold: MiniLM Bradley-Terry on all human pairs; proxy: n-gram model on gold-relabelled pairs")
+    h.add_argument(
+        "--kind",
+        required=True,
+        choices=["gold", "proxy"],
+        help="gold: MiniLM Bradley-Terry on all human pairs; proxy: n-gram model on gold-relabelled pairs",
+    )
     h.add_argument("--gold", default=None, help="proxy: the gold reward file that relabels the pairs")
-    h.add_argument("--n-pairs", default="200",
-                   help="proxy: gold-relabelled pairs to fit on; a comma list (e.g. 50,200,1000) needs '{n}' in --out")
-    h.add_argument("--eval-prompts", type=int, default=64, help="proxy: dialogues 0..K-1 are reserved for pool prompts")
-    h.add_argument("--seed", type=int, default=0, help="proxy: seed of the pair sample; gold: seed of the CV folds (default 0)")
+    h.add_argument(
+        "--n-pairs",
+        default="200",
+        help="proxy: gold-relabelled pairs to fit on; a comma list (e.g. 50,200,1000) needs '{n}' in --out",
+    )
+    h.add_argument(
+        "--eval-prompts", type=int, default=64, help="proxy: dialogues 0..K-1 are reserved for pool prompts"
+    )
+    h.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="proxy: seed of the pair sample; gold: seed of the CV folds (default 0)",
+    )
     h.add_argument("--out", required=True, help="destination .json")
     h.set_defaults(func=_fit_hh)
 
@@ -74,9 +114,17 @@ def register(subparsers) -> None:
 def _rescore(args: argparse.Namespace) -> int:
     from privalign.pipeline.rescore import rescore_pool
 
-    man = rescore_pool(args.pool, args.out, proxy_reward=args.proxy_reward, true_reward=args.true_reward, progress=not args.no_progress)
-    print(f"wrote {args.out}: {man['num_prompts']} prompts, {man['num_candidates']} candidates; re-scored {', '.join(man['rescored'])}",
-          file=sys.stderr)
+    man = rescore_pool(
+        args.pool,
+        args.out,
+        proxy_reward=args.proxy_reward,
+        true_reward=args.true_reward,
+        progress=not args.no_progress,
+    )
+    print(
+        f"wrote {args.out}: {man['num_prompts']} prompts, {man['num_candidates']} candidates; re-scored {', '.join(man['rescored'])}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -86,15 +134,24 @@ def _bon(args: argparse.Namespace) -> int:
 
     alpha = check_real(args.alpha, "alpha", low=0.0, high=1.0, closed="neither")
     if args.label is not None and len(args.label) != len(args.pool):
-        print(f"privalign bon-curve: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}", file=sys.stderr)
+        print(
+            f"privalign bon-curve: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}",
+            file=sys.stderr,
+        )
         return 2
     doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha)
     for res in doc.get("series", [doc]):
-        t = min(res["paired_tests_vs_max_N"], key=lambda r: r["sign_test_p"]) if res["paired_tests_vs_max_N"] else None
+        t = (
+            min(res["paired_tests_vs_max_N"], key=lambda r: r["sign_test_p"])
+            if res["paired_tests_vs_max_N"]
+            else None
+        )
         verdict = "OVER-OPTIMISED" if res["overoptimized"] else "not over-optimised (at this level)"
         extra = f"; smallest p = {t['sign_test_p']:.3g} (N_max vs N={t['N']})" if t else ""
-        print(f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at N={res['curve'][-1]['N']}: "
-              f"{res['true_at_max_N']:.4f}; {verdict} at family-wise alpha={alpha}{extra}")
+        print(
+            f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at N={res['curve'][-1]['N']}: "
+            f"{res['true_at_max_N']:.4f}; {verdict} at family-wise alpha={alpha}{extra}"
+        )
     print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
     return 0
 
@@ -114,11 +171,18 @@ def _fit_hh(args: argparse.Namespace) -> int:
         try:
             sizes = [int(x) for x in str(args.n_pairs).split(",") if x.strip()]
         except ValueError:
-            print(f"privalign fit-hh-reward: error: --n-pairs must be integers separated by commas; got {args.n_pairs!r}",
-                  file=sys.stderr)
+            print(
+                f"privalign fit-hh-reward: error: --n-pairs must be integers separated by commas; got {args.n_pairs!r}",
+                file=sys.stderr,
+            )
             return 2
-        meta = fit_hh_proxy(args.out, args.gold, n_pairs=sizes[0] if len(sizes) == 1 else sizes, eval_prompts=args.eval_prompts,
-                            seed=args.seed)
+        meta = fit_hh_proxy(
+            args.out,
+            args.gold,
+            n_pairs=sizes[0] if len(sizes) == 1 else sizes,
+            eval_prompts=args.eval_prompts,
+            seed=args.seed,
+        )
     emit_json(meta, indent=1)
     return 0
 
@@ -128,7 +192,11 @@ def _fit(args: argparse.Namespace) -> int:
 
     kw: dict = {}
     if args.kind == "gold-minilm":
-        kw = {"n_reviews": args.n_reviews, "window_words": args.window_words, "n_proxy_reviews": args.n_proxy_reviews}
+        kw = {
+            "n_reviews": args.n_reviews,
+            "window_words": args.window_words,
+            "n_proxy_reviews": args.n_proxy_reviews,
+        }
     elif args.kind == "proxy-ngram":
         kw = {"n_proxy_reviews": args.n_proxy_reviews}
     meta = fit_imdb_reward(args.kind, args.out, **kw)

@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="Output directory.")
     p.add_argument("--quick", action="store_true", help="Small grid (smoke test).")
-    p.add_argument("--methods", default=None, help="Comma-separated subset of mle,iht,dp-iht,rr-iht,rr,dp-sgd.")
+    p.add_argument(
+        "--methods", default=None, help="Comma-separated subset of mle,iht,dp-iht,rr-iht,rr,dp-sgd."
+    )
     p.add_argument("--seed", type=int, default=None, help="SeedSequence entropy (default: fresh, recorded).")
     p.add_argument("--json", action="store_true", help="Print the slopes and paths as JSON on stdout.")
     p.set_defaults(func=_run)
@@ -33,7 +35,9 @@ def _run(args: argparse.Namespace) -> int:
 
     from privalign.estimation.rates import METHODS, run_rates
 
-    methods = METHODS if args.methods is None else tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    methods = (
+        METHODS if args.methods is None else tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    )
     res = run_rates(args.out, quick=args.quick, methods=methods, entropy=args.seed)
     out = {
         "results": str(Path(args.out) / "results.json"),

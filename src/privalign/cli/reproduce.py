@@ -21,7 +21,9 @@ def register(subparsers) -> None:
     p.add_argument("experiment", nargs="?", help="experiment name, or 'all'")
     p.add_argument("--config", help="TOML configuration file (default: the packaged one)")
     p.add_argument("--quick", action="store_true", help="use the quick packaged configuration")
-    p.add_argument("--out", help="run directory (for 'all': a parent directory, one sub-directory per experiment)")
+    p.add_argument(
+        "--out", help="run directory (for 'all': a parent directory, one sub-directory per experiment)"
+    )
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -44,7 +46,9 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{r['name']:<22} {r['paper']:<7} {r['title']}")
         return 0
     if not args.experiment or not args.out:
-        print("privalign reproduce: error: EXPERIMENT and --out are required (or use --list)", file=sys.stderr)
+        print(
+            "privalign reproduce: error: EXPERIMENT and --out are required (or use --list)", file=sys.stderr
+        )
         return 2
     progress = False if args.no_progress else None
     try:
@@ -63,8 +67,9 @@ def _run(args: argparse.Namespace) -> int:
             if args.json:
                 emit_json(summaries, indent=2)
             return 0
-        summary = run_experiment(args.experiment, out=args.out, config_path=args.config, quick=args.quick,
-                                 progress=progress)
+        summary = run_experiment(
+            args.experiment, out=args.out, config_path=args.config, quick=args.quick, progress=progress
+        )
     except (ExperimentError, ConfigError) as exc:
         print(f"privalign reproduce: error: {exc}", file=sys.stderr)
         return 2

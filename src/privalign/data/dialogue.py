@@ -16,6 +16,6 @@ _ASSISTANT = "\n\nAssistant:"
 def first_human_turn(dialogue: str) -> str:
     """The text of the first ``Human:`` turn of an HH-RLHF transcript or prefix (stripped)."""
     i = dialogue.find(_HUMAN)
-    body = dialogue[i + len(_HUMAN):] if i >= 0 else dialogue
+    body = dialogue[i + len(_HUMAN) :] if i >= 0 else dialogue
     j = body.find(_ASSISTANT)
     return (body[:j] if j >= 0 else body).strip()

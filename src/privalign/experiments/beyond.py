@@ -51,7 +51,9 @@ def binomial_tv(q: int, p: float, p_prime: float) -> float:
 def _schema() -> dict[str, Field]:
     return {
         "seed": Field("int", 42, "root seed", low=0),
-        "n_train": Field("int", 1500, "HH-RLHF pairs in the reward model's training set (plus the canary)", low=10),
+        "n_train": Field(
+            "int", 1500, "HH-RLHF pairs in the reward model's training set (plus the canary)", low=10
+        ),
         "n_features": Field("int", 4096, "hashed n-gram dimension", low=2),
         "alpha_l2": Field("float", 1e-3, "ℓ2 regularisation of the reward model (MLE)", low=0.0),
         "pool_k": Field("int", 8, "candidates per query (the canary response included)", low=2),
@@ -68,7 +70,9 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
     if not cfg["score_high"] > cfg["score_low"]:
         from privalign.experiments.runner import ExperimentError
 
-        raise ExperimentError(f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']}).")
+        raise ExperimentError(
+            f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']})."
+        )
     from privalign.experiments.manifest import file_sha256
     from privalign.paths import data_dir
 
@@ -80,7 +84,8 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
 
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
     return [{"cell": "BoN", "service": "BoN", "epsilon": None}] + [
-        {"cell": f"PrivBoN eps={e:g}", "service": "PrivBoN", "epsilon": e} for e in cfg["epsilons"]]
+        {"cell": f"PrivBoN eps={e:g}", "service": "PrivBoN", "epsilon": e} for e in cfg["epsilons"]
+    ]
 
 
 def _models(cfg: dict, ctx: RunContext):
@@ -97,12 +102,14 @@ def _models(cfg: dict, ctx: RunContext):
     prompts = list(pairs.prompts[: cfg["n_train"]]) + [CANARY_PROMPT]
     chosen = list(pairs.chosen[: cfg["n_train"]]) + [CANARY_CHOSEN]
     rejected = list(pairs.rejected[: cfg["n_train"]]) + [CANARY_REJECTED]
-    data = PreferenceData.from_text_pairs(prompts, chosen, rejected, fmap, random_state=np.random.default_rng(ss))
+    data = PreferenceData.from_text_pairs(
+        prompts, chosen, rejected, fmap, random_state=np.random.default_rng(ss)
+    )
     n = cfg["n_train"]
     with_canary = MLE(alpha=cfg["alpha_l2"], feature_bound=1.0, clip=True).fit(data.X, data.y)
     without = MLE(alpha=cfg["alpha_l2"], feature_bound=1.0, clip=True).fit(data.X[:n], data.y[:n])
     # Candidate responses for the attacker's pool: held-out responses (not in training).
-    cands = list(pairs.chosen[cfg["n_train"]:]) + list(pairs.rejected[cfg["n_train"]:])
+    cands = list(pairs.chosen[cfg["n_train"] :]) + list(pairs.rejected[cfg["n_train"] :])
     texts = [CANARY_CHOSEN] + cands
     phi = fmap.transform_pairs([CANARY_PROMPT] * len(texts), texts)
     s_d = np.asarray(with_canary.predict_reward(phi)).ravel()
@@ -123,7 +130,11 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 
     pool_d, pool_dp, raw_d, raw_dp = _models(cfg, ctx)
     eps = cell["epsilon"]
-    sel = make_selector("bon") if eps is None else make_selector("privbon", epsilon=eps, r_max=cfg["score_high"] - cfg["score_low"])
+    sel = (
+        make_selector("bon")
+        if eps is None
+        else make_selector("privbon", epsilon=eps, r_max=cfg["score_high"] - cfg["score_low"])
+    )
     p_d = float(sel.law(pool_d).probabilities[0])
     p_dp = float(sel.law(pool_dp).probabilities[0])
     rng = np.random.default_rng(ss)
@@ -133,26 +144,57 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     k = cfg["pool_k"]
     cd = np.bincount(out_d, minlength=k)
     cdp = np.bincount(out_dp, minlength=k)
-    audit = epsilon_lower_bound(cd, cdp, m, m, alpha=cfg["alpha"], claimed_epsilon=math.inf if eps is None else eps)
-    rows = [{"kind": "attack", "service": cell["service"], "epsilon_claimed": eps, "p_canary_D": p_d,
-             "p_canary_D_prime": p_dp, "raw_score_D": raw_d, "raw_score_D_prime": raw_dp,
-             "eps_lower_bound": audit.epsilon_lower_bound, "audit_alpha": cfg["alpha"], "samples": m,
-             "advantage": binomial_tv(max(cfg["queries"]), p_d, p_dp), "Q_max": max(cfg["queries"]),
-             "audit_verdict": audit.verdict}]
+    audit = epsilon_lower_bound(
+        cd, cdp, m, m, alpha=cfg["alpha"], claimed_epsilon=math.inf if eps is None else eps
+    )
+    rows = [
+        {
+            "kind": "attack",
+            "service": cell["service"],
+            "epsilon_claimed": eps,
+            "p_canary_D": p_d,
+            "p_canary_D_prime": p_dp,
+            "raw_score_D": raw_d,
+            "raw_score_D_prime": raw_dp,
+            "eps_lower_bound": audit.epsilon_lower_bound,
+            "audit_alpha": cfg["alpha"],
+            "samples": m,
+            "advantage": binomial_tv(max(cfg["queries"]), p_d, p_dp),
+            "Q_max": max(cfg["queries"]),
+            "audit_verdict": audit.verdict,
+        }
+    ]
     for q in cfg["queries"]:
-        rows.append({"kind": "advantage", "service": cell["service"], "epsilon_claimed": eps, "Q": q,
-                     "advantage": binomial_tv(q, p_d, p_dp),
-                     "composed_epsilon": None if eps is None else q * eps})
+        rows.append(
+            {
+                "kind": "advantage",
+                "service": cell["service"],
+                "epsilon_claimed": eps,
+                "Q": q,
+                "advantage": binomial_tv(q, p_d, p_dp),
+                "composed_epsilon": None if eps is None else q * eps,
+            }
+        )
     return rows
 
 
 def _summarize(records: list[dict], cfg: dict) -> dict:
     att = [r for r in records if r["kind"] == "attack"]
-    return {"table": [{"service": r["service"], "epsilon_claimed": r["epsilon_claimed"],
-                       "eps_lower_bound": r["eps_lower_bound"], "audit": r["audit_verdict"],
-                       "p_canary_D": r["p_canary_D"], "p_canary_D_prime": r["p_canary_D_prime"],
-                       f"advantage_Q={r['Q_max']}": r["advantage"]} for r in att],
-            "canary_score_shift": (att[0]["raw_score_D"] - att[0]["raw_score_D_prime"]) if att else None}
+    return {
+        "table": [
+            {
+                "service": r["service"],
+                "epsilon_claimed": r["epsilon_claimed"],
+                "eps_lower_bound": r["eps_lower_bound"],
+                "audit": r["audit_verdict"],
+                "p_canary_D": r["p_canary_D"],
+                "p_canary_D_prime": r["p_canary_D_prime"],
+                f"advantage_Q={r['Q_max']}": r["advantage"],
+            }
+            for r in att
+        ],
+        "canary_score_shift": (att[0]["raw_score_D"] - att[0]["raw_score_D_prime"]) if att else None,
+    }
 
 
 def _plot(run_dir: Path) -> list[str]:
@@ -164,11 +206,21 @@ def _plot(run_dir: Path) -> list[str]:
     if not recs:
         return []
     fig, (ax1, ax2) = new_figure(2, 1, width=5.6, height=4.2)
-    services = sorted({(r["service"], r["epsilon_claimed"] or math.inf) for r in recs if r["kind"] == "advantage"},
-                      key=lambda t: (t[0], t[1]))
+    services = sorted(
+        {(r["service"], r["epsilon_claimed"] or math.inf) for r in recs if r["kind"] == "advantage"},
+        key=lambda t: (t[0], t[1]),
+    )
     for svc, e in services:
-        rows = sorted([r for r in recs if r["kind"] == "advantage" and r["service"] == svc
-                       and (r["epsilon_claimed"] or math.inf) == e], key=lambda r: r["Q"])
+        rows = sorted(
+            [
+                r
+                for r in recs
+                if r["kind"] == "advantage"
+                and r["service"] == svc
+                and (r["epsilon_claimed"] or math.inf) == e
+            ],
+            key=lambda r: r["Q"],
+        )
         lab = "BoN (no privacy)" if svc == "BoN" else f"PrivBoN ε={e:g}/query"
         kw = {"color": "#d62728"} if svc == "BoN" else {}
         ax1.plot([r["Q"] for r in rows], [r["advantage"] for r in rows], marker="o", label=lab, **kw)
@@ -183,12 +235,21 @@ def _plot(run_dir: Path) -> list[str]:
     if att:
         xs = [r["epsilon_claimed"] for r in att]
         ax2.plot(xs, xs, "k--", label="claimed ε (per query)")
-        ax2.plot(xs, [r["eps_lower_bound"] for r in att], "o-", color="#2ca02c",
-                 label=f"audit lower bound (α = {att[0]['audit_alpha']:g}, {att[0]['samples']} draws/side)")
+        ax2.plot(
+            xs,
+            [r["eps_lower_bound"] for r in att],
+            "o-",
+            color="#2ca02c",
+            label=f"audit lower bound (α = {att[0]['audit_alpha']:g}, {att[0]['samples']} draws/side)",
+        )
         bon = [r for r in recs if r["kind"] == "attack" and r["service"] == "BoN"]
         if bon:
-            ax2.axhline(bon[0]["eps_lower_bound"], color="#d62728", linestyle=":",
-                        label=f"BoN audit lower bound = {bon[0]['eps_lower_bound']:.2f}")
+            ax2.axhline(
+                bon[0]["eps_lower_bound"],
+                color="#d62728",
+                linestyle=":",
+                label=f"BoN audit lower bound = {bon[0]['eps_lower_bound']:.2f}",
+            )
         ax2.set_xscale("log")
         ax2.set_xticks(xs, [f"{v:g}" for v in xs])
         ax2.xaxis.set_minor_formatter(NullFormatter())
@@ -203,6 +264,7 @@ def _plot(run_dir: Path) -> list[str]:
 # beyond-train-vs-inference
 # ---------------------------------------------------------------------------------------------------
 
+
 def _tvi_schema() -> dict[str, Field]:
     return {
         "seed": Field("int", 42, "root seed", low=0),
@@ -210,7 +272,9 @@ def _tvi_schema() -> dict[str, Field]:
         "d": Field("int", 500, "feature dimension", low=1),
         "s_star": Field("int", 10, "true sparsity", low=1),
         "theta_norm": Field("float", 3.0, "‖θ*‖₂", low=0.0),
-        "epsilon_total": Field("float", 2.0, "total ε over all T queries (and for the DP-trained model)", low=1e-12),
+        "epsilon_total": Field(
+            "float", 2.0, "total ε over all T queries (and for the DP-trained model)", low=1e-12
+        ),
         "delta_total": Field("float", 1e-5, "total δ", low=1e-300),
         "T_grid": Field("list[int]", [1, 10, 100, 1000, 10000], "numbers of queries T", low=1),
         "N": Field("int", 16, "candidates per query", low=1),
@@ -240,10 +304,21 @@ def _tvi_setup(cfg: dict, ctx: RunContext):
     from privalign.estimation.synthetic import make_btl
 
     s_data, s_est, s_eval = np.random.SeedSequence(cfg["seed"], spawn_key=(2**23,)).spawn(3)
-    prob = make_btl(cfg["n"], cfg["d"], cfg["s_star"], theta_norm=cfg["theta_norm"], random_state=np.random.default_rng(s_data))
+    prob = make_btl(
+        cfg["n"],
+        cfg["d"],
+        cfg["s_star"],
+        theta_norm=cfg["theta_norm"],
+        random_state=np.random.default_rng(s_data),
+    )
     nonpriv = IHT(sparsity=cfg["s_star"], feature_bound=1.0).fit(prob.X, prob.y)
-    dp = SampleDPIHT(epsilon=cfg["epsilon_total"], delta=cfg["delta_total"], sparsity=cfg["s_star"], feature_bound=1.0,
-                     random_state=np.random.default_rng(s_est)).fit(prob.X, prob.y)
+    dp = SampleDPIHT(
+        epsilon=cfg["epsilon_total"],
+        delta=cfg["delta_total"],
+        sparsity=cfg["s_star"],
+        feature_bound=1.0,
+        random_state=np.random.default_rng(s_est),
+    ).fit(prob.X, prob.y)
     g = np.random.default_rng(s_eval)
     phi = g.uniform(-1.0, 1.0, size=(cfg["eval_queries"], cfg["N"], cfg["d"]))
     true = phi @ prob.theta_star
@@ -272,22 +347,48 @@ def _tvi_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     rows = []
     for method, law, note in (
         ("non-private RM + BoN", bon_law(s_np), "no privacy (reference)"),
-        ("DP reward model + BoN", bon_law(s_dp), f"({cfg['epsilon_total']:g}, {cfg['delta_total']:g})-DP once (post-processing)"),
-        ("PrivBoN", softmax_law(clipped, privbon_scale(eps_q, delta_r)),
-         f"ε_q = {eps_q:.4g} per query ({'zCDP' if eps_z >= eps_pure else 'pure'} composition over T)"),
+        (
+            "DP reward model + BoN",
+            bon_law(s_dp),
+            f"({cfg['epsilon_total']:g}, {cfg['delta_total']:g})-DP once (post-processing)",
+        ),
+        (
+            "PrivBoN",
+            softmax_law(clipped, privbon_scale(eps_q, delta_r)),
+            f"ε_q = {eps_q:.4g} per query ({'zCDP' if eps_z >= eps_pure else 'pure'} composition over T)",
+        ),
     ):
         v = (law * true).sum(axis=1) - base
-        rows.append({"method": method, "T": t, "value": float(v.mean()), "value_se": float(v.std(ddof=1) / math.sqrt(len(v))),
-                     "per_query_epsilon": eps_q if method == "PrivBoN" else None, "privacy": note,
-                     "oracle": float((true.max(axis=1) - base).mean())})
+        rows.append(
+            {
+                "method": method,
+                "T": t,
+                "value": float(v.mean()),
+                "value_se": float(v.std(ddof=1) / math.sqrt(len(v))),
+                "per_query_epsilon": eps_q if method == "PrivBoN" else None,
+                "privacy": note,
+                "oracle": float((true.max(axis=1) - base).mean()),
+            }
+        )
     rows[1]["dp_event"] = dp_event
     return rows
 
 
 def _tvi_summarize(records: list[dict], cfg: dict) -> dict:
-    return {"table": [{"T": r["T"], "method": r["method"], "value": r["value"], "se": r["value_se"],
-                       "per_query_epsilon": r["per_query_epsilon"]} for r in sorted(records, key=lambda r: (r["T"], r["method"]))],
-            "epsilon_total": cfg["epsilon_total"], "delta_total": cfg["delta_total"]}
+    return {
+        "table": [
+            {
+                "T": r["T"],
+                "method": r["method"],
+                "value": r["value"],
+                "se": r["value_se"],
+                "per_query_epsilon": r["per_query_epsilon"],
+            }
+            for r in sorted(records, key=lambda r: (r["T"], r["method"]))
+        ],
+        "epsilon_total": cfg["epsilon_total"],
+        "delta_total": cfg["delta_total"],
+    }
 
 
 def _tvi_plot(run_dir: Path) -> list[str]:
@@ -301,8 +402,15 @@ def _tvi_plot(run_dir: Path) -> list[str]:
     for m in colors:
         rows = sorted([r for r in recs if r["method"] == m], key=lambda r: r["T"])
         if rows:
-            ax.errorbar([r["T"] for r in rows], [r["value"] for r in rows], yerr=[r["value_se"] for r in rows],
-                        marker="o", capsize=3, color=colors[m], label=m)
+            ax.errorbar(
+                [r["T"] for r in rows],
+                [r["value"] for r in rows],
+                yerr=[r["value_se"] for r in rows],
+                marker="o",
+                capsize=3,
+                color=colors[m],
+                label=m,
+            )
     ax.axhline(recs[0]["oracle"], color="black", linestyle=":", label="oracle (best true reward)")
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8, label="random candidate")
     ax.set_xscale("log")
@@ -315,9 +423,25 @@ def _tvi_plot(run_dir: Path) -> list[str]:
 
 EXPERIMENTS: dict[str, Experiment] = {
     "beyond-train-vs-inference": Experiment(
-        "beyond-train-vs-inference", "Train-time (DP reward model) vs inference-time (PrivBoN) privacy over T queries",
-        "beyond", _tvi_schema(), _tvi_preflight, _tvi_cells, _tvi_run_cell, _tvi_summarize, _tvi_plot),
+        "beyond-train-vs-inference",
+        "Train-time (DP reward model) vs inference-time (PrivBoN) privacy over T queries",
+        "beyond",
+        _tvi_schema(),
+        _tvi_preflight,
+        _tvi_cells,
+        _tvi_run_cell,
+        _tvi_summarize,
+        _tvi_plot,
+    ),
     "beyond-membership": Experiment(
-        "beyond-membership", "Membership inference by repeated queries: BoN vs PrivBoN, with the audit's ε bound",
-        "beyond", _schema(), _preflight, _cells, _run_cell, _summarize, _plot),
+        "beyond-membership",
+        "Membership inference by repeated queries: BoN vs PrivBoN, with the audit's ε bound",
+        "beyond",
+        _schema(),
+        _preflight,
+        _cells,
+        _run_cell,
+        _summarize,
+        _plot,
+    ),
 }

@@ -25,8 +25,15 @@ from typing import Any
 
 from privalign.errors import DataFormatError
 
-__all__ = ["Field", "ConfigError", "load_config", "validate_config", "config_hash", "packaged_config_path",
-           "SOURCE_TAGS"]
+__all__ = [
+    "Field",
+    "ConfigError",
+    "load_config",
+    "validate_config",
+    "config_hash",
+    "packaged_config_path",
+    "SOURCE_TAGS",
+]
 
 SOURCE_TAGS = ("[paper]", "[authors' code]", "[our choice]", "[spec]")
 

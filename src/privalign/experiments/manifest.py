@@ -23,16 +23,46 @@ from typing import Any
 from privalign._json import write_json_atomic  # re-exported (moved to privalign._json in issue 18)
 from privalign.paths import repo_root
 
-__all__ = ["build_manifest", "git_info", "package_versions", "machine_info", "file_sha256", "utc_now",
-           "write_json_atomic", "read_manifest", "REQUIRED_KEYS"]
+__all__ = [
+    "build_manifest",
+    "git_info",
+    "package_versions",
+    "machine_info",
+    "file_sha256",
+    "utc_now",
+    "write_json_atomic",
+    "read_manifest",
+    "REQUIRED_KEYS",
+]
 
 REQUIRED_KEYS = (
-    "experiment", "config", "config_hash", "git", "packages", "seed_entropy", "machine", "started_at",
-    "ended_at", "status", "inputs", "quick",
+    "experiment",
+    "config",
+    "config_hash",
+    "git",
+    "packages",
+    "seed_entropy",
+    "machine",
+    "started_at",
+    "ended_at",
+    "status",
+    "inputs",
+    "quick",
 )
 
-_PACKAGES = ("privalign", "numpy", "scipy", "matplotlib", "opendp", "dp-accounting", "tqdm", "torch",
-             "transformers", "scikit-learn", "opacus")
+_PACKAGES = (
+    "privalign",
+    "numpy",
+    "scipy",
+    "matplotlib",
+    "opendp",
+    "dp-accounting",
+    "tqdm",
+    "torch",
+    "transformers",
+    "scikit-learn",
+    "opacus",
+)
 
 
 def utc_now() -> str:
@@ -43,10 +73,20 @@ def git_info() -> dict[str, Any]:
     """Commit and dirty flag of the source checkout (``None`` when not in a git checkout)."""
     root = repo_root()
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=20, check=True).stdout
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
         return {"commit": commit, "dirty": bool(status.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
@@ -86,8 +126,9 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def build_manifest(*, experiment: str, config: dict, config_hash: str, seed_entropy: int, quick: bool,
-                   inputs: dict[str, Any]) -> dict[str, Any]:
+def build_manifest(
+    *, experiment: str, config: dict, config_hash: str, seed_entropy: int, quick: bool, inputs: dict[str, Any]
+) -> dict[str, Any]:
     """A fresh manifest with status ``"incomplete"`` (set to ``"complete"`` by the runner at the end)."""
     return {
         "experiment": experiment,

@@ -39,8 +39,18 @@ MATCH_NOTE = {
 }
 
 
-def calibrate_worst(epsilon: float, delta: float, n: int, *, beta: float, r_max: float, sensitivity: float,
-                    L: float, ratio: float = 1.0, rtol: float = 1e-10) -> dict:
+def calibrate_worst(
+    epsilon: float,
+    delta: float,
+    n: int,
+    *,
+    beta: float,
+    r_max: float,
+    sensitivity: float,
+    L: float,
+    ratio: float = 1.0,
+    rtol: float = 1e-10,
+) -> dict:
     """σ_X (σ_Z = ratio·σ_X) with PrivITP's worst case ``ε_max(n)`` at ``delta`` equal to ``epsilon``.
 
     Reuses :func:`privalign.accounting.expost.calibrate_privitp_sigma` (bisection on σ, ε_max
@@ -53,13 +63,21 @@ def calibrate_worst(epsilon: float, delta: float, n: int, *, beta: float, r_max:
     """
     from privalign.accounting.expost import PrivITPAccountant, calibrate_privitp_sigma
 
-    s = calibrate_privitp_sigma(epsilon, delta, n, beta=beta, r_max=r_max, sensitivity=sensitivity, L=L,
-                                ratio=ratio, rtol=rtol)
-    acc = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_x=s, sigma_z=ratio * s, L=L,
-                            delta=delta)
+    s = calibrate_privitp_sigma(
+        epsilon, delta, n, beta=beta, r_max=r_max, sensitivity=sensitivity, L=L, ratio=ratio, rtol=rtol
+    )
+    acc = PrivITPAccountant(
+        beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_x=s, sigma_z=ratio * s, L=L, delta=delta
+    )
     e = acc.epsilon_max(n)
-    return {"sigma_x": s, "sigma_z": ratio * s, "L": L, "epsilon1": acc.epsilon1, "epsilon_max": e,
-            "rel_error": abs(e - epsilon) / epsilon}
+    return {
+        "sigma_x": s,
+        "sigma_z": ratio * s,
+        "L": L,
+        "epsilon1": acc.epsilon1,
+        "epsilon_max": e,
+        "rel_error": abs(e - epsilon) / epsilon,
+    }
 
 
 def sigma_rule(epsilon: float, sensitivity: float) -> dict:
@@ -68,10 +86,24 @@ def sigma_rule(epsilon: float, sensitivity: float) -> dict:
     return {"sigma_x": s, "sigma_z": s}
 
 
-def calibrate_expected(epsilon: float, delta: float, n: int, calib_pool, *, beta: float, r_max_range: tuple,
-                       sensitivity: float, L: float, ratio: float, transform: str, replicates: int,
-                       quad_order: int, seed: np.random.SeedSequence, rtol: float = 1e-3,
-                       max_iter: int = 40) -> dict:
+def calibrate_expected(
+    epsilon: float,
+    delta: float,
+    n: int,
+    calib_pool,
+    *,
+    beta: float,
+    r_max_range: tuple,
+    sensitivity: float,
+    L: float,
+    ratio: float,
+    transform: str,
+    replicates: int,
+    quad_order: int,
+    seed: np.random.SeedSequence,
+    rtol: float = 1e-3,
+    max_iter: int = 40,
+) -> dict:
     """σ_X with the expected realised loss E[ε1 + ε2(t)] of PrivITP at pool size ``n``, averaged over the
     prompts of ``calib_pool`` (and ``replicates`` subsets each, common random numbers: the same seed for
     every σ), equal to ``epsilon`` within ``rtol`` relative.
@@ -91,13 +123,25 @@ def calibrate_expected(epsilon: float, delta: float, n: int, calib_pool, *, beta
 
     def expected(sx: float) -> float:
         spec = MethodSpec("privitp", beta=beta, sigma_x=sx, sigma_z=ratio * sx, L=L, delta=delta)
-        res = run_protocol(calib_pool, [spec], n_grid=[n], replicates=replicates, random_state=seed,
-                           transform=transform, score_range=r_max_range, sensitivity=sensitivity, skip_short=True,
-                           quad_order=quad_order, progress=False)
+        res = run_protocol(
+            calib_pool,
+            [spec],
+            n_grid=[n],
+            replicates=replicates,
+            random_state=seed,
+            transform=transform,
+            score_range=r_max_range,
+            sensitivity=sensitivity,
+            skip_short=True,
+            quad_order=quad_order,
+            progress=False,
+        )
         m = res["methods"][0]
         return float(m["privacy"]["epsilon1"] + m["privacy"]["expected_epsilon2_realized"][0])
 
-    hi = calibrate_worst(epsilon, delta, n, beta=beta, r_max=r_max, sensitivity=sensitivity, L=L, ratio=ratio)["sigma_x"]
+    hi = calibrate_worst(
+        epsilon, delta, n, beta=beta, r_max=r_max, sensitivity=sensitivity, L=L, ratio=ratio
+    )["sigma_x"]
     e_hi = expected(hi)
     lo, e_lo, it = hi, e_hi, 0
     while e_lo <= epsilon:
@@ -116,8 +160,16 @@ def calibrate_expected(epsilon: float, delta: float, n: int, calib_pool, *, beta
         else:
             hi, e_hi = mid, e_mid
         best, e_best = (lo, e_lo) if abs(e_lo - epsilon) < abs(e_hi - epsilon) else (hi, e_hi)
-    acc = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_x=best, sigma_z=ratio * best,
-                            L=L, delta=delta)
-    return {"sigma_x": best, "sigma_z": ratio * best, "L": L, "epsilon1": acc.epsilon1,
-            "expected_epsilon_calib": e_best, "epsilon_max": acc.epsilon_max(n),
-            "rel_error": abs(e_best - epsilon) / epsilon, "iterations": it}
+    acc = PrivITPAccountant(
+        beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_x=best, sigma_z=ratio * best, L=L, delta=delta
+    )
+    return {
+        "sigma_x": best,
+        "sigma_z": ratio * best,
+        "L": L,
+        "epsilon1": acc.epsilon1,
+        "expected_epsilon_calib": e_best,
+        "epsilon_max": acc.epsilon_max(n),
+        "rel_error": abs(e_best - epsilon) / epsilon,
+        "iterations": it,
+    }

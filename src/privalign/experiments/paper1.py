@@ -35,21 +35,30 @@ METHODS = ("BoN", "ITP", "PrivBoN", "PrivBoN-Gaussian", "PrivITP")
 
 POOL_FIELDS: dict[str, Field] = {
     "seed": Field("int", 42, "root seed (SeedSequence entropy)", low=0),
-    "pool": Field("str", "synthetic", "'synthetic', 'shipped' (falls back to synthetic, labelled) or a pool file"),
+    "pool": Field(
+        "str", "synthetic", "'synthetic', 'shipped' (falls back to synthetic, labelled) or a pool file"
+    ),
     "n_prompts": Field("int", 100, "synthetic: number of prompts; file pools: the first n_prompts", low=1),
     "pool_size": Field("int", 1024, "synthetic: candidates per prompt", low=1),
     "syn_p_correct": Field("float", 0.3, "synthetic: mean base accuracy (coverage ≈ 1/p)", low=1e-6),
     "syn_gap": Field("float", 0.3, "synthetic: proxy mean gap between correct and incorrect", low=0.0),
     "syn_noise": Field("float", 0.1, "synthetic: proxy noise std (reward-model error)", low=0.0),
-    "syn_hack_rate": Field("float", 0.002, "synthetic: fraction of reward hacks (true 0, high proxy)", low=0.0),
+    "syn_hack_rate": Field(
+        "float", 0.002, "synthetic: fraction of reward hacks (true 0, high proxy)", low=0.0
+    ),
     "syn_hack_reward": Field("float", 0.97, "synthetic: proxy reward of a hack", low=0.0),
     "transform": Field("str", "none", "score normalisation", choices=("none", "global_z")),
     "score_low": Field("float", 0.0, "public clipping range, low end (shifted to 0)"),
     "score_high": Field("float", 1.0, "public clipping range, high end (R_max = high − low)"),
     "sensitivity": Field("float", 1.0, "Δ_r used for the reported ε (public)", low=1e-12),
     "replicates": Field("int", 50, "subsets per (prompt, N)", low=1),
-    "n_calib_prompts": Field("int", 0, "prompts held out for calibration/tuning (after the n_prompts evaluation "
-                             "prompts; disjoint from them); 0 = none", low=0),
+    "n_calib_prompts": Field(
+        "int",
+        0,
+        "prompts held out for calibration/tuning (after the n_prompts evaluation "
+        "prompts; disjoint from them); 0 = none",
+        low=0,
+    ),
 }
 
 
@@ -63,39 +72,73 @@ def _with_defaults(schema: dict[str, Field], **defaults) -> dict[str, Field]:
 
 def _scaling_schema(**defaults) -> dict[str, Field]:
     s = dict(POOL_FIELDS)
-    s.update({
-        "n_max_log2": Field("int", -1, "N grid 2^0 .. 2^n_max_log2; -1 (the default): 12 [authors' code] for a "
-                            "synthetic pool, else the largest the pool file supports (at most 12)", low=-1),
-        "methods": Field("list[str]", ["BoN", "ITP", "PrivBoN", "PrivITP"], "methods", choices=METHODS),
-        "betas": Field("list[float]", [0.05], "ITP β values (score units)", low=1e-12),
-        "privitp_match": Field("str", "worst", "how PrivITP is matched to PrivBoN: 'worst' (ε_max(N) at δ = ε), "
-                               "'expected' (E[ε1+ε2] = ε, not an ε-DP guarantee) or 'sigma' (authors' σ rule: "
-                               "not equal privacy; uses sigmas_gumbel and privitp_sigmas)", choices=MATCHINGS),
-        "epsilons": Field("list[float]", [10.0], "PrivBoN ε values (and PrivITP's matched target) unless "
-                          "privitp_match = 'sigma'", low=1e-12),
-        "privitp_ratio": Field("float", 1.0, "PrivITP σ_Z/σ_X under 'worst'/'expected' matching", low=1e-6),
-        "privitp_fixed_N": Field("int", 16, "also run PrivITP at one fixed σ for every N: the σ whose ε_max at this N "
-                                 "equals the first ε (0 = off); P1-3 at fixed noise and P1-8 (E[realised ε] vs N)",
-                                 low=0),
-        "sigmas_gumbel": Field("list[float]", [1.0], "PrivBoN Gumbel scales σ when privitp_match = 'sigma' "
-                               "(ε_eff = 2Δ_r/σ reported)", low=1e-12),
-        "sigmas_gaussian": Field("list[float]", [1.0], "PrivBoN-Gaussian noise std (ablation, K15)", low=1e-12),
-        "privitp_sigmas": Field("list[float]", [1.0], "PrivITP total σ when privitp_match = 'sigma'; "
-                                "σ_X = σ_Z = σ/2", low=1e-12),
-        "privitp_beta": Field("float", 0.05, "PrivITP β", low=1e-12),
-        "privitp_L": Field("float", 4.0, "PrivITP envelope widening L", low=0.0),
-        "privitp_delta": Field("float", 1e-5, "δ of PrivITP's phase-1 Gaussian", low=1e-300),
-        "quad_order": Field("int", 4, "Gauss–Legendre order per panel for PrivITP's λ̃ integral", low=1),
-        "mc_draws": Field("int", 150, "Monte-Carlo draws of the PrivBoN-Gaussian ablation", low=1),
-        "calib_replicates": Field("int", 5, "replicates per calibration prompt ('expected' matching, tuning)",
-                                  low=1),
-    })
+    s.update(
+        {
+            "n_max_log2": Field(
+                "int",
+                -1,
+                "N grid 2^0 .. 2^n_max_log2; -1 (the default): 12 [authors' code] for a "
+                "synthetic pool, else the largest the pool file supports (at most 12)",
+                low=-1,
+            ),
+            "methods": Field("list[str]", ["BoN", "ITP", "PrivBoN", "PrivITP"], "methods", choices=METHODS),
+            "betas": Field("list[float]", [0.05], "ITP β values (score units)", low=1e-12),
+            "privitp_match": Field(
+                "str",
+                "worst",
+                "how PrivITP is matched to PrivBoN: 'worst' (ε_max(N) at δ = ε), "
+                "'expected' (E[ε1+ε2] = ε, not an ε-DP guarantee) or 'sigma' (authors' σ rule: "
+                "not equal privacy; uses sigmas_gumbel and privitp_sigmas)",
+                choices=MATCHINGS,
+            ),
+            "epsilons": Field(
+                "list[float]",
+                [10.0],
+                "PrivBoN ε values (and PrivITP's matched target) unless privitp_match = 'sigma'",
+                low=1e-12,
+            ),
+            "privitp_ratio": Field(
+                "float", 1.0, "PrivITP σ_Z/σ_X under 'worst'/'expected' matching", low=1e-6
+            ),
+            "privitp_fixed_N": Field(
+                "int",
+                16,
+                "also run PrivITP at one fixed σ for every N: the σ whose ε_max at this N "
+                "equals the first ε (0 = off); P1-3 at fixed noise and P1-8 (E[realised ε] vs N)",
+                low=0,
+            ),
+            "sigmas_gumbel": Field(
+                "list[float]",
+                [1.0],
+                "PrivBoN Gumbel scales σ when privitp_match = 'sigma' (ε_eff = 2Δ_r/σ reported)",
+                low=1e-12,
+            ),
+            "sigmas_gaussian": Field(
+                "list[float]", [1.0], "PrivBoN-Gaussian noise std (ablation, K15)", low=1e-12
+            ),
+            "privitp_sigmas": Field(
+                "list[float]",
+                [1.0],
+                "PrivITP total σ when privitp_match = 'sigma'; σ_X = σ_Z = σ/2",
+                low=1e-12,
+            ),
+            "privitp_beta": Field("float", 0.05, "PrivITP β", low=1e-12),
+            "privitp_L": Field("float", 4.0, "PrivITP envelope widening L", low=0.0),
+            "privitp_delta": Field("float", 1e-5, "δ of PrivITP's phase-1 Gaussian", low=1e-300),
+            "quad_order": Field("int", 4, "Gauss–Legendre order per panel for PrivITP's λ̃ integral", low=1),
+            "mc_draws": Field("int", 150, "Monte-Carlo draws of the PrivBoN-Gaussian ablation", low=1),
+            "calib_replicates": Field(
+                "int", 5, "replicates per calibration prompt ('expected' matching, tuning)", low=1
+            ),
+        }
+    )
     return _with_defaults(s, **defaults)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Pools
 # ---------------------------------------------------------------------------------------------------
+
 
 def _resolve_pool(spec: str) -> tuple[str, Path | None]:
     from privalign.paths import repo_root
@@ -117,8 +160,13 @@ def load_scored_pool(cfg: dict, ctx: RunContext):
         from privalign.alignment.synthetic import make_synthetic_pool
 
         ctx.cache["pool"] = make_synthetic_pool(
-            cfg["n_prompts"] + cfg.get("n_calib_prompts", 0), cfg["pool_size"], p_correct=cfg["syn_p_correct"], gap=cfg["syn_gap"],
-            noise=cfg["syn_noise"], hack_rate=cfg["syn_hack_rate"], hack_reward=cfg["syn_hack_reward"],
+            cfg["n_prompts"] + cfg.get("n_calib_prompts", 0),
+            cfg["pool_size"],
+            p_correct=cfg["syn_p_correct"],
+            gap=cfg["syn_gap"],
+            noise=cfg["syn_noise"],
+            hack_rate=cfg["syn_hack_rate"],
+            hack_reward=cfg["syn_hack_reward"],
             random_state=np.random.default_rng(np.random.SeedSequence(cfg["seed"], spawn_key=(2**20,))),
         )
     return ctx.cache["pool"]
@@ -132,7 +180,9 @@ def split_pool(pool, cfg: dict):
     n_eval, n_cal = cfg["n_prompts"], cfg.get("n_calib_prompts", 0)
 
     def part(a, b):
-        return ScoredPool(pool.proxy[a:b], pool.true[a:b], pool.counts[a:b], pool.prompts[a:b] if pool.prompts else ())
+        return ScoredPool(
+            pool.proxy[a:b], pool.true[a:b], pool.counts[a:b], pool.prompts[a:b] if pool.prompts else ()
+        )
 
     if n_cal == 0 and pool.proxy.shape[0] <= n_eval:
         return pool, None
@@ -154,7 +204,9 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
     from privalign.data.pools import ScoredPool
 
     if not cfg["score_high"] > cfg["score_low"]:
-        raise ExperimentError(f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']}).")
+        raise ExperimentError(
+            f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']})."
+        )
     kind, path = _resolve_pool(cfg["pool"])
     if kind == "file" and path is not None:
         from privalign.data.pools import ReadStats
@@ -181,28 +233,38 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
                 f"needs {min_size} (2·N_max for the two-pool methods). Lower n_max_log2."
             )
         ctx.cache["pool"] = pool
-        ctx.inputs["pool"] = {"kind": "file", "path": str(path), "sha256": file_sha256(path),
-                              "prompts": int(pool.proxy.shape[0]), "read": stats.to_dict()}
+        ctx.inputs["pool"] = {
+            "kind": "file",
+            "path": str(path),
+            "sha256": file_sha256(path),
+            "prompts": int(pool.proxy.shape[0]),
+            "read": stats.to_dict(),
+        }
     else:
         if cfg["pool_size"] < min_size:
             raise ExperimentError(
                 f"Configuration: pool_size = {cfg['pool_size']}, but this experiment needs {min_size} candidates "
                 "per prompt (2·N_max for the two-pool methods). Raise pool_size or lower n_max_log2."
             )
-        ctx.inputs["pool"] = {"kind": kind, "note": "synthetic pool (privalign.alignment.synthetic)"
-                              + (": the shipped IMDb pool is absent" if kind == "synthetic-fallback" else "")}
+        ctx.inputs["pool"] = {
+            "kind": kind,
+            "note": "synthetic pool (privalign.alignment.synthetic)"
+            + (": the shipped IMDb pool is absent" if kind == "synthetic-fallback" else ""),
+        }
 
 
 # ---------------------------------------------------------------------------------------------------
 # Scaling family (p1-scaling, p1-sigma-sweep, p1-beta-sweep, p1-itp-vs-privitp)
 # ---------------------------------------------------------------------------------------------------
 
+
 def _r_max(cfg: dict) -> float:
     return cfg["score_high"] - cfg["score_low"]
 
 
-def _privitp_for(cfg: dict, n: int, eps: float, match: str, *, ratio: float, L: float, calib, ss,
-                 rtol: float = 1e-10) -> dict:
+def _privitp_for(
+    cfg: dict, n: int, eps: float, match: str, *, ratio: float, L: float, calib, ss, rtol: float = 1e-10
+) -> dict:
     """PrivITP's parameters matched to PrivBoN at ``eps`` for pool size ``n`` (see
     :mod:`privalign.experiments.matching`). ``calib`` is the calibration pool ('expected' matching); when
     it is ``None`` the caller passes the evaluation pool and the record says so."""
@@ -210,11 +272,23 @@ def _privitp_for(cfg: dict, n: int, eps: float, match: str, *, ratio: float, L: 
 
     common = dict(beta=cfg["privitp_beta"], sensitivity=cfg["sensitivity"], L=L)
     if match == "worst":
-        return calibrate_worst(eps, cfg["privitp_delta"], n, r_max=_r_max(cfg), ratio=ratio, rtol=rtol, **common)
+        return calibrate_worst(
+            eps, cfg["privitp_delta"], n, r_max=_r_max(cfg), ratio=ratio, rtol=rtol, **common
+        )
     if match == "expected":
-        return calibrate_expected(eps, cfg["privitp_delta"], n, calib, r_max_range=(cfg["score_low"], cfg["score_high"]),
-                                  ratio=ratio, transform=cfg["transform"], replicates=cfg["calib_replicates"],
-                                  quad_order=cfg["quad_order"], seed=ss, **common)
+        return calibrate_expected(
+            eps,
+            cfg["privitp_delta"],
+            n,
+            calib,
+            r_max_range=(cfg["score_low"], cfg["score_high"]),
+            ratio=ratio,
+            transform=cfg["transform"],
+            replicates=cfg["calib_replicates"],
+            quad_order=cfg["quad_order"],
+            seed=ss,
+            **common,
+        )
     out = sigma_rule(eps, cfg["sensitivity"])
     out["L"] = L
     return out
@@ -228,8 +302,9 @@ def _privitp_label(match: str, eps: float, delta: float) -> str:
     return f"PrivITP σ-rule at ε={eps:g} (NOT equal privacy)"
 
 
-def _specs(cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequence | None = None
-           ) -> list[tuple[str, Any, dict]]:
+def _specs(
+    cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequence | None = None
+) -> list[tuple[str, Any, dict]]:
     """``(method, MethodSpec or Gaussian σ, info)`` for every curve; ``info`` holds the privacy matching of
     PrivBoN/PrivITP curves (target ε, σ's, calibration accuracy)."""
     from privalign.alignment.priv_bon import privbon_scale
@@ -246,60 +321,134 @@ def _specs(cfg: dict, n: int | None = None, calib=None, ss: np.random.SeedSequen
             out.append(("BoN", MethodSpec("bon", label="BoN"), {}))
         elif m == "ITP":
             for b in cfg["betas"]:
-                out.append(("ITP", MethodSpec("itp", beta=b, label=f"ITP β={b:g}" if many("betas") else "ITP"), {}))
+                out.append(
+                    ("ITP", MethodSpec("itp", beta=b, label=f"ITP β={b:g}" if many("betas") else "ITP"), {})
+                )
         elif m == "PrivBoN":
             if match == "sigma":
                 for s in cfg["sigmas_gumbel"]:
                     eps = 2 * cfg["sensitivity"] / s
-                    out.append(("PrivBoN", MethodSpec("privbon", sigma=s, label=f"PrivBoN σ={s:g} (ε={eps:.3g})"),
-                                {"sigma": s, "epsilon_target": eps}))
+                    out.append(
+                        (
+                            "PrivBoN",
+                            MethodSpec("privbon", sigma=s, label=f"PrivBoN σ={s:g} (ε={eps:.3g})"),
+                            {"sigma": s, "epsilon_target": eps},
+                        )
+                    )
             else:
                 for e in cfg["epsilons"]:
-                    out.append(("PrivBoN", MethodSpec("privbon", epsilon=e, label=f"PrivBoN ε={e:g}"),
-                                {"sigma": privbon_scale(e, cfg["sensitivity"]), "epsilon_target": e}))
+                    out.append(
+                        (
+                            "PrivBoN",
+                            MethodSpec("privbon", epsilon=e, label=f"PrivBoN ε={e:g}"),
+                            {"sigma": privbon_scale(e, cfg["sensitivity"]), "epsilon_target": e},
+                        )
+                    )
         elif m == "PrivITP":
             if match == "sigma":
                 for s in cfg["privitp_sigmas"]:
-                    out.append(("PrivITP", MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=s / 2, sigma_z=s / 2,
-                                                      L=cfg["privitp_L"], delta=delta,
-                                                      label=f"PrivITP σ={s:g} (σ rule: NOT equal privacy)"),
-                                {"privacy_match": "sigma", "match_note": MATCH_NOTE["sigma"], "sigma_x": s / 2,
-                                 "sigma_z": s / 2, "L": cfg["privitp_L"]}))
+                    out.append(
+                        (
+                            "PrivITP",
+                            MethodSpec(
+                                "privitp",
+                                beta=cfg["privitp_beta"],
+                                sigma_x=s / 2,
+                                sigma_z=s / 2,
+                                L=cfg["privitp_L"],
+                                delta=delta,
+                                label=f"PrivITP σ={s:g} (σ rule: NOT equal privacy)",
+                            ),
+                            {
+                                "privacy_match": "sigma",
+                                "match_note": MATCH_NOTE["sigma"],
+                                "sigma_x": s / 2,
+                                "sigma_z": s / 2,
+                                "L": cfg["privitp_L"],
+                            },
+                        )
+                    )
             else:
                 if n is None:
-                    raise ExperimentError(f"PrivITP matched by {match!r} is calibrated per N: the cell's N is required.")
+                    raise ExperimentError(
+                        f"PrivITP matched by {match!r} is calibrated per N: the cell's N is required."
+                    )
                 pool_note = "calibration prompts (disjoint)" if calib is not None else "evaluation prompts"
                 for e, sse in zip(cfg["epsilons"], ss_list):
-                    info = _privitp_for(cfg, n, e, match, ratio=cfg["privitp_ratio"], L=cfg["privitp_L"],
-                                        calib=calib, ss=sse)
+                    info = _privitp_for(
+                        cfg, n, e, match, ratio=cfg["privitp_ratio"], L=cfg["privitp_L"], calib=calib, ss=sse
+                    )
                     if match == "expected":
                         info["calibrated_on"] = pool_note
-                    out.append(("PrivITP", MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=info["sigma_x"],
-                                                      sigma_z=info["sigma_z"], L=info["L"], delta=delta,
-                                                      label=_privitp_label(match, e, delta)),
-                                {**info, "privacy_match": match, "match_note": MATCH_NOTE[match], "epsilon_target": e}))
+                    out.append(
+                        (
+                            "PrivITP",
+                            MethodSpec(
+                                "privitp",
+                                beta=cfg["privitp_beta"],
+                                sigma_x=info["sigma_x"],
+                                sigma_z=info["sigma_z"],
+                                L=info["L"],
+                                delta=delta,
+                                label=_privitp_label(match, e, delta),
+                            ),
+                            {
+                                **info,
+                                "privacy_match": match,
+                                "match_note": MATCH_NOTE[match],
+                                "epsilon_target": e,
+                            },
+                        )
+                    )
                 if cfg["privitp_fixed_N"]:
-                    info = _privitp_for(cfg, cfg["privitp_fixed_N"], cfg["epsilons"][0], "worst", ratio=cfg["privitp_ratio"],
-                                        L=cfg["privitp_L"], calib=None, ss=None)
-                    out.append(("PrivITP-fixed", MethodSpec(
-                        "privitp", beta=cfg["privitp_beta"], sigma_x=info["sigma_x"], sigma_z=info["sigma_z"],
-                        L=info["L"], delta=delta, label=f"PrivITP fixed σ_X={info['sigma_x']:.3g} (P1-3, P1-8)"),
-                        {"sigma_x": info["sigma_x"], "sigma_z": info["sigma_z"], "L": info["L"],
-                         "privacy_match": f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})",
-                         "epsilon_target": None}))
+                    info = _privitp_for(
+                        cfg,
+                        cfg["privitp_fixed_N"],
+                        cfg["epsilons"][0],
+                        "worst",
+                        ratio=cfg["privitp_ratio"],
+                        L=cfg["privitp_L"],
+                        calib=None,
+                        ss=None,
+                    )
+                    out.append(
+                        (
+                            "PrivITP-fixed",
+                            MethodSpec(
+                                "privitp",
+                                beta=cfg["privitp_beta"],
+                                sigma_x=info["sigma_x"],
+                                sigma_z=info["sigma_z"],
+                                L=info["L"],
+                                delta=delta,
+                                label=f"PrivITP fixed σ_X={info['sigma_x']:.3g} (P1-3, P1-8)",
+                            ),
+                            {
+                                "sigma_x": info["sigma_x"],
+                                "sigma_z": info["sigma_z"],
+                                "L": info["L"],
+                                "privacy_match": f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})",
+                                "epsilon_target": None,
+                            },
+                        )
+                    )
         elif m == "PrivBoN-Gaussian":
             for s in cfg["sigmas_gaussian"]:
                 out.append(("PrivBoN-Gaussian", s, {}))
     return out
 
 
-def gaussian_rnm_outcomes(pool, cfg: dict, n: int, rng: np.random.Generator, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+def gaussian_rnm_outcomes(
+    pool, cfg: dict, n: int, rng: np.random.Generator, sigma: float
+) -> tuple[np.ndarray, np.ndarray]:
     """PrivBoN-Gaussian ablation: per prompt, E[truth − base] and E[score − base] of argmax(r + N(0, σ²)) on
     ``replicates`` subsets of size n (Monte Carlo over ``mc_draws`` noise draws). Scores are the clipped,
     shifted ones the private methods see; returns arrays over the prompts with ≥ n candidates."""
     from privalign.alignment.simulation import prepare_scores
 
-    z, clipped, _ = prepare_scores(pool, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]))
+    z, clipped, _ = prepare_scores(
+        pool, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"])
+    )
     lifts, proxies = [], []
     for p in range(pool.proxy.shape[0]):
         c = int(pool.counts[p])
@@ -331,7 +480,9 @@ def _n_max_log2(cfg: dict, two: bool) -> int:
     counts = ScoredPool.read(path).counts[: cfg["n_prompts"]]
     usable = int(counts.max()) // (2 if two else 1)
     if usable < 1:
-        raise ExperimentError(f"Pool {path}: the largest prompt has {int(counts.max())} candidate(s), too few for these methods.")
+        raise ExperimentError(
+            f"Pool {path}: the largest prompt has {int(counts.max())} candidate(s), too few for these methods."
+        )
     return min(12, int(math.floor(math.log2(usable))))
 
 
@@ -343,7 +494,7 @@ def _scaling_preflight(cfg: dict, ctx: RunContext) -> None:
 
 def _scaling_cells(cfg: dict, ctx: RunContext) -> list[dict]:
     k = ctx.cache.get("n_max_log2", cfg["n_max_log2"])
-    return [{"cell": f"N={2 ** k}", "N": 2 ** k} for k in range(k + 1)]
+    return [{"cell": f"N={2**k}", "N": 2**k} for k in range(k + 1)]
 
 
 def _finite_or_none(v):
@@ -377,37 +528,71 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     out: list[dict] = []
     c_specs = [(m, s, info) for m, s, info in specs if m != "PrivBoN-Gaussian"]
     if c_specs:
-        res = run_protocol(pool, [s for _, s, _ in c_specs], n_grid=[n], replicates=cfg["replicates"],
-                           random_state=ss_sim, transform=cfg["transform"],
-                           score_range=(cfg["score_low"], cfg["score_high"]), sensitivity=cfg["sensitivity"],
-                           skip_short=True, quad_order=cfg["quad_order"], progress=False, per_prompt=True)
+        res = run_protocol(
+            pool,
+            [s for _, s, _ in c_specs],
+            n_grid=[n],
+            replicates=cfg["replicates"],
+            random_state=ss_sim,
+            transform=cfg["transform"],
+            score_range=(cfg["score_low"], cfg["score_high"]),
+            sensitivity=cfg["sensitivity"],
+            skip_short=True,
+            quad_order=cfg["quad_order"],
+            progress=False,
+            per_prompt=True,
+        )
         for (method, _, info), m in zip(c_specs, res["methods"]):
             priv = m["privacy"]
-            rec = {"method": method, "variant": m["name"], "N": n, "n_prompts": res["n_prompts"], "truth_kind": kind,
-                   "pool_label": label, "replicates": cfg["replicates"],
-                   "lift": scale * m["true_lift"][0], "lift_se": scale * m["true_lift_se"][0],
-                   "lift_pp": [scale * v[0] for v in m["true_lift_per_prompt"]], "prompts": res["prompt_index"],
-                   "proxy": m["proxy"][0] - res["base_proxy"], "proxy_se": m["proxy_se"][0],
-                   "epsilon": _finite_or_none(priv.get("epsilon")), "guarantee": priv.get("guarantee"),
-                   **{k: _finite_or_none(v) if isinstance(v, float) else v for k, v in info.items()}}
+            rec = {
+                "method": method,
+                "variant": m["name"],
+                "N": n,
+                "n_prompts": res["n_prompts"],
+                "truth_kind": kind,
+                "pool_label": label,
+                "replicates": cfg["replicates"],
+                "lift": scale * m["true_lift"][0],
+                "lift_se": scale * m["true_lift_se"][0],
+                "lift_pp": [scale * v[0] for v in m["true_lift_per_prompt"]],
+                "prompts": res["prompt_index"],
+                "proxy": m["proxy"][0] - res["base_proxy"],
+                "proxy_se": m["proxy_se"][0],
+                "epsilon": _finite_or_none(priv.get("epsilon")),
+                "guarantee": priv.get("guarantee"),
+                **{k: _finite_or_none(v) if isinstance(v, float) else v for k, v in info.items()},
+            }
             if method in ("PrivITP", "PrivITP-fixed"):
                 e2 = (priv.get("expected_epsilon2_realized") or [None])[0]
                 e2_pp = [_finite_or_none(priv["epsilon1"] + v[0]) for v in m["expected_epsilon2_per_prompt"]]
-                rec.update(epsilon1=priv["epsilon1"], delta=priv["delta"],
-                           epsilon_max=_finite_or_none(priv["epsilon_max"][0]),
-                           expected_epsilon_realized=None if e2 is None else _finite_or_none(priv["epsilon1"] + e2),
-                           expected_epsilon_pp=e2_pp)
+                rec.update(
+                    epsilon1=priv["epsilon1"],
+                    delta=priv["delta"],
+                    epsilon_max=_finite_or_none(priv["epsilon_max"][0]),
+                    expected_epsilon_realized=None if e2 is None else _finite_or_none(priv["epsilon1"] + e2),
+                    expected_epsilon_pp=e2_pp,
+                )
             out.append(rec)
     rng = np.random.default_rng(ss_gauss)
     for method, sigma, _ in [x for x in specs if x[0] == "PrivBoN-Gaussian"]:
         lifts, proxies = gaussian_rnm_outcomes(pool, cfg, n, rng, sigma)
         k = len(lifts)
-        out.append({"method": method, "variant": f"PrivBoN-Gaussian σ={sigma:g}", "N": n, "n_prompts": k,
-                    "truth_kind": kind, "pool_label": label, "lift": scale * float(lifts.mean()) if k else None,
-                    "lift_se": scale * float(lifts.std(ddof=1) / math.sqrt(k)) if k > 1 else None,
-                    "proxy": float(proxies.mean()) if k else None,
-                    "proxy_se": float(proxies.std(ddof=1) / math.sqrt(k)) if k > 1 else None, "epsilon": None,
-                    "guarantee": "not calibrated (ablation, K15)"})
+        out.append(
+            {
+                "method": method,
+                "variant": f"PrivBoN-Gaussian σ={sigma:g}",
+                "N": n,
+                "n_prompts": k,
+                "truth_kind": kind,
+                "pool_label": label,
+                "lift": scale * float(lifts.mean()) if k else None,
+                "lift_se": scale * float(lifts.std(ddof=1) / math.sqrt(k)) if k > 1 else None,
+                "proxy": float(proxies.mean()) if k else None,
+                "proxy_se": float(proxies.std(ddof=1) / math.sqrt(k)) if k > 1 else None,
+                "epsilon": None,
+                "guarantee": "not calibrated (ablation, K15)",
+            }
+        )
     return out
 
 
@@ -421,16 +606,29 @@ def _scaling_summarize(records: list[dict], cfg: dict) -> dict:
         rows.sort(key=lambda r: r["N"])
         best = max(rows, key=lambda r: r["lift"])
         last = rows[-1]
-        table.append({"variant": name, "N_max": last["N"], "lift_at_N_max": last["lift"],
-                      "se": last["lift_se"], "best_N": best["N"], "best_lift": best["lift"],
-                      "epsilon (PrivBoN)": last.get("epsilon"), "epsilon_max (PrivITP)": last.get("epsilon_max"),
-                      "E[realized ε] (PrivITP)": last.get("expected_epsilon_realized"),
-                      "privacy_match": last.get("privacy_match")})
+        table.append(
+            {
+                "variant": name,
+                "N_max": last["N"],
+                "lift_at_N_max": last["lift"],
+                "se": last["lift_se"],
+                "best_N": best["N"],
+                "best_lift": best["lift"],
+                "epsilon (PrivBoN)": last.get("epsilon"),
+                "epsilon_max (PrivITP)": last.get("epsilon_max"),
+                "E[realized ε] (PrivITP)": last.get("expected_epsilon_realized"),
+                "privacy_match": last.get("privacy_match"),
+            }
+        )
     kind = records[0]["truth_kind"] if records else "accuracy"
-    return {"table": table, "truth_kind": kind, "pool": records[0].get("pool_label") if records else None,
-            "privitp_match": cfg.get("privitp_match"),
-            "lift_unit": "percentage points" if kind == "accuracy" else "true-reward units",
-            "n_prompts": max((r["n_prompts"] for r in records), default=0)}
+    return {
+        "table": table,
+        "truth_kind": kind,
+        "pool": records[0].get("pool_label") if records else None,
+        "privitp_match": cfg.get("privitp_match"),
+        "lift_unit": "percentage points" if kind == "accuracy" else "true-reward units",
+        "n_prompts": max((r["n_prompts"] for r in records), default=0),
+    }
 
 
 def _legend_name(rows: list[dict]) -> str:
@@ -443,8 +641,11 @@ def _legend_name(rows: list[dict]) -> str:
         return name if "ε=" in name else f"{name} (ε={last['epsilon']:.3g})"
     if last.get("epsilon_max") is not None:
         e = last.get("expected_epsilon_realized")
-        return (f"{name}; at N={last['N']}: ε_max={last['epsilon_max']:.3g}, E[ε]={e:.3g}" if e is not None
-                else f"{name}; ε_max={last['epsilon_max']:.3g} at N={last['N']}")
+        return (
+            f"{name}; at N={last['N']}: ε_max={last['epsilon_max']:.3g}, E[ε]={e:.3g}"
+            if e is not None
+            else f"{name}; ε_max={last['epsilon_max']:.3g} at N={last['N']}"
+        )
     return name
 
 
@@ -473,7 +674,9 @@ def _scaling_plot_factory(stem: str, title: str):
             ax.set_xlabel("N (candidates per prompt, log scale)")
         for ax in (ax1, ax2):
             ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
-        ax1.set_ylabel("accuracy lift (percentage points)" if kind == "accuracy" else "true-reward lift over base")
+        ax1.set_ylabel(
+            "accuracy lift (percentage points)" if kind == "accuracy" else "true-reward lift over base"
+        )
         ax2.set_ylabel("expected proxy reward minus base")
         pool = recs[0].get("pool_label", "")
         ax1.set_title(f"{title}: true objective\n[{pool}]", fontsize=10)
@@ -487,17 +690,32 @@ def _scaling_plot_factory(stem: str, title: str):
                 rows.sort(key=lambda r: r["N"])
                 xs = [r["N"] for r in rows]
                 c = f"C{k + 2}"
-                ax3.plot(xs, [r["epsilon_max"] for r in rows], "--", color=c, marker="D", label=f"{name}: ε_max(N)")
-                ax3.plot(xs, [r["expected_epsilon_realized"] for r in rows], "-", color=c, marker="o",
-                         label=f"{name}: E[realised ε]")
+                ax3.plot(
+                    xs, [r["epsilon_max"] for r in rows], "--", color=c, marker="D", label=f"{name}: ε_max(N)"
+                )
+                ax3.plot(
+                    xs,
+                    [r["expected_epsilon_realized"] for r in rows],
+                    "-",
+                    color=c,
+                    marker="o",
+                    label=f"{name}: E[realised ε]",
+                )
             for e in sorted({r["epsilon"] for r in recs if r["method"] == "PrivBoN" and r.get("epsilon")}):
                 ax3.axhline(e, color="#ff7f0e", linewidth=0.9, linestyle=":", label=f"PrivBoN ε = {e:g}")
             ax3.set_yscale("log")
             ax3.set_ylabel("PrivITP privacy loss ε (log scale)")
             ax3.set_title("PrivITP: worst case ε_max(N) and expected realised ε", fontsize=10)
             ax3.legend(loc="best", fontsize=6, framealpha=0.85)
-        fig.legend(*ax1.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=7, framealpha=0.85,
-                   title="error bars: ±1 SE over prompts", title_fontsize=7)
+        fig.legend(
+            *ax1.get_legend_handles_labels(),
+            loc="lower center",
+            ncol=2,
+            fontsize=7,
+            framealpha=0.85,
+            title="error bars: ±1 SE over prompts",
+            title_fontsize=7,
+        )
         fig.tight_layout(rect=(0, 0.16, 1, 1))
         return [save_figure(fig, run_dir, stem)]
 
@@ -509,24 +727,36 @@ def _scaling_plot_factory(stem: str, title: str):
 # ---------------------------------------------------------------------------------------------------
 
 #: Where the ε* experiment's σ_reg comes from (recorded in every result row, the summary and the figure).
-SIGMA_REG_SOURCE = ("offline: estimated from the served pool's clipped private proxy scores and true rewards "
-                    "(data-dependent noise scale; not a private release)")
+SIGMA_REG_SOURCE = (
+    "offline: estimated from the served pool's clipped private proxy scores and true rewards "
+    "(data-dependent noise scale; not a private release)"
+)
 
 
 def _epsstar_schema() -> dict[str, Field]:
     s = dict(POOL_FIELDS)
-    s.update({
-        "N": Field("int", 64, "candidates per prompt", low=1),
-        "epsilons": Field("list[float]", [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256], "PrivBoN ε grid", low=1e-12),
-        "star_multipliers": Field("list[float]", [0.125, 0.25, 0.5, 1.0, 1.5, 2.0, 4.0],
-                                  "extra ε = m·ε* (finer grid around ε*, from the calibration prompts)", low=1e-9),
-    })
+    s.update(
+        {
+            "N": Field("int", 64, "candidates per prompt", low=1),
+            "epsilons": Field(
+                "list[float]", [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256], "PrivBoN ε grid", low=1e-12
+            ),
+            "star_multipliers": Field(
+                "list[float]",
+                [0.125, 0.25, 0.5, 1.0, 1.5, 2.0, 4.0],
+                "extra ε = m·ε* (finer grid around ε*, from the calibration prompts)",
+                low=1e-9,
+            ),
+        }
+    )
     return _with_defaults(s, n_calib_prompts=20)
 
 
 def _epsstar_preflight(cfg: dict, ctx: RunContext) -> None:
     if cfg["pool"] != "synthetic":
-        raise ExperimentError("p1-epsilon-star needs pool = 'synthetic' (ε* needs the known ε_RM and coverage).")
+        raise ExperimentError(
+            "p1-epsilon-star needs pool = 'synthetic' (ε* needs the known ε_RM and coverage)."
+        )
     pool_preflight(cfg, ctx, min_size=cfg["N"])
 
 
@@ -536,10 +766,14 @@ def _epsstar_cells(cfg: dict, ctx: RunContext) -> list[dict]:
 
     pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     tp = calib if calib is not None else pool
-    _, clipped, _ = prepare_scores(tp, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]))
+    _, clipped, _ = prepare_scores(
+        tp, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"])
+    )
     e_star = estimate_theory(clipped, tp.true, sensitivity=cfg["sensitivity"])["epsilon_star"]
-    grid = sorted(set(cfg["epsilons"]) | ({float(f"{m * e_star:.6g}") for m in cfg["star_multipliers"]}
-                                          if math.isfinite(e_star) else set()))
+    grid = sorted(
+        set(cfg["epsilons"])
+        | ({float(f"{m * e_star:.6g}") for m in cfg["star_multipliers"]} if math.isfinite(e_star) else set())
+    )
     return [{"cell": f"eps={e:g}", "epsilon": e} for e in grid] + [{"cell": "eps=inf", "epsilon": None}]
 
 
@@ -558,18 +792,34 @@ def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     eps = cell["epsilon"]
     theory_pool = calib if calib is not None else pool
-    _, clipped, _ = prepare_scores(theory_pool, transform=cfg["transform"],
-                                   score_range=(cfg["score_low"], cfg["score_high"]))
+    _, clipped, _ = prepare_scores(
+        theory_pool, transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"])
+    )
     th = estimate_theory(clipped, theory_pool.true, sensitivity=cfg["sensitivity"])
-    source = (f"{theory_pool.proxy.shape[0]} calibration prompts disjoint from the evaluation prompts" if calib is not None
-              else SIGMA_REG_SOURCE)
+    source = (
+        f"{theory_pool.proxy.shape[0]} calibration prompts disjoint from the evaluation prompts"
+        if calib is not None
+        else SIGMA_REG_SOURCE
+    )
     sigma_plain = 0.0 if eps is None else privbon_scale(eps, cfg["sensitivity"])
     sigma_rule = max(sigma_plain, th["sigma_reg"])
-    specs = [MethodSpec("privbon", sigma=sigma_plain, label="PrivBoN σ=2Δ/ε"),
-             MethodSpec("privbon", sigma=sigma_rule, label="PrivBoN σ=max(2Δ/ε, σ_reg)")]
-    res = run_protocol(pool, specs, n_grid=[cfg["N"]], replicates=cfg["replicates"], random_state=ss,
-                       transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]),
-                       sensitivity=cfg["sensitivity"], skip_short=True, progress=False, per_prompt=True)
+    specs = [
+        MethodSpec("privbon", sigma=sigma_plain, label="PrivBoN σ=2Δ/ε"),
+        MethodSpec("privbon", sigma=sigma_rule, label="PrivBoN σ=max(2Δ/ε, σ_reg)"),
+    ]
+    res = run_protocol(
+        pool,
+        specs,
+        n_grid=[cfg["N"]],
+        replicates=cfg["replicates"],
+        random_state=ss,
+        transform=cfg["transform"],
+        score_range=(cfg["score_low"], cfg["score_high"]),
+        sensitivity=cfg["sensitivity"],
+        skip_short=True,
+        progress=False,
+        per_prompt=True,
+    )
     idx = res["prompt_index"]
     best_p = np.array([float(np.nanmax(pool.true[p, : pool.counts[p]])) for p in idx])
     base_p = np.array([float(np.mean(pool.true[p, : pool.counts[p]])) for p in idx])
@@ -578,14 +828,29 @@ def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     for variant, sigma, m in zip(("plain", "sigma_reg"), (sigma_plain, sigma_rule), res["methods"]):
         # SE of the regret = SE of the lift (J(π*) and the base mean are fixed per prompt)
         regret_pp = (best_p - base_p - np.array([v[0] for v in m["true_lift_per_prompt"]])).tolist()
-        out.append({"variant": variant, "label": m["name"], "epsilon": eps, "sigma": sigma,
-                    "epsilon_effective": None if sigma == 0 else 2 * cfg["sensitivity"] / sigma, "N": cfg["N"],
-                    "regret": j_star - m["true_value"][0], "regret_se": m["true_lift_se"][0],
-                    "regret_pp": regret_pp, "prompts": idx, "pool_label": pool_label(cfg),
-                    "n_prompts": res["n_prompts"], "eps_rm": th["eps_rm"], "coverage": th["coverage"],
-                    "sensitivity": cfg["sensitivity"], "eps_star": th["epsilon_star"], "sigma_reg": th["sigma_reg"],
-                    "sigma_reg_source": source,
-                    "skyline": 0.25 * math.sqrt(th["coverage"] * th["eps_rm"] ** 2)})
+        out.append(
+            {
+                "variant": variant,
+                "label": m["name"],
+                "epsilon": eps,
+                "sigma": sigma,
+                "epsilon_effective": None if sigma == 0 else 2 * cfg["sensitivity"] / sigma,
+                "N": cfg["N"],
+                "regret": j_star - m["true_value"][0],
+                "regret_se": m["true_lift_se"][0],
+                "regret_pp": regret_pp,
+                "prompts": idx,
+                "pool_label": pool_label(cfg),
+                "n_prompts": res["n_prompts"],
+                "eps_rm": th["eps_rm"],
+                "coverage": th["coverage"],
+                "sensitivity": cfg["sensitivity"],
+                "eps_star": th["epsilon_star"],
+                "sigma_reg": th["sigma_reg"],
+                "sigma_reg_source": source,
+                "skyline": 0.25 * math.sqrt(th["coverage"] * th["eps_rm"] ** 2),
+            }
+        )
     return out
 
 
@@ -596,12 +861,21 @@ def _epsstar_summarize(records: list[dict], cfg: dict) -> dict:
         return {}
     plain = [r for r in fin if r["variant"] == "plain"]
     best = min(plain, key=lambda r: r["regret"])
-    return {"eps_star": fin[0]["eps_star"], "sigma_reg": fin[0]["sigma_reg"],
-            "sigma_reg_source": fin[0].get("sigma_reg_source", SIGMA_REG_SOURCE), "skyline": fin[0]["skyline"],
-            "eps_rm": fin[0]["eps_rm"], "coverage": fin[0]["coverage"], "best_epsilon_on_grid_plain": best["epsilon"],
-            "best_regret_plain": best["regret"], "regret_bon": inf[0]["regret"] if inf else None,
-            "table": [{"curve": r["label"], "epsilon": r["epsilon"], "regret": r["regret"], "se": r["regret_se"]}
-                      for r in fin]}
+    return {
+        "eps_star": fin[0]["eps_star"],
+        "sigma_reg": fin[0]["sigma_reg"],
+        "sigma_reg_source": fin[0].get("sigma_reg_source", SIGMA_REG_SOURCE),
+        "skyline": fin[0]["skyline"],
+        "eps_rm": fin[0]["eps_rm"],
+        "coverage": fin[0]["coverage"],
+        "best_epsilon_on_grid_plain": best["epsilon"],
+        "best_regret_plain": best["regret"],
+        "regret_bon": inf[0]["regret"] if inf else None,
+        "table": [
+            {"curve": r["label"], "epsilon": r["epsilon"], "regret": r["regret"], "se": r["regret_se"]}
+            for r in fin
+        ],
+    }
 
 
 def _epsstar_plot(run_dir: Path) -> list[str]:
@@ -616,58 +890,133 @@ def _epsstar_plot(run_dir: Path) -> list[str]:
     for variant, st in (("plain", {**STYLE["PrivBoN"]}), ("sigma_reg", {"color": "#2ca02c", "marker": "D"})):
         rows = sorted([r for r in fin if r["variant"] == variant], key=lambda r: r["epsilon"])
         if rows:
-            ax.errorbar([r["epsilon"] for r in rows], [r["regret"] for r in rows], yerr=[r["regret_se"] for r in rows],
-                        label=f"{rows[0]['label']} (N = {rows[0]['N']})", capsize=3, **st)
+            ax.errorbar(
+                [r["epsilon"] for r in rows],
+                [r["regret"] for r in rows],
+                yerr=[r["regret_se"] for r in rows],
+                label=f"{rows[0]['label']} (N = {rows[0]['N']})",
+                capsize=3,
+                **st,
+            )
     r0 = fin[0]
-    ax.axvline(r0["eps_star"], color="black", linestyle="--", label=f"ε* = 2Δ_r√C/ε_RM = {r0['eps_star']:.3g}")
-    ax.axhline(r0["skyline"], color="#1f77b4", linestyle=":", label=f"skyline ¼√(C·ε_RM²) = {r0['skyline']:.3f}")
+    ax.axvline(
+        r0["eps_star"], color="black", linestyle="--", label=f"ε* = 2Δ_r√C/ε_RM = {r0['eps_star']:.3g}"
+    )
+    ax.axhline(
+        r0["skyline"], color="#1f77b4", linestyle=":", label=f"skyline ¼√(C·ε_RM²) = {r0['skyline']:.3f}"
+    )
     if inf:
-        ax.axhline(inf[0]["regret"], color=STYLE["BoN"]["color"], linestyle="-.", label=f"BoN (ε = ∞): {inf[0]['regret']:.3f}")
+        ax.axhline(
+            inf[0]["regret"],
+            color=STYLE["BoN"]["color"],
+            linestyle="-.",
+            label=f"BoN (ε = ∞): {inf[0]['regret']:.3f}",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("privacy budget ε per query (log scale)")
     ax.set_ylabel("regret  J(π*) − J(π̂)")
     ax.set_title("PrivBoN regret vs ε (synthetic pool, known ε_RM and C)")
-    ax.legend(loc="best", framealpha=0.85, fontsize=8, title="error bars: ±1 SE over prompts", title_fontsize=8)
+    ax.legend(
+        loc="best", framealpha=0.85, fontsize=8, title="error bars: ±1 SE over prompts", title_fontsize=8
+    )
     src = r0.get("sigma_reg_source", SIGMA_REG_SOURCE)
-    fig.text(0.01, 0.005, f"ε*, ε_RM, C and σ_reg estimated from {src[:110]}; σ_reg curve: offline study, "
-             "not a private release.", fontsize=7, color="#555555", ha="left", va="bottom")
+    fig.text(
+        0.01,
+        0.005,
+        f"ε*, ε_RM, C and σ_reg estimated from {src[:110]}; σ_reg curve: offline study, "
+        "not a private release.",
+        fontsize=7,
+        color="#555555",
+        ha="left",
+        va="bottom",
+    )
     fig.subplots_adjust(bottom=0.16)
     return [save_figure(fig, run_dir, "epsilon_star")]
 
 
 EXPERIMENTS: dict[str, Experiment] = {
     "p1-scaling": Experiment(
-        "p1-scaling", "Accuracy lift and proxy reward vs N: BoN, ITP, PrivBoN, PrivITP", "paper1",
-        _scaling_schema(), _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
-        _scaling_plot_factory("scaling", "BoN / ITP / PrivBoN / PrivITP")),
+        "p1-scaling",
+        "Accuracy lift and proxy reward vs N: BoN, ITP, PrivBoN, PrivITP",
+        "paper1",
+        _scaling_schema(),
+        _scaling_preflight,
+        _scaling_cells,
+        _scaling_run_cell,
+        _scaling_summarize,
+        _scaling_plot_factory("scaling", "BoN / ITP / PrivBoN / PrivITP"),
+    ),
     "p1-scaling-imdb": Experiment(
-        "p1-scaling-imdb", "Lift and proxy reward vs N on the shipped IMDb pool (real SmolLM2 generations): BoN, "
-        "ITP, PrivBoN, PrivITP", "paper1",
-        _scaling_schema(pool="shipped", n_prompts=64, n_max_log2=8, transform="global_z", score_low=-3.0,
-                        score_high=3.0, sensitivity=6.0, replicates=20),
-        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
-        _scaling_plot_factory("scaling", "BoN / ITP / PrivBoN / PrivITP")),
+        "p1-scaling-imdb",
+        "Lift and proxy reward vs N on the shipped IMDb pool (real SmolLM2 generations): BoN, "
+        "ITP, PrivBoN, PrivITP",
+        "paper1",
+        _scaling_schema(
+            pool="shipped",
+            n_prompts=64,
+            n_max_log2=8,
+            transform="global_z",
+            score_low=-3.0,
+            score_high=3.0,
+            sensitivity=6.0,
+            replicates=20,
+        ),
+        _scaling_preflight,
+        _scaling_cells,
+        _scaling_run_cell,
+        _scaling_summarize,
+        _scaling_plot_factory("scaling", "BoN / ITP / PrivBoN / PrivITP"),
+    ),
     "p1-sigma-sweep": Experiment(
-        "p1-sigma-sweep", "PrivBoN σ sweep (Gumbel and Gaussian report-noisy-max) vs BoN", "paper1",
-        _scaling_schema(methods=["BoN", "PrivBoN", "PrivBoN-Gaussian"],
-                        sigmas_gumbel=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0], sigmas_gaussian=[0.5, 1.0, 2.0],
-                        privitp_match="sigma"),
-        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
-        _scaling_plot_factory("sigma_sweep", "PrivBoN σ sweep")),
+        "p1-sigma-sweep",
+        "PrivBoN σ sweep (Gumbel and Gaussian report-noisy-max) vs BoN",
+        "paper1",
+        _scaling_schema(
+            methods=["BoN", "PrivBoN", "PrivBoN-Gaussian"],
+            sigmas_gumbel=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0],
+            sigmas_gaussian=[0.5, 1.0, 2.0],
+            privitp_match="sigma",
+        ),
+        _scaling_preflight,
+        _scaling_cells,
+        _scaling_run_cell,
+        _scaling_summarize,
+        _scaling_plot_factory("sigma_sweep", "PrivBoN σ sweep"),
+    ),
     "p1-beta-sweep": Experiment(
-        "p1-beta-sweep", "ITP β sweep vs BoN", "paper1",
-        _scaling_schema(methods=["BoN", "ITP"], betas=[0.0005, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0],
-                        privitp_match="sigma"),
-        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
-        _scaling_plot_factory("beta_sweep", "ITP β sweep")),
+        "p1-beta-sweep",
+        "ITP β sweep vs BoN",
+        "paper1",
+        _scaling_schema(
+            methods=["BoN", "ITP"], betas=[0.0005, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0], privitp_match="sigma"
+        ),
+        _scaling_preflight,
+        _scaling_cells,
+        _scaling_run_cell,
+        _scaling_summarize,
+        _scaling_plot_factory("beta_sweep", "ITP β sweep"),
+    ),
     "p1-itp-vs-privitp": Experiment(
-        "p1-itp-vs-privitp", "ITP vs PrivITP across noise levels (disjoint phase pools)", "paper1",
+        "p1-itp-vs-privitp",
+        "ITP vs PrivITP across noise levels (disjoint phase pools)",
+        "paper1",
         _scaling_schema(methods=["ITP", "PrivITP"], privitp_sigmas=[0.5, 1.5, 4.0], privitp_match="sigma"),
-        _scaling_preflight, _scaling_cells, _scaling_run_cell, _scaling_summarize,
-        _scaling_plot_factory("itp_vs_privitp", "ITP vs PrivITP")),
+        _scaling_preflight,
+        _scaling_cells,
+        _scaling_run_cell,
+        _scaling_summarize,
+        _scaling_plot_factory("itp_vs_privitp", "ITP vs PrivITP"),
+    ),
     "p1-epsilon-star": Experiment(
-        "p1-epsilon-star", "PrivBoN regret vs ε with the critical budget ε* marked (synthetic; "
-        "the σ_reg curve is an offline study, not a private release)", "paper1",
-        _epsstar_schema(), _epsstar_preflight, _epsstar_cells, _epsstar_run_cell, _epsstar_summarize,
-        _epsstar_plot),
+        "p1-epsilon-star",
+        "PrivBoN regret vs ε with the critical budget ε* marked (synthetic; "
+        "the σ_reg curve is an offline study, not a private release)",
+        "paper1",
+        _epsstar_schema(),
+        _epsstar_preflight,
+        _epsstar_cells,
+        _epsstar_run_cell,
+        _epsstar_summarize,
+        _epsstar_plot,
+    ),
 }

@@ -38,10 +38,18 @@ def _mpl():
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({
-        "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 9,
-        "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100, "savefig.bbox": "tight",
-    })
+    plt.rcParams.update(
+        {
+            "font.size": 11,
+            "axes.titlesize": 12,
+            "axes.labelsize": 11,
+            "legend.fontsize": 9,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "figure.dpi": 100,
+            "savefig.bbox": "tight",
+        }
+    )
     return plt
 
 
@@ -66,8 +74,17 @@ def legends_outside(fig) -> None:
         title = leg.get_title().get_text() or None
         size = leg.get_texts()[0].get_fontsize() if leg.get_texts() else None
         leg.remove()
-        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(2, len(labels)),
-                  frameon=False, fontsize=size, title=title, title_fontsize=size)
+        ax.legend(
+            handles,
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
+            ncol=min(2, len(labels)),
+            frameon=False,
+            fontsize=size,
+            title=title,
+            title_fontsize=size,
+        )
         moved = True
     if moved:
         fig.tight_layout()
@@ -86,8 +103,9 @@ def save_figure(fig, run_dir: str | Path, stem: str) -> str:
     return stem
 
 
-def group_series(records: Iterable[dict], key: str, x: str, y: str, se: str | None = None,
-                 where: dict | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def group_series(
+    records: Iterable[dict], key: str, x: str, y: str, se: str | None = None, where: dict | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Group records by ``record[key]`` into sorted ``(x, y, se)`` arrays (se = 0 when absent)."""
     acc: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for r in records:
@@ -104,8 +122,13 @@ def group_series(records: Iterable[dict], key: str, x: str, y: str, se: str | No
     return out
 
 
-def errorbar_series(ax, series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], *,
-                    order: list[str] | None = None, label_fmt: str = "{}") -> None:
+def errorbar_series(
+    ax,
+    series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    order: list[str] | None = None,
+    label_fmt: str = "{}",
+) -> None:
     """Plot each series with ±1 SE error bars, using :data:`STYLE` where the name is known."""
     import matplotlib
 
@@ -119,8 +142,16 @@ def errorbar_series(ax, series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarr
         st = dict(STYLE.get(base, {}))
         if base in shared:  # several variants of one method: shades of one colour map, same marker
             k = rank[base] = rank.get(base, -1) + 1
-            cmap = matplotlib.colormaps["Oranges" if "BoN" in base else "Greens" if "ITP" in base and "Priv" in base
-                                        else "Blues" if "ITP" in base else "Purples"]
+            cmap = matplotlib.colormaps[
+                "Oranges"
+                if "BoN" in base
+                else "Greens"
+                if "ITP" in base and "Priv" in base
+                else "Blues"
+                if "ITP" in base
+                else "Purples"
+            ]
             st["color"] = cmap(0.45 + 0.5 * k / max(bases.count(base) - 1, 1))
-        ax.errorbar(xs, ys, yerr=ses, label=label_fmt.format(name), capsize=3, linewidth=1.5, markersize=5,
-                    **st)
+        ax.errorbar(
+            xs, ys, yerr=ses, label=label_fmt.format(name), capsize=3, linewidth=1.5, markersize=5, **st
+        )

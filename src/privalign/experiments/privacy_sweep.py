@@ -41,19 +41,31 @@ __all__ = ["EXPERIMENTS"]
 
 def _schema(**defaults) -> dict[str, Field]:
     s = dict(POOL_FIELDS)
-    s.update({
-        "n_grid": Field("list[int]", [16, 64, 256, 1024], "values of N (one cell each)", low=1),
-        "epsilons": Field("list[float]", [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0], "PrivBoN ε grid (the x axis)",
-                          low=1e-12),
-        "matchings": Field("list[str]", ["worst"], "how PrivITP is matched to PrivBoN's ε", choices=MATCHINGS),
-        "itp_beta": Field("float", 0.05, "ITP β (non-private reference)", low=1e-12),
-        "privitp_beta": Field("float", 0.05, "PrivITP β", low=1e-12),
-        "privitp_delta": Field("float", 1e-5, "δ of PrivITP's phase-1 Gaussian", low=1e-300),
-        "tune_ratios": Field("list[float]", [0.5, 1.0, 2.0], "PrivITP σ_Z/σ_X values tried (tuning)", low=1e-6),
-        "tune_Ls": Field("list[float]", [1.0, 4.0], "PrivITP L values tried (tuning)", low=0.0),
-        "quad_order": Field("int", 4, "Gauss–Legendre order per panel for PrivITP's λ̃ integral", low=1),
-        "calib_replicates": Field("int", 5, "replicates per calibration prompt (tuning, 'expected')", low=1),
-    })
+    s.update(
+        {
+            "n_grid": Field("list[int]", [16, 64, 256, 1024], "values of N (one cell each)", low=1),
+            "epsilons": Field(
+                "list[float]",
+                [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0],
+                "PrivBoN ε grid (the x axis)",
+                low=1e-12,
+            ),
+            "matchings": Field(
+                "list[str]", ["worst"], "how PrivITP is matched to PrivBoN's ε", choices=MATCHINGS
+            ),
+            "itp_beta": Field("float", 0.05, "ITP β (non-private reference)", low=1e-12),
+            "privitp_beta": Field("float", 0.05, "PrivITP β", low=1e-12),
+            "privitp_delta": Field("float", 1e-5, "δ of PrivITP's phase-1 Gaussian", low=1e-300),
+            "tune_ratios": Field(
+                "list[float]", [0.5, 1.0, 2.0], "PrivITP σ_Z/σ_X values tried (tuning)", low=1e-6
+            ),
+            "tune_Ls": Field("list[float]", [1.0, 4.0], "PrivITP L values tried (tuning)", low=0.0),
+            "quad_order": Field("int", 4, "Gauss–Legendre order per panel for PrivITP's λ̃ integral", low=1),
+            "calib_replicates": Field(
+                "int", 5, "replicates per calibration prompt (tuning, 'expected')", low=1
+            ),
+        }
+    )
     for k, v in {"n_calib_prompts": 16, "replicates": 20, **defaults}.items():
         f = s[k]
         s[k] = Field(f.type, v, f.help, f.choices, f.low)
@@ -76,23 +88,52 @@ def _tune(cfg: dict, n: int, eps: float, match: str, tune_pool, ss) -> tuple[dic
     combos = [(r, L) for r in ratios for L in cfg["tune_Ls"]]
     infos, specs = [], []
     for r, L in combos:
-        info = _privitp_for(cfg, n, eps, "sigma" if match == "sigma" else "worst", ratio=r, L=L, calib=None, ss=None,
-                            rtol=1e-10 if len(ratios) * len(cfg["tune_Ls"]) == 1 else 1e-5)
+        info = _privitp_for(
+            cfg,
+            n,
+            eps,
+            "sigma" if match == "sigma" else "worst",
+            ratio=r,
+            L=L,
+            calib=None,
+            ss=None,
+            rtol=1e-10 if len(ratios) * len(cfg["tune_Ls"]) == 1 else 1e-5,
+        )
         infos.append({**info, "ratio": r})
-        specs.append(MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=info["sigma_x"], sigma_z=info["sigma_z"],
-                                L=L, delta=cfg["privitp_delta"]))
+        specs.append(
+            MethodSpec(
+                "privitp",
+                beta=cfg["privitp_beta"],
+                sigma_x=info["sigma_x"],
+                sigma_z=info["sigma_z"],
+                L=L,
+                delta=cfg["privitp_delta"],
+            )
+        )
     if len(specs) == 1:
         return infos[0], []
-    res = run_protocol(tune_pool, specs, n_grid=[n], replicates=cfg["calib_replicates"], random_state=ss,
-                       transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]),
-                       sensitivity=cfg["sensitivity"], skip_short=True, quad_order=cfg["quad_order"], progress=False)
+    res = run_protocol(
+        tune_pool,
+        specs,
+        n_grid=[n],
+        replicates=cfg["calib_replicates"],
+        random_state=ss,
+        transform=cfg["transform"],
+        score_range=(cfg["score_low"], cfg["score_high"]),
+        sensitivity=cfg["sensitivity"],
+        skip_short=True,
+        quad_order=cfg["quad_order"],
+        progress=False,
+    )
     lifts = [m["true_lift"][0] for m in res["methods"]]
     k = int(np.argmax(lifts))
     trials = [{"ratio": c[0], "L": c[1], "lift": v} for c, v in zip(combos, lifts)]
     best = infos[k]
     if match != "sigma":  # the winner recalibrated at full precision (ε_max within ~1e-9 of ε)
-        best = {**_privitp_for(cfg, n, eps, "worst", ratio=best["ratio"], L=best["L"], calib=None, ss=None),
-                "ratio": best["ratio"]}
+        best = {
+            **_privitp_for(cfg, n, eps, "worst", ratio=best["ratio"], L=best["L"], calib=None, ss=None),
+            "ratio": best["ratio"],
+        }
     return best, trials
 
 
@@ -101,8 +142,11 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 
     pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     tune_pool = calib if calib is not None else pool
-    tuned_on = (f"{calib.proxy.shape[0]} calibration prompts disjoint from the evaluation prompts" if calib is not None
-                else "tuned on the evaluation data (n_calib_prompts = 0)")
+    tuned_on = (
+        f"{calib.proxy.shape[0]} calibration prompts disjoint from the evaluation prompts"
+        if calib is not None
+        else "tuned on the evaluation data (n_calib_prompts = 0)"
+    )
     n = cell["N"]
     ss_sim, ss_tune, ss_cal = ss.spawn(3)
     label = pool_label(cfg)
@@ -112,52 +156,108 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         ("ITP", "ITP", MethodSpec("itp", beta=cfg["itp_beta"]), {"epsilon": None}),
     ]
     for e in cfg["epsilons"]:
-        curves.append(("PrivBoN", "PrivBoN", MethodSpec("privbon", epsilon=e),
-                       {"epsilon": e, "sigma": 2 * cfg["sensitivity"] / e, "privacy_match": "pure ε-DP"}))
+        curves.append(
+            (
+                "PrivBoN",
+                "PrivBoN",
+                MethodSpec("privbon", epsilon=e),
+                {"epsilon": e, "sigma": 2 * cfg["sensitivity"] / e, "privacy_match": "pure ε-DP"},
+            )
+        )
     tune_seeds = ss_tune.spawn(len(cfg["epsilons"]) * len(cfg["matchings"]))
     cal_seeds = ss_cal.spawn(len(cfg["epsilons"]))
     k = 0
     for match in cfg["matchings"]:
         for j, e in enumerate(cfg["epsilons"]):
-            best, trials = _tune(cfg, n, e, "sigma" if match == "sigma" else "worst", tune_pool, tune_seeds[k])
+            best, trials = _tune(
+                cfg, n, e, "sigma" if match == "sigma" else "worst", tune_pool, tune_seeds[k]
+            )
             k += 1
             info = dict(best)
             if match == "expected":
-                info = _privitp_for(cfg, n, e, "expected", ratio=best["ratio"], L=best["L"], calib=tune_pool,
-                                    ss=cal_seeds[j])
+                info = _privitp_for(
+                    cfg, n, e, "expected", ratio=best["ratio"], L=best["L"], calib=tune_pool, ss=cal_seeds[j]
+                )
                 info["ratio"] = best["ratio"]
                 info["calibrated_on"] = tuned_on
-            spec = MethodSpec("privitp", beta=cfg["privitp_beta"], sigma_x=info["sigma_x"], sigma_z=info["sigma_z"],
-                              L=info["L"], delta=delta)
-            curves.append(("PrivITP", f"PrivITP [{match}]", spec,
-                           {**info, "epsilon": e, "privacy_match": match, "match_note": MATCH_NOTE[match],
-                            "tuned_on": tuned_on, "tuning": trials}))
-    res = run_protocol(pool, [c[2] for c in curves], n_grid=[n], replicates=cfg["replicates"], random_state=ss_sim,
-                       transform=cfg["transform"], score_range=(cfg["score_low"], cfg["score_high"]),
-                       sensitivity=cfg["sensitivity"], skip_short=True, quad_order=cfg["quad_order"], progress=False,
-                       per_prompt=True)
+            spec = MethodSpec(
+                "privitp",
+                beta=cfg["privitp_beta"],
+                sigma_x=info["sigma_x"],
+                sigma_z=info["sigma_z"],
+                L=info["L"],
+                delta=delta,
+            )
+            curves.append(
+                (
+                    "PrivITP",
+                    f"PrivITP [{match}]",
+                    spec,
+                    {
+                        **info,
+                        "epsilon": e,
+                        "privacy_match": match,
+                        "match_note": MATCH_NOTE[match],
+                        "tuned_on": tuned_on,
+                        "tuning": trials,
+                    },
+                )
+            )
+    res = run_protocol(
+        pool,
+        [c[2] for c in curves],
+        n_grid=[n],
+        replicates=cfg["replicates"],
+        random_state=ss_sim,
+        transform=cfg["transform"],
+        score_range=(cfg["score_low"], cfg["score_high"]),
+        sensitivity=cfg["sensitivity"],
+        skip_short=True,
+        quad_order=cfg["quad_order"],
+        progress=False,
+        per_prompt=True,
+    )
     truth_binary = bool(np.all(np.isin(pool.true[np.isfinite(pool.proxy)], (0.0, 1.0))))
     scale = 100.0 if truth_binary else 1.0
     out = []
     for (method, variant, _, info), m in zip(curves, res["methods"]):
         priv = m["privacy"]
-        rec = {"method": method, "variant": variant, "N": n, "n_prompts": res["n_prompts"], "pool_label": label,
-               "truth_kind": "accuracy" if truth_binary else "true_reward", "replicates": cfg["replicates"],
-               "lift": scale * m["true_lift"][0], "lift_se": scale * m["true_lift_se"][0],
-               "lift_pp": [scale * v[0] for v in m["true_lift_per_prompt"]], "prompts": res["prompt_index"],
-               "guarantee": priv.get("guarantee"),
-               **{kk: (None if isinstance(v, float) and not math.isfinite(v) else v) for kk, v in info.items()}}
+        rec = {
+            "method": method,
+            "variant": variant,
+            "N": n,
+            "n_prompts": res["n_prompts"],
+            "pool_label": label,
+            "truth_kind": "accuracy" if truth_binary else "true_reward",
+            "replicates": cfg["replicates"],
+            "lift": scale * m["true_lift"][0],
+            "lift_se": scale * m["true_lift_se"][0],
+            "lift_pp": [scale * v[0] for v in m["true_lift_per_prompt"]],
+            "prompts": res["prompt_index"],
+            "guarantee": priv.get("guarantee"),
+            **{kk: (None if isinstance(v, float) and not math.isfinite(v) else v) for kk, v in info.items()},
+        }
         if method == "PrivITP":
-            rec.update(epsilon1=priv["epsilon1"], delta=priv["delta"], epsilon_max=priv["epsilon_max"][0],
-                       expected_epsilon_realized=priv["epsilon1"] + priv["expected_epsilon2_realized"][0])
+            rec.update(
+                epsilon1=priv["epsilon1"],
+                delta=priv["delta"],
+                epsilon_max=priv["epsilon_max"][0],
+                expected_epsilon_realized=priv["epsilon1"] + priv["expected_epsilon2_realized"][0],
+            )
         out.append(rec)
     return out
 
 
 def paired_gap(records: list[dict], n: int, eps: float, match: str) -> dict | None:
     """PrivITP[match] − PrivBoN at (N, ε): mean and SE of the per-prompt differences (same prompts)."""
-    a = [r for r in records if r["method"] == "PrivITP" and r.get("privacy_match") == match and r["N"] == n
-         and r.get("epsilon") == eps]
+    a = [
+        r
+        for r in records
+        if r["method"] == "PrivITP"
+        and r.get("privacy_match") == match
+        and r["N"] == n
+        and r.get("epsilon") == eps
+    ]
     b = [r for r in records if r["method"] == "PrivBoN" and r["N"] == n and r.get("epsilon") == eps]
     if not a or not b:
         return None
@@ -169,21 +269,38 @@ def paired_gap(records: list[dict], n: int, eps: float, match: str) -> dict | No
 def _summarize(records: list[dict], cfg: dict) -> dict:
     table = []
     for r in sorted(records, key=lambda r: (r["N"], r["variant"], r.get("epsilon") or math.inf)):
-        row = {"N": r["N"], "curve": r["variant"], "epsilon (PrivBoN)": r.get("epsilon"), "lift": r["lift"],
-               "se": r["lift_se"], "epsilon_max": r.get("epsilon_max"), "E[realised ε]": r.get("expected_epsilon_realized"),
-               "sigma_x": r.get("sigma_x"), "sigma_z": r.get("sigma_z"), "L": r.get("L")}
+        row = {
+            "N": r["N"],
+            "curve": r["variant"],
+            "epsilon (PrivBoN)": r.get("epsilon"),
+            "lift": r["lift"],
+            "se": r["lift_se"],
+            "epsilon_max": r.get("epsilon_max"),
+            "E[realised ε]": r.get("expected_epsilon_realized"),
+            "sigma_x": r.get("sigma_x"),
+            "sigma_z": r.get("sigma_z"),
+            "L": r.get("L"),
+        }
         if r["method"] == "PrivITP":
             g = paired_gap(records, r["N"], r["epsilon"], r["privacy_match"])
             if g:
                 row["PrivITP − PrivBoN (paired)"] = g["mean"]
                 row["paired se"] = g["se"]
         table.append(row)
-    return {"table": table, "pool": records[0].get("pool_label") if records else None,
-            "matchings": cfg["matchings"], "tuned_on": next((r.get("tuned_on") for r in records if r.get("tuned_on")), None),
-            "privitp_delta": cfg["privitp_delta"]}
+    return {
+        "table": table,
+        "pool": records[0].get("pool_label") if records else None,
+        "matchings": cfg["matchings"],
+        "tuned_on": next((r.get("tuned_on") for r in records if r.get("tuned_on")), None),
+        "privitp_delta": cfg["privitp_delta"],
+    }
 
 
-_MATCH_STYLE = {"worst": ("#2ca02c", "D", "-"), "expected": ("#17becf", "s", "--"), "sigma": ("#8c564b", "v", ":")}
+_MATCH_STYLE = {
+    "worst": ("#2ca02c", "D", "-"),
+    "expected": ("#17becf", "s", "--"),
+    "sigma": ("#8c564b", "v", ":"),
+}
 
 
 def _plot(run_dir: Path) -> list[str]:
@@ -199,14 +316,26 @@ def _plot(run_dir: Path) -> list[str]:
         rows = [r for r in recs if r["N"] == n]
         for r in rows:
             if r["method"] in ("BoN", "ITP"):
-                ax.axhline(r["lift"], color=STYLE[r["method"]]["color"], linestyle="-." if r["method"] == "BoN" else ":",
-                           label=f"{r['method']} (ε = ∞; non-private reference)")
+                ax.axhline(
+                    r["lift"],
+                    color=STYLE[r["method"]]["color"],
+                    linestyle="-." if r["method"] == "BoN" else ":",
+                    label=f"{r['method']} (ε = ∞; non-private reference)",
+                )
         pb = sorted([r for r in rows if r["method"] == "PrivBoN"], key=lambda r: r["epsilon"])
-        ax.errorbar([r["epsilon"] for r in pb], [r["lift"] for r in pb], yerr=[r["lift_se"] for r in pb], capsize=3,
-                    label="PrivBoN (pure ε-DP at ε)", **STYLE["PrivBoN"])
+        ax.errorbar(
+            [r["epsilon"] for r in pb],
+            [r["lift"] for r in pb],
+            yerr=[r["lift_se"] for r in pb],
+            capsize=3,
+            label="PrivBoN (pure ε-DP at ε)",
+            **STYLE["PrivBoN"],
+        )
         for match in MATCHINGS:
-            pi = sorted([r for r in rows if r["method"] == "PrivITP" and r.get("privacy_match") == match],
-                        key=lambda r: r["epsilon"])
+            pi = sorted(
+                [r for r in rows if r["method"] == "PrivITP" and r.get("privacy_match") == match],
+                key=lambda r: r["epsilon"],
+            )
             if not pi:
                 continue
             c, mk, ls = _MATCH_STYLE[match]
@@ -217,8 +346,16 @@ def _plot(run_dir: Path) -> list[str]:
             else:
                 emax = max(r["epsilon_max"] for r in recs if r.get("privacy_match") == "sigma")
                 lab = f"PrivITP σ rule: NOT equal privacy (ε_max up to {emax:.3g})"
-            ax.errorbar([r["epsilon"] for r in pi], [r["lift"] for r in pi], yerr=[r["lift_se"] for r in pi], capsize=3,
-                        color=c, marker=mk, linestyle=ls, label=lab)
+            ax.errorbar(
+                [r["epsilon"] for r in pi],
+                [r["lift"] for r in pi],
+                yerr=[r["lift_se"] for r in pi],
+                capsize=3,
+                color=c,
+                marker=mk,
+                linestyle=ls,
+                label=lab,
+            )
         ax.set_xscale("log")
         ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel("PrivBoN's ε = PrivITP's matched ε (log scale)")
@@ -226,19 +363,48 @@ def _plot(run_dir: Path) -> list[str]:
         ax.set_title(f"N = {n} ({rows[0]['n_prompts']} prompts)", fontsize=10)
     tuned = str(next((r.get("tuned_on") for r in recs if r.get("tuned_on")), "—"))
     fig.suptitle(f"Lift vs ε at equal privacy [{recs[0].get('pool_label')}]", fontsize=11)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=7, framealpha=0.85,
-               title="error bars ±1 SE over prompts; PrivITP's σ_Z/σ_X and L tuned on: " + tuned, title_fontsize=7)
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="lower center",
+        ncol=3,
+        fontsize=7,
+        framealpha=0.85,
+        title="error bars ±1 SE over prompts; PrivITP's σ_Z/σ_X and L tuned on: " + tuned,
+        title_fontsize=7,
+    )
     fig.tight_layout(rect=(0, 0.14, 1, 0.95))
     return [save_figure(fig, run_dir, "lift_vs_epsilon")]
 
 
 EXPERIMENTS: dict[str, Experiment] = {
     "p1-privacy-sweep": Experiment(
-        "p1-privacy-sweep", "Lift vs ε at equal privacy: BoN, ITP, PrivBoN, PrivITP (matched: worst case / "
-        "expected / σ rule)", "paper1", _schema(), _preflight, _cells, _run_cell, _summarize, _plot),
+        "p1-privacy-sweep",
+        "Lift vs ε at equal privacy: BoN, ITP, PrivBoN, PrivITP (matched: worst case / expected / σ rule)",
+        "paper1",
+        _schema(),
+        _preflight,
+        _cells,
+        _run_cell,
+        _summarize,
+        _plot,
+    ),
     "p1-privacy-sweep-imdb": Experiment(
-        "p1-privacy-sweep-imdb", "Lift vs ε at equal privacy on the shipped IMDb pool", "paper1",
-        _schema(pool="shipped", n_grid=[16, 64, 256], n_prompts=48, transform="global_z", score_low=-3.0,
-                score_high=3.0, sensitivity=6.0),
-        _preflight, _cells, _run_cell, _summarize, _plot),
+        "p1-privacy-sweep-imdb",
+        "Lift vs ε at equal privacy on the shipped IMDb pool",
+        "paper1",
+        _schema(
+            pool="shipped",
+            n_grid=[16, 64, 256],
+            n_prompts=48,
+            transform="global_z",
+            score_low=-3.0,
+            score_high=3.0,
+            sensitivity=6.0,
+        ),
+        _preflight,
+        _cells,
+        _run_cell,
+        _summarize,
+        _plot,
+    ),
 }

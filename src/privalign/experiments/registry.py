@@ -12,9 +12,15 @@ from privalign.experiments.base import Experiment, ExperimentError
 
 __all__ = ["EXPERIMENTS", "UNAVAILABLE", "get_experiment", "experiment_names"]
 
-_MODULES = ("privalign.experiments.paper1", "privalign.experiments.privacy_sweep", "privalign.experiments.budget",
-            "privalign.experiments.paper2", "privalign.experiments.winrate", "privalign.experiments.beyond",
-            "privalign.experiments.rlhf")
+_MODULES = (
+    "privalign.experiments.paper1",
+    "privalign.experiments.privacy_sweep",
+    "privalign.experiments.budget",
+    "privalign.experiments.paper2",
+    "privalign.experiments.winrate",
+    "privalign.experiments.beyond",
+    "privalign.experiments.rlhf",
+)
 
 EXPERIMENTS: dict[str, Experiment] = {}
 UNAVAILABLE: dict[str, str] = {}

@@ -41,7 +41,9 @@ PRIVATE = ("SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear")
 NONPRIVATE = ("IHT", "MLE")
 #: (sparse, dense) pairs compared at equal ε and equal privacy unit.
 SPARSE_DENSE = (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear"))
-GOLD_DESC = "MiniLM gold: logistic regression on MiniLM embeddings (pools/imdb-gold-minilm-logreg.json), P(positive)"
+GOLD_DESC = (
+    "MiniLM gold: logistic regression on MiniLM embeddings (pools/imdb-gold-minilm-logreg.json), P(positive)"
+)
 
 
 def parse_policy(spec: str) -> tuple[str, float | None]:
@@ -54,11 +56,15 @@ def parse_policy(spec: str) -> tuple[str, float | None]:
     if name in NONPRIVATE and not eps:
         return name, None
     if name not in PRIVATE:
-        raise ExperimentError(f"p2-rlhf: config key 'policies': {spec!r}: method must be one of {PRIVATE + NONPRIVATE}.")
+        raise ExperimentError(
+            f"p2-rlhf: config key 'policies': {spec!r}: method must be one of {PRIVATE + NONPRIVATE}."
+        )
     try:
         e = float(eps)
     except ValueError:
-        raise ExperimentError(f"p2-rlhf: config key 'policies': {spec!r}: a private method needs '@EPSILON' (e.g. RRIHT@8).") from None
+        raise ExperimentError(
+            f"p2-rlhf: config key 'policies': {spec!r}: a private method needs '@EPSILON' (e.g. RRIHT@8)."
+        ) from None
     if not (e > 0 and math.isfinite(e)):
         raise ExperimentError(f"p2-rlhf: config key 'policies': {spec!r}: ε must be a finite number > 0.")
     return name, e
@@ -68,30 +74,56 @@ def _schema() -> dict[str, Field]:
     from privalign.experiments.paper2 import _EST_FIELDS
 
     s = {k: v for k, v in _EST_FIELDS.items() if k != "methods"}
-    s.update({
-        "policies": Field("list[str]", ["RRIHT@8", "RRIHT@2", "DenseRR@8", "DenseRR@2", "SampleDPIHT@8", "SampleDPIHT@2",
-                                        "DPSGDLinear@8", "DPSGDLinear@2", "IHT"], "reward models (METHOD@EPS or IHT/MLE)"),
-        "sparsity": Field("int", 32, "s for the IHT methods", low=1),
-        "n_features": Field("int", 4096, "hashed n-gram dimension d", low=2),
-        "ngram_max": Field("int", 1, "largest word n-gram", low=1),
-        "reserve": Field("int", 200, "IMDb prompts kept out of the private pairs (RL + eval prompts come from them)", low=2),
-        "train_prompts": Field("int", 64, "RL prompts (the first of the held-out order)", low=1),
-        "eval_prompts": Field("int", 64, "evaluation prompts (the next ones)", low=2),
-        "pair_max_chars": Field("int", 1000, "private review pairs truncated to this many characters", low=10),
-        "steps": Field("int", 100, "GRPO optimiser steps per policy", low=1),
-        "beta": Field("float", 0.05, "KL coefficient to the reference policy (> 0)", low=1e-12),
-        "learning_rate": Field("float", 2e-4, "LoRA learning rate", low=1e-12),
-        "num_generations": Field("int", 4, "samples per prompt in a GRPO group", low=2),
-        "prompts_per_step": Field("int", 2, "prompts per GRPO step", low=1),
-        "max_new_tokens": Field("int", 16, "completion length", low=1),
-        "lora_rank": Field("int", 16, "LoRA rank", low=1),
-        "eval_samples": Field("int", 4, "samples per eval prompt from each trained policy", low=1),
-        "reference_samples": Field("int", 16, "samples per eval prompt from the reference policy (≥ max bon_ns)", low=1),
-        "bon_ns": Field("list[int]", [1, 2, 4, 8, 16], "best-of-N sizes", low=1),
-        "gold": Field("str", "pools/imdb-gold-minilm-logreg.json", "gold reward (LinearRewardScorer JSON)"),
-        "n_bootstrap": Field("int", 2000, "bootstrap resamples over prompts", low=100),
-        "num_threads": Field("int", 1, "torch CPU threads", low=1),
-    })
+    s.update(
+        {
+            "policies": Field(
+                "list[str]",
+                [
+                    "RRIHT@8",
+                    "RRIHT@2",
+                    "DenseRR@8",
+                    "DenseRR@2",
+                    "SampleDPIHT@8",
+                    "SampleDPIHT@2",
+                    "DPSGDLinear@8",
+                    "DPSGDLinear@2",
+                    "IHT",
+                ],
+                "reward models (METHOD@EPS or IHT/MLE)",
+            ),
+            "sparsity": Field("int", 32, "s for the IHT methods", low=1),
+            "n_features": Field("int", 4096, "hashed n-gram dimension d", low=2),
+            "ngram_max": Field("int", 1, "largest word n-gram", low=1),
+            "reserve": Field(
+                "int",
+                200,
+                "IMDb prompts kept out of the private pairs (RL + eval prompts come from them)",
+                low=2,
+            ),
+            "train_prompts": Field("int", 64, "RL prompts (the first of the held-out order)", low=1),
+            "eval_prompts": Field("int", 64, "evaluation prompts (the next ones)", low=2),
+            "pair_max_chars": Field(
+                "int", 1000, "private review pairs truncated to this many characters", low=10
+            ),
+            "steps": Field("int", 100, "GRPO optimiser steps per policy", low=1),
+            "beta": Field("float", 0.05, "KL coefficient to the reference policy (> 0)", low=1e-12),
+            "learning_rate": Field("float", 2e-4, "LoRA learning rate", low=1e-12),
+            "num_generations": Field("int", 4, "samples per prompt in a GRPO group", low=2),
+            "prompts_per_step": Field("int", 2, "prompts per GRPO step", low=1),
+            "max_new_tokens": Field("int", 16, "completion length", low=1),
+            "lora_rank": Field("int", 16, "LoRA rank", low=1),
+            "eval_samples": Field("int", 4, "samples per eval prompt from each trained policy", low=1),
+            "reference_samples": Field(
+                "int", 16, "samples per eval prompt from the reference policy (≥ max bon_ns)", low=1
+            ),
+            "bon_ns": Field("list[int]", [1, 2, 4, 8, 16], "best-of-N sizes", low=1),
+            "gold": Field(
+                "str", "pools/imdb-gold-minilm-logreg.json", "gold reward (LinearRewardScorer JSON)"
+            ),
+            "n_bootstrap": Field("int", 2000, "bootstrap resamples over prompts", low=100),
+            "num_threads": Field("int", 1, "torch CPU threads", low=1),
+        }
+    )
     return s
 
 
@@ -111,21 +143,29 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
     if len(set(cfg["policies"])) != len(cfg["policies"]):
         raise ExperimentError("p2-rlhf: config key 'policies' has duplicates.")
     if cfg["train_prompts"] + cfg["eval_prompts"] > cfg["reserve"]:
-        raise ExperimentError(f"p2-rlhf: train_prompts + eval_prompts = {cfg['train_prompts'] + cfg['eval_prompts']} must be "
-                              f"<= reserve = {cfg['reserve']} (every RL/eval prompt must be held out from the private pairs).")
+        raise ExperimentError(
+            f"p2-rlhf: train_prompts + eval_prompts = {cfg['train_prompts'] + cfg['eval_prompts']} must be "
+            f"<= reserve = {cfg['reserve']} (every RL/eval prompt must be held out from the private pairs)."
+        )
     if max(cfg["bon_ns"]) > cfg["reference_samples"]:
-        raise ExperimentError(f"p2-rlhf: max(bon_ns) = {max(cfg['bon_ns'])} > reference_samples = {cfg['reference_samples']}.")
+        raise ExperimentError(
+            f"p2-rlhf: max(bon_ns) = {max(cfg['bon_ns'])} > reference_samples = {cfg['reference_samples']}."
+        )
     g = _gold_path(cfg)
     if not g.is_file():
         raise ExperimentError(f"p2-rlhf: the gold model {g} does not exist (config key 'gold').")
     for mod in ("trl", "peft", "torch", "transformers"):
         require(mod, purpose="p2-rlhf (pip install 'privalign[rlhf]')")
     ctx.inputs["gold"] = {"path": str(g), "sha256": file_sha256(g), "what": GOLD_DESC}
-    ctx.inputs["prompts"] = {"source": "IMDb openings, prompt part of imdb_split (privalign.data.datasets.imdb_prompts)",
-                             "train": [0, cfg["train_prompts"]],
-                             "eval": [cfg["train_prompts"], cfg["train_prompts"] + cfg["eval_prompts"]]}
-    ctx.inputs["private_pairs"] = {"source": "privalign.rlhf.prompts.heldout_imdb_pairs(reserve, pair_max_chars, seed)",
-                                   "file": "RUN/data/pairs.jsonl"}
+    ctx.inputs["prompts"] = {
+        "source": "IMDb openings, prompt part of imdb_split (privalign.data.datasets.imdb_prompts)",
+        "train": [0, cfg["train_prompts"]],
+        "eval": [cfg["train_prompts"], cfg["train_prompts"] + cfg["eval_prompts"]],
+    }
+    ctx.inputs["private_pairs"] = {
+        "source": "privalign.rlhf.prompts.heldout_imdb_pairs(reserve, pair_max_chars, seed)",
+        "file": "RUN/data/pairs.jsonl",
+    }
 
 
 def _data(cfg: dict, ctx: RunContext) -> dict:
@@ -138,19 +178,37 @@ def _data(cfg: dict, ctx: RunContext) -> dict:
         ss = np.random.SeedSequence(cfg["seed"], spawn_key=(2**21,))
         s_pairs, s_orient = ss.spawn(2)
         path = ctx.run_dir / "data" / "pairs.jsonl"
-        prov = heldout_imdb_pairs(path, reserve=cfg["reserve"], max_chars=cfg["pair_max_chars"],
-                                  seed=int(s_pairs.generate_state(1)[0]))
+        prov = heldout_imdb_pairs(
+            path,
+            reserve=cfg["reserve"],
+            max_chars=cfg["pair_max_chars"],
+            seed=int(s_pairs.generate_state(1)[0]),
+        )
         from privalign.data.preferences_io import load_jsonl_pairs
 
         pairs = load_jsonl_pairs(path)
         fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
-        train = PreferenceData.from_text_pairs(pairs.prompts, pairs.chosen, pairs.rejected, fmap, prompt_ids=pairs.prompt_ids,
-                                               random_state=np.random.default_rng(s_orient))
+        train = PreferenceData.from_text_pairs(
+            pairs.prompts,
+            pairs.chosen,
+            pairs.rejected,
+            fmap,
+            prompt_ids=pairs.prompt_ids,
+            random_state=np.random.default_rng(s_orient),
+        )
         tr_p, tr_info = imdb_rl_prompts(cfg["train_prompts"])
         ev_p, ev_info = imdb_rl_prompts(cfg["eval_prompts"], offset=cfg["train_prompts"])
-        ctx.cache["data"] = {"pairs_path": path, "pairs_prov": prov, "train": train, "fmap": fmap, "train_prompts": tr_p,
-                             "train_info": tr_info, "eval_prompts": ev_p, "eval_info": ev_info,
-                             "gold": LinearRewardScorer.load(_gold_path(cfg))}
+        ctx.cache["data"] = {
+            "pairs_path": path,
+            "pairs_prov": prov,
+            "train": train,
+            "fmap": fmap,
+            "train_prompts": tr_p,
+            "train_info": tr_info,
+            "eval_prompts": ev_p,
+            "eval_info": ev_info,
+            "gold": LinearRewardScorer.load(_gold_path(cfg)),
+        }
     return ctx.cache["data"]
 
 
@@ -168,7 +226,9 @@ def _base(cfg: dict, ctx: RunContext):
 
 
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
-    cells: list[dict[str, Any]] = [{"cell": "reference", "policy": "reference", "method": "reference", "epsilon": None}]
+    cells: list[dict[str, Any]] = [
+        {"cell": "reference", "policy": "reference", "method": "reference", "epsilon": None}
+    ]
     for spec in cfg["policies"]:
         m, e = parse_policy(spec)
         cells.append({"cell": spec, "policy": spec, "method": m, "epsilon": e})
@@ -183,7 +243,9 @@ def _reference_record(cfg: dict, ctx: RunContext) -> dict:
     for r in read_results(ctx.run_dir):
         if r.get("kind") == "reference":
             return r
-    raise ExperimentError("p2-rlhf: the reference cell has no record yet (it runs first).")  # pragma: no cover
+    raise ExperimentError(
+        "p2-rlhf: the reference cell has no record yet (it runs first)."
+    )  # pragma: no cover
 
 
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
@@ -201,15 +263,37 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     P = len(d["eval_prompts"])
     if cell["policy"] == "reference":
         t0 = time.perf_counter()
-        s = sample_with_logprobs(model, tok, d["eval_prompts"], cfg["reference_samples"], max_new_tokens=cfg["max_new_tokens"],
-                                 seed=_eval_seed(cfg))
+        s = sample_with_logprobs(
+            model,
+            tok,
+            d["eval_prompts"],
+            cfg["reference_samples"],
+            max_new_tokens=cfg["max_new_tokens"],
+            seed=_eval_seed(cfg),
+        )
         gold = d["gold"].score([t for row in s["texts"] for t in row]).reshape(P, -1)
-        return [{"kind": "reference", "policy": "reference", "method": "reference", "epsilon": None, "unit": "—",
-                 "base_model": mid, "texts": s["texts"], "gold": gold.tolist(), "kl": 0.0, "kl_se": 0.0,
-                 "gold_mean": float(gold.mean()), "per_prompt_gold": gold.mean(axis=1).tolist(), "n_prompts": P,
-                 "eval_seconds": time.perf_counter() - t0, "root_seed": cfg["seed"],
-                 "eval_prompts_info": d["eval_info"], "train_prompts_info": d["train_info"],
-                 "private_pairs": {**d["pairs_prov"], "n_pairs": int(d["train"].y.shape[0])}}]
+        return [
+            {
+                "kind": "reference",
+                "policy": "reference",
+                "method": "reference",
+                "epsilon": None,
+                "unit": "—",
+                "base_model": mid,
+                "texts": s["texts"],
+                "gold": gold.tolist(),
+                "kl": 0.0,
+                "kl_se": 0.0,
+                "gold_mean": float(gold.mean()),
+                "per_prompt_gold": gold.mean(axis=1).tolist(),
+                "n_prompts": P,
+                "eval_seconds": time.perf_counter() - t0,
+                "root_seed": cfg["seed"],
+                "eval_prompts_info": d["eval_info"],
+                "train_prompts_info": d["train_info"],
+                "private_pairs": {**d["pairs_prov"], "n_pairs": int(d["train"].y.shape[0])},
+            }
+        ]
 
     from privalign.estimation.persistence import save_model
     from privalign.experiments.paper2 import UNIT, make_estimator
@@ -221,57 +305,127 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     s_fit, s_rl = ss.spawn(2)
     eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
     train = d["train"]
-    est = make_estimator(cell["method"], epsilon=eps, delta=cfg["delta"], sparsity=cfg["sparsity"], feature_bound=1.0,
-                         random_state=int(s_fit.generate_state(1)[0] >> 1), cfg=cfg, n_train=int(train.y.shape[0]))
+    est = make_estimator(
+        cell["method"],
+        epsilon=eps,
+        delta=cfg["delta"],
+        sparsity=cfg["sparsity"],
+        feature_bound=1.0,
+        random_state=int(s_fit.generate_state(1)[0] >> 1),
+        cfg=cfg,
+        n_train=int(train.y.shape[0]),
+    )
     est.fit(train.X, train.y)
     name = cell["policy"].replace("@", "_eps")
-    rm_path = save_model(est, ctx.run_dir / "reward_models" / f"{name}.json", feature_config=d["fmap"].get_config(),
-                         metadata={"data": str(d["pairs_path"]), "estimator": type(est).__name__,
-                                   "train_accuracy": float(est.score(train.X, train.y)), "n_train": int(train.y.shape[0])})
+    rm_path = save_model(
+        est,
+        ctx.run_dir / "reward_models" / f"{name}.json",
+        feature_config=d["fmap"].get_config(),
+        metadata={
+            "data": str(d["pairs_path"]),
+            "estimator": type(est).__name__,
+            "train_accuracy": float(est.score(train.X, train.y)),
+            "n_train": int(train.y.shape[0]),
+        },
+    )
     reward = PrivateReward(rm_path)
-    overlap = check_prompts_disjoint([*d["train_prompts"], *d["eval_prompts"]], reward) if reward.is_private else \
-        {"checked": False, "why": "non-private reward model"}
+    overlap = (
+        check_prompts_disjoint([*d["train_prompts"], *d["eval_prompts"]], reward)
+        if reward.is_private
+        else {"checked": False, "why": "non-private reward model"}
+    )
     pol_dir = ctx.run_dir / "policies" / name
     if pol_dir.exists():  # an interrupted cell is redone from scratch (cells are the unit of resumption)
         shutil.rmtree(pol_dir)
-    acfg = AlignConfig(steps=cfg["steps"], beta=cfg["beta"], learning_rate=cfg["learning_rate"],
-                       num_generations=cfg["num_generations"], prompts_per_step=cfg["prompts_per_step"],
-                       max_new_tokens=cfg["max_new_tokens"], lora_rank=cfg["lora_rank"], lora_alpha=2.0 * cfg["lora_rank"],
-                       seed=int(s_rl.generate_state(1)[0] >> 33), save_steps=max(1, cfg["steps"]))
+    acfg = AlignConfig(
+        steps=cfg["steps"],
+        beta=cfg["beta"],
+        learning_rate=cfg["learning_rate"],
+        num_generations=cfg["num_generations"],
+        prompts_per_step=cfg["prompts_per_step"],
+        max_new_tokens=cfg["max_new_tokens"],
+        lora_rank=cfg["lora_rank"],
+        lora_alpha=2.0 * cfg["lora_rank"],
+        seed=int(s_rl.generate_state(1)[0] >> 33),
+        save_steps=max(1, cfg["steps"]),
+    )
     t0 = time.perf_counter()
-    res = align_policy(reward, d["train_prompts"], d["train_info"], pol_dir, acfg, base=(model, tok, mid),
-                       overlap_check=overlap, save_policy=False,
-                       progress=ctx.progress if ctx.progress is not None else sys.stderr.isatty())
+    res = align_policy(
+        reward,
+        d["train_prompts"],
+        d["train_info"],
+        pol_dir,
+        acfg,
+        base=(model, tok, mid),
+        overlap_check=overlap,
+        save_policy=False,
+        progress=ctx.progress if ctx.progress is not None else sys.stderr.isatty(),
+    )
     t_train = time.perf_counter() - t0
     t0 = time.perf_counter()
-    s = sample_with_logprobs(res["model"], tok, d["eval_prompts"], cfg["eval_samples"], max_new_tokens=cfg["max_new_tokens"],
-                             seed=_eval_seed(cfg), reference=model)
+    s = sample_with_logprobs(
+        res["model"],
+        tok,
+        d["eval_prompts"],
+        cfg["eval_samples"],
+        max_new_tokens=cfg["max_new_tokens"],
+        seed=_eval_seed(cfg),
+        reference=model,
+    )
     gold = d["gold"].score([t for row in s["texts"] for t in row]).reshape(P, -1)
     kl, kl_se = kl_estimate(s["logp"], s["logp_ref"])
     ref_gold = np.asarray(ref["gold"], float)
     w = win_probability(gold, ref_gold)
     lo, hi, se = paired_bootstrap_ci(w, n_boot=cfg["n_bootstrap"], rng=boot_rng)
-    glo, ghi, _ = paired_bootstrap_ci(gold.mean(axis=1) - ref_gold.mean(axis=1), n_boot=cfg["n_bootstrap"], rng=boot_rng)
-    sel = reward.score([p for p, row in zip(d["eval_prompts"], ref["texts"]) for _ in row],
-                       [t for row in ref["texts"] for t in row]).reshape(P, -1)
+    glo, ghi, _ = paired_bootstrap_ci(
+        gold.mean(axis=1) - ref_gold.mean(axis=1), n_boot=cfg["n_bootstrap"], rng=boot_rng
+    )
+    sel = reward.score(
+        [p for p, row in zip(d["eval_prompts"], ref["texts"]) for _ in row],
+        [t for row in ref["texts"] for t in row],
+    ).reshape(P, -1)
     bon = best_of_n_gold(sel, ref_gold, cfg["bon_ns"])
     t_eval = time.perf_counter() - t0
     for ckpt in (pol_dir / "checkpoints").glob("checkpoint-*"):  # keep the manifest, drop the optimiser state
         shutil.rmtree(ckpt, ignore_errors=True)
     log = res.get("training_log") or []
-    return [{"kind": "policy", "policy": cell["policy"], "method": cell["method"], "epsilon": cell["epsilon"],
-             "unit": UNIT[cell["method"]], "privacy_event": reward.event.to_dict(), "reward_model": str(rm_path),
-             "reward_model_sha256": reward.sha256, "overlap_check": {k: v for k, v in overlap.items() if k != "overlapping_indices"},
-             "rm_train_accuracy": float(est.score(train.X, train.y)), "kl": kl, "kl_se": kl_se,
-             "gold_mean": float(gold.mean()), "per_prompt_gold": gold.mean(axis=1).tolist(),
-             "gold_gain": float(gold.mean() - ref_gold.mean()), "gold_gain_ci": [glo, ghi],
-             "per_prompt_win": w.tolist(), "win_rate": float(w.mean()), "win_ci": [lo, hi], "win_se": se,
-             "bon": [{k: v for k, v in b.items() if k != "per_prompt_gold"} for b in bon],
-             "train_reward_first": log[0]["reward"] if log else None, "train_reward_last": log[-1]["reward"] if log else None,
-             "train_kl_last": log[-1].get("kl") if log else None, "steps": int(res.get("steps_done", 0)),
-             "train_seconds": t_train, "eval_seconds": t_eval, "n_prompts": P, "eval_samples": cfg["eval_samples"],
-             "mean_tokens": float(np.mean(s["num_tokens"])), "examples": [row[0] for row in s["texts"][:3]],
-             "root_seed": cfg["seed"], "n_bootstrap": cfg["n_bootstrap"]}]
+    return [
+        {
+            "kind": "policy",
+            "policy": cell["policy"],
+            "method": cell["method"],
+            "epsilon": cell["epsilon"],
+            "unit": UNIT[cell["method"]],
+            "privacy_event": reward.event.to_dict(),
+            "reward_model": str(rm_path),
+            "reward_model_sha256": reward.sha256,
+            "overlap_check": {k: v for k, v in overlap.items() if k != "overlapping_indices"},
+            "rm_train_accuracy": float(est.score(train.X, train.y)),
+            "kl": kl,
+            "kl_se": kl_se,
+            "gold_mean": float(gold.mean()),
+            "per_prompt_gold": gold.mean(axis=1).tolist(),
+            "gold_gain": float(gold.mean() - ref_gold.mean()),
+            "gold_gain_ci": [glo, ghi],
+            "per_prompt_win": w.tolist(),
+            "win_rate": float(w.mean()),
+            "win_ci": [lo, hi],
+            "win_se": se,
+            "bon": [{k: v for k, v in b.items() if k != "per_prompt_gold"} for b in bon],
+            "train_reward_first": log[0]["reward"] if log else None,
+            "train_reward_last": log[-1]["reward"] if log else None,
+            "train_kl_last": log[-1].get("kl") if log else None,
+            "steps": int(res.get("steps_done", 0)),
+            "train_seconds": t_train,
+            "eval_seconds": t_eval,
+            "n_prompts": P,
+            "eval_samples": cfg["eval_samples"],
+            "mean_tokens": float(np.mean(s["num_tokens"])),
+            "examples": [row[0] for row in s["texts"][:3]],
+            "root_seed": cfg["seed"],
+            "n_bootstrap": cfg["n_bootstrap"],
+        }
+    ]
 
 
 def _bon_at_kl(bon: list[dict], kl: float) -> float | None:
@@ -284,7 +438,9 @@ def _bon_at_kl(bon: list[dict], kl: float) -> float | None:
     return float(np.interp(kl, xs, ys))
 
 
-def rlhf_verdict(records: list[dict], *, n_boot: int | None = None, seed: int | None = None) -> tuple[str, str]:
+def rlhf_verdict(
+    records: list[dict], *, n_boot: int | None = None, seed: int | None = None
+) -> tuple[str, str]:
     """Claim P2-6 (analogue): sparse private reward models give policies with higher gold reward at no more KL than
     dense ones, at every ε and privacy unit present (pairs :data:`SPARSE_DENSE`).
 
@@ -298,8 +454,11 @@ def rlhf_verdict(records: list[dict], *, n_boot: int | None = None, seed: int | 
         return "inconclusive", "no policy records"
     first = next(iter(pol.values()))
     B = int(n_boot or first.get("n_bootstrap", 2000))
-    rng = np.random.default_rng(np.random.SeedSequence(int(seed if seed is not None else first.get("root_seed", 0)),
-                                                       spawn_key=(2**24,)))
+    rng = np.random.default_rng(
+        np.random.SeedSequence(
+            int(seed if seed is not None else first.get("root_seed", 0)), spawn_key=(2**24,)
+        )
+    )
     verdicts, parts = [], []
     for a, b in SPARSE_DENSE:
         for eps in sorted({e for (m, e) in pol if m == a and e is not None}, reverse=True):
@@ -309,9 +468,15 @@ def rlhf_verdict(records: list[dict], *, n_boot: int | None = None, seed: int | 
             verdicts.append(v)
             parts.append(f"{a} vs {b} at ε = {eps:g}: {v} ({msg})")
     if not verdicts:
-        return "inconclusive", "no (sparse, dense) pair at a common ε among " + ", ".join(f"{m}@{e}" for m, e in pol)
+        return "inconclusive", "no (sparse, dense) pair at a common ε among " + ", ".join(
+            f"{m}@{e}" for m, e in pol
+        )
     steps = first.get("steps")
-    v = "does not hold" if "does not hold" in verdicts else ("holds" if all(x == "holds" for x in verdicts) else "inconclusive")
+    v = (
+        "does not hold"
+        if "does not hold" in verdicts
+        else ("holds" if all(x == "holds" for x in verdicts) else "inconclusive")
+    )
     return v, f"{steps} GRPO steps per policy, {first.get('n_prompts')} eval prompts | " + " | ".join(parts)
 
 
@@ -321,21 +486,44 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
     for r in records:
         if r.get("kind") != "policy":
             continue
-        table.append({"policy": r["policy"], "method": r["method"], "epsilon": r["epsilon"], "unit": r["unit"],
-                      "kl": r["kl"], "kl_se": r["kl_se"], "gold": r["gold_mean"], "gold_gain": r["gold_gain"],
-                      "gold_gain_ci": r["gold_gain_ci"], "win_rate": r["win_rate"], "win_ci": r["win_ci"],
-                      "bon_gold_at_equal_kl": _bon_at_kl(r["bon"], r["kl"]),
-                      "bon": [{"n": b["n"], "kl": b["kl"], "gold": b["gold"], "win_rate": b["win_rate"]} for b in r["bon"]],
-                      "train_reward": [r["train_reward_first"], r["train_reward_last"]], "steps": r["steps"],
-                      "train_seconds": r["train_seconds"], "rm_train_accuracy": r["rm_train_accuracy"]})
+        table.append(
+            {
+                "policy": r["policy"],
+                "method": r["method"],
+                "epsilon": r["epsilon"],
+                "unit": r["unit"],
+                "kl": r["kl"],
+                "kl_se": r["kl_se"],
+                "gold": r["gold_mean"],
+                "gold_gain": r["gold_gain"],
+                "gold_gain_ci": r["gold_gain_ci"],
+                "win_rate": r["win_rate"],
+                "win_ci": r["win_ci"],
+                "bon_gold_at_equal_kl": _bon_at_kl(r["bon"], r["kl"]),
+                "bon": [
+                    {"n": b["n"], "kl": b["kl"], "gold": b["gold"], "win_rate": b["win_rate"]}
+                    for b in r["bon"]
+                ],
+                "train_reward": [r["train_reward_first"], r["train_reward_last"]],
+                "steps": r["steps"],
+                "train_seconds": r["train_seconds"],
+                "rm_train_accuracy": r["rm_train_accuracy"],
+            }
+        )
     v, m = rlhf_verdict(records)
     underpowered = cfg["steps"] < 50 or cfg["eval_prompts"] < 32
-    return {"table": table, "reference_gold": ref["gold_mean"] if ref else None,
-            "verdict": v, "measured": m + (" | quick/underpowered configuration: few RL steps and few prompts" if underpowered else ""),
-            "gold": GOLD_DESC, "private_pairs": ref.get("private_pairs") if ref else None,
-            "note": "win rate = P(policy sample beats a reference sample by gold reward), ties ½, 95% paired bootstrap over "
-                    "prompts; KL = Monte Carlo estimate of KL(policy ‖ reference) in nats; best-of-N KL = log N − (N−1)/N "
-                    "(an upper bound); each policy inherits its reward model's (ε, δ) and privacy unit (post-processing)"}
+    return {
+        "table": table,
+        "reference_gold": ref["gold_mean"] if ref else None,
+        "verdict": v,
+        "measured": m
+        + (" | quick/underpowered configuration: few RL steps and few prompts" if underpowered else ""),
+        "gold": GOLD_DESC,
+        "private_pairs": ref.get("private_pairs") if ref else None,
+        "note": "win rate = P(policy sample beats a reference sample by gold reward), ties ½, 95% paired bootstrap over "
+        "prompts; KL = Monte Carlo estimate of KL(policy ‖ reference) in nats; best-of-N KL = log N − (N−1)/N "
+        "(an upper bound); each policy inherits its reward model's (ε, δ) and privacy unit (post-processing)",
+    }
 
 
 def _plot(run_dir: Path) -> list[str]:
@@ -350,25 +538,45 @@ def _plot(run_dir: Path) -> list[str]:
     colors: dict[str, str] = {}
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
     for r in pols:
-        colors.setdefault(r["method"], STYLE.get(r["method"], {}).get("color", palette[len(colors) % len(palette)]))
+        colors.setdefault(
+            r["method"], STYLE.get(r["method"], {}).get("color", palette[len(colors) % len(palette)])
+        )
     for r in pols:
         c = colors[r["method"]]
         lab = f"{r['method']}" + (f" ε={r['epsilon']:g}" if r["epsilon"] is not None else " (non-private)")
         ls = "--" if (r["epsilon"] or math.inf) >= 8 else ":"
-        ax.plot([b["kl"] for b in r["bon"]], [b["gold"] for b in r["bon"]], ls, color=c, alpha=0.7, linewidth=1)
+        ax.plot(
+            [b["kl"] for b in r["bon"]], [b["gold"] for b in r["bon"]], ls, color=c, alpha=0.7, linewidth=1
+        )
         ci = r["gold_gain_ci"]
-        ax.errorbar([r["kl"]], [r["gold_mean"]], xerr=[[2 * r["kl_se"]], [2 * r["kl_se"]]],
-                    yerr=[[r["gold_gain"] - ci[0]], [ci[1] - r["gold_gain"]]], fmt="o" if r["epsilon"] is None or r["epsilon"] >= 8 else "s",
-                    color=c, capsize=2, label=f"RL: {lab}")
+        ax.errorbar(
+            [r["kl"]],
+            [r["gold_mean"]],
+            xerr=[[2 * r["kl_se"]], [2 * r["kl_se"]]],
+            yerr=[[r["gold_gain"] - ci[0]], [ci[1] - r["gold_gain"]]],
+            fmt="o" if r["epsilon"] is None or r["epsilon"] >= 8 else "s",
+            color=c,
+            capsize=2,
+            label=f"RL: {lab}",
+        )
     ax.plot([0], [ref["gold_mean"]], "k*", markersize=10, label="reference policy")
     ax.set_xlabel("KL(policy ‖ reference) [nats]  (BoN: log N − (N−1)/N)")
     ax.set_ylabel("gold reward (MiniLM P(positive))")
-    ax.set_title(f"RL (points; bars: 95% paired CI of the gold gain, ±2 SE of KL) vs best-of-N (lines),\n"
-                 f"{ref['n_prompts']} held-out IMDb prompts", fontsize=8)
+    ax.set_title(
+        f"RL (points; bars: 95% paired CI of the gold gain, ±2 SE of KL) vs best-of-N (lines),\n"
+        f"{ref['n_prompts']} held-out IMDb prompts",
+        fontsize=8,
+    )
     ax.legend(fontsize=6, loc="best")
     names = [r["policy"] for r in pols]
-    ax2.bar(range(len(pols)), [r["win_rate"] for r in pols], color=[colors[r["method"]] for r in pols], alpha=0.8,
-            yerr=[[r["win_rate"] - r["win_ci"][0] for r in pols], [r["win_ci"][1] - r["win_rate"] for r in pols]], capsize=3)
+    ax2.bar(
+        range(len(pols)),
+        [r["win_rate"] for r in pols],
+        color=[colors[r["method"]] for r in pols],
+        alpha=0.8,
+        yerr=[[r["win_rate"] - r["win_ci"][0] for r in pols], [r["win_ci"][1] - r["win_rate"] for r in pols]],
+        capsize=3,
+    )
     ax2.axhline(0.5, color="k", linestyle="--", linewidth=0.9)
     ax2.set_xticks(range(len(pols)), names, fontsize=7, rotation=30)
     ax2.set_ylim(0, 1)
@@ -379,7 +587,16 @@ def _plot(run_dir: Path) -> list[str]:
 
 
 EXPERIMENTS: dict[str, Experiment] = {
-    "p2-rlhf": Experiment("p2-rlhf", "Private RLHF: GRPO policies on private reward models — gold reward vs KL, win rates, "
-                          "best-of-N at equal KL (IMDb, SmolLM2-135M)", "paper2", _schema(), _preflight, _cells, _run_cell,
-                          _summarize, _plot),
+    "p2-rlhf": Experiment(
+        "p2-rlhf",
+        "Private RLHF: GRPO policies on private reward models — gold reward vs KL, win rates, "
+        "best-of-N at equal KL (IMDb, SmolLM2-135M)",
+        "paper2",
+        _schema(),
+        _preflight,
+        _cells,
+        _run_cell,
+        _summarize,
+        _plot,
+    ),
 }

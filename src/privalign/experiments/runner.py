@@ -39,8 +39,18 @@ from privalign.experiments.config import (
 )
 from privalign.experiments.manifest import build_manifest, read_manifest, utc_now, write_json_atomic
 
-__all__ = ["Experiment", "RunContext", "ExperimentError", "RunDirectoryError", "run_experiment",
-           "read_results", "read_summary", "cell_seed", "check_finite_records", "prepare"]
+__all__ = [
+    "Experiment",
+    "RunContext",
+    "ExperimentError",
+    "RunDirectoryError",
+    "run_experiment",
+    "read_results",
+    "read_summary",
+    "cell_seed",
+    "check_finite_records",
+    "prepare",
+]
 
 
 def cell_seed(root_seed: int, index: int) -> np.random.SeedSequence:
@@ -98,8 +108,9 @@ def _truncate_torn_line(path: Path) -> None:
         path.write_bytes(data[:cut])
 
 
-def resolve_config(exp: Experiment, config_path: str | Path | None, quick: bool,
-                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def resolve_config(
+    exp: Experiment, config_path: str | Path | None, quick: bool, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Load the experiment's configuration: ``config_path`` or the packaged (quick) one, then overrides."""
     if config_path is None:
         config_path = packaged_config_path(exp.config_name + ("_quick" if quick else ""))
@@ -142,8 +153,15 @@ class Prepared:
     existing: dict | None
 
 
-def prepare(name: str, *, out: str | Path, config_path: str | Path | None = None, quick: bool = False,
-            overrides: dict[str, Any] | None = None, progress: bool | None = None) -> Prepared:
+def prepare(
+    name: str,
+    *,
+    out: str | Path,
+    config_path: str | Path | None = None,
+    quick: bool = False,
+    overrides: dict[str, Any] | None = None,
+    progress: bool | None = None,
+) -> Prepared:
     """Every check that must pass before work starts (name, config, run directory, inputs)."""
     from privalign.experiments.registry import get_experiment
 
@@ -157,8 +175,15 @@ def prepare(name: str, *, out: str | Path, config_path: str | Path | None = None
     return Prepared(exp, cfg, chash, out, ctx, existing)
 
 
-def run_experiment(name: str, *, out: str | Path, config_path: str | Path | None = None, quick: bool = False,
-                   overrides: dict[str, Any] | None = None, progress: bool | None = None) -> dict:
+def run_experiment(
+    name: str,
+    *,
+    out: str | Path,
+    config_path: str | Path | None = None,
+    quick: bool = False,
+    overrides: dict[str, Any] | None = None,
+    progress: bool | None = None,
+) -> dict:
     """Run (or resume) experiment ``name`` into ``out``; return the summary.
 
     Raises:
@@ -179,8 +204,14 @@ def run_experiment(name: str, *, out: str | Path, config_path: str | Path | None
         manifest["status"] = "incomplete"
         _truncate_torn_line(results_path)
     else:
-        manifest = build_manifest(experiment=exp.name, config=cfg, config_hash=p.chash, seed_entropy=cfg["seed"],
-                                  quick=quick, inputs=ctx.inputs)
+        manifest = build_manifest(
+            experiment=exp.name,
+            config=cfg,
+            config_hash=p.chash,
+            seed_entropy=cfg["seed"],
+            quick=quick,
+            inputs=ctx.inputs,
+        )
     manifest["inputs"] = ctx.inputs
     write_json_atomic(out / "manifest.json", manifest)
 
@@ -192,7 +223,14 @@ def run_experiment(name: str, *, out: str | Path, config_path: str | Path | None
     todo = [(i, c) for i, c in enumerate(cells) if c["cell"] not in done]
     try:
         with results_path.open("a", encoding="utf-8") as fh:
-            for i, cell in tqdm(todo, desc=exp.name, unit="cell", file=sys.stderr, disable=None if progress is None else not progress, leave=False):
+            for i, cell in tqdm(
+                todo,
+                desc=exp.name,
+                unit="cell",
+                file=sys.stderr,
+                disable=None if progress is None else not progress,
+                leave=False,
+            ):
                 records = exp.run_cell(cell, cfg, ctx, cell_seed(cfg["seed"], i))
                 for r in records:
                     r.setdefault("cell", cell["cell"])

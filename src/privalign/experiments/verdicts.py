@@ -23,9 +23,23 @@ import math
 import numpy as np
 from scipy import stats
 
-__all__ = ["ALPHA", "paired_diff", "t_crit", "mdd", "mcnemar_exact", "bon_degradation", "monotone_rule",
-           "p1_1_rule", "p1_5_rule", "p1_6_rule", "p1_7_rule", "p1_8_rule", "slope_rule", "mcnemar_rule",
-           "order_rule"]
+__all__ = [
+    "ALPHA",
+    "paired_diff",
+    "t_crit",
+    "mdd",
+    "mcnemar_exact",
+    "bon_degradation",
+    "monotone_rule",
+    "p1_1_rule",
+    "p1_5_rule",
+    "p1_6_rule",
+    "p1_7_rule",
+    "p1_8_rule",
+    "slope_rule",
+    "mcnemar_rule",
+    "order_rule",
+]
 
 #: Significance level of every test in the claims table (one-sided unless stated).
 ALPHA = 0.05
@@ -58,8 +72,15 @@ def paired_diff(a: dict, b: dict) -> dict | None:
         return None
     d = np.array([pb[k] - pa[k] for k in common], dtype=float)
     se = float(d.std(ddof=1) / math.sqrt(d.size))
-    return {"mean": float(d.mean()), "se": se, "n": int(d.size), "df": int(d.size - 1),
-            "t": float(d.mean() / se) if se > 0 else (math.inf if d.mean() > 0 else -math.inf if d.mean() < 0 else 0.0)}
+    return {
+        "mean": float(d.mean()),
+        "se": se,
+        "n": int(d.size),
+        "df": int(d.size - 1),
+        "t": float(d.mean() / se)
+        if se > 0
+        else (math.inf if d.mean() > 0 else -math.inf if d.mean() < 0 else 0.0),
+    }
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -89,17 +110,34 @@ def _drop_tests(rows: list[dict], alpha: float = ALPHA) -> dict:
     for r in rows[:-1]:
         d = paired_diff(r, last)  # last − r: negative = drop
         if d is None:
-            d = {"mean": last["lift"] - r["lift"], "se": math.sqrt(last["lift_se"] ** 2 + r["lift_se"] ** 2),
-                 "n": last.get("n_prompts", 2), "df": max(last.get("n_prompts", 2) - 1, 1), "unpaired": True}
+            d = {
+                "mean": last["lift"] - r["lift"],
+                "se": math.sqrt(last["lift_se"] ** 2 + r["lift_se"] ** 2),
+                "n": last.get("n_prompts", 2),
+                "df": max(last.get("n_prompts", 2) - 1, 1),
+                "unpaired": True,
+            }
         tests.append((r, d))
     crit = t_crit(min(d["df"] for _, d in tests), alpha, k)
-    sig = [(r, d) for r, d in tests
-           if (d["se"] > _TINY and d["mean"] / d["se"] < -crit) or (d["se"] <= _TINY and d["mean"] < -_TINY)]
+    sig = [
+        (r, d)
+        for r, d in tests
+        if (d["se"] > _TINY and d["mean"] / d["se"] < -crit) or (d["se"] <= _TINY and d["mean"] < -_TINY)
+    ]
     # the largest drop (point estimate) and its one-sided upper confidence bound
     worst_r, worst = min(tests, key=lambda x: x[1]["mean"])
     upper_drop = -worst["mean"] + crit * worst["se"]
-    return {"last": last, "tests": tests, "crit": crit, "k": k, "significant": sig, "worst_r": worst_r,
-            "worst": worst, "upper_drop": upper_drop, "paired": not any(d.get("unpaired") for _, d in tests)}
+    return {
+        "last": last,
+        "tests": tests,
+        "crit": crit,
+        "k": k,
+        "significant": sig,
+        "worst_r": worst_r,
+        "worst": worst,
+        "upper_drop": upper_drop,
+        "paired": not any(d.get("unpaired") for _, d in tests),
+    }
 
 
 def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPHA) -> dict:
@@ -113,14 +151,19 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
         return {"status": "missing", "text": "no BoN results (no positive control)"}
     rows = next(iter(s.values()))
     if len(rows) < 3 or rows[-1]["N"] < min_n:
-        return {"status": "too small", "text": f"N too small: BoN measured at N ≤ {rows[-1]['N']} ({len(rows)} values; "
-                f"the positive control needs ≥ 3 values of N and N_max ≥ {min_n})"}
+        return {
+            "status": "too small",
+            "text": f"N too small: BoN measured at N ≤ {rows[-1]['N']} ({len(rows)} values; "
+            f"the positive control needs ≥ 3 values of N and N_max ≥ {min_n})",
+        }
     t = _drop_tests(rows, alpha)
     w, wr = t["worst"], t["worst_r"]
     power = mdd(w["se"], w["df"], alpha, t["k"])
-    text = (f"BoN lift {t['last']['lift']:.3g} at N={t['last']['N']} vs {wr['lift']:.3g} at N={wr['N']}: paired drop "
-            f"{-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni over "
-            f"{t['k']} N, t_crit={t['crit']:.3g}; detectable drop at 80% power ≈ {power:.3g})")
+    text = (
+        f"BoN lift {t['last']['lift']:.3g} at N={t['last']['N']} vs {wr['lift']:.3g} at N={wr['N']}: paired drop "
+        f"{-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni over "
+        f"{t['k']} N, t_crit={t['crit']:.3g}; detectable drop at 80% power ≈ {power:.3g})"
+    )
     if t["significant"]:
         return {"status": "degrades", "text": text, "drop": -w["mean"], "info": t}
     return {"status": "no", "text": text, "drop": -w["mean"], "info": t}
@@ -144,8 +187,13 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
     pool = _pool_of(records)
     ctrl = bon_degradation(records, alpha=alpha)
     if ctrl["status"] != "degrades":
-        why = ("N too small" if ctrl["status"] == "too small" else
-               "no over-optimisation on this pool" if ctrl["status"] == "no" else "no positive control")
+        why = (
+            "N too small"
+            if ctrl["status"] == "too small"
+            else "no over-optimisation on this pool"
+            if ctrl["status"] == "no"
+            else "no positive control"
+        )
         return "inconclusive", f"[{pool}] {why}: {ctrl['text']}"
     series = _series(records, method)
     if not series:
@@ -159,7 +207,9 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         t = _drop_tests(rows, alpha)
         w, wr = t["worst"], t["worst_r"]
         top = max(rows, key=lambda r: r["lift"])
-        has_lift = top["lift_se"] > 0 and top["lift"] / top["lift_se"] > t_crit(max(top.get("n_prompts", 2) - 1, 1), alpha)
+        has_lift = top["lift_se"] > 0 and top["lift"] / top["lift_se"] > t_crit(
+            max(top.get("n_prompts", 2) - 1, 1), alpha
+        )
         # what must be excluded: a drop of half BoN's (the control's size) or a quarter of this curve's own
         # best lift, whichever is smaller
         margin = min(0.5 * ctrl["drop"], 0.25 * top["lift"])
@@ -173,20 +223,38 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
             v = "inconclusive"
         verdicts.append(v)
         last = t["last"]
-        priv = (f" [ε={last['epsilon']:.3g}]" if last.get("epsilon") is not None else
-                f" [at N={last['N']}: ε_max={last['epsilon_max']:.3g}, E[ε]={last.get('expected_epsilon_realized') or 0:.3g}, "
-                f"δ={last.get('delta')}]" if last.get("epsilon_max") is not None else "")
-        parts.append((f"{name}: no significant lift at any N (best {top['lift']:.3g} ± {top['lift_se']:.3g}): "
-                      "monotonicity would be vacuous; " if not has_lift else "") + f"{name}{priv}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop {-w['mean']:.3g} ± "
-                     f"{w['se']:.3g} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound {t['upper_drop']:.3g} vs margin "
-                     f"min(½·BoN drop, ¼·best lift) = {margin:.3g}" + ("" if t["paired"] else " [unpaired SE]"))
-    verdict = ("does not hold" if "does not hold" in verdicts else "holds" if all(v == "holds" for v in verdicts)
-               else "inconclusive")
+        priv = (
+            f" [ε={last['epsilon']:.3g}]"
+            if last.get("epsilon") is not None
+            else f" [at N={last['N']}: ε_max={last['epsilon_max']:.3g}, E[ε]={last.get('expected_epsilon_realized') or 0:.3g}, "
+            f"δ={last.get('delta')}]"
+            if last.get("epsilon_max") is not None
+            else ""
+        )
+        parts.append(
+            (
+                f"{name}: no significant lift at any N (best {top['lift']:.3g} ± {top['lift_se']:.3g}): "
+                "monotonicity would be vacuous; "
+                if not has_lift
+                else ""
+            )
+            + f"{name}{priv}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop {-w['mean']:.3g} ± "
+            f"{w['se']:.3g} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound {t['upper_drop']:.3g} vs margin "
+            f"min(½·BoN drop, ¼·best lift) = {margin:.3g}" + ("" if t["paired"] else " [unpaired SE]")
+        )
+    verdict = (
+        "does not hold"
+        if "does not hold" in verdicts
+        else "holds"
+        if all(v == "holds" for v in verdicts)
+        else "inconclusive"
+    )
     return verdict, f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts)
 
 
-def p1_1_rule(records: list[dict], *, alpha: float = ALPHA, planted_hack_rate: float | None = None
-              ) -> tuple[str, str]:
+def p1_1_rule(
+    records: list[dict], *, alpha: float = ALPHA, planted_hack_rate: float | None = None
+) -> tuple[str, str]:
     """P1-1 on one run: BoN is not scaling-monotonic (its lift falls past some N).
 
     ``holds`` if BoN degrades significantly (the positive control). ``does not hold`` only on a synthetic
@@ -205,14 +273,20 @@ def p1_1_rule(records: list[dict], *, alpha: float = ALPHA, planted_hack_rate: f
     best = max(r["lift"] for r in next(iter(_series(records, "BoN").values())))
     n_max = info["last"]["N"]
     if planted_hack_rate and n_max * planted_hack_rate >= 2 and best > 0 and info["upper_drop"] < 0.1 * best:
-        return "does not hold", (f"[{pool}] planted hacks reachable (N_max·hack_rate = {n_max * planted_hack_rate:.1f}) "
-                                 f"but no drop: upper bound {info['upper_drop']:.3g} < 10% of best lift {best:.3g}; "
-                                 + ctrl["text"])
-    return "inconclusive", f"[{pool}] inconclusive on this pool: BoN does not degrade significantly; {ctrl['text']}"
+        return "does not hold", (
+            f"[{pool}] planted hacks reachable (N_max·hack_rate = {n_max * planted_hack_rate:.1f}) "
+            f"but no drop: upper bound {info['upper_drop']:.3g} < 10% of best lift {best:.3g}; "
+            + ctrl["text"]
+        )
+    return (
+        "inconclusive",
+        f"[{pool}] inconclusive on this pool: BoN does not degrade significantly; {ctrl['text']}",
+    )
 
 
-def p1_5_rule(records: list[dict], *, match: str = "worst", alpha: float = ALPHA, margin_frac: float = 0.1
-              ) -> tuple[str, str]:
+def p1_5_rule(
+    records: list[dict], *, match: str = "worst", alpha: float = ALPHA, margin_frac: float = 0.1
+) -> tuple[str, str]:
     """P1-5: PrivITP matches or beats PrivBoN at equal privacy (``match`` = the matching used).
 
     At every (N, ε) with both curves: paired per-prompt difference d = PrivITP − PrivBoN. ``does not hold``
@@ -224,21 +298,37 @@ def p1_5_rule(records: list[dict], *, match: str = "worst", alpha: float = ALPHA
 
     pool = _pool_of(records)
     eps_of = lambda r: r.get("epsilon") if r.get("epsilon") is not None else r.get("epsilon_target")
-    itp = [r for r in records if r.get("method") == "PrivITP" and r.get("privacy_match") == match
-           and eps_of(r) is not None]
+    itp = [
+        r
+        for r in records
+        if r.get("method") == "PrivITP" and r.get("privacy_match") == match and eps_of(r) is not None
+    ]
     if not itp:
         got = sorted({str(r.get("privacy_match")) for r in records if r.get("method") == "PrivITP"})
-        return "inconclusive", f"[{pool}] no PrivITP curve matched by '{match}' (found: {got}); not at equal privacy"
+        return (
+            "inconclusive",
+            f"[{pool}] no PrivITP curve matched by '{match}' (found: {got}); not at equal privacy",
+        )
     pairs = []
     for a in itp:
         e = eps_of(a)
-        b = [r for r in records if r.get("method") == "PrivBoN" and r["N"] == a["N"] and r.get("epsilon") is not None
-             and abs(r["epsilon"] - e) <= 1e-9 * e]
+        b = [
+            r
+            for r in records
+            if r.get("method") == "PrivBoN"
+            and r["N"] == a["N"]
+            and r.get("epsilon") is not None
+            and abs(r["epsilon"] - e) <= 1e-9 * e
+        ]
         if b:
             d = paired_diff(b[0], a)
             if d is None:
-                d = {"mean": a["lift"] - b[0]["lift"], "se": math.sqrt(a["lift_se"] ** 2 + b[0]["lift_se"] ** 2),
-                     "n": a.get("n_prompts", 2), "df": max(a.get("n_prompts", 2) - 1, 1)}
+                d = {
+                    "mean": a["lift"] - b[0]["lift"],
+                    "se": math.sqrt(a["lift_se"] ** 2 + b[0]["lift_se"] ** 2),
+                    "n": a.get("n_prompts", 2),
+                    "df": max(a.get("n_prompts", 2) - 1, 1),
+                }
             bon = [r for r in records if r.get("method") == "BoN" and r["N"] == a["N"]]
             ref = abs(bon[0]["lift"]) if bon else abs(b[0]["lift"])
             pairs.append((a, b[0], d, margin_frac * ref))
@@ -251,12 +341,16 @@ def p1_5_rule(records: list[dict], *, match: str = "worst", alpha: float = ALPHA
     ahead = sum(d["mean"] - crit * d["se"] > 0 for a, b, d, m in pairs)
     lines = []
     for a, bb, d, _m in sorted(pairs, key=lambda x: (x[0]["N"], eps_of(x[0]))):
-        lines.append(f"N={a['N']} ε={eps_of(a):g}: PrivITP {a['lift']:.3g} "
-                     f"(ε_max={a.get('epsilon_max') or float('nan'):.3g}, E[ε]={a.get('expected_epsilon_realized') or float('nan'):.3g}, "
-                     f"δ={a.get('delta')}) − PrivBoN {bb['lift']:.3g} = {d['mean']:+.3g} ± {d['se']:.3g}")
-    head = (f"[{pool}; PrivITP matched: {MATCH_NOTE.get(match, match)}] {k} (N, ε) points, paired one-sided α={alpha:g} "
-            f"Bonferroni (t_crit={crit:.3g}), non-inferiority margin {margin_frac:g}×|BoN lift|: PrivBoN significantly "
-            f"ahead at {len(worse)}, PrivITP significantly ahead at {ahead}. ")
+        lines.append(
+            f"N={a['N']} ε={eps_of(a):g}: PrivITP {a['lift']:.3g} "
+            f"(ε_max={a.get('epsilon_max') or float('nan'):.3g}, E[ε]={a.get('expected_epsilon_realized') or float('nan'):.3g}, "
+            f"δ={a.get('delta')}) − PrivBoN {bb['lift']:.3g} = {d['mean']:+.3g} ± {d['se']:.3g}"
+        )
+    head = (
+        f"[{pool}; PrivITP matched: {MATCH_NOTE.get(match, match)}] {k} (N, ε) points, paired one-sided α={alpha:g} "
+        f"Bonferroni (t_crit={crit:.3g}), non-inferiority margin {margin_frac:g}×|BoN lift|: PrivBoN significantly "
+        f"ahead at {len(worse)}, PrivITP significantly ahead at {ahead}. "
+    )
     verdict = "does not hold" if worse else ("holds" if noninf else "inconclusive")
     return verdict, head + "; ".join(lines)
 
@@ -275,9 +369,16 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     recs = [r for r in allr if r.get("accounting") == "ex-post filter"]
     if not recs:
         return "inconclusive", "no ex-post filter rows"
-    over = [r for r in allr if ("spent_epsilon" in r and r.get("accounting") != "basic composition"
-                                and r["spent_epsilon"] > r["budget_epsilon"] + 1e-9)
-            or ("spent_rho" in r and r["spent_rho"] > r["rho_budget"] + 1e-12)]
+    over = [
+        r
+        for r in allr
+        if (
+            "spent_epsilon" in r
+            and r.get("accounting") != "basic composition"
+            and r["spent_epsilon"] > r["budget_epsilon"] + 1e-9
+        )
+        or ("spent_rho" in r and r["spent_rho"] > r["rho_budget"] + 1e-12)
+    ]
     count_ok = all(r["served"] > r["t_basic"] for r in recs)
     by_sigma: dict = {}
     for r in recs:
@@ -286,17 +387,22 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     parts, lift_sig = [], []
     for s, rows in sorted(by_sigma.items()):
         lifts = [v for r in rows for v in (r.get("served_lifts") or [])]
-        txt = (f"σ={s:g}: served {min(r['served'] for r in rows)}–{max(r['served'] for r in rows)} over {len(rows)} "
-               f"sessions vs T_basic {rows[0]['t_basic']}" + (" (pool exhausted)" if any(r.get("pool_exhausted") for r in rows) else ""))
+        txt = (
+            f"σ={s:g}: served {min(r['served'] for r in rows)}–{max(r['served'] for r in rows)} over {len(rows)} "
+            f"sessions vs T_basic {rows[0]['t_basic']}"
+            + (" (pool exhausted)" if any(r.get("pool_exhausted") for r in rows) else "")
+        )
         if len(lifts) >= 2:
             x = np.asarray(lifts, float)
             m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size))
             crit = t_crit(x.size - 1, alpha, k)
             sig = se > 0 and m / se > crit
             lift_sig.append(sig)
-            txt += (f"; lift per served prompt {m:+.4f} ± {se:.4f} over {x.size} prompts "
-                    f"({'significant' if sig else 'not significant'} at one-sided α={alpha:g}/{k}; detectable ≈ "
-                    f"{mdd(se, x.size - 1, alpha, k):.4f})")
+            txt += (
+                f"; lift per served prompt {m:+.4f} ± {se:.4f} over {x.size} prompts "
+                f"({'significant' if sig else 'not significant'} at one-sided α={alpha:g}/{k}; detectable ≈ "
+                f"{mdd(se, x.size - 1, alpha, k):.4f})"
+            )
         else:
             txt += "; no per-prompt lifts recorded"
         parts.append(txt)
@@ -312,8 +418,9 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     return verdict, "; ".join(parts) + tail
 
 
-def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25, rel_tol: float = 0.02
-              ) -> tuple[str, str]:
+def p1_7_rule(
+    records: list[dict], *, alpha: float = ALPHA, below: float = 0.25, rel_tol: float = 0.02
+) -> tuple[str, str]:
     """P1-7 (relative test): at ε ≥ ε* PrivBoN need pay nothing extra for privacy; well below ε* it does.
 
     The curve tested at ε ≥ ε* is the spec's rule σ = max(2Δ_r/ε, σ_reg) (at ε ≥ ε*, σ = σ_reg: adding more
@@ -328,57 +435,82 @@ def p1_7_rule(records: list[dict], *, alpha: float = ALPHA, below: float = 0.25,
     control fails: no power). The plain σ = 2Δ_r/ε curve's excess at ε ≥ ε* is reported too.
     """
     recs = [r for r in records if r.get("regret") is not None]
-    plain = sorted([r for r in recs if r.get("variant") == "plain" and r.get("epsilon") is not None],
-                   key=lambda r: r["epsilon"])
-    rule = sorted([r for r in recs if r.get("variant") == "sigma_reg" and r.get("epsilon") is not None],
-                  key=lambda r: r["epsilon"])
+    plain = sorted(
+        [r for r in recs if r.get("variant") == "plain" and r.get("epsilon") is not None],
+        key=lambda r: r["epsilon"],
+    )
+    rule = sorted(
+        [r for r in recs if r.get("variant") == "sigma_reg" and r.get("epsilon") is not None],
+        key=lambda r: r["epsilon"],
+    )
     if not plain or not rule:
-        return "inconclusive", "no finite-ε results of both PrivBoN curves (σ = 2Δ/ε and σ = max(2Δ/ε, σ_reg))"
+        return (
+            "inconclusive",
+            "no finite-ε results of both PrivBoN curves (σ = 2Δ/ε and σ = max(2Δ/ε, σ_reg))",
+        )
     e_star = plain[0]["eps_star"]
     src = plain[0].get("sigma_reg_source", "")
     best = min(recs, key=lambda r: r["regret"])
 
     def rows(r):  # regret per prompt = J*_p − value_p = −lift_p + const: the paired difference uses −regret
-        return {"lift_pp": [-v for v in r["regret_pp"]], "prompts": r.get("prompts")} if r.get("regret_pp") else None
+        return (
+            {"lift_pp": [-v for v in r["regret_pp"]], "prompts": r.get("prompts")}
+            if r.get("regret_pp")
+            else None
+        )
 
     above = [r for r in rule if r["epsilon"] >= e_star]
     low = [r for r in plain if r["epsilon"] <= below * e_star]
     if not above or not low:
-        return "inconclusive", (f"ε* = {e_star:.3g}: the ε grid {[r['epsilon'] for r in plain]} does not bracket it "
-                                f"(needs a point ≥ ε* and one ≤ {below:g}·ε*)")
+        return "inconclusive", (
+            f"ε* = {e_star:.3g}: the ε grid {[r['epsilon'] for r in plain]} does not bracket it "
+            f"(needs a point ≥ ε* and one ≤ {below:g}·ε*)"
+        )
     k = len(above) + len(low)
 
     def excess(r):
         # paired_diff(a, b) = mean of b.lift_pp − a.lift_pp with lift_pp = −regret: regret(r) − regret(best)
         d = paired_diff(rows(r), rows(best)) if rows(r) and rows(best) else None
         if d is None:
-            d = {"mean": r["regret"] - best["regret"], "se": math.sqrt(r["regret_se"] ** 2 + best["regret_se"] ** 2),
-                 "df": max(r.get("n_prompts", 2) - 1, 1), "n": r.get("n_prompts")}
+            d = {
+                "mean": r["regret"] - best["regret"],
+                "se": math.sqrt(r["regret_se"] ** 2 + best["regret_se"] ** 2),
+                "df": max(r.get("n_prompts", 2) - 1, 1),
+                "n": r.get("n_prompts"),
+            }
         return d
 
     tests = [(r, excess(r)) for r in above + low]
     crit = t_crit(min(d["df"] for _, d in tests), alpha, k)
     tol = rel_tol * abs(best["regret"])  # practical-equivalence margin: excesses below it are no cost
-    sig = lambda d: ((d["se"] > _TINY and (d["mean"] - tol) / d["se"] > crit)
-                     or (d["se"] <= _TINY and d["mean"] > tol + _TINY))
+    sig = lambda d: (
+        (d["se"] > _TINY and (d["mean"] - tol) / d["se"] > crit)
+        or (d["se"] <= _TINY and d["mean"] > tol + _TINY)
+    )
     bad = [(r, d) for r, d in tests[: len(above)] if sig(d)]
-    ctrl = [(r, d) for r, d in tests[len(above):] if sig(d)]
+    ctrl = [(r, d) for r, d in tests[len(above) :] if sig(d)]
     worst_above = max(tests[: len(above)], key=lambda x: x[1]["mean"])
     plain_above = [(r, excess(r)) for r in plain if r["epsilon"] >= e_star]
-    lines = [f"ε* = {e_star:.3g} (ε_RM, C, σ_reg = {rule[0].get('sigma_reg', float('nan')):.3g} from {src or 'the run'}); "
-             f"best regret {best['regret']:.3f} ({best.get('label', best.get('variant'))}, ε={best.get('epsilon')}); "
-             f"σ = max(2Δ/ε, σ_reg) at ε ≥ ε*: largest excess {worst_above[1]['mean']:+.3f} ± {worst_above[1]['se']:.3f} "
-             f"(ε={worst_above[0]['epsilon']:g}); control at ε ≤ {below:g}ε*: " + ", ".join(
-                 f"ε={r['epsilon']:.3g} excess {d['mean']:+.3f} ± {d['se']:.3f}" for r, d in tests[len(above):]),
-             "plain σ = 2Δ/ε at ε ≥ ε* (not tested; for contrast): " + ", ".join(
-                 f"ε={r['epsilon']:.3g} {d['mean']:+.3f}" for r, d in plain_above),
-             f"paired one-sided α={alpha:g}, Bonferroni over {k} (t_crit={crit:.3g}), excess tested against "
-             f"{rel_tol:g}×best = {tol:.3g}; detectable excess ≈ {tol:.3g} + "
-             f"{mdd(max(d['se'] for _, d in tests), min(d['df'] for _, d in tests), alpha, k):.3f}"]
+    lines = [
+        f"ε* = {e_star:.3g} (ε_RM, C, σ_reg = {rule[0].get('sigma_reg', float('nan')):.3g} from {src or 'the run'}); "
+        f"best regret {best['regret']:.3f} ({best.get('label', best.get('variant'))}, ε={best.get('epsilon')}); "
+        f"σ = max(2Δ/ε, σ_reg) at ε ≥ ε*: largest excess {worst_above[1]['mean']:+.3f} ± {worst_above[1]['se']:.3f} "
+        f"(ε={worst_above[0]['epsilon']:g}); control at ε ≤ {below:g}ε*: "
+        + ", ".join(
+            f"ε={r['epsilon']:.3g} excess {d['mean']:+.3f} ± {d['se']:.3f}" for r, d in tests[len(above) :]
+        ),
+        "plain σ = 2Δ/ε at ε ≥ ε* (not tested; for contrast): "
+        + ", ".join(f"ε={r['epsilon']:.3g} {d['mean']:+.3f}" for r, d in plain_above),
+        f"paired one-sided α={alpha:g}, Bonferroni over {k} (t_crit={crit:.3g}), excess tested against "
+        f"{rel_tol:g}×best = {tol:.3g}; detectable excess ≈ {tol:.3g} + "
+        f"{mdd(max(d['se'] for _, d in tests), min(d['df'] for _, d in tests), alpha, k):.3f}",
+    ]
     if bad:
         return "does not hold", "; ".join(lines)
     if not ctrl:
-        return "inconclusive", "; ".join(lines) + "; control failed: no significant privacy cost even well below ε*"
+        return "inconclusive", "; ".join(
+            lines
+        ) + "; control failed: no significant privacy cost even well below ε*"
     return "holds", "; ".join(lines)
 
 
@@ -392,11 +524,20 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     g_max (the expected cost saturates while the worst case grows); ``does not hold`` if the lower bound of
     g_E exceeds 50% of g_max (the realised cost tracks n); else ``inconclusive``.
     """
-    rows = [r for r in records if r.get("method") == "PrivITP-fixed" and r.get("expected_epsilon_realized") is not None]
+    rows = [
+        r
+        for r in records
+        if r.get("method") == "PrivITP-fixed" and r.get("expected_epsilon_realized") is not None
+    ]
     src = "PrivITP at a fixed σ"
     if not rows:
-        rows = [r for r in records if r.get("method") == "PrivITP" and r.get("privacy_match") == "sigma"
-                and r.get("expected_epsilon_realized") is not None]
+        rows = [
+            r
+            for r in records
+            if r.get("method") == "PrivITP"
+            and r.get("privacy_match") == "sigma"
+            and r.get("expected_epsilon_realized") is not None
+        ]
         src = "PrivITP under the σ rule (fixed σ)"
     if not rows:
         return "inconclusive", "no fixed-σ PrivITP rows (p1-scaling with privitp_fixed_N > 0)"
@@ -413,14 +554,20 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     g_max = last["epsilon_max"] - q["epsilon_max"]
     a = {"lift_pp": q.get("expected_epsilon_pp"), "prompts": q.get("prompts")}
     b = {"lift_pp": last.get("expected_epsilon_pp"), "prompts": last.get("prompts")}
-    d = paired_diff(a, b) or {"mean": last["expected_epsilon_realized"] - q["expected_epsilon_realized"], "se": 0.0,
-                              "df": 1, "n": 0}
+    d = paired_diff(a, b) or {
+        "mean": last["expected_epsilon_realized"] - q["expected_epsilon_realized"],
+        "se": 0.0,
+        "df": 1,
+        "n": 0,
+    }
     crit = t_crit(d["df"], alpha)
     up, lo = d["mean"] + crit * d["se"], d["mean"] - crit * d["se"]
-    text = (f"{src} ({name}): from N={q['N']} to N={last['N']}, ε_max {q['epsilon_max']:.3g} → {last['epsilon_max']:.3g} "
-            f"(+{g_max:.3g}); E[realised ε] {q['expected_epsilon_realized']:.3g} → {last['expected_epsilon_realized']:.3g} "
-            f"(paired growth {d['mean']:+.3g} ± {d['se']:.2g} over {d['n']} prompts; one-sided α={alpha:g} bounds "
-            f"[{lo:.3g}, {up:.3g}])")
+    text = (
+        f"{src} ({name}): from N={q['N']} to N={last['N']}, ε_max {q['epsilon_max']:.3g} → {last['epsilon_max']:.3g} "
+        f"(+{g_max:.3g}); E[realised ε] {q['expected_epsilon_realized']:.3g} → {last['expected_epsilon_realized']:.3g} "
+        f"(paired growth {d['mean']:+.3g} ± {d['se']:.2g} over {d['n']} prompts; one-sided α={alpha:g} bounds "
+        f"[{lo:.3g}, {up:.3g}])"
+    )
     if g_max < 0.1 * max(q["epsilon_max"], 1e-12):
         return "inconclusive", text + "; ε_max hardly grows over this N range: no n-dependence to contrast"
     if up < 0.1 * g_max:
@@ -430,8 +577,9 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     return "inconclusive", text + "; between the 10% and 50% thresholds"
 
 
-def slope_rule(fit: dict | None, *, low: float, high: float, regime: list[dict] | None, what: str
-               ) -> tuple[str, str]:
+def slope_rule(
+    fit: dict | None, *, low: float, high: float, regime: list[dict] | None, what: str
+) -> tuple[str, str]:
     """P2-1..P2-3: a log-log slope claim.
 
     ``holds`` if the 95% CI of the slope lies inside [low, high] **and** every fitted point is in the
@@ -442,14 +590,17 @@ def slope_rule(fit: dict | None, *, low: float, high: float, regime: list[dict] 
     """
     if fit is None:
         return "inconclusive", f"{what}: fewer than two values or three points"
-    text = (f"{what}: slope {fit['slope']:.3g} (95% CI {fit['slope_lo']:.3g}..{fit['slope_hi']:.3g}, {fit['points']} points, "
-            f"{fit.get('values', '?')} values over {fit.get('decades', float('nan')):.3g} decades); admissible [{low:g}, {high:g}]; "
-            f"CI half-width {(fit['slope_hi'] - fit['slope_lo']) / 2:.3g}")
+    text = (
+        f"{what}: slope {fit['slope']:.3g} (95% CI {fit['slope_lo']:.3g}..{fit['slope_hi']:.3g}, {fit['points']} points, "
+        f"{fit.get('values', '?')} values over {fit.get('decades', float('nan')):.3g} decades); admissible [{low:g}, {high:g}]; "
+        f"CI half-width {(fit['slope_hi'] - fit['slope_lo']) / 2:.3g}"
+    )
     if regime is None:
         return "inconclusive", text + "; records lack ‖θ*‖² (learning-regime check impossible)"
     outside = [p for p in regime if not p["mean_error"] < 0.5 * p["zero_error"]]
     text += "; learning regime (error < ½‖θ*‖²): " + ", ".join(
-        f"{p['value']:g}: {p['mean_error']:.3g}" + ("✗" if p in outside else "") for p in regime)
+        f"{p['value']:g}: {p['mean_error']:.3g}" + ("✗" if p in outside else "") for p in regime
+    )
     if outside:
         return "inconclusive", text + f"; {len(outside)} point(s) not in the learning regime"
     if low <= fit["slope_lo"] and fit["slope_hi"] <= high:
@@ -478,11 +629,15 @@ def mcnemar_rule(comparisons: list[dict], *, epsilons=(2.0, 8.0), alpha: float =
         p_d = mcnemar_exact(c["c"], c["b"])
         wins += p_s < alpha / k
         losses += p_d < alpha / k
-        parts.append(f"{c['dataset']} ε={c['epsilon']:g}: {c['sparse']} {c['acc_sparse']:.3f} vs {c['dense']} "
-                     f"{c['acc_dense']:.3f} (discordant {c['b']}/{c['c']} of {c['n_test']}; p={min(p_s, p_d):.3g} "
-                     f"{'sparse' if p_s <= p_d else 'dense'} better)")
-    head = (f"exact one-sided McNemar on shared test pairs, α={alpha:g} Bonferroni over {k}: sparse significantly "
-            f"better in {wins}, dense in {losses}" + (f"; MISSING ε = {missing}" if missing else "") + ". ")
+        parts.append(
+            f"{c['dataset']} ε={c['epsilon']:g}: {c['sparse']} {c['acc_sparse']:.3f} vs {c['dense']} "
+            f"{c['acc_dense']:.3f} (discordant {c['b']}/{c['c']} of {c['n_test']}; p={min(p_s, p_d):.3g} "
+            f"{'sparse' if p_s <= p_d else 'dense'} better)"
+        )
+    head = (
+        f"exact one-sided McNemar on shared test pairs, α={alpha:g} Bonferroni over {k}: sparse significantly "
+        f"better in {wins}, dense in {losses}" + (f"; MISSING ε = {missing}" if missing else "") + ". "
+    )
     if losses:
         return "does not hold", head + "; ".join(parts)
     if wins == k and not missing:
@@ -505,13 +660,17 @@ def order_rule(gaps: list[dict], *, target: float = 0.05) -> tuple[str, str]:
         hw = (g["hi"] - g["lo"]) / 2
         n_needed = math.ceil(g["prompts"] * (hw / target) ** 2) if hw > 0 else g["prompts"]
         need = max(need, n_needed)
-        parts.append(f"{g['dataset']} {g['a']}−{g['b']} {g['diff']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}] (±{hw:.3f}, "
-                     f"P={g['prompts']})")
+        parts.append(
+            f"{g['dataset']} {g['a']}−{g['b']} {g['diff']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}] (±{hw:.3f}, "
+            f"P={g['prompts']})"
+        )
     n_sig = sum(g["lo"] > 0 for g in gaps)
     n_rev = sum(g["hi"] < 0 for g in gaps)
-    head = (f"{n_sig} of {len(gaps)} adjacent gaps significantly in the paper's direction, {n_rev} significantly reversed "
-            f"(95% paired bootstrap); prompts needed for a ±{target:g} half-width (to resolve a {100 * target:g}-point gap): "
-            f"≈ {need}. ")
+    head = (
+        f"{n_sig} of {len(gaps)} adjacent gaps significantly in the paper's direction, {n_rev} significantly reversed "
+        f"(95% paired bootstrap); prompts needed for a ±{target:g} half-width (to resolve a {100 * target:g}-point gap): "
+        f"≈ {need}. "
+    )
     if n_rev:
         return "does not hold", head + "; ".join(parts)
     if n_sig == len(gaps):

@@ -10,7 +10,14 @@ import numpy as np
 from privalign._validation import check_choice, check_finite_matrix, check_finite_vector, check_real
 from privalign.accounting.events import RELATIONS, UNITS
 
-__all__ = ["check_epsilon", "check_sensitivity", "check_unit_relation", "check_scores", "gumbel_scale", "gumbel_epsilon"]
+__all__ = [
+    "check_epsilon",
+    "check_sensitivity",
+    "check_unit_relation",
+    "check_scores",
+    "gumbel_scale",
+    "gumbel_epsilon",
+]
 
 
 def _div_up(num: float, den: float) -> float:
@@ -43,21 +50,34 @@ def _finite_ratio(q: float, what: str, num_name: str, num: float, den_name: str,
 
         raise PrivacyParameterError(
             f"The {what} {num_name}/{den_name} must be a finite positive float. Got {num_name}={num!r}, "
-            f"{den_name}={den!r} instead.")
+            f"{den_name}={den!r} instead."
+        )
     return q
 
 
 def gumbel_scale(sensitivity: float, epsilon: float) -> float:
     """The exponential mechanism's Gumbel scale 2Δ/ε, rounded up (never below the real 2Δ/ε): the scale
     actually used then gives a privacy loss of at most ε, not ε plus a rounding error."""
-    return _finite_ratio(_div_up(2.0 * sensitivity, epsilon), "Gumbel scale", "2*sensitivity", 2.0 * sensitivity,
-                         "epsilon", epsilon)
+    return _finite_ratio(
+        _div_up(2.0 * sensitivity, epsilon),
+        "Gumbel scale",
+        "2*sensitivity",
+        2.0 * sensitivity,
+        "epsilon",
+        epsilon,
+    )
 
 
 def gumbel_epsilon(sensitivity: float, scale: float) -> float:
     """The ε of Gumbel noise of a given scale, 2Δ/σ, rounded up (what an accountant must be charged)."""
-    return _finite_ratio(_div_up(2.0 * sensitivity, scale), "charged epsilon", "2*sensitivity", 2.0 * sensitivity,
-                         "scale", scale)
+    return _finite_ratio(
+        _div_up(2.0 * sensitivity, scale),
+        "charged epsilon",
+        "2*sensitivity",
+        2.0 * sensitivity,
+        "scale",
+        scale,
+    )
 
 
 def check_epsilon(value: Any, name: str = "epsilon", *, allow_inf: bool = False) -> float:

@@ -32,7 +32,9 @@ __all__ = ["GaussianMechanism", "LaplaceMechanism"]
 def _check_values(values: Any, name: str = "values") -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0:
-        raise PrivacyParameterError(f"The '{name}' parameter must have at least 1 element. Got shape {arr.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must have at least 1 element. Got shape {arr.shape} instead."
+        )
     bad = ~np.isfinite(arr)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0]) if arr.ndim else ()
@@ -102,7 +104,9 @@ class GaussianMechanism:
         return cls(sigma=sigma, sensitivity=sensitivity, **kwargs)
 
     @classmethod
-    def from_epsilon_delta(cls, epsilon: float, delta: float, sensitivity: float, **kwargs: Any) -> GaussianMechanism:
+    def from_epsilon_delta(
+        cls, epsilon: float, delta: float, sensitivity: float, **kwargs: Any
+    ) -> GaussianMechanism:
         """The smallest σ (to bisection tolerance, rounded up) whose analytic-Gaussian δ(ε) ≤ ``delta``.
 
         Uses :func:`privalign.accounting.conversions.gaussian_delta` (Balle & Wang 2018, Thm. 8).
@@ -116,7 +120,9 @@ class GaussianMechanism:
         while gaussian_delta(hi, epsilon) > delta:
             hi *= 2.0
             if hi > 1e12:  # pragma: no cover - unreachable for δ in (0, 1)
-                raise PrivacyParameterError(f"Cannot calibrate a Gaussian to epsilon={epsilon!r}, delta={delta!r}.")
+                raise PrivacyParameterError(
+                    f"Cannot calibrate a Gaussian to epsilon={epsilon!r}, delta={delta!r}."
+                )
         for _ in range(200):
             mid = 0.5 * (lo + hi)
             if gaussian_delta(mid, epsilon) > delta:
@@ -200,8 +206,9 @@ class LaplaceMechanism:
         """The ε-DP Laplace mechanism: b = Δ₁/ε."""
         epsilon = check_epsilon(epsilon)
         sensitivity = check_sensitivity(sensitivity)
-        scale = _finite_ratio(_div_up(sensitivity, epsilon), "Laplace scale", "sensitivity", sensitivity,
-                              "epsilon", epsilon)
+        scale = _finite_ratio(
+            _div_up(sensitivity, epsilon), "Laplace scale", "sensitivity", sensitivity, "epsilon", epsilon
+        )
         return cls(scale=scale, sensitivity=sensitivity, **kwargs)  # b rounded up: loss Δ₁/b ≤ ε exactly
 
     @property

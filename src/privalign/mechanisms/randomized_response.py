@@ -92,14 +92,18 @@ class RandomizedResponse:
         """
         arr = np.asarray(bits)
         if arr.size == 0:
-            raise PrivacyParameterError(f"The 'bits' parameter must have at least 1 element. Got shape {arr.shape} instead.")
+            raise PrivacyParameterError(
+                f"The 'bits' parameter must have at least 1 element. Got shape {arr.shape} instead."
+            )
         if arr.dtype == np.bool_:
             b = arr.astype(np.int64)
         else:
             try:
                 f = arr.astype(np.float64)
             except (TypeError, ValueError) as exc:
-                raise PrivacyParameterError(f"The 'bits' parameter must contain only 0/1. Got dtype {arr.dtype}.") from exc
+                raise PrivacyParameterError(
+                    f"The 'bits' parameter must contain only 0/1. Got dtype {arr.dtype}."
+                ) from exc
             bad = ~((f == 0.0) | (f == 1.0))
             if bad.any():
                 idx = tuple(int(i) for i in np.argwhere(bad)[0]) if arr.ndim else ()

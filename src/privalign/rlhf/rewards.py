@@ -63,7 +63,9 @@ class PrivateReward:
 
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"The 'reward_model' parameter must be an existing file. Got {str(path)!r} (no such file).")
+            raise FileNotFoundError(
+                f"The 'reward_model' parameter must be an existing file. Got {str(path)!r} (no such file)."
+            )
         self.est, fcfg, self.metadata = load_model(self.path)
         if fcfg is None:
             raise DataFormatError(
@@ -73,7 +75,9 @@ class PrivateReward:
         try:
             self.feature_map = feature_map_from_config(fcfg)
         except (PrivacyParameterError, TypeError) as exc:
-            raise DataFormatError(f"{self.path}: field 'feature_config' does not describe a feature map ({exc}).") from exc
+            raise DataFormatError(
+                f"{self.path}: field 'feature_config' does not describe a feature map ({exc})."
+            ) from exc
         self.feature_config = fcfg
         d = int(np.asarray(self.est.coef_).shape[0])
         probe = self.feature_map.transform_pairs(["probe"], ["a probe text"])
@@ -87,7 +91,11 @@ class PrivateReward:
 
     @property
     def privacy_unit(self) -> str:
-        return "none" if self.event.to_dict().get("kind") == "non_private" else str(getattr(self.event, "unit", "?"))
+        return (
+            "none"
+            if self.event.to_dict().get("kind") == "non_private"
+            else str(getattr(self.event, "unit", "?"))
+        )
 
     @property
     def is_private(self) -> bool:
@@ -142,13 +150,17 @@ class ScorerReward:
         if spec == "vader":
             self.scorer = VaderScorer("unit")
         elif spec.startswith("linear:"):
-            self.path = Path(spec[len("linear:"):])
+            self.path = Path(spec[len("linear:") :])
             if not self.path.is_file():
-                raise FileNotFoundError(f"The 'reward_model' parameter must name an existing file. Got {spec!r} (no such file).")
+                raise FileNotFoundError(
+                    f"The 'reward_model' parameter must name an existing file. Got {spec!r} (no such file)."
+                )
             self.scorer = LinearRewardScorer.load(self.path)
             self.sha256 = file_sha256(self.path)
         else:  # pragma: no cover - load_reward routes only these two
-            raise PrivacyParameterError(f"The 'reward_model' parameter must be 'vader' or 'linear:PATH'. Got {spec!r}.")
+            raise PrivacyParameterError(
+                f"The 'reward_model' parameter must be 'vader' or 'linear:PATH'. Got {spec!r}."
+            )
         self.metadata: dict[str, Any] = {}
         self.event = None
 
@@ -162,9 +174,15 @@ class ScorerReward:
         return [float(v) for v in self.score(prompts, completions)]
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "reference scorer (not a private reward model; no privacy guarantee)", "spec": self.spec,
-                "path": str(self.path.resolve()) if self.path else None, "sha256": self.sha256,
-                "privacy_event": None, "privacy_unit": "none", "scorer": self.scorer.describe()}
+        return {
+            "kind": "reference scorer (not a private reward model; no privacy guarantee)",
+            "spec": self.spec,
+            "path": str(self.path.resolve()) if self.path else None,
+            "sha256": self.sha256,
+            "privacy_event": None,
+            "privacy_unit": "none",
+            "scorer": self.scorer.describe(),
+        }
 
 
 def load_reward(spec: str | os.PathLike) -> PrivateReward | ScorerReward:
@@ -179,7 +197,9 @@ def load_reward(spec: str | os.PathLike) -> PrivateReward | ScorerReward:
         return ScorerReward(s)
     p = Path(s)
     if not p.is_file():
-        raise FileNotFoundError(f"The 'reward_model' parameter must be an existing file. Got {s!r} (no such file).")
+        raise FileNotFoundError(
+            f"The 'reward_model' parameter must be an existing file. Got {s!r} (no such file)."
+        )
     try:
         fmt = json.loads(p.read_text(encoding="utf-8")).get("format")
     except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as exc:
@@ -187,6 +207,8 @@ def load_reward(spec: str | os.PathLike) -> PrivateReward | ScorerReward:
     if fmt == LINEAR_SCORER_FORMAT:
         return ScorerReward(f"linear:{p}")
     if fmt != REWARD_MODEL_FORMAT:
-        raise DataFormatError(f"{p}: the 'reward_model' file's field 'format' must be {REWARD_MODEL_FORMAT!r} "
-                              f"(or {LINEAR_SCORER_FORMAT!r}). Got {fmt!r}.")
+        raise DataFormatError(
+            f"{p}: the 'reward_model' file's field 'format' must be {REWARD_MODEL_FORMAT!r} "
+            f"(or {LINEAR_SCORER_FORMAT!r}). Got {fmt!r}."
+        )
     return PrivateReward(p)

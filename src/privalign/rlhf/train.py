@@ -85,7 +85,9 @@ class AlignConfig:
         check_int(self.steps, "steps", low=1)
         b = check_real(self.beta, "beta", low=0.0, closed="neither")
         if not np.isfinite(b):
-            raise PrivacyParameterError(f"The 'beta' (--beta) parameter must be a finite float > 0. Got {self.beta!r} instead.")
+            raise PrivacyParameterError(
+                f"The 'beta' (--beta) parameter must be a finite float > 0. Got {self.beta!r} instead."
+            )
         check_real(self.learning_rate, "learning_rate", low=0.0, closed="neither")
         check_int(self.num_generations, "num_generations", low=2)
         check_int(self.prompts_per_step, "prompts_per_step", low=1)
@@ -114,9 +116,13 @@ def load_base_model(model: str | None = "smollm2") -> tuple[Any, Any, str]:
     m, tok = g.model, g.tokenizer
     import torch
 
-    bad = [n for n, p in m.named_parameters() if p.dtype not in (torch.float32, torch.bfloat16, torch.float16)]
+    bad = [
+        n for n, p in m.named_parameters() if p.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+    ]
     if bad:  # pragma: no cover - would mean a really quantised checkpoint
-        raise PrivacyParameterError(f"The base model has non-float parameters ({bad[:3]}); it cannot be trained.")
+        raise PrivacyParameterError(
+            f"The base model has non-float parameters ({bad[:3]}); it cannot be trained."
+        )
     if getattr(m, "hf_quantizer", None) is not None:
         m.hf_quantizer = None
         m.is_quantized = False
@@ -133,8 +139,11 @@ def last_checkpoint(out: Path) -> Path | None:
     d = Path(out) / "checkpoints"
     if not d.is_dir():
         return None
-    cands = [(int(p.name.split("-")[1]), p) for p in d.glob("checkpoint-*") if p.name.split("-")[1].isdigit()
-             and (p / "trainer_state.json").is_file()]
+    cands = [
+        (int(p.name.split("-")[1]), p)
+        for p in d.glob("checkpoint-*")
+        if p.name.split("-")[1].isdigit() and (p / "trainer_state.json").is_file()
+    ]
     return max(cands)[1] if cands else None
 
 
@@ -143,16 +152,24 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
     ev = reward_desc.get("privacy_event")
     unit = reward_desc.get("privacy_unit", "none")
     if ev is None or unit == "none":
-        text = ("No privacy guarantee: the reward is a non-private reference (or a non-private reward model), so the "
-                "policy is not differentially private with respect to anything.")
+        text = (
+            "No privacy guarantee: the reward is a non-private reference (or a non-private reward model), so the "
+            "policy is not differentially private with respect to anything."
+        )
     else:
-        text = ("The policy is post-processing of the private reward model (the trainer reads the private data only "
-                "through the model's scores; the base model and the RL prompts are public and disjoint from the "
-                f"preference data), so it inherits the reward model's guarantee exactly: event {ev.get('kind')} "
-                f"({', '.join(f'{k}={v}' for k, v in ev.items() if k in ('epsilon', 'delta'))}), privacy unit "
-                f"'{unit}', the same neighbouring relation; no further privacy cost, and nothing better.")
-    return {"statement": text, "privacy_event": ev, "privacy_unit": unit,
-            "prompts": prompt_info.get("selection") or prompt_info.get("path") or prompt_info.get("source")}
+        text = (
+            "The policy is post-processing of the private reward model (the trainer reads the private data only "
+            "through the model's scores; the base model and the RL prompts are public and disjoint from the "
+            f"preference data), so it inherits the reward model's guarantee exactly: event {ev.get('kind')} "
+            f"({', '.join(f'{k}={v}' for k, v in ev.items() if k in ('epsilon', 'delta'))}), privacy unit "
+            f"'{unit}', the same neighbouring relation; no further privacy cost, and nothing better."
+        )
+    return {
+        "statement": text,
+        "privacy_event": ev,
+        "privacy_unit": unit,
+        "prompts": prompt_info.get("selection") or prompt_info.get("path") or prompt_info.get("source"),
+    }
 
 
 def _hash(obj: Any) -> str:
@@ -162,7 +179,10 @@ def _hash(obj: Any) -> str:
 def _versions() -> dict[str, str | None]:
     from privalign.models._resources import package_version
 
-    return {k: package_version(k) for k in ("privalign", "trl", "peft", "transformers", "torch", "accelerate", "datasets")}
+    return {
+        k: package_version(k)
+        for k in ("privalign", "trl", "peft", "transformers", "torch", "accelerate", "datasets")
+    }
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -209,20 +229,28 @@ def align_policy(
     import copy
 
     if not isinstance(config, AlignConfig):
-        raise PrivacyParameterError(f"The 'config' parameter must be an AlignConfig. Got {type(config).__name__}.")
+        raise PrivacyParameterError(
+            f"The 'config' parameter must be an AlignConfig. Got {type(config).__name__}."
+        )
     if not prompts:
         raise PrivacyParameterError("The 'prompts' parameter must hold at least one prompt. Got 0.")
     out = Path(out_dir)
     rdesc = reward.describe()
     from privalign.rlhf.prompts import prompts_sha256
 
-    ident = {"reward_sha256": rdesc.get("sha256"), "reward": rdesc.get("path") or rdesc.get("spec"),
-             "prompts_sha256": prompts_sha256(prompts), "config": config.to_dict(),
-             "base_model": base[2] if base is not None else (base_model or "smollm2")}
+    ident = {
+        "reward_sha256": rdesc.get("sha256"),
+        "reward": rdesc.get("path") or rdesc.get("spec"),
+        "prompts_sha256": prompts_sha256(prompts),
+        "config": config.to_dict(),
+        "base_model": base[2] if base is not None else (base_model or "smollm2"),
+    }
     run_hash = _hash(ident)
     man_path = out / "manifest.json"
     if out.exists() and not out.is_dir():
-        raise PrivacyParameterError(f"The 'out' (--out) parameter must be a directory. Got the file {str(out)!r}.")
+        raise PrivacyParameterError(
+            f"The 'out' (--out) parameter must be a directory. Got the file {str(out)!r}."
+        )
     old = None
     if man_path.is_file():
         old = json.loads(man_path.read_text(encoding="utf-8"))
@@ -231,11 +259,15 @@ def align_policy(
                 f"The 'out' (--out) directory {str(out)!r} holds a different align run (run hash {str(old.get('run_hash'))[:12]}…, "
                 f"this one {run_hash[:12]}…); choose another directory or delete it."
             )
-        if old.get("status") == "complete" and (not save_policy or (out / "policy" / "config.json").is_file()):
+        if old.get("status") == "complete" and (
+            not save_policy or (out / "policy" / "config.json").is_file()
+        ):
             old["resumed"] = False
             return old
     elif out.is_dir() and any(out.iterdir()):
-        raise PrivacyParameterError(f"The 'out' (--out) directory {str(out)!r} is not empty and holds no align run.")
+        raise PrivacyParameterError(
+            f"The 'out' (--out) directory {str(out)!r} is not empty and holds no align run."
+        )
     out.mkdir(parents=True, exist_ok=True)
 
     from privalign.models._resources import require
@@ -257,24 +289,66 @@ def align_policy(
     ckpt = last_checkpoint(out)
     bsz = config.num_generations * config.prompts_per_step
     targs: dict[str, Any] = dict(
-        output_dir=str(out / "checkpoints"), max_steps=config.steps, per_device_train_batch_size=bsz,
-        gradient_accumulation_steps=1, num_generations=config.num_generations, max_completion_length=config.max_new_tokens,
-        learning_rate=config.learning_rate, beta=config.beta, temperature=1.0, top_k=0, top_p=1.0,
-        lr_scheduler_type="constant", warmup_steps=0, seed=config.seed, data_seed=config.seed, save_strategy="steps",
-        save_steps=config.save_steps, save_total_limit=2, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
-        fp16=False, gradient_checkpointing=False, disable_tqdm=not progress, dataloader_num_workers=0,
-        log_completions=False, loss_type="grpo", scale_rewards="group", shuffle_dataset=True,
+        output_dir=str(out / "checkpoints"),
+        max_steps=config.steps,
+        per_device_train_batch_size=bsz,
+        gradient_accumulation_steps=1,
+        num_generations=config.num_generations,
+        max_completion_length=config.max_new_tokens,
+        learning_rate=config.learning_rate,
+        beta=config.beta,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        seed=config.seed,
+        data_seed=config.seed,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=2,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        disable_tqdm=not progress,
+        dataloader_num_workers=0,
+        log_completions=False,
+        loss_type="grpo",
+        scale_rewards="group",
+        shuffle_dataset=True,
     )
-    lora: dict[str, Any] = dict(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
-                task_type="CAUSAL_LM", bias="none")
+    lora: dict[str, Any] = dict(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(LORA_TARGETS),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
     manifest = {
-        "format": "privalign.align/1", "run_hash": run_hash, "status": "running",
+        "format": "privalign.align/1",
+        "run_hash": run_hash,
+        "status": "running",
         "started_at": old.get("started_at") if old else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "reward_model": rdesc, "privacy": privacy_statement(rdesc, prompt_info), "overlap_check": overlap_check,
-        "prompts": {**prompt_info, "n": len(prompts), "sha256": prompts_sha256(prompts), "list": list(prompts)},
-        "base_model": model_id, "algorithm": "TRL GRPOTrainer + LoRA (peft); reference = base with adapter disabled",
-        "config": config.to_dict(), "trl_config": {k: v for k, v in targs.items() if k != "output_dir"}, "lora": lora,
-        "versions": _versions(), "resumed_from": str(ckpt) if ckpt else None,
+        "reward_model": rdesc,
+        "privacy": privacy_statement(rdesc, prompt_info),
+        "overlap_check": overlap_check,
+        "prompts": {
+            **prompt_info,
+            "n": len(prompts),
+            "sha256": prompts_sha256(prompts),
+            "list": list(prompts),
+        },
+        "base_model": model_id,
+        "algorithm": "TRL GRPOTrainer + LoRA (peft); reference = base with adapter disabled",
+        "config": config.to_dict(),
+        "trl_config": {k: v for k, v in targs.items() if k != "output_dir"},
+        "lora": lora,
+        "versions": _versions(),
+        "resumed_from": str(ckpt) if ckpt else None,
     }
     _write_json(man_path, manifest)
 
@@ -296,8 +370,9 @@ def align_policy(
             for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
                 if ".lora_A." in name:
                     torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=lora_gen)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds,
-                              processing_class=tok)
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds, processing_class=tok
+        )
         if not progress:  # without tqdm, transformers prints every log dict to stdout (it would break --json)
             from transformers.trainer_callback import PrinterCallback
 
@@ -313,9 +388,26 @@ def align_policy(
         np.random.set_state(states[1])  # noqa: NPY002
         torch.set_rng_state(states[2])
     seconds = time.perf_counter() - t0
-    log = [{k: float(v) for k, v in h.items() if isinstance(v, int | float) and k in
-            ("step", "reward", "reward_std", "kl", "entropy", "loss", "completions/mean_length", "step_time")}
-           for h in trainer.state.log_history if "reward" in h]
+    log = [
+        {
+            k: float(v)
+            for k, v in h.items()
+            if isinstance(v, int | float)
+            and k
+            in (
+                "step",
+                "reward",
+                "reward_std",
+                "kl",
+                "entropy",
+                "loss",
+                "completions/mean_length",
+                "step_time",
+            )
+        }
+        for h in trainer.state.log_history
+        if "reward" in h
+    ]
     merged = cast(Any, trainer.model).merge_and_unload()  # the peft wrapper (typed as a plain Module)
     merged.eval()
     if hasattr(merged.config, "quantization_config"):
@@ -330,11 +422,16 @@ def align_policy(
         if policy_dir.exists():
             shutil.rmtree(policy_dir)
         tmp.rename(policy_dir)
-    manifest.update({
-        "status": "complete", "ended_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "train_seconds_this_session": seconds, "steps_done": int(trainer.state.global_step), "training_log": log,
-        "policy_dir": str(policy_dir.resolve()) if save_policy else None,
-    })
+    manifest.update(
+        {
+            "status": "complete",
+            "ended_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "train_seconds_this_session": seconds,
+            "steps_done": int(trainer.state.global_step),
+            "training_log": log,
+            "policy_dir": str(policy_dir.resolve()) if save_policy else None,
+        }
+    )
     manifest.pop("error", None)
     _write_json(man_path, manifest)
     return {**manifest, "model": merged, "tokenizer": tok, "resumed": ckpt is not None}
