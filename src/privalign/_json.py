@@ -5,8 +5,8 @@ meaningful ∞), ``NaN → null`` (an undefined value, e.g. a mean over zero pro
 become Python numbers and lists, tuples become lists. The output is always strict JSON (``allow_nan=False``:
 no ``Infinity``/``NaN`` tokens). :func:`from_jsonable` reads ``"inf"``/``"-inf"`` back.
 
-Experiment *records* (``results.jsonl``) follow a stricter, separate contract checked by the runner: they
-must be finite and use ``null`` for "not applicable" (:func:`privalign.experiments.runner.check_finite_records`).
+Experiment *records* (``results.jsonl``) follow a stricter, separate contract checked by the runner: they must
+be finite and use ``null`` for "not applicable" (:func:`privalign.experiments.runner.check_finite_records`).
 """
 
 from __future__ import annotations

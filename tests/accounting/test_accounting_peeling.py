@@ -32,7 +32,8 @@ from privalign.errors import PrivacyParameterError
     [(5, 0.85, 0.19, 1.04), (20, 0.85, 0.38, 1.23), (128, 0.85, 0.42, 1.26)],
 )
 def test_reproduces_spec_table(s, selection, release, total):
-    """At the Cai–Wang–Zhang scale for ε = 1, δ = 1e-5: selections by DRV at δ, release = min(pure, AC at δ)."""
+    """At the Cai–Wang–Zhang scale for ε = 1, δ = 1e-5: selections by DRV at δ, release = min(pure, AC at
+    δ)."""
     nm = cwz_noise_multiplier(s, 1.0, 1e-5)
     parts = peeling_epsilon_parts(s, nm, 1e-5, 1e-5)
     assert round(parts["selection"], 2) == selection

@@ -36,7 +36,8 @@ RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
 KNOWN_UPWARD: set[tuple[str, str]] = {
     # EmbeddingFeatures (estimation/features.py) builds models.embeddings.MiniLMEmbedder lazily; removing it
-    # needs the embedder injected (or the class moved to models/), an API change left for the estimation owner.
+    # needs the embedder injected (or the class moved to models/), an API change left for the estimation
+    # owner.
     ("estimation", "models"),
 }
 # issue 18 broke the last three (estimation.labels, experiments.base, pipeline.steps): keep it empty

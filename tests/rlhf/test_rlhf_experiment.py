@@ -1,5 +1,6 @@
-"""``p2-rlhf`` end to end on a tiny configuration (loads SmolLM2 and trains: ``model``, ``slow``). The same tiny
-overrides are listed in tests/experiments/test_experiments_e2e.py::TINY (which skips model experiments)."""
+"""``p2-rlhf`` end to end on a tiny configuration (loads SmolLM2 and trains: ``model``, ``slow``). The same
+tiny overrides are listed in tests/experiments/test_experiments_e2e.py::TINY (which skips model
+experiments)."""
 
 from __future__ import annotations
 

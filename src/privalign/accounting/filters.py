@@ -183,7 +183,8 @@ class InMemoryBudgetStore:
                 reserved = self._open[reservation_id][1]
                 if c[0] > reserved[0] or c[1] > reserved[1]:
                     raise ReservationError(
-                        f"Realized cost {cost} exceeds the reserved cost of {reservation_id!r}; nothing was changed."
+                        f"Realized cost {cost} exceeds the reserved cost of {reservation_id!r}; nothing was "
+                        "changed."
                     )
             principal, _ = self._close(reservation_id)
             sp = self._spent[principal]
@@ -341,7 +342,8 @@ class PrivacyFilter(ABC):
         """
         if not isinstance(reservation, Reservation):
             raise TypeError(
-                f"The 'reservation' parameter must be a Reservation. Got {type(reservation).__name__} instead."
+                f"The 'reservation' parameter must be a Reservation. Got {type(reservation).__name__} "
+                "instead."
             )
         cost = self.cost(realized, realized=True)
         if cost[0] > reservation.cost[0] or cost[1] > reservation.cost[1]:
@@ -364,7 +366,8 @@ class PrivacyFilter(ABC):
         """
         if not isinstance(reservation, Reservation):
             raise TypeError(
-                f"The 'reservation' parameter must be a Reservation. Got {type(reservation).__name__} instead."
+                f"The 'reservation' parameter must be a Reservation. Got {type(reservation).__name__} "
+                "instead."
             )
         self._store.cancel(reservation.id)
 
@@ -456,7 +459,8 @@ class ZCDPFilter(PrivacyFilter):
         rho = approx_dp_to_zcdp(epsilon, delta)
         if rho <= 0.0:
             raise PrivacyParameterError(
-                f"The 'epsilon' parameter is too small for delta={delta!r}: no positive rho. Got {epsilon!r} instead."
+                f"The 'epsilon' parameter is too small for delta={delta!r}: no positive rho. Got {epsilon!r} "
+                "instead."
             )
         f = cls(rho, store=store, limits=limits)
         f.target = (float(epsilon), float(delta))

@@ -64,7 +64,10 @@ Atom = tuple  # ("gaussian", nm) | ("laplace", nm) | ("rr", eps) | ("pure", eps)
 
 def _err(event: PrivacyEvent, path: str, method: str, hint: str = "") -> UnsupportedEventError:
     where = "" if path == "event" else f" at {path}"
-    msg = f"Cannot account {event!r}{where} in RDPAccountant(method={method!r}): unsupported event kind {event.kind!r}."
+    msg = (
+        f"Cannot account {event!r}{where} in RDPAccountant(method={method!r}): unsupported event kind "
+        f"{event.kind!r}."
+    )
     return UnsupportedEventError(msg + (" " + hint if hint else ""))
 
 
@@ -129,7 +132,8 @@ class RDPAccountant(Accountant):
             from privalign.errors import PrivacyParameterError
 
             raise PrivacyParameterError(
-                f"The 'orders' parameter must be a non-empty 1-D array of finite orders > 1. Got {orders!r} instead."
+                f"The 'orders' parameter must be a non-empty 1-D array of finite orders > 1. Got {orders!r} "
+                "instead."
             )
         self._orders = arr
         self._atoms: Counter = Counter()
@@ -187,7 +191,8 @@ class RDPAccountant(Accountant):
                     event,
                     path,
                     m,
-                    "PLD accounting cannot take the worst case over different parallel parts; use method='rdp'.",
+                    "PLD accounting cannot take the worst case over different parallel parts; use "
+                    "method='rdp'.",
                 )
             return Counter({("parallel", tuple(canon)): 1})
         hint = ""
@@ -206,7 +211,8 @@ class RDPAccountant(Accountant):
                     event,
                     path,
                     m,
-                    "Poisson-sampled Laplace is supported with method='pld' and relation='add_remove_one' only.",
+                    "Poisson-sampled Laplace is supported with method='pld' and relation='add_remove_one' "
+                    "only.",
                 )
             return ("poisson_laplace", q, float(inner.noise_multiplier))
         # Gaussian, possibly nested in Composed/SelfComposed: effective nm = (Σ k_i / nm_i²)^(-1/2).

@@ -121,7 +121,8 @@ def epsilon_lower_bound(
     cp = np.asarray(counts_d_prime, dtype=np.int64).ravel()
     if c.shape != cp.shape or c.size == 0:
         raise PrivacyParameterError(
-            f"counts_d and counts_d_prime must be non-empty and of equal length. Got {c.shape} and {cp.shape} instead."
+            f"counts_d and counts_d_prime must be non-empty and of equal length. Got {c.shape} and "
+            f"{cp.shape} instead."
         )
     n_int = 2 * c.size
     a = alpha / n_int

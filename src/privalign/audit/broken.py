@@ -167,7 +167,8 @@ def broken_mechanism(correct: Any, variant: str) -> Any:
     from privalign.errors import PrivacyParameterError
 
     raise PrivacyParameterError(
-        f"The 'variant' parameter must be one of {BROKEN_VARIANTS} for {type(correct).__name__}. Got {variant!r} instead."
+        f"The 'variant' parameter must be one of {BROKEN_VARIANTS} for {type(correct).__name__}. Got "
+        f"{variant!r} instead."
     )
 
 

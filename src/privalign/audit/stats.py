@@ -66,8 +66,9 @@ class StatTestResult:
         verdict = "REJECTED" if self.rejected else "not rejected"
         crit = "" if self.critical_value is None else f", critical value {self.critical_value:.6g}"
         return (
-            f"{self.name} test: H0 {verdict} (statistic {self.statistic:.6g}{crit}, p-value {self.pvalue:.3g}, "
-            f"alpha {self.alpha:g}; false-positive probability ≤ alpha under H0; {self.details})"
+            f"{self.name} test: H0 {verdict} (statistic {self.statistic:.6g}{crit}, p-value "
+            f"{self.pvalue:.3g}, alpha {self.alpha:g}; false-positive probability ≤ alpha under H0; "
+            f"{self.details})"
         )
 
 
@@ -154,7 +155,8 @@ def chi_square_test(
     p = np.asarray(probabilities, dtype=np.float64).ravel()
     if o.shape != p.shape or o.size < 2:
         raise PrivacyParameterError(
-            f"chi_square_test needs observed and probabilities of the same length ≥ 2. Got {o.shape} and {p.shape} instead."
+            f"chi_square_test needs observed and probabilities of the same length ≥ 2. Got {o.shape} and "
+            f"{p.shape} instead."
         )
     if np.any(p < 0) or abs(p.sum() - 1.0) > 1e-9:
         raise PrivacyParameterError(
@@ -177,8 +179,8 @@ def chi_square_test(
     df = len(em) - 1
     if df < 1:
         raise PrivacyParameterError(
-            f"chi_square_test: after merging bins with expected count < {min_expected:g} only one bin remains "
-            f"(n={n:g}); use more samples."
+            f"chi_square_test: after merging bins with expected count < {min_expected:g} only one bin "
+            f"remains (n={n:g}); use more samples."
         )
     stat = float(np.sum((om - em) ** 2 / em))
     crit = float(_st.chi2.isf(alpha, df))

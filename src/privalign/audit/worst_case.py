@@ -5,16 +5,18 @@ non-negligible probability, and so that the negative controls of :mod:`privalign
 caught (a factor-2 scale bug is *undetectable* on a bad pair, e.g. ``(1,0,0,0)`` vs ``(0,1,0,0)`` for
 noisy argmax). Events (post-processed outcomes, thresholds) are fixed here, before any sampling.
 
-===================  ===========================================================  ======================
-mechanism            pair (D vs D′)                                                events
-===================  ===========================================================  ======================
-noisy_argmax         ``(Δ,0,…,0)`` vs ``(0,Δ,…,Δ)``, d candidates (default 8)     {index 0}, {other}
-noisy_top_k          ``(Δ·1_k, 0·1_m)`` vs ``(0·1_k, Δ·1_m)``, m = 2k (default k=2) {all k in the first k}
-randomized_response  bit 0 vs bit 1                                                 {0}, {1}
-laplace              0 vs Δ (one coordinate)                                        {x ≤ 0}, {x > Δ} (+ compl.)
-gaussian             0 vs Δ (one coordinate)                                        {x ≤ Δ/2 − kσ}, k=½,1,1½,2
-peeling              ``(λ·1_s, 0·1_{d−s})`` vs ``(0·1_s, λ·1_{d−s})`` (s=1, d=3)    {Σ released first s > sλ}
-===================  ===========================================================  ======================
+===================  ========================================================  ===========================
+mechanism            pair (D vs D′)                                            events
+===================  ========================================================  ===========================
+noisy_argmax         ``(Δ,0,…,0)`` vs ``(0,Δ,…,Δ)``, d candidates (default 8)  {index 0}, {other}
+noisy_top_k          ``(Δ·1_k, 0·1_m)`` vs ``(0·1_k, Δ·1_m)``,                 {all k in the first k}
+                     m = 2k (default k=2)
+randomized_response  bit 0 vs bit 1                                            {0}, {1}
+laplace              0 vs Δ (one coordinate)                                   {x ≤ 0}, {x > Δ} (+ compl.)
+gaussian             0 vs Δ (one coordinate)                                   {x ≤ Δ/2 − kσ}, k=½,1,1½,2
+peeling              ``(λ·1_s, 0·1_{d−s})`` vs ``(0·1_s, λ·1_{d−s})``          {Σ released first s > sλ}
+                     (s=1, d=3)
+===================  ========================================================  ===========================
 """
 
 from __future__ import annotations

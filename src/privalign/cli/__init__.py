@@ -92,7 +92,8 @@ def _options_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
 
 
 def _flagify(msg: str, options: dict[str, str]) -> str:
-    """Name the command-line flag, not the Python parameter: "The 'epsilon' parameter" → "The '--epsilon' option"."""
+    """Name the command-line flag, not the Python parameter: "The 'epsilon' parameter" → "The '--epsilon'
+    option"."""
 
     def sub(m: re.Match) -> str:
         flag = options.get(m.group(2))
@@ -164,7 +165,8 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 
 def _default_ledger(args: argparse.Namespace, cmd: str) -> None:
-    """``privalign keys`` without ``--db``/``--config`` uses the ledger of ``privalign serve`` without a config."""
+    """``privalign keys`` without ``--db``/``--config`` uses the ledger of ``privalign serve`` without a
+    config."""
     from pathlib import Path
 
     from privalign.service.config import default_config

@@ -95,8 +95,8 @@ def _clean(o):  # noqa: ANN001, ANN202
 
 
 def emit_json(obj, *, indent: int | None = None) -> None:  # noqa: ANN001
-    """Print ``obj`` as valid JSON on stdout (the one output convention: ``--json`` → JSON on stdout, messages on
-    stderr): NaN → null, ±inf → "inf"/"-inf", other non-JSON values → their string."""
+    """Print ``obj`` as valid JSON on stdout (the one output convention: ``--json`` → JSON on stdout, messages
+    on stderr): NaN → null, ±inf → "inf"/"-inf", other non-JSON values → their string."""
     import json
 
     print(json.dumps(_clean(json.loads(json.dumps(obj, default=str))), indent=indent, allow_nan=False))

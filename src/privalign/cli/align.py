@@ -1,4 +1,5 @@
-"""``privalign align``: train a policy (SmolLM2-135M-Instruct + LoRA, TRL GRPO) against a (private) reward model.
+"""``privalign align``: train a policy (SmolLM2-135M-Instruct + LoRA, TRL GRPO) against a (private) reward
+model.
 
 The reward model is a file written by ``privalign fit-reward --out`` (RR-IHT, Sample-DP IHT, dense RR, DP-SGD,
 or non-private MLE/IHT), or ``vader`` / ``linear:PATH`` as a non-private reference. The RL prompts are public:
@@ -116,8 +117,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.prompts == "imdb":
             if not 1 <= args.num_prompts <= 1000 - max(args.prompt_offset, 0) or args.prompt_offset < 0:
                 return _fail(
-                    f"argument --num-prompts/--prompt-offset: need 0 <= offset and 1 <= num-prompts <= 1000 - offset. "
-                    f"Got --num-prompts {args.num_prompts}, --prompt-offset {args.prompt_offset}."
+                    "argument --num-prompts/--prompt-offset: need 0 <= offset and 1 <= num-prompts <= 1000 "
+                    f"- offset. Got --num-prompts {args.num_prompts}, --prompt-offset {args.prompt_offset}."
                 )
             prompts, info = imdb_rl_prompts(args.num_prompts, offset=args.prompt_offset)
         else:
@@ -130,8 +131,9 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(f"argument --prompts: {exc}")
     if overlap.get("overlapping_prompts"):
         print(
-            f"privalign align: warning: {overlap['overlapping_prompts']} prompts overlap the reward model's preference "
-            "data (--allow-overlap given); the policy's privacy statement does not cover those prompts.",
+            f"privalign align: warning: {overlap['overlapping_prompts']} prompts overlap the reward model's "
+            "preference data (--allow-overlap given); the policy's privacy statement does not cover those "
+            "prompts.",
             file=sys.stderr,
         )
     if args.num_threads is not None:
@@ -163,8 +165,8 @@ def _run(args: argparse.Namespace) -> int:
         first = log[0]["reward"] if log else float("nan")
         last = log[-1]["reward"] if log else float("nan")
         print(
-            f"aligned {man['steps_done']} steps on {len(prompts)} prompts; training reward {first:.4g} -> {last:.4g}; "
-            f"policy saved to {man['policy_dir']}"
+            f"aligned {man['steps_done']} steps on {len(prompts)} prompts; training reward {first:.4g} -> "
+            f"{last:.4g}; policy saved to {man['policy_dir']}"
         )
         print(man["privacy"]["statement"])
     return 0

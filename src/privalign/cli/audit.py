@@ -1,7 +1,7 @@
 """``privalign audit``: audit a built-in mechanism on its analytic worst-case neighbouring pair.
 
-Prints JSON with ``--json`` (the convention of every subcommand; text otherwise) holding the claimed ε (and δ),
-the empirical lower bound ε̂, α, the samples per side and the verdict. ε̂ > claimed ε refutes the claim
+Prints JSON with ``--json`` (the convention of every subcommand; text otherwise) holding the claimed ε (and
+δ), the empirical lower bound ε̂, α, the samples per side and the verdict. ε̂ > claimed ε refutes the claim
 with false-positive probability ≤ α; passing never proves privacy.
 
 Exit codes: 0 (audit ran; any verdict), or 1 with ``--fail-on-violation`` when a violation is found;
@@ -93,9 +93,10 @@ def _run(args: argparse.Namespace) -> int:
         emit_json(report, indent=2)
     else:
         print(
-            f"{report['mechanism']}{' [BROKEN: ' + args.broken + ']' if args.broken else ''} on {report['pair']}: "
-            f"claimed ε = {report['claimed_epsilon']:.6g}, lower bound ε̂ = {report['epsilon_lower_bound']:.6g} "
-            f"(α = {report['alpha']:g}, {report['samples'][0]} samples per side): {report['verdict']}"
+            f"{report['mechanism']}{' [BROKEN: ' + args.broken + ']' if args.broken else ''} on "
+            f"{report['pair']}: claimed ε = {report['claimed_epsilon']:.6g}, lower bound ε̂ = "
+            f"{report['epsilon_lower_bound']:.6g} (α = {report['alpha']:g}, {report['samples'][0]} samples "
+            f"per side): {report['verdict']}"
         )
     if args.fail_on_violation and report["verdict"] == "violation":
         return 1

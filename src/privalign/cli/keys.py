@@ -117,8 +117,8 @@ def _list(args: argparse.Namespace) -> int:
     else:
         for r in rows:
             print(
-                f"{r['key_id']}  {r['accounting']:7s}  revoked={r['revoked']!s:5s}  limit={r['limit']}  spent={r['spent']}  "
-                f"reserved={r['reserved']}  remaining={r['remaining']}  {r['name']}"
+                f"{r['key_id']}  {r['accounting']:7s}  revoked={r['revoked']!s:5s}  limit={r['limit']}  "
+                f"spent={r['spent']}  reserved={r['reserved']}  remaining={r['remaining']}  {r['name']}"
             )
     return 0
 

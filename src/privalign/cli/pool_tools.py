@@ -15,9 +15,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "rescore-pool",
         help="re-score an existing pool with other proxy/true rewards (no generation)",
-        description="Recompute proxy_reward and/or true_reward of every candidate of POOL with the named scorers "
-        "(same names as build-pool) and write a new pool plus a manifest naming the source pool (SHA-256). "
-        "The source is never modified.",
+        description="Recompute proxy_reward and/or true_reward of every candidate of POOL with the named "
+        "scorers (same names as build-pool) and write a new pool plus a manifest naming the source pool "
+        "(SHA-256). The source is never modified.",
     )
     p.add_argument("--pool", required=True, help="source pool (.jsonl or .jsonl.gz)")
     p.add_argument(
@@ -33,9 +33,10 @@ def register(subparsers) -> None:
     b = subparsers.add_parser(
         "bon-curve",
         help="exact BoN curves of proxy and gold reward; paired test of over-optimisation",
-        description="For each pool: the exact expected proxy and gold reward of best-of-N on the proxy, N = 1, 2, 4, "
-        "... up to the candidates per prompt, and an exact one-sided sign test (Bonferroni over N, level --alpha) of "
-        "whether the largest N picks texts with lower gold reward than some smaller N. Writes OUT.json and OUT.png.",
+        description="For each pool: the exact expected proxy and gold reward of best-of-N on the proxy, N = "
+        "1, 2, 4, ... up to the candidates per prompt, and an exact one-sided sign test (Bonferroni over N, "
+        "level --alpha) of whether the largest N picks texts with lower gold reward than some smaller N. "
+        "Writes OUT.json and OUT.png.",
     )
     b.add_argument(
         "--pool", action="append", required=True, help="pool file (repeat to compare several in one figure)"
@@ -58,9 +59,10 @@ def register(subparsers) -> None:
     f = subparsers.add_parser(
         "fit-imdb-reward",
         help="fit an IMDb gold or proxy reward model (a reward-model file, privalign.reward_model v2)",
-        description="gold-ngram: logistic regression on hashed 1-2-grams of the 24,000 fit-part reviews; gold-minilm: "
-        "logistic regression on MiniLM embeddings of word windows of gold-part reviews; proxy-ngram: the n-gram model "
-        "on only the few proxy-part reviews (disjoint from gold-minilm's). Held-out accuracies go into the file's metadata.",
+        description="gold-ngram: logistic regression on hashed 1-2-grams of the 24,000 fit-part reviews; "
+        "gold-minilm: logistic regression on MiniLM embeddings of word windows of gold-part reviews; "
+        "proxy-ngram: the n-gram model on only the few proxy-part reviews (disjoint from gold-minilm's). "
+        "Held-out accuracies go into the file's metadata.",
     )
     f.add_argument(
         "--kind",
@@ -81,10 +83,12 @@ def register(subparsers) -> None:
 
     h = subparsers.add_parser(
         "fit-hh-reward",
-        help="fit the HH-RLHF gold (MiniLM Bradley-Terry) or a proxy (n-gram Bradley-Terry on gold-relabelled pairs)",
-        description="gold: Bradley-Terry on MiniLM embeddings of the final responses of all harmless-base pairs (5-fold "
-        "CV pair accuracy in the metadata). proxy: Bradley-Terry on hashed word 1-2-grams fit on --n-pairs pairs relabelled "
-        "by --gold, drawn only from dialogues with index >= --eval-prompts (never the pool's prompts).",
+        help="fit the HH-RLHF gold (MiniLM Bradley-Terry) or a proxy (n-gram Bradley-Terry on "
+        "gold-relabelled pairs)",
+        description="gold: Bradley-Terry on MiniLM embeddings of the final responses of all harmless-base "
+        "pairs (5-fold CV pair accuracy in the metadata). proxy: Bradley-Terry on hashed word 1-2-grams fit "
+        "on --n-pairs pairs relabelled by --gold, drawn only from dialogues with index >= --eval-prompts "
+        "(never the pool's prompts).",
     )
     h.add_argument(
         "--kind",
@@ -122,7 +126,8 @@ def _rescore(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(
-        f"wrote {args.out}: {man['num_prompts']} prompts, {man['num_candidates']} candidates; re-scored {', '.join(man['rescored'])}",
+        f"wrote {args.out}: {man['num_prompts']} prompts, {man['num_candidates']} candidates; re-scored "
+        f"{', '.join(man['rescored'])}",
         file=sys.stderr,
     )
     return 0
@@ -135,7 +140,8 @@ def _bon(args: argparse.Namespace) -> int:
     alpha = check_real(args.alpha, "alpha", low=0.0, high=1.0, closed="neither")
     if args.label is not None and len(args.label) != len(args.pool):
         print(
-            f"privalign bon-curve: error: give one --label per --pool ({len(args.pool)}); got {len(args.label)}",
+            f"privalign bon-curve: error: give one --label per --pool ({len(args.pool)}); got "
+            f"{len(args.label)}",
             file=sys.stderr,
         )
         return 2
@@ -149,8 +155,9 @@ def _bon(args: argparse.Namespace) -> int:
         verdict = "OVER-OPTIMISED" if res["overoptimized"] else "not over-optimised (at this level)"
         extra = f"; smallest p = {t['sign_test_p']:.3g} (N_max vs N={t['N']})" if t else ""
         print(
-            f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at N={res['curve'][-1]['N']}: "
-            f"{res['true_at_max_N']:.4f}; {verdict} at family-wise alpha={alpha}{extra}"
+            f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at "
+            f"N={res['curve'][-1]['N']}: {res['true_at_max_N']:.4f}; {verdict} at family-wise "
+            f"alpha={alpha}{extra}"
         )
     print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
     return 0
@@ -172,7 +179,8 @@ def _fit_hh(args: argparse.Namespace) -> int:
             sizes = [int(x) for x in str(args.n_pairs).split(",") if x.strip()]
         except ValueError:
             print(
-                f"privalign fit-hh-reward: error: --n-pairs must be integers separated by commas; got {args.n_pairs!r}",
+                "privalign fit-hh-reward: error: --n-pairs must be integers separated by commas; got "
+                f"{args.n_pairs!r}",
                 file=sys.stderr,
             )
             return 2

@@ -75,8 +75,9 @@ def build_selector(args):
 
     if args.method in ("itp", "privitp") and args.scores_b is None:
         raise PrivacyParameterError(
-            f"The '--scores-b' option (the selector's 'pool_b_scores') is required for --method {args.method}: phase 2 "
-            "runs on a fresh pool of candidates independent of --scores (see docs/privacy/privitp.md)."
+            "The '--scores-b' option (the selector's 'pool_b_scores') is required for --method "
+            f"{args.method}: phase 2 runs on a fresh pool of candidates independent of --scores (see "
+            "docs/privacy/privitp.md)."
         )
 
     # the CLI names its missing options (--beta, --epsilon, ...) before the shared factory sees them
@@ -111,10 +112,11 @@ def _run(args) -> int:
         except Exception:  # the law is an explanation only; never fail the selection over it
             p_fb = float("nan")
         d["fallback_reason"] = (
-            f"no candidate of pool B passed the rejection test (accept candidate i when its noisy score exceeds the "
-            f"noisy normaliser plus W·U); this happens with probability {p_fb:.3g} for these scores and parameters. "
-            "The fallback serves one fresh sample from the base policy. More candidates make it rarer; 'privalign law' "
-            "with the same options prints the exact fallback probability for other settings."
+            "no candidate of pool B passed the rejection test (accept candidate i when its noisy score "
+            f"exceeds the noisy normaliser plus W·U); this happens with probability {p_fb:.3g} for these "
+            "scores and parameters. The fallback serves one fresh sample from the base policy. More "
+            "candidates make it rarer; 'privalign law' with the same options prints the exact fallback "
+            "probability for other settings."
         )
     if args.json:
         emit_json(d)
@@ -156,8 +158,8 @@ def register(subparsers) -> None:
         "--seed",
         type=int,
         default=None,
-        help="seed a reproducible (non-secure) noise source, a non-negative integer (default: none, i.e. fresh "
-        "entropy; a note says so)",
+        help="seed a reproducible (non-secure) noise source, a non-negative integer (default: none, i.e. "
+        "fresh entropy; a note says so)",
     )
     g.add_argument(
         "--secure", action="store_true", help="OS-entropy noise with OpenDP samplers (refuses seeds)"

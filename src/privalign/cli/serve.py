@@ -15,11 +15,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve",
         help="Run the OpenAI-compatible private best-of-N service.",
-        description="Run the OpenAI-compatible private best-of-N service (FastAPI + uvicorn; needs "
-        "'pip install privalign[serve]'). Without --config it starts on embedded defaults: a SQLite ledger in "
-        "the user's data directory ($PRIVALIGN_HOME, else $XDG_DATA_HOME/privalign, else "
-        "~/.local/share/privalign), the shipped HH-RLHF reward model and the local SmolLM2 generator (loaded on "
-        "the first generating request). Keys are managed with 'privalign keys'. See docs/service.md.",
+        description="Run the OpenAI-compatible private best-of-N service (FastAPI + uvicorn; needs 'pip "
+        "install privalign[serve]'). Without --config it starts on embedded defaults: a SQLite ledger in the "
+        "user's data directory ($PRIVALIGN_HOME, else $XDG_DATA_HOME/privalign, else "
+        "~/.local/share/privalign), the shipped HH-RLHF reward model and the local SmolLM2 generator (loaded "
+        "on the first generating request). Keys are managed with 'privalign keys'. See docs/service.md.",
     )
     p.add_argument(
         "--config",
@@ -92,8 +92,8 @@ def _config(args: argparse.Namespace):  # noqa: ANN202
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OSError(
-                f"cannot create the folder {str(folder)!r} of the SQLite ledger {url!r} (--db / [database].url): "
-                f"{exc.strerror or exc}"
+                f"cannot create the folder {str(folder)!r} of the SQLite ledger {url!r} (--db / "
+                f"[database].url): {exc.strerror or exc}"
             ) from None
     return cfg
 

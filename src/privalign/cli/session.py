@@ -112,9 +112,9 @@ def _run(args) -> int:
             )
         elif got is not None and base is not None and got == got and got < base:
             print(
-                f"privalign session: note: mean true reward {got:.4f} is below the base policy's {base:.4f}: at these "
-                f"settings the noise dominates the scores (scores in [0, {args.r_max:g}]); lower the noise "
-                "(--sigma-x/--sigma-z, or a larger --epsilon) for useful selections",
+                f"privalign session: note: mean true reward {got:.4f} is below the base policy's {base:.4f}: "
+                f"at these settings the noise dominates the scores (scores in [0, {args.r_max:g}]); lower "
+                "the noise (--sigma-x/--sigma-z, or a larger --epsilon) for useful selections",
                 file=sys.stderr,
             )
     return 0
@@ -145,8 +145,8 @@ def register(subparsers) -> None:
         "--sigma-x",
         type=float,
         default=1.0,
-        help="PrivITP phase-1 noise σ_X (default 1; with --r-max 1 this is heavy noise: raise --budget-epsilon "
-        "or lower σ for useful selections)",
+        help="PrivITP phase-1 noise σ_X (default 1; with --r-max 1 this is heavy noise: raise "
+        "--budget-epsilon or lower σ for useful selections)",
     )
     p.add_argument("--sigma-z", type=float, default=None, help="default: = σ_X")
     p.add_argument(

@@ -14,11 +14,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "upgrade-reward-model",
         help="rewrite an older reward-model file in the current format (privalign.reward_model v2)",
-        description="Read a reward-model file written by an older privalign ('privalign.reward_model' version 1 "
-        "from fit-reward, or 'privalign-linear-reward/1' from fit-imdb-reward) and write it in the current "
-        "format, losslessly (coefficients, estimator, parameters, privacy event and feature map are kept). The "
-        "retired service weights format cannot be converted (its features differ from the trainer's): refit "
-        "with 'privalign fit-reward'.",
+        description="Read a reward-model file written by an older privalign ('privalign.reward_model' "
+        "version 1 from fit-reward, or 'privalign-linear-reward/1' from fit-imdb-reward) and write it in the "
+        "current format, losslessly (coefficients, estimator, parameters, privacy event and feature map are "
+        "kept). The retired service weights format cannot be converted (its features differ from the "
+        "trainer's): refit with 'privalign fit-reward'.",
     )
     p.add_argument("model", help="the old reward-model file")
     p.add_argument("--out", required=True, help="destination file (must differ from MODEL)")

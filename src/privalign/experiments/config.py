@@ -162,8 +162,8 @@ def load_config(path: str | Path, schema: dict[str, Field]) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     out = validate_config(raw, schema, source=str(path))
-    # A relative pool path is relative to the configuration file (as in service configs), not to the cwd.
-    # Keys documented as repository-relative (win-rate *_pool) are config-relative only when the file is there.
+    # A relative pool path is relative to the configuration file (as in service configs), not to the cwd. Keys
+    # documented as repository-relative (win-rate *_pool) are config-relative only when the file is there.
     for key, value in out.items():
         if key not in raw or not isinstance(value, str) or value in ("", "synthetic", "shipped"):
             continue

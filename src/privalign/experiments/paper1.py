@@ -218,7 +218,8 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
         if cfg.get("n_calib_prompts", 0) and pool.proxy.shape[0] < want:
             raise ExperimentError(
                 f"Pool {path} has {pool.proxy.shape[0]} prompts; n_prompts + n_calib_prompts = {want}. Lower "
-                "n_prompts or n_calib_prompts (the calibration prompts must be disjoint from the evaluation ones)."
+                "n_prompts or n_calib_prompts (the calibration prompts must be disjoint from the evaluation "
+                "ones)."
             )
         if not pool.has_true:
             raise ExperimentError(
@@ -229,8 +230,8 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
             pool = ScoredPool(pool.proxy[:want], pool.true[:want], pool.counts[:want], pool.prompts[:want])
         if int(pool.counts.max()) < min_size:
             raise ExperimentError(
-                f"Pool {path}: the largest prompt has {int(pool.counts.max())} candidates; this configuration "
-                f"needs {min_size} (2·N_max for the two-pool methods). Lower n_max_log2."
+                f"Pool {path}: the largest prompt has {int(pool.counts.max())} candidates; this "
+                f"configuration needs {min_size} (2·N_max for the two-pool methods). Lower n_max_log2."
             )
         ctx.cache["pool"] = pool
         ctx.inputs["pool"] = {
@@ -243,8 +244,9 @@ def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
     else:
         if cfg["pool_size"] < min_size:
             raise ExperimentError(
-                f"Configuration: pool_size = {cfg['pool_size']}, but this experiment needs {min_size} candidates "
-                "per prompt (2·N_max for the two-pool methods). Raise pool_size or lower n_max_log2."
+                f"Configuration: pool_size = {cfg['pool_size']}, but this experiment needs {min_size} "
+                "candidates per prompt (2·N_max for the two-pool methods). Raise pool_size or lower "
+                "n_max_log2."
             )
         ctx.inputs["pool"] = {
             "kind": kind,
@@ -427,7 +429,9 @@ def _specs(
                                 "sigma_x": info["sigma_x"],
                                 "sigma_z": info["sigma_z"],
                                 "L": info["L"],
-                                "privacy_match": f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})",
+                                "privacy_match": (
+                                    f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})"
+                                ),
                                 "epsilon_target": None,
                             },
                         )
@@ -468,8 +472,8 @@ def gaussian_rnm_outcomes(
 
 
 def _n_max_log2(cfg: dict, two: bool) -> int:
-    """``n_max_log2``, with -1 resolved: 12 for synthetic pools, else the largest k such that the pool's largest
-    prompt has 2^k (two-pool methods: 2·2^k) candidates, at most 12."""
+    """``n_max_log2``, with -1 resolved: 12 for synthetic pools, else the largest k such that the pool's
+    largest prompt has 2^k (two-pool methods: 2·2^k) candidates, at most 12."""
     if cfg["n_max_log2"] >= 0:
         return int(cfg["n_max_log2"])
     kind, path = _resolve_pool(cfg["pool"])
@@ -481,7 +485,8 @@ def _n_max_log2(cfg: dict, two: bool) -> int:
     usable = int(counts.max()) // (2 if two else 1)
     if usable < 1:
         raise ExperimentError(
-            f"Pool {path}: the largest prompt has {int(counts.max())} candidate(s), too few for these methods."
+            f"Pool {path}: the largest prompt has {int(counts.max())} candidate(s), too few for these "
+            "methods."
         )
     return min(12, int(math.floor(math.log2(usable))))
 

@@ -4,21 +4,24 @@ pairs — the CPU analogue of the paper's P2-6 ("PPO-aligned policy: higher rewa
 methods").
 
 * **Prompts** (public): held-out IMDb openings (:func:`privalign.rlhf.prompts.imdb_rl_prompts`): the first
-  ``train_prompts`` for RL, the next ``eval_prompts`` for evaluation; all inside the first ``reserve`` prompts.
+  ``train_prompts`` for RL, the next ``eval_prompts`` for evaluation; all inside the first ``reserve``
+  prompts.
 * **Private preference pairs**: :func:`privalign.rlhf.prompts.heldout_imdb_pairs` — IMDb (positive, negative)
-  review pairs from the prompt part of ``imdb_split`` minus the ``reserve`` prompt reviews, plus the proxy part of
-  ``imdb_reward_split``: disjoint from every RL/eval prompt (checked again with
+  review pairs from the prompt part of ``imdb_split`` minus the ``reserve`` prompt reviews, plus the proxy
+  part of ``imdb_reward_split``: disjoint from every RL/eval prompt (checked again with
   :func:`~privalign.rlhf.prompts.check_prompts_disjoint`) and from the MiniLM gold model's training reviews.
 * **Reward models**: one per entry of ``policies`` (``METHOD@EPS`` for the private ones, ``IHT``/``MLE``
   non-private), binary hashed n-grams of the response, fitted with the paper-2 estimators and saved under
   ``RUN/reward_models/``; each policy is post-processing of its reward model (same ε, δ, unit).
-* **Evaluation**: ``eval_samples`` samples per eval prompt; gold = MiniLM gold (``P(positive)``); KL(π ‖ π_ref)
-  from the samples' log-probabilities; win rate against ``reference_samples`` reference samples per prompt with a
-  95% paired bootstrap interval over prompts; best-of-N (N in ``bon_ns``) from the same reference samples with
-  the same reward model, at KL ≤ log N − (N − 1)/N, so RL and BoN share the gold-reward-vs-KL axes.
+* **Evaluation**: ``eval_samples`` samples per eval prompt; gold = MiniLM gold (``P(positive)``); KL(π ‖
+  π_ref) from the samples' log-probabilities; win rate against ``reference_samples`` reference samples per
+  prompt with a 95% paired bootstrap interval over prompts; best-of-N (N in ``bon_ns``) from the same
+  reference samples with the same reward model, at KL ≤ log N − (N − 1)/N, so RL and BoN share the
+  gold-reward-vs-KL axes.
 * **Verdict** (:func:`rlhf_verdict`): sparse vs dense at each ε (RRIHT vs DenseRR, label-DP; SampleDPIHT vs
-  DPSGDLinear, sample-DP) by :func:`privalign.rlhf.evaluate.sparse_vs_dense_verdict`; three-valued, states power.
-  The quick configuration trains for a handful of steps on a handful of prompts: it is underpowered by design.
+  DPSGDLinear, sample-DP) by :func:`privalign.rlhf.evaluate.sparse_vs_dense_verdict`; three-valued, states
+  power. The quick configuration trains for a handful of steps on a handful of prompts: it is underpowered by
+  design.
 """
 
 from __future__ import annotations
@@ -429,7 +432,8 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 
 
 def _bon_at_kl(bon: list[dict], kl: float) -> float | None:
-    """Gold reward of best-of-N linearly interpolated at ``kl`` on the BoN curve (None beyond its largest N)."""
+    """Gold reward of best-of-N linearly interpolated at ``kl`` on the BoN curve (None beyond its largest
+    N)."""
     xs = [b["kl"] for b in bon]
     ys = [b["gold"] for b in bon]
     kl = max(kl, 0.0)  # a Monte Carlo KL estimate can fall below 0; the true KL cannot
@@ -441,11 +445,12 @@ def _bon_at_kl(bon: list[dict], kl: float) -> float | None:
 def rlhf_verdict(
     records: list[dict], *, n_boot: int | None = None, seed: int | None = None
 ) -> tuple[str, str]:
-    """Claim P2-6 (analogue): sparse private reward models give policies with higher gold reward at no more KL than
-    dense ones, at every ε and privacy unit present (pairs :data:`SPARSE_DENSE`).
+    """Claim P2-6 (analogue): sparse private reward models give policies with higher gold reward at no more KL
+    than dense ones, at every ε and privacy unit present (pairs :data:`SPARSE_DENSE`).
 
-    Per (pair, ε) the rule of :func:`privalign.rlhf.evaluate.sparse_vs_dense_verdict`; overall ``does not hold`` if
-    any comparison does not hold, ``holds`` if all hold, else ``inconclusive`` (also when no pair is present).
+    Per (pair, ε) the rule of :func:`privalign.rlhf.evaluate.sparse_vs_dense_verdict`; overall
+    ``does not hold`` if any comparison does not hold, ``holds`` if all hold, else ``inconclusive`` (also when
+    no pair is present).
     """
     from privalign.rlhf.evaluate import sparse_vs_dense_verdict
 
@@ -520,9 +525,12 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
         + (" | quick/underpowered configuration: few RL steps and few prompts" if underpowered else ""),
         "gold": GOLD_DESC,
         "private_pairs": ref.get("private_pairs") if ref else None,
-        "note": "win rate = P(policy sample beats a reference sample by gold reward), ties ½, 95% paired bootstrap over "
-        "prompts; KL = Monte Carlo estimate of KL(policy ‖ reference) in nats; best-of-N KL = log N − (N−1)/N "
-        "(an upper bound); each policy inherits its reward model's (ε, δ) and privacy unit (post-processing)",
+        "note": (
+            "win rate = P(policy sample beats a reference sample by gold reward), ties ½, 95% paired "
+            "bootstrap over prompts; KL = Monte Carlo estimate of KL(policy ‖ reference) in nats; best-of-N "
+            "KL = log N − (N−1)/N (an upper bound); each policy inherits its reward model's (ε, δ) and "
+            "privacy unit (post-processing)"
+        ),
     }
 
 

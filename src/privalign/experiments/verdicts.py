@@ -160,9 +160,9 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
     w, wr = t["worst"], t["worst_r"]
     power = mdd(w["se"], w["df"], alpha, t["k"])
     text = (
-        f"BoN lift {t['last']['lift']:.3g} at N={t['last']['N']} vs {wr['lift']:.3g} at N={wr['N']}: paired drop "
-        f"{-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni over "
-        f"{t['k']} N, t_crit={t['crit']:.3g}; detectable drop at 80% power ≈ {power:.3g})"
+        f"BoN lift {t['last']['lift']:.3g} at N={t['last']['N']} vs {wr['lift']:.3g} at N={wr['N']}: paired "
+        f"drop {-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni "
+        f"over {t['k']} N, t_crit={t['crit']:.3g}; detectable drop at 80% power ≈ {power:.3g})"
     )
     if t["significant"]:
         return {"status": "degrades", "text": text, "drop": -w["mean"], "info": t}
@@ -226,8 +226,8 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         priv = (
             f" [ε={last['epsilon']:.3g}]"
             if last.get("epsilon") is not None
-            else f" [at N={last['N']}: ε_max={last['epsilon_max']:.3g}, E[ε]={last.get('expected_epsilon_realized') or 0:.3g}, "
-            f"δ={last.get('delta')}]"
+            else f" [at N={last['N']}: ε_max={last['epsilon_max']:.3g}, "
+            f"E[ε]={last.get('expected_epsilon_realized') or 0:.3g}, δ={last.get('delta')}]"
             if last.get("epsilon_max") is not None
             else ""
         )
@@ -238,9 +238,10 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
                 if not has_lift
                 else ""
             )
-            + f"{name}{priv}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop {-w['mean']:.3g} ± "
-            f"{w['se']:.3g} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound {t['upper_drop']:.3g} vs margin "
-            f"min(½·BoN drop, ¼·best lift) = {margin:.3g}" + ("" if t["paired"] else " [unpaired SE]")
+            + f"{name}{priv}: lift {t['last']['lift']:.3g} at N={t['last']['N']}, largest paired drop "
+            f"{-w['mean']:.3g} ± {w['se']:.3g} (vs N={wr['N']}), upper {100 * (1 - alpha):.0f}% bound "
+            f"{t['upper_drop']:.3g} vs margin min(½·BoN drop, ¼·best lift) = {margin:.3g}"
+            + ("" if t["paired"] else " [unpaired SE]")
         )
     verdict = (
         "does not hold"
@@ -343,13 +344,14 @@ def p1_5_rule(
     for a, bb, d, _m in sorted(pairs, key=lambda x: (x[0]["N"], eps_of(x[0]))):
         lines.append(
             f"N={a['N']} ε={eps_of(a):g}: PrivITP {a['lift']:.3g} "
-            f"(ε_max={a.get('epsilon_max') or float('nan'):.3g}, E[ε]={a.get('expected_epsilon_realized') or float('nan'):.3g}, "
-            f"δ={a.get('delta')}) − PrivBoN {bb['lift']:.3g} = {d['mean']:+.3g} ± {d['se']:.3g}"
+            f"(ε_max={a.get('epsilon_max') or float('nan'):.3g}, "
+            f"E[ε]={a.get('expected_epsilon_realized') or float('nan'):.3g}, δ={a.get('delta')}) − PrivBoN "
+            f"{bb['lift']:.3g} = {d['mean']:+.3g} ± {d['se']:.3g}"
         )
     head = (
-        f"[{pool}; PrivITP matched: {MATCH_NOTE.get(match, match)}] {k} (N, ε) points, paired one-sided α={alpha:g} "
-        f"Bonferroni (t_crit={crit:.3g}), non-inferiority margin {margin_frac:g}×|BoN lift|: PrivBoN significantly "
-        f"ahead at {len(worse)}, PrivITP significantly ahead at {ahead}. "
+        f"[{pool}; PrivITP matched: {MATCH_NOTE.get(match, match)}] {k} (N, ε) points, paired one-sided "
+        f"α={alpha:g} Bonferroni (t_crit={crit:.3g}), non-inferiority margin {margin_frac:g}×|BoN lift|: "
+        f"PrivBoN significantly ahead at {len(worse)}, PrivITP significantly ahead at {ahead}. "
     )
     verdict = "does not hold" if worse else ("holds" if noninf else "inconclusive")
     return verdict, head + "; ".join(lines)
@@ -388,8 +390,8 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     for s, rows in sorted(by_sigma.items()):
         lifts = [v for r in rows for v in (r.get("served_lifts") or [])]
         txt = (
-            f"σ={s:g}: served {min(r['served'] for r in rows)}–{max(r['served'] for r in rows)} over {len(rows)} "
-            f"sessions vs T_basic {rows[0]['t_basic']}"
+            f"σ={s:g}: served {min(r['served'] for r in rows)}–{max(r['served'] for r in rows)} over "
+            f"{len(rows)} sessions vs T_basic {rows[0]['t_basic']}"
             + (" (pool exhausted)" if any(r.get("pool_exhausted") for r in rows) else "")
         )
         if len(lifts) >= 2:
@@ -414,7 +416,10 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
         verdict = "inconclusive"
     tail = f"; {len(over)} OVERSHOOT(S)" if over else "; no overshoot"
     if verdict == "inconclusive":
-        tail += "; more prompts served, but at no σ do the served answers have a measurable lift over the base policy"
+        tail += (
+            "; more prompts served, but at no σ do the served answers have a measurable lift over the base "
+            "policy"
+        )
     return verdict, "; ".join(parts) + tail
 
 
@@ -492,10 +497,11 @@ def p1_7_rule(
     worst_above = max(tests[: len(above)], key=lambda x: x[1]["mean"])
     plain_above = [(r, excess(r)) for r in plain if r["epsilon"] >= e_star]
     lines = [
-        f"ε* = {e_star:.3g} (ε_RM, C, σ_reg = {rule[0].get('sigma_reg', float('nan')):.3g} from {src or 'the run'}); "
-        f"best regret {best['regret']:.3f} ({best.get('label', best.get('variant'))}, ε={best.get('epsilon')}); "
-        f"σ = max(2Δ/ε, σ_reg) at ε ≥ ε*: largest excess {worst_above[1]['mean']:+.3f} ± {worst_above[1]['se']:.3f} "
-        f"(ε={worst_above[0]['epsilon']:g}); control at ε ≤ {below:g}ε*: "
+        f"ε* = {e_star:.3g} (ε_RM, C, σ_reg = {rule[0].get('sigma_reg', float('nan')):.3g} from "
+        f"{src or 'the run'}); best regret {best['regret']:.3f} ({best.get('label', best.get('variant'))}, "
+        f"ε={best.get('epsilon')}); σ = max(2Δ/ε, σ_reg) at ε ≥ ε*: largest excess "
+        f"{worst_above[1]['mean']:+.3f} ± {worst_above[1]['se']:.3f} (ε={worst_above[0]['epsilon']:g}); "
+        f"control at ε ≤ {below:g}ε*: "
         + ", ".join(
             f"ε={r['epsilon']:.3g} excess {d['mean']:+.3f} ± {d['se']:.3f}" for r, d in tests[len(above) :]
         ),
@@ -563,10 +569,10 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     crit = t_crit(d["df"], alpha)
     up, lo = d["mean"] + crit * d["se"], d["mean"] - crit * d["se"]
     text = (
-        f"{src} ({name}): from N={q['N']} to N={last['N']}, ε_max {q['epsilon_max']:.3g} → {last['epsilon_max']:.3g} "
-        f"(+{g_max:.3g}); E[realised ε] {q['expected_epsilon_realized']:.3g} → {last['expected_epsilon_realized']:.3g} "
-        f"(paired growth {d['mean']:+.3g} ± {d['se']:.2g} over {d['n']} prompts; one-sided α={alpha:g} bounds "
-        f"[{lo:.3g}, {up:.3g}])"
+        f"{src} ({name}): from N={q['N']} to N={last['N']}, ε_max {q['epsilon_max']:.3g} → "
+        f"{last['epsilon_max']:.3g} (+{g_max:.3g}); E[realised ε] {q['expected_epsilon_realized']:.3g} → "
+        f"{last['expected_epsilon_realized']:.3g} (paired growth {d['mean']:+.3g} ± {d['se']:.2g} over "
+        f"{d['n']} prompts; one-sided α={alpha:g} bounds [{lo:.3g}, {up:.3g}])"
     )
     if g_max < 0.1 * max(q["epsilon_max"], 1e-12):
         return "inconclusive", text + "; ε_max hardly grows over this N range: no n-dependence to contrast"
@@ -591,9 +597,10 @@ def slope_rule(
     if fit is None:
         return "inconclusive", f"{what}: fewer than two values or three points"
     text = (
-        f"{what}: slope {fit['slope']:.3g} (95% CI {fit['slope_lo']:.3g}..{fit['slope_hi']:.3g}, {fit['points']} points, "
-        f"{fit.get('values', '?')} values over {fit.get('decades', float('nan')):.3g} decades); admissible [{low:g}, {high:g}]; "
-        f"CI half-width {(fit['slope_hi'] - fit['slope_lo']) / 2:.3g}"
+        f"{what}: slope {fit['slope']:.3g} (95% CI {fit['slope_lo']:.3g}..{fit['slope_hi']:.3g}, "
+        f"{fit['points']} points, {fit.get('values', '?')} values over "
+        f"{fit.get('decades', float('nan')):.3g} decades); admissible [{low:g}, {high:g}]; CI half-width "
+        f"{(fit['slope_hi'] - fit['slope_lo']) / 2:.3g}"
     )
     if regime is None:
         return "inconclusive", text + "; records lack ‖θ*‖² (learning-regime check impossible)"
@@ -635,8 +642,10 @@ def mcnemar_rule(comparisons: list[dict], *, epsilons=(2.0, 8.0), alpha: float =
             f"{'sparse' if p_s <= p_d else 'dense'} better)"
         )
     head = (
-        f"exact one-sided McNemar on shared test pairs, α={alpha:g} Bonferroni over {k}: sparse significantly "
-        f"better in {wins}, dense in {losses}" + (f"; MISSING ε = {missing}" if missing else "") + ". "
+        f"exact one-sided McNemar on shared test pairs, α={alpha:g} Bonferroni over {k}: sparse "
+        f"significantly better in {wins}, dense in {losses}"
+        + (f"; MISSING ε = {missing}" if missing else "")
+        + ". "
     )
     if losses:
         return "does not hold", head + "; ".join(parts)
@@ -667,9 +676,9 @@ def order_rule(gaps: list[dict], *, target: float = 0.05) -> tuple[str, str]:
     n_sig = sum(g["lo"] > 0 for g in gaps)
     n_rev = sum(g["hi"] < 0 for g in gaps)
     head = (
-        f"{n_sig} of {len(gaps)} adjacent gaps significantly in the paper's direction, {n_rev} significantly reversed "
-        f"(95% paired bootstrap); prompts needed for a ±{target:g} half-width (to resolve a {100 * target:g}-point gap): "
-        f"≈ {need}. "
+        f"{n_sig} of {len(gaps)} adjacent gaps significantly in the paper's direction, {n_rev} significantly "
+        f"reversed (95% paired bootstrap); prompts needed for a ±{target:g} half-width (to resolve a "
+        f"{100 * target:g}-point gap): ≈ {need}. "
     )
     if n_rev:
         return "does not hold", head + "; ".join(parts)

@@ -1,11 +1,12 @@
-"""Private RLHF: policy optimisation (TRL GRPO + LoRA) of SmolLM2-135M-Instruct against a privalign reward model.
+"""Private RLHF: policy optimisation (TRL GRPO + LoRA) of SmolLM2-135M-Instruct against a privalign reward
+model.
 
 * :mod:`privalign.rlhf.rewards`: reward models as TRL reward functions (:func:`load_reward`).
-* :mod:`privalign.rlhf.prompts`: public RL prompts (held-out IMDb openings) and the disjointness check against the
-  reward model's private preference data.
+* :mod:`privalign.rlhf.prompts`: public RL prompts (held-out IMDb openings) and the disjointness check against
+  the reward model's private preference data.
 * :mod:`privalign.rlhf.train`: :func:`align_policy` (checkpoints, manifest, resume).
-* :mod:`privalign.rlhf.evaluate`: gold reward, KL(policy ‖ reference), win rates with paired bootstrap intervals,
-  best-of-N at equal KL.
+* :mod:`privalign.rlhf.evaluate`: gold reward, KL(policy ‖ reference), win rates with paired bootstrap
+  intervals, best-of-N at equal KL.
 
 Privacy: the trained policy is post-processing of the reward model, so it inherits the reward model's (ε, δ)
 and privacy unit (docs/privacy/rlhf_policy.md). Imports of torch/TRL happen inside the functions.

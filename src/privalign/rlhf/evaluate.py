@@ -7,11 +7,11 @@ against the reference policy with paired bootstrap intervals, and best-of-N at e
   sequence (EOS included) under the policy and, optionally, under a reference model.
 * KL: ``KL(π ‖ π_ref) = E_{y∼π}[log π(y|x) − log π_ref(y|x)]``, estimated by the sample mean over prompts and
   samples (unbiased for the sequence-level KL of the length-capped sampler), with its standard error.
-* Best-of-N from the reference: ``KL ≤ log N − (N − 1)/N`` (the usual analytic value, an upper bound on the true
-  KL; Beirami et al. 2024), so RL and BoN can be drawn on one gold-reward-vs-KL axis.
+* Best-of-N from the reference: ``KL ≤ log N − (N − 1)/N`` (the usual analytic value, an upper bound on the
+  true KL; Beirami et al. 2024), so RL and BoN can be drawn on one gold-reward-vs-KL axis.
 * Win rate vs the reference policy: per prompt, the probability that a policy sample's gold reward beats a
-  reference sample's (ties ½), averaged over prompts; a 95% percentile bootstrap over prompts (paired: the same
-  resampled prompts for both policies).
+  reference sample's (ties ½), averaged over prompts; a 95% percentile bootstrap over prompts (paired: the
+  same resampled prompts for both policies).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def bon_kl(n: int) -> float:
 
 
 def win_probability(gold_a: np.ndarray, gold_b: np.ndarray) -> np.ndarray:
-    """Per prompt, P(a sample of A beats a sample of B) by gold reward, ties ½: ``(P, nA)``, ``(P, nB)`` → ``(P,)``."""
+    """Per prompt, P(a sample of A beats a sample of B) by gold reward, ties ½: ``(P, nA)``, ``(P, nB)`` →
+    ``(P,)``."""
     a = np.asarray(gold_a, float)[:, :, None]
     b = np.asarray(gold_b, float)[:, None, :]
     return (a > b).mean(axis=(1, 2)) + 0.5 * (a == b).mean(axis=(1, 2))
@@ -132,7 +133,8 @@ def win_probability(gold_a: np.ndarray, gold_b: np.ndarray) -> np.ndarray:
 def paired_bootstrap_ci(
     per_prompt: np.ndarray, *, n_boot: int, rng: np.random.Generator, alpha: float = 0.05
 ) -> tuple[float, float, float]:
-    """``(lo, hi, se)``: the (1 − alpha) percentile bootstrap interval of the mean over prompts (rows resampled)."""
+    """``(lo, hi, se)``: the (1 − alpha) percentile bootstrap interval of the mean over prompts (rows
+    resampled)."""
     x = np.asarray(per_prompt, float)
     idx = rng.integers(0, x.shape[0], size=(check_int(n_boot, "n_boot", low=10), x.shape[0]))
     boot = x[idx].mean(axis=1)
@@ -142,10 +144,11 @@ def paired_bootstrap_ci(
 
 def best_of_n_gold(selector: np.ndarray, gold: np.ndarray, ns: Sequence[int]) -> list[dict[str, float]]:
     """Best-of-N from the reference samples, for each N: the ``M`` samples of every prompt are cut into
-    ``⌊M / N⌋`` disjoint blocks of N (in order); each block's pick is the selector's maximum (ties: average over
-    the tied candidates). Returns the mean gold reward of the picks, the analytic KL, and the exact probability
-    that a pick beats one random candidate of its block (:func:`privalign.alignment.win_rate.bon_win_probability`);
-    N = 1 gives the reference policy's mean gold reward over all samples and win rate ½."""
+    ``⌊M / N⌋`` disjoint blocks of N (in order); each block's pick is the selector's maximum (ties: average
+    over the tied candidates). Returns the mean gold reward of the picks, the analytic KL, and the exact
+    probability that a pick beats one random candidate of its block
+    (:func:`privalign.alignment.win_rate.bon_win_probability`); N = 1 gives the reference policy's mean gold
+    reward over all samples and win rate ½."""
     from privalign.alignment.win_rate import bon_win_probability
 
     selector = np.asarray(selector, float)
@@ -181,9 +184,9 @@ def sparse_vs_dense_verdict(
 ) -> tuple[str, str]:
     """Is the sparse method's policy better by gold reward at no more KL than the dense method's?
 
-    Inputs are records with ``per_prompt_gold`` (mean gold of the policy's samples per prompt, same prompts in the
-    same order), ``kl`` and ``kl_se``. Rule (α = 0.05, two-sided 95% paired percentile bootstrap over prompts of
-    the gold difference sparse − dense; KL tolerance τ = 2·sqrt(se_s² + se_d²)):
+    Inputs are records with ``per_prompt_gold`` (mean gold of the policy's samples per prompt, same prompts in
+    the same order), ``kl`` and ``kl_se``. Rule (α = 0.05, two-sided 95% paired percentile bootstrap over
+    prompts of the gold difference sparse − dense; KL tolerance τ = 2·sqrt(se_s² + se_d²)):
 
     * ``holds``: interval above 0 and ``kl_sparse ≤ kl_dense + τ`` (higher gold reward at no more KL);
     * ``does not hold``: interval below 0 and ``kl_dense ≤ kl_sparse + τ`` (the dense method dominates);
@@ -206,9 +209,9 @@ def sparse_vs_dense_verdict(
         v = "inconclusive"
     mde = 2.8 * se
     msg = (
-        f"gold(sparse) − gold(dense) = {diff:+.4f} [95% CI {lo:+.4f}, {hi:+.4f}] over {a.size} prompts; "
-        f"KL sparse {ks:.3f} ± {sparse.get('kl_se', 0.0):.3f}, dense {kd:.3f} ± {dense.get('kl_se', 0.0):.3f} nats; "
-        f"detectable difference at ≈80% power: {mde:.4f}"
+        f"gold(sparse) − gold(dense) = {diff:+.4f} [95% CI {lo:+.4f}, {hi:+.4f}] over {a.size} prompts; KL "
+        f"sparse {ks:.3f} ± {sparse.get('kl_se', 0.0):.3f}, dense {kd:.3f} ± {dense.get('kl_se', 0.0):.3f} "
+        f"nats; detectable difference at ≈80% power: {mde:.4f}"
         + (" (underpowered: |diff| < that)" if abs(diff) < mde else "")
     )
     return v, msg

