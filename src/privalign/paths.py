@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["data_dir", "candidate_data_dirs", "repo_root"]
+__all__ = ["data_dir", "candidate_data_dirs", "repo_root", "user_cache_dir"]
 
 
 def repo_root() -> Path:
@@ -40,3 +40,13 @@ def data_dir(required: bool = True) -> Path | None:
         f"No privalign data directory found (looked in: {looked}). Set PRIVALIGN_DATA_DIR to the folder "
         "holding hh-rlhf/, gsm8k/ and mmlu/."
     )
+
+
+def user_cache_dir() -> Path:
+    """privalign's cache directory: ``$PRIVALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/privalign``, else
+    ``~/.cache/privalign`` (created on demand by the callers)."""
+    env = os.environ.get("PRIVALIGN_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "privalign"
