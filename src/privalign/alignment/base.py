@@ -125,13 +125,27 @@ def _in_public_range(arr: np.ndarray, name: str, r_max: float | None, clip: bool
     return arr
 
 
+def _in_range_fast(scores, ndim: int, r_max: float | None, clip: bool) -> np.ndarray | None:
+    """The array when it is float64-convertible, ``ndim``-D, non-empty and inside ``[0, r_max]`` (which
+    implies finite: NaN fails both comparisons), read in two passes without a temporary; else None (the
+    caller then runs the full checks, with their error messages)."""
+    if r_max is None or clip:
+        return None
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim != ndim or arr.size == 0:
+        return None
+    return arr if arr.min() >= 0.0 and arr.max() <= r_max else None
+
+
 def scores_vector(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
     """Validate one query's scores (finite, non-empty; in ``[0, r_max]`` unless ``clip``)."""
-    return _in_public_range(check_finite_vector(scores, name), name, r_max, clip)
+    fast = _in_range_fast(scores, 1, r_max, clip)
+    return fast if fast is not None else _in_public_range(check_finite_vector(scores, name), name, r_max, clip)
 
 
 def scores_matrix(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
-    return _in_public_range(check_finite_matrix(scores, name), name, r_max, clip)
+    fast = _in_range_fast(scores, 2, r_max, clip)
+    return fast if fast is not None else _in_public_range(check_finite_matrix(scores, name), name, r_max, clip)
 
 
 def require_pool_b(pool_b, method: str):

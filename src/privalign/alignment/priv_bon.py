@@ -12,6 +12,7 @@ from privalign.accounting.events import NoisyArgmaxEvent, NonPrivateEvent, Priva
 from privalign.alignment.base import BatchSelection, Selection, SelectionLaw, scores_matrix, scores_vector
 from privalign.alignment.laws import softmax_law
 from privalign.mechanisms._common import gumbel_epsilon, gumbel_scale
+from privalign.rng import as_noise_source
 
 __all__ = ["PrivBoN"]
 
@@ -82,7 +83,9 @@ class PrivBoN:
         from privalign.mechanisms.selection import NoisyArgmax
 
         mech = NoisyArgmax(epsilon=self.epsilon_effective, sensitivity=self.sensitivity)
-        return np.asarray(mech(r, rng=rng))
+        # ``mech(r, rng=rng)`` without its second validation pass: ``r`` was validated by the caller (float64,
+        # finite, in range); same noise source, same scale, same draw
+        return np.asarray(as_noise_source(rng).gumbel_argmax(r, mech.scale), dtype=np.int64)
 
     def select(self, scores: ArrayLike, *, rng, pool_b_scores=None) -> Selection:
         """Select one index (``pool_b_scores`` is ignored: one pool).
