@@ -127,8 +127,8 @@ class FastSeededNoise(SeededNoise):
     (numpy floats, data-dependent running time); serving uses :class:`SecureNoise`.
     """
 
-    def __init__(self, generator: np.random.Generator | int | None = None, *, trials_per_round: int = 8,
-                 rounds: int = 8) -> None:
+    def __init__(self, generator: np.random.Generator | int | None = None, *, trials_per_round: int = 4,
+                 rounds: int = 16) -> None:
         super().__init__(generator)
         for name, v in (("trials_per_round", trials_per_round), ("rounds", rounds)):
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
