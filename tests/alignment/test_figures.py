@@ -45,3 +45,20 @@ def test_no_pyplot_on_the_simulate_path(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["proxy_reward.png", "results.json", "true_lift.png"]
+
+
+def test_simulate_pdf_flag_and_pool_cache_flag(tmp_path, capsys):
+    import json
+
+    from privalign.cli import main
+    from privalign.data.pools import write_pool
+
+    path = tmp_path / "p.jsonl"
+    write_pool(path, make_synthetic_pool(3, 16, random_state=0).to_records())
+    for extra, n_files in (([], 2), (["--pdf"], 4), (["--no-pool-cache"], 2)):
+        out = tmp_path / ("o" + "".join(extra))
+        assert main(["simulate", "--pool", str(path), "--max-log2-n", "2", "--replicates", "2", "--out", str(out),
+                     "--no-progress", "--json", *extra]) == 0
+        s = json.loads(capsys.readouterr().out)
+        assert len(s["figures"]) == n_files and all(out.joinpath(f).exists() for f in s["figures"])
+        assert len(list(out.glob("*.pdf"))) == (2 if "--pdf" in extra else 0)
