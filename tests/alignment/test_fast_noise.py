@@ -72,3 +72,16 @@ def test_privbon_opt_in_only():
     assert fast.worst_case_event == slow.worst_case_event
     assert not np.array_equal(fast.indices, slow.indices)  # a different stream (P(equal) ≈ 0)
     assert not FastSeededNoise.secure and SecureNoise.secure and isinstance(FastSeededNoise(0), SeededNoise)
+
+
+@pytest.mark.parametrize("bad, msg", [(np.nan, "only finite values"), (np.inf, "only finite values"),
+                                      (1.5, "declared public range"), (-0.1, "declared public range")])
+def test_one_pass_validation_falls_back_to_the_full_checks(bad, msg):
+    """The block-wise range check (128 rows per block at 1,024 columns) finds a bad value in the last block
+    and the full checks then raise their usual message."""
+    r = np.random.default_rng(0).uniform(0, 1, (300, 1024))
+    r[-1, -1] = bad
+    with pytest.raises(PrivacyParameterError, match=msg):
+        PrivBoN(2.0).select_batch(r, rng=np.random.default_rng(0))
+    with pytest.raises(PrivacyParameterError, match=msg):
+        PrivBoN(2.0).select(r[-1], rng=np.random.default_rng(0))

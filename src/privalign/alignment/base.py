@@ -127,14 +127,21 @@ def _in_public_range(arr: np.ndarray, name: str, r_max: float | None, clip: bool
 
 def _in_range_fast(scores, ndim: int, r_max: float | None, clip: bool) -> np.ndarray | None:
     """The array when it is float64-convertible, ``ndim``-D, non-empty and inside ``[0, r_max]`` (which
-    implies finite: NaN fails both comparisons), read in two passes without a temporary; else None (the
+    implies finite: NaN fails both comparisons), read once from memory without a temporary; else None (the
     caller then runs the full checks, with their error messages)."""
     if r_max is None or clip:
         return None
     arr = np.asarray(scores, dtype=np.float64)
     if arr.ndim != ndim or arr.size == 0:
         return None
-    return arr if arr.min() >= 0.0 and arr.max() <= r_max else None
+    # min and max on the same ~1 MB block of rows: the second read comes from cache (one pass over memory)
+    rows = arr.reshape(-1, arr.shape[-1])
+    step = max(1, (1 << 17) // rows.shape[1])
+    for i in range(0, rows.shape[0], step):
+        blk = rows[i:i + step]
+        if not (blk.min() >= 0.0 and blk.max() <= r_max):
+            return None
+    return arr
 
 
 def scores_vector(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
