@@ -20,6 +20,9 @@ process from ``os.wait4``; peak RSS likewise). ``privalign simulate`` is run onc
 columnar pool cache) and ``--repeats`` times warm, interleaved with the authors' runs so that a change of
 machine load affects both. Ratios: authors / ours.
 
+``--before-src DIR`` also times ``privalign simulate`` run from another source tree (``PYTHONPATH=DIR``; e.g.
+``git archive <commit> src | tar -x`` in a scratch folder), interleaved in the same rounds.
+
 ``--memory-pool PxC`` measures reading a P × C JSONL pool: the JSON reader (``ScoredPool.read``), the cache's
 first read (parse + write the columns) and a later read (memory-mapped), each in its own process; reported
 as the tracemalloc peak during the read and the process's peak RSS, against the size of the score arrays
@@ -111,9 +114,12 @@ def run_e2e(args) -> dict:
 
                 shutil.rmtree(d)
         cold = timed(ours_cmd(pool, work / f"ours_{prompts}_cold"), env=env)
-        warm, base = [], []
+        warm, base, before = [], [], []
         for r in range(args.repeats):
             warm.append(timed(ours_cmd(pool, work / f"ours_{prompts}_{r}"), env=env))
+            if args.before_src:  # the same command on another source tree (e.g. the code before a change)
+                env_b = dict(env, PYTHONPATH=str(Path(args.before_src).resolve()))
+                before.append(timed(ours_cmd(pool, work / f"before_{prompts}_{r}"), env=env_b))
             if args.authors_script:
                 script = Path(args.authors_script).resolve()
                 base.append(timed(authors_cmd(script, pool, work / f"authors_{prompts}_{r}"), cwd=script.parent))
@@ -121,6 +127,9 @@ def run_e2e(args) -> dict:
                "ours_cold": {k: v for k, v in cold.items() if k != "stdout"},
                "ours_warm": [{k: v for k, v in w.items() if k != "stdout"} for w in warm]}
         med = {k: statistics.median(w[k] for w in warm) for k in ("wall_s", "cpu_s")}
+        if before:
+            row["before_src"] = [{k: v for k, v in b.items() if k != "stdout"} for b in before]
+            row["before_median"] = {k: statistics.median(b[k] for b in before) for k in ("wall_s", "cpu_s")}
         if base:
             row["baseline"] = "authors' comparison script"
             row["authors"] = [{k: v for k, v in b.items() if k != "stdout"} for b in base]
@@ -201,6 +210,8 @@ def main(argv=None):
     ap.add_argument("--loop-prompts", type=int, default=1)
     ap.add_argument("--loop-replicates", type=int, default=5)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--before-src", default=None,
+                    help="also time `privalign simulate` from this src/ folder (PYTHONPATH), e.g. the code before a change")
     ap.add_argument("--memory-pool", default=None, help="PxC: measure pool-reading memory instead")
     args = ap.parse_args(argv)
     rows = run_memory(args) if args.memory_pool else run_e2e(args)
