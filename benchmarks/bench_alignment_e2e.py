@@ -25,8 +25,8 @@ machine load affects both. Ratios: authors / ours.
 
 ``--memory-pool PxC`` measures reading a P × C JSONL pool: the JSON reader (``ScoredPool.read``), the cache's
 first read (parse + write the columns) and a later read (memory-mapped), each in its own process; reported
-as the tracemalloc peak during the read and the process's peak RSS, against the size of the score arrays
-(proxy + true, float64).
+as the tracemalloc peak during the read (Python and numpy allocations) and the process's peak RSS minus its
+RSS just before the read, against the size of the score arrays (proxy + true, float64).
 """
 
 from __future__ import annotations
@@ -162,13 +162,15 @@ import numpy as np
 from privalign.data.pools import ScoredPool
 from privalign.data.pool_cache import read_scored_pool
 mode, path, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+with open("/proc/self/statm") as fh:
+    rss_before = int(fh.read().split()[1]) * resource.getpagesize() / 2**20
 tracemalloc.start()
 t0 = time.perf_counter()
 pool = ScoredPool.read(path) if mode == "json" else read_scored_pool(path, cache_dir=cache)
-s = float(np.nansum(pool.proxy)) + float(np.nansum(pool.true))  # touch every score (pages in a memory map)
 secs = time.perf_counter() - t0
 _, peak = tracemalloc.get_traced_memory()
-print(json.dumps({"seconds": secs, "tracemalloc_peak_mb": peak / 2**20,
+s = float(np.nansum(pool.proxy)) + float(np.nansum(pool.true))  # touch every score (pages in a memory map)
+print(json.dumps({"seconds": secs, "tracemalloc_peak_mb": peak / 2**20, "rss_before_read_mb": rss_before,
                   "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "score_arrays_mb": (pool.proxy.nbytes + pool.true.nbytes) / 2**20, "checksum": s}))
 """
@@ -184,19 +186,15 @@ def run_memory(args) -> dict:
     cache = work / "memcache"
     out = {"utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "loadavg": os.getloadavg(),
            "pool": f"{p} × {c}", "pool_file_mb": pool.stat().st_size / 2**20}
-    base = json.loads(subprocess.run([sys.executable, "-c", "import resource, json, numpy, privalign.data.pool_cache; "
-                                      "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))"],
-                                     capture_output=True, text=True, check=True).stdout)
-    out["baseline_rss_mb (interpreter + imports)"] = base
     import shutil
 
     shutil.rmtree(cache, ignore_errors=True)
-    for mode in ("json", "cache_first_read", "cache_later_read"):
+    for mode in args.memory_modes.split(","):
         res = subprocess.run([sys.executable, "-c", _MEM_CHILD, "json" if mode == "json" else "cache", str(pool),
                               str(cache)], capture_output=True, text=True, check=True)
         r = json.loads(res.stdout)
         r["tracemalloc_peak_over_scores"] = r["tracemalloc_peak_mb"] / r["score_arrays_mb"]
-        r["rss_over_baseline_over_scores"] = (r["max_rss_mb"] - base) / r["score_arrays_mb"]
+        r["peak_rss_minus_rss_before_over_scores"] = (r["max_rss_mb"] - r["rss_before_read_mb"]) / r["score_arrays_mb"]
         out[mode] = r
     return out
 
@@ -213,6 +211,8 @@ def main(argv=None):
     ap.add_argument("--before-src", default=None,
                     help="also time `privalign simulate` from this src/ folder (PYTHONPATH), e.g. the code before a change")
     ap.add_argument("--memory-pool", default=None, help="PxC: measure pool-reading memory instead")
+    ap.add_argument("--memory-modes", default="json,cache_first_read,cache_later_read",
+                    help="which reads to measure (comma-separated; cache_later_read needs cache_first_read before it)")
     args = ap.parse_args(argv)
     rows = run_memory(args) if args.memory_pool else run_e2e(args)
     print(json.dumps(rows, indent=2))
