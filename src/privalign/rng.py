@@ -141,13 +141,16 @@ class FastSeededNoise(SeededNoise):
         e *= -scale
         return e
 
-    def gumbel_argmax(self, scores, scale):
+    def gumbel_argmax(self, scores, scale, *, row_max=None):
+        """As :meth:`SeededNoise.gumbel_argmax`; ``row_max`` optionally gives each row's maximum of
+        ``scores`` (already computed by the caller; any upper bound keeps the law exact, the maximum is
+        the most efficient envelope)."""
         scores = np.asarray(scores, dtype=np.float64)
         if scale == 0.0:
             return np.argmax(scores, axis=-1)
         flat = scores.reshape(-1, scores.shape[-1])
         p, n = flat.shape
-        top = flat.max(axis=1)
+        top = flat.max(axis=1) if row_max is None else np.asarray(row_max, dtype=np.float64).reshape(p)
         out = np.empty(p, dtype=np.int64)
         active = np.arange(p)
         k = self.trials_per_round

@@ -85,3 +85,15 @@ def test_one_pass_validation_falls_back_to_the_full_checks(bad, msg):
         PrivBoN(2.0).select_batch(r, rng=np.random.default_rng(0))
     with pytest.raises(PrivacyParameterError, match=msg):
         PrivBoN(2.0).select(r[-1], rng=np.random.default_rng(0))
+
+
+@pytest.mark.statistical
+def test_privbon_batch_with_fast_noise_has_the_softmax_law():
+    """PrivBoN.select_batch hands the range check's row maxima to the sampler: same draws as without them,
+    and the selections follow softmax(r/σ) (chi-square, α = 1e-4)."""
+    r = np.array([0.0, 0.2, 0.9, 1.0, 0.5])
+    rows = np.broadcast_to(r, (40_000, r.size))
+    sel = PrivBoN(4.0)  # σ = 2Δ/ε = 0.5
+    idx = sel.select_batch(rows, rng=FastSeededNoise(np.random.default_rng(4))).indices
+    assert np.array_equal(idx, FastSeededNoise(np.random.default_rng(4)).gumbel_argmax(rows, sel.scale))
+    assert _chi2_ok(np.bincount(idx, minlength=r.size), special.softmax(r / sel.scale))
