@@ -11,8 +11,9 @@
 * later reads memory-map the ``.npy`` files (``numpy.load(mmap_mode="r")``): nothing is parsed, and the
   arrays are paged in on use.
 
-Peak memory of a first read: the score arrays once (a list of per-prompt rows, copied row by row into
-the memory-mapped cache file and released as they go) plus one parsed line.
+Peak memory of a first read: one parsed line and one row (each row's scores are streamed to flat temporary
+files, then laid out as NaN-padded ``.npy`` files with buffered writes), plus the prompt strings; the score
+arrays are never held in memory.
 
 Invalidation: the key hashes the pool's resolved path, size, ``mtime_ns``, ``ctime_ns`` and inode. Any
 write to the file, a rename over it (as :func:`~privalign.data.pools.write_pool` does) or a ``touch``
@@ -163,31 +164,29 @@ def _iter_rows(path: Path, stats: ReadStats):
 
 
 def _build(path: Path, entry: Path) -> None:
+    """Parse ``path`` once, streaming each row's scores to flat temporary files, then lay them out as
+    NaN-padded ``(prompts, width)`` ``.npy`` files with plain buffered writes: memory holds one parsed line
+    and one padded row at a time (plus the prompt strings), never the score arrays."""
     stats = ReadStats()
     ident = _identity(path.resolve())
-    prompts, proxies, trues = [], [], []
-    for prompt, p, t in _iter_rows(path, stats):
-        prompts.append(prompt)
-        proxies.append(p)
-        trues.append(t)
-    if not prompts:
-        raise DataFormatError("field '<pool>' must contain at least one prompt; the pool is empty")
-    counts = np.array([len(p) for p in proxies])
-    width = int(counts.max())
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-" + entry.name))
     try:
-        for name, rows in (("proxy", proxies), ("true", trues)):
-            mm = np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.float64,
-                                           shape=(len(rows), width))
-            for i in range(len(rows)):
-                row = rows[i]
-                mm[i, : row.size] = row
-                mm[i, row.size:] = math.nan
-                rows[i] = None  # release as we go: peak stays at one copy of the scores
-            mm.flush()
-            del mm
-        np.save(tmp / "counts.npy", counts)
+        prompts, counts = [], []
+        with open(tmp / "proxy.bin", "wb") as fp, open(tmp / "true.bin", "wb") as ft:
+            for prompt, p, t in _iter_rows(path, stats):
+                prompts.append(prompt)
+                counts.append(p.size)
+                fp.write(np.ascontiguousarray(p, dtype=np.float64).tobytes())
+                ft.write(np.ascontiguousarray(t, dtype=np.float64).tobytes())
+        if not prompts:
+            raise DataFormatError("field '<pool>' must contain at least one prompt; the pool is empty")
+        counts_arr = np.array(counts)
+        width = int(counts_arr.max())
+        for name in ("proxy", "true"):
+            _layout(tmp / f"{name}.bin", tmp / f"{name}.npy", counts, width)
+            (tmp / f"{name}.bin").unlink()
+        np.save(tmp / "counts.npy", counts_arr)
         meta = {"format": CACHE_FORMAT, "source": ident, "stats": stats.to_dict(), "prompts": prompts,
                 "shape": [len(prompts), width]}
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
@@ -201,3 +200,19 @@ def _build(path: Path, entry: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _layout(flat: Path, out: Path, counts: list[int], width: int) -> None:
+    """Write the ``.npy`` of shape ``(len(counts), width)``: row i = the next ``counts[i]`` doubles of
+    ``flat``, padded with NaN."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float64)), "fortran_order": False,
+              "shape": (len(counts), width)}
+    pad = np.full(width, math.nan)
+    with open(flat, "rb") as src, open(out, "wb") as dst:
+        np.lib.format.write_array_header_1_0(dst, header)
+        if all(c == width for c in counts):  # rectangular: the flat file is the matrix
+            shutil.copyfileobj(src, dst, 1 << 20)
+            return
+        for c in counts:
+            dst.write(src.read(8 * c))
+            dst.write(pad[: width - c].tobytes())
