@@ -77,7 +77,6 @@ def _run(args) -> int:
     from privalign.data.pools import ReadStats, ScoredPool
     from privalign.errors import PrivacyParameterError
 
-    preloading = preload_matplotlib()  # imports matplotlib in a thread while the pool is read and simulated
     stats = ReadStats()
     if args.pool:
         pool = ScoredPool.read(args.pool, stats=stats) if args.no_pool_cache else read_scored_pool(args.pool, stats=stats)
@@ -101,11 +100,15 @@ def _run(args) -> int:
         print(f"privalign simulate: note: {n_clip} of {int(finite.sum())} scores ({100 * clipped_fraction:.2f}%) lie outside "
               f"--score-range {lo:g},{hi:g} (after --transform {args.transform}) and are clipped for the bounded-score methods",
               file=sys.stderr)
-    res = run_protocol(pool, _specs(args), n_grid=[2**i for i in range(k + 1)],
-                       replicates=args.replicates, random_state=args.seed, transform=args.transform,
-                       score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
+    specs = _specs(args)
+    preloading = preload_matplotlib()  # imports matplotlib in a thread while the engine runs
+    try:
+        res = run_protocol(pool, specs, n_grid=[2**i for i in range(k + 1)],
+                           replicates=args.replicates, random_state=args.seed, transform=args.transform,
+                           score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
+    finally:
+        preloading.join()  # never leave an import running in a thread (also on errors)
     path = write_results(res, args.out)
-    preloading.join()
     figs = plot_results(res, args.out, formats=("png", "pdf") if args.pdf else ("png",))
     summary = {"results": str(path), "figures": [str(f) for f in figs], "n_prompts": res["n_prompts"],
                "skipped_prompts": res["skipped_prompts"], "seconds": res["seconds"], "max_n": 2**k,
