@@ -136,15 +136,15 @@ class FastSeededNoise(SeededNoise):
         self.trials_per_round, self.rounds = int(trials_per_round), int(rounds)
 
     def gumbel(self, scale, size):
-        e = self.generator.standard_exponential(size)
+        e = np.asarray(self.generator.standard_exponential(size), dtype=np.float64)
         np.log(e, out=e)
         e *= -scale
         return e
 
     def gumbel_argmax(self, scores, scale, *, row_max=None):
         """As :meth:`SeededNoise.gumbel_argmax`; ``row_max`` optionally gives each row's maximum of
-        ``scores`` (already computed by the caller; any upper bound keeps the law exact, the maximum is
-        the most efficient envelope)."""
+        ``scores``, already computed by the caller (it must be ≥ every entry of its row: any such bound
+        keeps the law exact, the maximum is the most efficient envelope)."""
         scores = np.asarray(scores, dtype=np.float64)
         if scale == 0.0:
             return np.argmax(scores, axis=-1)
