@@ -27,7 +27,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,7 @@ def _check_protocol(pool: ScoredPool, specs, n_grid, replicates, skip_short) -> 
 
 def _privitp_precompute(s: MethodSpec, r_max: float, delta_r: float, panel_width, order: int) -> tuple:
     """PrivITP's per-run constants: ``(nodes, W, panel width, ℓ1, ℓ2, order)`` at the fixed λ̃ nodes."""
+    assert s.sigma_z is not None  # MethodSpec checks it for PrivITP
     nodes, pw = _privitp_nodes(s, r_max, panel_width, order)
     w = r_max + s.sigma_z * s.L - nodes
     l1 = ell1(nodes, width=w, r_max=r_max, sensitivity=delta_r, sigma_z=s.sigma_z)
@@ -264,12 +265,12 @@ class _Draw:
     tb: np.ndarray | None = None
     zb: np.ndarray | None = None
     dv_b: np.ndarray | None = None
-    lam_cache: dict = None  # type: ignore[assignment]
+    lam_cache: dict = field(default_factory=dict)
 
     @classmethod
     def make(cls, cp, tp, zp, perm, n_max: int, *, two_pools: bool = True) -> _Draw:
         pa = perm[:, :n_max]
-        d = cls(cp, tp, zp, perm, n_max, cp[pa], zp[pa], tp[pa], lam_cache={})
+        d = cls(cp, tp, zp, perm, n_max, cp[pa], zp[pa], tp[pa])
         if two_pools:
             pb = perm[:, n_max:2 * n_max]
             d.cb, d.tb, d.zb = cp[pb], tp[pb], zp[pb]
@@ -315,14 +316,19 @@ def _evaluate_prompt(draw: _Draw, specs, pre, n_grid, r_max, delta_r, max_chunk)
                 et, ez = _itp_values(draw, s.beta, n, r_max, (base_t, base_z))
             else:
                 et, ez, ee = (x[:, g] for x in nested[i])
-                out[i][2][g] = ee.mean()
+                eps = out[i][2]
+                assert eps is not None  # PrivITP rows carry ε2
+                eps[g] = ee.mean()
             out[i][0][g] = et.mean()
             out[i][1][g] = ez.mean()
     return out
 
 
 def _privbon_scale(s: MethodSpec, delta_r: float) -> float:
-    return s.sigma if s.sigma is not None else (0.0 if math.isinf(s.epsilon) else 2 * delta_r / s.epsilon)
+    if s.sigma is not None:
+        return s.sigma
+    assert s.epsilon is not None  # MethodSpec requires exactly one of ε and σ
+    return 0.0 if math.isinf(s.epsilon) else 2 * delta_r / s.epsilon
 
 
 def _bon_values(draw: _Draw, n: int):
@@ -355,12 +361,13 @@ def _privbon_values(draw: _Draw, n: int, scale: float, softmax_cache: dict, key)
 
 def _itp_values(draw: _Draw, beta: float, n: int, r_max: float, bases):
     # rejection 1 − a = clip((R_max − r)/(R_max − λ̂), 0, 1), a = clip((r − λ̂)/(R_max − λ̂), 0, 1)
+    cb, tb, zb, dv_b = draw.cb, draw.tb, draw.zb, draw.dv_b
+    assert cb is not None and tb is not None and zb is not None and dv_b is not None  # two-pool draws
     lam = draw.lam(beta, n)[:, None]
-    rej = r_max - draw.cb[:, :n]
+    rej = r_max - cb[:, :n]
     rej /= r_max - lam
     np.clip(rej, 0.0, 1.0, out=rej)
-    dv_b = draw.dv_b
-    return _sequential_expectation(rej, (draw.tb, draw.zb), (dv_b[:, 0, :-1], dv_b[:, 1, :-1]), bases)
+    return _sequential_expectation(rej, (tb, zb), (dv_b[:, 0, :-1], dv_b[:, 1, :-1]), bases)
 
 
 def _method_entry(s: MethodSpec, pre, res_true, res_proxy, res_eps, base_true, n_grid, r_max, delta_r,
@@ -509,7 +516,6 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
     nodes, _w, pw, l1, l2, order = pre
     cp, tp, zp, perm, n_max = draw.cp, draw.tp, draw.zp, draw.perm, draw.n_max
     base_t, base_z, lam_cache = draw.base_t, draw.base_z, draw.lam_cache
-    pool_b_values = None if draw.tb is None else (draw.tb, draw.zb)
     pool_b_diffs = draw.dv_b
     m = perm.shape[0]
     k = nodes.size
@@ -526,7 +532,10 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
     step = max(1, int(max_chunk // max(min(n_max, block) * k, 1)))
     et, ez, ee = np.empty((m, g)), np.empty((m, g)), np.empty((m, g))
     cut = tol / k
-    if pool_b_values is None:
+    pool_b_values: tuple[np.ndarray, np.ndarray]
+    if draw.tb is not None and draw.zb is not None:  # already gathered
+        pool_b_values = (draw.tb, draw.zb)
+    else:
         pb = perm[:, n_max:2 * n_max]
         pool_b_values = (tp[pb], zp[pb])
     for r0 in range(0, m, step):
@@ -534,7 +543,7 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
         bs = perm[sl, n_max:2 * n_max]
         vb = [np.asarray(v[sl], dtype=np.float64) for v in pool_b_values]
         c = bs.shape[0]
-        dv = _scan_differences(*vb) if pool_b_diffs is None else pool_b_diffs[sl]  # (c, 3, n_max)
+        dv = _scan_differences(*vb) if pool_b_diffs is None else np.asarray(pool_b_diffs)[sl]  # (c, 3, n_max)
         v0 = np.stack([vb[0][:, 0], vb[1][:, 0], np.zeros(c)], axis=1)  # (c, 3)
 
         def v_at(e, _vb=vb, _c=c):  # (c, 3): v_e, with the padding at e = n_max
