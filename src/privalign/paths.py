@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Literal, overload
 
-__all__ = ["data_dir", "candidate_data_dirs", "repo_root", "package_dir", "install_hint"]
+__all__ = ["data_dir", "candidate_data_dirs", "repo_root", "package_dir", "install_hint", "user_cache_dir"]
 
 
 def repo_root() -> Path:
@@ -90,3 +90,13 @@ def package_dir(module: str, *, purpose: str = "") -> Path:
             f"The Python package '{module}' is not installed{what}. Install it with: {install_hint(module)}"
         )
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def user_cache_dir() -> Path:
+    """privalign's cache directory: ``$PRIVALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/privalign``, else
+    ``~/.cache/privalign`` (created on demand by the callers)."""
+    env = os.environ.get("PRIVALIGN_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "privalign"

@@ -3,6 +3,8 @@
 * :class:`SeededNoise` wraps a ``numpy.random.Generator``. For experiments and reproducibility. PCG64 is
   *not* a cryptographically secure generator, and numpy's float samplers are vulnerable to
   floating-point attacks (Mironov 2012): never use it to serve real users (see LIMITATIONS.md).
+* :class:`FastSeededNoise` (opt-in) is a :class:`SeededNoise` with faster *exact* Gumbel draws and Gumbel
+  argmax, for simulations: same laws, a different random stream than :class:`SeededNoise` for the same seed.
 * :class:`SecureNoise` draws from OS entropy and uses OpenDP's floating-point-safe samplers for the
   Laplace, Gaussian and Gumbel-argmax draws. It refuses seeds.
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from privalign.errors import MissingDependencyError, PrivacyParameterError
 
-__all__ = ["NoiseSource", "SeededNoise", "SecureNoise", "as_noise_source", "as_generator", "entropy_int"]
+__all__ = ["NoiseSource", "SeededNoise", "FastSeededNoise", "SecureNoise", "as_noise_source", "as_generator", "entropy_int"]
 
 
 def entropy_int(ss: np.random.SeedSequence) -> int:
@@ -115,6 +117,81 @@ class SeededNoise:
 
     def __repr__(self) -> str:
         return f"SeededNoise({self.generator!r})"
+
+
+class FastSeededNoise(SeededNoise):
+    """:class:`SeededNoise` with faster exact Gumbel draws and Gumbel argmax (simulations only; opt-in).
+
+    * ``gumbel(scale, size) = −scale·log E`` with ``E ~ Exp(1)`` from numpy's ziggurat
+      (``standard_exponential``): exactly Gumbel(0, scale) in law (``P(−log E ≤ x) = P(E ≥ e^{−x}) =
+      exp(−e^{−x})``), one exponential and one log per draw instead of two logs of a uniform.
+    * ``gumbel_argmax(scores, scale)`` samples the Gumbel-max law ``softmax(scores/scale)`` row by row by
+      rejection: propose ``J`` uniform over the candidates, accept with probability
+      ``exp((s_J − max s)/scale)``; an accepted ``J`` has exactly the softmax law. Trials run in vectorized
+      rounds (``trials_per_round`` per row, at most ``rounds`` rounds); a row that accepted nothing then
+      takes ``argmax(s + gumbel)`` — also the softmax law, so the mixture is exact. Expected trials per
+      row: ``n / Σ_j exp((s_j − max s)/scale)`` (≈ e for scores spanning one scale unit); the work per row
+      does not grow with ``n`` unless the law is peaked, and then the fallback bounds it by one Gumbel
+      draw per candidate.
+
+    Same laws as :class:`SeededNoise`, *different random stream* for the same seed (so outputs for a seed
+    differ from :class:`SeededNoise`'s): choose it explicitly. Not for serving, like :class:`SeededNoise`
+    (numpy floats, data-dependent running time); serving uses :class:`SecureNoise`.
+    """
+
+    def __init__(self, generator: np.random.Generator | int | None = None, *, trials_per_round: int = 4,
+                 rounds: int = 16) -> None:
+        super().__init__(generator)
+        for name, v in (("trials_per_round", trials_per_round), ("rounds", rounds)):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+                raise PrivacyParameterError(f"The '{name}' parameter must be an integer ≥ 1. Got {v!r} instead.")
+        self.trials_per_round, self.rounds = int(trials_per_round), int(rounds)
+
+    def gumbel(self, scale, size):
+        e = np.asarray(self.generator.standard_exponential(size), dtype=np.float64)
+        np.log(e, out=e)
+        e *= -scale
+        return e
+
+    def gumbel_argmax(self, scores, scale, *, row_max=None):
+        """As :meth:`SeededNoise.gumbel_argmax`; ``row_max`` optionally gives each row's maximum of
+        ``scores``, already computed by the caller (it must be ≥ every entry of its row: any such bound
+        keeps the law exact, the maximum is the most efficient envelope)."""
+        scores = np.asarray(scores, dtype=np.float64)
+        if scale == 0.0:
+            return np.argmax(scores, axis=-1)
+        flat = scores.reshape(-1, scores.shape[-1])
+        p, n = flat.shape
+        top = flat.max(axis=1) if row_max is None else np.asarray(row_max, dtype=np.float64).reshape(p)
+        out = np.empty(p, dtype=np.int64)
+        active = np.arange(p)
+        k = self.trials_per_round
+        for _ in range(self.rounds):
+            if active.size == 0:
+                break
+            j = self.generator.integers(0, n, size=(active.size, k))
+            u = self.generator.random((active.size, k))
+            logp = flat[active[:, None], j]
+            logp -= top[active, None]
+            logp /= scale
+            acc = u < np.exp(logp, out=logp)
+            hit = acc.any(axis=1)
+            first = acc.argmax(axis=1)
+            out[active[hit]] = j[hit, first[hit]]
+            active = active[~hit]
+        if active.size:
+            noisy = self.gumbel(scale, (active.size, n))
+            noisy += flat[active]
+            out[active] = np.argmax(noisy, axis=1)
+        return out[0] if scores.ndim == 1 else out.reshape(scores.shape[:-1])
+
+    def gumbel_topk(self, scores, k, scale):
+        scores = np.asarray(scores, dtype=np.float64)
+        noisy = scores.copy() if scale == 0.0 else self.gumbel(scale, scores.shape) + scores
+        return _topk_desc(noisy, k)
+
+    def __repr__(self) -> str:
+        return f"FastSeededNoise({self.generator!r})"
 
 
 class SecureNoise:

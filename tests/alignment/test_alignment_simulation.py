@@ -126,7 +126,7 @@ def test_engine_matches_single_prompt_law(rng):
     on fine panels) for every N, to 1e-6."""
     from privalign.accounting.expost import ell1, ell2
     from privalign.alignment.laws import privitp_acceptance
-    from privalign.alignment.simulation import _privitp_nested, _privitp_nodes
+    from privalign.alignment.simulation import _Draw, _privitp_nested, _privitp_nodes
 
     c, grid = 64, [1, 2, 8, 32]
     cp, tp = rng.uniform(0, 1, c), (rng.random(c) < 0.4).astype(float)
@@ -137,7 +137,8 @@ def test_engine_matches_single_prompt_law(rng):
            ell2(nodes, width=w, r_max=1, sensitivity=1, sigma_z=0.1), 6)
     acc = privitp_acceptance(cp[:, None], nodes[None, :], w[None, :], 0.1)
     perm = np.stack([rng.permutation(c) for _ in range(3)])
-    et, _, _ = _privitp_nested(spec, pre, 1.0 - acc, cp, tp, cp, perm, grid, 32, tp.mean(), 0.0, 1.0, 10**6)
+    draw = _Draw.make(cp, tp, cp, perm, 32, two_pools=False)
+    et, _, _ = _privitp_nested(spec, pre, 1.0 - acc, draw, grid, 1.0, 10**6)
     for j in range(3):
         for g, n in enumerate(grid):
             a_idx, b_idx = perm[j, :n], perm[j, 32:32 + n]

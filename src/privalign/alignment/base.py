@@ -126,13 +126,52 @@ def _in_public_range(arr: np.ndarray, name: str, r_max: float | None, clip: bool
     return arr
 
 
+def _in_range_fast(scores, ndim: int, r_max: float | None, clip: bool,
+                   row_max: np.ndarray | None = None) -> np.ndarray | None:
+    """The array when it is float64-convertible, ``ndim``-D, non-empty and inside ``[0, r_max]`` (which
+    implies finite: NaN fails both comparisons), read once from memory without a temporary; else None (the
+    caller then runs the full checks, with their error messages). ``row_max`` (optional, one entry per
+    row) receives each row's maximum, which the check computes anyway."""
+    if r_max is None or clip:
+        return None
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim != ndim or arr.size == 0:
+        return None
+    # min and max on the same ~1 MB block of rows: the second read comes from cache (one pass over memory)
+    rows = arr.reshape(-1, arr.shape[-1])
+    step = max(1, (1 << 17) // rows.shape[1])
+    for i in range(0, rows.shape[0], step):
+        blk = rows[i:i + step]
+        if row_max is None:
+            top = blk.max()
+        else:
+            top = np.max(blk, axis=1, out=row_max[i:i + step]).max()
+        if not (blk.min() >= 0.0 and top <= r_max):
+            return None
+    return arr
+
+
+def scores_matrix_row_max(scores, name: str, *, r_max: float, clip: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`scores_matrix` plus each row's maximum when the one-pass check succeeds (else None: the full
+    checks ran)."""
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim == 2 and arr.size:
+        top = np.empty(arr.shape[0])
+        fast = _in_range_fast(arr, 2, r_max, clip, row_max=top)
+        if fast is not None:
+            return fast, top
+    return scores_matrix(scores, name, r_max=r_max, clip=clip), None
+
+
 def scores_vector(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
     """Validate one query's scores (finite, non-empty; in ``[0, r_max]`` unless ``clip``)."""
-    return _in_public_range(check_finite_vector(scores, name), name, r_max, clip)
+    fast = _in_range_fast(scores, 1, r_max, clip)
+    return fast if fast is not None else _in_public_range(check_finite_vector(scores, name), name, r_max, clip)
 
 
 def scores_matrix(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
-    return _in_public_range(check_finite_matrix(scores, name), name, r_max, clip)
+    fast = _in_range_fast(scores, 2, r_max, clip)
+    return fast if fast is not None else _in_public_range(check_finite_matrix(scores, name), name, r_max, clip)
 
 
 def require_pool_b(pool_b, method: str):

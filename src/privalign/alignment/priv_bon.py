@@ -9,9 +9,17 @@ from numpy.typing import ArrayLike
 
 from privalign._validation import check_real
 from privalign.accounting.events import NoisyArgmaxEvent, NonPrivateEvent, PrivacyEvent
-from privalign.alignment.base import BatchSelection, Selection, SelectionLaw, scores_matrix, scores_vector
+from privalign.alignment.base import (
+    BatchSelection,
+    Selection,
+    SelectionLaw,
+    scores_matrix,
+    scores_matrix_row_max,
+    scores_vector,
+)
 from privalign.alignment.laws import softmax_law
 from privalign.mechanisms._common import gumbel_epsilon, gumbel_scale
+from privalign.rng import FastSeededNoise, as_noise_source
 
 __all__ = ["PrivBoN", "privbon_scale", "privbon_epsilon"]
 
@@ -87,13 +95,18 @@ class PrivBoN:
     def worst_case_event(self, n: int | None = None) -> PrivacyEvent:
         return self.event
 
-    def _argmax(self, r: np.ndarray, rng) -> np.ndarray:
+    def _argmax(self, r: np.ndarray, rng, row_max: np.ndarray | None = None) -> np.ndarray:
         if self.scale == 0.0:
             return np.argmax(r, axis=-1)
         from privalign.mechanisms.selection import NoisyArgmax
 
         mech = NoisyArgmax(epsilon=self.epsilon_effective, sensitivity=self.sensitivity)
-        return np.asarray(mech(r, rng=rng))
+        # ``mech(r, rng=rng)`` without its second validation pass: ``r`` was validated by the caller (float64,
+        # finite, in range); same noise source, same scale, same draw
+        src = as_noise_source(rng)
+        if row_max is not None and isinstance(src, FastSeededNoise):
+            return np.asarray(src.gumbel_argmax(r, mech.scale, row_max=row_max), dtype=np.int64)
+        return np.asarray(src.gumbel_argmax(r, mech.scale), dtype=np.int64)
 
     def select(self, scores: ArrayLike, *, rng, pool_b_scores=None) -> Selection:
         """Select one index (``pool_b_scores`` is ignored: one pool).
@@ -107,8 +120,11 @@ class PrivBoN:
                                                      "n": r.size})
 
     def select_batch(self, scores: ArrayLike, *, rng, pool_b_scores=None) -> BatchSelection:
-        r = scores_matrix(scores, "scores", r_max=self.r_max, clip=self.clip)
-        idx = np.asarray(self._argmax(r, rng), dtype=np.int64).reshape(r.shape[0])
+        if isinstance(rng, FastSeededNoise):  # the range check's row maxima are the sampler's envelope
+            r, top = scores_matrix_row_max(scores, "scores", r_max=self.r_max, clip=self.clip)
+        else:
+            r, top = scores_matrix(scores, "scores", r_max=self.r_max, clip=self.clip), None
+        idx = np.asarray(self._argmax(r, rng, top), dtype=np.int64).reshape(r.shape[0])
         return BatchSelection(idx, [self.event] * r.shape[0], self.event, {})
 
     def law(self, scores: ArrayLike, *, pool_b_scores=None) -> SelectionLaw:

@@ -162,11 +162,22 @@ class PrivITP:
         src = as_noise_source(rng)
         p, n = pool_b.shape
         w = self.width(lam_tilde)
-        z = src.normal(self.sigma_z, (p, n))
-        u = src.uniform((p, n))
-        acc = pool_b + z > lam_tilde[:, None] + w[:, None] * u
-        any_acc = acc.any(axis=1)
-        first = np.argmax(acc, axis=1)
+        z = _writable(src.normal(self.sigma_z, (p, n)))
+        # r + Z > λ̃ + W·U on blocks of rows (~1 MB, in cache), in place. The uniforms are drawn block by
+        # block after all the normals: the same draws, in the same order, as one (p, n) draw of each.
+        any_acc = np.empty(p, dtype=bool)
+        first = np.empty(p, dtype=np.int64)
+        step = max(1, (1 << 17) // max(n, 1))
+        for i in range(0, p, step):
+            sl = slice(i, i + step)
+            zb = z[sl]
+            ub = _writable(src.uniform((zb.shape[0], n)))
+            zb += pool_b[sl]
+            ub *= w[sl, None]
+            ub += lam_tilde[sl, None]
+            acc = np.greater(zb, ub)
+            any_acc[sl] = acc.any(axis=1)
+            first[sl] = np.argmax(acc, axis=1)
         return np.where(any_acc, first, FALLBACK), np.where(any_acc, first + 1, -1), w
 
     def law(self, scores: ArrayLike, *, pool_b_scores: ArrayLike | None = None) -> SelectionLaw:
@@ -176,3 +187,9 @@ class PrivITP:
         p, fb, err = privitp_law(a, b, beta=self.beta, r_max=self.r_max, sigma_x=self.sigma_x,
                                  sigma_z=self.sigma_z, L=self.L)
         return SelectionLaw(p, fb, err)
+
+
+def _writable(x) -> np.ndarray:
+    """``x`` as a float64 array that may be modified in place (a copy only when it is read-only)."""
+    x = np.asarray(x, dtype=np.float64)
+    return x if x.flags.writeable else x.copy()

@@ -27,7 +27,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from scipy import special
 from privalign._json import to_jsonable
 from privalign._validation import check_choice, check_int, check_real
 from privalign.accounting.expost import PrivITPAccountant, ell1, ell2
+from privalign.alignment.figures import plot_results  # re-exported: plotting lives in alignment.figures
 from privalign.alignment.laws import lambda_quadrature, privitp_acceptance
 from privalign.alignment.normalizer import solve_normalizer
 from privalign.alignment.priv_bon import privbon_epsilon, privbon_scale
@@ -171,6 +172,52 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
         ``skip_short``); an empty pool after skipping.
     """
     t0 = time.perf_counter()
+    n_grid, replicates, need = _check_protocol(pool, specs, n_grid, replicates, skip_short)
+    sub, keep = pool.restrict(need)
+    if keep.size == 0:
+        raise PrivacyParameterError(f"No prompt has at least {need} candidates; nothing to evaluate.")
+    if not sub.has_true:
+        raise PrivacyParameterError("The pool has candidates without a true reward ('is_correct' or 'true_reward').")
+    z, clipped, r_max = prepare_scores(sub, transform=transform, score_range=score_range)
+    delta_r = r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
+    ss = random_state if isinstance(random_state, np.random.SeedSequence) else np.random.SeedSequence(random_state)
+    rng = np.random.default_rng(ss)
+    P, G = keep.size, len(n_grid)
+    res_true = {i: np.zeros((P, G)) for i in range(len(specs))}
+    res_proxy = {i: np.zeros((P, G)) for i in range(len(specs))}
+    res_eps = {i: np.full((P, G), np.nan) for i in range(len(specs))}
+    pre = {i: _privitp_precompute(s, r_max, delta_r, quad_panel_width, quad_order)
+           for i, s in enumerate(specs) if s.kind == "privitp"}
+    two = any(s.two_pools for s in specs)
+    for p in _progress(range(P), progress):
+        c = int(sub.counts[p])
+        perm = rng.permuted(np.broadcast_to(np.arange(c), (replicates, c)), axis=1)
+        draw = _Draw.make(clipped[p, :c], sub.true[p, :c], z[p, :c], perm, max(n_grid), two_pools=two)
+        for i, (et, ez, ee) in enumerate(_evaluate_prompt(draw, specs, pre, n_grid, r_max, delta_r, max_chunk)):
+            res_true[i][p], res_proxy[i][p] = et, ez
+            if ee is not None:
+                res_eps[i][p] = ee
+    base_true = np.array([sub.true[p, : sub.counts[p]].mean() for p in range(P)])
+    base_proxy = np.array([z[p, : sub.counts[p]].mean() for p in range(P)])
+    methods = [_method_entry(s, pre.get(i), res_true[i], res_proxy[i], res_eps[i], base_true, n_grid, r_max,
+                             delta_r, quad_order, per_prompt) for i, s in enumerate(specs)]
+    out = {
+        "config": {"n_grid": list(n_grid), "replicates": replicates, "transform": transform,
+                   "score_range": list(score_range), "r_max": r_max, "sensitivity": delta_r,
+                   "seed_entropy": str(ss.entropy), "skip_rule": f"prompts with < {need} candidates skipped"
+                   if skip_short else "none (all prompts had enough candidates)"},
+        "n_prompts": int(P), "skipped_prompts": int(pool.counts.size - P),
+        "base_true": float(base_true.mean()), "base_proxy": float(base_proxy.mean()),
+        "methods": methods, "seconds": time.perf_counter() - t0,
+    }
+    if per_prompt:
+        out["prompt_index"] = [int(k) for k in keep]
+    return out
+
+
+def _check_protocol(pool: ScoredPool, specs, n_grid, replicates, skip_short) -> tuple[list[int], int, int]:
+    """Validate the protocol's arguments; returns ``(n_grid, replicates, need)`` with ``need`` the number of
+    candidates a prompt must have (``2·max N`` if any two-pool method, else ``max N``)."""
     if not specs:
         raise PrivacyParameterError("The 'specs' parameter must name at least one method. Got [] instead.")
     n_grid = [check_int(n, "n_grid[i]", low=1) for n in n_grid]
@@ -185,145 +232,171 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
             f"{'2·' if need != max(n_grid) else ''}max N); smallest pool has {int(pool.counts.min())}. "
             "Lower 'n_grid' or pass skip_short=True."
         )
-    sub, keep = pool.restrict(need)
-    if keep.size == 0:
-        raise PrivacyParameterError(f"No prompt has at least {need} candidates; nothing to evaluate.")
-    if not sub.has_true:
-        raise PrivacyParameterError("The pool has candidates without a true reward ('is_correct' or 'true_reward').")
-    z, clipped, r_max = prepare_scores(sub, transform=transform, score_range=score_range)
-    delta_r = r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
-    ss = random_state if isinstance(random_state, np.random.SeedSequence) else np.random.SeedSequence(random_state)
-    rng = np.random.default_rng(ss)
-    P, G = keep.size, len(n_grid)
-    res_true = {i: np.zeros((P, G)) for i in range(len(specs))}
-    res_proxy = {i: np.zeros((P, G)) for i in range(len(specs))}
-    res_eps = {i: np.full((P, G), np.nan) for i in range(len(specs))}
-    pre = {}
-    for i, s in enumerate(specs):
-        if s.kind == "privitp":
-            assert s.sigma_z is not None  # __post_init__
-            nodes, pw = _privitp_nodes(s, r_max, quad_panel_width, quad_order)
-            w = r_max + s.sigma_z * s.L - nodes
-            l1 = ell1(nodes, width=w, r_max=r_max, sensitivity=delta_r, sigma_z=s.sigma_z)
-            l2 = ell2(nodes, width=w, r_max=r_max, sensitivity=delta_r, sigma_z=s.sigma_z)
-            pre[i] = (nodes, w, pw, l1, l2, quad_order)
+    return n_grid, replicates, need
+
+
+def _privitp_precompute(s: MethodSpec, r_max: float, delta_r: float, panel_width, order: int) -> tuple:
+    """PrivITP's per-run constants: ``(nodes, W, panel width, ℓ1, ℓ2, order)`` at the fixed λ̃ nodes."""
+    assert s.sigma_z is not None  # MethodSpec checks it for PrivITP
+    nodes, pw = _privitp_nodes(s, r_max, panel_width, order)
+    w = r_max + s.sigma_z * s.L - nodes
+    l1 = ell1(nodes, width=w, r_max=r_max, sensitivity=delta_r, sigma_z=s.sigma_z)
+    l2 = ell2(nodes, width=w, r_max=r_max, sensitivity=delta_r, sigma_z=s.sigma_z)
+    return nodes, w, pw, l1, l2, order
+
+
+def _progress(it, show: bool):
+    if not show:
+        return it
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
-        tqdm = None
-    it = range(P)
-    if progress and tqdm is not None:
-        it = tqdm(it, desc="simulate", unit="prompt", file=sys.stderr)
-    n_max = max(n_grid)
-    two = any(s.two_pools for s in specs)
-    for p in it:
-        c = int(sub.counts[p])
-        zp, cp, tp = z[p, :c], clipped[p, :c], sub.true[p, :c]
-        base_t, base_z = tp.mean(), zp.mean()
-        perm = rng.permuted(np.broadcast_to(np.arange(c), (replicates, c)), axis=1)
-        # Pool A for N is perm[:, :N], pool B is perm[:, n_max:n_max + N]: gather the max-N pools once and
-        # slice the nested prefixes (views) for every N.
+        return it
+    return tqdm(it, desc="simulate", unit="prompt", file=sys.stderr)
+
+
+@dataclass
+class _Draw:
+    """One prompt's draws: the clipped/true/proxy scores of all its candidates (``cp``, ``tp``, ``zp``), the
+    replicates' permutations ``perm`` (m, C), and the max-N pools gathered once — pool A ``perm[:, :n_max]``
+    (``ca``, ``za``, ``ta``) and, for the two-pool methods, pool B ``perm[:, n_max:2·n_max]`` (``tb``, ``zb``
+    and their scan differences ``dv_b``; ``cb``). Every N uses prefixes (views). ``lam`` caches λ̂ of pool
+    A per (β, N), shared by ITP and PrivITP."""
+
+    cp: np.ndarray
+    tp: np.ndarray
+    zp: np.ndarray
+    perm: np.ndarray
+    n_max: int
+    ca: np.ndarray
+    za: np.ndarray
+    ta: np.ndarray
+    cb: np.ndarray | None = None
+    tb: np.ndarray | None = None
+    zb: np.ndarray | None = None
+    dv_b: np.ndarray | None = None
+    lam_cache: dict = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, cp, tp, zp, perm, n_max: int, *, two_pools: bool = True) -> _Draw:
         pa = perm[:, :n_max]
-        ca, za, ta = cp[pa], zp[pa], tp[pa]
-        if two:
+        d = cls(cp, tp, zp, perm, n_max, cp[pa], zp[pa], tp[pa])
+        if two_pools:
             pb = perm[:, n_max:2 * n_max]
-            cb, zb, tb = cp[pb], zp[pb], tp[pb]
-            dv_b = _scan_differences(tb, zb)  # (m, 3, n_max), shared by ITP and PrivITP
-            diffs_b = (dv_b[:, 0, :-1], dv_b[:, 1, :-1])
-        lam_cache: dict[tuple[float, int], Any] = {}  # λ̂ of pool A per (β, N), shared by ITP and PrivITP
-        softmax_cache = {}
+            d.cb, d.tb, d.zb = cp[pb], tp[pb], zp[pb]
+            d.dv_b = _scan_differences(d.tb, d.zb)  # (m, 3, n_max), shared by ITP and PrivITP
+        return d
 
-        def lam_of(beta, n, _ca=ca, _cache=lam_cache):
-            if (beta, n) not in _cache:
-                _cache[(beta, n)] = solve_normalizer(_ca[:, :n], beta)
-            return _cache[(beta, n)]
+    @property
+    def base_t(self) -> float:
+        return self.tp.mean()
 
-        nested = {}
-        for i, s in enumerate(specs):
-            if s.kind == "privitp":
-                assert s.sigma_z is not None  # __post_init__
-                nodes, w, *_ = pre[i]
-                rej_t = _rejection_table(cp, nodes, w, s.sigma_z, r_max + s.sigma_z * s.L)  # (K, C)
-                for n in n_grid:
-                    lam_of(s.beta, n)
-                nested[i] = _privitp_nested(s, pre[i], rej_t.T, cp, tp, zp, perm, n_grid, n_max, base_t, base_z,
-                                            r_max, max_chunk, lam_cache=lam_cache, pool_b_values=(tb, zb),
-                                            pool_b_diffs=dv_b)
-        for g, n in enumerate(n_grid):
-            for i, s in enumerate(specs):
-                if s.kind == "bon":
-                    j = np.argmax(za[:, :n], axis=1)
-                    rows = np.arange(replicates)
-                    et, ez = ta[rows, j], za[rows, j]
-                elif s.kind == "privbon":
-                    scale = s.privbon_scale(delta_r)
-                    if scale > 0:
-                        # softmax(c/σ) over the prefix = e/Σe for any per-row shift of the exponent: one exp of
-                        # the max-N pool per replicate, shifted by its row max (per prefix when that could
-                        # leave the normal range)
-                        if i not in softmax_cache:
-                            e = ca / scale
-                            top = e.max(axis=1, keepdims=True)
-                            shared = bool(np.all(top[:, 0] - e.min(axis=1) < 600.0))
-                            softmax_cache[i] = np.exp(e - top) if shared else None
-                        e = softmax_cache[i]
-                        if e is None:
-                            e = ca[:, :n] / scale
-                            e = np.exp(e - e.max(axis=1, keepdims=True))
-                        else:
-                            e = e[:, :n]
-                        tot = e.sum(axis=1)
-                        et = np.einsum("ij,ij->i", e, ta[:, :n]) / tot
-                        ez = np.einsum("ij,ij->i", e, za[:, :n]) / tot
-                    else:
-                        pr = _onehot(ca[:, :n])
-                        et, ez = (pr * ta[:, :n]).sum(1), (pr * za[:, :n]).sum(1)
-                elif s.kind == "itp":
-                    # rejection 1 − a = clip((R_max − r)/(R_max − λ̂), 0, 1), a = clip((r − λ̂)/(R_max − λ̂), 0, 1)
-                    lam = lam_of(s.beta, n)[:, None]
-                    rej = r_max - cb[:, :n]
-                    rej /= r_max - lam
-                    np.clip(rej, 0.0, 1.0, out=rej)
-                    et, ez = _sequential_expectation(rej, (tb, zb), diffs_b, (base_t, base_z))
-                else:
-                    et, ez, ee = (x[:, g] for x in nested[i])
-                    res_eps[i][p, g] = ee.mean()
-                res_true[i][p, g] = et.mean()
-                res_proxy[i][p, g] = ez.mean()
-    base_true = np.array([sub.true[p, : sub.counts[p]].mean() for p in range(P)])
-    base_proxy = np.array([z[p, : sub.counts[p]].mean() for p in range(P)])
-    methods = []
+    @property
+    def base_z(self) -> float:
+        return self.zp.mean()
+
+    def lam(self, beta: float, n: int) -> np.ndarray:
+        if (beta, n) not in self.lam_cache:
+            self.lam_cache[(beta, n)] = solve_normalizer(self.ca[:, :n], beta)
+        return self.lam_cache[(beta, n)]
+
+
+def _evaluate_prompt(draw: _Draw, specs, pre, n_grid, r_max, delta_r, max_chunk):
+    """Per method: the replicate means over the N grid of the expected true value, expected proxy value
+    and (PrivITP) expected ε2, each of shape (G,) (ε2 None for the other methods)."""
+    base_t, base_z = draw.base_t, draw.base_z
+    nested = {}
     for i, s in enumerate(specs):
-        lift = res_true[i] - base_true[:, None]
-        entry = {
-            "name": s.name(), "spec": asdict(s), "n": list(n_grid),
-            "true_value": res_true[i].mean(0).tolist(),
-            "true_lift": lift.mean(0).tolist(),
-            "true_lift_se": _se(lift).tolist(),
-            "proxy": res_proxy[i].mean(0).tolist(),
-            "proxy_se": _se(res_proxy[i]).tolist(),
-            "privacy": _privacy(s, n_grid, r_max, delta_r),
-        }
         if s.kind == "privitp":
-            entry["privacy"]["expected_epsilon2_realized"] = np.nanmean(res_eps[i], axis=0).tolist()
-            entry["quadrature"] = {"nodes": int(pre[i][0].size), "order": quad_order, "panel_width": pre[i][2]}
-            if per_prompt:
-                entry["expected_epsilon2_per_prompt"] = res_eps[i].tolist()
-        if per_prompt:
-            entry["true_lift_per_prompt"] = lift.tolist()
-        methods.append(entry)
-    out = {
-        "config": {"n_grid": list(n_grid), "replicates": replicates, "transform": transform,
-                   "score_range": list(score_range), "r_max": r_max, "sensitivity": delta_r,
-                   "seed_entropy": str(ss.entropy), "skip_rule": f"prompts with < {need} candidates skipped"
-                   if skip_short else "none (all prompts had enough candidates)"},
-        "n_prompts": int(P), "skipped_prompts": int(pool.counts.size - P),
-        "base_true": float(base_true.mean()), "base_proxy": float(base_proxy.mean()),
-        "methods": methods, "seconds": time.perf_counter() - t0,
-    }
-    if per_prompt:
-        out["prompt_index"] = [int(k) for k in keep]
+            nodes, w, *_ = pre[i]
+            rej_t = _rejection_table(draw.cp, nodes, w, s.sigma_z, r_max + s.sigma_z * s.L)  # (K, C)
+            for n in n_grid:
+                draw.lam(s.beta, n)
+            nested[i] = _privitp_nested(s, pre[i], rej_t.T, draw, n_grid, r_max, max_chunk)
+    G = len(n_grid)
+    out = [(np.zeros(G), np.zeros(G), np.full(G, np.nan) if s.kind == "privitp" else None) for s in specs]
+    softmax_cache: dict[int, np.ndarray | None] = {}
+    for g, n in enumerate(n_grid):
+        for i, s in enumerate(specs):
+            if s.kind == "bon":
+                et, ez = _bon_values(draw, n)
+            elif s.kind == "privbon":
+                et, ez = _privbon_values(draw, n, _privbon_scale(s, delta_r), softmax_cache, i)
+            elif s.kind == "itp":
+                et, ez = _itp_values(draw, s.beta, n, r_max, (base_t, base_z))
+            else:
+                et, ez, ee = (x[:, g] for x in nested[i])
+                eps = out[i][2]
+                assert eps is not None  # PrivITP rows carry ε2
+                eps[g] = ee.mean()
+            out[i][0][g] = et.mean()
+            out[i][1][g] = ez.mean()
     return out
+
+
+def _privbon_scale(s: MethodSpec, delta_r: float) -> float:
+    return s.privbon_scale(delta_r)  # the one ε → scale conversion (alignment.priv_bon, rounded up)
+
+
+def _bon_values(draw: _Draw, n: int):
+    j = np.argmax(draw.za[:, :n], axis=1)
+    rows = np.arange(draw.za.shape[0])
+    return draw.ta[rows, j], draw.za[rows, j]
+
+
+def _privbon_values(draw: _Draw, n: int, scale: float, softmax_cache: dict, key):
+    ca, ta, za = draw.ca, draw.ta, draw.za
+    if scale > 0:
+        # softmax(c/σ) over the prefix = e/Σe for any per-row shift of the exponent: one exp of the max-N
+        # pool per replicate, shifted by its row max (per prefix when that could leave the normal range)
+        if key not in softmax_cache:
+            e = ca / scale
+            top = e.max(axis=1, keepdims=True)
+            shared = bool(np.all(top[:, 0] - e.min(axis=1) < 600.0))
+            softmax_cache[key] = np.exp(e - top) if shared else None
+        e = softmax_cache[key]
+        if e is None:
+            e = ca[:, :n] / scale
+            e = np.exp(e - e.max(axis=1, keepdims=True))
+        else:
+            e = e[:, :n]
+        tot = e.sum(axis=1)
+        return np.einsum("ij,ij->i", e, ta[:, :n]) / tot, np.einsum("ij,ij->i", e, za[:, :n]) / tot
+    pr = _onehot(ca[:, :n])
+    return (pr * ta[:, :n]).sum(1), (pr * za[:, :n]).sum(1)
+
+
+def _itp_values(draw: _Draw, beta: float, n: int, r_max: float, bases):
+    # rejection 1 − a = clip((R_max − r)/(R_max − λ̂), 0, 1), a = clip((r − λ̂)/(R_max − λ̂), 0, 1)
+    cb, tb, zb, dv_b = draw.cb, draw.tb, draw.zb, draw.dv_b
+    assert cb is not None and tb is not None and zb is not None and dv_b is not None  # two-pool draws
+    lam = draw.lam(beta, n)[:, None]
+    rej = r_max - cb[:, :n]
+    rej /= r_max - lam
+    np.clip(rej, 0.0, 1.0, out=rej)
+    return _sequential_expectation(rej, (tb, zb), (dv_b[:, 0, :-1], dv_b[:, 1, :-1]), bases)
+
+
+def _method_entry(s: MethodSpec, pre, res_true, res_proxy, res_eps, base_true, n_grid, r_max, delta_r,
+                  quad_order, per_prompt) -> dict[str, Any]:
+    lift = res_true - base_true[:, None]
+    entry = {
+        "name": s.name(), "spec": asdict(s), "n": list(n_grid),
+        "true_value": res_true.mean(0).tolist(),
+        "true_lift": lift.mean(0).tolist(),
+        "true_lift_se": _se(lift).tolist(),
+        "proxy": res_proxy.mean(0).tolist(),
+        "proxy_se": _se(res_proxy).tolist(),
+        "privacy": _privacy(s, n_grid, r_max, delta_r),
+    }
+    if s.kind == "privitp":
+        entry["privacy"]["expected_epsilon2_realized"] = np.nanmean(res_eps, axis=0).tolist()
+        entry["quadrature"] = {"nodes": int(pre[0].size), "order": quad_order, "panel_width": pre[2]}
+        if per_prompt:
+            entry["expected_epsilon2_per_prompt"] = res_eps.tolist()
+    if per_prompt:
+        entry["true_lift_per_prompt"] = lift.tolist()
+    return entry
 
 
 def _onehot(x):
@@ -420,8 +493,7 @@ def _sequential_expectation(rej, values, diffs, bases, *, tol=1e-12, block=256):
     return tuple(out)
 
 
-def _privitp_nested(s, pre, rej_pool, cp, tp, zp, perm, n_grid, n_max, base_t, base_z, r_max, max_chunk,
-                    block=256, tol=1e-12, lam_cache=None, pool_b_values=None, pool_b_diffs=None):
+def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, block=256, tol=1e-12):
     """PrivITP's exact expected true/proxy value and expected ε2, per replicate and N.
 
     Pool A for N is ``perm[:, :N]`` and pool B is ``perm[:, n_max:n_max + N]``: disjoint, and for each N a
@@ -442,14 +514,16 @@ def _privitp_nested(s, pre, rej_pool, cp, tp, zp, perm, n_grid, n_max, base_t, b
     value|) (tol = 1e-12), and the stopped node's remaining mass is credited to the fallback.
 
     Args:
-      pool_b_values: Optional ``(tp[pb], zp[pb])`` with ``pb = perm[:, n_max:2·n_max]``, already gathered.
-      pool_b_diffs: Optional ``_scan_differences(*pool_b_values)``, already computed.
+      draw: The prompt's draws (:class:`_Draw`; ``perm``, the scores, pool B's values and differences when
+        gathered, and the λ̂ cache of pool A, filled here for the N not yet solved).
 
     Returns:
       Arrays of shape (m, G): expected true value, expected proxy value, expected ε2.
     """
     nodes, _w, pw, l1, l2, order = pre
-    lam_cache = {} if lam_cache is None else lam_cache
+    cp, tp, zp, perm, n_max = draw.cp, draw.tp, draw.zp, draw.perm, draw.n_max
+    base_t, base_z, lam_cache = draw.base_t, draw.base_z, draw.lam_cache
+    pool_b_diffs = draw.dv_b
     m = perm.shape[0]
     k = nodes.size
     g = len(n_grid)
@@ -465,7 +539,10 @@ def _privitp_nested(s, pre, rej_pool, cp, tp, zp, perm, n_grid, n_max, base_t, b
     step = max(1, int(max_chunk // max(min(n_max, block) * k, 1)))
     et, ez, ee = np.empty((m, g)), np.empty((m, g)), np.empty((m, g))
     cut = tol / k
-    if pool_b_values is None:
+    pool_b_values: tuple[np.ndarray, np.ndarray]
+    if draw.tb is not None and draw.zb is not None:  # already gathered
+        pool_b_values = (draw.tb, draw.zb)
+    else:
         pb = perm[:, n_max:2 * n_max]
         pool_b_values = (tp[pb], zp[pb])
     for r0 in range(0, m, step):
@@ -473,7 +550,7 @@ def _privitp_nested(s, pre, rej_pool, cp, tp, zp, perm, n_grid, n_max, base_t, b
         bs = perm[sl, n_max:2 * n_max]
         vb = [np.asarray(v[sl], dtype=np.float64) for v in pool_b_values]
         c = bs.shape[0]
-        dv = _scan_differences(*vb) if pool_b_diffs is None else pool_b_diffs[sl]  # (c, 3, n_max)
+        dv = _scan_differences(*vb) if pool_b_diffs is None else np.asarray(pool_b_diffs)[sl]  # (c, 3, n_max)
         v0 = np.stack([vb[0][:, 0], vb[1][:, 0], np.zeros(c)], axis=1)  # (c, 3)
 
         def v_at(e, _vb=vb, _c=c):  # (c, 3): v_e, with the padding at e = n_max
@@ -534,7 +611,7 @@ def _privacy(s: MethodSpec, n_grid, r_max, delta_r) -> dict[str, Any]:
     if s.kind in ("bon", "itp"):
         return {"guarantee": "none", "epsilon": math.inf}
     if s.kind == "privbon":
-        scale = s.privbon_scale(delta_r)
+        scale = _privbon_scale(s, delta_r)
         eps = privbon_epsilon(scale, delta_r)
         return {"guarantee": "pure ε-DP per query (exponential mechanism); ε²/8-zCDP", "epsilon": eps,
                 "rho": eps**2 / 8 if math.isfinite(eps) else math.inf, "scale": scale}
@@ -556,45 +633,13 @@ def write_results(results: dict[str, Any], out_dir: str | Path) -> Path:
     return path
 
 
-def plot_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """Two PNG figures: true-reward (accuracy) lift vs N and expected proxy reward vs N (log2 x-axis,
-    error bars = 1 SE over prompts). Returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for key, ylabel, fname in (("true_lift", "true-reward lift over base policy (×100 = accuracy lift, %)",
-                                "true_lift.png"),
-                               ("proxy", "expected proxy reward of the selection", "proxy_reward.png")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for m in results["methods"]:
-            y = np.asarray(m[key], dtype=float)
-            se = np.asarray(m[key + "_se"], dtype=float)
-            scale = 100.0 if key == "true_lift" else 1.0
-            ax.errorbar(m["n"], y * scale, yerr=se * scale, marker="o", ms=3, capsize=2, label=_legend(m))
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("N (candidates per pool)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{results['n_prompts']} prompts, {results['config']['replicates']} replicates")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / fname
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
-def _legend(m: dict[str, Any]) -> str:
-    pv = m["privacy"]
-    if m["spec"]["kind"] == "privbon":
-        return f"{m['name']} (ε_eff={pv['epsilon']:.3g}, pure DP)"
-    if m["spec"]["kind"] == "privitp":
-        return f"{m['name']} (ε1={pv['epsilon1']:.3g}@δ={pv['delta']:g}, ex-post)"
-    return m["name"]
-
+def _finite(o):
+    if isinstance(o, float) and math.isinf(o):
+        return "inf" if o > 0 else "-inf"
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_finite(v) for v in o]
+    return o

@@ -1,4 +1,5 @@
-"""``privalign simulate``: the authors' evaluation protocol on a scored pool → results.json + PNG figures."""
+"""``privalign simulate``: the authors' evaluation protocol on a scored pool → results.json + PNG figures
+(PDF too with ``--pdf``)."""
 
 from __future__ import annotations
 
@@ -69,14 +70,16 @@ def _run(args) -> int:
 
     import numpy as np
 
-    from privalign.alignment.simulation import plot_results, prepare_scores, run_protocol, write_results
+    from privalign.alignment.figures import plot_results, preload_matplotlib
+    from privalign.alignment.simulation import prepare_scores, run_protocol, write_results
     from privalign.cli.select import parse_floats
+    from privalign.data.pool_cache import read_scored_pool
     from privalign.data.pools import ReadStats, ScoredPool
     from privalign.errors import PrivacyParameterError
 
     stats = ReadStats()
     if args.pool:
-        pool = ScoredPool.read(args.pool, stats=stats)
+        pool = ScoredPool.read(args.pool, stats=stats) if args.no_pool_cache else read_scored_pool(args.pool, stats=stats)
         if stats.describe():
             print(f"privalign simulate: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
     else:
@@ -97,11 +100,16 @@ def _run(args) -> int:
         print(f"privalign simulate: note: {n_clip} of {int(finite.sum())} scores ({100 * clipped_fraction:.2f}%) lie outside "
               f"--score-range {lo:g},{hi:g} (after --transform {args.transform}) and are clipped for the bounded-score methods",
               file=sys.stderr)
-    res = run_protocol(pool, _specs(args), n_grid=[2**i for i in range(k + 1)],
-                       replicates=args.replicates, random_state=args.seed, transform=args.transform,
-                       score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
+    specs = _specs(args)
+    preloading = preload_matplotlib()  # imports matplotlib in a thread while the engine runs
+    try:
+        res = run_protocol(pool, specs, n_grid=[2**i for i in range(k + 1)],
+                           replicates=args.replicates, random_state=args.seed, transform=args.transform,
+                           score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
+    finally:
+        preloading.join()  # never leave an import running in a thread (also on errors)
     path = write_results(res, args.out)
-    figs = plot_results(res, args.out)
+    figs = plot_results(res, args.out, formats=("png", "pdf") if args.pdf else ("png",))
     summary = {"results": str(path), "figures": [str(f) for f in figs], "n_prompts": res["n_prompts"],
                "skipped_prompts": res["skipped_prompts"], "seconds": res["seconds"], "max_n": 2**k,
                "transform": args.transform, "score_range": [lo, hi], "clipped_fraction": clipped_fraction,
@@ -113,14 +121,16 @@ def _run(args) -> int:
     else:
         for m in summary["methods"]:
             print(f"{m['name']:<40s} lift at N={2**k}: {100 * m['true_lift_at_max_n']:+.2f}")
-        print(f"wrote {path} and {len(figs)} figures")
+        print(f"wrote {path} and {len(figs)} figure files")
     return 0
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("simulate", help="evaluation protocol (N = 2^0..2^k) on a scored pool",
                               description="Run BoN/ITP/PrivBoN/PrivITP with exact selection laws on a scored pool "
-                                          "and write results.json plus PNG figures into --out. Defaults follow the "
+                                          "and write results.json plus PNG figures (and PDF with --pdf) into --out. "
+                                          "A pool file is parsed once into a columnar cache (<user cache>/pools, "
+                                          "memory-mapped, rebuilt when the file changes). Defaults follow the "
                                           "authors' protocol (docs/alignment.md): rewards z-normalised over the whole "
                                           "pool, 50 replicates, N up to the largest power of two the pool supports "
                                           "(at most 2^12); scores outside --score-range are clipped for the "
@@ -146,6 +156,10 @@ def register(subparsers) -> None:
     p.add_argument("--skip-short", action="store_true", help="skip prompts with too few candidates")
     p.add_argument("--seed", type=int, default=0, help="SeedSequence entropy, a non-negative integer (default 0)")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--pdf", action="store_true", help="also write each figure as PDF (default: PNG only)")
+    p.add_argument("--no-pool-cache", action="store_true",
+                   help="parse the pool file every time instead of using the columnar cache in the user cache "
+                        "directory ($PRIVALIGN_CACHE_DIR, else $XDG_CACHE_HOME/privalign, else ~/.cache/privalign)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=_run)

