@@ -29,8 +29,8 @@ from privalign.service.keys import create_key
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def svc_any(request, tmp_path, reward_model):
-    cfg = _cfg(tmp_path, reward_model)
+def svc_any(request, tmp_path, reward_model, upstream):
+    cfg = _cfg(tmp_path, reward_model, upstream)
     if request.param == "postgres":
         url, schema = request.getfixturevalue("pg_schema")
         cfg = replace(cfg, database=replace(cfg.database, url=url, schema=schema))
@@ -58,20 +58,26 @@ def _slow_flush(state, delay_s: float, done_at: dict, fail: bool = False):
     state.store.flusher._flush = flush
 
 
-def test_no_answer_before_its_reservation_is_on_disk_and_no_overspend(svc_any):
+@pytest.mark.parametrize("endpoint", ["/v1/select", "/v1/chat/completions"])
+def test_no_answer_before_its_reservation_is_on_disk_and_no_overspend(svc_any, endpoint):
+    """/v1/select flushes at the gate (in the request's thread); a chat completion starts the flush in the
+    background before generating. Either way no answer arrives before its flush completed."""
     url, state = svc_any
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     done_at: dict[str, float] = {}
     _slow_flush(state, 0.15, done_at)
     h = {"Authorization": f"Bearer {token}"}
-    body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply", "meh"], "privacy": {"epsilon": 0.1}}
+    if endpoint == "/v1/select":
+        body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply", "meh"], "privacy": {"epsilon": 0.1}}
+    else:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "privacy": {"epsilon": 0.1, "n": 3}}
     results: list[tuple[int, dict, float]] = []
     lock = threading.Lock()
 
     def client():
         with httpx.Client(timeout=30) as c:
             for _ in range(2):
-                r = c.post(url + "/v1/select", headers=h, json=body)
+                r = c.post(url + endpoint, headers=h, json=body)
                 t = time.monotonic()
                 with lock:
                     results.append((r.status_code, r.json(), t))
@@ -128,7 +134,7 @@ def test_flusher_groups_items_committed_before_the_flush_began():
         return {3} if 3 in items else ()
 
     fl = GroupFlusher(flush)
-    t1 = fl.submit(1)
+    t1 = fl.submit(1)  # flushed by the background thread
     while not batches:
         time.sleep(0.001)
     later = [fl.submit(i) for i in (2, 3, 4)]  # arrive while the first flush is running
@@ -143,6 +149,11 @@ def test_flusher_groups_items_committed_before_the_flush_began():
     with pytest.raises(DurabilityError, match="disk gone"):
         fl.wait(fl.submit(99), 5)
     fl.wait(fl.submit(5), 5)  # the next batch is unaffected
+    # Leader/follower: without the background thread, the waiter flushes what is queued itself.
+    queued = [fl.submit(i, background=False) for i in (6, 7)]
+    assert not any(t.done.is_set() for t in queued)
+    fl.wait(queued[1], 5)
+    assert batches[-1] == [6, 7] and queued[0].done.is_set()
     fl.close()
     with pytest.raises(DurabilityError):
-        fl.submit(6)
+        fl.submit(8)

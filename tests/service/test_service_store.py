@@ -211,7 +211,7 @@ def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable, gr
 def test_sqlite_commit_modes_reserve_flushed_closes_not(tmp_path, monkeypatch, durable, group):
     """The PRAGMA synchronous in force when each ledger row is written (FULL = flushed on commit).
 
-    Group commit: every reserve commits with NORMAL (no flush), then the ``-wal`` file is fsynced before
+    Group commit: every reserve commits with NORMAL (no flush), then the ``-wal`` file is fdatasynced before
     ``reserve`` returns, and no ledger write comes between the commit and that fsync."""
     eng = _sqlite(tmp_path)
     trail: list[str] = []  # statements and fsyncs, in order
@@ -223,13 +223,13 @@ def test_sqlite_commit_modes_reserve_flushed_closes_not(tmp_path, monkeypatch, d
     eng.dispose()
     import privalign.service.durability as dur
 
-    real_fsync = dur.os.fsync
+    real_sync = dur.os.fdatasync
 
-    def fsync(fd):
+    def fdatasync(fd):
         trail.append("FSYNC " + os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
+        real_sync(fd)
 
-    monkeypatch.setattr(dur.os, "fsync", fsync)
+    monkeypatch.setattr(dur.os, "fdatasync", fdatasync)
     store = SQLBudgetStore(eng, durable=durable, group_commit=group)
     assert store.group_commit is (durable and group)
     expected_actions = _durability_scenario(store)

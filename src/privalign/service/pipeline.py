@@ -22,9 +22,10 @@ The order is the privacy argument:
    checked encodable at validation; an encoding failure would be a bug, answered 500, charged, no retry).
    Then :func:`durable`: the answer is held until its reservation is on disk. With group commit
    (``[database] group_commit``, the default with ``sync = "full"``) the reserve commits without waiting
-   for the disk and its flush runs in the background, shared with every reservation committed before it
-   began, during steps 2–6; nothing that follows scoring (answer or error) is released before it
-   completes.
+   for the disk; its flush, shared with every reservation committed before it began, runs in the
+   background during generation (steps 2–6) when the request generates, or at the gate in the request's
+   thread when the client brought the candidates; nothing that follows scoring (answer or error) is
+   released before it completes.
 7. settle: written after the answer is sent (a background task; until then the reservation counts at its
    reserved cost, which is ≥ the charge), or before it for ``Idempotency-Key`` requests, whose answer is
    stored with the settle. A settle that fails leaves the reserved cost charged (reconciliation).
@@ -68,7 +69,10 @@ def run(state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], Key
             reauth()
         raise ApiError(503, "service_unavailable", "The generator is still loading (see GET /readyz); nothing was charged. "
                        "Retry in a few seconds.", headers={"Retry-After": "5"})
-    r = reserve(state, key, job.plan, reauth, job.endpoint)
+    # With group commit the reservation's flush overlaps generation (I/O-bound: the flusher's thread gets
+    # the GIL at once); with client-given candidates it runs at the gate, in this thread (scoring is
+    # CPU-bound and would delay the flusher's thread by up to the GIL switch interval).
+    r = reserve(state, key, job.plan, reauth, job.endpoint, overlap=job.candidates is None)
     candidates = generate(state, job, r, deadline)
     t_private = time.monotonic()
     try:

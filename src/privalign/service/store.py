@@ -20,8 +20,12 @@ Reserve-before-run and settle-after-run are single transactions:
   runs in-process, so several statements per transaction cost no round trips.
 
 Durability (``durable=True``, the default; ``[database] sync = "full"``): the **reserve** is flushed to
-disk before :meth:`SQLBudgetStore.try_reserve` returns (PostgreSQL ``synchronous_commit = on``, SQLite
-``synchronous = FULL``), so a reservation is durable before any score is computed. Settle, cancel and
+disk before :meth:`SQLBudgetStore.try_reserve` returns. With group commit (``group_commit=True``, the
+default) the reserve commits without waiting and a shared flush (:mod:`privalign.service.durability`)
+makes it durable; ``reserve(..., wait=False)`` returns before that flush, and the caller must call
+:meth:`SQLBudgetStore.wait_durable` before it releases anything (the service does so at its gate, before
+any answer). Without group commit the reserve's own commit waits (PostgreSQL ``synchronous_commit = on``,
+SQLite ``synchronous = FULL``). Settle, cancel and
 reconcile commit without waiting for the flush: losing one of them in a database crash leaves the
 reservation open, and reconciliation then charges it at its reserved cost, which is at least the realized
 cost (fail closed). See :meth:`SQLBudgetStore.try_reserve`.
@@ -240,8 +244,8 @@ class SQLBudgetStore:
           DurabilityError: the flush failed, the reservation was lost, or ``timeout`` seconds passed. The
             reservation may or may not be durable: treat it as charged and release nothing.
         """
-        if receipt.ticket is not None:
-            GroupFlusher.wait(receipt.ticket, timeout)
+        if receipt.ticket is not None and self.flusher is not None:
+            self.flusher.wait(receipt.ticket, timeout)
 
     def close(self) -> None:
         """Stop the flusher thread (after flushing what is queued)."""
@@ -434,6 +438,7 @@ class SQLBudgetStore:
         event: dict | None = None,
         require_active: bool = False,
         wait: bool = True,
+        background: bool = True,
     ) -> Receipt:
         """Atomically check ``spent + reserved + cost ≤ limit`` (exact integer units) and record a
         reservation.
@@ -458,6 +463,11 @@ class SQLBudgetStore:
             return as soon as it is committed (visible to every other reservation, so the budget check is
             unchanged) with the flush under way; the caller must call :meth:`wait_durable` on the receipt
             before it releases anything that depends on the reservation.
+          background: with ``wait=False``: start the flush now in the flusher's thread, to overlap the
+            caller's next steps (worth it when they wait on I/O, e.g. a generator; a CPU-bound next step
+            holds the GIL and delays that thread by up to the interpreter's switch interval, 5 ms).
+            ``False``: the flush runs when the caller waits (:meth:`wait_durable`), in the caller's
+            thread, shared with every reservation committed by then.
 
         Returns:
           A :class:`Receipt` with the principal's totals right after this reservation.
@@ -483,7 +493,7 @@ class SQLBudgetStore:
                 cur.execute(self._PG_RESERVE_SQL[bool(require_active)], params)
                 done = cur.fetchone()
                 if done is not None:
-                    return self._receipt(rid, principal, (ca, cb), dict(zip(self._TOTALS, (int(v) for v in done[:6]))), wait)
+                    return self._receipt(rid, principal, (ca, cb), dict(zip(self._TOTALS, (int(v) for v in done[:6]))), wait, background)
                 if require_active:
                     raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
                 # Refused, or no principal row yet: decide again under the row lock (a few more round
@@ -495,7 +505,7 @@ class SQLBudgetStore:
                         raise refusal
                     self._insert_reserve(cur, principal, rid, ca, cb, ev)
                     cur.execute("SELECT set_config('synchronous_commit', %(s)s, true)", {"s": params["sync"]})
-            return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait)
+            return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait, background)
         with self._tx(durable=self.durable and flusher is None) as cur:
             if require_active:
                 key = self._one(cur, "key", {"p": principal})
@@ -508,14 +518,16 @@ class SQLBudgetStore:
                 if refusal is not None:
                     raise refusal
             self._insert_reserve(cur, principal, rid, ca, cb, ev)
-        return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait)
+        return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait, background)
 
-    def _receipt(self, rid: str, principal: str, cost: tuple[int, int], totals: dict, wait: bool) -> Receipt:
+    def _receipt(self, rid: str, principal: str, cost: tuple[int, int], totals: dict, wait: bool, background: bool) -> Receipt:
         """The receipt of a **committed** reservation; with group commit, its flush is queued here (and
         waited for if ``wait``)."""
         if self.flusher is None:
             return Receipt(rid, principal, cost, totals)
-        receipt = Receipt(rid, principal, cost, totals, self.flusher.submit(rid))
+        # Background: the flusher's thread starts the flush now, to overlap the caller's next steps;
+        # otherwise the (first) waiter flushes itself, with no thread hand-over, unless a flush is running.
+        receipt = Receipt(rid, principal, cost, totals, self.flusher.submit(rid, background=background and not wait))
         if wait:
             self.wait_durable(receipt)
         return receipt

@@ -19,15 +19,17 @@ from privalign.service.store import ActiveKeyCheckFailed, DurabilityError
 __all__ = ["reserve", "cancel", "durable"]
 
 def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Callable[[], KeyInfo] | None,
-            endpoint: str = "") -> Reserved:
+            endpoint: str = "", *, overlap: bool = False) -> Reserved:
     """Step 1. ``reauth``: ``None`` if ``key`` was authenticated from the database; otherwise ``key``
     comes from the key cache and the reserving statement also checks that the key is active
     (``require_active``); if it writes nothing, the key is authenticated from the database (401) and the
     reservation decided again exactly as without the cache.
 
     The reservation is committed (every later reservation of the key sees it) when this returns; with
-    group commit its flush to disk may still be under way (``receipt.ticket``): :func:`durable` must be
-    called before anything that depends on the private scores is released."""
+    group commit its flush to disk may still be pending (``receipt.ticket``): :func:`durable` must be
+    called before anything that depends on the private scores is released. ``overlap``: start that flush
+    now in the flusher's thread (the request goes on to generate, waiting on I/O); otherwise it runs at
+    the gate, in the request's thread, shared with every reservation committed by then."""
     if not (state.private and plan.method != "bon"):
         return Reserved(key)
     flt = FILTERS[key.accounting]
@@ -42,13 +44,14 @@ def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Call
     receipt = None
     if reauth is not None:
         try:
-            receipt = state.store.reserve(key.key_id, cost, None, event=event, require_active=True, wait=False)
+            receipt = state.store.reserve(key.key_id, cost, None, event=event, require_active=True, wait=False,
+                                            background=overlap)
         except (ActiveKeyCheckFailed, BudgetExhaustedError):
             key = reauth()  # nothing was written: authenticate from the database and decide again
             flt = FILTERS[key.accounting]
     if receipt is None:
         try:
-            receipt = state.store.reserve(key.key_id, cost, None, event=event, wait=False)
+            receipt = state.store.reserve(key.key_id, cost, None, event=event, wait=False, background=overlap)
         except BudgetExhaustedError as exc:
             state.metrics.refusals.labels(endpoint).inc()
             rem = {unit_name(key): exc.remaining.get("primary", 0.0), "delta": exc.remaining.get("delta", 0.0)}
