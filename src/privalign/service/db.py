@@ -57,6 +57,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
+from privalign.service import migrations
+
 __all__ = [
     "metadata",
     "principals",
@@ -286,15 +288,18 @@ def create_schema(engine: Engine, *, schema: str | None = None) -> None:
     is created from :data:`metadata` and stamped with the newest revision). Idempotent; safe for replicas
     starting together: it runs in one transaction under a lock (PostgreSQL: a transaction-level advisory
     lock; SQLite: ``BEGIN IMMEDIATE``)."""
-    from privalign.service import migrations
-
     if schema and engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(72177301)")
-        migrations.upgrade(conn, schema=schema or None)
+        if migrations.is_empty(conn, schema=schema or None):
+            metadata.create_all(conn)
+            conn.execute(schema_version.insert().values(id=1, version=SCHEMA_VERSION))
+            migrations.stamp_head(conn)
+        else:
+            migrations.upgrade(conn, schema=schema or None)
 
 
 #: Stored answers of a version-1 ledger (which had no expiry) expire this long after their creation
@@ -307,8 +312,6 @@ def migrate(conn: Any, *, schema: str | None = None) -> str:
     :func:`create_schema` runs. Kept for callers of earlier versions; runs that upgrade in the caller's
     transaction."""
     import warnings
-
-    from privalign.service import migrations
 
     warnings.warn("privalign.service.db.migrate is deprecated; use privalign.service.migrations.upgrade",
                   DeprecationWarning, stacklevel=2)

@@ -16,8 +16,8 @@ transaction, under its lock (PostgreSQL advisory lock, SQLite ``BEGIN IMMEDIATE`
 * a database with an ``alembic_version`` table is upgraded to ``head``;
 * a ledger from before Alembic is stamped with the revision its tables match (``0002`` if it has the
   ``privalign_schema`` table, else ``0001``) and upgraded to ``head``;
-* an empty database gets the current tables (:data:`privalign.service.db.metadata`) and is stamped
-  ``head``.
+* an empty database gets the current tables (:data:`privalign.service.db.metadata`, created by
+  :func:`privalign.service.db.create_schema`) and is stamped ``head`` (:func:`stamp_head`).
 
 For operators: ``alembic -x url=DB_URL -c <package>/migrations/alembic.ini upgrade head`` is not needed:
 ``privalign serve`` (and ``privalign keys``) upgrade at start-up.
@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HEAD", "upgrade", "current_revision", "alembic_config"]
+__all__ = ["HEAD", "upgrade", "is_empty", "stamp_head", "current_revision", "alembic_config"]
 
 #: The newest revision.
 HEAD = "0002"
@@ -52,32 +52,46 @@ def current_revision(connection: Any) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
-def upgrade(connection: Any, *, schema: str | None = None) -> str:
-    """Bring the database on ``connection`` to :data:`HEAD` (see the module docstring), in the caller's
-    transaction. Returns what was done: ``"created"``, ``"upgraded"`` or ``"current"``."""
+def _command():
     try:
         from alembic import command
     except ImportError:
         from privalign.errors import MissingDependencyError
 
         raise MissingDependencyError("The service's database migrations need Alembic: pip install 'privalign[serve]'.") from None
+    return command
+
+
+def is_empty(connection: Any, *, schema: str | None = None) -> bool:
+    """Whether the database holds neither a ledger nor an Alembic version table."""
     from sqlalchemy import inspect
 
-    from privalign.service import db
+    insp = inspect(connection)
+    return not (insp.has_table("alembic_version", schema=schema) or insp.has_table("principals", schema=schema))
 
+
+def stamp_head(connection: Any) -> None:
+    """Record :data:`HEAD` for a database just created from the current tables."""
+    _command().stamp(alembic_config(connection), "head")
+
+
+def upgrade(connection: Any, *, schema: str | None = None) -> str:
+    """Bring an existing ledger on ``connection`` to :data:`HEAD`, in the caller's transaction (see the
+    module docstring; an empty database is created by :func:`privalign.service.db.create_schema`).
+    Returns ``"upgraded"`` or ``"current"``."""
+    from sqlalchemy import inspect
+
+    command = _command()
     insp = inspect(connection)
     cfg = alembic_config(connection)
     if insp.has_table("alembic_version", schema=schema):
-        before = current_revision(connection)
-        if before == HEAD:
+        if current_revision(connection) == HEAD:
             return "current"
         command.upgrade(cfg, "head")
         return "upgraded"
-    if insp.has_table("principals", schema=schema):  # a ledger from before Alembic
-        command.stamp(cfg, "0002" if insp.has_table("privalign_schema", schema=schema) else "0001")
-        command.upgrade(cfg, "head")
-        return "upgraded"
-    db.metadata.create_all(connection)
-    connection.execute(db.schema_version.insert().values(id=1, version=db.SCHEMA_VERSION))
-    command.stamp(cfg, "head")
-    return "created"
+    if not insp.has_table("principals", schema=schema):
+        raise ValueError("The database holds no privalign ledger to upgrade; privalign.service.db.create_schema creates one.")
+    # A ledger from before Alembic: stamp the revision its tables match, then upgrade.
+    command.stamp(cfg, "0002" if insp.has_table("privalign_schema", schema=schema) else "0001")
+    command.upgrade(cfg, "head")
+    return "upgraded"
