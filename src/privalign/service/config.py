@@ -58,7 +58,8 @@ Sections (every key optional; defaults are the secure ones):
     kind = "upstream"                         # upstream (OpenAI-compatible, e.g. vLLM) | transformers | python | none
     base_url = "http://127.0.0.1:8001/v1"
     model = "served-model"
-    timeout_s = 30.0
+    timeout_s = 30.0                          # per attempt
+    max_retries = 2                           # openai SDK retries (connection errors, timeouts, 408/409/429/5xx)
 """
 
 from __future__ import annotations
