@@ -47,12 +47,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from service_servers import PG_URL, Server, select_body, write_config, write_reward_model  # noqa: E402
+from service_servers import PG_URL, Server, chat_body, select_body, write_config, write_reward_model  # noqa: E402
 
 _body = select_body
 
 
-def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: float = 0.005) -> list[np.ndarray]:
+def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: float = 0.005, path: str = "/v1/select",
+                body=_body) -> list[np.ndarray]:
     """Round-robin one request at a time over all setups, so every setup sees the same load conditions,
     idle for ``gap_s`` after each answer (so that work a server does after answering is not timed in the
     next setup's request). Returns the latencies (ms) per setup."""
@@ -62,12 +63,12 @@ def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: fl
     lat: list[list[float]] = [[] for _ in targets]
     try:
         for k, (url, tok) in enumerate(targets):  # warm connections
-            clients[k].post(url + "/v1/select", json=_body(-1), headers={"Authorization": f"Bearer {tok}"} if tok else {})
+            clients[k].post(url + path, json=body(-1), headers={"Authorization": f"Bearer {tok}"} if tok else {})
         for i in range(per_setup):
             for k, (url, tok) in enumerate(targets):
                 h = {"Authorization": f"Bearer {tok}"} if tok else {}
                 t0 = time.perf_counter()
-                r = clients[k].post(url + "/v1/select", json=_body(i), headers=h)
+                r = clients[k].post(url + path, json=body(i), headers=h)
                 lat[k].append((time.perf_counter() - t0) * 1000)
                 if r.status_code != 200:
                     raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:200]}")
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--gap-ms", type=float, default=5.0, help="idle time after each sequential request")
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--generate-ms", type=float, default=20.0,
+                    help="also time /v1/chat/completions sequentially, with a stand-in generator that waits this long "
+                         "(0: skip)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -225,10 +229,12 @@ def main(argv: list[str] | None = None) -> dict:
             db.create_schema(eng, schema=sch or None)
             engines.append((name, eng, sch, sync, group))
             token = create_key(eng, budget_epsilon=1e6)[1] if private else None
-            servers.append(Server(write_config(tmp, url, sch, sync, group), private))
+            servers.append(Server(write_config(tmp, url, sch, sync, group, args.generate_ms), private))
             targets.append((servers[-1].url, token))
         # Sequential latency, interleaved request by request across setups.
         seq = _sequential(targets, max(50, args.requests // 4), args.gap_ms / 1000)
+        chat = (_sequential(targets, max(50, args.requests // 8), args.gap_ms / 1000, "/v1/chat/completions", chat_body)
+                if args.generate_ms > 0 else None)
         # Throughput: `rounds` interleaved bursts per setup; CPU time of each server over its bursts.
         rounds = 5
         walls = [0.0] * len(targets)
@@ -248,7 +254,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({"setup": name, "seq_p50_ms": float(np.percentile(seq[k], 50)), "seq_p99_ms": float(np.percentile(seq[k], 99)),
                          "server_cpu_ms_per_req": cpu[k] * 1000 / (n_conc + rounds * args.clients),
                          "conc_rps": n_conc / walls[k], "conc_p50_ms": float(np.percentile(conc, 50)),
-                         "conc_p99_ms": float(np.percentile(conc, 99))})
+                         "conc_p99_ms": float(np.percentile(conc, 99)),
+                         "chat_seq_p50_ms": float(np.percentile(chat[k], 50)) if chat is not None else None})
         for s_ in servers:
             s_.stop()
         servers = []
@@ -268,10 +275,13 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         r["overhead_p50_ms"] = r["seq_p50_ms"] - base["seq_p50_ms"]
         r["conc_overhead_p50_ms"] = r["conc_p50_ms"] - base["conc_p50_ms"]
+        if r["chat_seq_p50_ms"] is not None:
+            r["chat_overhead_p50_ms"] = r["chat_seq_p50_ms"] - base["chat_seq_p50_ms"]
         r["overhead_cpu_ms"] = r["server_cpu_ms_per_req"] - base["server_cpu_ms_per_req"]
         r["throughput_ratio"] = r["conc_rps"] / base["conc_rps"]
     flush_end = _flush_probe(tmp, None if args.no_postgres else PG_URL)
     out = {"command": "python benchmarks/bench_service_select.py " + " ".join(argv if argv is not None else sys.argv[1:]), "gap_ms": args.gap_ms,
+           "generate_ms": args.generate_ms,
            "cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
            "flush_probe_start": flush_start, "flush_probe_end": flush_end, "rows": rows, "ledger_writes": ledger}
     print(f"cpus={out['cpus']} gap_ms={args.gap_ms:g} loadavg at start={tuple(round(x, 1) for x in load_start)} "
@@ -285,6 +295,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {r['setup']} | {r['seq_p50_ms']:.2f} | {r['seq_p99_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | "
               f"{r['server_cpu_ms_per_req']:.2f} | {r['overhead_cpu_ms']:+.2f} | {r['conc_rps']:.0f} | "
               f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['conc_overhead_p50_ms']:+.2f} | {r['throughput_ratio']:.2f} |")
+    if args.generate_ms > 0:
+        print()
+        print(f"/v1/chat/completions, sequential, 16 candidates from a stand-in generator that waits {args.generate_ms:g} ms:")
+        print("| setup | seq p50 ms | seq overhead p50 ms |")
+        print("|---|---|---|")
+        for r in rows:
+            print(f"| {r['setup']} | {r['chat_seq_p50_ms']:.2f} | {r['chat_overhead_p50_ms']:+.2f} |")
     print()
     print("| ledger | rows/s (1 thread) | rows/s (4 threads) |")
     print("|---|---|---|")

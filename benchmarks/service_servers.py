@@ -21,7 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = os.environ.get("PRIVALIGN_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
-__all__ = ["PG_URL", "Server", "write_reward_model", "write_config", "select_body"]
+__all__ = ["PG_URL", "Server", "write_reward_model", "write_config", "select_body", "chat_body", "sleepy_generator"]
 
 
 def _free_port() -> int:
@@ -39,18 +39,38 @@ def write_reward_model(path: Path) -> None:
                              n_features=4096, ngram_range=(1, 2), bias=0.5)
 
 
-def write_config(tmp: Path, db_url: str, schema: str = "", sync: str = "full", group_commit: bool = True) -> Path:
-    """A server config in ``tmp`` (the reward model must be at ``tmp / "reward.json"``); no generator."""
+def sleepy_generator(delay_ms: float = 20.0):
+    """A stand-in for an upstream model server: waits ``delay_ms`` (as a network call would, without the
+    GIL) and returns ``n`` fixed candidates."""
+
+    def generate(prompt, n: int, **_kw) -> list[str]:
+        time.sleep(delay_ms / 1000)
+        return [f"candidate {j}: a good clear reply" for j in range(n)]
+
+    return generate
+
+
+def write_config(tmp: Path, db_url: str, schema: str = "", sync: str = "full", group_commit: bool = True,
+                 generate_ms: float = 0.0) -> Path:
+    """A server config in ``tmp`` (the reward model must be at ``tmp / "reward.json"``); no generator, or
+    with ``generate_ms > 0`` :func:`sleepy_generator`."""
     p = tmp / f"bench-{uuid.uuid4().hex[:6]}.toml"
+    gen = (f'[generator]\nkind = "python"\ntarget = "service_servers:sleepy_generator"\ndelay_ms = {float(generate_ms)!r}\n'
+           if generate_ms > 0 else '[generator]\nkind = "none"\n')
     p.write_text(
         f'[database]\nurl = "{db_url}"\nschema = "{schema}"\nsync = "{sync}"\n'
         f'group_commit = {"true" if group_commit else "false"}\n\n'
         '[limits]\nmax_n = 64\nmax_epsilon = 10.0\n\n'
         '[privacy]\nallowed_methods = ["privbon"]\ndefault_epsilon = 1e-6\n\n'
-        f'[reward_model]\nkind = "linear"\npath = "{tmp / "reward.json"}"\n\n'
-        '[generator]\nkind = "none"\n'
+        f'[reward_model]\nkind = "linear"\npath = "{tmp / "reward.json"}"\n\n' + gen
     )
     return p
+
+
+def chat_body(i: int, epsilon: float = 1e-6) -> dict:
+    """Request ``i`` of ``POST /v1/chat/completions``: PrivBoN over 16 generated candidates."""
+    return {"model": "m", "messages": [{"role": "user", "content": f"question {i}"}],
+            "privacy": {"method": "privbon", "epsilon": epsilon, "n": 16}}
 
 
 def select_body(i: int, epsilon: float = 1e-6) -> dict:
@@ -68,7 +88,8 @@ class Server:
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(Path(__file__).resolve().parent),
+                                                            os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(config), str(self.port), "1" if private else "0"],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 120
