@@ -13,6 +13,7 @@ group commit on, as the default configuration.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
@@ -157,3 +158,39 @@ def test_flusher_groups_items_committed_before_the_flush_began():
     fl.close()
     with pytest.raises(DurabilityError):
         fl.submit(8)
+
+
+@pytest.mark.postgres
+def test_postgres_flush_reports_reservations_it_cannot_see(pg_schema):
+    """The PostgreSQL flush statement names the reservations of its batch that are not in the ledger (a
+    reserve lost when the server crashed and recovered before the flush): their requests fail."""
+    from privalign.service.store import SQLBudgetStore
+
+    url, schema = pg_schema
+    eng = db.make_engine(url, schema=schema)
+    db.create_schema(eng, schema=schema)
+    store = SQLBudgetStore(eng)
+    assert store.group_commit
+    store.grant("k", 1.0, 0.0)
+    rid = store.reserve("k", (0.1, 0.0)).reservation_id
+    assert store._pg_flush([rid, "lost-in-a-crash"]) == {"lost-in-a-crash"}
+    receipt = store.reserve("k", (0.1, 0.0), wait=False)
+    store.flusher._flush = lambda items: store._pg_flush(list(items) + ["x"]) - {"x"} | {receipt.reservation_id}
+    with pytest.raises(DurabilityError, match="lost before it reached the disk"):
+        store.wait_durable(receipt, timeout=5)
+    store.close()
+    eng.dispose()
+
+
+def test_sqlite_flush_syncs_the_wal_or_else_the_database_file(tmp_path, monkeypatch):
+    import privalign.service.durability as dur
+
+    synced: list[str] = []
+    monkeypatch.setattr(dur.os, "fdatasync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    path = str(tmp_path / "ledger.db")
+    open(path, "wb").close()
+    flush = dur.sqlite_wal_flush(path)
+    flush(["r"])  # no -wal file (checkpointed and removed): the database file is synced
+    open(path + "-wal", "wb").close()
+    flush(["r"])
+    assert synced == [path, path + "-wal"]
