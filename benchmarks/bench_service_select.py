@@ -15,10 +15,13 @@ measured *interleaved* so that a shared, noisy machine slows them alike:
   throughput pays for them); p50/p99 over all bursts; server CPU time (user + system, from /proc) per
   request.
 
-The durable setups (``sync=full``) wait for one disk flush per request (the reserve); the cost of a flush
-is probed at the start and at the end of the run (``fdatasync`` of one page, and PostgreSQL's commit with
-``synchronous_commit`` on and off) and printed with the load average, because on a shared virtual disk
-it varies by an order of magnitude.
+The durable setups (``sync=full``) make every reservation durable before the answer is released. With
+group commit (``[database] group_commit = true``, the default) the reserve commits at once and its flush
+runs in the background, shared by every reservation committed before it began, while the request scores
+and selects; the answer waits for it. Without group commit (``group_commit = false``, measured in the same
+run) the reserve waits for its own flush. The cost of a flush is probed at the start and at the end of the
+run (``fdatasync`` of one page, and PostgreSQL's commit with ``synchronous_commit`` on and off) and printed
+with the load average, because on a shared virtual disk it varies by an order of magnitude.
 
 Usage::
 
@@ -32,8 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,84 +44,16 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-PG_URL = os.environ.get("PRIVALIGN_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from service_servers import PG_URL, Server, chat_body, select_body, write_config, write_reward_model  # noqa: E402
+
+_body = select_body
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_reward_model(path: Path) -> None:
-    from privalign.service.components import LinearHashedScorer
-
-    rng = np.random.default_rng(0)
-    LinearHashedScorer.write(path, {int(j): float(rng.normal()) for j in rng.choice(4096, 256, replace=False)},
-                             n_features=4096, ngram_range=(1, 2), bias=0.5)
-
-
-def _config(tmp: Path, db_url: str, schema: str = "", sync: str = "full") -> Path:
-    p = tmp / f"bench-{uuid.uuid4().hex[:6]}.toml"
-    p.write_text(
-        f'[database]\nurl = "{db_url}"\nschema = "{schema}"\nsync = "{sync}"\n\n'
-        '[limits]\nmax_n = 64\nmax_epsilon = 10.0\n\n'
-        '[privacy]\nallowed_methods = ["privbon"]\ndefault_epsilon = 1e-6\n\n'
-        f'[reward_model]\nkind = "linear"\npath = "{tmp / "reward.json"}"\n\n'
-        '[generator]\nkind = "none"\n'
-    )
-    return p
-
-
-def _serve_child(config: str, port: int, private: bool) -> None:
-    """Child process entry: serve one app (``private=False`` = privacy and ledger disabled)."""
-    import uvicorn
-
-    from privalign.service.app import create_app
-    from privalign.service.config import load_config
-
-    app = create_app(load_config(config), private=private)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
-
-
-class _Server:
-    def __init__(self, config: Path, private: bool) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(config), str(self.port), "1" if private else "0"],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        import httpx
-
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stderr.read().decode()[-2000:])
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("server did not start")
-
-    def cpu_s(self) -> float:
-        """CPU time (user + system) the server process has used so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
-def _body(i: int) -> dict:
-    words = ["good", "clear", "short", "answer", "kind", "wrong", "helpful", "reply"]
-    cands = [f"candidate {j}: a {words[(i + j) % 8]} {words[(i * j) % 8]} reply" for j in range(16)]
-    return {"prompt": f"question {i}", "candidates": cands, "privacy": {"method": "privbon", "epsilon": 1e-6}}
-
-
-def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: float = 0.005) -> list[np.ndarray]:
+def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: float = 0.005, path: str = "/v1/select",
+                body=_body) -> list[np.ndarray]:
     """Round-robin one request at a time over all setups, so every setup sees the same load conditions,
     idle for ``gap_s`` after each answer (so that work a server does after answering is not timed in the
     next setup's request). Returns the latencies (ms) per setup."""
@@ -130,12 +63,12 @@ def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: fl
     lat: list[list[float]] = [[] for _ in targets]
     try:
         for k, (url, tok) in enumerate(targets):  # warm connections
-            clients[k].post(url + "/v1/select", json=_body(-1), headers={"Authorization": f"Bearer {tok}"} if tok else {})
+            clients[k].post(url + path, json=body(-1), headers={"Authorization": f"Bearer {tok}"} if tok else {})
         for i in range(per_setup):
             for k, (url, tok) in enumerate(targets):
                 h = {"Authorization": f"Bearer {tok}"} if tok else {}
                 t0 = time.perf_counter()
-                r = clients[k].post(url + "/v1/select", json=_body(i), headers=h)
+                r = clients[k].post(url + path, json=body(i), headers=h)
                 lat[k].append((time.perf_counter() - t0) * 1000)
                 if r.status_code != 200:
                     raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:200]}")
@@ -183,11 +116,12 @@ def _burst(url: str, token: str | None, n: int, clients: int) -> tuple[float, li
     return wall, lat
 
 
-def _ledger_rate(engine, seconds: float = 3.0, threads: int = 1, sync: str = "full") -> float:
-    """reserve+settle pairs per second → ledger rows (2 per pair) per second."""
+def _ledger_rate(engine, seconds: float = 3.0, threads: int = 1, sync: str = "full", group_commit: bool = True) -> float:
+    """reserve+settle pairs per second → ledger rows (2 per pair) per second (each reserve returns once
+    durable)."""
     from privalign.service.store import SQLBudgetStore
 
-    store = SQLBudgetStore(engine, durable=sync == "full")
+    store = SQLBudgetStore(engine, durable=sync == "full", group_commit=group_commit)
     principal = f"bench-{uuid.uuid4().hex[:8]}"
     count = [0]
     lock = threading.Lock()
@@ -208,7 +142,9 @@ def _ledger_rate(engine, seconds: float = 3.0, threads: int = 1, sync: str = "fu
         t.start()
     for t in ts:
         t.join()
-    return 2 * count[0] / (time.perf_counter() - t0)
+    rate = 2 * count[0] / (time.perf_counter() - t0)
+    store.close()
+    return rate
 
 
 def _flush_probe(tmp: Path, pg_url: str | None, reps: int = 50) -> dict:
@@ -258,6 +194,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--gap-ms", type=float, default=5.0, help="idle time after each sequential request")
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--generate-ms", type=float, default=20.0,
+                    help="also time /v1/chat/completions sequentially, with a stand-in generator that waits this long "
+                         "(0: skip)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -267,30 +206,35 @@ def main(argv: list[str] | None = None) -> dict:
     from privalign.service.keys import create_key
 
     tmp = Path(tempfile.mkdtemp(prefix="privalign-bench-"))
-    _write_reward_model(tmp / "reward.json")
+    write_reward_model(tmp / "reward.json")
     load_start = os.getloadavg()
     flush_start = _flush_probe(tmp, None if args.no_postgres else PG_URL)
-    setups = [("baseline (no privacy, no ledger)", f"sqlite:///{tmp / 'base.db'}", "", False, "normal"),
-              ("privbon + SQLite ledger, sync=full (default)", f"sqlite:///{tmp / 'ledger.db'}", "", True, "full"),
-              ("privbon + SQLite ledger, sync=normal", f"sqlite:///{tmp / 'ledger2.db'}", "", True, "normal")]
+    # (name, database URL, schema, private, sync, group_commit)
+    setups = [("baseline (no privacy, no ledger)", f"sqlite:///{tmp / 'base.db'}", "", False, "normal", False),
+              ("privbon + SQLite, sync=full, group commit (default)", f"sqlite:///{tmp / 'ledger.db'}", "", True, "full", True),
+              ("privbon + SQLite, sync=full, flush per reserve", f"sqlite:///{tmp / 'ledger1.db'}", "", True, "full", False),
+              ("privbon + SQLite, sync=normal", f"sqlite:///{tmp / 'ledger2.db'}", "", True, "normal", False)]
     schema = f"privalign_bench_{uuid.uuid4().hex[:8]}"
     if not args.no_postgres:
-        setups.append(("privbon + PostgreSQL ledger, sync=full (default)", PG_URL, schema, True, "full"))
-        setups.append(("privbon + PostgreSQL ledger, sync=normal", PG_URL, schema + "n", True, "normal"))
+        setups.append(("privbon + PostgreSQL, sync=full, group commit (default)", PG_URL, schema, True, "full", True))
+        setups.append(("privbon + PostgreSQL, sync=full, flush per reserve", PG_URL, schema + "f", True, "full", False))
+        setups.append(("privbon + PostgreSQL, sync=normal", PG_URL, schema + "n", True, "normal", False))
     rows = []
     engines = []
-    servers: list[_Server] = []
+    servers: list[Server] = []
     targets: list[tuple[str, str | None]] = []
     try:
-        for name, url, sch, private, sync in tqdm(setups, desc="start servers", file=sys.stderr):
+        for name, url, sch, private, sync, group in tqdm(setups, desc="start servers", file=sys.stderr):
             eng = db.make_engine(url, schema=sch or None)
             db.create_schema(eng, schema=sch or None)
-            engines.append((name, eng, sch, sync))
+            engines.append((name, eng, sch, sync, group))
             token = create_key(eng, budget_epsilon=1e6)[1] if private else None
-            servers.append(_Server(_config(tmp, url, sch, sync), private))
+            servers.append(Server(write_config(tmp, url, sch, sync, group, args.generate_ms), private))
             targets.append((servers[-1].url, token))
         # Sequential latency, interleaved request by request across setups.
         seq = _sequential(targets, max(50, args.requests // 4), args.gap_ms / 1000)
+        chat = (_sequential(targets, max(50, args.requests // 8), args.gap_ms / 1000, "/v1/chat/completions", chat_body)
+                if args.generate_ms > 0 else None)
         # Throughput: `rounds` interleaved bursts per setup; CPU time of each server over its bursts.
         rounds = 5
         walls = [0.0] * len(targets)
@@ -310,17 +254,19 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({"setup": name, "seq_p50_ms": float(np.percentile(seq[k], 50)), "seq_p99_ms": float(np.percentile(seq[k], 99)),
                          "server_cpu_ms_per_req": cpu[k] * 1000 / (n_conc + rounds * args.clients),
                          "conc_rps": n_conc / walls[k], "conc_p50_ms": float(np.percentile(conc, 50)),
-                         "conc_p99_ms": float(np.percentile(conc, 99)), "errors": 0})
+                         "conc_p99_ms": float(np.percentile(conc, 99)),
+                         "chat_seq_p50_ms": float(np.percentile(chat[k], 50)) if chat is not None else None})
         for s_ in servers:
             s_.stop()
         servers = []
         ledger = {}
-        for name, eng, _, sync in engines[1:]:
-            ledger[name] = {"rows_per_s_1_thread": _ledger_rate(eng, 3.0, 1, sync), "rows_per_s_4_threads": _ledger_rate(eng, 3.0, 4, sync)}
+        for name, eng, _, sync, group in engines[1:]:
+            ledger[name] = {"rows_per_s_1_thread": _ledger_rate(eng, 3.0, 1, sync, group),
+                            "rows_per_s_4_threads": _ledger_rate(eng, 3.0, 4, sync, group)}
     finally:
         for s_ in servers:
             s_.stop()
-        for _, eng, sch, _ in engines:
+        for _, eng, sch, _, _ in engines:
             if eng.dialect.name == "postgresql":
                 with eng.begin() as conn:
                     conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{sch}" CASCADE')
@@ -328,23 +274,34 @@ def main(argv: list[str] | None = None) -> dict:
     base = rows[0]
     for r in rows:
         r["overhead_p50_ms"] = r["seq_p50_ms"] - base["seq_p50_ms"]
+        r["conc_overhead_p50_ms"] = r["conc_p50_ms"] - base["conc_p50_ms"]
+        if r["chat_seq_p50_ms"] is not None:
+            r["chat_overhead_p50_ms"] = r["chat_seq_p50_ms"] - base["chat_seq_p50_ms"]
         r["overhead_cpu_ms"] = r["server_cpu_ms_per_req"] - base["server_cpu_ms_per_req"]
         r["throughput_ratio"] = r["conc_rps"] / base["conc_rps"]
     flush_end = _flush_probe(tmp, None if args.no_postgres else PG_URL)
     out = {"command": "python benchmarks/bench_service_select.py " + " ".join(argv if argv is not None else sys.argv[1:]), "gap_ms": args.gap_ms,
+           "generate_ms": args.generate_ms,
            "cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
            "flush_probe_start": flush_start, "flush_probe_end": flush_end, "rows": rows, "ledger_writes": ledger}
     print(f"cpus={out['cpus']} gap_ms={args.gap_ms:g} loadavg at start={tuple(round(x, 1) for x in load_start)} "
           f"at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}")
     for when, fp in (("start", flush_start), ("end", flush_end)):
         print(f"disk flush at {when}: " + ", ".join(f"{k} {v:.2f}" for k, v in fp.items()))
-    print("| setup | seq p50 ms | seq p99 ms | overhead p50 ms | server CPU ms/req | overhead CPU ms/req | conc req/s | "
-          "conc p50 ms | conc p99 ms | throughput vs baseline | errors |")
+    print("| setup | seq p50 ms | seq p99 ms | seq overhead p50 ms | server CPU ms/req | overhead CPU ms/req | conc req/s | "
+          "conc p50 ms | conc p99 ms | conc overhead p50 ms | throughput vs baseline |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['setup']} | {r['seq_p50_ms']:.2f} | {r['seq_p99_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | "
               f"{r['server_cpu_ms_per_req']:.2f} | {r['overhead_cpu_ms']:+.2f} | {r['conc_rps']:.0f} | "
-              f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['throughput_ratio']:.2f} | {r['errors']} |")
+              f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['conc_overhead_p50_ms']:+.2f} | {r['throughput_ratio']:.2f} |")
+    if args.generate_ms > 0:
+        print()
+        print(f"/v1/chat/completions, sequential, 16 candidates from a stand-in generator that waits {args.generate_ms:g} ms:")
+        print("| setup | seq p50 ms | seq overhead p50 ms |")
+        print("|---|---|---|")
+        for r in rows:
+            print(f"| {r['setup']} | {r['chat_seq_p50_ms']:.2f} | {r['chat_overhead_p50_ms']:+.2f} |")
     print()
     print("| ledger | rows/s (1 thread) | rows/s (4 threads) |")
     print("|---|---|---|")
@@ -356,7 +313,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
-        _serve_child(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
-    else:
-        main()
+    main()

@@ -36,7 +36,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_service_select import PG_URL, _body, _config, _Server, _write_reward_model  # noqa: E402
+from service_servers import PG_URL, Server, select_body, write_config, write_reward_model  # noqa: E402
 
 
 def _load(urls: list[str], token: str | None, n: int, clients: int, epsilon: float) -> dict:
@@ -54,8 +54,7 @@ def _load(urls: list[str], token: str | None, n: int, clients: int, epsilon: flo
         start.wait()
         for i in range(per[k]):
             url = urls[(k + i) % len(urls)]
-            body = _body(i)
-            body["privacy"]["epsilon"] = epsilon
+            body = select_body(i, epsilon)
             t0 = time.perf_counter()
             try:
                 code = conns[k].post(url + "/v1/select", json=body, headers=headers).status_code
@@ -94,17 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     from privalign.service.store import SQLBudgetStore
 
     tmp = Path(tempfile.mkdtemp(prefix="privalign-soak-"))
-    _write_reward_model(tmp / "reward.json")
+    write_reward_model(tmp / "reward.json")
     schema = f"privalign_soak_{uuid.uuid4().hex[:8]}"
     eng = db.make_engine(PG_URL, schema=schema)
     db.create_schema(eng, schema=schema)
     budget = args.served * args.epsilon
     key_id, token = create_key(eng, budget_epsilon=budget)
-    servers: list[_Server] = []
+    servers: list[Server] = []
     ok = False
     try:
-        servers = [_Server(_config(tmp, PG_URL, schema, "full"), True) for _ in range(args.replicas)]
-        base_srv = _Server(_config(tmp, f"sqlite:///{tmp / 'base.db'}", "", "normal"), False)
+        servers = [Server(write_config(tmp, PG_URL, schema, "full"), True) for _ in range(args.replicas)]
+        base_srv = Server(write_config(tmp, f"sqlite:///{tmp / 'base.db'}", "", "normal"), False)
         servers.append(base_srv)
         load0 = os.getloadavg()
         base = _load([base_srv.url], None, args.requests // 5, args.clients, args.epsilon)

@@ -4,6 +4,7 @@ against an in-process fake server on 127.0.0.1, and bad input."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -95,6 +96,8 @@ class _FakeHandler(BaseHTTPRequestHandler):
         if type(self).fail_first > 0:
             type(self).fail_first -= 1
             self.send_response(503)
+            self.send_header("retry-after-ms", "5")  # the SDK honours it: keeps the retries fast
+            self.send_header("Content-Length", "10")
             self.end_headers()
             self.wfile.write(b"overloaded")
             return
@@ -144,6 +147,33 @@ def test_openai_client_retries_then_fails_cleanly(fake_server):
     assert len(g.generate(["x"], 2, seed=0)[0]) == 2
     assert len(_FakeHandler.calls) == 3
     _FakeHandler.fail_first = 10
-    g2 = OpenAICompatibleGenerator(fake_server, "m", max_retries=1, backoff=0.0, progress=False)
-    with pytest.raises(GenerationError, match="failed after 2 attempts"):
+    _FakeHandler.calls = []
+    g2 = OpenAICompatibleGenerator(fake_server, "m", max_retries=1, progress=False)
+    with pytest.raises(GenerationError, match="HTTP 503 from .*/completions: overloaded") as ei:
         g2.generate(["x"], 2, seed=0)
+    assert len(_FakeHandler.calls) == 2  # one retry, one retry loop
+    assert "\n" not in str(ei.value) and ei.value.__cause__ is None and ei.value.__suppress_context__
+
+
+def test_openai_client_unreachable_server_is_one_line():
+    """Nothing listens on the port: the SDK retries, then one ServerUnreachableError with a one-line
+    message and no chained traceback; the service's upstream generator turns it into one UpstreamError."""
+    from privalign.models.generators import OpenAICompatibleClient, ServerUnreachableError
+    from privalign.service.components import UpstreamError, UpstreamGenerator
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connection refused
+    url = f"http://127.0.0.1:{port}/v1"
+    g = OpenAICompatibleGenerator(url, "m", max_retries=0, timeout=2.0, progress=False)
+    with pytest.raises(ServerUnreachableError) as ei:
+        g.generate(["x"], 2, seed=0)
+    msg = str(ei.value)
+    assert msg == f"the OpenAI-compatible server at {url} is unreachable (1 attempts)"
+    assert ei.value.__cause__ is None and ei.value.__suppress_context__ and isinstance(ei.value, GenerationError)
+    with pytest.raises(UpstreamError, match=f"^upstream generator failed: the OpenAI-compatible server at {url} is unreachable"):
+        UpstreamGenerator(url, timeout_s=2.0, max_retries=0)("hi", 2, max_tokens=4, temperature=1.0, top_p=1.0, chat=True)
+    with pytest.raises(PrivacyParameterError, match="base_url"):
+        OpenAICompatibleClient("127.0.0.1:8000")
+    with pytest.raises(PrivacyParameterError, match="max_retries"):
+        OpenAICompatibleClient(url, max_retries=-1)

@@ -7,58 +7,26 @@ import json
 import time
 
 import pytest
-from sqlalchemy import (
-    Column,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
-    inspect,
-    select,
-)
+from sqlalchemy import inspect, select
 
-from privalign.service import db
+from privalign.service import db, migrations
 from privalign.service.keys import _hash, authenticate
+from privalign.service.migrations.versions.v0001_float_ledger import v1_metadata
 from privalign.service.store import SQLBudgetStore
 
 
-def _v1_metadata() -> MetaData:
-    """The schema as released before issue 17 (privalign/service/db.py at that commit)."""
-    m = MetaData()
-    Table("principals", m, Column("principal", String(64), primary_key=True), Column("created_at", Float, nullable=False),
-          *[Column(c, Float, nullable=False, default=0.0) for c in ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta",
-                                                                    "reserved_epsilon", "reserved_delta")])
-    Table("api_keys", m, Column("key_id", String(64), primary_key=True), Column("name", String(200), nullable=False, default=""),
-          Column("salt", String(64), nullable=False), Column("secret_hash", String(128), nullable=False),
-          Column("accounting", String(16), nullable=False), Column("created_at", Float, nullable=False),
-          Column("revoked_at", Float, nullable=True))
-    Table("budget_grants", m, Column("id", Integer, primary_key=True, autoincrement=True),
-          Column("principal", String(64), nullable=False, index=True), Column("created_at", Float, nullable=False),
-          Column("epsilon", Float, nullable=False), Column("delta", Float, nullable=False),
-          Column("note", String(200), nullable=False, default=""))
-    Table("ledger", m, Column("id", Integer, primary_key=True, autoincrement=True), Column("reservation_id", String(64), nullable=False),
-          Column("principal", String(64), nullable=False), Column("action", String(16), nullable=False),
-          Column("created_at", Float, nullable=False), Column("owner", String(64), nullable=False, default=""),
-          Column("event", Text, nullable=True), Column("reserved_epsilon", Float, nullable=False, default=0.0),
-          Column("reserved_delta", Float, nullable=False, default=0.0), Column("realized_epsilon", Float, nullable=True),
-          Column("realized_delta", Float, nullable=True), Column("detail", Text, nullable=True),
-          Column("closes", String(64), nullable=True, unique=True),
-          UniqueConstraint("reservation_id", "action", name="uq_ledger_reservation_action"),
-          Index("ix_ledger_principal_id", "principal", "id"))
-    Table("idempotency", m, Column("principal", String(64), primary_key=True), Column("idem_key", String(200), primary_key=True),
-          Column("request_hash", String(64), nullable=False), Column("status", String(16), nullable=False),
-          Column("reservation_id", String(64), nullable=True), Column("status_code", Integer, nullable=True),
-          Column("response", Text, nullable=True), Column("created_at", Float, nullable=False))
-    return m
+def _fill_v1(engine, *, via_alembic: bool = False) -> dict:
+    """Fill a version-1 ledger: created as released (``v1_metadata``, no Alembic table), or by Alembic's
+    base revision ``0001`` (then stamped ``0001``)."""
+    m = v1_metadata()
+    if via_alembic:
+        from alembic import command
 
-
-def _fill_v1(engine) -> dict:
-    m = _v1_metadata()
-    m.create_all(engine)
+        with engine.begin() as conn:
+            command.upgrade(migrations.alembic_config(conn), "0001")
+            assert migrations.current_revision(conn) == "0001"
+    else:
+        m.create_all(engine)
     t = m.tables
     now = time.time()
     salt = "ab" * 16
@@ -92,10 +60,21 @@ def _fill_v1(engine) -> dict:
 def _check_upgraded(engine, schema=None) -> None:
     db.create_schema(engine, schema=schema)  # the upgrade
     db.create_schema(engine, schema=schema)  # idempotent
-    cols = {c["name"]: c for c in inspect(engine).get_columns("ledger", schema=schema)}
-    assert "INT" in str(cols["reserved_epsilon"]["type"]).upper()
+    insp = inspect(engine)
+    for table, col in (("ledger", "reserved_epsilon"), ("ledger", "realized_delta"), ("budget_grants", "epsilon"),
+                       ("principals", "spent_delta")):
+        cols = {c["name"]: c for c in insp.get_columns(table, schema=schema)}
+        assert "INT" in str(cols[col]["type"]).upper(), (table, col, cols[col]["type"])
+    # The upgraded schema has what a fresh one has: the same tables, columns, unique constraints.
+    assert set(insp.get_table_names(schema=schema)) >= set(db.metadata.tables) | {"alembic_version"}
+    for name, table in db.metadata.tables.items():
+        assert {c["name"] for c in insp.get_columns(name, schema=schema)} == {c.name for c in table.columns}, name
+    uniques = {tuple(u["column_names"]) for u in insp.get_unique_constraints("ledger", schema=schema)}
+    uniques |= {tuple(ix["column_names"]) for ix in insp.get_indexes("ledger", schema=schema) if ix["unique"]}
+    assert {("reservation_id", "action"), ("closes",)} <= uniques, uniques
     with engine.connect() as conn:
         assert conn.execute(select(db.schema_version.c.version)).scalar_one() == db.SCHEMA_VERSION
+        assert migrations.current_revision(conn) == migrations.HEAD
         exact = db.derive_totals(conn, "k1", units=True)
         idem = conn.execute(select(db.idempotency)).mappings().one()
     # Grants round down from the decimal the operator wrote; charges round up from the stored float
@@ -128,15 +107,58 @@ def _check_upgraded(engine, schema=None) -> None:
     assert r.remaining_after(r.cost) == (89_999_997 - 15 * 100_000_001 + 1_500_000_000 - 80_000_001, 1_000_000_000_000 - 30_000_000_003)
 
 
-def test_v1_ledger_upgrades_in_place_sqlite(tmp_path):
+@pytest.mark.parametrize("via_alembic", [False, True], ids=["released-v1", "alembic-0001"])
+def test_v1_ledger_upgrades_in_place_sqlite(tmp_path, via_alembic):
     eng = db.make_engine(f"sqlite:///{tmp_path / 'old.db'}")
-    _fill_v1(eng)
+    _fill_v1(eng, via_alembic=via_alembic)
     _check_upgraded(eng)
 
 
 @pytest.mark.postgres
-def test_v1_ledger_upgrades_in_place_postgres(pg_schema):
+@pytest.mark.parametrize("via_alembic", [False, True], ids=["released-v1", "alembic-0001"])
+def test_v1_ledger_upgrades_in_place_postgres(pg_schema, via_alembic):
     url, schema = pg_schema
     eng = db.make_engine(url, schema=schema)
-    _fill_v1(eng)
+    if via_alembic:
+        with eng.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    _fill_v1(eng, via_alembic=via_alembic)
     _check_upgraded(eng, schema)
+
+
+def _pre_alembic_v2(engine) -> None:
+    """A version-2 ledger created before Alembic: the current tables and the version row, no
+    ``alembic_version``."""
+    db.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(db.schema_version.insert().values(id=1, version=2))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_fresh_and_pre_alembic_v2_databases_are_stamped(request, tmp_path, backend):
+    if backend == "sqlite":
+        fresh, old, schema, schema2 = (db.make_engine(f"sqlite:///{tmp_path / n}") for n in ("fresh.db", "v2.db")), None, None, None
+        fresh, old = fresh
+    else:
+        url, schema = request.getfixturevalue("pg_schema")
+        schema2 = schema + "b"
+        fresh, old = db.make_engine(url, schema=schema), db.make_engine(url, schema=schema2)
+        for eng, sch in ((fresh, schema), (old, schema2)):
+            with eng.begin() as conn:
+                conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sch}"')
+    try:
+        db.create_schema(fresh, schema=schema)
+        _pre_alembic_v2(old)
+        SQLBudgetStore(old).grant("k", 1.0, 0.0)
+        db.create_schema(old, schema=schema2)
+        for eng in (fresh, old):
+            with eng.connect() as conn:
+                assert migrations.current_revision(conn) == migrations.HEAD
+                assert conn.execute(select(db.schema_version.c.version)).scalar_one() == db.SCHEMA_VERSION
+        assert SQLBudgetStore(old).snapshot("k", units=True)["limit_epsilon"] == db.EPS_SCALE  # untouched
+    finally:
+        if backend == "postgres":
+            with old.begin() as conn:
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema2}" CASCADE')
+        fresh.dispose()
+        old.dispose()

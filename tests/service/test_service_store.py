@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import pytest
@@ -106,8 +107,9 @@ def test_store_protocol_sqlite(tmp_path):
     _protocol(SQLBudgetStore(_sqlite(tmp_path)))
 
 
-def test_store_concurrent_reservations_sqlite(tmp_path):
-    _race(SQLBudgetStore(_sqlite(tmp_path)), threads=8, per_thread=6)
+@pytest.mark.parametrize("group", [True, False])
+def test_store_concurrent_reservations_sqlite(tmp_path, group):
+    _race(SQLBudgetStore(_sqlite(tmp_path), group_commit=group), threads=8, per_thread=6)
 
 
 @pytest.mark.postgres
@@ -116,8 +118,9 @@ def test_store_protocol_postgres(pg_schema):
 
 
 @pytest.mark.postgres
-def test_store_concurrent_reservations_postgres(pg_schema):
-    _race(SQLBudgetStore(_pg(pg_schema)), threads=8, per_thread=6)
+@pytest.mark.parametrize("group", [True, False])
+def test_store_concurrent_reservations_postgres(pg_schema, group):
+    _race(SQLBudgetStore(_pg(pg_schema), group_commit=group), threads=8, per_thread=6)
 
 
 def test_ledger_is_append_only_and_sqlite_is_wal(tmp_path):
@@ -145,10 +148,13 @@ def _durability_scenario(store: SQLBudgetStore) -> list[str]:
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("durable", [True, False])
-def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable):
+@pytest.mark.parametrize(("durable", "group"), [(True, False), (False, False), (True, True)])
+def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable, group):
     """The synchronous_commit each ledger write actually commits with, read at commit time by a deferred
-    trigger, with sessions that default to asynchronous commit (so only the store's own setting counts)."""
+    trigger, with sessions that default to asynchronous commit (so only the store's own setting counts).
+
+    Group commit: every reserve commits asynchronously, and before ``reserve`` returns a flush whose batch
+    names it has completed, with the server's WAL flushed past the point where the reserve committed."""
     eng = _pg(pg_schema)
 
     @event.listens_for(eng, "connect")
@@ -159,50 +165,97 @@ def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable):
 
     eng.dispose()  # drop the connection create_schema opened before the listener existed
     with eng.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE commit_modes (id serial PRIMARY KEY, action text, mode text)")
+        conn.exec_driver_sql("CREATE TABLE commit_modes (id serial PRIMARY KEY, action text, mode text, rid text, lsn pg_lsn)")
         conn.exec_driver_sql(
             "CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "INSERT INTO commit_modes (action, mode) VALUES (NEW.action, current_setting('synchronous_commit')); "
-            "RETURN NULL; END $$"
+            "INSERT INTO commit_modes (action, mode, rid, lsn) VALUES (NEW.action, current_setting('synchronous_commit'), "
+            "NEW.reservation_id, pg_current_wal_insert_lsn()); RETURN NULL; END $$"
         )
         conn.exec_driver_sql(
             "CREATE CONSTRAINT TRIGGER ledger_commit_mode AFTER INSERT ON ledger DEFERRABLE INITIALLY DEFERRED "
             "FOR EACH ROW EXECUTE FUNCTION record_commit_mode()"
         )
-    store = SQLBudgetStore(eng, durable=durable)
+    store = SQLBudgetStore(eng, durable=durable, group_commit=group)
+    assert store.group_commit is (durable and group)
+    flushed: list[tuple[list[str], str]] = []  # (batch, WAL flush LSN right after the flush)
+    if store.group_commit:
+        real = store.flusher._flush
+
+        def spy(items):
+            failed = real(items)
+            with eng.connect() as c:
+                flushed.append((list(items), c.exec_driver_sql("SELECT pg_current_wal_flush_lsn()::text").scalar()))
+            return failed
+
+        store.flusher._flush = spy
     expected_actions = _durability_scenario(store)
     with eng.connect() as conn:
-        got = [tuple(r) for r in conn.exec_driver_sql("SELECT action, mode FROM commit_modes ORDER BY id")]
-    reserve_mode = "on" if durable else "off"
-    assert got == [(a, reserve_mode if a == "reserve" else "off") for a in expected_actions]
+        got = [tuple(r) for r in conn.exec_driver_sql("SELECT action, mode, rid, lsn::text FROM commit_modes ORDER BY id")]
+    reserve_mode = "on" if durable and not group else "off"
+    assert [g[:2] for g in got] == [(a, reserve_mode if a == "reserve" else "off") for a in expected_actions]
+    if store.group_commit:
+        reserves = [(rid, lsn) for a, _, rid, lsn in got if a == "reserve"]
+        assert [b for b, _ in flushed] == [[rid] for rid, _ in reserves]  # one flush per (sequential) reserve
+        with eng.connect() as conn:
+            for (rid, lsn), (_, flush_lsn) in zip(reserves, flushed):
+                assert conn.exec_driver_sql(f"SELECT '{flush_lsn}'::pg_lsn > '{lsn}'::pg_lsn").scalar(), (rid, lsn, flush_lsn)
+    else:
+        assert store.flusher is None
     for p in ("k", "fresh"):
         _check_derivable(store, p)
+    store.close()
     eng.dispose()
 
 
-@pytest.mark.parametrize("durable", [True, False])
-def test_sqlite_commit_modes_reserve_flushed_closes_not(tmp_path, durable):
-    """The PRAGMA synchronous in force when each ledger row is written (FULL = flushed on commit)."""
+@pytest.mark.parametrize(("durable", "group"), [(True, False), (False, False), (True, True)])
+def test_sqlite_commit_modes_reserve_flushed_closes_not(tmp_path, monkeypatch, durable, group):
+    """The PRAGMA synchronous in force when each ledger row is written (FULL = flushed on commit).
+
+    Group commit: every reserve commits with NORMAL (no flush), then the ``-wal`` file is fdatasynced before
+    ``reserve`` returns, and no ledger write comes between the commit and that fsync."""
     eng = _sqlite(tmp_path)
-    statements: list[str] = []
+    trail: list[str] = []  # statements and fsyncs, in order
 
     @event.listens_for(eng, "connect")
     def _trace(dbapi_conn, _record):
-        dbapi_conn.set_trace_callback(statements.append)
+        dbapi_conn.set_trace_callback(trail.append)
 
     eng.dispose()
-    store = SQLBudgetStore(eng, durable=durable)
+    import privalign.service.durability as dur
+
+    real_sync = dur.os.fdatasync
+
+    def fdatasync(fd):
+        trail.append("FSYNC " + os.readlink(f"/proc/self/fd/{fd}"))
+        real_sync(fd)
+
+    monkeypatch.setattr(dur.os, "fdatasync", fdatasync)
+    store = SQLBudgetStore(eng, durable=durable, group_commit=group)
+    assert store.group_commit is (durable and group)
     expected_actions = _durability_scenario(store)
     modes, current = [], None
-    for st in statements:
+    for st in trail:
         if st.startswith("PRAGMA synchronous="):
             current = st.split("=", 1)[1]
         elif st.startswith("INSERT INTO ledger"):
             modes.append(current)
-    reserve_mode = "FULL" if durable else "NORMAL"
+    reserve_mode = "FULL" if durable and not group else "NORMAL"
     assert modes == [reserve_mode if a == "reserve" else "NORMAL" for a in expected_actions]
+    wal = str(tmp_path / "ledger.db") + "-wal"
+    fsyncs = [i for i, st in enumerate(trail) if st.startswith("FSYNC")]
+    if store.group_commit:
+        assert all(trail[i] == "FSYNC " + wal for i in fsyncs)
+        inserts = [i for i, st in enumerate(trail) if st.startswith("INSERT INTO ledger")]
+        reserve_at = [i for i, a in zip(inserts, expected_actions) if a == "reserve"]
+        assert len(fsyncs) == len(reserve_at)
+        for i, f in zip(reserve_at, fsyncs):
+            commit = next(j for j in range(i, len(trail)) if trail[j] == "COMMIT")
+            assert commit < f and not any(st.startswith("INSERT") for st in trail[commit:f])
+    else:
+        assert fsyncs == [] and store.flusher is None
     for p in ("k", "fresh"):
         _check_derivable(store, p)
+    store.close()
 
 
 def _active_key_checks(store: SQLBudgetStore) -> None:

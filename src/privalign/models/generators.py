@@ -24,7 +24,6 @@ different batch size gives the same text in the vast majority of candidates (see
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -602,13 +601,105 @@ class CTranslate2Generator:
         }
 
 
+class ServerUnreachableError(GenerationError):
+    """Nothing answered at an OpenAI-compatible server's base URL (connection refused, DNS failure,
+    timeout) after the client's retries; callers do not retry it again."""
+
+
+class OpenAICompatibleClient:
+    """The one client for OpenAI-compatible servers (vLLM, llama.cpp server, the OpenAI API, …):
+    ``POST {base_url}/completions`` and ``/chat/completions`` with ``n`` choices.
+
+    Used by :class:`OpenAICompatibleGenerator` (``privalign build-pool --generator openai``) and by the
+    service's ``upstream`` generator (:class:`privalign.service.components.UpstreamGenerator`). Built on
+    the official ``openai`` SDK: its retry policy (``max_retries`` retries of connection errors, timeouts,
+    408/409/429 and 5xx answers, exponential backoff with jitter, ``Retry-After`` honoured) is the only
+    retry loop, and its typed errors become one-line errors: :class:`ServerUnreachableError` when nothing
+    answered, :class:`GenerationError` for an HTTP error answer (status and the first 200 characters of
+    the body) or an answer without the expected choices. The body is sent as given (vLLM's ``top_k`` and
+    ``seed`` included) and the answer is read as JSON, so servers that add or omit fields are accepted.
+
+    Args:
+      base_url: e.g. ``http://127.0.0.1:8000/v1`` (``http``/``https``).
+      api_key: bearer token, if the server wants one.
+      timeout: seconds per attempt.
+      max_retries: retries after the first attempt (0 disables).
+    """
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 30.0, max_retries: int = 2) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise PrivacyParameterError(f"The 'base_url' parameter must be an http(s) URL such as http://127.0.0.1:8000/v1. "
+                                        f"Got {base_url!r} instead.")
+        self.max_retries = check_int(max_retries, "max_retries", low=0)
+        timeout = check_real(timeout, "timeout", low=0.0)
+        self._openai = require("openai", purpose="the OpenAI-compatible client")
+        self.base_url = base_url.rstrip("/")
+        self._client = self._openai.OpenAI(base_url=self.base_url, api_key=api_key or "none", timeout=float(timeout),
+                                           max_retries=self.max_retries)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        oa = self._openai
+        url = f"{self.base_url}{path}"
+        try:
+            out = self._client.post(path, cast_to=object, body=body)
+        except oa.APIConnectionError as exc:  # APITimeoutError included
+            what = "timed out" if isinstance(exc, oa.APITimeoutError) else "is unreachable"
+            raise ServerUnreachableError(f"the OpenAI-compatible server at {self.base_url} {what} "
+                                         f"({self.max_retries + 1} attempts)") from None
+        except oa.APIStatusError as exc:
+            text = exc.response.text[:200].replace("\n", " ") if exc.response is not None else ""
+            raise GenerationError(f"HTTP {exc.status_code} from {url}: {text}") from None
+        except oa.OpenAIError as exc:
+            raise GenerationError(f"{url} failed: {type(exc).__name__}: {str(exc)[:200]}") from None
+        if not isinstance(out, dict):
+            raise GenerationError(f"{url} returned an answer that is not a JSON object")
+        return out
+
+    def _choices(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        n = int(body.get("n", 1))
+        choices = self._post(path, body).get("choices")
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise GenerationError(f"{self.base_url}{path} returned a malformed answer (no list of choices)")
+        if len(choices) != n:
+            raise GenerationError(f"{self.base_url}{path} returned {len(choices)} choices; expected n={n}.")
+        return sorted(choices, key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0)
+
+    def completions(self, body: dict[str, Any]) -> list[tuple[str, str]]:
+        """``POST /completions`` with ``body`` (``model``, ``prompt``, ``n``, sampling fields); returns
+        ``(text, finish_reason)`` per choice, in index order."""
+        out = []
+        for c in self._choices("/completions", body):
+            text = c.get("text")
+            if not isinstance(text, str):
+                raise GenerationError(f"{self.base_url}/completions returned a choice without text: {c!r:.200}")
+            out.append((text, str(c.get("finish_reason") or "stop")))
+        return out
+
+    def chat(self, body: dict[str, Any]) -> list[tuple[str, str]]:
+        """``POST /chat/completions`` with ``body`` (``model``, ``messages``, ``n``, …); returns
+        ``(content, finish_reason)`` per choice, in index order."""
+        out = []
+        for c in self._choices("/chat/completions", body):
+            msg = c.get("message")
+            text = msg.get("content") if isinstance(msg, dict) else None
+            if not isinstance(text, str):
+                raise GenerationError(f"{self.base_url}/chat/completions returned a choice without content: {c!r:.200}")
+            out.append((text, str(c.get("finish_reason") or "stop")))
+        return out
+
+    def close(self) -> None:
+        self._client.close()
+
+
 class OpenAICompatibleGenerator:
-    """Client for an OpenAI-compatible ``POST {base_url}/completions`` endpoint (vLLM, llama.cpp, ...).
+    """Candidates from an OpenAI-compatible ``POST {base_url}/completions`` endpoint (vLLM, llama.cpp, ...),
+    through :class:`OpenAICompatibleClient`.
 
     One request per prompt with ``n`` completions (split into requests of at most ``max_n_per_request``);
     ``seed`` is sent per request as ``seed + prompt_index`` (+ chunk offset), which vLLM honours, so reruns are
-    reproducible on the same server. Transport errors and 429/5xx answers are retried with exponential
-    backoff; after ``max_retries`` a :class:`GenerationError` is raised and nothing of that prompt is kept.
+    reproducible on the same server. Transport errors, timeouts, 408/409/429 and 5xx answers are retried by
+    the client (the ``openai`` SDK's policy, ``max_retries`` retries); then a :class:`GenerationError`
+    (:class:`ServerUnreachableError` if nothing answered) is raised and nothing of that prompt is kept.
 
     Args:
       base_url: e.g. ``http://127.0.0.1:8000/v1``.
@@ -617,7 +708,7 @@ class OpenAICompatibleGenerator:
       api_key: Sent as a bearer token if given.
       timeout: Seconds per request.
       max_retries: Retries per request.
-      backoff: First retry delay in seconds (doubles each retry).
+      backoff: Deprecated and ignored (the SDK's backoff is used); kept so that existing specs load.
       max_n_per_request: Largest ``n`` per request.
       progress: tqdm bar on stderr.
     """
@@ -630,45 +721,23 @@ class OpenAICompatibleGenerator:
         params: SamplingParams | None = None,
         api_key: str | None = None,
         timeout: float = 120.0,
-        max_retries: int = 3,
-        backoff: float = 0.5,
+        max_retries: int = 2,
+        backoff: float | None = None,
         max_n_per_request: int = 128,
         progress: bool = True,
     ) -> None:
-        self._httpx = require("httpx", purpose="OpenAICompatibleGenerator")
-        self.base_url = base_url.rstrip("/")
+        self._client = OpenAICompatibleClient(base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        self.base_url = self._client.base_url
         self.model_id = model
         self.params = params or SamplingParams()
         self.api_key = api_key
-        self.timeout = check_real(timeout, "timeout", low=0.0)
-        self.max_retries = check_int(max_retries, "max_retries", low=0)
-        self.backoff = check_real(backoff, "backoff", low=0.0, closed="left")
+        self.timeout = float(timeout)
+        self.max_retries = self._client.max_retries
         self.max_n_per_request = check_int(max_n_per_request, "max_n_per_request", low=1)
         self.progress = progress
-        self._client = self._httpx.Client(timeout=self.timeout)
 
     def format_prompt(self, prompt: str) -> str:
         return prompt
-
-    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            try:
-                r = self._client.post(f"{self.base_url}/completions", content=json.dumps(payload), headers=headers)
-                if r.status_code == 429 or r.status_code >= 500:
-                    last = GenerationError(f"HTTP {r.status_code} from {self.base_url}/completions: {r.text[:200]}")
-                elif r.status_code >= 400:
-                    raise GenerationError(f"HTTP {r.status_code} from {self.base_url}/completions (not retried): {r.text[:200]}")
-                else:
-                    return r.json()
-            except self._httpx.HTTPError as exc:
-                last = exc
-            if attempt < self.max_retries:
-                time.sleep(self.backoff * (2**attempt))
-        raise GenerationError(f"{self.base_url}/completions failed after {self.max_retries + 1} attempts: {last}") from last
 
     def generate(
         self, prompts: Sequence[str], n: int, *, seed: int, prompt_indices: Sequence[int] | None = None
@@ -695,16 +764,9 @@ class OpenAICompatibleGenerator:
                         payload["top_k"] = p.top_k
                     if p.stop:
                         payload["stop"] = list(p.stop)
-                    body = self._post(payload)
-                    choices = sorted(body.get("choices", []), key=lambda c: c.get("index", 0))
-                    if len(choices) != k:
-                        raise GenerationError(f"{self.base_url}/completions returned {len(choices)} choices; expected n={k}.")
-                    for c in choices:
-                        text = c.get("text")
-                        if not isinstance(text, str):
-                            raise GenerationError(f"{self.base_url}/completions returned a choice without text: {c!r:.200}")
+                    for text, finish in self._client.completions(payload):
                         text, _ = _apply_stop(text, p.stop)
-                        comps.append(Completion(text=text, num_tokens=-1, finish_reason=str(c.get("finish_reason") or "stop")))
+                        comps.append(Completion(text=text, num_tokens=-1, finish_reason=finish))
                     bar.update(k)
                 out.append(comps)
         return out

@@ -33,6 +33,7 @@ from privalign._validation import check_choice, check_int
 from privalign.data.datasets import Example
 from privalign.errors import DataFormatError, PrivacyParameterError
 from privalign.models._resources import package_version
+from privalign.models.generators import ServerUnreachableError
 from privalign.pipeline.steps import (  # re-exported: they lived here before issue 18
     GENERATOR_KINDS,
     SCORER_NAMES,
@@ -372,8 +373,8 @@ def _run_local(config, examples, todo, writer, generator, proxy, true, max_retri
                 comps = generator.generate([ex.prompt], config.n, seed=config.seed, prompt_indices=[i])[0]
                 rec, _ = score_prompt(ex, i, comps, proxy, true, config.max_chars)
                 break
-            except (KeyboardInterrupt, PrivacyParameterError):
-                raise
+            except (KeyboardInterrupt, PrivacyParameterError, ServerUnreachableError):
+                raise  # the generator's client already retried an unreachable server: no second retry loop
             except Exception as exc:  # noqa: BLE001 - retried, then re-raised
                 if attempt == max_retries:
                     raise

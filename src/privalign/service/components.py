@@ -100,47 +100,41 @@ class LinearHashedScorer:
 
 
 class UpstreamGenerator:
-    """Candidates from an OpenAI-compatible server (vLLM, llama.cpp server, …) using its ``n`` parameter.
+    """Candidates from an OpenAI-compatible server (vLLM, llama.cpp server, …) using its ``n`` parameter,
+    through the project's one client, :class:`privalign.models.generators.OpenAICompatibleClient` (the
+    ``openai`` SDK's retries and typed errors). Every failure is an :class:`UpstreamError` with a one-line
+    message (the service then cancels the reservation: 502/504, nothing charged).
 
     Args:
       base_url: e.g. ``http://127.0.0.1:8001/v1``.
       model: the served model name.
-      timeout_s: per-call timeout.
+      timeout_s: per-attempt timeout.
       api_key: optional bearer token for the upstream.
+      max_retries: retries of connection errors, timeouts, 408/409/429 and 5xx (the SDK's policy).
     """
 
-    def __init__(self, base_url: str, model: str = "default", timeout_s: float = 30.0, api_key: str | None = None) -> None:
-        import httpx
+    def __init__(self, base_url: str, model: str = "default", timeout_s: float = 30.0, api_key: str | None = None,
+                 max_retries: int = 2) -> None:
+        from privalign.models.generators import OpenAICompatibleClient
 
-        self.base_url = base_url.rstrip("/")
+        self._client = OpenAICompatibleClient(base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
+        self.base_url = self._client.base_url
         self.model = model
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(timeout=timeout_s, headers=headers)
 
     def __call__(self, prompt: str | list[dict], n: int, *, max_tokens: int, temperature: float, top_p: float, chat: bool) -> list[str]:
-        import httpx
+        from privalign.models.generators import GenerationError
 
         body: dict[str, Any] = {"model": self.model, "n": n, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
-        if chat:
-            body["messages"] = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            url = f"{self.base_url}/chat/completions"
-        else:
-            body["prompt"] = prompt
-            url = f"{self.base_url}/completions"
         try:
-            resp = self._client.post(url, json=body)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"upstream generator unreachable: {type(exc).__name__}") from exc
-        if resp.status_code != 200:
-            raise UpstreamError(f"upstream generator answered HTTP {resp.status_code}")
-        try:
-            choices = resp.json()["choices"]
-            texts = [c["message"]["content"] if chat else c["text"] for c in choices]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UpstreamError("upstream generator returned a malformed answer") from exc
-        if len(texts) != n or not all(isinstance(t, str) for t in texts):
-            raise UpstreamError(f"upstream generator returned {len(texts)} candidates, expected {n}")
-        return texts
+            if chat:
+                body["messages"] = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+                choices = self._client.chat(body)
+            else:
+                body["prompt"] = prompt
+                choices = self._client.completions(body)
+        except GenerationError as exc:
+            raise UpstreamError(f"upstream generator failed: {exc}") from None
+        return [text for text, _ in choices]
 
 
 class LocalTransformersGenerator:

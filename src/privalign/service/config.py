@@ -11,6 +11,10 @@ Sections (every key optional; defaults are the secure ones):
                                              # is computed (settles are not: a lost settle is reconciled at
                                              # the reserved cost); normal: no flush waits (survives process
                                              # crashes, not power loss)
+    group_commit = true                      # with sync = "full": reservations are committed at once and
+                                             # flushed together in the background; an answer (or an error
+                                             # after scoring) is released only once its reservation is on
+                                             # disk. false: each reserve waits for its own flush
 
     [server]
     host = "127.0.0.1"
@@ -54,7 +58,8 @@ Sections (every key optional; defaults are the secure ones):
     kind = "upstream"                         # upstream (OpenAI-compatible, e.g. vLLM) | transformers | python | none
     base_url = "http://127.0.0.1:8001/v1"
     model = "served-model"
-    timeout_s = 30.0
+    timeout_s = 30.0                          # per attempt
+    max_retries = 2                           # openai SDK retries (connection errors, timeouts, 408/409/429/5xx)
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ class DatabaseConfig:
     url: str = "sqlite:///privalign-service.db"
     schema: str = ""
     sync: str = "full"
+    group_commit: bool = True
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,8 @@ class ServiceConfig:
     def _validate(self) -> ServiceConfig:
         lim, pv = self.limits, self.privacy
         check_choice(self.database.sync, "database.sync", ("full", "normal"))
+        if not isinstance(self.database.group_commit, bool):
+            raise PrivacyParameterError(f"The 'database.group_commit' parameter must be true or false. Got {self.database.group_commit!r} instead.")
         check_int(lim.max_n, "limits.max_n", low=1, high=10_000)
         check_int(lim.max_text_chars, "limits.max_text_chars", low=1)
         check_int(lim.max_body_bytes, "limits.max_body_bytes", low=1024)

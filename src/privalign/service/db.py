@@ -19,8 +19,9 @@ Tables:
   ``reconcile``) with who, when, the event JSON, the reserved and the realized cost.
 * ``idempotency``: the stored answer of a request with an ``Idempotency-Key`` header, with its expiry
   time (``expires_at``); expired rows are ignored and deleted by reconciliation.
-* ``privalign_schema``: the schema version (:data:`SCHEMA_VERSION`); :func:`create_schema` upgrades an
-  older ledger in place (:func:`migrate`).
+* ``privalign_schema``: the schema version (:data:`SCHEMA_VERSION`); ``alembic_version``: the Alembic
+  revision. :func:`create_schema` upgrades an older ledger in place with the Alembic migrations of
+  :mod:`privalign.service.migrations`.
 
 **Amounts are integers in fixed units** (exact arithmetic, no float rounding in any sum): ε and ρ in
 :data:`EPS_UNIT` = 10⁻⁹ (nano-ε), δ in :data:`DELTA_UNIT` = 10⁻¹⁸. A cost is converted by rounding **up**
@@ -52,10 +53,11 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
-    inspect,
     select,
 )
 from sqlalchemy.engine import Engine
+
+from privalign.service import migrations
 
 __all__ = [
     "metadata",
@@ -281,85 +283,39 @@ def _private_file(url: str) -> None:
 
 
 def create_schema(engine: Engine, *, schema: str | None = None) -> None:
-    """Create the tables (and the PostgreSQL schema) if they do not exist, and upgrade a ledger of an
-    older schema version in place (:func:`migrate`). Idempotent; safe for replicas starting together
-    (PostgreSQL: a transaction-level advisory lock; SQLite: ``BEGIN IMMEDIATE``)."""
+    """Create the tables (and the PostgreSQL schema) if they do not exist, or upgrade an older ledger in
+    place, with the Alembic migrations shipped in :mod:`privalign.service.migrations` (a fresh database
+    is created from :data:`metadata` and stamped with the newest revision). Idempotent; safe for replicas
+    starting together: it runs in one transaction under a lock (PostgreSQL: a transaction-level advisory
+    lock; SQLite: ``BEGIN IMMEDIATE``)."""
     if schema and engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(72177301)")
-        insp = inspect(conn)
-        has_version = insp.has_table("privalign_schema", schema=schema or None)
-        if not has_version and insp.has_table("principals", schema=schema or None):
-            migrate(conn)
-        metadata.create_all(conn)
-        if conn.execute(select(schema_version.c.version)).first() is None:
+        if migrations.is_empty(conn, schema=schema or None):
+            metadata.create_all(conn)
             conn.execute(schema_version.insert().values(id=1, version=SCHEMA_VERSION))
+            migrations.stamp_head(conn)
+        else:
+            migrations.upgrade(conn, schema=schema or None)
 
 
-#: Stored answers of a version-1 ledger (which had no expiry) expire this long after their creation.
+#: Stored answers of a version-1 ledger (which had no expiry) expire this long after their creation
+#: (revision ``0002``).
 MIGRATED_IDEMPOTENCY_TTL_S = 86400.0
 
 
-def migrate(conn: Any) -> None:
-    """Upgrade a version-1 ledger (float amounts, idempotency rows without expiry) to version 2, in the
-    caller's transaction (all or nothing).
+def migrate(conn: Any, *, schema: str | None = None) -> str:
+    """Deprecated: the upgrade is :func:`privalign.service.migrations.upgrade` (Alembic), which
+    :func:`create_schema` runs. Kept for callers of earlier versions; runs that upgrade in the caller's
+    transaction."""
+    import warnings
 
-    Every amount becomes an integer of units, on the conservative side: grants round **down**, reserved
-    and realized costs round **up** (realized ≤ reserved is preserved: rounding up is monotone). The
-    cached totals of ``principals`` are recomputed from the converted rows, so they equal
-    :func:`derive_totals`. Idempotency rows get ``expires_at = created_at +``
-    :data:`MIGRATED_IDEMPOTENCY_TTL_S`. The rows are read into memory and written back (the tables are
-    recreated); the ledger of one service fits in memory.
-
-    An explicit in-code migration rather than Alembic: the schema has one upgrade, Alembic is not a
-    dependency of the project, and changing column types in SQLite needs the copy-and-recreate that
-    this function does directly.
-    """
-    old = MetaData()
-    old_tables = {name: Table(name, old, autoload_with=conn) for name in ("principals", "budget_grants", "ledger", "idempotency")
-                  if inspect(conn).has_table(name)}
-    rows = {name: [dict(r) for r in conn.execute(select(t)).mappings()] for name, t in old_tables.items()}
-    for name in ("ledger", "budget_grants", "idempotency", "principals"):
-        if name in old_tables:
-            old_tables[name].drop(conn)
-    metadata.create_all(conn)
-
-    def up(x: Any, scale: int) -> int | None:
-        return None if x is None else units_up(float(x), scale)
-
-    grants = [{**g, "epsilon": units_down(float(g["epsilon"]), EPS_SCALE), "delta": units_down(float(g["delta"]), DELTA_SCALE)}
-              for g in rows.get("budget_grants", [])]
-    for g in grants:
-        g.pop("id", None)
-    led = []
-    for r in sorted(rows.get("ledger", []), key=lambda r: r["id"]):
-        r = dict(r)
-        r.pop("id", None)
-        r["reserved_epsilon"] = up(r["reserved_epsilon"] or 0.0, EPS_SCALE)
-        r["reserved_delta"] = up(r["reserved_delta"] or 0.0, DELTA_SCALE)
-        r["realized_epsilon"] = up(r["realized_epsilon"], EPS_SCALE)
-        r["realized_delta"] = up(r["realized_delta"], DELTA_SCALE)
-        led.append(r)
-    if grants:
-        conn.execute(budget_grants.insert(), grants)
-    if led:
-        conn.execute(ledger.insert(), led)
-    for p in rows.get("principals", []):
-        conn.execute(principals.insert().values(principal=p["principal"], created_at=p["created_at"], limit_epsilon=0, limit_delta=0,
-                                                spent_epsilon=0, spent_delta=0, reserved_epsilon=0, reserved_delta=0))
-        t = derive_totals(conn, p["principal"], units=True)
-        conn.execute(principals.update().where(principals.c.principal == p["principal"]).values(**t))
-    idem = []
-    for r in rows.get("idempotency", []):
-        r = dict(r)
-        r["expires_at"] = float(r["created_at"]) + MIGRATED_IDEMPOTENCY_TTL_S
-        idem.append(r)
-    if idem:
-        conn.execute(idempotency.insert(), idem)
-    conn.execute(schema_version.insert().values(id=1, version=SCHEMA_VERSION))
+    warnings.warn("privalign.service.db.migrate is deprecated; use privalign.service.migrations.upgrade",
+                  DeprecationWarning, stacklevel=2)
+    return migrations.upgrade(conn, schema=schema)
 
 
 def derive_totals(conn: Any, principal: str, *, units: bool = False) -> dict[str, Any]:

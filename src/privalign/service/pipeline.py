@@ -20,6 +20,12 @@ The order is the privacy argument:
 6. :func:`respond`: the answer is rendered and **encoded to bytes** before the charge is finalised, so a
    request is either answered or refused/cancelled, never charged without an answer (every text was
    checked encodable at validation; an encoding failure would be a bug, answered 500, charged, no retry).
+   Then :func:`durable`: the answer is held until its reservation is on disk. With group commit
+   (``[database] group_commit``, the default with ``sync = "full"``) the reserve commits without waiting
+   for the disk; its flush, shared with every reservation committed before it began, runs in the
+   background during generation (steps 2–6) when the request generates, or at the gate in the request's
+   thread when the client brought the candidates; nothing that follows scoring (answer or error) is
+   released before it completes.
 7. settle: written after the answer is sent (a background task; until then the reservation counts at its
    reserved cost, which is ≥ the charge), or before it for ``Idempotency-Key`` requests, whose answer is
    stored with the settle. A settle that fails leaves the reserved cost charged (reconciliation).
@@ -41,7 +47,7 @@ from privalign.service.errors import ApiError
 from privalign.service.job import FILTERS, Job, Outcome, Reserved, encode, remaining_dict
 from privalign.service.keys import KeyInfo
 from privalign.service.state import ServiceState
-from privalign.service.steps import charge, generate, reserve, respond, score, select
+from privalign.service.steps import charge, durable, generate, reserve, respond, score, select
 
 __all__ = ["ServiceState", "Job", "Outcome", "Reserved", "FILTERS", "run", "encode", "remaining_dict"]
 
@@ -63,10 +69,17 @@ def run(state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], Key
             reauth()
         raise ApiError(503, "service_unavailable", "The generator is still loading (see GET /readyz); nothing was charged. "
                        "Retry in a few seconds.", headers={"Retry-After": "5"})
-    r = reserve(state, key, job.plan, reauth, job.endpoint)
+    # With group commit the reservation's flush overlaps generation (I/O-bound: the flusher's thread gets
+    # the GIL at once); with client-given candidates it runs at the gate, in this thread (scoring is
+    # CPU-bound and would delay the flusher's thread by up to the GIL switch interval).
+    r = reserve(state, key, job.plan, reauth, job.endpoint, overlap=job.candidates is None)
     candidates = generate(state, job, r, deadline)
     t_private = time.monotonic()
-    scores = score(state, job, candidates, deadline)
+    try:
+        scores = score(state, job, candidates, deadline)
+    except ApiError:
+        durable(state, r, deadline)  # an error after scoring began leaves only once the reservation is on disk
+        raise
     try:
         if state.private:
             idx, realized = select(job.plan, scores, state.noise)
@@ -78,11 +91,16 @@ def run(state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], Key
         units = charge(r, realized) if r.receipt is not None else None
         out = respond(job, r, idx, candidates[idx], len(candidates), realized, units)
     except ApiError:
+        durable(state, r, deadline)
         raise
     except Exception as exc:  # noqa: BLE001 - a bug after scoring: charged, never retried
         log.error("selection or encoding failed: %s", type(exc).__name__, exc_info=exc)
+        durable(state, r, deadline)
         raise ApiError(500, "internal_error", "Internal error after private scoring; the reservation stays charged at its "
                        "reserved cost. Do not retry: a retry is charged again.", charged=True) from None
+    # The gate: the encoded answer leaves this function only once its reservation is on disk. With group
+    # commit the flush ran in the background during generation, scoring, selection and encoding.
+    durable(state, r, deadline)
     if units is not None:
         state.metrics.epsilon_charged.labels(r.key.accounting).inc(db.from_units(units[0], db.EPS_SCALE))
     state.metrics.selections.labels(job.plan.method).inc()

@@ -33,7 +33,7 @@ class ServiceState:
         self.private = private
         self.engine = db.make_engine(cfg.database.url, schema=cfg.database.schema or None)
         db.create_schema(self.engine, schema=cfg.database.schema or None)
-        self.store = SQLBudgetStore(self.engine, durable=cfg.database.sync == "full")
+        self.store = SQLBudgetStore(self.engine, durable=cfg.database.sync == "full", group_commit=cfg.database.group_commit)
         self.key_cache = KeyCache()
         self.scorer: Any = scorer if scorer is not None else build_scorer(cfg.reward_model)  # duck-typed plug-ins
         self.generator: Any = generator if generator is not None else build_generator(cfg.generator)

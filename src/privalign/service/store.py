@@ -20,8 +20,12 @@ Reserve-before-run and settle-after-run are single transactions:
   runs in-process, so several statements per transaction cost no round trips.
 
 Durability (``durable=True``, the default; ``[database] sync = "full"``): the **reserve** is flushed to
-disk before :meth:`SQLBudgetStore.try_reserve` returns (PostgreSQL ``synchronous_commit = on``, SQLite
-``synchronous = FULL``), so a reservation is durable before any score is computed. Settle, cancel and
+disk before :meth:`SQLBudgetStore.try_reserve` returns. With group commit (``group_commit=True``, the
+default) the reserve commits without waiting and a shared flush (:mod:`privalign.service.durability`)
+makes it durable; ``reserve(..., wait=False)`` returns before that flush, and the caller must call
+:meth:`SQLBudgetStore.wait_durable` before it releases anything (the service does so at its gate, before
+any answer). Without group commit the reserve's own commit waits (PostgreSQL ``synchronous_commit = on``,
+SQLite ``synchronous = FULL``). Settle, cancel and
 reconcile commit without waiting for the flush: losing one of them in a database crash leaves the
 reservation open, and reconciliation then charges it at its reserved cost, which is at least the realized
 cost (fail closed). See :meth:`SQLBudgetStore.try_reserve`.
@@ -46,12 +50,15 @@ totals after the close.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import re
+import threading
 import uuid
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from sqlalchemy import delete, select, text, update
@@ -60,10 +67,13 @@ from sqlalchemy.exc import IntegrityError
 
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
+from privalign.service.durability import DurabilityError, GroupFlusher, Ticket, sqlite_wal_flush
 
-__all__ = ["SQLBudgetStore", "Receipt", "ActiveKeyCheckFailed", "IdempotencyConflict", "IdempotencyMismatch"]
+__all__ = ["SQLBudgetStore", "Receipt", "DurabilityError", "ActiveKeyCheckFailed", "IdempotencyConflict", "IdempotencyMismatch"]
 
 EPS, DLT = db.EPS_SCALE, db.DELTA_SCALE
+
+log = logging.getLogger("privalign.service")
 
 
 @dataclass(frozen=True)
@@ -76,12 +86,16 @@ class Receipt:
       cost: the reserved cost in integer units ``(a, b)``.
       totals: the principal's totals in integer units right after the reservation (this reservation
         included): ``limit_*``, ``spent_*``, ``reserved_*``.
+      ticket: with group commit, the flush that makes the reservation durable
+        (:meth:`SQLBudgetStore.wait_durable`); ``None`` when the reservation was durable (or not meant to
+        be) when the receipt was made.
     """
 
     reservation_id: str
     principal: str
     cost: tuple[int, int]
     totals: dict[str, int]
+    ticket: Ticket | None = field(default=None, compare=False, repr=False)
 
     def remaining_after(self, charged: tuple[int, int]) -> tuple[int, int]:
         """What is left (units) once this reservation is settled at ``charged``, counting other requests
@@ -151,17 +165,92 @@ class SQLBudgetStore:
         reconciliation: fail closed). ``False`` never waits for a flush: the ledger then survives a crash
         of the *service* process (the tests kill -9 it) but a power loss or OS crash can lose the last
         rows, reservations and charges of answers already released included.
+      group_commit: with ``durable``, commit each reserve without waiting for the flush and make it
+        durable by a shared flush (:mod:`privalign.service.durability`): one flush for every reserve
+        committed before it began, run by a background thread. :meth:`reserve` still returns only once
+        its reservation is durable, unless called with ``wait=False``: then the caller must call
+        :meth:`wait_durable` before it releases anything that depends on the reservation. ``False``: the
+        reserve's own commit waits for the flush (SQLite ``synchronous=FULL``, PostgreSQL
+        ``synchronous_commit = on``). Group commit is off for an in-memory SQLite database and, on
+        PostgreSQL, if the role may not call ``pg_logical_emit_message`` (checked once, logged).
 
     The limit passed to :meth:`try_reserve` is combined with the principal's granted budget (the sum of
     its ``budget_grants`` rows) by taking the minimum, so a stale limit can only be more conservative.
     """
 
-    def __init__(self, engine: Engine, *, owner: str | None = None, durable: bool = True) -> None:
+    def __init__(self, engine: Engine, *, owner: str | None = None, durable: bool = True, group_commit: bool = True) -> None:
         self.engine = engine
         self.durable = bool(durable)
         self.owner = owner or uuid.uuid4().hex
         self._pg = engine.dialect.name == "postgresql"
         self._columns: dict[str, tuple[str, ...]] = {}
+        self.flusher: GroupFlusher | None = None
+        self._group_lock = threading.Lock()
+        self._group_decided = not (self.durable and group_commit)
+        if not self._group_decided and not self._pg:
+            path = engine.url.database or ""
+            if path and path != ":memory:" and not path.startswith("file:"):
+                self.flusher = GroupFlusher(sqlite_wal_flush(os.path.abspath(path)))
+            self._group_decided = True
+
+    @property
+    def group_commit(self) -> bool:
+        """Whether durable reserves are flushed by group commit (decided at the first reserve on
+        PostgreSQL)."""
+        self._decide_group_commit()
+        return self.flusher is not None
+
+    def _decide_group_commit(self) -> None:
+        """PostgreSQL: group commit needs ``pg_logical_emit_message`` (executable by every role by
+        default); probed once, in a transaction that is rolled back."""
+        if self._group_decided:
+            return
+        with self._group_lock:
+            if self._group_decided:
+                return
+            raw = self.engine.raw_connection()
+            try:
+                cur = raw.cursor()
+                cur.execute("SELECT pg_logical_emit_message(true, 'privalign', 'probe')")
+                raw.rollback()
+                self.flusher = GroupFlusher(self._pg_flush)
+            except self.engine.dialect.dbapi.ProgrammingError as exc:  # type: ignore[union-attr]  # permission denied
+                raw.rollback()
+                log.warning("group commit is off: pg_logical_emit_message is not available (%s); every reserve "
+                            "waits for its own flush", str(exc).splitlines()[0])
+            finally:
+                raw.close()
+            self._group_decided = True
+
+    _PG_FLUSH = (
+        "SELECT pg_logical_emit_message(true, 'privalign', 'flush'), "
+        "ARRAY(SELECT reservation_id FROM ledger WHERE reservation_id = ANY(%(ids)s) AND action = 'reserve'), "
+        "set_config('synchronous_commit', 'on', true)"
+    )
+
+    def _pg_flush(self, rids: list[str]) -> set[str]:
+        """One autocommit statement committed with ``synchronous_commit = on`` that writes WAL (a
+        transactional message, so it has a transaction id and a commit record the server must flush),
+        and reads which of ``rids`` it can see. Returns the ids it cannot see (lost)."""
+        with self._tx() as cur:
+            cur.execute(self._PG_FLUSH, {"ids": list(rids)})
+            seen = set(cur.fetchone()[1])
+        return set(rids) - seen
+
+    def wait_durable(self, receipt: Receipt, timeout: float | None = None) -> None:
+        """Return once ``receipt``'s reservation is on disk (at once if it already was).
+
+        Raises:
+          DurabilityError: the flush failed, the reservation was lost, or ``timeout`` seconds passed. The
+            reservation may or may not be durable: treat it as charged and release nothing.
+        """
+        if receipt.ticket is not None and self.flusher is not None:
+            self.flusher.wait(receipt.ticket, timeout)
+
+    def close(self) -> None:
+        """Stop the flusher thread (after flushing what is queued)."""
+        if self.flusher is not None:
+            self.flusher.close()
 
     # -- helpers ------------------------------------------------------------------------------
     # The hot path (reserve, settle, cancel, totals, authentication) talks to the DBAPI connection
@@ -355,6 +444,8 @@ class SQLBudgetStore:
         *,
         event: dict | None = None,
         require_active: bool = False,
+        wait: bool = True,
+        background: bool = True,
     ) -> Receipt:
         """Atomically check ``spent + reserved + cost ≤ limit`` (exact integer units) and record a
         reservation.
@@ -375,6 +466,15 @@ class SQLBudgetStore:
             the principal is an API key that exists and is not revoked; raise
             :class:`ActiveKeyCheckFailed` instead of deciding a refusal. The service uses it for a key
             whose secret it checked against a remembered hash.
+          wait: with group commit, return only once the reservation is durable (default). ``False``:
+            return as soon as it is committed (visible to every other reservation, so the budget check is
+            unchanged) with the flush under way; the caller must call :meth:`wait_durable` on the receipt
+            before it releases anything that depends on the reservation.
+          background: with ``wait=False``: start the flush now in the flusher's thread, to overlap the
+            caller's next steps (worth it when they wait on I/O, e.g. a generator; a CPU-bound next step
+            holds the GIL and delays that thread by up to the interpreter's switch interval, 5 ms).
+            ``False``: the flush runs when the caller waits (:meth:`wait_durable`), in the caller's
+            thread, shared with every reservation committed by then.
 
         Returns:
           A :class:`Receipt` with the principal's totals right after this reservation.
@@ -390,14 +490,17 @@ class SQLBudgetStore:
         lim = limit_units(limit)
         rid = uuid.uuid4().hex
         ev = json.dumps(event) if event is not None else None
+        self._decide_group_commit()
+        flusher = self.flusher
         if self._pg:
             params = {"p": principal, "a": ca, "b": cb, "la": None if lim is None else lim[0], "lb": None if lim is None else lim[1],
-                      "rid": rid, "t": db.now(), "o": self.owner, "e": ev, "sync": "on" if self.durable else "off"}
+                      "rid": rid, "t": db.now(), "o": self.owner, "e": ev,
+                      "sync": "on" if self.durable and flusher is None else "off"}
             with self._tx() as cur:
                 cur.execute(self._PG_RESERVE_SQL[bool(require_active)], params)
                 done = cur.fetchone()
                 if done is not None:
-                    return Receipt(rid, principal, (ca, cb), dict(zip(self._TOTALS, (int(v) for v in done[:6]))))
+                    return self._receipt(rid, principal, (ca, cb), dict(zip(self._TOTALS, (int(v) for v in done[:6]))), wait, background)
                 if require_active:
                     raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
                 # Refused, or no principal row yet: decide again under the row lock (a few more round
@@ -409,8 +512,8 @@ class SQLBudgetStore:
                         raise refusal
                     self._insert_reserve(cur, principal, rid, ca, cb, ev)
                     cur.execute("SELECT set_config('synchronous_commit', %(s)s, true)", {"s": params["sync"]})
-            return Receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb))
-        with self._tx(durable=self.durable) as cur:
+            return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait, background)
+        with self._tx(durable=self.durable and flusher is None) as cur:
             if require_active:
                 key = self._one(cur, "key", {"p": principal})
                 locked = self._lock_principal(cur, principal, create=False) if key is not None and key[0] is None else None
@@ -423,7 +526,19 @@ class SQLBudgetStore:
                 if refusal is not None:
                     raise refusal
             self._insert_reserve(cur, principal, rid, ca, cb, ev)
-        return Receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb))
+        return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait, background)
+
+    def _receipt(self, rid: str, principal: str, cost: tuple[int, int], totals: dict, wait: bool, background: bool) -> Receipt:
+        """The receipt of a **committed** reservation; with group commit, its flush is queued here (and
+        waited for if ``wait``)."""
+        if self.flusher is None:
+            return Receipt(rid, principal, cost, totals)
+        # Background: the flusher's thread starts the flush now, to overlap the caller's next steps;
+        # otherwise the (first) waiter flushes itself, with no thread hand-over, unless a flush is running.
+        receipt = Receipt(rid, principal, cost, totals, self.flusher.submit(rid, background=background and not wait))
+        if wait:
+            self.wait_durable(receipt)
+        return receipt
 
     @staticmethod
     def _after_reserve(row: dict, ca: int, cb: int) -> dict:

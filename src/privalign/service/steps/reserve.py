@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 from privalign.accounting import filters as F
@@ -12,16 +14,22 @@ from privalign.service.errors import ApiError
 from privalign.service.job import FILTERS, Reserved, unit_name
 from privalign.service.keys import KeyInfo
 from privalign.service.state import ServiceState
-from privalign.service.store import ActiveKeyCheckFailed
+from privalign.service.store import ActiveKeyCheckFailed, DurabilityError
 
-__all__ = ["reserve", "cancel"]
+__all__ = ["reserve", "cancel", "durable"]
 
 def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Callable[[], KeyInfo] | None,
-            endpoint: str = "") -> Reserved:
+            endpoint: str = "", *, overlap: bool = False) -> Reserved:
     """Step 1. ``reauth``: ``None`` if ``key`` was authenticated from the database; otherwise ``key``
     comes from the key cache and the reserving statement also checks that the key is active
     (``require_active``); if it writes nothing, the key is authenticated from the database (401) and the
-    reservation decided again exactly as without the cache."""
+    reservation decided again exactly as without the cache.
+
+    The reservation is committed (every later reservation of the key sees it) when this returns; with
+    group commit its flush to disk may still be pending (``receipt.ticket``): :func:`durable` must be
+    called before anything that depends on the private scores is released. ``overlap``: start that flush
+    now in the flusher's thread (the request goes on to generate, waiting on I/O); otherwise it runs at
+    the gate, in the request's thread, shared with every reservation committed by then."""
     if not (state.private and plan.method != "bon"):
         return Reserved(key)
     flt = FILTERS[key.accounting]
@@ -36,13 +44,14 @@ def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Call
     receipt = None
     if reauth is not None:
         try:
-            receipt = state.store.reserve(key.key_id, cost, None, event=event, require_active=True)
+            receipt = state.store.reserve(key.key_id, cost, None, event=event, require_active=True, wait=False,
+                                            background=overlap)
         except (ActiveKeyCheckFailed, BudgetExhaustedError):
             key = reauth()  # nothing was written: authenticate from the database and decide again
             flt = FILTERS[key.accounting]
     if receipt is None:
         try:
-            receipt = state.store.reserve(key.key_id, cost, None, event=event)
+            receipt = state.store.reserve(key.key_id, cost, None, event=event, wait=False, background=overlap)
         except BudgetExhaustedError as exc:
             state.metrics.refusals.labels(endpoint).inc()
             rem = {unit_name(key): exc.remaining.get("primary", 0.0), "delta": exc.remaining.get("delta", 0.0)}
@@ -58,16 +67,25 @@ def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Call
     return Reserved(key, flt, res, receipt)
 
 
-def _cancel(state: ServiceState, r: Reserved) -> None:
-    if r.receipt is not None:
-        state.store.cancel(r.receipt.reservation_id)
-        state.metrics.cancelled.inc()
-
-
-
-
 def cancel(state: ServiceState, r: Reserved) -> None:
     """Release a reservation whose mechanism never touched private data."""
     if r.receipt is not None:
         state.store.cancel(r.receipt.reservation_id)
         state.metrics.cancelled.inc()
+
+
+def durable(state: ServiceState, r: Reserved, deadline: float) -> None:
+    """Gate: return once ``r``'s reservation is on disk (at once without group commit, or if it already
+    is). Called before any answer or any error that follows scoring is released. If the flush fails or
+    does not complete before the request's deadline (at least 1 s from now), nothing is released: 503,
+    charged at the reserved cost (the scorer may have run), ``x-should-retry: false``."""
+    if r.receipt is None or r.receipt.ticket is None:
+        return
+    try:
+        state.store.wait_durable(r.receipt, timeout=max(1.0, deadline - time.monotonic()))
+    except DurabilityError as exc:
+        state.metrics.db_errors.inc()
+        logging.getLogger("privalign.service").error("reservation %s not confirmed on disk: %s", r.receipt.reservation_id, exc)
+        raise ApiError(503, "service_unavailable", "The ledger could not confirm the reservation on disk, so no answer is "
+                       "released; the reservation stays charged at its reserved cost. Do not retry: a retry is charged "
+                       "again.", charged=True) from None

@@ -1,0 +1,1 @@
+"""Revision scripts (see :mod:`privalign.service.migrations`)."""
