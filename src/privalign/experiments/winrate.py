@@ -78,7 +78,8 @@ def hh_winrate_examples(num_prompts: int, *, seed: int = HH_PROMPT_SEED) -> list
 
 
 def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16, max_new_tokens: int = 20,
-                  seed: int = 0, batch_size: int = 16, num_threads: int | None = None, progress: bool = True) -> dict:
+                  seed: int = 0, batch_size: int = 16, num_threads: int | None = None, progress: bool = True,
+                  generator: str = "transformers") -> dict:
     """Generate the HH-RLHF win-rate candidate pool with E's :func:`privalign.pipeline.build_pool.build_pool`
     (SmolLM2-135M-Instruct, chat template on, the same generator spec as ``privalign build-pool``).
 
@@ -86,12 +87,20 @@ def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16,
     rate needs single-turn prompts picked by :func:`hh_winrate_examples`, hence this wrapper. The pool's
     proxy reward is VADER (unit), its ``true_reward`` the judge ``clean`` = 1 − P(offensive) of
     ``alt-profanity-check`` (not trained on HH-RLHF).
+
+    ``generator="ctranslate2"`` uses the CTranslate2 int8 backend (``fast-cpu`` extra) with the per-block
+    reseeding of ``privalign build-pool --generator ctranslate2`` (blocks of 32 prompts), as the 400-prompt
+    pool of the full ``p2-winrate`` config was built.
     """
+    from privalign._validation import check_choice
     from privalign.pipeline.build_pool import PoolConfig, build_pool
 
+    generator = check_choice(generator, "generator", ("transformers", "ctranslate2"))
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
-    gen = {"kind": "transformers", "model": "smollm2", "batch_size": batch_size, "chat_template": True,
+    gen = {"kind": generator, "model": "smollm2", "batch_size": batch_size, "chat_template": True,
            "assistant_prefix": "", "sampling": sampling, "stop": [], "num_threads": num_threads}
+    if generator == "ctranslate2":
+        gen.update(compute_type="int8", reseed="block", reseed_block=32)
     examples = hh_winrate_examples(num_prompts)
     cfg = PoolConfig(dataset="hh-rlhf", n=n, seed=seed, generator=gen, proxy_reward="vader", true_reward="clean",
                      num_prompts=num_prompts, dataset_options={"selection": "privalign.experiments.winrate.hh_winrate_examples",
@@ -140,12 +149,21 @@ def pool_build_command(ds: str, out: str) -> str:
 
     m = re.search(r"-(\d+)\.jsonl(\.gz)?$", str(out))
     k = int(m.group(1)) if m else 24
+    if k == 24:  # the shipped pools: transformers backend, one thread
+        if ds == "imdb":
+            return (f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} --max-new-tokens 16 "
+                    "--batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
+                    f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}")
+        return ("python -c \"from privalign.experiments.winrate import build_hh_pool; "
+                f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=1)\"")
+    # larger pools: the CTranslate2 backend (pip install 'privalign[fast-cpu]'), reseeded per block of 32 prompts
     if ds == "imdb":
-        return (f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} --max-new-tokens 16 "
-                "--batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
+        return (f"privalign build-pool --dataset imdb --prompt-words 10 --generator ctranslate2 --n 16 --num-prompts {k} "
+                "--max-new-tokens 16 --batch-size 16 --num-threads 2 --proxy-reward vader --true-reward "
                 f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}")
     return ("python -c \"from privalign.experiments.winrate import build_hh_pool; "
-            f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=1)\"")
+            f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=2, "
+            "generator='ctranslate2')\"")
 
 
 #: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap; issue 13).
