@@ -75,3 +75,17 @@ def test_default_n_iter_noise_target_shrinks_with_log_d():
     tau = NOISE_SCALE_TARGET * h(200) / h(6400)
     want = max(1, min(math.ceil(3 * math.log(n)), math.floor(tau * n / (8.0 * nu))))
     assert default_n_iter(n, noise_multiplier=nu, step_size=4.0, n_features=6400) == want < base
+
+
+def test_sample_dp_reading_marks_where_the_need_is_met_and_chance():
+    from privalign.experiments.paper2 import _sample_dp_reading
+
+    snr = [{"dataset": "imdb", "features": "hashed-ngram", "epsilon": e, "n_fit": 1000, "n_needed_top_s": need}
+           for e, need in ((2.0, 5000.0), (8.0, 800.0))]
+    acc = [{"dataset": "imdb", "features": "hashed-ngram", "method": "SampleDPIHT", "epsilon": 2.0, "accuracy": 0.51,
+            "accuracy_se": 0.02},
+           {"dataset": "imdb", "features": "hashed-ngram", "method": "SampleDPIHT", "epsilon": 8.0, "accuracy": 0.70,
+            "accuracy_se": 0.02}]
+    text = _sample_dp_reading(snr, acc, [])
+    assert "ε=2: need 5,000 > 1,000, accuracy 0.510 (chance)" in text
+    assert "ε=8: need 800 ≤ 1,000, accuracy 0.700" in text and "0.700 (chance)" not in text

@@ -633,6 +633,36 @@ def _sparsity_reading(srows: list[dict], svd: list[dict]) -> str:
     return "; ".join(parts)
 
 
+def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> str:
+    """Where Peeling's first-step need (``n_needed_top_s``, the smallest over the tuned s) is met, and Sample-DP
+    IHT's accuracy there and elsewhere (within 2 SE of chance or not); the n curve's endpoints."""
+    parts = []
+    for ds, fm in sorted({(r["dataset"], r["features"]) for r in snr}):
+        rows = [r for r in snr if r["dataset"] == ds and r["features"] == fm]
+        n_fit = rows[0]["n_fit"]
+        cells = []
+        for e in sorted({r["epsilon"] for r in rows}):
+            needs = [r["n_needed_top_s"] for r in rows if r["epsilon"] == e and r["n_needed_top_s"] is not None]
+            need = min(needs) if needs else None
+            a = next((r for r in acc if r["dataset"] == ds and r.get("features", "hashed-ngram") == fm
+                      and r["method"] == "SampleDPIHT" and r["epsilon"] == e), None)
+            if a is None:
+                continue
+            chance = abs(a["accuracy"] - 0.5) <= 2 * a["accuracy_se"]
+            cells.append(f"ε={e:g}: need {'∞' if need is None else f'{need:,.0f}'} "
+                         f"{'≤' if need is not None and need <= n_fit else '>'} {n_fit:,}, accuracy {a['accuracy']:.3f}"
+                         + (" (chance)" if chance else ""))
+        parts.append(f"{_tag(ds, fm)}: " + "; ".join(cells))
+    text = ("Sample-DP IHT vs Peeling's first-step need (n for the top-s gradient coordinates to beat the expected "
+            "largest noise draw; non-private diagnostic): " + " | ".join(parts))
+    for v in sorted({(r["variant"]) for r in curve if r["method"] == "SampleDPIHT"}):
+        g = sorted([r for r in curve if r["method"] == "SampleDPIHT" and r["variant"] == v], key=lambda r: r["n"])
+        if len(g) >= 2:
+            text += (f" | n curve (IMDb, ε = {g[0]['epsilon']:g}), {v}: {g[0]['accuracy']:.3f} at n = {g[0]['n']:,} → "
+                     f"{g[-1]['accuracy']:.3f} at n = {g[-1]['n']:,}")
+    return text
+
+
 def _acc_summarize(records: list[dict], cfg: dict) -> dict:
     from privalign.experiments.verdicts import mcnemar_rule
 
@@ -667,6 +697,8 @@ def _acc_summarize(records: list[dict], cfg: dict) -> dict:
             for r in sorted(curve, key=lambda r: (r["method"], r["variant"], r["n"]))]
     if srows or svd:
         out["sparsity_reading"] = _sparsity_reading(srows, svd)
+    if snr:
+        out["sample_dp_reading"] = _sample_dp_reading(snr, acc, curve)
     if tables:
         out["tables"] = tables
     return out
