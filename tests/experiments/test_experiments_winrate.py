@@ -12,7 +12,14 @@ import pytest
 from privalign.cli import main
 from privalign.experiments.report import evaluate_claims
 from privalign.experiments.runner import read_results
-from privalign.experiments.winrate import PAPER_ORDER, bon_win_probability, order_verdict, winrate_table
+from privalign.experiments.winrate import (
+    PAPER_ORDER,
+    bon_win_probability,
+    order_verdict,
+    pool_build_command,
+    power_statement,
+    winrate_table,
+)
 
 
 def test_win_probability_exact_values():
@@ -70,9 +77,12 @@ def test_quick_end_to_end_and_claim_reads_results(tmp_path, capsys):
         (d, m) for d in ("imdb", "hh-rlhf") for m in PAPER_ORDER}
     for t in summary["table"]:
         assert t["ci_lo"] <= t["win_rate"] <= t["ci_hi"]
+    # the quick config (24 prompts) is underpowered, and its verdict says so
+    assert summary["power"].startswith("UNDERPOWERED") and not summary["power_by_epsilon"]["8"]["powered"]
 
     claim = next(c for c in evaluate_claims({"p2-winrate": recs}) if c["id"] == "P2-5")
     assert claim["verdict"] in ("holds", "does not hold", "inconclusive")
+    assert claim["measured"].startswith("UNDERPOWERED: largest 95% paired half-width")
     table = {(t["dataset"], t["method"]): t for t in winrate_table(recs) if t["epsilon"] == 8.0}
     assert f"RRIHT {table[('imdb', 'RRIHT')]['win_rate']:.3f}" in claim["measured"]
     # Rewrite results.jsonl so that RR-IHT loses every prompt: the verdict must follow the file.
@@ -91,4 +101,25 @@ def test_missing_pool_is_a_clear_error_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert "nope.jsonl.gz" in err and "imdb_pool" in err and "does not exist" in err
+    assert "privalign build-pool --dataset imdb" in err and "--num-prompts 24" in err
     assert not out.exists()
+
+
+def test_pool_build_command_takes_the_prompt_count_from_the_name():
+    cmd = pool_build_command("imdb", "pools/winrate-imdb-400.jsonl.gz")
+    assert "--num-prompts 400" in cmd and cmd.endswith("--out pools/winrate-imdb-400.jsonl.gz")
+    assert "num_prompts=400" in pool_build_command("hh-rlhf", "pools/winrate-hh-400.jsonl.gz")
+    assert "num_prompts=24" in pool_build_command("hh-rlhf", "pools/winrate-hh.jsonl.gz")
+
+
+def test_power_statement():
+    wide = [{"lo": -0.1, "hi": 0.2, "prompts": 24}, {"lo": 0.0, "hi": 0.1, "prompts": 24}]
+    p = power_statement(wide)
+    assert not p["powered"] and p["max_half_width"] == pytest.approx(0.15)
+    assert p["prompts_needed"] == math.ceil(24 * (0.15 / 0.05) ** 2) == 216
+    assert p["text"].startswith("UNDERPOWERED") and "216 prompts needed" in p["text"]
+    narrow = [{"lo": 0.01, "hi": 0.09, "prompts": 400}]
+    q = power_statement(narrow)
+    assert q["powered"] and q["text"].startswith("powered") and q["max_half_width"] == pytest.approx(0.04)
+    assert q["detectable_gap_power_0_8"] == pytest.approx(0.04 * (1 + 0.8416212335729143 / 1.959963984540054))
+    assert not power_statement([])["powered"]

@@ -335,12 +335,20 @@ def default_param_grid(method: str, *, sparsity: int = 32) -> dict[str, list[Any
 
 def experiment_param_grid(estimator_name: str, *, sparsity: int = 64) -> dict[str, list[Any]]:
     """The grid of the experiments' ``tune = true`` mode, by estimator class name (at most 4 candidates, so
-    a sample-DP candidate still runs at ε/4)."""
+    a sample-DP candidate still runs at ε/4).
+
+    Sample-DP IHT searches only small s, ``{s/16, s/4}`` (2 candidates, each at (ε/2, δ/2)): Peeling's noise
+    multiplier grows like √s, its selection threshold like √s·log d, and the privacy error like s²
+    (spec-reward-estimation §5), so at the n of the real-data experiments (≈ 1,500 fitting pairs) a candidate
+    with s ≥ 64 cannot select signal coordinates and only dilutes the budget (issue 13: with {s/4, s, 4s} at
+    ε/3 every candidate was at chance; ``paper2.peeling_snr`` gives the numbers). The grid is fixed in
+    advance from public quantities (s, ε, δ, d); nothing in it depends on the data.
+    """
     s = [max(1, sparsity // 4), sparsity, sparsity * 4]
     grids: dict[str, dict[str, list[Any]]] = {
         "IHT": {"sparsity": s},
         "MLE": {"alpha": [1e-3, 1e-2, 1e-1, 1.0]},
-        "SampleDPIHT": {"sparsity": s},
+        "SampleDPIHT": {"sparsity": sorted({max(1, sparsity // 16), max(1, sparsity // 4)})},
         "RRIHT": {"sparsity": s},
         "DenseRR": {"alpha": [1e-3, 1e-2, 1e-1, 1.0]},
         "DPSGDLinear": {"clip_norm": [1.0, 4.0], "learning_rate": [0.5, 2.0]},

