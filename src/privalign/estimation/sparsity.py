@@ -76,7 +76,7 @@ def mcnemar_exact(correct_a: Any, correct_b: Any) -> dict[str, Any]:
 
 
 def sparsity_curve(train: Any, test: Any, s_grid: list[int], *, step_size: float = 4.0, radius: float = 5.0,
-                   alpha: float = 1e-3) -> list[dict[str, Any]]:
+                   alpha: float | None = 1e-3) -> list[dict[str, Any]]:
     """Held-out accuracy of non-private IHT (full variant, T = 100) for each s ≤ d, and of the dense MLE.
 
     Returns one dict per s: ``{"method": "IHT" | "MLE", "s": s (d for MLE), "accuracy", "se"}`` with the
