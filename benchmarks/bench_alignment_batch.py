@@ -44,12 +44,27 @@ def bench_privitp(a, b, loop_prompts: int, runs: int) -> dict:
             m.select(a[i], rng=rng, pool_b_scores=b[i])
         scale = a.shape[0] / k
         t_loop, c_loop = (time.perf_counter() - t0) * scale, (time.process_time() - c0) * scale
-        rows.append({"run": r + 1, "vectorized_seconds": t_vec, "loop_seconds": t_loop, "speedup": t_loop / t_vec,
-                     "vectorized_cpu_seconds": c_vec, "loop_cpu_seconds": c_loop, "speedup_cpu": c_loop / c_vec,
-                     "fallback_rate": float(np.mean(out.indices == -1)), "loadavg": os.getloadavg()[0]})
-    return {"config": f"{a.shape[0]} prompts × {a.shape[1]} candidates, PrivITP β=0.05 σx=σz=0.5, SeededNoise",
-            "loop_measured_prompts": k, "loop_extrapolated": k < a.shape[0], "runs": rows,
-            "min_speedup": min(x["speedup"] for x in rows), "min_speedup_cpu": min(x["speedup_cpu"] for x in rows)}
+        rows.append(
+            {
+                "run": r + 1,
+                "vectorized_seconds": t_vec,
+                "loop_seconds": t_loop,
+                "speedup": t_loop / t_vec,
+                "vectorized_cpu_seconds": c_vec,
+                "loop_cpu_seconds": c_loop,
+                "speedup_cpu": c_loop / c_vec,
+                "fallback_rate": float(np.mean(out.indices == -1)),
+                "loadavg": os.getloadavg()[0],
+            }
+        )
+    return {
+        "config": f"{a.shape[0]} prompts × {a.shape[1]} candidates, PrivITP β=0.05 σx=σz=0.5, SeededNoise",
+        "loop_measured_prompts": k,
+        "loop_extrapolated": k < a.shape[0],
+        "runs": rows,
+        "min_speedup": min(x["speedup"] for x in rows),
+        "min_speedup_cpu": min(x["speedup_cpu"] for x in rows),
+    }
 
 
 def bench_privbon(a, epsilon: float, runs: int) -> dict:
@@ -67,12 +82,19 @@ def bench_privbon(a, epsilon: float, runs: int) -> dict:
             sel.select_batch(a, rng=src)
             times[name].append(time.perf_counter() - t0)
     fmin, fmed = min(times[names[0]]), statistics.median(times[names[0]])
-    res = {"config": f"{a.shape[0]} prompts × {a.shape[1]} candidates ({a.nbytes / 2**20:.0f} MB), PrivBoN ε={epsilon:g}",
-           "floor_GB_per_s_best": a.nbytes / fmin / 1e9}
+    res = {
+        "config": f"{a.shape[0]} prompts × {a.shape[1]} candidates ({a.nbytes / 2**20:.0f} MB), PrivBoN ε={epsilon:g}",
+        "floor_GB_per_s_best": a.nbytes / fmin / 1e9,
+    }
     for name in names:
         t = times[name]
-        res[name] = {"seconds": t, "min_seconds": min(t), "median_seconds": statistics.median(t),
-                     "min_over_floor_min": min(t) / fmin, "median_over_floor_median": statistics.median(t) / fmed}
+        res[name] = {
+            "seconds": t,
+            "min_seconds": min(t),
+            "median_seconds": statistics.median(t),
+            "min_over_floor_min": min(t) / fmin,
+            "median_over_floor_median": statistics.median(t) / fmed,
+        }
     return res
 
 

@@ -38,8 +38,12 @@ BETA, EPS, SX, SZ, L = 0.05, 8.0, 0.1, 0.1, 3.0
 
 
 def specs():
-    return [MethodSpec("bon"), MethodSpec("itp", beta=BETA), MethodSpec("privbon", epsilon=EPS),
-            MethodSpec("privitp", beta=BETA, sigma_x=SX, sigma_z=SZ, L=L)]
+    return [
+        MethodSpec("bon"),
+        MethodSpec("itp", beta=BETA),
+        MethodSpec("privbon", epsilon=EPS),
+        MethodSpec("privitp", beta=BETA, sigma_x=SX, sigma_z=SZ, L=L),
+    ]
 
 
 def loop_protocol(pool, n_grid, replicates, seed, prompts=None):
@@ -48,8 +52,9 @@ def loop_protocol(pool, n_grid, replicates, seed, prompts=None):
     P = pool.proxy.shape[0] if prompts is None else prompts
     out = np.zeros((4, P, len(n_grid)))
     r_max = 1.0
-    nodes, _ = lambda_quadrature(np.array([0.0]), SX, -BETA, r_max - BETA, panel_width=3 * min(SX, SZ), order=6,
-                                 max_panels=400)
+    nodes, _ = lambda_quadrature(
+        np.array([0.0]), SX, -BETA, r_max - BETA, panel_width=3 * min(SX, SZ), order=6, max_panels=400
+    )
     w_nodes = r_max + SZ * L - nodes
     for p in range(P):
         c = int(pool.counts[p])
@@ -59,14 +64,21 @@ def loop_protocol(pool, n_grid, replicates, seed, prompts=None):
             acc = np.zeros(4)
             for _ in range(replicates):
                 perm = rng.permutation(c)
-                A, B = perm[:n], perm[n:2 * n]
+                A, B = perm[:n], perm[n : 2 * n]
                 acc[0] += t[A][np.argmax(r[A])]
                 acc[1] += special.softmax(r[A] / (2 * r_max / EPS)) @ t[A]
                 lam = solve_normalizer(r[A], BETA)
                 pr, fb = sequential_law(np.clip((r[B] - lam) / (r_max - lam), 0, 1))
                 acc[2] += pr @ t[B] + fb * base
-                _, wts = lambda_quadrature(np.array([lam]), SX, -BETA, r_max - BETA, panel_width=3 * min(SX, SZ),
-                                           order=6, max_panels=400)
+                _, wts = lambda_quadrature(
+                    np.array([lam]),
+                    SX,
+                    -BETA,
+                    r_max - BETA,
+                    panel_width=3 * min(SX, SZ),
+                    order=6,
+                    max_panels=400,
+                )
                 a = privitp_acceptance(r[B][None, :], nodes[:, None], w_nodes[:, None], SZ)
                 pr, fb = sequential_law(a)
                 acc[3] += wts[0] @ (pr @ t[B] + fb * base)
@@ -101,8 +113,12 @@ def main(argv=None):
         from scipy.stats import norm
 
         crit = float(norm.isf(0.01 / (2 * 4 * len(g))))
-        rows["agreement"] = {"config": "20 prompts × 512 candidates, N ≤ 256, 10 replicates",
-                             "max_abs_z": zmax, "critical_z(α=0.01, Bonferroni)": crit, "agree": zmax <= crit}
+        rows["agreement"] = {
+            "config": "20 prompts × 512 candidates, N ≤ 256, 10 replicates",
+            "max_abs_z": zmax,
+            "critical_z(α=0.01, Bonferroni)": crit,
+            "agree": zmax <= crit,
+        }
     half = args.loop_prompts // 2
     loop_wall, loop_cpu = [], []
 
@@ -122,22 +138,24 @@ def main(argv=None):
     time_loop(half, args.loop_prompts)
     scale = (args.prompts / args.loop_prompts) * (args.replicates / args.loop_replicates)
     t_loop, c_loop = sum(loop_wall) * scale, sum(loop_cpu) * scale
-    rows.update({
-        "pool": f"{args.prompts} prompts × {args.candidates} candidates (synthetic)",
-        "protocol": f"N = 2^0..2^{args.max_log2_n}, {args.replicates} replicates, 4 methods",
-        "vectorized_seconds": t_vec,
-        "vectorized_cpu_seconds": c_vec,
-        "loop_seconds_measured": sum(loop_wall),
-        "loop_seconds_measured_before_after": loop_wall,
-        "loop_cpu_seconds_measured": sum(loop_cpu),
-        "loop_fraction": f"{args.loop_prompts} prompts × {args.loop_replicates} replicates (all N), "
-                         f"{half} timed before and {args.loop_prompts - half} after the engine",
-        "loop_seconds_extrapolated": t_loop,
-        "loop_cpu_seconds_extrapolated": c_loop,
-        "speedup": t_loop / t_vec,
-        "speedup_cpu": c_loop / c_vec,
-        "lift_at_max_n": {m["name"]: m["true_lift"][-1] for m in res["methods"]},
-    })
+    rows.update(
+        {
+            "pool": f"{args.prompts} prompts × {args.candidates} candidates (synthetic)",
+            "protocol": f"N = 2^0..2^{args.max_log2_n}, {args.replicates} replicates, 4 methods",
+            "vectorized_seconds": t_vec,
+            "vectorized_cpu_seconds": c_vec,
+            "loop_seconds_measured": sum(loop_wall),
+            "loop_seconds_measured_before_after": loop_wall,
+            "loop_cpu_seconds_measured": sum(loop_cpu),
+            "loop_fraction": f"{args.loop_prompts} prompts × {args.loop_replicates} replicates (all N), "
+            f"{half} timed before and {args.loop_prompts - half} after the engine",
+            "loop_seconds_extrapolated": t_loop,
+            "loop_cpu_seconds_extrapolated": c_loop,
+            "speedup": t_loop / t_vec,
+            "speedup_cpu": c_loop / c_vec,
+            "lift_at_max_n": {m["name"]: m["true_lift"][-1] for m in res["methods"]},
+        }
+    )
     print(json.dumps(rows, indent=2))
     return rows
 

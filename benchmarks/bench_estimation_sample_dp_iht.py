@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
     # shuffle=False: contiguous row blocks (views; the rows are i.i.d., so already in random order);
     # shuffle=True (the estimator's default): random batches, gathered chunk by chunk.
     def make(sh):
-        return lambda: SampleDPIHT(epsilon=a.epsilon, delta=a.delta, sparsity=a.s_star, shuffle=sh, random_state=a.seed)
+        return lambda: SampleDPIHT(
+            epsilon=a.epsilon, delta=a.delta, sparsity=a.s_star, shuffle=sh, random_state=a.seed
+        )
 
     t_first, t_dp, dp = fit_times(make(False), X, y, a.repeats)
     t_first_sh, t_dp_sh, _ = fit_times(make(True), X, y, a.repeats)
@@ -98,18 +100,27 @@ def main(argv: list[str] | None = None) -> dict:
     _ = float(X.min()), float(X.max())
     t_check = time.perf_counter() - t0
     DPSGDLinear(epsilon=a.epsilon, delta=a.delta, epochs=0.001).fit(X[:2000], y[:2000])  # warm imports only
-    _, t_sgd, sgd = fit_times(lambda: DPSGDLinear(epsilon=a.epsilon, delta=a.delta, random_state=a.seed), X, y, 1)
+    _, t_sgd, sgd = fit_times(
+        lambda: DPSGDLinear(epsilon=a.epsilon, delta=a.delta, random_state=a.seed), X, y, 1
+    )
     _, peak_sgd = timed_fit(DPSGDLinear(epsilon=a.epsilon, delta=a.delta, random_state=a.seed), X, y)
     err_dp = float(np.sum((dp.coef_ - theta) ** 2))
     err_sgd = float(np.sum((sgd.coef_ - theta) ** 2))
     res = {
-        "n": a.n, "d": a.d, "s_star": a.s_star, "epsilon": a.epsilon, "delta": a.delta, "dtype": "float32",
+        "n": a.n,
+        "d": a.d,
+        "s_star": a.s_star,
+        "epsilon": a.epsilon,
+        "delta": a.delta,
+        "dtype": "float32",
         "data_MB": data_bytes / 2**20,
         "one_pass_XTv_s": one_pass,
         "input_check_minmax_s": t_check,
-        "sample_dp_iht_fit_s": t_dp, "n_iter": dp.n_iter_,
+        "sample_dp_iht_fit_s": t_dp,
+        "n_iter": dp.n_iter_,
         "fit_over_pass": t_dp / one_pass,
-        "first_fit_s": t_first, "first_fit_over_pass": t_first / one_pass,
+        "first_fit_s": t_first,
+        "first_fit_over_pass": t_first / one_pass,
         "sample_dp_iht_peak_extra_MB": peak_dp / 2**20,
         "peak_total_over_data": (data_bytes + peak_dp) / data_bytes,
         "shuffled_fit_s": t_dp_sh,
@@ -117,10 +128,13 @@ def main(argv: list[str] | None = None) -> dict:
         "shuffled_first_fit_over_pass": t_first_sh / one_pass,
         "shuffled_peak_extra_MB": peak_dp_sh / 2**20,
         "shuffled_peak_total_over_data": (data_bytes + peak_dp_sh) / data_bytes,
-        "dpsgd_fit_s": t_sgd, "dpsgd_steps": sgd.steps_, "dpsgd_noise_multiplier": sgd.noise_multiplier_,
+        "dpsgd_fit_s": t_sgd,
+        "dpsgd_steps": sgd.steps_,
+        "dpsgd_noise_multiplier": sgd.noise_multiplier_,
         "dpsgd_peak_extra_MB": peak_sgd / 2**20,
         "time_ratio_dpsgd_over_dpiht": t_sgd / t_dp,
-        "sq_error_dp_iht": err_dp, "sq_error_dpsgd": err_sgd,
+        "sq_error_dp_iht": err_dp,
+        "sq_error_dpsgd": err_sgd,
         "error_ratio_dpsgd_over_dpiht": err_sgd / err_dp,
         "theta_star_sq_norm": float(theta @ theta),
     }

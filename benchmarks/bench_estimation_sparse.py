@@ -49,9 +49,15 @@ def main(argv: list[str] | None = None) -> dict:
         _ = X.T @ v
         passes.append(time.perf_counter() - t1)
     one_pass = min(passes)
-    out = {"n_pairs": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz), "csr_MB": data_bytes / 2**20,
-           "dense_float64_would_be_GB": X.shape[0] * X.shape[1] * 8 / 2**30, "featurize_s": t_feat,
-           "one_sparse_pass_XTv_s": one_pass}
+    out = {
+        "n_pairs": X.shape[0],
+        "n_features": X.shape[1],
+        "nnz": int(X.nnz),
+        "csr_MB": data_bytes / 2**20,
+        "dense_float64_would_be_GB": X.shape[0] * X.shape[1] * 8 / 2**30,
+        "featurize_s": t_feat,
+        "one_sparse_pass_XTv_s": one_pass,
+    }
     for name, est in [
         ("sample_dp_iht", SampleDPIHT(epsilon=a.epsilon, delta=a.delta, sparsity=a.sparsity, random_state=0)),
         ("rr_iht", RRIHT(epsilon=a.epsilon, sparsity=a.sparsity, n_iter=20, random_state=0)),

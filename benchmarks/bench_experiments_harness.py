@@ -21,8 +21,15 @@ from pathlib import Path
 
 def _config(path: Path) -> dict:
     cfg = {
-        "seed": 1, "pool": "synthetic", "n_prompts": 20, "pool_size": 256, "n_max_log2": 7, "replicates": 10,
-        "methods": ["BoN", "ITP", "PrivBoN", "PrivITP"], "sigmas_gumbel": [0.1], "privitp_sigmas": [0.2],
+        "seed": 1,
+        "pool": "synthetic",
+        "n_prompts": 20,
+        "pool_size": 256,
+        "n_max_log2": 7,
+        "replicates": 10,
+        "methods": ["BoN", "ITP", "PrivBoN", "PrivITP"],
+        "sigmas_gumbel": [0.1],
+        "privitp_sigmas": [0.2],
     }
     path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in cfg.items()), encoding="utf-8")
     return cfg
@@ -43,11 +50,21 @@ def main(argv: list[str] | None = None) -> None:
         cfg = _config(tmp / "c.toml")
         for r in range(args.repeats):
             pool = make_synthetic_pool(cfg["n_prompts"], cfg["pool_size"], random_state=r)
-            specs = [MethodSpec("bon"), MethodSpec("itp", beta=0.05), MethodSpec("privbon", sigma=0.1),
-                     MethodSpec("privitp", beta=0.05, sigma_x=0.1, sigma_z=0.1, L=4.0, delta=1e-5)]
+            specs = [
+                MethodSpec("bon"),
+                MethodSpec("itp", beta=0.05),
+                MethodSpec("privbon", sigma=0.1),
+                MethodSpec("privitp", beta=0.05, sigma_x=0.1, sigma_z=0.1, L=4.0, delta=1e-5),
+            ]
             t = time.perf_counter()
-            run_protocol(pool, specs, n_grid=[2**k for k in range(cfg["n_max_log2"] + 1)], replicates=cfg["replicates"],
-                         random_state=r, progress=False)
+            run_protocol(
+                pool,
+                specs,
+                n_grid=[2**k for k in range(cfg["n_max_log2"] + 1)],
+                replicates=cfg["replicates"],
+                random_state=r,
+                progress=False,
+            )
             base_t.append(time.perf_counter() - t)
             t = time.perf_counter()
             run_experiment("p1-scaling", config_path=tmp / "c.toml", out=tmp / f"run{r}", progress=False)

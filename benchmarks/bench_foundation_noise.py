@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     wide = np.zeros(args.candidates)
     wide[0] = 500.0 * scale
     lat_wide = []
-    for _ in tqdm(range(max(args.secure_queries // 4, 5)), desc="secure noisy-argmax, wide scores", file=sys.stderr):
+    for _ in tqdm(
+        range(max(args.secure_queries // 4, 5)), desc="secure noisy-argmax, wide scores", file=sys.stderr
+    ):
         t0 = time.perf_counter()
         mech(wide, rng=secure)
         lat_wide.append(time.perf_counter() - t0)

@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     from privalign.models.generators import SamplingParams, TransformersGenerator
 
-    g = TransformersGenerator(args.model, params=SamplingParams(max_new_tokens=args.tokens, top_k=50), batch_size=args.batch, progress=False)
+    g = TransformersGenerator(
+        args.model,
+        params=SamplingParams(max_new_tokens=args.tokens, top_k=50),
+        batch_size=args.batch,
+        progress=False,
+    )
     prompt = "I rented this movie last night and"
     enc = g.tokenizer([prompt] * args.batch, return_tensors="pt")
     enc = {k: enc[k] for k in ("input_ids", "attention_mask")}
@@ -37,8 +42,15 @@ def main(argv: list[str] | None = None) -> dict:
     def direct() -> tuple[float, int]:
         t = time.perf_counter()
         with torch.inference_mode():
-            out = g.model.generate(**enc, do_sample=True, top_k=50, temperature=1.0, max_new_tokens=args.tokens,
-                                   min_new_tokens=args.tokens, pad_token_id=g.pad_token_id)
+            out = g.model.generate(
+                **enc,
+                do_sample=True,
+                top_k=50,
+                temperature=1.0,
+                max_new_tokens=args.tokens,
+                min_new_tokens=args.tokens,
+                pad_token_id=g.pad_token_id,
+            )
         dt = time.perf_counter() - t
         return dt, int((out.shape[1] - enc["input_ids"].shape[1]) * args.batch)
 

@@ -53,11 +53,23 @@ def main(argv=None):
 
     pairs = load_jsonl_pairs(tmp / "pairs.jsonl")
     fmap = HashedNgramFeatures(n_features=4096, ngram_range=(1, 1))
-    d = PreferenceData.from_text_pairs(pairs.prompts, pairs.chosen, pairs.rejected, fmap, prompt_ids=pairs.prompt_ids,
-                                       random_state=np.random.default_rng(0))
+    d = PreferenceData.from_text_pairs(
+        pairs.prompts,
+        pairs.chosen,
+        pairs.rejected,
+        fmap,
+        prompt_ids=pairs.prompt_ids,
+        random_state=np.random.default_rng(0),
+    )
     est = RRIHT(epsilon=8.0, sparsity=32, random_state=0).fit(d.X, d.y)
-    reward = PrivateReward(save_model(est, tmp / "rm.json", feature_config=fmap.get_config(),
-                                      metadata={"data": str(tmp / "pairs.jsonl")}))
+    reward = PrivateReward(
+        save_model(
+            est,
+            tmp / "rm.json",
+            feature_config=fmap.get_config(),
+            metadata={"data": str(tmp / "pairs.jsonl")},
+        )
+    )
     n_prompts = args.steps * args.prompts_per_step
     prompts, info = imdb_rl_prompts(n_prompts)
     t0 = time.perf_counter()
@@ -74,15 +86,35 @@ def main(argv=None):
     for p in prompts:
         enc = tok([p] * args.num_generations, return_tensors="pt")
         with torch.inference_mode():
-            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 max_new_tokens=args.max_new_tokens, pad_token_id=eos)
-        new = out[:, enc["input_ids"].shape[1]:]
-        gen_tokens += int(sum(min(len(r), (r == eos).nonzero()[0, 0].item() + 1 if (r == eos).any() else len(r)) for r in new))
+            out = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.max_new_tokens,
+                pad_token_id=eos,
+            )
+        new = out[:, enc["input_ids"].shape[1] :]
+        gen_tokens += int(
+            sum(
+                min(len(r), (r == eos).nonzero()[0, 0].item() + 1 if (r == eos).any() else len(r))
+                for r in new
+            )
+        )
     t_gen = time.perf_counter() - t0
     rss_gen = _rss_mib()
 
-    cfg = AlignConfig(steps=args.steps, num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
-                      max_new_tokens=args.max_new_tokens, lora_rank=16, lora_alpha=32.0, save_steps=args.steps, seed=0)
+    cfg = AlignConfig(
+        steps=args.steps,
+        num_generations=args.num_generations,
+        prompts_per_step=args.prompts_per_step,
+        max_new_tokens=args.max_new_tokens,
+        lora_rank=16,
+        lora_alpha=32.0,
+        save_steps=args.steps,
+        seed=0,
+    )
     res = align_policy(reward, prompts, info, tmp / "run", cfg, base=base, save_policy=False, progress=False)
     log = res["training_log"]
     t_rl = sum(h["step_time"] for h in log)
@@ -90,15 +122,19 @@ def main(argv=None):
     rss_rl = _rss_mib()
     rows = {
         "config": f"{args.steps} GRPO steps × {args.prompts_per_step} prompt(s) × {args.num_generations} samples × "
-                  f"≤{args.max_new_tokens} tokens, LoRA r=16, {args.threads} thread(s)",
+        f"≤{args.max_new_tokens} tokens, LoRA r=16, {args.threads} thread(s)",
         "load_seconds": t_load,
-        "rl_steps_per_min": 60.0 * len(log) / t_rl, "rl_seconds_per_step": t_rl / len(log),
+        "rl_steps_per_min": 60.0 * len(log) / t_rl,
+        "rl_seconds_per_step": t_rl / len(log),
         "rl_tokens_per_s": rl_tokens / t_rl,
-        "generate_tokens_per_s": gen_tokens / t_gen, "generate_seconds": t_gen,
+        "generate_tokens_per_s": gen_tokens / t_gen,
+        "generate_seconds": t_gen,
         "ratio_rl_over_generate_tokens_per_s": (rl_tokens / t_rl) / (gen_tokens / t_gen),
-        "peak_rss_mib_after_load": rss_load, "peak_rss_mib_after_generate": rss_gen, "peak_rss_mib_after_rl": rss_rl,
+        "peak_rss_mib_after_load": rss_load,
+        "peak_rss_mib_after_generate": rss_gen,
+        "peak_rss_mib_after_rl": rss_rl,
         "note": "baseline: model.generate(do_sample=True) on the same prompts; its token count stops at EOS (EOS "
-                "included); RL tokens are TRL's completion lengths",
+        "included); RL tokens are TRL's completion lengths",
     }
     print(json.dumps(rows, indent=2))
     return rows

@@ -52,8 +52,13 @@ from service_servers import PG_URL, Server, chat_body, select_body, write_config
 _body = select_body
 
 
-def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: float = 0.005, path: str = "/v1/select",
-                body=_body) -> list[np.ndarray]:
+def _sequential(
+    targets: list[tuple[str, str | None]],
+    per_setup: int,
+    gap_s: float = 0.005,
+    path: str = "/v1/select",
+    body=_body,
+) -> list[np.ndarray]:
     """Round-robin one request at a time over all setups, so every setup sees the same load conditions,
     idle for ``gap_s`` after each answer (so that work a server does after answering is not timed in the
     next setup's request). Returns the latencies (ms) per setup."""
@@ -63,7 +68,9 @@ def _sequential(targets: list[tuple[str, str | None]], per_setup: int, gap_s: fl
     lat: list[list[float]] = [[] for _ in targets]
     try:
         for k, (url, tok) in enumerate(targets):  # warm connections
-            clients[k].post(url + path, json=body(-1), headers={"Authorization": f"Bearer {tok}"} if tok else {})
+            clients[k].post(
+                url + path, json=body(-1), headers={"Authorization": f"Bearer {tok}"} if tok else {}
+            )
         for i in range(per_setup):
             for k, (url, tok) in enumerate(targets):
                 h = {"Authorization": f"Bearer {tok}"} if tok else {}
@@ -116,7 +123,9 @@ def _burst(url: str, token: str | None, n: int, clients: int) -> tuple[float, li
     return wall, lat
 
 
-def _ledger_rate(engine, seconds: float = 3.0, threads: int = 1, sync: str = "full", group_commit: bool = True) -> float:
+def _ledger_rate(
+    engine, seconds: float = 3.0, threads: int = 1, sync: str = "full", group_commit: bool = True
+) -> float:
     """reserve+settle pairs per second → ledger rows (2 per pair) per second (each reserve returns once
     durable)."""
     from privalign.service.store import SQLBudgetStore
@@ -194,9 +203,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--gap-ms", type=float, default=5.0, help="idle time after each sequential request")
     ap.add_argument("--no-postgres", action="store_true")
-    ap.add_argument("--generate-ms", type=float, default=20.0,
-                    help="also time /v1/chat/completions sequentially, with a stand-in generator that waits this long "
-                         "(0: skip)")
+    ap.add_argument(
+        "--generate-ms",
+        type=float,
+        default=20.0,
+        help="also time /v1/chat/completions sequentially, with a stand-in generator that waits this long "
+        "(0: skip)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -210,14 +223,34 @@ def main(argv: list[str] | None = None) -> dict:
     load_start = os.getloadavg()
     flush_start = _flush_probe(tmp, None if args.no_postgres else PG_URL)
     # (name, database URL, schema, private, sync, group_commit)
-    setups = [("baseline (no privacy, no ledger)", f"sqlite:///{tmp / 'base.db'}", "", False, "normal", False),
-              ("privbon + SQLite, sync=full, group commit (default)", f"sqlite:///{tmp / 'ledger.db'}", "", True, "full", True),
-              ("privbon + SQLite, sync=full, flush per reserve", f"sqlite:///{tmp / 'ledger1.db'}", "", True, "full", False),
-              ("privbon + SQLite, sync=normal", f"sqlite:///{tmp / 'ledger2.db'}", "", True, "normal", False)]
+    setups = [
+        ("baseline (no privacy, no ledger)", f"sqlite:///{tmp / 'base.db'}", "", False, "normal", False),
+        (
+            "privbon + SQLite, sync=full, group commit (default)",
+            f"sqlite:///{tmp / 'ledger.db'}",
+            "",
+            True,
+            "full",
+            True,
+        ),
+        (
+            "privbon + SQLite, sync=full, flush per reserve",
+            f"sqlite:///{tmp / 'ledger1.db'}",
+            "",
+            True,
+            "full",
+            False,
+        ),
+        ("privbon + SQLite, sync=normal", f"sqlite:///{tmp / 'ledger2.db'}", "", True, "normal", False),
+    ]
     schema = f"privalign_bench_{uuid.uuid4().hex[:8]}"
     if not args.no_postgres:
-        setups.append(("privbon + PostgreSQL, sync=full, group commit (default)", PG_URL, schema, True, "full", True))
-        setups.append(("privbon + PostgreSQL, sync=full, flush per reserve", PG_URL, schema + "f", True, "full", False))
+        setups.append(
+            ("privbon + PostgreSQL, sync=full, group commit (default)", PG_URL, schema, True, "full", True)
+        )
+        setups.append(
+            ("privbon + PostgreSQL, sync=full, flush per reserve", PG_URL, schema + "f", True, "full", False)
+        )
         setups.append(("privbon + PostgreSQL, sync=normal", PG_URL, schema + "n", True, "normal", False))
     rows = []
     engines = []
@@ -233,8 +266,13 @@ def main(argv: list[str] | None = None) -> dict:
             targets.append((servers[-1].url, token))
         # Sequential latency, interleaved request by request across setups.
         seq = _sequential(targets, max(50, args.requests // 4), args.gap_ms / 1000)
-        chat = (_sequential(targets, max(50, args.requests // 8), args.gap_ms / 1000, "/v1/chat/completions", chat_body)
-                if args.generate_ms > 0 else None)
+        chat = (
+            _sequential(
+                targets, max(50, args.requests // 8), args.gap_ms / 1000, "/v1/chat/completions", chat_body
+            )
+            if args.generate_ms > 0
+            else None
+        )
         # Throughput: `rounds` interleaved bursts per setup; CPU time of each server over its bursts.
         rounds = 5
         walls = [0.0] * len(targets)
@@ -251,18 +289,27 @@ def main(argv: list[str] | None = None) -> dict:
         n_conc = rounds * (args.requests // rounds)
         for k, (name, *_rest) in enumerate(setups):
             conc = np.asarray(lats[k])
-            rows.append({"setup": name, "seq_p50_ms": float(np.percentile(seq[k], 50)), "seq_p99_ms": float(np.percentile(seq[k], 99)),
-                         "server_cpu_ms_per_req": cpu[k] * 1000 / (n_conc + rounds * args.clients),
-                         "conc_rps": n_conc / walls[k], "conc_p50_ms": float(np.percentile(conc, 50)),
-                         "conc_p99_ms": float(np.percentile(conc, 99)),
-                         "chat_seq_p50_ms": float(np.percentile(chat[k], 50)) if chat is not None else None})
+            rows.append(
+                {
+                    "setup": name,
+                    "seq_p50_ms": float(np.percentile(seq[k], 50)),
+                    "seq_p99_ms": float(np.percentile(seq[k], 99)),
+                    "server_cpu_ms_per_req": cpu[k] * 1000 / (n_conc + rounds * args.clients),
+                    "conc_rps": n_conc / walls[k],
+                    "conc_p50_ms": float(np.percentile(conc, 50)),
+                    "conc_p99_ms": float(np.percentile(conc, 99)),
+                    "chat_seq_p50_ms": float(np.percentile(chat[k], 50)) if chat is not None else None,
+                }
+            )
         for s_ in servers:
             s_.stop()
         servers = []
         ledger = {}
         for name, eng, _, sync, group in engines[1:]:
-            ledger[name] = {"rows_per_s_1_thread": _ledger_rate(eng, 3.0, 1, sync, group),
-                            "rows_per_s_4_threads": _ledger_rate(eng, 3.0, 4, sync, group)}
+            ledger[name] = {
+                "rows_per_s_1_thread": _ledger_rate(eng, 3.0, 1, sync, group),
+                "rows_per_s_4_threads": _ledger_rate(eng, 3.0, 4, sync, group),
+            }
     finally:
         for s_ in servers:
             s_.stop()
@@ -280,24 +327,41 @@ def main(argv: list[str] | None = None) -> dict:
         r["overhead_cpu_ms"] = r["server_cpu_ms_per_req"] - base["server_cpu_ms_per_req"]
         r["throughput_ratio"] = r["conc_rps"] / base["conc_rps"]
     flush_end = _flush_probe(tmp, None if args.no_postgres else PG_URL)
-    out = {"command": "python benchmarks/bench_service_select.py " + " ".join(argv if argv is not None else sys.argv[1:]), "gap_ms": args.gap_ms,
-           "generate_ms": args.generate_ms,
-           "cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
-           "flush_probe_start": flush_start, "flush_probe_end": flush_end, "rows": rows, "ledger_writes": ledger}
-    print(f"cpus={out['cpus']} gap_ms={args.gap_ms:g} loadavg at start={tuple(round(x, 1) for x in load_start)} "
-          f"at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}")
+    out = {
+        "command": "python benchmarks/bench_service_select.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "gap_ms": args.gap_ms,
+        "generate_ms": args.generate_ms,
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": load_start,
+        "loadavg_at_end": os.getloadavg(),
+        "flush_probe_start": flush_start,
+        "flush_probe_end": flush_end,
+        "rows": rows,
+        "ledger_writes": ledger,
+    }
+    print(
+        f"cpus={out['cpus']} gap_ms={args.gap_ms:g} loadavg at start={tuple(round(x, 1) for x in load_start)} "
+        f"at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}"
+    )
     for when, fp in (("start", flush_start), ("end", flush_end)):
         print(f"disk flush at {when}: " + ", ".join(f"{k} {v:.2f}" for k, v in fp.items()))
-    print("| setup | seq p50 ms | seq p99 ms | seq overhead p50 ms | server CPU ms/req | overhead CPU ms/req | conc req/s | "
-          "conc p50 ms | conc p99 ms | conc overhead p50 ms | throughput vs baseline |")
+    print(
+        "| setup | seq p50 ms | seq p99 ms | seq overhead p50 ms | server CPU ms/req | overhead CPU ms/req | conc req/s | "
+        "conc p50 ms | conc p99 ms | conc overhead p50 ms | throughput vs baseline |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['setup']} | {r['seq_p50_ms']:.2f} | {r['seq_p99_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | "
-              f"{r['server_cpu_ms_per_req']:.2f} | {r['overhead_cpu_ms']:+.2f} | {r['conc_rps']:.0f} | "
-              f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['conc_overhead_p50_ms']:+.2f} | {r['throughput_ratio']:.2f} |")
+        print(
+            f"| {r['setup']} | {r['seq_p50_ms']:.2f} | {r['seq_p99_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | "
+            f"{r['server_cpu_ms_per_req']:.2f} | {r['overhead_cpu_ms']:+.2f} | {r['conc_rps']:.0f} | "
+            f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['conc_overhead_p50_ms']:+.2f} | {r['throughput_ratio']:.2f} |"
+        )
     if args.generate_ms > 0:
         print()
-        print(f"/v1/chat/completions, sequential, 16 candidates from a stand-in generator that waits {args.generate_ms:g} ms:")
+        print(
+            f"/v1/chat/completions, sequential, 16 candidates from a stand-in generator that waits {args.generate_ms:g} ms:"
+        )
         print("| setup | seq p50 ms | seq overhead p50 ms |")
         print("|---|---|---|")
         for r in rows:

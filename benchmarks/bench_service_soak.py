@@ -75,8 +75,14 @@ def _load(urls: list[str], token: str | None, n: int, clients: int, epsilon: flo
     for c in conns:
         c.close()
     a = np.asarray(lat)
-    return {"requests": n, "wall_s": wall, "rps": n / wall, "p50_ms": float(np.percentile(a, 50)),
-            "p99_ms": float(np.percentile(a, 99)), "codes": dict(sorted(codes.items()))}
+    return {
+        "requests": n,
+        "wall_s": wall,
+        "rps": n / wall,
+        "p50_ms": float(np.percentile(a, 50)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "codes": dict(sorted(codes.items())),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         servers.append(base_srv)
         load0 = os.getloadavg()
         base = _load([base_srv.url], None, args.requests // 5, args.clients, args.epsilon)
-        soak = _load([s.url for s in servers[: args.replicas]], token, args.requests, args.clients, args.epsilon)
+        soak = _load(
+            [s.url for s in servers[: args.replicas]], token, args.requests, args.clients, args.epsilon
+        )
         load1 = os.getloadavg()
         time.sleep(2.0)  # deferred settles of the last answers
         store = SQLBudgetStore(eng)
@@ -115,16 +123,22 @@ def main(argv: list[str] | None = None) -> int:
             derived = db.derive_totals(conn, key_id, units=True)
         cached = store.snapshot(key_id, units=True)
         rows = store.ledger_rows(key_id, limit=10 * args.requests)
-        actions = {a: sum(1 for r in rows if r["action"] == a) for a in ("reserve", "settle", "cancel", "reconcile")}
+        actions = {
+            a: sum(1 for r in rows if r["action"] == a) for a in ("reserve", "settle", "cancel", "reconcile")
+        }
         open_res = store.open_reservations(principal=key_id)
         checks = {
             "no response >= 500 or transport error": all(c in (200, 429) for c in soak["codes"]),
             f"exactly {args.served} answers": soak["codes"].get(200, 0) == args.served,
             "cached totals == derived from rows": derived == cached,
-            "spent == limit exactly": cached["spent_epsilon"] == cached["limit_epsilon"] == db.units_down(budget, db.EPS_SCALE),
+            "spent == limit exactly": cached["spent_epsilon"]
+            == cached["limit_epsilon"]
+            == db.units_down(budget, db.EPS_SCALE),
             "nothing reserved, no open reservation": cached["reserved_epsilon"] == 0 and open_res == [],
-            "one settle per answer, one reserve per settle": actions["settle"] == soak["codes"].get(200, 0) == actions["reserve"]
-                                                            and actions["cancel"] == actions["reconcile"] == 0,
+            "one settle per answer, one reserve per settle": actions["settle"]
+            == soak["codes"].get(200, 0)
+            == actions["reserve"]
+            and actions["cancel"] == actions["reconcile"] == 0,
         }
         ok = all(checks.values())
     finally:
@@ -133,13 +147,21 @@ def main(argv: list[str] | None = None) -> int:
         with eng.begin() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         eng.dispose()
-    print(f"cpus={os.cpu_count()} loadavg start={tuple(round(x, 1) for x in load0)} end={tuple(round(x, 1) for x in load1)}")
-    print("| run | requests | clients | servers | wall s | req/s | p50 ms | p99 ms | status codes | req/s vs baseline |")
+    print(
+        f"cpus={os.cpu_count()} loadavg start={tuple(round(x, 1) for x in load0)} end={tuple(round(x, 1) for x in load1)}"
+    )
+    print(
+        "| run | requests | clients | servers | wall s | req/s | p50 ms | p99 ms | status codes | req/s vs baseline |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| baseline (no privacy, no ledger) | {base['requests']} | {args.clients} | 1 | {base['wall_s']:.1f} | {base['rps']:.0f} | "
-          f"{base['p50_ms']:.1f} | {base['p99_ms']:.1f} | {base['codes']} | 1.00 |")
-    print(f"| soak: privbon, one key, PostgreSQL sync=full | {soak['requests']} | {args.clients} | {args.replicas} | {soak['wall_s']:.1f} | "
-          f"{soak['rps']:.0f} | {soak['p50_ms']:.1f} | {soak['p99_ms']:.1f} | {soak['codes']} | {soak['rps'] / base['rps']:.2f} |")
+    print(
+        f"| baseline (no privacy, no ledger) | {base['requests']} | {args.clients} | 1 | {base['wall_s']:.1f} | {base['rps']:.0f} | "
+        f"{base['p50_ms']:.1f} | {base['p99_ms']:.1f} | {base['codes']} | 1.00 |"
+    )
+    print(
+        f"| soak: privbon, one key, PostgreSQL sync=full | {soak['requests']} | {args.clients} | {args.replicas} | {soak['wall_s']:.1f} | "
+        f"{soak['rps']:.0f} | {soak['p50_ms']:.1f} | {soak['p99_ms']:.1f} | {soak['codes']} | {soak['rps'] / base['rps']:.2f} |"
+    )
     print(f"ledger rows: {actions}; totals (units): {cached}")
     for name, v in checks.items():
         print(f"audit: {'PASS' if v else 'FAIL'}  {name}")

@@ -21,7 +21,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = os.environ.get("PRIVALIGN_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
-__all__ = ["PG_URL", "Server", "write_reward_model", "write_config", "select_body", "chat_body", "sleepy_generator"]
+__all__ = [
+    "PG_URL",
+    "Server",
+    "write_reward_model",
+    "write_config",
+    "select_body",
+    "chat_body",
+    "sleepy_generator",
+]
 
 
 def _free_port() -> int:
@@ -35,8 +43,13 @@ def write_reward_model(path: Path) -> None:
     from privalign.service.components import LinearHashedScorer
 
     rng = np.random.default_rng(0)
-    LinearHashedScorer.write(path, {int(j): float(rng.normal()) for j in rng.choice(4096, 256, replace=False)},
-                             n_features=4096, ngram_range=(1, 2), bias=0.5)
+    LinearHashedScorer.write(
+        path,
+        {int(j): float(rng.normal()) for j in rng.choice(4096, 256, replace=False)},
+        n_features=4096,
+        ngram_range=(1, 2),
+        bias=0.5,
+    )
 
 
 def sleepy_generator(delay_ms: float = 20.0):
@@ -50,17 +63,26 @@ def sleepy_generator(delay_ms: float = 20.0):
     return generate
 
 
-def write_config(tmp: Path, db_url: str, schema: str = "", sync: str = "full", group_commit: bool = True,
-                 generate_ms: float = 0.0) -> Path:
+def write_config(
+    tmp: Path,
+    db_url: str,
+    schema: str = "",
+    sync: str = "full",
+    group_commit: bool = True,
+    generate_ms: float = 0.0,
+) -> Path:
     """A server config in ``tmp`` (the reward model must be at ``tmp / "reward.json"``); no generator, or
     with ``generate_ms > 0`` :func:`sleepy_generator`."""
     p = tmp / f"bench-{uuid.uuid4().hex[:6]}.toml"
-    gen = (f'[generator]\nkind = "python"\ntarget = "service_servers:sleepy_generator"\ndelay_ms = {float(generate_ms)!r}\n'
-           if generate_ms > 0 else '[generator]\nkind = "none"\n')
+    gen = (
+        f'[generator]\nkind = "python"\ntarget = "service_servers:sleepy_generator"\ndelay_ms = {float(generate_ms)!r}\n'
+        if generate_ms > 0
+        else '[generator]\nkind = "none"\n'
+    )
     p.write_text(
         f'[database]\nurl = "{db_url}"\nschema = "{schema}"\nsync = "{sync}"\n'
-        f'group_commit = {"true" if group_commit else "false"}\n\n'
-        '[limits]\nmax_n = 64\nmax_epsilon = 10.0\n\n'
+        f"group_commit = {'true' if group_commit else 'false'}\n\n"
+        "[limits]\nmax_n = 64\nmax_epsilon = 10.0\n\n"
         '[privacy]\nallowed_methods = ["privbon"]\ndefault_epsilon = 1e-6\n\n'
         f'[reward_model]\nkind = "linear"\npath = "{tmp / "reward.json"}"\n\n' + gen
     )
@@ -69,15 +91,22 @@ def write_config(tmp: Path, db_url: str, schema: str = "", sync: str = "full", g
 
 def chat_body(i: int, epsilon: float = 1e-6) -> dict:
     """Request ``i`` of ``POST /v1/chat/completions``: PrivBoN over 16 generated candidates."""
-    return {"model": "m", "messages": [{"role": "user", "content": f"question {i}"}],
-            "privacy": {"method": "privbon", "epsilon": epsilon, "n": 16}}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": f"question {i}"}],
+        "privacy": {"method": "privbon", "epsilon": epsilon, "n": 16},
+    }
 
 
 def select_body(i: int, epsilon: float = 1e-6) -> dict:
     """Request ``i`` of ``POST /v1/select``: 16 short candidates, PrivBoN at ``epsilon``."""
     words = ["good", "clear", "short", "answer", "kind", "wrong", "helpful", "reply"]
     cands = [f"candidate {j}: a {words[(i + j) % 8]} {words[(i * j) % 8]} reply" for j in range(16)]
-    return {"prompt": f"question {i}", "candidates": cands, "privacy": {"method": "privbon", "epsilon": epsilon}}
+    return {
+        "prompt": f"question {i}",
+        "candidates": cands,
+        "privacy": {"method": "privbon", "epsilon": epsilon},
+    }
 
 
 class Server:
@@ -88,10 +117,18 @@ class Server:
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(Path(__file__).resolve().parent),
-                                                            os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(config), str(self.port), "1" if private else "0"],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT / "src"), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+            ),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(config), str(self.port), "1" if private else "0"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -26,9 +26,17 @@ def make_tiny_causal_lm(dst: Path, *, hidden: int = 64, layers: int = 2, seed: i
 
     dst.mkdir(parents=True, exist_ok=True)
     cfg = LlamaConfig(
-        vocab_size=30522, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-        bos_token_id=101, eos_token_id=102, pad_token_id=0, tie_word_embeddings=True,
+        vocab_size=30522,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        bos_token_id=101,
+        eos_token_id=102,
+        pad_token_id=0,
+        tie_word_embeddings=True,
     )
     g = torch.Generator().manual_seed(seed)  # a local generator, not the global RNG
     model = LlamaForCausalLM(cfg)
@@ -46,8 +54,15 @@ def make_tiny_reward_model(dst: Path, *, seed: int = 0) -> Path:
     from transformers import BertConfig, BertForSequenceClassification
 
     dst.mkdir(parents=True, exist_ok=True)
-    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                     num_labels=1, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=1,
+        max_position_embeddings=128,
+    )
     g = torch.Generator().manual_seed(seed)
     model = BertForSequenceClassification(cfg)
     with torch.no_grad():

@@ -30,9 +30,31 @@ def tiny_lm(tmp_path_factory) -> Path:
 
 
 def _cli_args(model: Path, out: Path, *, n=4, num_prompts=3, batch=3, extra=()):
-    return ["build-pool", "--dataset", "imdb", "--model", str(model), "--n", str(n), "--num-prompts", str(num_prompts),
-            "--max-new-tokens", "5", "--batch-size", str(batch), "--proxy-reward", "vader", "--true-reward", "clean",
-            "--seed", "5", "--no-progress", "--out", str(out), *extra]
+    return [
+        "build-pool",
+        "--dataset",
+        "imdb",
+        "--model",
+        str(model),
+        "--n",
+        str(n),
+        "--num-prompts",
+        str(num_prompts),
+        "--max-new-tokens",
+        "5",
+        "--batch-size",
+        str(batch),
+        "--proxy-reward",
+        "vader",
+        "--true-reward",
+        "clean",
+        "--seed",
+        "5",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _lines(path: Path) -> list[dict]:
@@ -64,9 +86,12 @@ def test_cli_end_to_end_tiny(tiny_lm, tmp_path, capsys):
 
 def test_cli_bad_input_is_refused_before_work(tiny_lm, tmp_path, capsys):
     out = tmp_path / "p.jsonl"
-    assert cli_main(_cli_args(tiny_lm, out, extra=[]) [:-2] + ["--out", str(tmp_path / "p.txt")]) == 2
+    assert cli_main(_cli_args(tiny_lm, out, extra=[])[:-2] + ["--out", str(tmp_path / "p.txt")]) == 2
     assert "must end in .jsonl" in capsys.readouterr().err
-    assert cli_main([*_cli_args(tiny_lm, out)[:13], "--proxy-reward", "nonsense", *_cli_args(tiny_lm, out)[15:]]) == 2
+    assert (
+        cli_main([*_cli_args(tiny_lm, out)[:13], "--proxy-reward", "nonsense", *_cli_args(tiny_lm, out)[15:]])
+        == 2
+    )
     assert "'--proxy-reward' option must be one of" in capsys.readouterr().err  # the flag (issue 16)
     assert not out.exists() and not work_path(out).exists()
 
@@ -84,7 +109,9 @@ def test_resume_after_kill_matches_uninterrupted_run(tiny_lm, tmp_path):
     deadline = time.time() + 600
     killed_after = None
     while time.time() < deadline and proc.poll() is None:
-        if wp.exists() and wp.read_text(encoding="utf-8", errors="replace").count("\n") >= 3:  # header + 2 prompts
+        if (
+            wp.exists() and wp.read_text(encoding="utf-8", errors="replace").count("\n") >= 3
+        ):  # header + 2 prompts
             os.kill(proc.pid, signal.SIGKILL)
             killed_after = wp.read_text(encoding="utf-8", errors="replace").count("\n") - 1
             break
@@ -104,7 +131,15 @@ def test_resume_after_kill_matches_uninterrupted_run(tiny_lm, tmp_path):
 
 
 def _config(**kw) -> PoolConfig:
-    base = dict(dataset="unit", n=3, seed=1, generator={"kind": "fake"}, proxy_reward="vader", true_reward="none", num_prompts=3)
+    base = dict(
+        dataset="unit",
+        n=3,
+        seed=1,
+        generator={"kind": "fake"},
+        proxy_reward="vader",
+        true_reward="none",
+        num_prompts=3,
+    )
     base.update(kw)
     return PoolConfig(**base)
 
@@ -125,7 +160,12 @@ class _FlakyGenerator:
             self.fail_times -= 1
             raise RuntimeError("CUDA-like failure in the middle of a batch")
         texts = ["", "bad \ud800 surrogate", "x" * 50][:n]
-        return [[Completion(text=t, num_tokens=3, finish_reason="length" if k == 2 else "stop") for k, t in enumerate(texts)]]
+        return [
+            [
+                Completion(text=t, num_tokens=3, finish_reason="length" if k == 2 else "stop")
+                for k, t in enumerate(texts)
+            ]
+        ]
 
     def describe(self):
         return {"backend": "fake"}
@@ -150,7 +190,15 @@ def test_failure_after_retries_stops_cleanly_and_rerun_resumes(tmp_path):
     ex = [Example(prompt=f"p{i}") for i in range(3)]
     out = tmp_path / "p.jsonl"
     with pytest.raises(RuntimeError, match="CUDA-like"):
-        build_pool(_config(), ex, out, generator=_FlakyGenerator(fail_times=5), proxy=VaderScorer(), max_retries=1, progress=False)
+        build_pool(
+            _config(),
+            ex,
+            out,
+            generator=_FlakyGenerator(fail_times=5),
+            proxy=VaderScorer(),
+            max_retries=1,
+            progress=False,
+        )
     assert not out.exists()
     assert len(_lines(work_path(out))) == 2  # header + prompt 0 kept
     gen = _FlakyGenerator(fail_times=0)
@@ -165,9 +213,19 @@ def test_work_file_of_another_configuration_is_refused(tmp_path):
     ex = [Example(prompt=f"p{i}") for i in range(3)]
     out = tmp_path / "p.jsonl"
     with pytest.raises(RuntimeError):
-        build_pool(_config(), ex, out, generator=_FlakyGenerator(fail_times=9), proxy=VaderScorer(), max_retries=0, progress=False)
+        build_pool(
+            _config(),
+            ex,
+            out,
+            generator=_FlakyGenerator(fail_times=9),
+            proxy=VaderScorer(),
+            max_retries=0,
+            progress=False,
+        )
     with pytest.raises(PrivacyParameterError, match="different pool configuration"):
-        build_pool(_config(seed=2), ex, out, generator=_FlakyGenerator(0), proxy=VaderScorer(), progress=False)
+        build_pool(
+            _config(seed=2), ex, out, generator=_FlakyGenerator(0), proxy=VaderScorer(), progress=False
+        )
 
 
 @pytest.mark.ray
@@ -196,7 +254,9 @@ def test_bon_selection_law_matches_brute_force(rng):
         assert law.sum() == pytest.approx(1.0) and np.all(law[: N - 1] == 0)
     proxy, true = rng.permutation(m).astype(float), rng.normal(size=m)
     for N in (1, 3, 7):
-        brute = np.mean([true[list(c)][np.argmax(proxy[list(c)])] for c in itertools.combinations(range(m), N)])
+        brute = np.mean(
+            [true[list(c)][np.argmax(proxy[list(c)])] for c in itertools.combinations(range(m), N)]
+        )
         assert _expected_true(proxy, true, N) == pytest.approx(brute, rel=1e-12)
 
 
@@ -251,15 +311,31 @@ def test_failed_start_leaves_no_work_file_and_corrected_command_runs(tmp_path):
     ex = [Example(prompt=f"p{i}") for i in range(2)]
     out = tmp_path / "p.jsonl"
     with pytest.raises(ValueError, match="before any prompt"):
-        build_pool(_config(num_prompts=2), ex, out, generator=_CountingGenerator(fail_at=0), proxy=VaderScorer(), max_retries=0,
-                   progress=False)
+        build_pool(
+            _config(num_prompts=2),
+            ex,
+            out,
+            generator=_CountingGenerator(fail_at=0),
+            proxy=VaderScorer(),
+            max_retries=0,
+            progress=False,
+        )
     assert not work_path(out).exists() and not out.exists()
-    m = build_pool(_config(num_prompts=2, seed=9), ex, out, generator=_CountingGenerator(), proxy=VaderScorer(), progress=False)
+    m = build_pool(
+        _config(num_prompts=2, seed=9),
+        ex,
+        out,
+        generator=_CountingGenerator(),
+        proxy=VaderScorer(),
+        progress=False,
+    )
     assert m["num_prompts"] == 2
     # a header-only work file left by an older version (another configuration, no finished prompt) does not block
     out2 = tmp_path / "q.jsonl"
     work_path(out2).write_text(json.dumps({"_header": "0123456789abcdef"}) + "\n", encoding="utf-8")
-    build_pool(_config(num_prompts=2), ex, out2, generator=_CountingGenerator(), proxy=VaderScorer(), progress=False)
+    build_pool(
+        _config(num_prompts=2), ex, out2, generator=_CountingGenerator(), proxy=VaderScorer(), progress=False
+    )
     assert len(_lines(out2)) == 2
 
 

@@ -24,7 +24,9 @@ from privalign.models.generators import (
 @pytest.fixture(scope="module")
 def tiny_generator(tmp_path_factory):
     d = make_tiny_causal_lm(tmp_path_factory.mktemp("tinylm"))
-    return TransformersGenerator(str(d), params=SamplingParams(max_new_tokens=6, top_k=50), batch_size=4, progress=False)
+    return TransformersGenerator(
+        str(d), params=SamplingParams(max_new_tokens=6, top_k=50), batch_size=4, progress=False
+    )
 
 
 @pytest.mark.model
@@ -105,8 +107,10 @@ class _FakeHandler(BaseHTTPRequestHandler):
             self.send_response(404)
             self.end_headers()
             return
-        choices = [{"index": i, "text": f" {body['prompt']}|{body['seed']}|{i} END tail", "finish_reason": "stop"}
-                   for i in reversed(range(body["n"]))]
+        choices = [
+            {"index": i, "text": f" {body['prompt']}|{body['seed']}|{i} END tail", "finish_reason": "stop"}
+            for i in reversed(range(body["n"]))
+        ]
         data = json.dumps({"object": "text_completion", "choices": choices}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -128,8 +132,14 @@ def fake_server():
 
 
 def test_openai_client_n_per_request_order_and_stop(fake_server):
-    g = OpenAICompatibleGenerator(fake_server, "fake-model", params=SamplingParams(max_new_tokens=8, stop=("END",)),
-                                  max_n_per_request=3, backoff=0.0, progress=False)
+    g = OpenAICompatibleGenerator(
+        fake_server,
+        "fake-model",
+        params=SamplingParams(max_new_tokens=8, stop=("END",)),
+        max_n_per_request=3,
+        backoff=0.0,
+        progress=False,
+    )
     out = g.generate(["p0", "p1"], 5, seed=4)
     assert [len(r) for r in out] == [5, 5]
     # two requests per prompt (3 + 2), choices put back in index order, stop string applied
@@ -170,9 +180,16 @@ def test_openai_client_unreachable_server_is_one_line():
         g.generate(["x"], 2, seed=0)
     msg = str(ei.value)
     assert msg == f"the OpenAI-compatible server at {url} is unreachable (1 attempts)"
-    assert ei.value.__cause__ is None and ei.value.__suppress_context__ and isinstance(ei.value, GenerationError)
-    with pytest.raises(UpstreamError, match=f"^upstream generator failed: the OpenAI-compatible server at {url} is unreachable"):
-        UpstreamGenerator(url, timeout_s=2.0, max_retries=0)("hi", 2, max_tokens=4, temperature=1.0, top_p=1.0, chat=True)
+    assert (
+        ei.value.__cause__ is None and ei.value.__suppress_context__ and isinstance(ei.value, GenerationError)
+    )
+    with pytest.raises(
+        UpstreamError,
+        match=f"^upstream generator failed: the OpenAI-compatible server at {url} is unreachable",
+    ):
+        UpstreamGenerator(url, timeout_s=2.0, max_retries=0)(
+            "hi", 2, max_tokens=4, temperature=1.0, top_p=1.0, chat=True
+        )
     with pytest.raises(PrivacyParameterError, match="base_url"):
         OpenAICompatibleClient("127.0.0.1:8000")
     with pytest.raises(PrivacyParameterError, match="max_retries"):

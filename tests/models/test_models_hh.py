@@ -52,10 +52,15 @@ def test_proxies_fit_on_gold_labels_outside_the_eval_prompts(tmp_path):
     LinearRewardScorer(fm, coef, name="toy-gold").save(tmp_path / "gold.json")
     with pytest.raises(PrivacyParameterError, match=r"\{n\}"):
         fit_hh_proxy(tmp_path / "p.json", tmp_path / "gold.json", n_pairs=[50, 200])
-    metas = fit_hh_proxy(str(tmp_path / "p-{n}.json"), tmp_path / "gold.json", n_pairs=[50, 1000], eval_prompts=64, seed=1)
+    metas = fit_hh_proxy(
+        str(tmp_path / "p-{n}.json"), tmp_path / "gold.json", n_pairs=[50, 1000], eval_prompts=64, seed=1
+    )
     assert [m["fit_pairs"] for m in metas] == [50, 1000]
     chosen, _ = hh_pairs()
-    assert all(m["eval_prompts_excluded"] == 64 and m["heldout_pairs"] == len(chosen) - 64 - m["fit_pairs"] for m in metas)
+    assert all(
+        m["eval_prompts_excluded"] == 64 and m["heldout_pairs"] == len(chosen) - 64 - m["fit_pairs"]
+        for m in metas
+    )
     assert metas[1]["heldout_gold_agreement"] > 0.55  # a learnable gold is learnt from 1,000 pairs
     doc = json.loads((tmp_path / "p-1000.json").read_text())
     assert doc["metadata"]["gold"].endswith("gold.json")

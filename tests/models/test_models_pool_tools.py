@@ -14,13 +14,25 @@ from privalign.models.scorers import LinearRewardScorer, VaderScorer
 from privalign.pipeline.analysis import _sign_test_p, bon_curve
 from privalign.pipeline.rescore import rescore_pool
 
-TEXTS = ["What a wonderful, brilliant film!", "Terrible. I hated every minute.", "It was a movie.", "Great great great!!!"]
+TEXTS = [
+    "What a wonderful, brilliant film!",
+    "Terrible. I hated every minute.",
+    "It was a movie.",
+    "Great great great!!!",
+]
 
 
 def _pool(tmp_path, name="p.jsonl.gz"):
-    recs = [{"prompt": f"review {i}", "responses": [{"text": t, "proxy_reward": float(k), "true_reward": 0.0}
-                                                     for k, t in enumerate(TEXTS)], "meta": {"prompt_index": i}}
-            for i in range(3)]
+    recs = [
+        {
+            "prompt": f"review {i}",
+            "responses": [
+                {"text": t, "proxy_reward": float(k), "true_reward": 0.0} for k, t in enumerate(TEXTS)
+            ],
+            "meta": {"prompt_index": i},
+        }
+        for i in range(3)
+    ]
     path = tmp_path / name
     write_pool(path, recs)
     return path
@@ -29,7 +41,9 @@ def _pool(tmp_path, name="p.jsonl.gz"):
 def _linear(tmp_path):
     from privalign.estimation.features import HashedNgramFeatures
 
-    sc = LinearRewardScorer(HashedNgramFeatures(n_features=32, ngram_range=(1, 1)), np.linspace(-1, 1, 32), link="sigmoid")
+    sc = LinearRewardScorer(
+        HashedNgramFeatures(n_features=32, ngram_range=(1, 1)), np.linspace(-1, 1, 32), link="sigmoid"
+    )
     return sc.save(tmp_path / "lin.json"), sc
 
 
@@ -87,7 +101,11 @@ def _synthetic_records(n_prompts, m, overopt, rng):
         gold = proxy + 0.1 * rng.standard_normal(m)
         if overopt:
             gold[proxy > 0.95] = 0.0
-        recs.append(PoolRecord("p", tuple(Response(f"t{j}", float(proxy[j]), true_reward=float(gold[j])) for j in range(m))))
+        recs.append(
+            PoolRecord(
+                "p", tuple(Response(f"t{j}", float(proxy[j]), true_reward=float(gold[j])) for j in range(m))
+            )
+        )
     return recs
 
 
@@ -105,14 +123,31 @@ def test_bon_curve_cli_writes_json_and_png_for_several_pools(tmp_path, capsys):
     a = _pool(tmp_path, "a.jsonl.gz")
     b = tmp_path / "b.jsonl.gz"
     rescore_pool(a, b, true_reward="vader", progress=False)
-    rc = main(["bon-curve", "--pool", str(a), "--pool", str(b), "--label", "A", "--label", "B", "--out", str(tmp_path / "bon")])
+    rc = main(
+        [
+            "bon-curve",
+            "--pool",
+            str(a),
+            "--pool",
+            str(b),
+            "--label",
+            "A",
+            "--label",
+            "B",
+            "--out",
+            str(tmp_path / "bon"),
+        ]
+    )
     assert rc == 0
     doc = json.loads((tmp_path / "bon.json").read_text())
     assert [s["label"] for s in doc["series"]] == ["A", "B"]
     assert (tmp_path / "bon.png").stat().st_size > 1000
     out = capsys.readouterr().out
     assert "A: gold peaks" in out and "B: gold peaks" in out
-    assert main(["bon-curve", "--pool", str(a), "--label", "A", "--label", "B", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(["bon-curve", "--pool", str(a), "--label", "A", "--label", "B", "--out", str(tmp_path / "x")])
+        == 2
+    )
     assert main(["bon-curve", "--pool", str(a), "--alpha", "1.5", "--out", str(tmp_path / "x")]) != 0
 
 
@@ -134,8 +169,12 @@ def test_shipped_imdb_reward_models_prefer_positive_text(name):
     from privalign.paths import repo_root
 
     sc = LinearRewardScorer.load(repo_root() / "pools" / name)
-    s = sc.score(["This was a wonderful movie with a brilliant cast, I loved it.",
-                  "This was the worst movie I have ever seen, a total waste of time."])
+    s = sc.score(
+        [
+            "This was a wonderful movie with a brilliant cast, I loved it.",
+            "This was the worst movie I have ever seen, a total waste of time.",
+        ]
+    )
     assert s[0] > 0.5 > s[1]
     acc = sc.metadata.get("heldout_accuracy", sc.metadata.get("heldout_window_accuracy"))
     assert acc > 0.6

@@ -32,7 +32,12 @@ def _pairs_file(path, n=240, seed=0):
             fill = " ".join(rng.choice(FILL, 6))
             good = " ".join(rng.choice(GOOD, 2))
             bad = " ".join(rng.choice(BAD, 2))
-            fh.write(json.dumps({"prompt": f"question {i}", "chosen": f"{fill} {good}", "rejected": f"{fill} {bad}"}) + "\n")
+            fh.write(
+                json.dumps(
+                    {"prompt": f"question {i}", "chosen": f"{fill} {good}", "rejected": f"{fill} {bad}"}
+                )
+                + "\n"
+            )
     return path
 
 
@@ -41,8 +46,24 @@ def fitted(tmp_path_factory):
     d = tmp_path_factory.mktemp("rm")
     data = _pairs_file(d / "pairs.jsonl")
     rm = d / "rm.json"
-    rc = main(["fit-reward", "--data", str(data), "--method", "iht", "--sparsity", "8", "--n-features", "512",
-               "--seed", "0", "--out", str(rm), "--json"])
+    rc = main(
+        [
+            "fit-reward",
+            "--data",
+            str(data),
+            "--method",
+            "iht",
+            "--sparsity",
+            "8",
+            "--n-features",
+            "512",
+            "--seed",
+            "0",
+            "--out",
+            str(rm),
+            "--json",
+        ]
+    )
     assert rc == 0
     return rm
 
@@ -60,13 +81,22 @@ def test_serve_check_accepts_what_fit_reward_wrote(fitted, tmp_path, capsys):
     assert rc == 0, cap.err
     out = json.loads(cap.out)
     assert out["reward_model"] == "linear" and out["reward_model_path"] == str(fitted.resolve())
-    assert out["reward_model_privacy_event"]["kind"] == json.loads(fitted.read_text())["privacy_event"]["kind"]
+    assert (
+        out["reward_model_privacy_event"]["kind"] == json.loads(fitted.read_text())["privacy_event"]["kind"]
+    )
 
 
 def test_scorer_equals_predict_reward_bit_for_bit(fitted):
     est, fcfg, _ = load_model(fitted)
-    fm = HashedNgramFeatures(**{k: (tuple(v) if k == "ngram_range" else v) for k, v in fcfg.items() if k != "kind"})
-    texts = ["a helpful and kind reply", "a rude wrong insult", "the answer is here", "careful clear polite lazy"]
+    fm = HashedNgramFeatures(
+        **{k: (tuple(v) if k == "ngram_range" else v) for k, v in fcfg.items() if k != "kind"}
+    )
+    texts = [
+        "a helpful and kind reply",
+        "a rude wrong insult",
+        "the answer is here",
+        "careful clear polite lazy",
+    ]
     sc = LinearRewardScorer.load(fitted)
     assert np.array_equal(sc("any prompt", texts), est.predict_reward(fm.transform(texts)))
     from privalign.service.components import build_scorer
@@ -79,7 +109,9 @@ def test_scorer_equals_predict_reward_bit_for_bit(fitted):
 def test_prompt_using_feature_map_is_featurised_as_in_training(tmp_path):
     rng = np.random.default_rng(1)
     fm = HashedNgramFeatures(n_features=256, ngram_range=(1, 1), use_prompt=True)
-    X = fm.transform_pairs([f"q {i}" for i in range(40)], [" ".join(rng.choice(GOOD + BAD, 3)) for _ in range(40)])
+    X = fm.transform_pairs(
+        [f"q {i}" for i in range(40)], [" ".join(rng.choice(GOOD + BAD, 3)) for _ in range(40)]
+    )
     y = rng.integers(0, 2, 40)
     est = IHT(sparsity=4, random_state=0).fit(X, y)
     path = save_model(est, tmp_path / "m.json", feature_config=fm.get_config())
@@ -97,14 +129,22 @@ def test_select_endpoint_ranks_by_exactly_predict_reward(fitted, tmp_path):
     from privalign.service.keys import create_key
 
     est, fcfg, _ = load_model(fitted)
-    fm = HashedNgramFeatures(**{k: (tuple(v) if k == "ngram_range" else v) for k, v in fcfg.items() if k != "kind"})
-    cfg = config_from_dict({
-        "database": {"url": f"sqlite:///{tmp_path / 'svc.db'}"},
-        "privacy": {"allowed_methods": ["bon", "privbon"], "allow_non_private": True, "reward_max": 100.0,
-                    "sensitivity": 100.0},
-        "reward_model": {"kind": "linear", "path": str(fitted)},
-        "generator": {"kind": "none"},
-    })
+    fm = HashedNgramFeatures(
+        **{k: (tuple(v) if k == "ngram_range" else v) for k, v in fcfg.items() if k != "kind"}
+    )
+    cfg = config_from_dict(
+        {
+            "database": {"url": f"sqlite:///{tmp_path / 'svc.db'}"},
+            "privacy": {
+                "allowed_methods": ["bon", "privbon"],
+                "allow_non_private": True,
+                "reward_max": 100.0,
+                "sensitivity": 100.0,
+            },
+            "reward_model": {"kind": "linear", "path": str(fitted)},
+            "generator": {"kind": "none"},
+        }
+    )
     app = create_app(cfg)
     engine = db.make_engine(cfg.database.url)
     db.create_schema(engine)
@@ -118,9 +158,11 @@ def test_select_endpoint_ranks_by_exactly_predict_reward(fitted, tmp_path):
             clipped = np.clip(r, 0.0, 100.0)
             if np.sum(clipped == clipped.max()) > 1:  # ties after clipping: BoN's choice is not determined
                 continue
-            resp = client.post("/v1/select", json={"prompt": "say something", "candidates": cands,
-                                                    "privacy": {"method": "bon"}},
-                               headers={"Authorization": f"Bearer {token}"})
+            resp = client.post(
+                "/v1/select",
+                json={"prompt": "say something", "candidates": cands, "privacy": {"method": "bon"}},
+                headers={"Authorization": f"Bearer {token}"},
+            )
             assert resp.status_code == 200, resp.text
             assert resp.json()["index"] == int(np.argmax(r))
             checked += 1
@@ -137,13 +179,25 @@ def test_version_1_and_old_linear_files_load_with_an_upgrade_message(fitted, tmp
     assert np.array_equal(sc.coef, LinearRewardScorer.load(fitted).coef)
     est, _, _ = load_model(tmp_path / "v1.json")  # the estimator API still reads version 1
     assert np.array_equal(est.coef_, load_model(fitted)[0].coef_)
-    old = {"format": "privalign-linear-reward/1", "name": "old", "feature_config": doc["feature_config"],
-           "coef": {"dtype": "<f4", "shape": [512], "b64": __import__("base64").b64encode(
-               np.arange(512, dtype="<f4").tobytes()).decode()}, "intercept": 0.5, "link": "sigmoid", "metadata": {}}
+    old = {
+        "format": "privalign-linear-reward/1",
+        "name": "old",
+        "feature_config": doc["feature_config"],
+        "coef": {
+            "dtype": "<f4",
+            "shape": [512],
+            "b64": __import__("base64").b64encode(np.arange(512, dtype="<f4").tobytes()).decode(),
+        },
+        "intercept": 0.5,
+        "link": "sigmoid",
+        "metadata": {},
+    }
     (tmp_path / "old.json").write_text(json.dumps(old))
     with pytest.warns(FormatUpgradeWarning):
         before = LinearRewardScorer.load(tmp_path / "old.json")
-    assert main(["upgrade-reward-model", str(tmp_path / "old.json"), "--out", str(tmp_path / "new.json")]) == 0
+    assert (
+        main(["upgrade-reward-model", str(tmp_path / "old.json"), "--out", str(tmp_path / "new.json")]) == 0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", FormatUpgradeWarning)
         after = LinearRewardScorer.load(tmp_path / "new.json")

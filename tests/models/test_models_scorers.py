@@ -24,7 +24,9 @@ from privalign.models.scorers import (
 
 
 def test_vader_and_profanity_order_obvious_texts():
-    v = VaderScorer().score(["I love this wonderful, brilliant film!", "An awful, boring, terrible mess.", ""])
+    v = VaderScorer().score(
+        ["I love this wonderful, brilliant film!", "An awful, boring, terrible mess.", ""]
+    )
     assert v[0] > 0.5 > v[1] and v[2] == pytest.approx(0.5)
     assert np.all((v >= 0) & (v <= 1))
     p = ProfanityScorer().score(["What a lovely afternoon in the park.", "you are a fucking idiot"])
@@ -63,8 +65,24 @@ def test_mmlu_verifier_spec_regex_on_real_rows(data_dir):
 def test_math_loader_and_verifier_on_a_fixture(tmp_path):
     f = tmp_path / "math.jsonl"
     f.write_text(
-        json.dumps({"problem": "Compute 1/2+1/4.", "level": "Level 1", "type": "Algebra", "solution": "We get $\\boxed{\\dfrac{3}{4}}$."}) + "\n"
-        + json.dumps({"problem": "What is 6*7?", "level": "Level 1", "type": "Prealgebra", "solution": "It is $\\boxed{42}$."}) + "\n"
+        json.dumps(
+            {
+                "problem": "Compute 1/2+1/4.",
+                "level": "Level 1",
+                "type": "Algebra",
+                "solution": "We get $\\boxed{\\dfrac{3}{4}}$.",
+            }
+        )
+        + "\n"
+        + json.dumps(
+            {
+                "problem": "What is 6*7?",
+                "level": "Level 1",
+                "type": "Prealgebra",
+                "solution": "It is $\\boxed{42}$.",
+            }
+        )
+        + "\n"
     )
     rows = load_math(f)
     assert [r.gt_answer for r in rows] == ["\\dfrac{3}{4}", "42"]
@@ -92,7 +110,11 @@ def test_loaders_say_where_they_looked(monkeypatch, tmp_path):
 
 def test_hh_rlhf_and_imdb_loaders(data_dir):
     hh = load_hh_rlhf()
-    assert len(hh) == 2312 and hh[0].prompt.endswith("Assistant:") and hh[0].extra["chosen"] != hh[0].extra["rejected"]
+    assert (
+        len(hh) == 2312
+        and hh[0].prompt.endswith("Assistant:")
+        and hh[0].extra["chosen"] != hh[0].extra["rejected"]
+    )
     p_idx, f_idx = imdb_split()
     assert len(p_idx) == 1000 and len(f_idx) == 24000 and not set(p_idx) & set(f_idx)
     prompts = imdb_prompts(5, num_words=10)
@@ -125,8 +147,12 @@ def test_shipped_gold_model_prefers_positive_reviews():
 
     path = repo_root() / "pools" / "imdb-gold-ngram-logreg.json"
     gold = LinearRewardScorer.load(path)
-    s = gold.score(["This was a wonderful movie with a brilliant cast, I loved it.",
-                    "This was the worst movie I have ever seen, a total waste of time."])
+    s = gold.score(
+        [
+            "This was a wonderful movie with a brilliant cast, I loved it.",
+            "This was the worst movie I have ever seen, a total waste of time.",
+        ]
+    )
     assert s[0] > 0.5 > s[1]
     assert gold.metadata["heldout_accuracy"] > 0.85
 
@@ -137,7 +163,9 @@ def test_hf_reward_model_scorer_tiny_random_model(tmp_path):
     texts = ["a fine answer", "another answer", "third"]
     s = sc.score(texts, contexts=[{"prompt": "Q?"}] * 3)
     assert s.shape == (3,) and np.all(np.isfinite(s))
-    np.testing.assert_allclose(sc.score(texts[::-1], contexts=[{"prompt": "Q?"}] * 3), s[::-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        sc.score(texts[::-1], contexts=[{"prompt": "Q?"}] * 3), s[::-1], rtol=1e-4, atol=1e-5
+    )
     with pytest.raises(FileNotFoundError, match="config.json"):
         HFRewardModelScorer(tmp_path / "absent")
 
@@ -146,7 +174,12 @@ def test_hf_reward_model_scorer_tiny_random_model(tmp_path):
 def test_minilm_torch_and_onnx_agree():
     from privalign.models.embeddings import MiniLMEmbedder
 
-    texts = ["A gripping, beautifully shot thriller.", "The plot made no sense at all.", "", "Cats are small mammals."]
+    texts = [
+        "A gripping, beautifully shot thriller.",
+        "The plot made no sense at all.",
+        "",
+        "Cats are small mammals.",
+    ]
     e_onnx = MiniLMEmbedder("onnx", batch_size=3).embed(texts)
     e_torch = MiniLMEmbedder("torch", batch_size=3).embed(texts)
     assert e_onnx.shape == e_torch.shape == (4, 384)

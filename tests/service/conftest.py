@@ -66,7 +66,9 @@ def serve_in_thread(app, port: int | None = None):
     import uvicorn
 
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+    )
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.time() + 20
@@ -105,8 +107,20 @@ class ServerProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "privalign", "serve", "--config", str(self.config), "--port", str(self.port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "privalign",
+                "serve",
+                "--config",
+                str(self.config),
+                "--port",
+                str(self.port),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         deadline = time.time() + timeout
         while time.time() < deadline:

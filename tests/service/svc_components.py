@@ -71,6 +71,11 @@ def make_upstream_app(*, fail: bool = False):
         if fail:
             return JSONResponse({"error": "boom"}, status_code=500)
         texts = candidates_for(body["messages"][-1]["content"], int(body.get("n", 1)))
-        return {"choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"} for i, t in enumerate(texts)]}
+        return {
+            "choices": [
+                {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
+                for i, t in enumerate(texts)
+            ]
+        }
 
     return app

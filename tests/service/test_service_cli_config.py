@@ -44,10 +44,44 @@ def test_example_config_loads():
 
 def test_keys_cli_roundtrip(tmp_path, capsys, reward_model):
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    assert main(["keys", "create", "--budget-epsilon", "2", "--accounting", "pure", "--name", "alice", "--db", url, "--json"]) == 0
+    assert (
+        main(
+            [
+                "keys",
+                "create",
+                "--budget-epsilon",
+                "2",
+                "--accounting",
+                "pure",
+                "--name",
+                "alice",
+                "--db",
+                url,
+                "--json",
+            ]
+        )
+        == 0
+    )
     created = json.loads(capsys.readouterr().out)
     assert created["token"].startswith(f"pa_{created['key_id']}_")
-    assert main(["keys", "create", "--budget-epsilon", "1", "--budget-delta", "1e-6", "--accounting", "zcdp", "--db", url, "--json"]) == 0
+    assert (
+        main(
+            [
+                "keys",
+                "create",
+                "--budget-epsilon",
+                "1",
+                "--budget-delta",
+                "1e-6",
+                "--accounting",
+                "zcdp",
+                "--db",
+                url,
+                "--json",
+            ]
+        )
+        == 0
+    )
     z = json.loads(capsys.readouterr().out)
     assert main(["keys", "top-up", created["key_id"], "--epsilon", "0.5", "--db", url]) == 0
     assert main(["keys", "top-up", z["key_id"], "--epsilon", "1", "--db", url]) == 0
@@ -63,7 +97,9 @@ def test_keys_cli_roundtrip(tmp_path, capsys, reward_model):
     assert {r["key_id"]: r["revoked"] for r in json.loads(capsys.readouterr().out)}[created["key_id"]] is True
     # Bad input: clear errors, exit code 2, nothing written.
     assert main(["keys", "create", "--budget-epsilon", "-1", "--db", url]) == 2
-    assert main(["keys", "create", "--budget-epsilon", "1", "--accounting", "zcdp", "--db", url]) == 2  # zcdp needs δ > 0
+    assert (
+        main(["keys", "create", "--budget-epsilon", "1", "--accounting", "zcdp", "--db", url]) == 2
+    )  # zcdp needs δ > 0
     assert main(["keys", "top-up", "nope", "--epsilon", "1", "--db", url]) == 2
     assert main(["keys", "top-up", created["key_id"], "--epsilon", "1", "--db", url]) == 2  # revoked
     err = capsys.readouterr().err
@@ -73,8 +109,10 @@ def test_keys_cli_roundtrip(tmp_path, capsys, reward_model):
 
 
 def test_serve_check_and_openapi(tmp_path, capsys, reward_model):
-    cfg = write_config(tmp_path / "s.toml", {"database": {"url": "sqlite:///s.db"},
-                                              "reward_model": {"kind": "linear", "path": "reward.json"}})
+    cfg = write_config(
+        tmp_path / "s.toml",
+        {"database": {"url": "sqlite:///s.db"}, "reward_model": {"kind": "linear", "path": "reward.json"}},
+    )
     assert main(["serve", "--config", str(cfg), "--check"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["database"] == "sqlite" and summary["methods"] == ["privbon"]
@@ -85,7 +123,13 @@ def test_serve_check_and_openapi(tmp_path, capsys, reward_model):
 
 @pytest.mark.parametrize(
     "value, needle",
-    [(-0.1, "range"), (61.0, "range"), (float("nan"), "finite"), (float("inf"), "finite"), ("0.5", "real number")],
+    [
+        (-0.1, "range"),
+        (61.0, "range"),
+        (float("nan"), "finite"),
+        (float("inf"), "finite"),
+        ("0.5", "real number"),
+    ],
 )
 def test_pad_selection_s_bad_values_are_refused(tmp_path, capsys, value, needle):
     # In memory: without a generator the default request_timeout_s is 60, so the pad must lie in [0, 60].
@@ -93,8 +137,14 @@ def test_pad_selection_s_bad_values_are_refused(tmp_path, capsys, value, needle)
         config_from_dict({"privacy": {"pad_selection_s": value}, "generator": {"kind": "none"}})
     assert needle in str(ei.value)
     # From a TOML file through the CLI: a clear one-line error naming the key, exit code 2, no traceback.
-    cfg = write_config(tmp_path / "pad.toml", {"database": {"url": "sqlite:///pad.db"}, "privacy": {"pad_selection_s": value},
-                                               "generator": {"kind": "none"}})
+    cfg = write_config(
+        tmp_path / "pad.toml",
+        {
+            "database": {"url": "sqlite:///pad.db"},
+            "privacy": {"pad_selection_s": value},
+            "generator": {"kind": "none"},
+        },
+    )
     assert main(["serve", "--config", str(cfg), "--check"]) == 2
     err = capsys.readouterr().err
     assert "privacy.pad_selection_s" in err and "Traceback" not in err

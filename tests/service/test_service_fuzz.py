@@ -48,10 +48,18 @@ def test_fuzz_every_endpoint_no_5xx_no_charge_on_4xx(tmp_path, reward_model, ups
     def make_runner(op):
         n = 30 if op.method.upper() == "POST" else 5
 
-        @settings(max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=n,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=op.as_strategy())
         def run(case):
-            assert state.wait_settled(timeout=10)  # earlier answers' deferred settles are not this case's charge
+            assert state.wait_settled(
+                timeout=10
+            )  # earlier answers' deferred settles are not this case's charge
             before = totals()
             resp = case.call(headers={"Authorization": f"Bearer {token}"})
             seen.setdefault(f"{op.method.upper()} {op.path}", set()).add(resp.status_code)
@@ -70,18 +78,62 @@ def test_fuzz_every_endpoint_no_5xx_no_charge_on_4xx(tmp_path, reward_model, ups
     print(seen)
 
 
-_HOSTILE_STR = st.sampled_from(['"a kind reply"', '"\\ud800"', '"x\\udfffy"', '"\\ud83d\\ude00"', '""', '1', 'true', 'null',
-                                '["a"]', '{"a": 1}', '"' + "w" * 50 + '"'])
-_HOSTILE_NUM = st.sampled_from(["true", "false", '"0.5"', "null", "0", "-1", "1e-16", "1e-309", "5e-324", "1e308", "NaN",
-                                "Infinity", "-Infinity", "0.1", "0.5", "2", "2.0", "1e6", "[]"])
+_HOSTILE_STR = st.sampled_from(
+    [
+        '"a kind reply"',
+        '"\\ud800"',
+        '"x\\udfffy"',
+        '"\\ud83d\\ude00"',
+        '""',
+        "1",
+        "true",
+        "null",
+        '["a"]',
+        '{"a": 1}',
+        '"' + "w" * 50 + '"',
+    ]
+)
+_HOSTILE_NUM = st.sampled_from(
+    [
+        "true",
+        "false",
+        '"0.5"',
+        "null",
+        "0",
+        "-1",
+        "1e-16",
+        "1e-309",
+        "5e-324",
+        "1e308",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "0.1",
+        "0.5",
+        "2",
+        "2.0",
+        "1e6",
+        "[]",
+    ]
+)
 
 
 @st.composite
 def _hostile_body(draw):
     path = draw(st.sampled_from(["/v1/select", "/v1/chat/completions", "/v1/completions"]))
     priv = {}
-    for k in draw(st.lists(st.sampled_from(["method", "epsilon", "n", "beta", "sigma_x", "sigma_z", "seed", "typo"]), max_size=4, unique=True)):
-        priv[k] = draw(st.sampled_from(['"privbon"', '"privitp"', '"bon"', "1"])) if k == "method" else draw(_HOSTILE_NUM)
+    for k in draw(
+        st.lists(
+            st.sampled_from(["method", "epsilon", "n", "beta", "sigma_x", "sigma_z", "seed", "typo"]),
+            max_size=4,
+            unique=True,
+        )
+    ):
+        priv[k] = (
+            draw(st.sampled_from(['"privbon"', '"privitp"', '"bon"', "1"]))
+            if k == "method"
+            else draw(_HOSTILE_NUM)
+        )
     privacy = "{" + ", ".join(f'"{k}": {v}' for k, v in priv.items()) + "}"
     if path == "/v1/select":
         cands = draw(st.lists(_HOSTILE_STR, min_size=0, max_size=5))
@@ -89,10 +141,30 @@ def _hostile_body(draw):
     elif path == "/v1/completions":
         body = f'{{"model": "m", "prompt": {draw(_HOSTILE_STR)}, "privacy": {privacy}}}'
     else:
-        extra = draw(st.sampled_from(["", ', "temperature": true', ', "top_p": 1e308', ', "max_tokens": 2.5', ', "stream": true',
-                                      ', "n": 1', ', "max_completion_tokens": 7', ', "stop": null', ', "temperature": NaN']))
-        content = draw(st.sampled_from([draw(_HOSTILE_STR), '[{"type": "text", "text": ' + draw(_HOSTILE_STR) + "}]",
-                                        '[{"type": "image_url", "image_url": {"url": "x"}}]']))
+        extra = draw(
+            st.sampled_from(
+                [
+                    "",
+                    ', "temperature": true',
+                    ', "top_p": 1e308',
+                    ', "max_tokens": 2.5',
+                    ', "stream": true',
+                    ', "n": 1',
+                    ', "max_completion_tokens": 7',
+                    ', "stop": null',
+                    ', "temperature": NaN',
+                ]
+            )
+        )
+        content = draw(
+            st.sampled_from(
+                [
+                    draw(_HOSTILE_STR),
+                    '[{"type": "text", "text": ' + draw(_HOSTILE_STR) + "}]",
+                    '[{"type": "image_url", "image_url": {"url": "x"}}]',
+                ]
+            )
+        )
         body = f'{{"model": "m", "messages": [{{"role": "user", "content": {content}}}], "privacy": {privacy}{extra}}}'
     return path, body
 
@@ -114,14 +186,23 @@ def test_hostile_json_never_5xx_and_refusals_never_charge(tmp_path, reward_model
 
     with serve_in_thread(app) as url, httpx.Client(timeout=30) as client:
 
-        @settings(max_examples=120, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=120,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=_hostile_body())
         def run(case):
             path, body = case
             assert state.wait_settled(timeout=10)
             before = totals()
-            r = client.post(url + path, content=body.encode("ascii"),
-                            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            r = client.post(
+                url + path,
+                content=body.encode("ascii"),
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
             seen[r.status_code] = seen.get(r.status_code, 0) + 1
             assert r.status_code < 500, (body, r.status_code, r.text)
             assert "Traceback" not in r.text

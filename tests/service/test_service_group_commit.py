@@ -69,9 +69,17 @@ def test_no_answer_before_its_reservation_is_on_disk_and_no_overspend(svc_any, e
     _slow_flush(state, 0.15, done_at)
     h = {"Authorization": f"Bearer {token}"}
     if endpoint == "/v1/select":
-        body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply", "meh"], "privacy": {"epsilon": 0.1}}
+        body = {
+            "prompt": "p",
+            "candidates": ["a kind reply", "a rude reply", "meh"],
+            "privacy": {"epsilon": 0.1},
+        }
     else:
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "privacy": {"epsilon": 0.1, "n": 3}}
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "privacy": {"epsilon": 0.1, "n": 3},
+        }
     results: list[tuple[int, dict, float]] = []
     lock = threading.Lock()
 
@@ -109,8 +117,12 @@ def test_a_failed_flush_releases_nothing_and_stays_charged(svc_any):
     url, state = svc_any
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     _slow_flush(state, 0.0, {}, fail=True)
-    r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, timeout=30,
-                   json={"prompt": "p", "candidates": ["a kind reply", "a rude reply"], "privacy": {"epsilon": 0.2}})
+    r = httpx.post(
+        url + "/v1/select",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+        json={"prompt": "p", "candidates": ["a kind reply", "a rude reply"], "privacy": {"epsilon": 0.2}},
+    )
     assert r.status_code == 503 and r.headers["x-should-retry"] == "false"
     js = r.json()
     assert js["error"]["charged"] is True and "index" not in js and "text" not in js
@@ -175,7 +187,9 @@ def test_postgres_flush_reports_reservations_it_cannot_see(pg_schema):
     rid = store.reserve("k", (0.1, 0.0)).reservation_id
     assert store._pg_flush([rid, "lost-in-a-crash"]) == {"lost-in-a-crash"}
     receipt = store.reserve("k", (0.1, 0.0), wait=False)
-    store.flusher._flush = lambda items: store._pg_flush(list(items) + ["x"]) - {"x"} | {receipt.reservation_id}
+    store.flusher._flush = lambda items: (
+        store._pg_flush(list(items) + ["x"]) - {"x"} | {receipt.reservation_id}
+    )
     with pytest.raises(DurabilityError, match="lost before it reached the disk"):
         store.wait_durable(receipt, timeout=5)
     store.close()

@@ -47,14 +47,29 @@ def _untouched(state, key_id: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path, body, param", [
-    # A JSON-escaped lone surrogate used to 500 *after* the private selection (charged, no answer).
-    ("/v1/select", '{"prompt": "p", "candidates": ["a kind reply", "\\ud800"], "privacy": {"epsilon": 0.5}}', "candidates[1]"),
-    ("/v1/select", '{"prompt": "\\udfff", "candidates": ["a", "b"]}', "prompt"),
-    ("/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": "\\ud83d"}]}', "messages[0].content"),
-    ("/v1/chat/completions", '{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "model"),
-    ("/v1/completions", '{"model": "m", "prompt": "x\\ud800y"}', "prompt"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        # A JSON-escaped lone surrogate used to 500 *after* the private selection (charged, no answer).
+        (
+            "/v1/select",
+            '{"prompt": "p", "candidates": ["a kind reply", "\\ud800"], "privacy": {"epsilon": 0.5}}',
+            "candidates[1]",
+        ),
+        ("/v1/select", '{"prompt": "\\udfff", "candidates": ["a", "b"]}', "prompt"),
+        (
+            "/v1/chat/completions",
+            '{"model": "m", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+            "model",
+        ),
+        ("/v1/completions", '{"model": "m", "prompt": "x\\ud800y"}', "prompt"),
+    ],
+)
 def test_lone_surrogates_are_refused_at_validation(svc, path, body, param):
     url, state = svc
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
@@ -66,21 +81,27 @@ def test_lone_surrogates_are_refused_at_validation(svc, path, body, param):
     _untouched(state, key_id)
 
 
-@pytest.mark.parametrize("privacy, param", [
-    ('{"epsilon": true}', "privacy.epsilon"),              # bool is not a number (was accepted as ε = 1)
-    ('{"epsilon": "0.5"}', "privacy.epsilon"),
-    ('{"epsilon": NaN}', "privacy.epsilon"),
-    ('{"epsilon": Infinity}', "privacy.epsilon"),
-    ('{"epsilon": 1e-16}', "privacy.epsilon"),             # below the floor
-    ('{"epsilon": 1e-309}', "privacy.epsilon"),            # was a 500 with a traceback in the log
-    ('{"epsilon": 5e-324}', "privacy.epsilon"),
-    ('{"n": 2.0}', "privacy.n"),
-    ('{"n": true}', "privacy.n"),
-    ('{"method": "privitp", "sigma_x": 1e308, "epsilon": 5.0}', "privacy.sigma_x"),  # was reserved, then a charged 500
-    ('{"method": "privitp", "sigma_z": 1e-300, "epsilon": 5.0}', "privacy.sigma_z"),
-    ('{"method": "privitp", "beta": 1e300, "epsilon": 5.0}', "privacy.beta"),
-    ('{"method": "privitp", "beta": false}', "privacy.beta"),
-])
+@pytest.mark.parametrize(
+    "privacy, param",
+    [
+        ('{"epsilon": true}', "privacy.epsilon"),  # bool is not a number (was accepted as ε = 1)
+        ('{"epsilon": "0.5"}', "privacy.epsilon"),
+        ('{"epsilon": NaN}', "privacy.epsilon"),
+        ('{"epsilon": Infinity}', "privacy.epsilon"),
+        ('{"epsilon": 1e-16}', "privacy.epsilon"),  # below the floor
+        ('{"epsilon": 1e-309}', "privacy.epsilon"),  # was a 500 with a traceback in the log
+        ('{"epsilon": 5e-324}', "privacy.epsilon"),
+        ('{"n": 2.0}', "privacy.n"),
+        ('{"n": true}', "privacy.n"),
+        (
+            '{"method": "privitp", "sigma_x": 1e308, "epsilon": 5.0}',
+            "privacy.sigma_x",
+        ),  # was reserved, then a charged 500
+        ('{"method": "privitp", "sigma_z": 1e-300, "epsilon": 5.0}', "privacy.sigma_z"),
+        ('{"method": "privitp", "beta": 1e300, "epsilon": 5.0}', "privacy.beta"),
+        ('{"method": "privitp", "beta": false}', "privacy.beta"),
+    ],
+)
 def test_privacy_parameters_are_strict_and_range_checked_before_any_reservation(svc, privacy, param):
     url, state = svc
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
@@ -95,14 +116,30 @@ def test_privacy_parameters_are_strict_and_range_checked_before_any_reservation(
     _untouched(state, key_id)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("temperature", "true"), ("temperature", '"1"'), ("temperature", "3"), ("top_p", "0"), ("max_tokens", "1.5"),
-    ("max_completion_tokens", "100000"), ("n", "2"), ("stream", '"yes"'), ("stop", '["x"]'), ("logit_bias", '{"1": 5}'),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", "true"),
+        ("temperature", '"1"'),
+        ("temperature", "3"),
+        ("top_p", "0"),
+        ("max_tokens", "1.5"),
+        ("max_completion_tokens", "100000"),
+        ("n", "2"),
+        ("stream", '"yes"'),
+        ("stop", '["x"]'),
+        ("logit_bias", '{"1": 5}'),
+    ],
+)
 def test_openai_parameters_are_passed_or_refused_by_name(svc, field, value):
     url, state = svc
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
-    r = _raw(url, "/v1/chat/completions", token, f'{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "{field}": {value}}}')
+    r = _raw(
+        url,
+        "/v1/chat/completions",
+        token,
+        f'{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "{field}": {value}}}',
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     _untouched(state, key_id)
 
@@ -123,11 +160,15 @@ def svc_pg(tmp_path, reward_model, upstream, pg_schema):
         yield base, app.state.service
 
 
-@pytest.mark.parametrize("accounting, delta, backend", [
-    ("pure", 0.0, "sqlite"), ("ex-post", 1e-6, "sqlite"),
-    pytest.param("pure", 0.0, "postgres", marks=pytest.mark.postgres),
-    pytest.param("ex-post", 1e-6, "postgres", marks=pytest.mark.postgres),
-])
+@pytest.mark.parametrize(
+    "accounting, delta, backend",
+    [
+        ("pure", 0.0, "sqlite"),
+        ("ex-post", 1e-6, "sqlite"),
+        pytest.param("pure", 0.0, "postgres", marks=pytest.mark.postgres),
+        pytest.param("ex-post", 1e-6, "postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_a_budget_of_two_serves_exactly_twenty_requests_at_a_tenth(request, accounting, delta, backend):
     url, state = request.getfixturevalue("svc" if backend == "sqlite" else "svc_pg")
     key_id, token = create_key(state.engine, budget_epsilon=2.0, budget_delta=delta, accounting=accounting)
@@ -137,7 +178,10 @@ def test_a_budget_of_two_serves_exactly_twenty_requests_at_a_tenth(request, acco
     assert codes == [200] * 20 + [429], codes  # floats served 19
     assert state.wait_settled(key_id, timeout=10)
     exact = state.store.snapshot(key_id, units=True)
-    assert exact["spent_epsilon"] == exact["limit_epsilon"] == 2 * db.EPS_SCALE and exact["reserved_epsilon"] == 0
+    assert (
+        exact["spent_epsilon"] == exact["limit_epsilon"] == 2 * db.EPS_SCALE
+        and exact["reserved_epsilon"] == 0
+    )
     # After exhaustion nothing is served: tiny ε is refused by the floor, the floor itself by the budget.
     r = httpx.post(url + "/v1/select", headers=h, json={**body, "privacy": {"epsilon": 1e-16}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "privacy.epsilon"
@@ -154,13 +198,20 @@ def test_charges_are_whole_ledger_units_and_the_requested_epsilon_is_never_excee
     url, state = svc
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     h = {"Authorization": f"Bearer {token}"}
-    r = httpx.post(url + "/v1/select", headers=h, json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.3}})
+    r = httpx.post(
+        url + "/v1/select",
+        headers=h,
+        json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.3}},
+    )
     assert r.status_code == 200
     p = r.json()["privacy"]
     assert p["charged"] == 0.3 and p["epsilon_charged"] <= 0.3 and p["remaining"]["epsilon"] == 0.7
     # ε is rounded *down* to the 1e-9 unit: the mechanism never runs at more than was asked.
-    r = httpx.post(url + "/v1/select", headers=h, json={"prompt": "p", "candidates": ["a", "b"],
-                                                        "privacy": {"epsilon": 0.1234567891999}})
+    r = httpx.post(
+        url + "/v1/select",
+        headers=h,
+        json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.1234567891999}},
+    )
     assert r.status_code == 200 and r.json()["privacy"]["charged"] == 0.123456789
     assert state.wait_settled(key_id, timeout=10)
     assert state.store.snapshot(key_id, units=True)["spent_epsilon"] == 300_000_000 + 123_456_789
@@ -184,8 +235,11 @@ def test_a_charged_failure_is_not_retried_by_the_openai_client(tmp_path, reward_
     with serve_in_thread(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=2)  # the client's default
         with pytest.raises(openai.InternalServerError) as ei:
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                           extra_body={"privacy": {"epsilon": 0.25}})
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"privacy": {"epsilon": 0.25}},
+            )
         assert ei.value.response.headers["x-should-retry"] == "false"
         assert ei.value.body["charged"] is True
     assert len(calls) == 1  # was 3: one failed call cost three reservations
@@ -199,7 +253,9 @@ def test_the_429_speaks_http_and_is_not_retried(svc):
     client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=2)
     t0 = time.monotonic()
     with pytest.raises(openai.RateLimitError) as ei:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], extra_body={"privacy": {"epsilon": 1.0}})
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], extra_body={"privacy": {"epsilon": 1.0}}
+        )
     assert time.monotonic() - t0 < 0.5 + 5  # no back-off retries (each would wait ≥ 0.5 s)
     assert ei.value.response.headers["x-should-retry"] == "false"
     msg = ei.value.body["message"]
@@ -217,13 +273,23 @@ def test_budget_uses_field_names_and_never_blocks(tmp_path, reward_model):
     state.settler.submit(time.sleep, 3.0)
     h = {"Authorization": f"Bearer {token}"}
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/select", headers=h, json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}})
+        r = httpx.post(
+            url + "/v1/select",
+            headers=h,
+            json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}},
+        )
         assert r.status_code == 200
         t0 = time.monotonic()
         b = httpx.get(url + "/v1/budget", headers=h, timeout=10).json()
         assert time.monotonic() - t0 < 1.0  # …does not block the budget read
         assert b["pending_settles"] == 1 and b["reserved"]["epsilon"] == 0.25 and b["spent"]["epsilon"] == 0.0
-        assert set(b["limit"]) == set(b["spent"]) == set(b["reserved"]) == set(b["remaining"]) == {"epsilon", "delta"}
+        assert (
+            set(b["limit"])
+            == set(b["spent"])
+            == set(b["reserved"])
+            == set(b["remaining"])
+            == {"epsilon", "delta"}
+        )
         assert b["limit"] == {"epsilon": 1.0, "delta": 1e-6} and b["remaining"]["epsilon"] == 0.75
         assert state.wait_settled(key_id, timeout=15)
         b = httpx.get(url + "/v1/budget", headers=h).json()
@@ -301,20 +367,47 @@ def test_models_sampling_parameters_content_parts_and_completions(rec):
     client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
     assert [m.id for m in client.models.list()] == ["privalign"]
     chat = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}],
-        temperature=0.3, top_p=0.9, max_completion_tokens=17, extra_body={"privacy": {"epsilon": 0.5, "n": 3}})
+        model="m",
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}
+        ],
+        temperature=0.3,
+        top_p=0.9,
+        max_completion_tokens=17,
+        extra_body={"privacy": {"epsilon": 0.5, "n": 3}},
+    )
     assert chat.choices[0].message.content in candidates_for("Say hi", 3)
-    assert gen.calls[-1] == {"prompt": [{"role": "user", "content": "Say hi"}], "n": 3, "max_tokens": 17, "temperature": 0.3,
-                             "top_p": 0.9, "chat": True}
-    comp = client.completions.create(model="m", prompt="Once upon", max_tokens=9, temperature=0.0, extra_body={"privacy": {"n": 2}})
+    assert gen.calls[-1] == {
+        "prompt": [{"role": "user", "content": "Say hi"}],
+        "n": 3,
+        "max_tokens": 17,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "chat": True,
+    }
+    comp = client.completions.create(
+        model="m", prompt="Once upon", max_tokens=9, temperature=0.0, extra_body={"privacy": {"n": 2}}
+    )
     assert comp.choices[0].text in candidates_for("Once upon", 2)
-    assert gen.calls[-1] == {"prompt": "Once upon", "n": 2, "max_tokens": 9, "temperature": 0.0, "top_p": 1.0, "chat": False}
+    assert gen.calls[-1] == {
+        "prompt": "Once upon",
+        "n": 2,
+        "max_tokens": 9,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "chat": False,
+    }
     # An image part is refused by name, before any charge.
     with pytest.raises(openai.BadRequestError) as ei:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        )
     assert ei.value.body["param"].startswith("messages[0].content")
     assert state.wait_settled(key_id, timeout=10)
-    assert _spent(state.engine, key_id)["spent_epsilon"] == 1.0  # 0.5 (chat) + 0.5 (completion, default ε); the 400 is free
+    assert (
+        _spent(state.engine, key_id)["spent_epsilon"] == 1.0
+    )  # 0.5 (chat) + 0.5 (completion, default ε); the 400 is free
     assert len(gen.calls) == 2
 
 
@@ -322,8 +415,14 @@ def test_streaming_with_the_official_client_sync_and_async(rec):
     url, state, gen = rec
     key_id, token = create_key(state.engine, budget_epsilon=10.0)
     client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
-    chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
-                                                 extra_body={"privacy": {"epsilon": 0.5, "n": 3}}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            extra_body={"privacy": {"epsilon": 0.5, "n": 3}},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text in candidates_for("hi", 3) and chunks[-1].choices[0].finish_reason == "stop"
     assert chunks[-1].model_extra["privacy"]["charged"] == 0.5
@@ -331,11 +430,16 @@ def test_streaming_with_the_official_client_sync_and_async(rec):
     async def go():
         ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
         out = []
-        stream = await ac.completions.create(model="m", prompt="tell", stream=True, extra_body={"privacy": {"epsilon": 0.5, "n": 2}})
+        stream = await ac.completions.create(
+            model="m", prompt="tell", stream=True, extra_body={"privacy": {"epsilon": 0.5, "n": 2}}
+        )
         async for c in stream:
             out.append(c)
-        chat = await ac.chat.completions.create(model="m", messages=[{"role": "user", "content": "hey"}],
-                                                extra_body={"privacy": {"epsilon": 0.5, "n": 2}})
+        chat = await ac.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hey"}],
+            extra_body={"privacy": {"epsilon": 0.5, "n": 2}},
+        )
         await ac.close()
         return out, chat
 
@@ -371,17 +475,30 @@ def test_readyz_is_false_until_the_generator_is_warm(tmp_path, reward_model, cap
             assert httpx.get(url + "/healthz").status_code == 200  # alive
             r = httpx.get(url + "/readyz")
             assert r.status_code == 503 and r.json() == {"ready": False, "reason": "loading the generator"}
-            r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"})
-            assert r.status_code == 503 and "loading" in r.json()["error"]["message"] and r.headers["retry-after"] == "5"
+            r = httpx.post(
+                url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}
+            )
+            assert (
+                r.status_code == 503
+                and "loading" in r.json()["error"]["message"]
+                and r.headers["retry-after"] == "5"
+            )
             _untouched(state, key_id)
             # /v1/select needs no generator: it serves while the generator loads.
-            r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p", "candidates": ["a", "b"]})
+            r = httpx.post(
+                url + "/v1/select",
+                headers={"Authorization": f"Bearer {token}"},
+                json={"prompt": "p", "candidates": ["a", "b"]},
+            )
             assert r.status_code == 200
             gen.release.set()
             t.join(10)
             assert httpx.get(url + "/readyz").json() == {"ready": True}
-            r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"},
-                           json={"prompt": "p", "privacy": {"epsilon": 0.25}})
+            r = httpx.post(
+                url + "/v1/completions",
+                headers={"Authorization": f"Bearer {token}"},
+                json={"prompt": "p", "privacy": {"epsilon": 0.25}},
+            )
             assert r.status_code == 200
     assert any("loading the generator" in m for m in caplog.messages)
 
@@ -389,6 +506,7 @@ def test_readyz_is_false_until_the_generator_is_warm(tmp_path, reward_model, cap
 def test_an_unencodable_generated_candidate_is_a_generator_failure_not_a_charge(tmp_path, reward_model):
     """A generator (e.g. an upstream whose JSON carried an escaped lone surrogate) that returns text that
     cannot be encoded fails *before* scoring: the reservation is cancelled, nothing is charged."""
+
     def gen(prompt, n, **kw):
         return ["fine", "bad \ud800"] + ["x"] * (n - 2)
 
@@ -396,7 +514,9 @@ def test_an_unencodable_generated_candidate_is_a_generator_failure_not_a_charge(
     state = app.state.service
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"})
+        r = httpx.post(
+            url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}
+        )
         assert r.status_code == 502 and "released" in r.json()["error"]["message"]
         assert metric(url, "privalign_scorer_calls_total") == 0
     assert [row["action"] for row in state.store.ledger_rows(key_id)] == ["cancel", "reserve"]

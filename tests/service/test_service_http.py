@@ -18,22 +18,52 @@ from privalign.service.app import create_app
 from privalign.service.config import load_config
 from privalign.service.keys import create_key, revoke_key, top_up
 
-PUBLIC_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/select", "/v1/budget", "/v1/models", "/healthz", "/readyz", "/metrics"}
+PUBLIC_PATHS = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/select",
+    "/v1/budget",
+    "/v1/models",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+}
 
 
 def _cfg(tmp_path, reward_model, upstream=None, **privacy):
     sections = {
         "database": {"url": f"sqlite:///{tmp_path / 'svc.db'}"},
-        "limits": {"max_n": 16, "max_text_chars": 2000, "max_body_bytes": 20000, "max_epsilon": 5.0, "request_timeout_s": 20.0},
-        "privacy": {"allowed_methods": ["privbon", "privitp"], "sensitivity": 1.0, "reward_max": 1.0, "default_epsilon": 0.5,
-                    "default_n": 4, "reconcile_after_s": 60.0, **privacy},
+        "limits": {
+            "max_n": 16,
+            "max_text_chars": 2000,
+            "max_body_bytes": 20000,
+            "max_epsilon": 5.0,
+            "request_timeout_s": 20.0,
+        },
+        "privacy": {
+            "allowed_methods": ["privbon", "privitp"],
+            "sensitivity": 1.0,
+            "reward_max": 1.0,
+            "default_epsilon": 0.5,
+            "default_n": 4,
+            "reconcile_after_s": 60.0,
+            **privacy,
+        },
         "reward_model": {"kind": "linear", "path": str(reward_model)},
     }
-    sections["privacy"].setdefault("privitp", {"beta": 0.5, "sigma_x": 4.0, "sigma_z": 2.0, "envelope_l": 3.0})
-    sections["generator"] = {"kind": "upstream", "base_url": upstream, "model": "m", "timeout_s": 5.0} if upstream else {"kind": "none"}
+    sections["privacy"].setdefault(
+        "privitp", {"beta": 0.5, "sigma_x": 4.0, "sigma_z": 2.0, "envelope_l": 3.0}
+    )
+    sections["generator"] = (
+        {"kind": "upstream", "base_url": upstream, "model": "m", "timeout_s": 5.0}
+        if upstream
+        else {"kind": "none"}
+    )
     itp = sections["privacy"].pop("privitp")
     path = write_config(tmp_path / "serve.toml", sections)
-    path.write_text(path.read_text() + "\n[privacy.privitp]\n" + "\n".join(f"{k} = {v!r}" for k, v in itp.items()) + "\n")
+    path.write_text(
+        path.read_text() + "\n[privacy.privitp]\n" + "\n".join(f"{k} = {v!r}" for k, v in itp.items()) + "\n"
+    )
     return load_config(path)
 
 
@@ -77,17 +107,25 @@ def test_openai_client_end_to_end_sqlite(service):
     key_id, token = create_key(state.engine, budget_epsilon=2.0, accounting="pure")
     client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
     prompt = "Say something nice"
-    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
-                                          extra_body={"privacy": {"method": "privbon", "epsilon": 0.5, "n": 4}})
+    chat = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": prompt}],
+        extra_body={"privacy": {"method": "privbon", "epsilon": 0.5, "n": 4}},
+    )
     assert chat.choices[0].message.content in candidates_for(prompt, 4)
     priv = chat.model_extra["privacy"]
     assert priv["method"] == "privbon" and priv["epsilon_charged"] == 0.5 and priv["epsilon_reserved"] == 0.5
     assert priv["remaining"]["epsilon"] == pytest.approx(1.5)
-    comp = client.completions.create(model="m", prompt=prompt, extra_body={"privacy": {"epsilon": 0.5, "n": 3}})
+    comp = client.completions.create(
+        model="m", prompt=prompt, extra_body={"privacy": {"epsilon": 0.5, "n": 3}}
+    )
     assert comp.choices[0].text in candidates_for(prompt, 3)
     assert comp.model_extra["privacy"]["remaining"]["epsilon"] == pytest.approx(1.0)
-    sel = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
-                     json={"prompt": "p", "candidates": ["a kind reply", "a rude reply"], "privacy": {"epsilon": 0.5}})
+    sel = httpx.post(
+        url + "/v1/select",
+        headers={"Authorization": f"Bearer {token}"},
+        json={"prompt": "p", "candidates": ["a kind reply", "a rude reply"], "privacy": {"epsilon": 0.5}},
+    )
     assert sel.status_code == 200 and sel.json()["text"] in ("a kind reply", "a rude reply")
     # Raw reward scores are never returned.
     for body in (chat.model_dump(), comp.model_dump(), sel.json()):
@@ -96,8 +134,11 @@ def test_openai_client_end_to_end_sqlite(service):
     assert calls == 3
     # 0.5 left: a request for 1.0 is refused with 429 naming the remaining budget, before any score.
     with pytest.raises(openai.RateLimitError) as ei:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
-                                       extra_body={"privacy": {"epsilon": 1.0}})
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": prompt}],
+            extra_body={"privacy": {"epsilon": 1.0}},
+        )
     err = ei.value.body
     assert err["type"] == "budget_exhausted" and err["remaining"]["epsilon"] == pytest.approx(0.5)
     assert metric(url, "privalign_scorer_calls_total") == calls
@@ -110,7 +151,9 @@ def test_openai_client_end_to_end_sqlite(service):
     assert _spent(state.engine, key_id)["spent_epsilon"] == pytest.approx(1.5)
     # Top-up restores service.
     top_up(state.engine, key_id, epsilon=1.0)
-    client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], extra_body={"privacy": {"epsilon": 1.0}})
+    client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": prompt}], extra_body={"privacy": {"epsilon": 1.0}}
+    )
 
 
 def test_idempotency_key_returns_stored_answer_without_charging_twice(service):
@@ -128,9 +171,15 @@ def test_idempotency_key_returns_stored_answer_without_charging_twice(service):
     assert r3.status_code == 422
     # A refused request does not poison its key: after a top-up the same key can be used.
     h2 = {**h, "Idempotency-Key": "req-2"}
-    assert httpx.post(url + "/v1/select", headers=h2, json={**body, "privacy": {"epsilon": 0.9}}).status_code == 429
+    assert (
+        httpx.post(url + "/v1/select", headers=h2, json={**body, "privacy": {"epsilon": 0.9}}).status_code
+        == 429
+    )
     top_up(state.engine, key_id, epsilon=1.0)
-    assert httpx.post(url + "/v1/select", headers=h2, json={**body, "privacy": {"epsilon": 0.9}}).status_code == 200
+    assert (
+        httpx.post(url + "/v1/select", headers=h2, json={**body, "privacy": {"epsilon": 0.9}}).status_code
+        == 200
+    )
 
 
 def test_tenancy_keys_cannot_read_or_spend_each_other(service):
@@ -138,8 +187,14 @@ def test_tenancy_keys_cannot_read_or_spend_each_other(service):
     a_id, a_tok = create_key(state.engine, budget_epsilon=1.0, name="a")
     b_id, b_tok = create_key(state.engine, budget_epsilon=1.0, name="b")
     body = {"prompt": "p", "candidates": ["x", "y"], "privacy": {"epsilon": 1.0}}
-    assert httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {a_tok}"}, json=body).status_code == 200
-    assert httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {a_tok}"}, json=body).status_code == 429
+    assert (
+        httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {a_tok}"}, json=body).status_code
+        == 200
+    )
+    assert (
+        httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {a_tok}"}, json=body).status_code
+        == 429
+    )
     # B is untouched and sees only its own ledger.
     bb = httpx.get(url + "/v1/budget", headers={"Authorization": f"Bearer {b_tok}"}).json()
     assert bb["key_id"] == b_id and bb["ledger"] == [] and bb["remaining"]["epsilon"] == 1.0
@@ -152,7 +207,10 @@ def test_tenancy_keys_cannot_read_or_spend_each_other(service):
     assert httpx.get(url + "/v1/budget").status_code == 401
     assert _spent(state.engine, b_id)["spent_epsilon"] == 0.0
     revoke_key(state.engine, b_id)
-    assert httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {b_tok}"}, json=body).status_code == 401
+    assert (
+        httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {b_tok}"}, json=body).status_code
+        == 401
+    )
 
 
 def test_invalid_requests_are_refused_before_any_charge(service):
@@ -164,16 +222,41 @@ def test_invalid_requests_are_refused_before_any_charge(service):
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "seed": 3}, 400, "seed"),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"seed": 3}}, 400, "seed"),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"n": 17}}, 400, "privacy.n"),
-        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"epsilon": 6.0}}, 400, "privacy.epsilon"),
-        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"method": "bon"}}, 400, "privacy.method"),
-        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"epsilon": -1}}, 400, "privacy.epsilon"),
-        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"typo": 1}}, 400, "privacy.typo"),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": msgs, "privacy": {"epsilon": 6.0}},
+            400,
+            "privacy.epsilon",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": msgs, "privacy": {"method": "bon"}},
+            400,
+            "privacy.method",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": msgs, "privacy": {"epsilon": -1}},
+            400,
+            "privacy.epsilon",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": msgs, "privacy": {"typo": 1}},
+            400,
+            "privacy.typo",
+        ),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "stop": ["x"]}, 400, "stop"),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "n": 2}, 400, "'n'"),
         ("/v1/completions", {"model": "m", "prompt": "x" * 2001}, 400, "prompt"),
         ("/v1/select", {"prompt": "p", "candidates": ["y"] * 17}, 400, "candidates"),
         ("/v1/select", {"prompt": "p", "candidates": []}, 400, "candidates"),
-        ("/v1/select", {"prompt": "p", "candidates": ["a", "b"], "privacy": {"method": "privitp"}}, 400, "candidates"),
+        (
+            "/v1/select",
+            {"prompt": "p", "candidates": ["a", "b"], "privacy": {"method": "privitp"}},
+            400,
+            "candidates",
+        ),
         ("/v1/select", {"prompt": "p", "candidates": ["z" * 1999] * 11}, 413, "bytes"),
     ]
     for path, body, status, needle in cases:
@@ -181,7 +264,9 @@ def test_invalid_requests_are_refused_before_any_charge(service):
         assert r.status_code == status, (path, body, r.text)
         assert needle in r.json()["error"]["message"] or needle == r.json()["error"].get("param"), r.text
         assert "Traceback" not in r.text
-    r = httpx.post(url + "/v1/select", headers={**h, "Content-Type": "application/json"}, content=b"{not json")
+    r = httpx.post(
+        url + "/v1/select", headers={**h, "Content-Type": "application/json"}, content=b"{not json"
+    )
     assert r.status_code == 400
     assert metric(url, "privalign_scorer_calls_total") == 0
     t = _spent(state.engine, key_id)
@@ -195,7 +280,14 @@ def test_admin_actions_are_not_reachable_over_http(service):
     for path in ("/v1/keys", "/keys", "/admin", "/v1/keys/create", "/v1/admin/top-up", "/v1/budget/top-up"):
         for method in ("GET", "POST", "PUT", "DELETE"):
             assert httpx.request(method, url + path, json={"budget_epsilon": 100}).status_code in (404, 405)
-    assert httpx.request("OPTIONS", url + "/v1/select", headers={"Origin": "http://evil", "Access-Control-Request-Method": "POST"}).headers.get("access-control-allow-origin") is None
+    assert (
+        httpx.request(
+            "OPTIONS",
+            url + "/v1/select",
+            headers={"Origin": "http://evil", "Access-Control-Request-Method": "POST"},
+        ).headers.get("access-control-allow-origin")
+        is None
+    )
 
 
 def test_upstream_failure_releases_the_reservation(tmp_path, reward_model, failing_upstream):
@@ -203,7 +295,9 @@ def test_upstream_failure_releases_the_reservation(tmp_path, reward_model, faili
     state = app.state.service
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"})
+        r = httpx.post(
+            url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}
+        )
         assert r.status_code == 502 and "released" in r.json()["error"]["message"]
         assert metric(url, "privalign_scorer_calls_total") == 0
     rows = state.store.ledger_rows(key_id)
@@ -220,12 +314,17 @@ def test_scorer_failure_keeps_the_charge_and_hides_the_trace(tmp_path, reward_mo
     state = app.state.service
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
-                       json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}})
+        r = httpx.post(
+            url + "/v1/select",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}},
+        )
     assert r.status_code == 500 and "secret" not in r.text and "Traceback" not in r.text
     t = _spent(state.engine, key_id)
     assert t["spent_epsilon"] + t["reserved_epsilon"] == pytest.approx(0.25)  # fail closed
-    assert state.store.reconcile_stale(older_than_s=0.0) and _spent(state.engine, key_id)["spent_epsilon"] == pytest.approx(0.25)
+    assert state.store.reconcile_stale(older_than_s=0.0) and _spent(state.engine, key_id)[
+        "spent_epsilon"
+    ] == pytest.approx(0.25)
 
 
 def test_database_unavailable_answers_503_without_selecting(tmp_path, reward_model):
@@ -241,8 +340,11 @@ def test_database_unavailable_answers_503_without_selecting(tmp_path, reward_mod
     dead = db.make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")  # nothing listens on port 1
     state.engine, state.store.engine = dead, dead
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
-                       json={"prompt": "p", "candidates": ["a", "b"]})
+        r = httpx.post(
+            url + "/v1/select",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"prompt": "p", "candidates": ["a", "b"]},
+        )
         assert r.status_code == 503 and "unavailable" in r.json()["error"]["message"]
         assert httpx.get(url + "/healthz").status_code == 503
     assert calls == []
@@ -256,8 +358,11 @@ def test_zcdp_and_ex_post_accounting(tmp_path, reward_model):
     p_id, p_tok = create_key(state.engine, budget_epsilon=5.0, accounting="pure")
     cands = [f"c{i} kind" for i in range(9)]
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {z_tok}"},
-                       json={"prompt": "p", "candidates": cands[:4], "privacy": {"epsilon": 1.0}})
+        r = httpx.post(
+            url + "/v1/select",
+            headers={"Authorization": f"Bearer {z_tok}"},
+            json={"prompt": "p", "candidates": cands[:4], "privacy": {"epsilon": 1.0}},
+        )
         assert r.status_code == 200, r.text
         pz = r.json()["privacy"]
         assert pz["charge_unit"] == "rho" and pz["charged"] == pytest.approx(1.0 / 8)  # ε²/8-zCDP
@@ -267,11 +372,16 @@ def test_zcdp_and_ex_post_accounting(tmp_path, reward_model):
         px = r.json()["privacy"]
         assert 0 < px["epsilon_charged"] <= px["epsilon_reserved"] and px["delta"] > 0
         # remaining: the limit less the realized charge (not the larger reservation); δ is charged as reserved.
-        assert px["charged"] < px["reserved"] and px["remaining"]["epsilon"] == pytest.approx(5.0 - px["charged"])
+        assert px["charged"] < px["reserved"] and px["remaining"]["epsilon"] == pytest.approx(
+            5.0 - px["charged"]
+        )
         assert px["remaining"]["delta"] == pytest.approx(1e-5 - px["delta"])
         # privacy.epsilon caps the worst case: ε_max(n=4) ≈ 1.95 > 1.5 is refused before anything runs.
-        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {x_tok}"},
-                       json={**body, "privacy": {"method": "privitp", "epsilon": 1.5}})
+        r = httpx.post(
+            url + "/v1/select",
+            headers={"Authorization": f"Bearer {x_tok}"},
+            json={**body, "privacy": {"method": "privitp", "epsilon": 1.5}},
+        )
         assert r.status_code == 400 and "exceeds" in r.json()["error"]["message"]
         # PrivITP is (ε, δ)-ex-post: a pure-DP key cannot pay for it.
         r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {p_tok}"}, json=body)
@@ -290,11 +400,21 @@ def test_non_private_bon_requires_explicit_opt_in(tmp_path, reward_model):
     app = create_app(_cfg(tmp_path, reward_model, allowed_methods=["privbon", "bon"], allow_non_private=True))
     key_id, token = create_key(app.state.service.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
-                       json={"prompt": "p", "candidates": ["a rude reply", "a kind helpful reply"], "privacy": {"method": "bon"}})
+        r = httpx.post(
+            url + "/v1/select",
+            headers={"Authorization": f"Bearer {token}"},
+            json={
+                "prompt": "p",
+                "candidates": ["a rude reply", "a kind helpful reply"],
+                "privacy": {"method": "bon"},
+            },
+        )
     assert r.status_code == 200 and r.json()["text"] == "a kind helpful reply"
     assert r.json()["privacy"]["private"] is False and r.json()["privacy"]["guarantee"] == "none"
-    assert _spent(app.state.service.engine, key_id)["reserved_epsilon"] == 0.0 and app.state.service.store.ledger_rows(key_id) == []
+    assert (
+        _spent(app.state.service.engine, key_id)["reserved_epsilon"] == 0.0
+        and app.state.service.store.ledger_rows(key_id) == []
+    )
 
 
 def test_generator_timeout_releases_the_reservation(tmp_path, reward_model):
@@ -314,7 +434,12 @@ def test_generator_timeout_releases_the_reservation(tmp_path, reward_model):
     state = app.state.service
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}, timeout=30)
+        r = httpx.post(
+            url + "/v1/completions",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"prompt": "p"},
+            timeout=30,
+        )
         release.set()
         assert r.status_code == 504 and "released" in r.json()["error"]["message"]
         assert metric(url, "privalign_scorer_calls_total") == 0
@@ -330,15 +455,24 @@ def test_chat_completion_with_the_local_transformers_generator(tmp_path, reward_
 
     from privalign.service.config import ComponentConfig
 
-    cfg = replace(cfg, generator=ComponentConfig(kind="transformers", options={"max_new_tokens": 2}),
-                  limits=replace(cfg.limits, request_timeout_s=600.0))  # the first request loads the model
+    cfg = replace(
+        cfg,
+        generator=ComponentConfig(kind="transformers", options={"max_new_tokens": 2}),
+        limits=replace(cfg.limits, request_timeout_s=600.0),
+    )  # the first request loads the model
     app = create_app(cfg)
     key_id, token = create_key(app.state.service.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=300)
-        r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Say hi."}],
-                                           max_tokens=2, extra_body={"privacy": {"epsilon": 0.5, "n": 2}})
-    assert isinstance(r.choices[0].message.content, str) and r.model_extra["privacy"]["epsilon_charged"] == 0.5
+        r = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "Say hi."}],
+            max_tokens=2,
+            extra_body={"privacy": {"epsilon": 0.5, "n": 2}},
+        )
+    assert (
+        isinstance(r.choices[0].message.content, str) and r.model_extra["privacy"]["epsilon_charged"] == 0.5
+    )
     assert _spent(app.state.service.engine, key_id)["spent_epsilon"] == 0.5
 
 
@@ -359,15 +493,23 @@ def test_pad_selection_s_pads_scoring_and_selection_to_a_minimum(tmp_path, rewar
     pad = 0.5
     app = create_app(_cfg(tmp_path, reward_model, pad_selection_s=pad), scorer=timed)
     _, token = create_key(app.state.service.engine, budget_epsilon=10.0)
-    body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply", "plain"], "privacy": {"epsilon": 0.5}}
+    body = {
+        "prompt": "p",
+        "candidates": ["a kind reply", "a rude reply", "plain"],
+        "privacy": {"epsilon": 0.5},
+    }
     with serve_in_thread(app) as url:
         for _ in range(3):
-            r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=30)
+            r = httpx.post(
+                url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=30
+            )
             done = time.monotonic()
             assert r.status_code == 200, r.text
             assert done - starts[-1] >= pad  # unpadded, scoring 3 candidates + selection takes milliseconds
         sleep_s["v"] = 0.8  # the private part alone takes longer than the pad
-        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=30)
+        r = httpx.post(
+            url + "/v1/select", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=30
+        )
         done = time.monotonic()
         assert r.status_code == 200, r.text
         assert 0.8 <= done - starts[-1] < 0.8 + pad  # not 0.8 + pad: the pad only tops up to P
@@ -416,7 +558,9 @@ def test_key_cache_saves_the_auth_read_but_never_outlives_revocation_or_a_top_up
         assert len(calls) == n_calls == 3  # the refusals never reached the reward model
     assert state.wait_settled(key_id, timeout=10)
     rows = state.store.ledger_rows(key_id)
-    assert [r["action"] for r in rows].count("reserve") == 3 and [r["action"] for r in rows].count("settle") == 3
+    assert [r["action"] for r in rows].count("reserve") == 3 and [r["action"] for r in rows].count(
+        "settle"
+    ) == 3
     t = _spent(state.engine, key_id)
     assert t["spent_epsilon"] == pytest.approx(1.25) and t["reserved_epsilon"] == 0.0
 
@@ -436,10 +580,16 @@ def test_key_cache_is_bounded_checks_the_secret_and_forgets_revoked_keys(tmp_pat
     kid = toks[2].split("_", 2)[1]
     assert cache.verify(f"pa_{kid}_wrong-secret") is None
     assert authenticate(store, f"pa_{kid}_wrong-secret", cache=cache) is None
-    assert cache.verify(toks[2]) is not None  # a wrong secret does not evict the key (no cheap eviction by others)
+    assert (
+        cache.verify(toks[2]) is not None
+    )  # a wrong secret does not evict the key (no cheap eviction by others)
     revoke_key(eng, kid)
-    assert cache.verify(toks[2]) is not None  # the cache alone knows nothing of revocation (the reserve checks it) ...
-    assert authenticate(store, toks[2], cache=cache) is None and cache.verify(toks[2]) is None  # ... the database does
+    assert (
+        cache.verify(toks[2]) is not None
+    )  # the cache alone knows nothing of revocation (the reserve checks it) ...
+    assert (
+        authenticate(store, toks[2], cache=cache) is None and cache.verify(toks[2]) is None
+    )  # ... the database does
 
 
 def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservation(tmp_path, reward_model):
@@ -463,7 +613,11 @@ def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservati
 
     state.store.settle = gated_settle
     h = {"Authorization": f"Bearer {token}"}
-    body = {"prompt": "p", "candidates": ["a kind reply", "a rude reply", "plain"], "privacy": {"epsilon": 0.25}}
+    body = {
+        "prompt": "p",
+        "candidates": ["a kind reply", "a rude reply", "plain"],
+        "privacy": {"epsilon": 0.25},
+    }
     with serve_in_thread(app) as url:
         # Gate closed: a settle written before the answer would block the request past its 5 s timeout.
         r1 = httpx.post(url + "/v1/select", headers=h, json=body, timeout=5)
@@ -489,7 +643,11 @@ def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservati
         gate.set()
         assert state.wait_settled(key_id, timeout=15)
         got = httpx.get(url + "/v1/budget", headers=h, timeout=2).json()
-        assert got["spent"]["epsilon"] == pytest.approx(0.5) and got["reserved"]["epsilon"] == 0.0 and got["pending_settles"] == 0
+        assert (
+            got["spent"]["epsilon"] == pytest.approx(0.5)
+            and got["reserved"]["epsilon"] == 0.0
+            and got["pending_settles"] == 0
+        )
         assert sorted(settled) == sorted([p1["reservation_id"], p2["reservation_id"]])
         # With an Idempotency-Key the settle is written before the answer is stored and sent.
         gate.clear()
@@ -506,7 +664,9 @@ def test_settle_is_written_after_the_answer_and_remaining_is_as_of_the_reservati
         assert len(settled) == 3
         assert r.json()["privacy"]["remaining"]["epsilon"] == pytest.approx(0.25)
     rows = state.store.ledger_rows(key_id)
-    assert [row["action"] for row in rows].count("settle") == 3 and [row["action"] for row in rows].count("reserve") == 3
+    assert [row["action"] for row in rows].count("settle") == 3 and [row["action"] for row in rows].count(
+        "reserve"
+    ) == 3
     t = _spent(state.engine, key_id)
     assert t["spent_epsilon"] == pytest.approx(0.75) and t["reserved_epsilon"] == 0.0
     assert state.store.snapshot(key_id)["spent_epsilon"] == pytest.approx(0.75)
@@ -524,8 +684,12 @@ def test_a_failed_deferred_settle_leaves_the_reserved_cost_charged(tmp_path, rew
 
     state.store.settle = broken_settle
     with serve_in_thread(app) as url:
-        r = httpx.post(url + "/v1/select", headers={"Authorization": f"Bearer {token}"},
-                       json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}}, timeout=5)
+        r = httpx.post(
+            url + "/v1/select",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}},
+            timeout=5,
+        )
         assert r.status_code == 200 and r.json()["privacy"]["charged"] == 0.25
         assert state.wait_settled(key_id, timeout=10)
         assert metric(url, "privalign_settle_failures_total") == 1

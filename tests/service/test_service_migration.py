@@ -31,29 +31,106 @@ def _fill_v1(engine, *, via_alembic: bool = False) -> dict:
     now = time.time()
     salt = "ab" * 16
     with engine.begin() as conn:
-        conn.execute(t["api_keys"].insert().values(key_id="k1", name="alice", salt=salt, secret_hash=_hash(salt, "s3cret"),
-                                                   accounting="ex-post", created_at=now, revoked_at=None))
-        conn.execute(t["budget_grants"].insert(), [
-            {"principal": "k1", "created_at": now, "epsilon": 2.0, "delta": 1e-6, "note": "create"},
-            {"principal": "k1", "created_at": now, "epsilon": 0.1, "delta": 0.0, "note": "top-up"},
-        ])
+        conn.execute(
+            t["api_keys"]
+            .insert()
+            .values(
+                key_id="k1",
+                name="alice",
+                salt=salt,
+                secret_hash=_hash(salt, "s3cret"),
+                accounting="ex-post",
+                created_at=now,
+                revoked_at=None,
+            )
+        )
+        conn.execute(
+            t["budget_grants"].insert(),
+            [
+                {"principal": "k1", "created_at": now, "epsilon": 2.0, "delta": 1e-6, "note": "create"},
+                {"principal": "k1", "created_at": now, "epsilon": 0.1, "delta": 0.0, "note": "top-up"},
+            ],
+        )
         rows = []
         for i in range(3):  # three settled requests at ε = 0.1 (realized 0.07), δ charged as reserved
-            rows.append({"reservation_id": f"r{i}", "principal": "k1", "action": "reserve", "created_at": now, "owner": "o",
-                         "event": json.dumps({"epsilon": 0.1}), "reserved_epsilon": 0.1, "reserved_delta": 1e-8,
-                         "realized_epsilon": None, "realized_delta": None, "detail": None, "closes": None})
-            rows.append({"reservation_id": f"r{i}", "principal": "k1", "action": "settle", "created_at": now, "owner": "o",
-                         "event": None, "reserved_epsilon": 0.1, "reserved_delta": 1e-8, "realized_epsilon": 0.07,
-                         "realized_delta": 1e-8, "detail": None, "closes": f"r{i}"})
-        rows.append({"reservation_id": "open", "principal": "k1", "action": "reserve", "created_at": now - 1000, "owner": "o",
-                     "event": None, "reserved_epsilon": 0.3, "reserved_delta": 0.0, "realized_epsilon": None,
-                     "realized_delta": None, "detail": None, "closes": None})
+            rows.append(
+                {
+                    "reservation_id": f"r{i}",
+                    "principal": "k1",
+                    "action": "reserve",
+                    "created_at": now,
+                    "owner": "o",
+                    "event": json.dumps({"epsilon": 0.1}),
+                    "reserved_epsilon": 0.1,
+                    "reserved_delta": 1e-8,
+                    "realized_epsilon": None,
+                    "realized_delta": None,
+                    "detail": None,
+                    "closes": None,
+                }
+            )
+            rows.append(
+                {
+                    "reservation_id": f"r{i}",
+                    "principal": "k1",
+                    "action": "settle",
+                    "created_at": now,
+                    "owner": "o",
+                    "event": None,
+                    "reserved_epsilon": 0.1,
+                    "reserved_delta": 1e-8,
+                    "realized_epsilon": 0.07,
+                    "realized_delta": 1e-8,
+                    "detail": None,
+                    "closes": f"r{i}",
+                }
+            )
+        rows.append(
+            {
+                "reservation_id": "open",
+                "principal": "k1",
+                "action": "reserve",
+                "created_at": now - 1000,
+                "owner": "o",
+                "event": None,
+                "reserved_epsilon": 0.3,
+                "reserved_delta": 0.0,
+                "realized_epsilon": None,
+                "realized_delta": None,
+                "detail": None,
+                "closes": None,
+            }
+        )
         conn.execute(t["ledger"].insert(), rows)
         spent_e = 0.07 + 0.07 + 0.07
-        conn.execute(t["principals"].insert().values(principal="k1", created_at=now, limit_epsilon=2.0 + 0.1, limit_delta=1e-6,
-                                                     spent_epsilon=spent_e, spent_delta=3e-8, reserved_epsilon=0.3, reserved_delta=0.0))
-        conn.execute(t["idempotency"].insert().values(principal="k1", idem_key="i1", request_hash="h", status="done",
-                                                      reservation_id="r0", status_code=200, response='{"ok": 1}', created_at=now - 10))
+        conn.execute(
+            t["principals"]
+            .insert()
+            .values(
+                principal="k1",
+                created_at=now,
+                limit_epsilon=2.0 + 0.1,
+                limit_delta=1e-6,
+                spent_epsilon=spent_e,
+                spent_delta=3e-8,
+                reserved_epsilon=0.3,
+                reserved_delta=0.0,
+            )
+        )
+        conn.execute(
+            t["idempotency"]
+            .insert()
+            .values(
+                principal="k1",
+                idem_key="i1",
+                request_hash="h",
+                status="done",
+                reservation_id="r0",
+                status_code=200,
+                response='{"ok": 1}',
+                created_at=now - 10,
+            )
+        )
     return {"now": now}
 
 
@@ -61,14 +138,20 @@ def _check_upgraded(engine, schema=None) -> None:
     db.create_schema(engine, schema=schema)  # the upgrade
     db.create_schema(engine, schema=schema)  # idempotent
     insp = inspect(engine)
-    for table, col in (("ledger", "reserved_epsilon"), ("ledger", "realized_delta"), ("budget_grants", "epsilon"),
-                       ("principals", "spent_delta")):
+    for table, col in (
+        ("ledger", "reserved_epsilon"),
+        ("ledger", "realized_delta"),
+        ("budget_grants", "epsilon"),
+        ("principals", "spent_delta"),
+    ):
         cols = {c["name"]: c for c in insp.get_columns(table, schema=schema)}
         assert "INT" in str(cols[col]["type"]).upper(), (table, col, cols[col]["type"])
     # The upgraded schema has what a fresh one has: the same tables, columns, unique constraints.
     assert set(insp.get_table_names(schema=schema)) >= set(db.metadata.tables) | {"alembic_version"}
     for name, table in db.metadata.tables.items():
-        assert {c["name"] for c in insp.get_columns(name, schema=schema)} == {c.name for c in table.columns}, name
+        assert {c["name"] for c in insp.get_columns(name, schema=schema)} == {
+            c.name for c in table.columns
+        }, name
     uniques = {tuple(u["column_names"]) for u in insp.get_unique_constraints("ledger", schema=schema)}
     uniques |= {tuple(ix["column_names"]) for ix in insp.get_indexes("ledger", schema=schema) if ix["unique"]}
     assert {("reservation_id", "action"), ("closes",)} <= uniques, uniques
@@ -80,13 +163,18 @@ def _check_upgraded(engine, schema=None) -> None:
     # Grants round down from the decimal the operator wrote; charges round up from the stored float
     # (0.07 is stored as 0.07000000000000000666…, 1e-8 as 1.0000000000000000209…e-8): one unit each.
     assert exact == {
-        "limit_epsilon": 2_100_000_000, "limit_delta": 1_000_000_000_000,
-        "spent_epsilon": 3 * 70_000_001, "spent_delta": 3 * 10_000_000_001,
-        "reserved_epsilon": 300_000_000, "reserved_delta": 0,
+        "limit_epsilon": 2_100_000_000,
+        "limit_delta": 1_000_000_000_000,
+        "spent_epsilon": 3 * 70_000_001,
+        "spent_delta": 3 * 10_000_000_001,
+        "reserved_epsilon": 300_000_000,
+        "reserved_delta": 0,
     }
     store = SQLBudgetStore(engine)
     assert store.snapshot("k1", units=True) == exact  # cached totals recomputed from the converted rows
-    assert idem["response"] == '{"ok": 1}' and idem["expires_at"] == pytest.approx(idem["created_at"] + db.MIGRATED_IDEMPOTENCY_TTL_S)
+    assert idem["response"] == '{"ok": 1}' and idem["expires_at"] == pytest.approx(
+        idem["created_at"] + db.MIGRATED_IDEMPOTENCY_TTL_S
+    )
     assert [r["action"] for r in store.ledger_rows("k1")].count("settle") == 3
     # The key still authenticates; the open reservation is still open and reconciled at its cost.
     key = authenticate(store, "pa_k1_s3cret")
@@ -104,7 +192,10 @@ def _check_upgraded(engine, schema=None) -> None:
         store.reserve("k1", (0.09, 0.0))
     r = store.reserve("k1", (0.08, 0.0))
     assert r.cost == (80_000_001, 0)
-    assert r.remaining_after(r.cost) == (89_999_997 - 15 * 100_000_001 + 1_500_000_000 - 80_000_001, 1_000_000_000_000 - 30_000_000_003)
+    assert r.remaining_after(r.cost) == (
+        89_999_997 - 15 * 100_000_001 + 1_500_000_000 - 80_000_001,
+        1_000_000_000_000 - 30_000_000_003,
+    )
 
 
 @pytest.mark.parametrize("via_alembic", [False, True], ids=["released-v1", "alembic-0001"])
@@ -137,7 +228,12 @@ def _pre_alembic_v2(engine) -> None:
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_fresh_and_pre_alembic_v2_databases_are_stamped(request, tmp_path, backend):
     if backend == "sqlite":
-        fresh, old, schema, schema2 = (db.make_engine(f"sqlite:///{tmp_path / n}") for n in ("fresh.db", "v2.db")), None, None, None
+        fresh, old, schema, schema2 = (
+            (db.make_engine(f"sqlite:///{tmp_path / n}") for n in ("fresh.db", "v2.db")),
+            None,
+            None,
+            None,
+        )
         fresh, old = fresh
     else:
         url, schema = request.getfixturevalue("pg_schema")

@@ -37,7 +37,9 @@ def _run_block(name: str, tmp_path: Path, timeout: float) -> subprocess.Complete
     if shutil.which("curl") is None:
         pytest.fail("curl is needed to run the README's service quick start")
     port = _free_port()
-    script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + readme_block(name).replace("8000", str(port))
+    script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + readme_block(
+        name
+    ).replace("8000", str(port))
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_DATA_HOME", "PRIVALIGN_HOME")}
     env["HOME"] = str(tmp_path / "home")
     (tmp_path / "home").mkdir()
@@ -46,7 +48,9 @@ def _run_block(name: str, tmp_path: Path, timeout: float) -> subprocess.Complete
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     work = tmp_path / "work"
     work.mkdir()
-    return subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_readme_train_then_serve_quickstart_runs_verbatim(tmp_path):
@@ -109,8 +113,12 @@ def test_serve_without_config_starts_on_embedded_defaults(tmp_path, monkeypatch,
     assert out["config"] == "(embedded defaults)" and out["database"] == "sqlite"
     assert out["database_url"] == f"sqlite:///{tmp_path / 'ph' / 'service.db'}"
     assert out["reward_model_path"] == str(DEFAULT_REWARD_MODEL) and out["generator"] == "transformers"
-    assert out["reward_model_privacy_event"] == {"kind": "randomized_response", "unit": "label",
-                                                 "relation": "replace_one", "epsilon": 4.0}
+    assert out["reward_model_privacy_event"] == {
+        "kind": "randomized_response",
+        "unit": "label",
+        "relation": "replace_one",
+        "epsilon": 4.0,
+    }
 
 
 def test_keys_without_db_use_the_default_ledger_of_serve(tmp_path, monkeypatch, capsys):

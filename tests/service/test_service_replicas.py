@@ -28,21 +28,36 @@ def _metric(base: str, name: str) -> float:
     return total
 
 
-def _config(tmp_path, name, database, reward_model, *, upstream=None, scorer=None, timeout=20.0, reconcile=60.0):
+def _config(
+    tmp_path, name, database, reward_model, *, upstream=None, scorer=None, timeout=20.0, reconcile=60.0
+):
     rm = {"kind": "linear", "path": str(reward_model)} if scorer is None else {"kind": "python", **scorer}
-    gen = {"kind": "upstream", "base_url": upstream, "model": "m", "timeout_s": 5.0} if upstream else {"kind": "none"}
-    return write_config(tmp_path / name, {
-        "database": database,
-        "limits": {"max_n": 16, "request_timeout_s": timeout},
-        "privacy": {"allowed_methods": ["privbon"], "default_epsilon": 0.0625, "reconcile_after_s": reconcile},
-        "reward_model": rm,
-        "generator": gen,
-    })
+    gen = (
+        {"kind": "upstream", "base_url": upstream, "model": "m", "timeout_s": 5.0}
+        if upstream
+        else {"kind": "none"}
+    )
+    return write_config(
+        tmp_path / name,
+        {
+            "database": database,
+            "limits": {"max_n": 16, "request_timeout_s": timeout},
+            "privacy": {
+                "allowed_methods": ["privbon"],
+                "default_epsilon": 0.0625,
+                "reconcile_after_s": reconcile,
+            },
+            "reward_model": rm,
+            "generator": gen,
+        },
+    )
 
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_two_replicas_on_postgres_never_overspend(tmp_path, reward_model, upstream, pg_schema, server_process):
+def test_two_replicas_on_postgres_never_overspend(
+    tmp_path, reward_model, upstream, pg_schema, server_process
+):
     url, schema = pg_schema
     cfg = _config(tmp_path, "pg.toml", {"url": url, "schema": schema}, reward_model, upstream=upstream)
     a = server_process(cfg).start()
@@ -51,23 +66,37 @@ def test_two_replicas_on_postgres_never_overspend(tmp_path, reward_model, upstre
     # End to end with the OpenAI client on PostgreSQL.
     _, tok0 = create_key(engine, budget_epsilon=1.0)
     client = openai.OpenAI(base_url=a.url + "/v1", api_key=tok0, max_retries=0)
-    resp = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}],
-                                          extra_body={"privacy": {"epsilon": 0.5, "n": 5}})
+    resp = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "hello"}],
+        extra_body={"privacy": {"epsilon": 0.5, "n": 5}},
+    )
     assert resp.choices[0].message.content in candidates_for("hello", 5)
     assert resp.model_extra["privacy"]["remaining"]["epsilon"] == pytest.approx(0.5)
 
     # 64 concurrent clients x 2 requests on ONE key, alternating between the two replicas.
     key_id, tok = create_key(engine, budget_epsilon=1.0)  # 16 requests of ε = 1/16 fit exactly
-    calls_before = _metric(a.url, "privalign_scorer_calls_total") + _metric(b.url, "privalign_scorer_calls_total")
+    calls_before = _metric(a.url, "privalign_scorer_calls_total") + _metric(
+        b.url, "privalign_scorer_calls_total"
+    )
     barrier = threading.Barrier(64)
 
     def client_job(i: int) -> list[int]:
         base = (a.url, b.url)[i % 2]
         with httpx.Client(timeout=60.0) as c:
             barrier.wait()
-            return [c.post(base + "/v1/select", headers={"Authorization": f"Bearer {tok}"},
-                           json={"prompt": f"q{i}", "candidates": ["a kind reply", "a rude reply", "plain"],
-                                 "privacy": {"epsilon": 0.0625}}).status_code for _ in range(2)]
+            return [
+                c.post(
+                    base + "/v1/select",
+                    headers={"Authorization": f"Bearer {tok}"},
+                    json={
+                        "prompt": f"q{i}",
+                        "candidates": ["a kind reply", "a rude reply", "plain"],
+                        "privacy": {"epsilon": 0.0625},
+                    },
+                ).status_code
+                for _ in range(2)
+            ]
 
     with ThreadPoolExecutor(64) as ex:
         codes = [c for r in ex.map(client_job, range(64)) for c in r]
@@ -75,7 +104,10 @@ def test_two_replicas_on_postgres_never_overspend(tmp_path, reward_model, upstre
     assert ok + refused == 128, sorted(set(codes))
     # Settles are written after the answers; GET /v1/budget on each replica waits for its pending ones.
     for base in (a.url, b.url):
-        assert httpx.get(base + "/v1/budget", headers={"Authorization": f"Bearer {tok}"}, timeout=30).status_code == 200
+        assert (
+            httpx.get(base + "/v1/budget", headers={"Authorization": f"Bearer {tok}"}, timeout=30).status_code
+            == 200
+        )
     store = SQLBudgetStore(engine)
     with engine.connect() as conn:
         derived = db.derive_totals(conn, key_id)
@@ -84,9 +116,15 @@ def test_two_replicas_on_postgres_never_overspend(tmp_path, reward_model, upstre
     snap = store.snapshot(key_id)
     assert snap["spent_epsilon"] == derived["spent_epsilon"]
     rows = store.ledger_rows(key_id, limit=1000)
-    assert sum(r["action"] == "settle" for r in rows) == 16 and sum(r["action"] == "reserve" for r in rows) == 16
+    assert (
+        sum(r["action"] == "settle" for r in rows) == 16 and sum(r["action"] == "reserve" for r in rows) == 16
+    )
     # Every refused request was refused before scoring: scorer calls == successful selections.
-    calls = _metric(a.url, "privalign_scorer_calls_total") + _metric(b.url, "privalign_scorer_calls_total") - calls_before
+    calls = (
+        _metric(a.url, "privalign_scorer_calls_total")
+        + _metric(b.url, "privalign_scorer_calls_total")
+        - calls_before
+    )
     assert calls == ok
     assert _metric(a.url, "privalign_refusals_total") + _metric(b.url, "privalign_refusals_total") == refused
     engine.dispose()
@@ -94,7 +132,12 @@ def test_two_replicas_on_postgres_never_overspend(tmp_path, reward_model, upstre
 
 def _crash_and_restart(tmp_path, reward_model, database, engine, server_process):
     marker = tmp_path / "scoring.marker"
-    scorer = {"target": "svc_components:sleepy_scorer", "path": str(reward_model), "sleep_s": 60.0, "marker": str(marker)}
+    scorer = {
+        "target": "svc_components:sleepy_scorer",
+        "path": str(reward_model),
+        "sleep_s": 60.0,
+        "marker": str(marker),
+    }
     cfg = _config(tmp_path, "crash.toml", database, reward_model, scorer=scorer, timeout=1.0, reconcile=1.0)
     key_id, tok = create_key(engine, budget_epsilon=1.0)
     srv = server_process(cfg).start()
@@ -102,8 +145,12 @@ def _crash_and_restart(tmp_path, reward_model, database, engine, server_process)
 
     def call():
         try:
-            result["r"] = httpx.post(srv.url + "/v1/select", headers={"Authorization": f"Bearer {tok}", "Idempotency-Key": "k1"},
-                                     json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}}, timeout=30)
+            result["r"] = httpx.post(
+                srv.url + "/v1/select",
+                headers={"Authorization": f"Bearer {tok}", "Idempotency-Key": "k1"},
+                json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}},
+                timeout=30,
+            )
         except httpx.HTTPError as exc:
             result["err"] = exc
 
@@ -123,8 +170,12 @@ def _crash_and_restart(tmp_path, reward_model, database, engine, server_process)
     time.sleep(1.1)  # older than reconcile_after_s
     srv2 = server_process(cfg).start()  # restart reconciles at start-up
     # A retry of the interrupted request is answered 409 and not charged a second time.
-    retry = httpx.post(srv2.url + "/v1/select", headers={"Authorization": f"Bearer {tok}", "Idempotency-Key": "k1"},
-                       json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}}, timeout=30)
+    retry = httpx.post(
+        srv2.url + "/v1/select",
+        headers={"Authorization": f"Bearer {tok}", "Idempotency-Key": "k1"},
+        json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}},
+        timeout=30,
+    )
     assert retry.status_code == 409 and "interrupted" in retry.json()["error"]["message"]
     rows = store.ledger_rows(key_id)
     assert [r["action"] for r in rows] == ["reconcile", "reserve"]
@@ -140,15 +191,24 @@ def _crash_after_answer(tmp_path, reward_model, database, engine, server_process
     back by a lock on the ledger (``hold_ledger``, taken while the reward model runs); the reservation
     stays charged at its reserved cost and the restarted service reconciles it."""
     marker = tmp_path / "scoring.marker"
-    scorer = {"target": "svc_components:sleepy_scorer", "path": str(reward_model), "sleep_s": 1.0, "marker": str(marker)}
+    scorer = {
+        "target": "svc_components:sleepy_scorer",
+        "path": str(reward_model),
+        "sleep_s": 1.0,
+        "marker": str(marker),
+    }
     cfg = _config(tmp_path, "after.toml", database, reward_model, scorer=scorer, timeout=2.0, reconcile=2.0)
     key_id, tok = create_key(engine, budget_epsilon=1.0)
     srv = server_process(cfg).start()
     result: dict = {}
 
     def call():
-        result["r"] = httpx.post(srv.url + "/v1/select", headers={"Authorization": f"Bearer {tok}"},
-                                 json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}}, timeout=30)
+        result["r"] = httpx.post(
+            srv.url + "/v1/select",
+            headers={"Authorization": f"Bearer {tok}"},
+            json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}},
+            timeout=30,
+        )
 
     t = threading.Thread(target=call)
     t.start()
@@ -196,12 +256,16 @@ def test_kill_9_after_the_answer_before_the_settle_sqlite(tmp_path, reward_model
             conn.rollback()
             conn.close()
 
-    _crash_after_answer(tmp_path, reward_model, {"url": f"sqlite:///{path}"}, engine, server_process, hold_ledger)
+    _crash_after_answer(
+        tmp_path, reward_model, {"url": f"sqlite:///{path}"}, engine, server_process, hold_ledger
+    )
 
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_kill_9_after_the_answer_before_the_settle_postgres(tmp_path, reward_model, pg_schema, server_process):
+def test_kill_9_after_the_answer_before_the_settle_postgres(
+    tmp_path, reward_model, pg_schema, server_process
+):
     from contextlib import contextmanager
 
     url, schema = pg_schema
@@ -212,7 +276,9 @@ def test_kill_9_after_the_answer_before_the_settle_postgres(tmp_path, reward_mod
     def hold_ledger():
         with engine.connect() as conn:
             conn.exec_driver_sql("LOCK TABLE ledger IN EXCLUSIVE MODE")  # inserts wait; reads do not
-            blocked_sql = ("SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))")
+            blocked_sql = (
+                "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+            )
 
             pids: list[int] = []
 
@@ -236,7 +302,9 @@ def test_kill_9_after_the_answer_before_the_settle_postgres(tmp_path, reward_mod
                 conn.rollback()
 
     try:
-        _crash_after_answer(tmp_path, reward_model, {"url": url, "schema": schema}, engine, server_process, hold_ledger)
+        _crash_after_answer(
+            tmp_path, reward_model, {"url": url, "schema": schema}, engine, server_process, hold_ledger
+        )
     finally:
         engine.dispose()
 
@@ -251,7 +319,9 @@ def test_kill_9_mid_request_stays_charged_and_is_reconciled_sqlite(tmp_path, rew
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_kill_9_mid_request_stays_charged_and_is_reconciled_postgres(tmp_path, reward_model, pg_schema, server_process):
+def test_kill_9_mid_request_stays_charged_and_is_reconciled_postgres(
+    tmp_path, reward_model, pg_schema, server_process
+):
     url, schema = pg_schema
     engine = db.make_engine(url, schema=schema)
     db.create_schema(engine, schema=schema)

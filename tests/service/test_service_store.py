@@ -165,7 +165,9 @@ def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable, gr
 
     eng.dispose()  # drop the connection create_schema opened before the listener existed
     with eng.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE commit_modes (id serial PRIMARY KEY, action text, mode text, rid text, lsn pg_lsn)")
+        conn.exec_driver_sql(
+            "CREATE TABLE commit_modes (id serial PRIMARY KEY, action text, mode text, rid text, lsn pg_lsn)"
+        )
         conn.exec_driver_sql(
             "CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             "INSERT INTO commit_modes (action, mode, rid, lsn) VALUES (NEW.action, current_setting('synchronous_commit'), "
@@ -184,13 +186,18 @@ def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable, gr
         def spy(items):
             failed = real(items)
             with eng.connect() as c:
-                flushed.append((list(items), c.exec_driver_sql("SELECT pg_current_wal_flush_lsn()::text").scalar()))
+                flushed.append(
+                    (list(items), c.exec_driver_sql("SELECT pg_current_wal_flush_lsn()::text").scalar())
+                )
             return failed
 
         store.flusher._flush = spy
     expected_actions = _durability_scenario(store)
     with eng.connect() as conn:
-        got = [tuple(r) for r in conn.exec_driver_sql("SELECT action, mode, rid, lsn::text FROM commit_modes ORDER BY id")]
+        got = [
+            tuple(r)
+            for r in conn.exec_driver_sql("SELECT action, mode, rid, lsn::text FROM commit_modes ORDER BY id")
+        ]
     reserve_mode = "on" if durable and not group else "off"
     assert [g[:2] for g in got] == [(a, reserve_mode if a == "reserve" else "off") for a in expected_actions]
     if store.group_commit:
@@ -198,7 +205,11 @@ def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable, gr
         assert [b for b, _ in flushed] == [[rid] for rid, _ in reserves]  # one flush per (sequential) reserve
         with eng.connect() as conn:
             for (rid, lsn), (_, flush_lsn) in zip(reserves, flushed):
-                assert conn.exec_driver_sql(f"SELECT '{flush_lsn}'::pg_lsn > '{lsn}'::pg_lsn").scalar(), (rid, lsn, flush_lsn)
+                assert conn.exec_driver_sql(f"SELECT '{flush_lsn}'::pg_lsn > '{lsn}'::pg_lsn").scalar(), (
+                    rid,
+                    lsn,
+                    flush_lsn,
+                )
     else:
         assert store.flusher is None
     for p in ("k", "fresh"):
@@ -266,11 +277,13 @@ def _active_key_checks(store: SQLBudgetStore) -> None:
     gone, _ = create_key(eng, budget_epsilon=1.0)
     revoke_key(eng, gone)
     rid = store.reserve(live, (0.5, 0.0), (1.0, 0.0), require_active=True).reservation_id
-    for principal, cost, limit in ((gone, (0.1, 0.0), (1.0, 0.0)),        # revoked
-                                   ("no-such-key", (0.1, 0.0), (1.0, 0.0)),  # unknown: no row is created
-                                   (live, (0.6, 0.0), (1.0, 0.0)),         # does not fit
-                                   (live, (0.6, 0.0), None),               # does not fit the grant
-                                   (live, (0.2, 0.0), (0.6, 0.0))):        # fits the grant, not a stale lower limit
+    for principal, cost, limit in (
+        (gone, (0.1, 0.0), (1.0, 0.0)),  # revoked
+        ("no-such-key", (0.1, 0.0), (1.0, 0.0)),  # unknown: no row is created
+        (live, (0.6, 0.0), (1.0, 0.0)),  # does not fit
+        (live, (0.6, 0.0), None),  # does not fit the grant
+        (live, (0.2, 0.0), (0.6, 0.0)),
+    ):  # fits the grant, not a stale lower limit
         with pytest.raises(ActiveKeyCheckFailed):
             store.reserve(principal, cost, limit, require_active=True)
     assert store.snapshot("no-such-key") is None

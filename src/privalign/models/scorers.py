@@ -64,22 +64,30 @@ class Scorer(Protocol):
 
 def _texts(texts: Sequence[str]) -> list[str]:
     if isinstance(texts, str):
-        raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+        raise PrivacyParameterError(
+            "The 'texts' parameter must be a sequence of strings, not a single string."
+        )
     return [t if isinstance(t, str) else str(t) for t in texts]
 
 
 def _contexts(contexts: Sequence[dict] | None, n: int, need: str | None = None) -> list[dict]:
     if contexts is None:
         if need:
-            raise PrivacyParameterError(f"The 'contexts' parameter is required: each text needs a '{need}' entry.")
+            raise PrivacyParameterError(
+                f"The 'contexts' parameter is required: each text needs a '{need}' entry."
+            )
         return [{}] * n
     ctx = list(contexts)
     if len(ctx) != n:
-        raise PrivacyParameterError(f"The 'contexts' parameter must have one entry per text ({n}). Got {len(ctx)}.")
+        raise PrivacyParameterError(
+            f"The 'contexts' parameter must have one entry per text ({n}). Got {len(ctx)}."
+        )
     if need:
         for i, c in enumerate(ctx):
             if c.get(need) is None:
-                raise PrivacyParameterError(f"The 'contexts' parameter must give '{need}' for every text; missing at index {i}.")
+                raise PrivacyParameterError(
+                    f"The 'contexts' parameter must give '{need}' for every text; missing at index {i}."
+                )
     return ctx
 
 
@@ -107,7 +115,14 @@ class LinearRewardScorer:
     """
 
     def __init__(
-        self, feature_map: Any, coef: Any, *, intercept: float = 0.0, link: str = "identity", batch_size: int = 1024, name: str = "linear",
+        self,
+        feature_map: Any,
+        coef: Any,
+        *,
+        intercept: float = 0.0,
+        link: str = "identity",
+        batch_size: int = 1024,
+        name: str = "linear",
         privacy_event: dict | None = None,
     ) -> None:
         self.feature_map = feature_map
@@ -152,9 +167,21 @@ class LinearRewardScorer:
         return self.score(texts, contexts=[{"prompt": prompt}] * len(texts))
 
     def describe(self) -> dict[str, Any]:
-        fm = self.feature_map.get_config() if hasattr(self.feature_map, "get_config") else repr(self.feature_map)
-        return {"scorer": "linear", "name": self.name, "feature_map": fm, "link": self.link, "dim": int(self.coef.shape[0]),
-                "estimator": self.estimator, "privacy_event": self.privacy_event, "metadata": self.metadata}
+        fm = (
+            self.feature_map.get_config()
+            if hasattr(self.feature_map, "get_config")
+            else repr(self.feature_map)
+        )
+        return {
+            "scorer": "linear",
+            "name": self.name,
+            "feature_map": fm,
+            "link": self.link,
+            "dim": int(self.coef.shape[0]),
+            "estimator": self.estimator,
+            "privacy_event": self.privacy_event,
+            "metadata": self.metadata,
+        }
 
     # -- persistence ----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, *, metadata: dict | None = None, dtype: str = "<f8") -> Path:
@@ -172,7 +199,11 @@ class LinearRewardScorer:
             "name": self.name,
             "estimator": None,
             "params": {},
-            "coef": {"dtype": dtype, "shape": [int(coef.shape[0])], "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
+            "coef": {
+                "dtype": dtype,
+                "shape": [int(coef.shape[0])],
+                "b64": base64.b64encode(coef.tobytes()).decode("ascii"),
+            },
             "intercept": self.intercept,
             "link": self.link,
             "fitted": {},
@@ -200,18 +231,29 @@ class LinearRewardScorer:
         p = Path(path)
         try:
             c = doc["coef"]
-            coef = np.frombuffer(base64.b64decode(c["b64"], validate=True), dtype=np.dtype(c["dtype"])).astype(np.float64)
+            coef = np.frombuffer(
+                base64.b64decode(c["b64"], validate=True), dtype=np.dtype(c["dtype"])
+            ).astype(np.float64)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataFormatError(f"{p}: field 'coef' is malformed ({exc}).") from exc
         if not doc.get("feature_config"):
-            raise DataFormatError(f"{p}: field 'feature_config' is missing; cannot featurise text for this reward model.")
+            raise DataFormatError(
+                f"{p}: field 'feature_config' is missing; cannot featurise text for this reward model."
+            )
         try:
             fm = feature_map_from_config(doc["feature_config"])
         except (TypeError, ValueError) as exc:
             raise DataFormatError(f"{p}: field 'feature_config' is malformed ({exc}).") from exc
         try:
-            sc = cls(fm, coef, intercept=float(doc.get("intercept") or 0.0), link=doc.get("link") or "identity",
-                     name=str(doc.get("name") or p.stem), privacy_event=doc.get("privacy_event"), **kwargs)
+            sc = cls(
+                fm,
+                coef,
+                intercept=float(doc.get("intercept") or 0.0),
+                link=doc.get("link") or "identity",
+                name=str(doc.get("name") or p.stem),
+                privacy_event=doc.get("privacy_event"),
+                **kwargs,
+            )
         except PrivacyParameterError as exc:
             raise DataFormatError(f"{p}: {exc}") from exc
         sc.metadata = dict(doc.get("metadata") or {})
@@ -238,25 +280,51 @@ def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataFormatError(f"{p}: not a JSON reward-model file ({exc}).") from exc
     if not isinstance(doc, dict):
-        raise DataFormatError(f"{p}: not a reward-model file (a JSON {type(doc).__name__}, expected an object).")
+        raise DataFormatError(
+            f"{p}: not a reward-model file (a JSON {type(doc).__name__}, expected an object)."
+        )
     upgrade = f"`privalign upgrade-reward-model {p} --out NEW.json` rewrites it in the current format ({FORMAT} v{VERSION})"
     fmt = doc.get("format")
     if fmt == FORMAT and doc.get("version") == VERSION:
         return doc
     if fmt == FORMAT and doc.get("version") == 1:
-        warnings.warn(f"{p} is a version-1 reward model; it loads unchanged (intercept 0, identity link). {upgrade}.",
-                      FormatUpgradeWarning, stacklevel=3)
-        return {**doc, "version": VERSION, "name": doc.get("estimator") or p.stem, "intercept": 0.0, "link": "identity"}
+        warnings.warn(
+            f"{p} is a version-1 reward model; it loads unchanged (intercept 0, identity link). {upgrade}.",
+            FormatUpgradeWarning,
+            stacklevel=3,
+        )
+        return {
+            **doc,
+            "version": VERSION,
+            "name": doc.get("estimator") or p.stem,
+            "intercept": 0.0,
+            "link": "identity",
+        }
     if fmt == FORMAT:
-        raise DataFormatError(f"{p}: field 'version' is {doc.get('version')!r}; this privalign reads versions 1 and {VERSION}: "
-                              "upgrade privalign.")
+        raise DataFormatError(
+            f"{p}: field 'version' is {doc.get('version')!r}; this privalign reads versions 1 and {VERSION}: "
+            "upgrade privalign."
+        )
     if fmt == LINEAR_FORMAT:
-        warnings.warn(f"{p} is in the old {LINEAR_FORMAT!r} format; it loads unchanged (no privacy event). {upgrade}.",
-                      FormatUpgradeWarning, stacklevel=3)
-        return {"format": FORMAT, "version": VERSION, "name": doc.get("name") or p.stem, "estimator": None, "params": {},
-                "coef": doc.get("coef"), "intercept": doc.get("intercept", 0.0), "link": doc.get("link", "identity"),
-                "fitted": {}, "privacy_event": None, "feature_config": doc.get("feature_config"),
-                "metadata": doc.get("metadata") or {}}
+        warnings.warn(
+            f"{p} is in the old {LINEAR_FORMAT!r} format; it loads unchanged (no privacy event). {upgrade}.",
+            FormatUpgradeWarning,
+            stacklevel=3,
+        )
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": doc.get("name") or p.stem,
+            "estimator": None,
+            "params": {},
+            "coef": doc.get("coef"),
+            "intercept": doc.get("intercept", 0.0),
+            "link": doc.get("link", "identity"),
+            "fitted": {},
+            "privacy_event": None,
+            "feature_config": doc.get("feature_config"),
+            "metadata": doc.get("metadata") or {},
+        }
     if "weights" in doc and "n_features" in doc:
         raise DataFormatError(
             f"{p}: this is the retired service weights format ('n_features'/'weights' over BLAKE2b-signed, l2-normalised "
@@ -264,7 +332,9 @@ def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
             "Fit a model with `privalign fit-reward --data ... --method ... --out rm.json` and serve it with "
             "`privalign serve --reward-model rm.json`."
         )
-    raise DataFormatError(f"{p}: field 'format' must be {FORMAT!r}. Got {fmt!r}; not a privalign reward-model file.")
+    raise DataFormatError(
+        f"{p}: field 'format' must be {FORMAT!r}. Got {fmt!r}; not a privalign reward-model file."
+    )
 
 
 def load_reward_model(path: str | os.PathLike) -> LinearRewardScorer:
@@ -303,15 +373,23 @@ class HFRewardModelScorer:
     """
 
     def __init__(
-        self, model_dir: str | os.PathLike, *, batch_size: int = 32, max_length: int = 512, label: int = 0,
-        include_prompt: bool = True, device: str = "cpu",
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        batch_size: int = 32,
+        max_length: int = 512,
+        label: int = 0,
+        include_prompt: bool = True,
+        device: str = "cpu",
     ) -> None:
         set_offline()
         self._torch = require("torch", purpose="HFRewardModelScorer")
         tr = require("transformers", purpose="HFRewardModelScorer")
         d = Path(model_dir).expanduser()
         if not (d / "config.json").is_file():
-            raise FileNotFoundError(f"The reward-model directory {d} has no config.json (model_dir={str(model_dir)!r}).")
+            raise FileNotFoundError(
+                f"The reward-model directory {d} has no config.json (model_dir={str(model_dir)!r})."
+            )
         self.model_dir = d
         self.batch_size = check_int(batch_size, "batch_size", low=1)
         self.max_length = check_int(max_length, "max_length", low=2)
@@ -319,25 +397,43 @@ class HFRewardModelScorer:
         self.include_prompt = include_prompt
         self.device = device
         self.tokenizer = tr.AutoTokenizer.from_pretrained(str(d), local_files_only=True)
-        self.model = tr.AutoModelForSequenceClassification.from_pretrained(str(d), local_files_only=True).to(device).eval()
+        self.model = (
+            tr.AutoModelForSequenceClassification.from_pretrained(str(d), local_files_only=True)
+            .to(device)
+            .eval()
+        )
         self.name = f"hf:{d.name}"
 
     def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
         texts = _texts(texts)
         ctx = _contexts(contexts, len(texts))
-        inputs = [f"{c['prompt']}\n\n{t}" if self.include_prompt and c.get("prompt") else t for t, c in zip(texts, ctx)]
+        inputs = [
+            f"{c['prompt']}\n\n{t}" if self.include_prompt and c.get("prompt") else t
+            for t, c in zip(texts, ctx)
+        ]
         torch = self._torch
         out = np.empty(len(inputs), dtype=np.float64)
         for s in range(0, len(inputs), self.batch_size):
-            enc = self.tokenizer(inputs[s : s + self.batch_size], return_tensors="pt", padding=True, truncation=True, max_length=self.max_length)
+            enc = self.tokenizer(
+                inputs[s : s + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+            )
             with torch.inference_mode():
                 logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
             out[s : s + logits.shape[0]] = logits[:, self.label].float().cpu().numpy()
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"scorer": "hf", "model_dir": str(self.model_dir), "label": self.label, "max_length": self.max_length,
-                "transformers": package_version("transformers")}
+        return {
+            "scorer": "hf",
+            "model_dir": str(self.model_dir),
+            "label": self.label,
+            "max_length": self.max_length,
+            "transformers": package_version("transformers"),
+        }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -379,7 +475,11 @@ class ProfanityScorer:
         return 1.0 - p if self.invert else p
 
     def describe(self) -> dict[str, Any]:
-        return {"scorer": "profanity", "invert": self.invert, "alt-profanity-check": package_version("alt-profanity-check")}
+        return {
+            "scorer": "profanity",
+            "invert": self.invert,
+            "alt-profanity-check": package_version("alt-profanity-check"),
+        }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -449,7 +549,9 @@ class _Verifier:
     def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray:
         texts = _texts(texts)
         ctx = _contexts(contexts, len(texts), need="gt_answer")
-        return np.array([float(self.is_correct(self.predict(t), str(c["gt_answer"]))) for t, c in zip(texts, ctx)])
+        return np.array(
+            [float(self.is_correct(self.predict(t), str(c["gt_answer"]))) for t, c in zip(texts, ctx)]
+        )
 
     def describe(self) -> dict[str, Any]:
         return {"scorer": self.name}
@@ -501,4 +603,3 @@ class MMLUVerifier(_Verifier):
 
     def is_correct(self, predicted: str | None, gt: str) -> bool:
         return predicted is not None and predicted == gt.strip().upper()
-

@@ -40,7 +40,10 @@ def bon_selection_law(m: int, N: int) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         logp = np.where(
             i >= N - 1,
-            gammaln(i + 1) - gammaln(N) - gammaln(i - N + 2) - (gammaln(m + 1) - gammaln(N + 1) - gammaln(m - N + 1)),
+            gammaln(i + 1)
+            - gammaln(N)
+            - gammaln(i - N + 2)
+            - (gammaln(m + 1) - gammaln(N + 1) - gammaln(m - N + 1)),
             -np.inf,
         )
     p = np.exp(logp)
@@ -93,23 +96,47 @@ def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05
     for k, N in enumerate(Ns):
         t = per_prompt[k]
         pr = np.array([_expected_true(p[:m], p[:m], N) for p in proxies])
-        rows.append({"N": N, "kl_bon": kl_bon(N), "true_mean": float(t.mean()), "true_se": float(t.std(ddof=1) / np.sqrt(len(t))) if len(t) > 1 else None,
-                     "proxy_mean": float(pr.mean())})
+        rows.append(
+            {
+                "N": N,
+                "kl_bon": kl_bon(N),
+                "true_mean": float(t.mean()),
+                "true_se": float(t.std(ddof=1) / np.sqrt(len(t))) if len(t) > 1 else None,
+                "proxy_mean": float(pr.mean()),
+            }
+        )
     best = max(rows, key=lambda r: r["true_mean"])
     last = rows[-1]
     tests: list[dict[str, Any]] = []
     for k, N in enumerate(Ns[:-1]):
         D = per_prompt[-1] - per_prompt[k]
-        tests.append({"N": N, "mean_diff": float(D.mean()), "paired_se": float(D.std(ddof=1) / np.sqrt(len(D))) if len(D) > 1 else None,
-                      "prompts_lower": int((D < 0).sum()), "prompts_higher": int((D > 0).sum()),
-                      "sign_test_p": _sign_test_p(D)})
+        tests.append(
+            {
+                "N": N,
+                "mean_diff": float(D.mean()),
+                "paired_se": float(D.std(ddof=1) / np.sqrt(len(D))) if len(D) > 1 else None,
+                "prompts_lower": int((D < 0).sum()),
+                "prompts_higher": int((D > 0).sum()),
+                "sign_test_p": _sign_test_p(D),
+            }
+        )
     level = alpha / max(len(tests), 1)
-    return {"num_prompts": len(records), "candidates_used": m, "curve": rows, "argmax_N_true": best["N"],
-            "peak_true": best["true_mean"], "true_at_max_N": last["true_mean"],
-            "drop_from_peak": best["true_mean"] - last["true_mean"],
-            "corr_proxy_true": _corr(np.concatenate([p[:m] for p in proxies]), np.concatenate([t[:m] for t in trues])),
-            "paired_tests_vs_max_N": tests, "alpha": alpha, "bonferroni_level": level,
-            "overoptimized": any(t["sign_test_p"] <= level for t in tests)}
+    return {
+        "num_prompts": len(records),
+        "candidates_used": m,
+        "curve": rows,
+        "argmax_N_true": best["N"],
+        "peak_true": best["true_mean"],
+        "true_at_max_N": last["true_mean"],
+        "drop_from_peak": best["true_mean"] - last["true_mean"],
+        "corr_proxy_true": _corr(
+            np.concatenate([p[:m] for p in proxies]), np.concatenate([t[:m] for t in trues])
+        ),
+        "paired_tests_vs_max_N": tests,
+        "alpha": alpha,
+        "bonferroni_level": level,
+        "overoptimized": any(t["sign_test_p"] <= level for t in tests),
+    }
 
 
 def _label(pool: Path) -> str:
@@ -124,7 +151,10 @@ def _label(pool: Path) -> str:
 
 
 def write_bon_report(
-    pools: str | os.PathLike | list[str | os.PathLike], out_prefix: str | os.PathLike, *, labels: list[str] | None = None,
+    pools: str | os.PathLike | list[str | os.PathLike],
+    out_prefix: str | os.PathLike,
+    *,
+    labels: list[str] | None = None,
     alpha: float = 0.05,
 ) -> dict[str, Any]:
     """Compute :func:`bon_curve` for one or more pools; write ``<prefix>.json`` and ``<prefix>.png``.
@@ -167,7 +197,11 @@ def write_bon_report(
         sec.set_xticks([kl_bon(n) for n in ticks], labels=[str(n) for n in ticks])
         sec.set_xlabel("N", fontsize=8)
     ax[0].set(xlabel="KL_BoN = log N - (N-1)/N (nats)", ylabel="E[proxy of BoN pick]", title="proxy reward")
-    ax[1].set(xlabel="KL_BoN = log N - (N-1)/N (nats)", ylabel="E[gold of BoN pick]", title="gold reward (± SE over prompts)")
+    ax[1].set(
+        xlabel="KL_BoN = log N - (N-1)/N (nats)",
+        ylabel="E[gold of BoN pick]",
+        title="gold reward (± SE over prompts)",
+    )
     handles, names = ax[1].get_legend_handles_labels()
     s0 = series[0]
     fig.suptitle(f"Best-of-N on the proxy: {s0['num_prompts']} prompts x {s0['candidates_used']} candidates")

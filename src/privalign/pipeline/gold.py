@@ -34,7 +34,15 @@ import numpy as np
 from privalign._validation import check_int, check_real
 from privalign.models._resources import require
 
-__all__ = ["fit_imdb_gold", "fit_imdb_gold_minilm", "fit_imdb_proxy", "imdb_reward_split", "word_windows", "KINDS", "fit_imdb_reward"]
+__all__ = [
+    "fit_imdb_gold",
+    "fit_imdb_gold_minilm",
+    "fit_imdb_proxy",
+    "imdb_reward_split",
+    "word_windows",
+    "KINDS",
+    "fit_imdb_reward",
+]
 
 KINDS = ("gold-ngram", "gold-minilm", "proxy-ngram")
 
@@ -69,8 +77,16 @@ def _vader_accuracy(texts: list[str], labels: np.ndarray) -> float:
     return float(((v > 0).astype(int) == labels).mean())
 
 
-def _fit_ngram(texts: list[str], labels: np.ndarray, fit_idx: np.ndarray, *, C: float, n_features: int,
-               random_state: int, purpose: str) -> tuple[Any, Any, float]:
+def _fit_ngram(
+    texts: list[str],
+    labels: np.ndarray,
+    fit_idx: np.ndarray,
+    *,
+    C: float,
+    n_features: int,
+    random_state: int,
+    purpose: str,
+) -> tuple[Any, Any, float]:
     """Logistic regression on binary hashed word 1–2-grams of ``texts[fit_idx]``: ``(feature map, model,
     held-out accuracy on the prompt part)``."""
     sk = require("sklearn.linear_model", purpose=purpose)
@@ -86,15 +102,24 @@ def _fit_ngram(texts: list[str], labels: np.ndarray, fit_idx: np.ndarray, *, C: 
     return fm, clf, acc
 
 
-def fit_imdb_gold(out: str | os.PathLike, *, C: float = 4.0, n_features: int = 2**18, random_state: int = 0) -> dict[str, Any]:
+def fit_imdb_gold(
+    out: str | os.PathLike, *, C: float = 4.0, n_features: int = 2**18, random_state: int = 0
+) -> dict[str, Any]:
     """Fit and save the n-gram gold model (``LinearRewardScorer`` JSON, sigmoid link); returns its metadata."""
     from privalign.data.datasets import imdb_split, load_imdb
     from privalign.models.scorers import LinearRewardScorer
 
     texts, labels = load_imdb()
     prompt_idx, fit_idx = imdb_split()
-    fm, clf, acc_ho = _fit_ngram(texts, labels, fit_idx, C=C, n_features=n_features, random_state=random_state,
-                                 purpose="fitting the IMDb gold reward")
+    fm, clf, acc_ho = _fit_ngram(
+        texts,
+        labels,
+        fit_idx,
+        C=C,
+        n_features=n_features,
+        random_state=random_state,
+        purpose="fitting the IMDb gold reward",
+    )
     meta = {
         "what": "IMDb gold reward: P(positive review | text), logistic regression on binary hashed word 1-2-grams",
         "fit_reviews": int(len(fit_idx)),
@@ -105,7 +130,13 @@ def fit_imdb_gold(out: str | os.PathLike, *, C: float = 4.0, n_features: int = 2
         "split": "privalign.data.datasets.imdb_split(n_prompt_reviews=1000, seed=20240)",
         "sklearn": require("sklearn").__version__,
     }
-    sc = LinearRewardScorer(fm, clf.coef_.ravel(), intercept=float(clf.intercept_[0]), link="sigmoid", name="imdb-gold-ngram-logreg")
+    sc = LinearRewardScorer(
+        fm,
+        clf.coef_.ravel(),
+        intercept=float(clf.intercept_[0]),
+        link="sigmoid",
+        name="imdb-gold-ngram-logreg",
+    )
     sc.save(Path(out), metadata=meta)
     return meta
 
@@ -163,13 +194,24 @@ def fit_imdb_gold_minilm(
         "random_state": random_state,
         "sklearn": require("sklearn").__version__,
     }
-    sc = LinearRewardScorer(fm, clf.coef_.ravel(), intercept=float(clf.intercept_[0]), link="sigmoid", name="imdb-gold-minilm-logreg")
+    sc = LinearRewardScorer(
+        fm,
+        clf.coef_.ravel(),
+        intercept=float(clf.intercept_[0]),
+        link="sigmoid",
+        name="imdb-gold-minilm-logreg",
+    )
     sc.save(Path(out), metadata=meta)
     return meta
 
 
 def fit_imdb_proxy(
-    out: str | os.PathLike, *, n_proxy_reviews: int = 200, C: float = 1.0, n_features: int = 2**18, random_state: int = 0
+    out: str | os.PathLike,
+    *,
+    n_proxy_reviews: int = 200,
+    C: float = 1.0,
+    n_features: int = 2**18,
+    random_state: int = 0,
 ) -> dict[str, Any]:
     """Fit and save a weak proxy: the n-gram logistic model on only the proxy-part reviews."""
     from privalign.data.datasets import imdb_split, load_imdb
@@ -177,8 +219,15 @@ def fit_imdb_proxy(
 
     texts, labels = load_imdb()
     proxy_idx, _ = imdb_reward_split(n_proxy_reviews)
-    fm, clf, acc_ho = _fit_ngram(texts, labels, proxy_idx, C=C, n_features=n_features, random_state=random_state,
-                                 purpose="fitting the IMDb proxy reward")
+    fm, clf, acc_ho = _fit_ngram(
+        texts,
+        labels,
+        proxy_idx,
+        C=C,
+        n_features=n_features,
+        random_state=random_state,
+        purpose="fitting the IMDb proxy reward",
+    )
     meta = {
         "what": f"IMDb weak proxy reward: logistic regression on hashed word 1-2-grams of only {len(proxy_idx)} reviews",
         "fit_reviews": int(len(proxy_idx)),
@@ -188,7 +237,13 @@ def fit_imdb_proxy(
         "C": C,
         "sklearn": require("sklearn").__version__,
     }
-    sc = LinearRewardScorer(fm, clf.coef_.ravel(), intercept=float(clf.intercept_[0]), link="sigmoid", name="imdb-proxy-ngram-logreg")
+    sc = LinearRewardScorer(
+        fm,
+        clf.coef_.ravel(),
+        intercept=float(clf.intercept_[0]),
+        link="sigmoid",
+        name="imdb-proxy-ngram-logreg",
+    )
     sc.save(Path(out), metadata=meta)
     return meta
 
@@ -198,5 +253,9 @@ def fit_imdb_reward(kind: str, out: str | os.PathLike, **kwargs: Any) -> dict[st
     from privalign._validation import check_choice
 
     kind = check_choice(kind, "kind", KINDS)
-    fns: dict[str, Callable[..., dict[str, Any]]] = {"gold-ngram": fit_imdb_gold, "gold-minilm": fit_imdb_gold_minilm, "proxy-ngram": fit_imdb_proxy}
+    fns: dict[str, Callable[..., dict[str, Any]]] = {
+        "gold-ngram": fit_imdb_gold,
+        "gold-minilm": fit_imdb_gold_minilm,
+        "proxy-ngram": fit_imdb_proxy,
+    }
     return fns[kind](out, **kwargs)

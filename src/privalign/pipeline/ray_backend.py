@@ -40,9 +40,14 @@ class _GenerateActor:
         import json
 
         idxs = [int(i) for i in batch["prompt_index"]]
-        comps = self.gen.generate([self.prompts[i] for i in idxs], self.n, seed=self.seed, prompt_indices=idxs)
+        comps = self.gen.generate(
+            [self.prompts[i] for i in idxs], self.n, seed=self.seed, prompt_indices=idxs
+        )
         payload = [json.dumps([[c.text, c.num_tokens, c.finish_reason] for c in cs]) for cs in comps]
-        return {"prompt_index": np.asarray(idxs, dtype=np.int64), "completions": np.asarray(payload, dtype=object)}
+        return {
+            "prompt_index": np.asarray(idxs, dtype=np.int64),
+            "completions": np.asarray(payload, dtype=object),
+        }
 
 
 class _ScoreActor:
@@ -63,7 +68,10 @@ class _ScoreActor:
             comps = [Completion(text=t, num_tokens=k, finish_reason=f) for t, k, f in json.loads(payload)]
             rec, _ = score_prompt(self.examples[int(i)], int(i), comps, self.proxy, self.true, self.max_chars)
             recs.append(json.dumps(rec, ensure_ascii=False))
-        return {"prompt_index": np.asarray(batch["prompt_index"], dtype=np.int64), "record": np.asarray(recs, dtype=object)}
+        return {
+            "prompt_index": np.asarray(batch["prompt_index"], dtype=np.int64),
+            "record": np.asarray(recs, dtype=object),
+        }
 
 
 def run_ray(
@@ -101,10 +109,17 @@ def run_ray(
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = bool(progress)
         prompts = [ex.prompt for ex in examples]
-        ds = ray.data.from_items([{"prompt_index": int(i)} for i in todo], override_num_blocks=max(1, len(todo)))
+        ds = ray.data.from_items(
+            [{"prompt_index": int(i)} for i in todo], override_num_blocks=max(1, len(todo))
+        )
         ds = ds.map_batches(
             _GenerateActor,
-            fn_constructor_kwargs={"gen_spec": config.generator, "seed": config.seed, "n": config.n, "prompts": prompts},
+            fn_constructor_kwargs={
+                "gen_spec": config.generator,
+                "seed": config.seed,
+                "n": config.n,
+                "prompts": prompts,
+            },
             batch_size=1,
             concurrency=concurrency,
             num_gpus=num_gpus or None,
@@ -113,8 +128,12 @@ def run_ray(
         )
         ds = ds.map_batches(
             _ScoreActor,
-            fn_constructor_kwargs={"proxy": config.proxy_reward, "true": config.true_reward, "examples": list(examples),
-                                   "max_chars": config.max_chars},
+            fn_constructor_kwargs={
+                "proxy": config.proxy_reward,
+                "true": config.true_reward,
+                "examples": list(examples),
+                "max_chars": config.max_chars,
+            },
             batch_size=1,
             concurrency=score_concurrency,
         )
@@ -124,4 +143,9 @@ def run_ray(
         if started:
             ray.shutdown()
     print(f"build-pool[ray]: {len(todo)} prompts done", file=sys.stderr)
-    return {"backend": "ray", "address": address, "concurrency": concurrency, "generator_spec": config.generator}
+    return {
+        "backend": "ray",
+        "address": address,
+        "concurrency": concurrency,
+        "generator_spec": config.generator,
+    }

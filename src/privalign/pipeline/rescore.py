@@ -59,11 +59,17 @@ def rescore_pool(
 
     src, out = Path(pool), Path(out)
     if proxy_reward is None and true_reward is None:
-        raise PrivacyParameterError("Give 'proxy_reward' or 'true_reward' (or both): there is nothing to re-score.")
+        raise PrivacyParameterError(
+            "Give 'proxy_reward' or 'true_reward' (or both): there is nothing to re-score."
+        )
     if not (out.name.endswith(".jsonl") or out.name.endswith(".jsonl.gz")):
-        raise PrivacyParameterError(f"The 'out' parameter must end in .jsonl or .jsonl.gz. Got {str(out)!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'out' parameter must end in .jsonl or .jsonl.gz. Got {str(out)!r} instead."
+        )
     if out.resolve() == src.resolve():
-        raise PrivacyParameterError(f"The 'out' parameter must differ from 'pool' (the source is never overwritten). Got {str(out)!r}.")
+        raise PrivacyParameterError(
+            f"The 'out' parameter must differ from 'pool' (the source is never overwritten). Got {str(out)!r}."
+        )
     if proxy_reward is not None:
         check_reward_name(proxy_reward, "proxy_reward")
     if true_reward is not None:
@@ -86,13 +92,19 @@ def rescore_pool(
             resp.append(dataclasses.replace(r, **upd))
         new.append(dataclasses.replace(rec, responses=tuple(resp)))
     src_manifest_path = manifest_path(src)
-    src_manifest = json.loads(src_manifest_path.read_text(encoding="utf-8")) if src_manifest_path.is_file() else None
+    src_manifest = (
+        json.loads(src_manifest_path.read_text(encoding="utf-8")) if src_manifest_path.is_file() else None
+    )
     old_meta = dict(records[0].meta or {})
-    run_meta = {k: v for k, v in {
-        "proxy_reward": proxy_reward or old_meta.get("proxy_reward"),
-        "true_reward": true_reward or old_meta.get("true_reward"),
-        "rescored_from": src.name,
-    }.items() if v is not None}
+    run_meta = {
+        k: v
+        for k, v in {
+            "proxy_reward": proxy_reward or old_meta.get("proxy_reward"),
+            "true_reward": true_reward or old_meta.get("true_reward"),
+            "rescored_from": src.name,
+        }.items()
+        if v is not None
+    }
     write_pool(out, new, meta=run_meta)
     manifest = {
         "format": "privalign-pool-manifest/1",
@@ -100,7 +112,9 @@ def rescore_pool(
         "rescored_from": {"pool": src.name, "sha256": _sha256(src), "manifest": src_manifest},
         "proxy_reward": proxy_reward or (src_manifest or {}).get("proxy_reward"),
         "true_reward": true_reward or (src_manifest or {}).get("true_reward"),
-        "rescored": [k for k, v in (("proxy_reward", proxy_reward), ("true_reward", true_reward)) if v is not None],
+        "rescored": [
+            k for k, v in (("proxy_reward", proxy_reward), ("true_reward", true_reward)) if v is not None
+        ],
         "scorers": {
             "proxy": proxy.describe() if proxy is not None and hasattr(proxy, "describe") else None,
             "true": true.describe() if true is not None and hasattr(true, "describe") else None,

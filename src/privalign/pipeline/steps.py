@@ -18,8 +18,17 @@ from privalign._validation import check_choice
 from privalign.data.datasets import Example
 from privalign.errors import DataFormatError
 
-__all__ = ["GENERATOR_KINDS", "SCORER_NAMES", "make_generator", "check_reward_name", "make_scorer", "sanitize_text",
-           "score_texts", "reward_fields", "score_prompt"]
+__all__ = [
+    "GENERATOR_KINDS",
+    "SCORER_NAMES",
+    "make_generator",
+    "check_reward_name",
+    "make_scorer",
+    "sanitize_text",
+    "score_texts",
+    "reward_fields",
+    "score_prompt",
+]
 
 GENERATOR_KINDS = ("transformers", "ctranslate2", "openai", "vllm")
 SCORER_NAMES = ("vader", "vader-compound", "profanity", "clean", "gsm8k", "mmlu", "math", "none")
@@ -56,11 +65,15 @@ def check_reward_name(name: str, param: str = "reward") -> str:
         raise TypeError(f"The '{param}' parameter must be a string. Got {name!r} instead.")
     if name.startswith("linear:"):
         if not Path(name[len("linear:") :]).expanduser().is_file():
-            raise FileNotFoundError(f"The '{param}' parameter names a linear reward file that does not exist: {name[7:]!r}")
+            raise FileNotFoundError(
+                f"The '{param}' parameter names a linear reward file that does not exist: {name[7:]!r}"
+            )
         return name
     if name.startswith("hf:"):
         if not (Path(name[len("hf:") :]).expanduser() / "config.json").is_file():
-            raise FileNotFoundError(f"The '{param}' parameter names an HF reward-model directory without config.json: {name[3:]!r}")
+            raise FileNotFoundError(
+                f"The '{param}' parameter names an HF reward-model directory without config.json: {name[3:]!r}"
+            )
         return name
     return check_choice(name, param, SCORER_NAMES + ("linear:PATH", "hf:DIR"))
 
@@ -155,7 +168,10 @@ def score_prompt(
     pr, tr = score_texts(texts, example.prompt, example.gt_answer, proxy, true, prompt_index)
     if pr is None:
         pr = np.zeros(len(texts))
-    responses = [{"text": t, **reward_fields(t, pr[j], None if tr is None else tr[j], true)} for j, t in enumerate(texts)]
+    responses = [
+        {"text": t, **reward_fields(t, pr[j], None if tr is None else tr[j], true)}
+        for j, t in enumerate(texts)
+    ]
     rec: dict[str, Any] = {"prompt": example.prompt, "responses": responses}
     if example.choices:
         rec["choices"] = list(example.choices)

@@ -33,6 +33,7 @@ __all__ = ["create_app", "ServiceState", "ApiError"]
 
 log = logging.getLogger("privalign.service")
 
+
 class _BodyLimit:
     """Pure ASGI middleware: refuse bodies above ``max_bytes`` with 413 (checked on the bytes received)."""
 
@@ -61,7 +62,10 @@ class _BodyLimit:
                     too_big = True
                     break
         if too_big:
-            resp = JSONResponse(error_body("invalid_request_error", f"Request body larger than {self.max_bytes} bytes."), status_code=413)
+            resp = JSONResponse(
+                error_body("invalid_request_error", f"Request body larger than {self.max_bytes} bytes."),
+                status_code=413,
+            )
             return await resp(scope, receive, send)
         sent = False
 
@@ -102,7 +106,9 @@ def _param_of(loc: tuple) -> str:
     return ".".join(parts)
 
 
-def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None, private: bool = True) -> FastAPI:
+def create_app(
+    cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None, private: bool = True
+) -> FastAPI:
     """Build the app for ``cfg``.
 
     Args:
@@ -129,7 +135,12 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
     if cfg.server.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.server.cors_origins), allow_methods=["GET", "POST"], allow_headers=["*"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cfg.server.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+        )
     app.add_middleware(_BodyLimit, max_bytes=cfg.limits.max_body_bytes)
 
     @app.middleware("http")
@@ -148,7 +159,11 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
-        return JSONResponse(error_body(exc.type, exc.message, **exc.extra), status_code=exc.status, headers=exc.headers or None)
+        return JSONResponse(
+            error_body(exc.type, exc.message, **exc.extra),
+            status_code=exc.status,
+            headers=exc.headers or None,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError):
@@ -166,7 +181,10 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
     async def _db(_request: Request, exc: Exception):
         state.metrics.db_errors.inc()
         log.error("database error: %s", type(exc).__name__)
-        return JSONResponse(error_body("service_unavailable", "The budget database is unavailable; nothing was released."), status_code=503)
+        return JSONResponse(
+            error_body("service_unavailable", "The budget database is unavailable; nothing was released."),
+            status_code=503,
+        )
 
     for exc_type in _db_error_types():
         app.add_exception_handler(exc_type, _db)
@@ -174,13 +192,20 @@ def create_app(cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None,
     @app.exception_handler(ReservationError)
     async def _res(_request: Request, exc: ReservationError):  # pragma: no cover - would be a bug
         log.error("reservation error: %s", exc)
-        return JSONResponse(error_body("internal_error", "Internal accounting error; nothing was released."), status_code=500,
-                            headers={"x-should-retry": "false"})
+        return JSONResponse(
+            error_body("internal_error", "Internal accounting error; nothing was released."),
+            status_code=500,
+            headers={"x-should-retry": "false"},
+        )
 
     @app.exception_handler(Exception)
     async def _any(_request: Request, exc: Exception):
         log.error("unhandled %s", type(exc).__name__, exc_info=exc)
-        return JSONResponse(error_body("internal_error", "Internal error."), status_code=500, headers={"x-should-retry": "false"})
+        return JSONResponse(
+            error_body("internal_error", "Internal error."),
+            status_code=500,
+            headers={"x-should-retry": "false"},
+        )
 
     app.include_router(openai_router)
     app.include_router(select_router)

@@ -28,11 +28,18 @@ from privalign.service.config import ComponentConfig
 
 log = logging.getLogger("privalign.service")
 
-__all__ = ["UpstreamError", "LinearHashedScorer", "UpstreamGenerator", "LocalTransformersGenerator", "build_scorer", "build_generator", "load_target"]
+__all__ = [
+    "UpstreamError",
+    "LinearHashedScorer",
+    "UpstreamGenerator",
+    "LocalTransformersGenerator",
+    "build_scorer",
+    "build_generator",
+    "load_target",
+]
 
 Scorer = Callable[[str, Sequence[str]], Sequence[float] | np.ndarray]
 Generator = Callable[..., list[str]]
-
 
 
 class UpstreamError(RuntimeError):
@@ -42,7 +49,9 @@ class UpstreamError(RuntimeError):
 def load_target(target: str) -> Any:
     """Import ``"package.module:attribute"``."""
     if not isinstance(target, str) or ":" not in target:
-        raise PrivacyParameterError(f"The 'target' parameter must look like 'package.module:attribute'. Got {target!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'target' parameter must look like 'package.module:attribute'. Got {target!r} instead."
+        )
     mod, attr = target.split(":", 1)
     try:
         return getattr(importlib.import_module(mod), attr)
@@ -74,7 +83,14 @@ class LinearHashedScorer:
             self.model("", ["warm up"])
 
     @staticmethod
-    def write(path: str | Path, weights: dict[int, float] | Sequence[float], *, n_features: int, ngram_range=(1, 2), bias=0.0) -> None:
+    def write(
+        path: str | Path,
+        weights: dict[int, float] | Sequence[float],
+        *,
+        n_features: int,
+        ngram_range=(1, 2),
+        bias=0.0,
+    ) -> None:
         """Write a hashed n-gram linear model (``weights``: bucket → weight, or dense) in the reward-model format."""
         from privalign.estimation.features import HashedNgramFeatures
         from privalign.models.scorers import LinearRewardScorer
@@ -113,21 +129,46 @@ class UpstreamGenerator:
       max_retries: retries of connection errors, timeouts, 408/409/429 and 5xx (the SDK's policy).
     """
 
-    def __init__(self, base_url: str, model: str = "default", timeout_s: float = 30.0, api_key: str | None = None,
-                 max_retries: int = 2) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "default",
+        timeout_s: float = 30.0,
+        api_key: str | None = None,
+        max_retries: int = 2,
+    ) -> None:
         from privalign.models.generators import OpenAICompatibleClient
 
-        self._client = OpenAICompatibleClient(base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
+        self._client = OpenAICompatibleClient(
+            base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries
+        )
         self.base_url = self._client.base_url
         self.model = model
 
-    def __call__(self, prompt: str | list[dict], n: int, *, max_tokens: int, temperature: float, top_p: float, chat: bool) -> list[str]:
+    def __call__(
+        self,
+        prompt: str | list[dict],
+        n: int,
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        chat: bool,
+    ) -> list[str]:
         from privalign.models.generators import GenerationError
 
-        body: dict[str, Any] = {"model": self.model, "n": n, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+        }
         try:
             if chat:
-                body["messages"] = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+                body["messages"] = (
+                    prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+                )
                 choices = self._client.chat(body)
             else:
                 body["prompt"] = prompt
@@ -155,16 +196,36 @@ class LocalTransformersGenerator:
       options: further keyword arguments of ``TransformersGenerator``.
     """
 
-    def __init__(self, model: str | None = None, *, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 50,
-                 top_p: float = 1.0, chat_template: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int = 50,
+        top_p: float = 1.0,
+        chat_template: bool = True,
+        **options: Any,
+    ) -> None:
         import threading
 
         self.model, self.options, self.chat_template = model, options, chat_template
-        self.sampling: dict[str, Any] = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
+        self.sampling: dict[str, Any] = {
+            "max_new_tokens": int(max_new_tokens),
+            "temperature": float(temperature),
+            "top_k": int(top_k),
+            "top_p": float(top_p),
+        }
         self._gens: dict[tuple[int, float, float, bool], Any] = {}
         self._lock = threading.Lock()
 
-    def _get(self, max_new_tokens: int, temperature: float | None = None, top_p: float | None = None, chat: bool = True) -> Any:
+    def _get(
+        self,
+        max_new_tokens: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        chat: bool = True,
+    ) -> Any:
         from privalign.models.generators import SamplingParams, TransformersGenerator
 
         t = self.sampling["temperature"] if temperature is None else float(temperature)
@@ -175,10 +236,17 @@ class LocalTransformersGenerator:
         g = self._gens.get(key)
         if g is None:
             base = next(iter(self._gens.values()), None)
-            params = SamplingParams(**{**self.sampling, "max_new_tokens": max_new_tokens, "temperature": t, "top_p": tp})
+            params = SamplingParams(
+                **{**self.sampling, "max_new_tokens": max_new_tokens, "temperature": t, "top_p": tp}
+            )
             if base is None:
-                log.warning("loading the generator model %s (first use; this can take minutes on CPU)", self.model or "SmolLM2-135M")
-                g = TransformersGenerator(self.model, params=params, chat_template=use_template, progress=False, **self.options)
+                log.warning(
+                    "loading the generator model %s (first use; this can take minutes on CPU)",
+                    self.model or "SmolLM2-135M",
+                )
+                g = TransformersGenerator(
+                    self.model, params=params, chat_template=use_template, progress=False, **self.options
+                )
                 log.warning("generator model loaded")
             else:  # share the loaded model; only the sampling parameters (and the template switch) differ
                 import copy
@@ -186,7 +254,9 @@ class LocalTransformersGenerator:
                 g = copy.copy(base)
                 g.params = params
                 g.chat_template = use_template
-            if len(self._gens) >= 64:  # bounded: one entry per distinct (max_tokens, temperature, top_p, chat)
+            if (
+                len(self._gens) >= 64
+            ):  # bounded: one entry per distinct (max_tokens, temperature, top_p, chat)
                 self._gens.pop(next(k for k in self._gens if self._gens[k] is not base))
             self._gens[key] = g
         return g
@@ -196,12 +266,22 @@ class LocalTransformersGenerator:
         with self._lock:
             self._get(self.sampling["max_new_tokens"])
 
-    def __call__(self, prompt: str | list[dict], n: int, *, max_tokens: int, temperature: float | None = None,
-                 top_p: float | None = None, chat: bool = True) -> list[str]:
+    def __call__(
+        self,
+        prompt: str | list[dict],
+        n: int,
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        chat: bool = True,
+    ) -> list[str]:
         """``chat=False`` (``/v1/completions``): the prompt is used as is, without the chat template."""
         import secrets
 
-        text = prompt if isinstance(prompt, str) else "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+        text = (
+            prompt if isinstance(prompt, str) else "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+        )
         with self._lock:
             gen = self._get(min(int(max_tokens), self.sampling["max_new_tokens"]), temperature, top_p, chat)
             out = gen.generate([text], n, seed=secrets.randbits(63))[0]
@@ -210,11 +290,15 @@ class LocalTransformersGenerator:
 
 def _target(opts: dict[str, Any], section: str) -> Any:
     if "target" not in opts:
-        raise PrivacyParameterError(f"The '{section}.target' parameter is required for {section}.kind = 'python'.")
+        raise PrivacyParameterError(
+            f"The '{section}.target' parameter is required for {section}.kind = 'python'."
+        )
     try:
         return load_target(opts.pop("target"))
     except PrivacyParameterError as exc:
-        raise PrivacyParameterError(str(exc).replace("The 'target' parameter", f"The '{section}.target' parameter", 1)) from None
+        raise PrivacyParameterError(
+            str(exc).replace("The 'target' parameter", f"The '{section}.target' parameter", 1)
+        ) from None
 
 
 def build_scorer(cfg: ComponentConfig) -> Scorer | None:
@@ -225,12 +309,16 @@ def build_scorer(cfg: ComponentConfig) -> Scorer | None:
         return None
     if cfg.kind == "linear":
         if not opts.get("path"):
-            raise PrivacyParameterError("The 'reward_model.path' parameter is required for reward_model.kind = 'linear'.")
+            raise PrivacyParameterError(
+                "The 'reward_model.path' parameter is required for reward_model.kind = 'linear'."
+            )
         return LinearHashedScorer(opts["path"])
     if cfg.kind == "python":
         factory = _target(opts, "reward_model")
         return factory(**opts)
-    raise PrivacyParameterError(f"The 'reward_model.kind' parameter must be one of ['linear', 'python', 'none']. Got {cfg.kind!r} instead.")
+    raise PrivacyParameterError(
+        f"The 'reward_model.kind' parameter must be one of ['linear', 'python', 'none']. Got {cfg.kind!r} instead."
+    )
 
 
 def build_generator(cfg: ComponentConfig) -> Generator | None:

@@ -91,7 +91,9 @@ METHODS = ("privbon", "privitp", "bon")
 # The reward model shipped with privalign (``privalign serve`` without a config serves it): RR-IHT, label-DP
 # ε = 4, fit on the HH-RLHF harmless pairs by ``privalign fit-reward --data hh-rlhf --method rr-iht --epsilon 4
 # --seed 0`` (held-out preference accuracy 0.616 on 463 pairs). See README "Serve".
-DEFAULT_REWARD_MODEL = Path(__file__).resolve().parents[1] / "models" / "reward_models" / "hh-rlhf-harmless-rr-iht.json"
+DEFAULT_REWARD_MODEL = (
+    Path(__file__).resolve().parents[1] / "models" / "reward_models" / "hh-rlhf-harmless-rr-iht.json"
+)
 
 
 def user_data_dir() -> Path:
@@ -144,7 +146,9 @@ class PrivacyConfig:
     delta: float = 1e-6
     reconcile_after_s: float = 300.0
     pad_selection_s: float = 0.0
-    privitp: dict[str, float] = field(default_factory=lambda: {"beta": 0.05, "sigma_x": 1.0, "sigma_z": 1.0, "envelope_l": 3.0})
+    privitp: dict[str, float] = field(
+        default_factory=lambda: {"beta": 0.05, "sigma_x": 1.0, "sigma_z": 1.0, "envelope_l": 3.0}
+    )
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,9 @@ class ServiceConfig:
         lim, pv = self.limits, self.privacy
         check_choice(self.database.sync, "database.sync", ("full", "normal"))
         if not isinstance(self.database.group_commit, bool):
-            raise PrivacyParameterError(f"The 'database.group_commit' parameter must be true or false. Got {self.database.group_commit!r} instead.")
+            raise PrivacyParameterError(
+                f"The 'database.group_commit' parameter must be true or false. Got {self.database.group_commit!r} instead."
+            )
         check_int(lim.max_n, "limits.max_n", low=1, high=10_000)
         check_int(lim.max_text_chars, "limits.max_text_chars", low=1)
         check_int(lim.max_body_bytes, "limits.max_body_bytes", low=1024)
@@ -199,14 +205,22 @@ class ServiceConfig:
             )
         check_real(pv.sensitivity, "privacy.sensitivity", low=0.0)
         check_real(pv.reward_max, "privacy.reward_max", low=0.0)
-        check_real(pv.default_epsilon, "privacy.default_epsilon", low=0.0, high=lim.max_epsilon, closed="right")
+        check_real(
+            pv.default_epsilon, "privacy.default_epsilon", low=0.0, high=lim.max_epsilon, closed="right"
+        )
         check_int(pv.default_n, "privacy.default_n", low=1, high=lim.max_n)
         check_real(pv.delta, "privacy.delta", low=0.0, high=1.0)
-        check_real(pv.reconcile_after_s, "privacy.reconcile_after_s", low=lim.request_timeout_s, closed="left")
-        check_real(pv.pad_selection_s, "privacy.pad_selection_s", low=0.0, high=lim.request_timeout_s, closed="both")
+        check_real(
+            pv.reconcile_after_s, "privacy.reconcile_after_s", low=lim.request_timeout_s, closed="left"
+        )
+        check_real(
+            pv.pad_selection_s, "privacy.pad_selection_s", low=0.0, high=lim.request_timeout_s, closed="both"
+        )
         unknown = set(pv.privitp) - {"beta", "sigma_x", "sigma_z", "envelope_l"}
         if unknown:
-            raise PrivacyParameterError(f"Unknown key(s) {sorted(unknown)} in config section [privacy.privitp]; expected beta, sigma_x, sigma_z, envelope_l.")
+            raise PrivacyParameterError(
+                f"Unknown key(s) {sorted(unknown)} in config section [privacy.privitp]; expected beta, sigma_x, sigma_z, envelope_l."
+            )
         for k in ("beta", "sigma_x", "sigma_z"):
             check_real(pv.privitp[k], f"privacy.privitp.{k}", low=0.0)
         check_real(pv.privitp["envelope_l"], "privacy.privitp.envelope_l", low=0.0, closed="left")
@@ -220,7 +234,9 @@ def _section(cls: type, data: dict[str, Any], name: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
-        raise PrivacyParameterError(f"Unknown key(s) {sorted(unknown)} in config section [{name}]; expected some of {sorted(known)}.")
+        raise PrivacyParameterError(
+            f"Unknown key(s) {sorted(unknown)} in config section [{name}]; expected some of {sorted(known)}."
+        )
     kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
     return cls(**kwargs)
 
@@ -230,7 +246,9 @@ def config_from_dict(data: dict[str, Any], *, source: str = "") -> ServiceConfig
     known = {"database", "server", "limits", "privacy", "reward_model", "generator"}
     unknown = set(data) - known
     if unknown:
-        raise PrivacyParameterError(f"Unknown config section(s) {sorted(unknown)}; expected some of {sorted(known)}.")
+        raise PrivacyParameterError(
+            f"Unknown config section(s) {sorted(unknown)}; expected some of {sorted(known)}."
+        )
     priv = dict(data.get("privacy", {}))
     itp = {**PrivacyConfig().privitp, **priv.pop("privitp", {})}
     limits = dict(data.get("limits", {}))
@@ -238,10 +256,17 @@ def config_from_dict(data: dict[str, Any], *, source: str = "") -> ServiceConfig
     if "request_timeout_s" not in limits:  # sized to the configured generator
         kind = gen.get("kind", "none") if isinstance(gen, dict) else "none"
         t = gen.get("timeout_s", 30.0) if isinstance(gen, dict) else 30.0
-        limits["request_timeout_s"] = (900.0 if kind == "transformers"
-                                       else float(t) + 30.0 if kind == "upstream" and isinstance(t, int | float) else 60.0)
+        limits["request_timeout_s"] = (
+            900.0
+            if kind == "transformers"
+            else float(t) + 30.0
+            if kind == "upstream" and isinstance(t, int | float)
+            else 60.0
+        )
         if "reconcile_after_s" not in priv:
-            priv["reconcile_after_s"] = max(PrivacyConfig().reconcile_after_s, 2.0 * limits["request_timeout_s"])
+            priv["reconcile_after_s"] = max(
+                PrivacyConfig().reconcile_after_s, 2.0 * limits["request_timeout_s"]
+            )
     cfg = ServiceConfig(
         database=_section(DatabaseConfig, data.get("database", {}), "database"),
         server=_section(ServerConfig, data.get("server", {}), "server"),
@@ -266,8 +291,11 @@ def default_config() -> ServiceConfig:
     SmolLM2 generator (loaded on the first generating request)."""
     db = user_data_dir() / "service.db"
     return config_from_dict(
-        {"database": {"url": f"sqlite:///{db}"}, "reward_model": {"kind": "linear", "path": str(DEFAULT_REWARD_MODEL)},
-         "generator": {"kind": "transformers"}},
+        {
+            "database": {"url": f"sqlite:///{db}"},
+            "reward_model": {"kind": "linear", "path": str(DEFAULT_REWARD_MODEL)},
+            "generator": {"kind": "transformers"},
+        },
         source="(embedded defaults)",
     )
 
@@ -290,5 +318,11 @@ def load_config(path: str | Path) -> ServiceConfig:
             cfg = replace(cfg, database=replace(cfg.database, url=f"sqlite:///{(p.parent / rel).resolve()}"))
     rm_path = cfg.reward_model.options.get("path")
     if rm_path and not Path(rm_path).is_absolute():
-        cfg = replace(cfg, reward_model=replace(cfg.reward_model, options={**cfg.reward_model.options, "path": str((p.parent / rm_path).resolve())}))
+        cfg = replace(
+            cfg,
+            reward_model=replace(
+                cfg.reward_model,
+                options={**cfg.reward_model.options, "path": str((p.parent / rm_path).resolve())},
+            ),
+        )
     return cfg

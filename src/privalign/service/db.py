@@ -125,6 +125,7 @@ def from_units(n: int | None, scale: int) -> float:
     """Units as a float (for JSON answers; the ledger keeps the exact integers)."""
     return 0.0 if n is None else int(n) / scale
 
+
 metadata = MetaData()
 
 principals = Table(
@@ -251,10 +252,18 @@ def make_engine(url: str, *, schema: str | None = None, pool_size: int = 10, ech
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    kwargs: dict[str, Any] = {"echo": echo, "pool_size": pool_size, "max_overflow": 2 * pool_size, "pool_pre_ping": False, "pool_recycle": 300}
+    kwargs: dict[str, Any] = {
+        "echo": echo,
+        "pool_size": pool_size,
+        "max_overflow": 2 * pool_size,
+        "pool_pre_ping": False,
+        "pool_recycle": 300,
+    }
     if schema:
         if not schema.replace("_", "").isalnum():
-            raise ValueError(f"The 'schema' parameter must be alphanumeric/underscore. Got {schema!r} instead.")
+            raise ValueError(
+                f"The 'schema' parameter must be alphanumeric/underscore. Got {schema!r} instead."
+            )
         kwargs["connect_args"] = {"options": f"-csearch_path={schema}", "connect_timeout": 5}
     else:
         kwargs["connect_args"] = {"connect_timeout": 5}
@@ -272,8 +281,11 @@ def _private_file(url: str) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot open the SQLite database {path!r} ({exc.strerror}); check the "
-                      "database URL (--db or [database].url)") from None
+        raise OSError(
+            exc.errno,
+            f"cannot open the SQLite database {path!r} ({exc.strerror}); check the "
+            "database URL (--db or [database].url)",
+        ) from None
     os.close(fd)
     if os.stat(path).st_mode & 0o077:
         os.chmod(path, 0o600)
@@ -313,8 +325,11 @@ def migrate(conn: Any, *, schema: str | None = None) -> str:
     transaction."""
     import warnings
 
-    warnings.warn("privalign.service.db.migrate is deprecated; use privalign.service.migrations.upgrade",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "privalign.service.db.migrate is deprecated; use privalign.service.migrations.upgrade",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return migrations.upgrade(conn, schema=schema)
 
 
@@ -329,13 +344,15 @@ def derive_totals(conn: Any, principal: str, *, units: bool = False) -> dict[str
       "reserved_delta"}``: exact integer units if ``units``, else floats (ε, δ).
     """
     lim = conn.execute(
-        select(func.coalesce(func.sum(budget_grants.c.epsilon), 0), func.coalesce(func.sum(budget_grants.c.delta), 0)).where(
-            budget_grants.c.principal == principal
-        )
+        select(
+            func.coalesce(func.sum(budget_grants.c.epsilon), 0),
+            func.coalesce(func.sum(budget_grants.c.delta), 0),
+        ).where(budget_grants.c.principal == principal)
     ).one()
     spent = conn.execute(
         select(
-            func.coalesce(func.sum(ledger.c.realized_epsilon), 0), func.coalesce(func.sum(ledger.c.realized_delta), 0)
+            func.coalesce(func.sum(ledger.c.realized_epsilon), 0),
+            func.coalesce(func.sum(ledger.c.realized_delta), 0),
         ).where(ledger.c.principal == principal, ledger.c.action.in_(("settle", "reconcile")))
     ).one()
     closed = select(ledger.c.reservation_id).where(
@@ -343,8 +360,13 @@ def derive_totals(conn: Any, principal: str, *, units: bool = False) -> dict[str
     )
     res = conn.execute(
         select(
-            func.coalesce(func.sum(ledger.c.reserved_epsilon), 0), func.coalesce(func.sum(ledger.c.reserved_delta), 0)
-        ).where(ledger.c.principal == principal, ledger.c.action == "reserve", ledger.c.reservation_id.not_in(closed))
+            func.coalesce(func.sum(ledger.c.reserved_epsilon), 0),
+            func.coalesce(func.sum(ledger.c.reserved_delta), 0),
+        ).where(
+            ledger.c.principal == principal,
+            ledger.c.action == "reserve",
+            ledger.c.reservation_id.not_in(closed),
+        )
     ).one()
     out = {
         "limit_epsilon": int(lim[0]),

@@ -16,8 +16,17 @@ class ApiError(Exception):
     errors a retry cannot fix (429: the budget is exhausted).
     """
 
-    def __init__(self, status: int, type_: str, message: str, *, charged: bool = False, retry: bool | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        type_: str,
+        message: str,
+        *,
+        charged: bool = False,
+        retry: bool | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status, self.type, self.message, self.extra = status, type_, message, extra
         self.charged = charged

@@ -75,4 +75,7 @@ def unit_name(key: KeyInfo) -> str:
 
 
 def remaining_dict(key: KeyInfo, units: tuple[int, int]) -> dict[str, float]:
-    return {unit_name(key): db.from_units(units[0], db.EPS_SCALE), "delta": db.from_units(units[1], db.DELTA_SCALE)}
+    return {
+        unit_name(key): db.from_units(units[0], db.EPS_SCALE),
+        "delta": db.from_units(units[1], db.DELTA_SCALE),
+    }

@@ -122,7 +122,13 @@ def create_key(
                 revoked_at=None,
             )
         )
-        store.grant(key_id, units[0], units[1], note=f"create {accounting} eps={budget_epsilon} delta={budget_delta}", conn=conn)
+        store.grant(
+            key_id,
+            units[0],
+            units[1],
+            note=f"create {accounting} eps={budget_epsilon} delta={budget_delta}",
+            conn=conn,
+        )
     return key_id, f"pa_{key_id}_{secret}"
 
 
@@ -130,16 +136,41 @@ def list_keys(engine: Engine) -> list[dict[str, Any]]:
     """Every key with its accounting mode, budget limit, spent, reserved and remaining (store units)."""
     out = []
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(db.api_keys, db.principals).join(db.principals, db.principals.c.principal == db.api_keys.c.key_id)
-        ).mappings().all()
+        rows = (
+            conn.execute(
+                select(db.api_keys, db.principals).join(
+                    db.principals, db.principals.c.principal == db.api_keys.c.key_id
+                )
+            )
+            .mappings()
+            .all()
+        )
         conn.rollback()
     for raw in rows:
         r: dict[str, Any] = dict(raw)
-        left = {"remaining_epsilon": max(0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
-                "remaining_delta": max(0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"])}
-        r = {**r, **db.units_to_floats({**left, **{k: r[k] for k in ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta",
-                                                                      "reserved_epsilon", "reserved_delta")}})}
+        left = {
+            "remaining_epsilon": max(0, r["limit_epsilon"] - r["spent_epsilon"] - r["reserved_epsilon"]),
+            "remaining_delta": max(0, r["limit_delta"] - r["spent_delta"] - r["reserved_delta"]),
+        }
+        r = {
+            **r,
+            **db.units_to_floats(
+                {
+                    **left,
+                    **{
+                        k: r[k]
+                        for k in (
+                            "limit_epsilon",
+                            "limit_delta",
+                            "spent_epsilon",
+                            "spent_delta",
+                            "reserved_epsilon",
+                            "reserved_delta",
+                        )
+                    },
+                }
+            ),
+        }
         out.append(
             {
                 "key_id": r["key_id"],
@@ -159,7 +190,9 @@ def list_keys(engine: Engine) -> list[dict[str, Any]]:
 def _key_row(conn: Any, key_id: str) -> Any:
     row = conn.execute(select(db.api_keys).where(db.api_keys.c.key_id == key_id)).mappings().first()
     if row is None:
-        raise PrivacyParameterError(f"The 'key_id' parameter must name an existing key. Got {key_id!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'key_id' parameter must name an existing key. Got {key_id!r} instead."
+        )
     return row
 
 
@@ -176,17 +209,26 @@ def top_up(engine: Engine, key_id: str, *, epsilon: float, delta: float = 0.0) -
     eps = check_real(epsilon, "epsilon", low=0.0, high=MAX_BUDGET_EPSILON, closed="both")
     dlt = check_real(delta, "delta", low=0.0, high=1.0, closed="left")
     if eps == 0.0 and dlt == 0.0:
-        raise PrivacyParameterError("The top-up must add a positive 'epsilon' or 'delta'. Got epsilon=0, delta=0 instead.")
+        raise PrivacyParameterError(
+            "The top-up must add a positive 'epsilon' or 'delta'. Got epsilon=0, delta=0 instead."
+        )
     store = SQLBudgetStore(engine)
     with engine.begin() as conn:
         row = _key_row(conn, key_id)
         if row["revoked_at"] is not None:
-            raise PrivacyParameterError(f"The 'key_id' parameter must name an active key. Key {key_id!r} is revoked.")
+            raise PrivacyParameterError(
+                f"The 'key_id' parameter must name an active key. Key {key_id!r} is revoked."
+            )
         if row["accounting"] == "zcdp":
             if dlt != 0.0:
-                raise PrivacyParameterError(f"The 'delta' parameter must be 0 for a zcdp key (δ is fixed at creation). Got {dlt!r} instead.")
+                raise PrivacyParameterError(
+                    f"The 'delta' parameter must be 0 for a zcdp key (δ is fixed at creation). Got {dlt!r} instead."
+                )
             first = conn.execute(
-                select(db.budget_grants.c.delta).where(db.budget_grants.c.principal == key_id).order_by(db.budget_grants.c.id).limit(1)
+                select(db.budget_grants.c.delta)
+                .where(db.budget_grants.c.principal == key_id)
+                .order_by(db.budget_grants.c.id)
+                .limit(1)
             ).first()
             assert first is not None  # a zcdp key has the grant made at its creation
             d0 = db.from_units(first[0], db.DELTA_SCALE)
@@ -205,7 +247,9 @@ def revoke_key(engine: Engine, key_id: str) -> None:
     with engine.begin() as conn:
         row = _key_row(conn, key_id)
         if row["revoked_at"] is None:
-            conn.execute(update(db.api_keys).where(db.api_keys.c.key_id == key_id).values(revoked_at=db.now()))
+            conn.execute(
+                update(db.api_keys).where(db.api_keys.c.key_id == key_id).values(revoked_at=db.now())
+            )
 
 
 def _split(token: str | None) -> tuple[str, str] | None:
@@ -257,7 +301,9 @@ class KeyCache:
         return info if hmac.compare_digest(_hash(salt, parts[1]), secret_hash) else None
 
 
-def authenticate(store: SQLBudgetStore, token: str | None, *, cache: KeyCache | None = None) -> KeyInfo | None:
+def authenticate(
+    store: SQLBudgetStore, token: str | None, *, cache: KeyCache | None = None
+) -> KeyInfo | None:
     """Return the key for a bearer ``token`` if it exists, is not revoked and its secret matches.
 
     Args:
@@ -282,8 +328,17 @@ def authenticate(store: SQLBudgetStore, token: str | None, *, cache: KeyCache | 
         if cache is not None:
             cache.forget(key_id)
         return None
-    info = KeyInfo(row["key_id"], row["name"], row["accounting"], row["created_at"], row["revoked_at"],
-                   (db.from_units(row["limit_epsilon"], db.EPS_SCALE), db.from_units(row["limit_delta"], db.DELTA_SCALE)))
+    info = KeyInfo(
+        row["key_id"],
+        row["name"],
+        row["accounting"],
+        row["created_at"],
+        row["revoked_at"],
+        (
+            db.from_units(row["limit_epsilon"], db.EPS_SCALE),
+            db.from_units(row["limit_delta"], db.DELTA_SCALE),
+        ),
+    )
     if cache is not None:
         cache.remember(row["salt"], row["secret_hash"], info)
     return info

@@ -21,21 +21,45 @@ class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("privalign_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r)
-        self.refusals = Counter("privalign_refusals", "Requests refused for lack of budget (429)", ["endpoint"], registry=r)
+        self.requests = Counter(
+            "privalign_requests",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "privalign_refusals", "Requests refused for lack of budget (429)", ["endpoint"], registry=r
+        )
         self.epsilon_charged = Counter(
-            "privalign_epsilon_charged", "Realized privacy cost charged (store units: ε, or ρ for zCDP keys)", ["accounting"], registry=r
+            "privalign_epsilon_charged",
+            "Realized privacy cost charged (store units: ε, or ρ for zCDP keys)",
+            ["accounting"],
+            registry=r,
         )
-        self.epsilon_reserved = Counter("privalign_epsilon_reserved", "Worst-case cost reserved", ["accounting"], registry=r)
+        self.epsilon_reserved = Counter(
+            "privalign_epsilon_reserved", "Worst-case cost reserved", ["accounting"], registry=r
+        )
         self.scorer_calls = Counter("privalign_scorer_calls", "Calls of the private reward model", registry=r)
-        self.selections = Counter("privalign_selections", "Private selections released", ["method"], registry=r)
-        self.cancelled = Counter("privalign_reservations_cancelled", "Reservations released before scoring", registry=r)
-        self.reconciled = Counter("privalign_reservations_reconciled", "Stale reservations charged at reserved cost", registry=r)
-        self.settle_failures = Counter(
-            "privalign_settle_failures", "Deferred settles not written (the reservation stays charged at its reserved cost)", registry=r
+        self.selections = Counter(
+            "privalign_selections", "Private selections released", ["method"], registry=r
         )
-        self.db_errors = Counter("privalign_database_errors", "Requests answered 503 because the database failed", registry=r)
-        self.latency = Histogram("privalign_request_latency_seconds", "Request latency", ["endpoint"], buckets=_BUCKETS, registry=r)
+        self.cancelled = Counter(
+            "privalign_reservations_cancelled", "Reservations released before scoring", registry=r
+        )
+        self.reconciled = Counter(
+            "privalign_reservations_reconciled", "Stale reservations charged at reserved cost", registry=r
+        )
+        self.settle_failures = Counter(
+            "privalign_settle_failures",
+            "Deferred settles not written (the reservation stays charged at its reserved cost)",
+            registry=r,
+        )
+        self.db_errors = Counter(
+            "privalign_database_errors", "Requests answered 503 because the database failed", registry=r
+        )
+        self.latency = Histogram(
+            "privalign_request_latency_seconds", "Request latency", ["endpoint"], buckets=_BUCKETS, registry=r
+        )
 
     def render(self) -> bytes:
         """The exposition text."""

@@ -54,7 +54,9 @@ __all__ = ["ServiceState", "Job", "Outcome", "Reserved", "FILTERS", "run", "enco
 log = logging.getLogger("privalign.service")
 
 
-def run(state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], KeyInfo] | None = None) -> Outcome:
+def run(
+    state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], KeyInfo] | None = None
+) -> Outcome:
     """The straight path: reserve → generate → score → select → charge → respond. The settle is left
     to the caller (``Outcome.settle``): written after the answer is sent, or before it is stored."""
     deadline = time.monotonic() + state.cfg.limits.request_timeout_s
@@ -63,12 +65,18 @@ def run(state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], Key
             reauth()  # a 401 comes before a 503, as without the key cache
         if state.scorer is None:
             raise ApiError(503, "service_unavailable", "No reward model is configured on this server.")
-        raise ApiError(503, "service_unavailable", "No generator is configured on this server; use POST /v1/select.")
+        raise ApiError(
+            503, "service_unavailable", "No generator is configured on this server; use POST /v1/select."
+        )
     if job.candidates is None and state.loading:
         if reauth is not None:
             reauth()
-        raise ApiError(503, "service_unavailable", "The generator is still loading (see GET /readyz); nothing was charged. "
-                       "Retry in a few seconds.", headers={"Retry-After": "5"})
+        raise ApiError(
+            503,
+            "service_unavailable",
+            "The generator is still loading (see GET /readyz); nothing was charged. Retry in a few seconds.",
+            headers={"Retry-After": "5"},
+        )
     # With group commit the reservation's flush overlaps generation (I/O-bound: the flusher's thread gets
     # the GIL at once); with client-given candidates it runs at the gate, in this thread (scoring is
     # CPU-bound and would delay the flusher's thread by up to the GIL switch interval).
@@ -78,7 +86,9 @@ def run(state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], Key
     try:
         scores = score(state, job, candidates, deadline)
     except ApiError:
-        durable(state, r, deadline)  # an error after scoring began leaves only once the reservation is on disk
+        durable(
+            state, r, deadline
+        )  # an error after scoring began leaves only once the reservation is on disk
         raise
     try:
         if state.private:
@@ -96,8 +106,13 @@ def run(state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], Key
     except Exception as exc:  # noqa: BLE001 - a bug after scoring: charged, never retried
         log.error("selection or encoding failed: %s", type(exc).__name__, exc_info=exc)
         durable(state, r, deadline)
-        raise ApiError(500, "internal_error", "Internal error after private scoring; the reservation stays charged at its "
-                       "reserved cost. Do not retry: a retry is charged again.", charged=True) from None
+        raise ApiError(
+            500,
+            "internal_error",
+            "Internal error after private scoring; the reservation stays charged at its "
+            "reserved cost. Do not retry: a retry is charged again.",
+            charged=True,
+        ) from None
     # The gate: the encoded answer leaves this function only once its reservation is on disk. With group
     # commit the flush ran in the background during generation, scoring, selection and encoding.
     durable(state, r, deadline)

@@ -69,13 +69,24 @@ def _privbon(cfg: ServiceConfig, eps: float, n: int) -> Plan:
     pv = cfg.privacy
     units, run = quantize_epsilon(eps)
     target = Fraction(units, db.EPS_SCALE)
-    for _ in range(64):  # the mechanism may round its charged ε up by an ulp: step the run ε down until it fits
+    for _ in range(
+        64
+    ):  # the mechanism may round its charged ε up by an ulp: step the run ε down until it fits
         sel = PrivBoN(run, sensitivity=pv.sensitivity, r_max=pv.reward_max, clip=True)
         worst = sel.worst_case_event(n)
         if Fraction(float(sel.epsilon_effective)) <= target:  # the ε that worst (a NoisyArgmaxEvent) charges
-            return Plan("privbon", float(target), n, {"sensitivity": pv.sensitivity, "reward_max": pv.reward_max}, worst, sel)
+            return Plan(
+                "privbon",
+                float(target),
+                n,
+                {"sensitivity": pv.sensitivity, "reward_max": pv.reward_max},
+                worst,
+                sel,
+            )
         run = math.nextafter(run, 0.0)
-    raise _bad("privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly.")  # pragma: no cover
+    raise _bad(
+        "privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly."
+    )  # pragma: no cover
 
 
 def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> Plan:
@@ -87,15 +98,24 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
     pv, lim = cfg.privacy, cfg.limits
     pp = pp or PrivacyParams()
     if pp.seed is not None:
-        raise _bad("privacy.seed", "The 'privacy.seed' parameter is not accepted: the service uses secure noise only.")
+        raise _bad(
+            "privacy.seed",
+            "The 'privacy.seed' parameter is not accepted: the service uses secure noise only.",
+        )
     method = pp.method or pv.allowed_methods[0]
     if method not in pv.allowed_methods or (method == "bon" and not pv.allow_non_private):
-        raise _bad("privacy.method", f"The 'privacy.method' parameter must be one of {list(pv.allowed_methods)} on this server. "
-                   f"Got {method!r} instead.")
+        raise _bad(
+            "privacy.method",
+            f"The 'privacy.method' parameter must be one of {list(pv.allowed_methods)} on this server. "
+            f"Got {method!r} instead.",
+        )
     eps = pp.epsilon if pp.epsilon is not None else pv.default_epsilon
     if not (math.isfinite(eps) and lim.min_epsilon <= eps <= lim.max_epsilon):
-        raise _bad("privacy.epsilon", f"The 'privacy.epsilon' parameter must be a finite number in [{lim.min_epsilon:g}, "
-                   f"{lim.max_epsilon:g}]. Got {eps!r} instead.")
+        raise _bad(
+            "privacy.epsilon",
+            f"The 'privacy.epsilon' parameter must be a finite number in [{lim.min_epsilon:g}, "
+            f"{lim.max_epsilon:g}]. Got {eps!r} instead.",
+        )
     n = pp.n if pp.n is not None else n_default
     if not (1 <= n <= lim.max_n):
         raise _bad("privacy.n", f"The 'privacy.n' parameter must be in [1, {lim.max_n}]. Got {n!r} instead.")
@@ -117,25 +137,39 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
         v = getattr(pp, name)
         if v is not None:
             if not (math.isfinite(v) and lo <= v <= hi):
-                raise _bad(f"privacy.{name}", f"The 'privacy.{name}' parameter must be a finite number in [{lo:g}, {hi:g}]. "
-                           f"Got {v!r} instead.")
+                raise _bad(
+                    f"privacy.{name}",
+                    f"The 'privacy.{name}' parameter must be a finite number in [{lo:g}, {hi:g}]. "
+                    f"Got {v!r} instead.",
+                )
             itp[name] = v
     try:
         sel = PrivITP(
-            itp["beta"], sigma_x=itp["sigma_x"], sigma_z=itp["sigma_z"], L=itp.get("envelope_l", 3.0),
-            r_max=pv.reward_max, delta=pv.delta, sensitivity=pv.sensitivity, clip=True,
+            itp["beta"],
+            sigma_x=itp["sigma_x"],
+            sigma_z=itp["sigma_z"],
+            L=itp.get("envelope_l", 3.0),
+            r_max=pv.reward_max,
+            delta=pv.delta,
+            sensitivity=pv.sensitivity,
+            clip=True,
         )
         worst = sel.worst_case_event(n)
         eps_max = float(worst.epsilon_max)
     except (PrivacyParameterError, TypeError, ValueError, KeyError, ArithmeticError) as exc:
         raise _bad("privacy", f"Invalid privitp parameters: {exc}") from None
     if not math.isfinite(eps_max) or eps_max < 1.0 / db.EPS_SCALE:
-        raise _bad("privacy", f"The privitp worst-case cost ε_max={eps_max!r} (β={itp['beta']}, σ_X={itp['sigma_x']}, "
-                   f"σ_Z={itp['sigma_z']}) must be finite and at least 1e-9 (the ledger unit).")
+        raise _bad(
+            "privacy",
+            f"The privitp worst-case cost ε_max={eps_max!r} (β={itp['beta']}, σ_X={itp['sigma_x']}, "
+            f"σ_Z={itp['sigma_z']}) must be finite and at least 1e-9 (the ledger unit).",
+        )
     if eps_max > eps:
-        raise _bad("privacy.epsilon",
-                   f"The privitp worst-case cost ε_max={eps_max:.6g} (n={n}, β={itp['beta']}, σ_X={itp['sigma_x']}, "
-                   f"σ_Z={itp['sigma_z']}) exceeds the 'privacy.epsilon' cap {eps:g}: raise epsilon or the noise, or lower n.")
+        raise _bad(
+            "privacy.epsilon",
+            f"The privitp worst-case cost ε_max={eps_max:.6g} (n={n}, β={itp['beta']}, σ_X={itp['sigma_x']}, "
+            f"σ_Z={itp['sigma_z']}) exceeds the 'privacy.epsilon' cap {eps:g}: raise epsilon or the noise, or lower n.",
+        )
     return Plan("privitp", eps, n, itp, worst, sel)
 
 

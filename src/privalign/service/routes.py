@@ -56,17 +56,30 @@ def _auth(state: pipeline.ServiceState, authorization: str | None) -> KeyInfo:
 def _check_text(state: pipeline.ServiceState, text: str, name: str) -> None:
     lim = state.cfg.limits.max_text_chars
     if len(text) > lim:
-        raise ApiError(400, "invalid_request_error", f"The '{name}' parameter must have at most {lim} characters. Got {len(text)}.",
-                       param=name)
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"The '{name}' parameter must have at most {lim} characters. Got {len(text)}.",
+            param=name,
+        )
 
 
 def _send(out: pipeline.Outcome, after: Any = None, headers: dict[str, str] | None = None) -> Response:
-    return Response(out.content, media_type=out.media_type, headers=headers,
-                    background=None if after is None else BackgroundTask(after))
+    return Response(
+        out.content,
+        media_type=out.media_type,
+        headers=headers,
+        background=None if after is None else BackgroundTask(after),
+    )
 
 
-def _handle(state: pipeline.ServiceState, job: pipeline.Job, body: BaseModel, authorization: str | None,
-            idem_key: str | None) -> Response:
+def _handle(
+    state: pipeline.ServiceState,
+    job: pipeline.Job,
+    body: BaseModel,
+    authorization: str | None,
+    idem_key: str | None,
+) -> Response:
     """Authenticate, apply idempotency, run the path, settle after (or, with an Idempotency-Key, before)
     the answer."""
     cfg = state.cfg
@@ -85,8 +98,12 @@ def _handle(state: pipeline.ServiceState, job: pipeline.Job, body: BaseModel, au
         out = pipeline.run(state, key, job)
         return _send(out, state.settle_later(*out.settle) if out.settle else None)
     if len(idem_key) > 200:
-        raise ApiError(400, "invalid_request_error", "The 'Idempotency-Key' header must have at most 200 characters.",
-                       param="Idempotency-Key")
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            "The 'Idempotency-Key' header must have at most 200 characters.",
+            param="Idempotency-Key",
+        )
     req_hash = hashlib.sha256((job.endpoint + "\n" + body.model_dump_json()).encode()).hexdigest()
     ttl = cfg.limits.idempotency_ttl_s
     try:
@@ -97,22 +114,38 @@ def _handle(state: pipeline.ServiceState, job: pipeline.Job, body: BaseModel, au
         raise ApiError(422, "invalid_request_error", str(exc), param="Idempotency-Key") from None
     if stored is not None:
         media = "text/event-stream" if stored[1].startswith("data:") else "application/json"
-        return Response(stored[1].encode("utf-8"), status_code=stored[0], media_type=media, headers={"Idempotent-Replayed": "true"})
+        return Response(
+            stored[1].encode("utf-8"),
+            status_code=stored[0],
+            media_type=media,
+            headers={"Idempotent-Replayed": "true"},
+        )
     try:
         out = pipeline.run(state, key, job)
     except ApiError as exc:
         if not exc.charged:  # nothing was charged: the client may retry with the same key
-            state.store.idempotency_finish(key.key_id, idem_key, status_code=None, response=None, reservation_id=None, ttl_s=ttl)
+            state.store.idempotency_finish(
+                key.key_id, idem_key, status_code=None, response=None, reservation_id=None, ttl_s=ttl
+            )
         raise  # charged: the attempt stays pending (a retry is answered 409, never charged twice)
     try:
         if out.settle is not None:
             _, rid, units, ev = out.settle
             state.store.settle(rid, units=units, event=ev)
-        state.store.idempotency_finish(key.key_id, idem_key, status_code=200, response=out.content.decode("utf-8"),
-                                       reservation_id=out.reservation_id, ttl_s=ttl)
+        state.store.idempotency_finish(
+            key.key_id,
+            idem_key,
+            status_code=200,
+            response=out.content.decode("utf-8"),
+            reservation_id=out.reservation_id,
+            ttl_s=ttl,
+        )
     except Exception as exc:  # noqa: BLE001 - the answer is ready: send it; the reservation stays charged (reconciled)
         state.metrics.settle_failures.inc()
-        pipeline.log.error("settle or answer storage failed (%s); answering, the reservation stays charged", type(exc).__name__)
+        pipeline.log.error(
+            "settle or answer storage failed (%s); answering, the reservation stays charged",
+            type(exc).__name__,
+        )
     return _send(out)
 
 
@@ -124,26 +157,62 @@ def _handle(state: pipeline.ServiceState, job: pipeline.Job, body: BaseModel, au
 def _gen_kwargs(state: pipeline.ServiceState, req: _OpenAIBase, chat: bool) -> dict[str, Any]:
     lim = state.cfg.limits
     if req.seed is not None:
-        raise ApiError(400, "invalid_request_error", "The 'seed' parameter is not accepted: the service uses secure noise only.",
-                       param="seed")
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            "The 'seed' parameter is not accepted: the service uses secure noise only.",
+            param="seed",
+        )
     for name in UNSUPPORTED_OPENAI_PARAMS:
         if getattr(req, name, None) is not None:
-            raise ApiError(400, "invalid_request_error", f"The '{name}' parameter is not supported by this server.", param=name)
+            raise ApiError(
+                400,
+                "invalid_request_error",
+                f"The '{name}' parameter is not supported by this server.",
+                param=name,
+            )
     if req.n not in (None, 1):
-        raise ApiError(400, "invalid_request_error", f"The 'n' parameter must be 1 (one private selection per request; use "
-                       f"privacy.n for the candidate count). Got {req.n}.", param="n")
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"The 'n' parameter must be 1 (one private selection per request; use "
+            f"privacy.n for the candidate count). Got {req.n}.",
+            param="n",
+        )
     if req.stream_options is not None and not req.stream:
-        raise ApiError(400, "invalid_request_error", "The 'stream_options' parameter needs stream=true.", param="stream_options")
-    if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
-        raise ApiError(400, "invalid_request_error", "The 'max_tokens' and 'max_completion_tokens' parameters disagree; set one.",
-                       param="max_completion_tokens")
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            "The 'stream_options' parameter needs stream=true.",
+            param="stream_options",
+        )
+    if (
+        req.max_tokens is not None
+        and req.max_completion_tokens is not None
+        and req.max_tokens != req.max_completion_tokens
+    ):
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            "The 'max_tokens' and 'max_completion_tokens' parameters disagree; set one.",
+            param="max_completion_tokens",
+        )
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     mt = min(256, lim.max_tokens) if mt is None else mt
     if mt > lim.max_tokens:
-        raise ApiError(400, "invalid_request_error", f"The '{name}' parameter must be at most {lim.max_tokens}. Got {mt}.", param=name)
-    return {"max_tokens": mt, "temperature": 1.0 if req.temperature is None else req.temperature,
-            "top_p": 1.0 if req.top_p is None else req.top_p, "chat": chat}
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"The '{name}' parameter must be at most {lim.max_tokens}. Got {mt}.",
+            param=name,
+        )
+    return {
+        "max_tokens": mt,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "chat": chat,
+    }
 
 
 def _usage() -> dict[str, int]:
@@ -157,21 +226,58 @@ def _sse(events: list[dict]) -> bytes:
 def _chat_stream(body: dict) -> bytes:
     """The selected answer as a chat.completion.chunk stream: role, content, finish (then the usage chunk
     and the privacy block on the last chunk)."""
-    base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
+    base = {
+        "id": body["id"],
+        "object": "chat.completion.chunk",
+        "created": body["created"],
+        "model": body["model"],
+    }
     text = body["choices"][0]["message"]["content"]
-    return _sse([
-        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}]},
-        {**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None, "logprobs": None}]},
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "logprobs": None}], "privacy": body["privacy"]},
-    ])
+    return _sse(
+        [
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                        "logprobs": None,
+                    }
+                ],
+            },
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"content": text}, "finish_reason": None, "logprobs": None}
+                ],
+            },
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "logprobs": None}],
+                "privacy": body["privacy"],
+            },
+        ]
+    )
 
 
 def _completion_stream(body: dict) -> bytes:
     base = {"id": body["id"], "object": "text_completion", "created": body["created"], "model": body["model"]}
-    return _sse([
-        {**base, "choices": [{"index": 0, "text": body["choices"][0]["text"], "finish_reason": None, "logprobs": None}]},
-        {**base, "choices": [{"index": 0, "text": "", "finish_reason": "stop", "logprobs": None}], "privacy": body["privacy"]},
-    ])
+    return _sse(
+        [
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "text": body["choices"][0]["text"], "finish_reason": None, "logprobs": None}
+                ],
+            },
+            {
+                **base,
+                "choices": [{"index": 0, "text": "", "finish_reason": "stop", "logprobs": None}],
+                "privacy": body["privacy"],
+            },
+        ]
+    )
 
 
 @openai_router.get("/v1/models", summary="OpenAI-compatible model list")
@@ -179,13 +285,21 @@ def models(request: Request) -> JSONResponse:
     state = _state(request)
     opts = state.cfg.generator.options
     name = str(opts.get("model") or "privalign") if state.cfg.generator.kind != "none" else "privalign"
-    return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": int(state.started),
-                                                     "owned_by": "privalign"}]})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": int(state.started), "owned_by": "privalign"}],
+        }
+    )
 
 
 @openai_router.post("/v1/chat/completions", summary="OpenAI-compatible chat completion, privately selected")
-def chat_completions(request: Request, body: ChatCompletionRequest, authorization: str | None = Header(None),
-                     idempotency_key: str | None = Header(None)) -> Response:
+def chat_completions(
+    request: Request,
+    body: ChatCompletionRequest,
+    authorization: str | None = Header(None),
+    idempotency_key: str | None = Header(None),
+) -> Response:
     state = _state(request)
     gk = _gen_kwargs(state, body, True)
     texts = [m.text() for m in body.messages]
@@ -193,34 +307,83 @@ def chat_completions(request: Request, body: ChatCompletionRequest, authorizatio
         _check_text(state, t, f"messages[{i}].content")
     total = sum(len(t) for t in texts)
     if total > state.cfg.limits.max_text_chars:
-        raise ApiError(400, "invalid_request_error", f"The 'messages' parameter must have at most {state.cfg.limits.max_text_chars} "
-                       f"characters in total. Got {total}.", param="messages")
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"The 'messages' parameter must have at most {state.cfg.limits.max_text_chars} "
+            f"characters in total. Got {total}.",
+            param="messages",
+        )
     plan = make_plan(state.cfg, body.privacy, state.cfg.privacy.default_n)
     msgs = [{"role": m.role, "content": t} for m, t in zip(body.messages, texts, strict=True)]
     score_prompt = "\n".join(f"{m['role']}: {m['content']}" for m in msgs)
 
     def render(idx: int, text: str, block: dict) -> dict:
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": body.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop", "logprobs": None}],
-                "usage": _usage(), "privacy": block}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": _usage(),
+            "privacy": block,
+        }
 
-    job = pipeline.Job("/v1/chat/completions", plan, msgs, score_prompt, None, gk, render, _chat_stream if body.stream else None)
+    job = pipeline.Job(
+        "/v1/chat/completions",
+        plan,
+        msgs,
+        score_prompt,
+        None,
+        gk,
+        render,
+        _chat_stream if body.stream else None,
+    )
     return _handle(state, job, body, authorization, idempotency_key)
 
 
-@openai_router.post("/v1/completions", summary="OpenAI-compatible text completion (no chat template), privately selected")
-def completions(request: Request, body: CompletionRequest, authorization: str | None = Header(None),
-                idempotency_key: str | None = Header(None)) -> Response:
+@openai_router.post(
+    "/v1/completions", summary="OpenAI-compatible text completion (no chat template), privately selected"
+)
+def completions(
+    request: Request,
+    body: CompletionRequest,
+    authorization: str | None = Header(None),
+    idempotency_key: str | None = Header(None),
+) -> Response:
     state = _state(request)
     gk = _gen_kwargs(state, body, False)
     _check_text(state, body.prompt, "prompt")
     plan = make_plan(state.cfg, body.privacy, state.cfg.privacy.default_n)
 
     def render(idx: int, text: str, block: dict) -> dict:
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": body.model,
-                "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}], "usage": _usage(), "privacy": block}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+            "usage": _usage(),
+            "privacy": block,
+        }
 
-    job = pipeline.Job("/v1/completions", plan, body.prompt, body.prompt, None, gk, render, _completion_stream if body.stream else None)
+    job = pipeline.Job(
+        "/v1/completions",
+        plan,
+        body.prompt,
+        body.prompt,
+        None,
+        gk,
+        render,
+        _completion_stream if body.stream else None,
+    )
     return _handle(state, job, body, authorization, idempotency_key)
 
 
@@ -230,14 +393,23 @@ def completions(request: Request, body: CompletionRequest, authorization: str | 
 
 
 @select_router.post("/v1/select", summary="Privately select one of the client's candidates")
-def select_endpoint(request: Request, body: SelectRequest, authorization: str | None = Header(None),
-                    idempotency_key: str | None = Header(None)) -> Response:
+def select_endpoint(
+    request: Request,
+    body: SelectRequest,
+    authorization: str | None = Header(None),
+    idempotency_key: str | None = Header(None),
+) -> Response:
     state = _state(request)
     cfg = state.cfg
     _check_text(state, body.prompt, "prompt")
     if len(body.candidates) > cfg.limits.max_n:
-        raise ApiError(400, "invalid_request_error", f"The 'candidates' parameter must have at most {cfg.limits.max_n} items. "
-                       f"Got {len(body.candidates)}.", param="candidates")
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"The 'candidates' parameter must have at most {cfg.limits.max_n} items. "
+            f"Got {len(body.candidates)}.",
+            param="candidates",
+        )
     for i, c in enumerate(body.candidates):
         _check_text(state, c, f"candidates[{i}]")
     pp = body.privacy
@@ -246,13 +418,24 @@ def select_endpoint(request: Request, body: SelectRequest, authorization: str | 
     n_implied = (k - 1) // 2 if itp else k
     if (itp and (k < 3 or k % 2 == 0)) or (pp is not None and pp.n is not None and pp.n != n_implied):
         need = "2n + 1 candidates (phase-1 pool, phase-2 pool, fallback)" if itp else "n candidates"
-        raise ApiError(400, "invalid_request_error", f"The 'candidates' parameter must hold {need}; got {k} candidates and "
-                       f"privacy.n={None if pp is None else pp.n}.", param="candidates")
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"The 'candidates' parameter must hold {need}; got {k} candidates and "
+            f"privacy.n={None if pp is None else pp.n}.",
+            param="candidates",
+        )
     plan = make_plan(cfg, pp, n_implied)
 
     def render(idx: int, text: str, block: dict) -> dict:
-        return {"id": f"sel-{uuid.uuid4().hex}", "object": "selection", "created": int(time.time()), "index": idx, "text": text,
-                "privacy": block}
+        return {
+            "id": f"sel-{uuid.uuid4().hex}",
+            "object": "selection",
+            "created": int(time.time()),
+            "index": idx,
+            "text": text,
+            "privacy": block,
+        }
 
     job = pipeline.Job("/v1/select", plan, body.prompt, body.prompt, list(body.candidates), {}, render)
     return _handle(state, job, body, authorization, idempotency_key)
@@ -270,21 +453,27 @@ def budget(request: Request, authorization: str | None = Header(None)) -> JSONRe
     a = "rho" if key.accounting == "zcdp" else "epsilon"
 
     def pair(prefix: str) -> dict[str, float]:
-        return pipeline.remaining_dict(key, (snap.get(f"{prefix}_epsilon", 0), snap.get(f"{prefix}_delta", 0)))
+        return pipeline.remaining_dict(
+            key, (snap.get(f"{prefix}_epsilon", 0), snap.get(f"{prefix}_delta", 0))
+        )
 
-    left = (max(0, snap.get("limit_epsilon", 0) - snap.get("spent_epsilon", 0) - snap.get("reserved_epsilon", 0)),
-            max(0, snap.get("limit_delta", 0) - snap.get("spent_delta", 0) - snap.get("reserved_delta", 0)))
-    return JSONResponse({
-        "key_id": key.key_id,
-        "accounting": key.accounting,
-        "unit": a,
-        "limit": pair("limit"),
-        "spent": pair("spent"),
-        "reserved": pair("reserved"),
-        "remaining": pipeline.remaining_dict(key, left),
-        "pending_settles": state.pending_settles(key.key_id),
-        "ledger": json.loads(pipeline.encode(rows)),
-    })
+    left = (
+        max(0, snap.get("limit_epsilon", 0) - snap.get("spent_epsilon", 0) - snap.get("reserved_epsilon", 0)),
+        max(0, snap.get("limit_delta", 0) - snap.get("spent_delta", 0) - snap.get("reserved_delta", 0)),
+    )
+    return JSONResponse(
+        {
+            "key_id": key.key_id,
+            "accounting": key.accounting,
+            "unit": a,
+            "limit": pair("limit"),
+            "spent": pair("spent"),
+            "reserved": pair("reserved"),
+            "remaining": pipeline.remaining_dict(key, left),
+            "pending_settles": state.pending_settles(key.key_id),
+            "ledger": json.loads(pipeline.encode(rows)),
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -295,15 +484,23 @@ def budget(request: Request, authorization: str | None = Header(None)) -> JSONRe
 @ops_router.get("/healthz", summary="Liveness and database reachability")
 def healthz(request: Request) -> JSONResponse:
     state = _state(request)
-    return JSONResponse({"status": "ok", "database": state.store.ping(), "private": state.private, "ready": state.ready})
+    return JSONResponse(
+        {"status": "ok", "database": state.store.ping(), "private": state.private, "ready": state.ready}
+    )
 
 
-@ops_router.get("/readyz", summary="Readiness: 200 once the database answers and the generator is warm, else 503")
+@ops_router.get(
+    "/readyz", summary="Readiness: 200 once the database answers and the generator is warm, else 503"
+)
 def readyz(request: Request) -> JSONResponse:
     state = _state(request)
     state.store.ping()
     if not state.ready:
-        reason = f"the generator failed to load ({state.warm_error})" if state.warm_error else "loading the generator"
+        reason = (
+            f"the generator failed to load ({state.warm_error})"
+            if state.warm_error
+            else "loading the generator"
+        )
         return JSONResponse({"ready": False, "reason": reason}, status_code=503, headers={"Retry-After": "5"})
     return JSONResponse({"ready": True})
 

@@ -36,7 +36,9 @@ def _encodable(v: str) -> str:
     try:
         v.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode text (a lone surrogate code point such as \\ud800 cannot be encoded)") from None
+        raise ValueError(
+            "must be valid Unicode text (a lone surrogate code point such as \\ud800 cannot be encoded)"
+        ) from None
     return v
 
 
@@ -49,9 +51,23 @@ _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 
 #: OpenAI request parameters that would change the answer but are not implemented: refused when set.
 UNSUPPORTED_OPENAI_PARAMS = (
-    "stop", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "tools",
-    "tool_choice", "functions", "function_call", "response_format", "best_of", "echo", "suffix", "audio",
-    "modalities", "prediction",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "response_format",
+    "best_of",
+    "echo",
+    "suffix",
+    "audio",
+    "modalities",
+    "prediction",
 )
 
 
@@ -63,8 +79,12 @@ class PrivacyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     method: Literal["privbon", "privitp", "bon"] | None = Field(None, description="Selection method.")
-    epsilon: Real | None = Field(None, gt=0, description="Per-request ε (PrivBoN: the exponential mechanism's ε).")
-    n: StrictInt | None = Field(None, ge=1, description="Number of candidates to generate (completions endpoints).")
+    epsilon: Real | None = Field(
+        None, gt=0, description="Per-request ε (PrivBoN: the exponential mechanism's ε)."
+    )
+    n: StrictInt | None = Field(
+        None, ge=1, description="Number of candidates to generate (completions endpoints)."
+    )
     beta: Real | None = Field(None, gt=0, description="PrivITP: KL temperature β.")
     sigma_x: Real | None = Field(None, gt=0, description="PrivITP: phase-1 Gaussian noise σ_X.")
     sigma_z: Real | None = Field(None, gt=0, description="PrivITP: phase-2 Gaussian noise σ_Z.")

@@ -45,7 +45,9 @@ def run(cfg: ServiceConfig, *, host: str | None = None, port: int | None = None,
         app = create_app(cfg)
     app.state.service.start_warm_up()  # /readyz answers 503 (and a log line says so) until the generator is warm
     stop = threading.Event()
-    t = threading.Thread(target=_reconciler, args=(app.state.service, stop), daemon=True, name="privalign-reconciler")
+    t = threading.Thread(
+        target=_reconciler, args=(app.state.service, stop), daemon=True, name="privalign-reconciler"
+    )
     t.start()
     try:
         uvicorn.run(

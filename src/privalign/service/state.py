@@ -26,16 +26,22 @@ log = logging.getLogger("privalign.service")
 class ServiceState:
     """Everything one app instance owns: config, engine, store, components, noise, metrics, workers."""
 
-    def __init__(self, cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None, private: bool = True) -> None:
+    def __init__(
+        self, cfg: ServiceConfig, *, scorer: Any = None, generator: Any = None, private: bool = True
+    ) -> None:
         from privalign.rng import SecureNoise
 
         self.cfg = cfg
         self.private = private
         self.engine = db.make_engine(cfg.database.url, schema=cfg.database.schema or None)
         db.create_schema(self.engine, schema=cfg.database.schema or None)
-        self.store = SQLBudgetStore(self.engine, durable=cfg.database.sync == "full", group_commit=cfg.database.group_commit)
+        self.store = SQLBudgetStore(
+            self.engine, durable=cfg.database.sync == "full", group_commit=cfg.database.group_commit
+        )
         self.key_cache = KeyCache()
-        self.scorer: Any = scorer if scorer is not None else build_scorer(cfg.reward_model)  # duck-typed plug-ins
+        self.scorer: Any = (
+            scorer if scorer is not None else build_scorer(cfg.reward_model)
+        )  # duck-typed plug-ins
         self.generator: Any = generator if generator is not None else build_generator(cfg.generator)
         self.noise = SecureNoise()
         self.metrics = ServiceMetrics()
@@ -65,7 +71,9 @@ class ServiceState:
 
         def work() -> None:
             t0 = time.monotonic()
-            log.warning("loading the generator (%s); /readyz answers 503 until it is warm", self.cfg.generator.kind)
+            log.warning(
+                "loading the generator (%s); /readyz answers 503 until it is warm", self.cfg.generator.kind
+            )
             try:
                 self.generator.warm()
             except Exception as exc:  # noqa: BLE001 - reported by /readyz
@@ -89,7 +97,9 @@ class ServiceState:
         return self._warming and not self._warm.is_set()
 
     # -- deferred settles ---------------------------------------------------------------------
-    def settle_later(self, key_id: str, reservation_id: str, units: tuple[int, int], event: dict) -> Callable[[], Awaitable[None]]:
+    def settle_later(
+        self, key_id: str, reservation_id: str, units: tuple[int, int], event: dict
+    ) -> Callable[[], Awaitable[None]]:
         """Register the settle of an answer that is about to be sent. Returns a coroutine function that the
         endpoint runs once the response has been sent (a Starlette background task, on the event loop); it
         hands the settle to a worker thread without waiting for it.
@@ -99,7 +109,9 @@ class ServiceState:
         dies first, the reservation stays open and reconciliation charges its reserved cost (fail closed).
         """
         with self._pending_cv:
-            self._pending.setdefault(key_id, {})[reservation_id] = time.monotonic() + self.cfg.limits.request_timeout_s
+            self._pending.setdefault(key_id, {})[reservation_id] = (
+                time.monotonic() + self.cfg.limits.request_timeout_s
+            )
 
         async def after_response() -> None:
             self.settler.submit(self._settle, key_id, reservation_id, units, event)
@@ -114,7 +126,10 @@ class ServiceState:
             log.warning("deferred settle not written: %s", exc)
         except Exception as exc:  # noqa: BLE001 - database error: the reservation stays charged, reconciled later
             self.metrics.settle_failures.inc()
-            log.error("deferred settle failed: %s; the reservation stays charged at its reserved cost", type(exc).__name__)
+            log.error(
+                "deferred settle failed: %s; the reservation stays charged at its reserved cost",
+                type(exc).__name__,
+            )
         finally:
             with self._pending_cv:
                 mine = self._pending.get(key_id, {})

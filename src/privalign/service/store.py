@@ -69,7 +69,14 @@ from privalign.errors import BudgetExhaustedError, PrivacyParameterError, Reserv
 from privalign.service import db
 from privalign.service.durability import DurabilityError, GroupFlusher, Ticket, sqlite_wal_flush
 
-__all__ = ["SQLBudgetStore", "Receipt", "DurabilityError", "ActiveKeyCheckFailed", "IdempotencyConflict", "IdempotencyMismatch"]
+__all__ = [
+    "SQLBudgetStore",
+    "Receipt",
+    "DurabilityError",
+    "ActiveKeyCheckFailed",
+    "IdempotencyConflict",
+    "IdempotencyMismatch",
+]
 
 EPS, DLT = db.EPS_SCALE, db.DELTA_SCALE
 
@@ -126,10 +133,14 @@ def limit_units(limit: Sequence[float] | None) -> tuple[int, int] | None:
         return None
     la, lb = float(limit[0]), float(limit[1])
     if math.isnan(la) or math.isnan(lb) or la < 0 or lb < 0:
-        raise PrivacyParameterError(f"The 'limit' parameter must be a pair of non-negative numbers. Got {limit!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'limit' parameter must be a pair of non-negative numbers. Got {limit!r} instead."
+        )
     cap = db.MAX_UNITS
-    return (cap if math.isinf(la) else min(cap, db.units_down(min(la, cap / EPS), EPS)),
-            cap if math.isinf(lb) else min(cap, db.units_down(min(lb, cap / DLT), DLT)))
+    return (
+        cap if math.isinf(la) else min(cap, db.units_down(min(la, cap / EPS), EPS)),
+        cap if math.isinf(lb) else min(cap, db.units_down(min(lb, cap / DLT), DLT)),
+    )
 
 
 _CLOSING = ("settle", "cancel", "reconcile")
@@ -145,11 +156,15 @@ def _check_cost(cost: Sequence[float], name: str) -> tuple[float, float]:
     if len(cost) != 2:
         raise PrivacyParameterError(f"The '{name}' parameter must be a pair (a, b). Got {cost!r} instead.")
     if any(isinstance(v, bool) for v in cost):
-        raise PrivacyParameterError(f"The '{name}' parameter must be a pair of numbers, not bools. Got {cost!r} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a pair of numbers, not bools. Got {cost!r} instead."
+        )
     a, b = float(cost[0]), float(cost[1])
     for v in (a, b):
         if math.isnan(v) or v < 0 or math.isinf(v):
-            raise PrivacyParameterError(f"The '{name}' parameter must be a pair of finite non-negative floats. Got {cost!r} instead.")
+            raise PrivacyParameterError(
+                f"The '{name}' parameter must be a pair of finite non-negative floats. Got {cost!r} instead."
+            )
     return a, b
 
 
@@ -178,7 +193,9 @@ class SQLBudgetStore:
     its ``budget_grants`` rows) by taking the minimum, so a stale limit can only be more conservative.
     """
 
-    def __init__(self, engine: Engine, *, owner: str | None = None, durable: bool = True, group_commit: bool = True) -> None:
+    def __init__(
+        self, engine: Engine, *, owner: str | None = None, durable: bool = True, group_commit: bool = True
+    ) -> None:
         self.engine = engine
         self.durable = bool(durable)
         self.owner = owner or uuid.uuid4().hex
@@ -216,8 +233,11 @@ class SQLBudgetStore:
                 self.flusher = GroupFlusher(self._pg_flush)
             except self.engine.dialect.dbapi.ProgrammingError as exc:  # type: ignore[union-attr]  # permission denied
                 raw.rollback()
-                log.warning("group commit is off: pg_logical_emit_message is not available (%s); every reserve "
-                            "waits for its own flush", str(exc).splitlines()[0])
+                log.warning(
+                    "group commit is off: pg_logical_emit_message is not available (%s); every reserve "
+                    "waits for its own flush",
+                    str(exc).splitlines()[0],
+                )
             finally:
                 raw.close()
             self._group_decided = True
@@ -259,23 +279,30 @@ class SQLBudgetStore:
     # Admin paths use Core.
     _SQL = {
         "lock": "SELECT limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta "
-                "FROM principals WHERE principal = :p",
+        "FROM principals WHERE principal = :p",
         "lock_pg": "SELECT limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta "
-                   "FROM principals WHERE principal = :p FOR UPDATE",
+        "FROM principals WHERE principal = :p FOR UPDATE",
         "new": "INSERT INTO principals (principal, created_at, limit_epsilon, limit_delta, spent_epsilon, spent_delta, "
-               "reserved_epsilon, reserved_delta) VALUES (:p, :t, 0, 0, 0, 0, 0, 0) ON CONFLICT DO NOTHING",
+        "reserved_epsilon, reserved_delta) VALUES (:p, :t, 0, 0, 0, 0, 0, 0) ON CONFLICT DO NOTHING",
         "ledger": "INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
-                  "reserved_delta, realized_epsilon, realized_delta, detail, closes) VALUES (:rid, :p, :a, :t, :o, :e, "
-                  ":ra, :rb, :sa, :sb, :d, :c)",
+        "reserved_delta, realized_epsilon, realized_delta, detail, closes) VALUES (:rid, :p, :a, :t, :o, :e, "
+        ":ra, :rb, :sa, :sb, :d, :c)",
         "add_reserved": "UPDATE principals SET reserved_epsilon = reserved_epsilon + :a, "
-                        "reserved_delta = reserved_delta + :b WHERE principal = :p",
+        "reserved_delta = reserved_delta + :b WHERE principal = :p",
         "close": "UPDATE principals SET reserved_epsilon = reserved_epsilon - :ra, reserved_delta = reserved_delta - :rb, "
-                 "spent_epsilon = spent_epsilon + :sa, spent_delta = spent_delta + :sb WHERE principal = :p",
+        "spent_epsilon = spent_epsilon + :sa, spent_delta = spent_delta + :sb WHERE principal = :p",
         "res": "SELECT principal, reserved_epsilon, reserved_delta FROM ledger WHERE reservation_id = :rid AND action = 'reserve'",
         "closed": "SELECT action FROM ledger WHERE closes = :rid",
         "key": "SELECT revoked_at FROM api_keys WHERE key_id = :p",
     }
-    _TOTALS = ("limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta", "reserved_epsilon", "reserved_delta")
+    _TOTALS = (
+        "limit_epsilon",
+        "limit_delta",
+        "spent_epsilon",
+        "spent_delta",
+        "reserved_epsilon",
+        "reserved_delta",
+    )
 
     # PostgreSQL: one statement per action. The effective limit is the granted limit (no caller limit),
     # or min(caller's limit, granted limit) when the principal has a grant, exactly as in the SQLite path;
@@ -297,7 +324,9 @@ class SQLBudgetStore:
     )
     _PG_RESERVE_SQL = {
         False: _PG_RESERVE.format(active=""),
-        True: _PG_RESERVE.format(active="AND EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(p)s AND revoked_at IS NULL) "),
+        True: _PG_RESERVE.format(
+            active="AND EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(p)s AND revoked_at IS NULL) "
+        ),
     }
     # {realized}: the realized cost columns of the closing row; {check}: settle's realized ≤ reserved.
     _PG_CLOSE = (
@@ -316,7 +345,9 @@ class SQLBudgetStore:
         "SELECT u.*, set_config('synchronous_commit', %(sync)s, true) FROM u"
     )
     _PG_CLOSE_SQL = {
-        "settle": _PG_CLOSE.format(realized="%(sa)s, %(sb)s", check=" WHERE %(sa)s <= reserved_epsilon AND %(sb)s <= reserved_delta"),
+        "settle": _PG_CLOSE.format(
+            realized="%(sa)s, %(sb)s", check=" WHERE %(sa)s <= reserved_epsilon AND %(sb)s <= reserved_delta"
+        ),
         "cancel": _PG_CLOSE.format(realized="NULL, NULL", check=""),
         "reconcile": _PG_CLOSE.format(realized="reserved_epsilon, reserved_delta", check=""),
     }
@@ -410,7 +441,9 @@ class SQLBudgetStore:
         return None if row is None else dict(zip(self._TOTALS, (int(v) for v in row)))
 
     @staticmethod
-    def _exhausted(principal: str, row: dict, ca: int, cb: int, lim: tuple[int, int] | None) -> BudgetExhaustedError | None:
+    def _exhausted(
+        principal: str, row: dict, ca: int, cb: int, lim: tuple[int, int] | None
+    ) -> BudgetExhaustedError | None:
         """The refusal for ``row`` (cached totals, units) and a request of ``(ca, cb)`` units under limit
         ``lim`` (units; ``None``: the granted limit), or ``None`` if it fits."""
         if lim is None:
@@ -422,7 +455,10 @@ class SQLBudgetStore:
         used_a = row["spent_epsilon"] + row["reserved_epsilon"]
         used_b = row["spent_delta"] + row["reserved_delta"]
         if used_a + ca > la or used_b + cb > lb:
-            remaining = {"primary": db.from_units(max(0, la - used_a), EPS), "delta": db.from_units(max(0, lb - used_b), DLT)}
+            remaining = {
+                "primary": db.from_units(max(0, la - used_a), EPS),
+                "delta": db.from_units(max(0, lb - used_b), DLT),
+            }
             return BudgetExhaustedError(
                 f"Reserving cost {(db.from_units(ca, EPS), db.from_units(cb, DLT))} for principal {principal!r} would exceed "
                 f"its budget {(db.from_units(la, EPS), db.from_units(lb, DLT))}; remaining {remaining}. Nothing was charged.",
@@ -431,8 +467,14 @@ class SQLBudgetStore:
         return None
 
     # -- BudgetStore protocol -----------------------------------------------------------------
-    def try_reserve(self, principal: str, cost: tuple[float, float], limit: tuple[float, float] | None, *,
-                    event: dict | None = None) -> str:
+    def try_reserve(
+        self,
+        principal: str,
+        cost: tuple[float, float],
+        limit: tuple[float, float] | None,
+        *,
+        event: dict | None = None,
+    ) -> str:
         """The ``BudgetStore`` protocol: :meth:`reserve`, returning the reservation id."""
         return self.reserve(principal, cost, limit, event=event).reservation_id
 
@@ -493,16 +535,34 @@ class SQLBudgetStore:
         self._decide_group_commit()
         flusher = self.flusher
         if self._pg:
-            params = {"p": principal, "a": ca, "b": cb, "la": None if lim is None else lim[0], "lb": None if lim is None else lim[1],
-                      "rid": rid, "t": db.now(), "o": self.owner, "e": ev,
-                      "sync": "on" if self.durable and flusher is None else "off"}
+            params = {
+                "p": principal,
+                "a": ca,
+                "b": cb,
+                "la": None if lim is None else lim[0],
+                "lb": None if lim is None else lim[1],
+                "rid": rid,
+                "t": db.now(),
+                "o": self.owner,
+                "e": ev,
+                "sync": "on" if self.durable and flusher is None else "off",
+            }
             with self._tx() as cur:
                 cur.execute(self._PG_RESERVE_SQL[bool(require_active)], params)
                 done = cur.fetchone()
                 if done is not None:
-                    return self._receipt(rid, principal, (ca, cb), dict(zip(self._TOTALS, (int(v) for v in done[:6]))), wait, background)
+                    return self._receipt(
+                        rid,
+                        principal,
+                        (ca, cb),
+                        dict(zip(self._TOTALS, (int(v) for v in done[:6]))),
+                        wait,
+                        background,
+                    )
                 if require_active:
-                    raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
+                    raise ActiveKeyCheckFailed(
+                        f"Reservation for key {principal!r} not confirmed; nothing was charged."
+                    )
                 # Refused, or no principal row yet: decide again under the row lock (a few more round
                 # trips, only on this path). This also names the remaining budget in the refusal.
                 with cur.connection.transaction():
@@ -516,9 +576,15 @@ class SQLBudgetStore:
         with self._tx(durable=self.durable and flusher is None) as cur:
             if require_active:
                 key = self._one(cur, "key", {"p": principal})
-                locked = self._lock_principal(cur, principal, create=False) if key is not None and key[0] is None else None
+                locked = (
+                    self._lock_principal(cur, principal, create=False)
+                    if key is not None and key[0] is None
+                    else None
+                )
                 if locked is None or self._exhausted(principal, locked, ca, cb, lim) is not None:
-                    raise ActiveKeyCheckFailed(f"Reservation for key {principal!r} not confirmed; nothing was charged.")
+                    raise ActiveKeyCheckFailed(
+                        f"Reservation for key {principal!r} not confirmed; nothing was charged."
+                    )
                 row = locked
             else:
                 row = self._lock_principal(cur, principal, create=True)
@@ -528,14 +594,18 @@ class SQLBudgetStore:
             self._insert_reserve(cur, principal, rid, ca, cb, ev)
         return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait, background)
 
-    def _receipt(self, rid: str, principal: str, cost: tuple[int, int], totals: dict, wait: bool, background: bool) -> Receipt:
+    def _receipt(
+        self, rid: str, principal: str, cost: tuple[int, int], totals: dict, wait: bool, background: bool
+    ) -> Receipt:
         """The receipt of a **committed** reservation; with group commit, its flush is queued here (and
         waited for if ``wait``)."""
         if self.flusher is None:
             return Receipt(rid, principal, cost, totals)
         # Background: the flusher's thread starts the flush now, to overlap the caller's next steps;
         # otherwise the (first) waiter flushes itself, with no thread hand-over, unless a flush is running.
-        receipt = Receipt(rid, principal, cost, totals, self.flusher.submit(rid, background=background and not wait))
+        receipt = Receipt(
+            rid, principal, cost, totals, self.flusher.submit(rid, background=background and not wait)
+        )
         if wait:
             self.wait_durable(receipt)
         return receipt
@@ -551,14 +621,35 @@ class SQLBudgetStore:
 
     def _insert_reserve(self, cur: Any, principal: str, rid: str, ca: int, cb: int, ev: str | None) -> None:
         """The reserve's ledger row and the matching change of the cached totals (caller holds the lock)."""
-        cur.execute(self._sql("ledger"), {
-            "rid": rid, "p": principal, "a": "reserve", "t": db.now(), "o": self.owner,
-            "e": ev, "ra": ca, "rb": cb, "sa": None, "sb": None, "d": None, "c": None,
-        })
+        cur.execute(
+            self._sql("ledger"),
+            {
+                "rid": rid,
+                "p": principal,
+                "a": "reserve",
+                "t": db.now(),
+                "o": self.owner,
+                "e": ev,
+                "ra": ca,
+                "rb": cb,
+                "sa": None,
+                "sb": None,
+                "d": None,
+                "c": None,
+            },
+        )
         cur.execute(self._sql("add_reserved"), {"a": ca, "b": cb, "p": principal})
 
-    def _close(self, reservation_id: str, action: str, cost: tuple[float, float] | None, event: dict | None,
-               detail: str | None, *, units: tuple[int, int] | None = None) -> dict[str, int]:
+    def _close(
+        self,
+        reservation_id: str,
+        action: str,
+        cost: tuple[float, float] | None,
+        event: dict | None,
+        detail: str | None,
+        *,
+        units: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
         if action == "settle":
             sa, sb = units if units is not None else cost_units(cost, "cost")  # type: ignore[arg-type]
         else:
@@ -566,10 +657,20 @@ class SQLBudgetStore:
         ev = json.dumps(event) if event is not None else None
         if self._pg:
             with self._tx() as cur:
-                cur.execute(self._PG_CLOSE_SQL[action], {
-                    "rid": reservation_id, "act": action, "t": db.now(), "o": self.owner, "e": ev, "sa": sa, "sb": sb,
-                    "d": detail, "sync": "off",  # a lost close is reconciled at the reserved cost (fail closed)
-                })
+                cur.execute(
+                    self._PG_CLOSE_SQL[action],
+                    {
+                        "rid": reservation_id,
+                        "act": action,
+                        "t": db.now(),
+                        "o": self.owner,
+                        "e": ev,
+                        "sa": sa,
+                        "sb": sb,
+                        "d": detail,
+                        "sync": "off",  # a lost close is reconciled at the reserved cost (fail closed)
+                    },
+                )
                 row = cur.fetchone()
                 if row is not None:
                     return dict(zip(self._TOTALS, (int(v) for v in row[:6])))
@@ -577,7 +678,9 @@ class SQLBudgetStore:
                 res = self._one(cur, "res", {"rid": reservation_id})
                 closed = self._one(cur, "closed", {"rid": reservation_id})
             self._close_error(reservation_id, action, res, closed, sa, sb)
-            raise ReservationError(f"Reservation {reservation_id!r} could not be {action}d.")  # pragma: no cover
+            raise ReservationError(
+                f"Reservation {reservation_id!r} could not be {action}d."
+            )  # pragma: no cover
         with self._tx() as cur:
             res = self._one(cur, "res", {"rid": reservation_id})
             closed = self._one(cur, "closed", {"rid": reservation_id})
@@ -588,32 +691,64 @@ class SQLBudgetStore:
                 sa, sb = ra, rb
             try:
                 # The unique index on ``closes`` refuses a concurrent second close of the same reservation.
-                cur.execute(self._sql("ledger"), {
-                    "rid": reservation_id, "p": principal, "a": action, "t": db.now(), "o": self.owner,
-                    "e": ev, "ra": ra, "rb": rb, "sa": sa, "sb": sb, "d": detail, "c": reservation_id,
-                })
+                cur.execute(
+                    self._sql("ledger"),
+                    {
+                        "rid": reservation_id,
+                        "p": principal,
+                        "a": action,
+                        "t": db.now(),
+                        "o": self.owner,
+                        "e": ev,
+                        "ra": ra,
+                        "rb": rb,
+                        "sa": sa,
+                        "sb": sb,
+                        "d": detail,
+                        "c": reservation_id,
+                    },
+                )
             except self.engine.dialect.dbapi.IntegrityError:  # type: ignore[union-attr]  # a connected engine has its DBAPI
-                raise ReservationError(f"Reservation {reservation_id!r} is already closed; it cannot be {action}d.") from None
-            cur.execute(self._sql("close"), {"ra": ra, "rb": rb, "sa": sa or 0, "sb": sb or 0, "p": principal})
+                raise ReservationError(
+                    f"Reservation {reservation_id!r} is already closed; it cannot be {action}d."
+                ) from None
+            cur.execute(
+                self._sql("close"), {"ra": ra, "rb": rb, "sa": sa or 0, "sb": sb or 0, "p": principal}
+            )
             totals = self._lock_principal(cur, principal, create=False)
             assert totals is not None  # the reservation's principal row exists (foreign key)
             return totals
 
     @staticmethod
-    def _close_error(reservation_id: str, action: str, res: tuple | None, closed: tuple | None, sa: int | None, sb: int | None) -> None:
+    def _close_error(
+        reservation_id: str,
+        action: str,
+        res: tuple | None,
+        closed: tuple | None,
+        sa: int | None,
+        sb: int | None,
+    ) -> None:
         """Raise the ReservationError that explains why ``action`` cannot close the reservation, if any."""
         if res is None:
             raise ReservationError(f"Unknown reservation id {reservation_id!r}.")
         if closed is not None:
-            raise ReservationError(f"Reservation {reservation_id!r} is already closed ({closed[0]}); it cannot be {action}d.")
+            raise ReservationError(
+                f"Reservation {reservation_id!r} is already closed ({closed[0]}); it cannot be {action}d."
+            )
         _, ra, rb = res
         if action == "settle" and (sa > ra or sb > rb):
             raise ReservationError(
                 f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} (units) of reservation {reservation_id!r}."
             )
 
-    def settle(self, reservation_id: str, cost: tuple[float, float] | None = None, *, event: dict | None = None,
-               units: tuple[int, int] | None = None) -> dict[str, int]:
+    def settle(
+        self,
+        reservation_id: str,
+        cost: tuple[float, float] | None = None,
+        *,
+        event: dict | None = None,
+        units: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
         """Charge the realized ``cost`` (≤ the reserved cost; rounded up to the unit, or given exactly as
         ``units``) and release the rest. Returns the principal's totals after the settle (units).
 
@@ -633,7 +768,9 @@ class SQLBudgetStore:
         """
         return self._close(reservation_id, "cancel", None, None, None)
 
-    def reconcile(self, reservation_id: str, *, detail: str = "reconciled after an interrupted request") -> dict[str, int]:
+    def reconcile(
+        self, reservation_id: str, *, detail: str = "reconciled after an interrupted request"
+    ) -> dict[str, int]:
         """Charge an open reservation at its reserved (worst-case) cost: the fail-closed rule."""
         return self._close(reservation_id, "reconcile", None, None, detail)
 
@@ -645,7 +782,9 @@ class SQLBudgetStore:
         return (row["spent_epsilon"], row["spent_delta"]), (row["reserved_epsilon"], row["reserved_delta"])
 
     # -- service extensions -------------------------------------------------------------------
-    def grant(self, principal: str, epsilon: float, delta: float, *, note: str = "", conn: Any = None) -> None:
+    def grant(
+        self, principal: str, epsilon: float, delta: float, *, note: str = "", conn: Any = None
+    ) -> None:
         """Append a budget grant (creation or top-up) and raise the principal's limit (rounded down to
         the unit)."""
         ua, ub = db.units_down(float(epsilon), EPS), db.units_down(float(delta), DLT)
@@ -655,7 +794,9 @@ class SQLBudgetStore:
         conn.execute(text(self._SQL["new"]), {"p": principal, "t": db.now()})
         conn.execute(text(self._SQL["lock_pg" if self._pg else "lock"]), {"p": principal})
         conn.execute(
-            db.budget_grants.insert().values(principal=principal, created_at=db.now(), epsilon=ua, delta=ub, note=note)
+            db.budget_grants.insert().values(
+                principal=principal, created_at=db.now(), epsilon=ua, delta=ub, note=note
+            )
         )
         conn.execute(
             update(db.principals)
@@ -712,7 +853,12 @@ class SQLBudgetStore:
 
     def ledger_rows(self, principal: str, *, limit: int = 100) -> list[dict[str, Any]]:
         """The latest ``limit`` ledger rows of ``principal`` (newest first), event JSON decoded."""
-        q = select(db.ledger).where(db.ledger.c.principal == principal).order_by(db.ledger.c.id.desc()).limit(limit)
+        q = (
+            select(db.ledger)
+            .where(db.ledger.c.principal == principal)
+            .order_by(db.ledger.c.id.desc())
+            .limit(limit)
+        )
         with self.engine.connect() as conn:
             rows = [dict(r) for r in conn.execute(q).mappings()]
             conn.rollback()
@@ -727,7 +873,9 @@ class SQLBudgetStore:
         return rows
 
     # -- idempotency --------------------------------------------------------------------------
-    def idempotency_begin(self, principal: str, idem_key: str, request_hash: str, *, ttl_s: float) -> tuple[int, str] | None:
+    def idempotency_begin(
+        self, principal: str, idem_key: str, request_hash: str, *, ttl_s: float
+    ) -> tuple[int, str] | None:
         """Start an attempt of a request carrying an ``Idempotency-Key``.
 
         Returns:
@@ -744,14 +892,27 @@ class SQLBudgetStore:
         cond = (tbl.c.principal == principal) & (tbl.c.idem_key == idem_key)
         with self.engine.begin() as conn:
             row = conn.execute(select(tbl).where(cond)).mappings().first()
-            if row is not None and row["expires_at"] is not None and row["expires_at"] <= t and row["status"] == "done":
+            if (
+                row is not None
+                and row["expires_at"] is not None
+                and row["expires_at"] <= t
+                and row["status"] == "done"
+            ):
                 conn.execute(delete(tbl).where(cond))
                 row = None
             if row is None:
                 try:
                     with conn.begin_nested():
-                        conn.execute(tbl.insert().values(principal=principal, idem_key=idem_key, request_hash=request_hash,
-                                                         status="pending", created_at=t, expires_at=t + float(ttl_s)))
+                        conn.execute(
+                            tbl.insert().values(
+                                principal=principal,
+                                idem_key=idem_key,
+                                request_hash=request_hash,
+                                status="pending",
+                                created_at=t,
+                                expires_at=t + float(ttl_s),
+                            )
+                        )
                     return None
                 except IntegrityError:
                     raise IdempotencyConflict("A request with this Idempotency-Key is in progress.") from None
@@ -763,8 +924,16 @@ class SQLBudgetStore:
             "A request with this Idempotency-Key is in progress or was interrupted; an interrupted attempt stays charged at its reserved cost."
         )
 
-    def idempotency_finish(self, principal: str, idem_key: str, *, status_code: int | None, response: str | None,
-                           reservation_id: str | None, ttl_s: float) -> None:
+    def idempotency_finish(
+        self,
+        principal: str,
+        idem_key: str,
+        *,
+        status_code: int | None,
+        response: str | None,
+        reservation_id: str | None,
+        ttl_s: float,
+    ) -> None:
         """Store the answer of an attempt (``response`` JSON text), or, with ``response=None``, drop its
         pending row (a refusal that charged nothing: the client may retry with the same key)."""
         tbl = db.idempotency
@@ -773,8 +942,17 @@ class SQLBudgetStore:
             if response is None:
                 conn.execute(delete(tbl).where(cond & (tbl.c.status == "pending")))
             else:
-                conn.execute(update(tbl).where(cond).values(status="done", status_code=status_code, response=response,
-                                                            reservation_id=reservation_id, expires_at=db.now() + float(ttl_s)))
+                conn.execute(
+                    update(tbl)
+                    .where(cond)
+                    .values(
+                        status="done",
+                        status_code=status_code,
+                        response=response,
+                        reservation_id=reservation_id,
+                        expires_at=db.now() + float(ttl_s),
+                    )
+                )
 
     def purge_expired_answers(self) -> int:
         """Delete idempotency rows whose ``expires_at`` has passed: stored answers, and pending rows of

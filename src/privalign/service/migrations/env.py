@@ -6,8 +6,10 @@ from alembic import context
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("privalign's migrations run through privalign.service.migrations.upgrade(connection); "
-                       "privalign serve and privalign keys call it at start-up")
+    raise RuntimeError(
+        "privalign's migrations run through privalign.service.migrations.upgrade(connection); "
+        "privalign serve and privalign keys call it at start-up"
+    )
 context.configure(connection=connection, target_metadata=None, render_as_batch=True)
 with context.begin_transaction():
     context.run_migrations()

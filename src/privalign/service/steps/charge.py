@@ -10,6 +10,7 @@ from privalign.service.store import cost_units
 
 __all__ = ["charge"]
 
+
 def charge(r: Reserved, realized: Any) -> tuple[int, int]:
     """Step 5: the filter's charge for the realized event (checked ≤ reserved), in exact ledger units."""
     assert r.flt is not None and r.reservation is not None and r.receipt is not None  # private methods only

@@ -17,6 +17,7 @@ __all__ = ["generate"]
 
 log = logging.getLogger("privalign.service")
 
+
 def generate(state: ServiceState, job: Job, r: Reserved, deadline: float) -> list[str]:
     """Step 2: public inputs only. Any failure cancels the reservation (nothing charged)."""
     if job.candidates is not None:
@@ -34,9 +35,15 @@ def generate(state: ServiceState, job: Job, r: Reserved, deadline: float) -> lis
     except Exception as exc:  # noqa: BLE001 - UpstreamError, FutureTimeout, anything the generator raises
         cancel(state, r)
         if isinstance(exc, FutureTimeout):
-            raise ApiError(504, "upstream_timeout", "The generator timed out; the reservation was released (no private score was "
-                           "computed).") from None
+            raise ApiError(
+                504,
+                "upstream_timeout",
+                "The generator timed out; the reservation was released (no private score was computed).",
+            ) from None
         log.warning("generator failed: %s", type(exc).__name__)
-        raise ApiError(502, "upstream_error", "The generator failed; the reservation was released (no private score was "
-                       "computed).") from None
+        raise ApiError(
+            502,
+            "upstream_error",
+            "The generator failed; the reservation was released (no private score was computed).",
+        ) from None
     return candidates

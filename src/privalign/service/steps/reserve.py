@@ -18,8 +18,16 @@ from privalign.service.store import ActiveKeyCheckFailed, DurabilityError
 
 __all__ = ["reserve", "cancel", "durable"]
 
-def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Callable[[], KeyInfo] | None,
-            endpoint: str = "", *, overlap: bool = False) -> Reserved:
+
+def reserve(
+    state: ServiceState,
+    key: KeyInfo,
+    plan: planning.Plan,
+    reauth: Callable[[], KeyInfo] | None,
+    endpoint: str = "",
+    *,
+    overlap: bool = False,
+) -> Reserved:
     """Step 1. ``reauth``: ``None`` if ``key`` was authenticated from the database; otherwise ``key``
     comes from the key cache and the reserving statement also checks that the key is active
     (``require_active``); if it writes nothing, the key is authenticated from the database (401) and the
@@ -38,14 +46,19 @@ def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Call
     except UnsupportedEventError as exc:
         if reauth is not None:
             key = reauth()
-        raise ApiError(400, "invalid_request_error", f"Method {plan.method!r} is not supported by this key's {key.accounting!r} "
-                       f"accounting: {exc}", param="privacy.method") from None
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"Method {plan.method!r} is not supported by this key's {key.accounting!r} accounting: {exc}",
+            param="privacy.method",
+        ) from None
     event = plan.worst.to_dict()
     receipt = None
     if reauth is not None:
         try:
-            receipt = state.store.reserve(key.key_id, cost, None, event=event, require_active=True, wait=False,
-                                            background=overlap)
+            receipt = state.store.reserve(
+                key.key_id, cost, None, event=event, require_active=True, wait=False, background=overlap
+            )
         except (ActiveKeyCheckFailed, BudgetExhaustedError):
             key = reauth()  # nothing was written: authenticate from the database and decide again
             flt = FILTERS[key.accounting]
@@ -54,13 +67,18 @@ def reserve(state: ServiceState, key: KeyInfo, plan: planning.Plan, reauth: Call
             receipt = state.store.reserve(key.key_id, cost, None, event=event, wait=False, background=overlap)
         except BudgetExhaustedError as exc:
             state.metrics.refusals.labels(endpoint).inc()
-            rem = {unit_name(key): exc.remaining.get("primary", 0.0), "delta": exc.remaining.get("delta", 0.0)}
+            rem = {
+                unit_name(key): exc.remaining.get("primary", 0.0),
+                "delta": exc.remaining.get("delta", 0.0),
+            }
             raise ApiError(
-                429, "budget_exhausted",
+                429,
+                "budget_exhausted",
                 f"Privacy budget exhausted: this request needs {unit_name(key)}={cost[0]:.9g}, delta={cost[1]:.3g}; the key has "
                 f"{unit_name(key)}={rem[unit_name(key)]:.9g}, delta={rem['delta']:.3g} left. Nothing was charged. "
                 "GET /v1/budget shows the key's budget; ask the operator for a top-up, or lower privacy.epsilon or privacy.n.",
-                retry=False, remaining=rem,
+                retry=False,
+                remaining=rem,
             ) from None
     state.metrics.epsilon_reserved.labels(key.accounting).inc(db.from_units(receipt.cost[0], db.EPS_SCALE))
     res = F.Reservation(id=receipt.reservation_id, principal=key.key_id, worst_case=plan.worst, cost=cost)
@@ -85,7 +103,14 @@ def durable(state: ServiceState, r: Reserved, deadline: float) -> None:
         state.store.wait_durable(r.receipt, timeout=max(1.0, deadline - time.monotonic()))
     except DurabilityError as exc:
         state.metrics.db_errors.inc()
-        logging.getLogger("privalign.service").error("reservation %s not confirmed on disk: %s", r.receipt.reservation_id, exc)
-        raise ApiError(503, "service_unavailable", "The ledger could not confirm the reservation on disk, so no answer is "
-                       "released; the reservation stays charged at its reserved cost. Do not retry: a retry is charged "
-                       "again.", charged=True) from None
+        logging.getLogger("privalign.service").error(
+            "reservation %s not confirmed on disk: %s", r.receipt.reservation_id, exc
+        )
+        raise ApiError(
+            503,
+            "service_unavailable",
+            "The ledger could not confirm the reservation on disk, so no answer is "
+            "released; the reservation stays charged at its reserved cost. Do not retry: a retry is charged "
+            "again.",
+            charged=True,
+        ) from None

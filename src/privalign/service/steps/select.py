@@ -10,6 +10,7 @@ from privalign.service import plan as planning
 
 __all__ = ["select"]
 
+
 def select(plan: planning.Plan, scores: np.ndarray, noise: Any) -> tuple[int, Any]:
     """Run the plan's selection on clipped scores with ``noise`` (``SecureNoise``); returns (index into
     the candidates, realized event)."""
