@@ -83,7 +83,10 @@ def bench_privbon(a, epsilon: float, runs: int) -> dict:
             times[name].append(time.perf_counter() - t0)
     fmin, fmed = min(times[names[0]]), statistics.median(times[names[0]])
     res = {
-        "config": f"{a.shape[0]} prompts × {a.shape[1]} candidates ({a.nbytes / 2**20:.0f} MB), PrivBoN ε={epsilon:g}",
+        "config": (
+            f"{a.shape[0]} prompts × {a.shape[1]} candidates ({a.nbytes / 2**20:.0f} MB), "
+            f"PrivBoN ε={epsilon:g}"
+        ),
         "floor_GB_per_s_best": a.nbytes / fmin / 1e9,
     }
     for name in names:

@@ -6,11 +6,11 @@ Usage:
 
 The loop baseline (``loop_protocol`` below) draws each replicate with ``rng.permutation`` and evaluates
 every method's exact law for that replicate alone, with the same quadrature nodes as the engine (order 6,
-panels of 3·min(σ_X, σ_Z)) but computing PrivITP's acceptance probabilities from the closed form each time (no per-prompt precompute,
-no early stop). It is too slow to run at full size, so it is timed on ``--loop-prompts`` prompts ×
-``--loop-replicates`` replicates (all N) and extrapolated linearly in prompts × replicates; the output says
-so. ``--check`` also runs both on a smaller configuration and reports the largest standardized
-difference between their lift estimates.
+panels of 3·min(σ_X, σ_Z)) but computing PrivITP's acceptance probabilities from the closed form each time
+(no per-prompt precompute, no early stop). It is too slow to run at full size, so it is timed on
+``--loop-prompts`` prompts × ``--loop-replicates`` replicates (all N) and extrapolated linearly in
+prompts × replicates; the output says so. ``--check`` also runs both on a smaller configuration and reports
+the largest standardized difference between their lift estimates.
 
 Timing on a shared machine: the loop's prompts are timed half just before and half just after the engine
 run (so that a change of load during the run affects both sides), and both wall-clock and process CPU

@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             "ok": mo / mb <= 2.0,
         },
         {
-            "benchmark": f"secure noisy-argmax, 1 query × {args.candidates} (median of {args.secure_queries})",
+            "benchmark": (
+                f"secure noisy-argmax, 1 query × {args.candidates} (median of {args.secure_queries})"
+            ),
             "privalign_s": sec_med,
             "baseline": "seeded NoisyArgmax, same query",
             "baseline_s": seeded_single,
@@ -114,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             "p90_s": sec_p90,
         },
         {
-            "benchmark": f"secure noisy-argmax, 1 query × {args.candidates}, one score 500·scale above the rest",
+            "benchmark": (
+                f"secure noisy-argmax, 1 query × {args.candidates}, one score 500·scale above the rest"
+            ),
             "privalign_s": statistics.median(lat_wide),
             "baseline": "secure, scores in [0, 1) (row above)",
             "baseline_s": sec_med,
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|---|---|---|")
         for r in rows:
             print(
-                f"| {r['benchmark']} | {r['privalign_s'] * 1e3:.2f} ms | {r['baseline']} | {r['baseline_s'] * 1e3:.2f} ms "
+                f"| {r['benchmark']} | {r['privalign_s'] * 1e3:.2f} ms | {r['baseline']} "
+                f"| {r['baseline_s'] * 1e3:.2f} ms "
                 f"| {r['ratio']:.2f} | {r['target']} | {'yes' if r['ok'] else 'NO'} |"
             )
         print(f"\nsecure p90 latency: {sec_p90 * 1e3:.2f} ms; {meta}")

@@ -2,13 +2,14 @@
 baseline plain ``model.generate`` on the same prompts, same number of sequences and tokens, in the same run.
 
 Usage:
-  python benchmarks/bench_rlhf.py [--steps 4] [--prompts-per-step 1] [--num-generations 4] [--max-new-tokens 16]
-                                  [--threads 1] [--base smollm2]
+  python benchmarks/bench_rlhf.py [--steps 4] [--prompts-per-step 1] [--num-generations 4]
+                                  [--max-new-tokens 16] [--threads 1] [--base smollm2]
 
 Reports RL steps per minute, generated tokens per second during RL (completion tokens of every GRPO step /
 wall time of the steps, which includes scoring, the reference forward pass, the policy backward pass and the
-optimiser step), the same for plain sampling with ``model.generate``, their ratio, and the peak resident memory
-of the process after the baseline and after RL (``ru_maxrss``; monotone, so the second is the run's peak).
+optimiser step), the same for plain sampling with ``model.generate``, their ratio, and the peak resident
+memory of the process after the baseline and after RL (``ru_maxrss``; monotone, so the second is the run's
+peak).
 The reward is a RR-IHT model (ε = 8) fitted on held-out IMDb pairs (not timed).
 """
 
@@ -77,7 +78,8 @@ def main(argv=None):
     t_load = time.perf_counter() - t0
     rss_load = _rss_mib()
 
-    # baseline: plain model.generate (ancestral sampling, as in RL), the same prompts, G samples each, same token cap
+    # baseline: plain model.generate (ancestral sampling, as in RL), the same prompts, G samples each, same
+    # token cap
     model, tok = base[0], base[1]
     model.eval()
     eos = model.generation_config.eos_token_id
@@ -121,8 +123,10 @@ def main(argv=None):
     rl_tokens = sum(h["completions/mean_length"] for h in log) * args.num_generations * args.prompts_per_step
     rss_rl = _rss_mib()
     rows = {
-        "config": f"{args.steps} GRPO steps × {args.prompts_per_step} prompt(s) × {args.num_generations} samples × "
-        f"≤{args.max_new_tokens} tokens, LoRA r=16, {args.threads} thread(s)",
+        "config": (
+            f"{args.steps} GRPO steps × {args.prompts_per_step} prompt(s) × {args.num_generations} samples × "
+            f"≤{args.max_new_tokens} tokens, LoRA r=16, {args.threads} thread(s)"
+        ),
         "load_seconds": t_load,
         "rl_steps_per_min": 60.0 * len(log) / t_rl,
         "rl_seconds_per_step": t_rl / len(log),
@@ -133,8 +137,10 @@ def main(argv=None):
         "peak_rss_mib_after_load": rss_load,
         "peak_rss_mib_after_generate": rss_gen,
         "peak_rss_mib_after_rl": rss_rl,
-        "note": "baseline: model.generate(do_sample=True) on the same prompts; its token count stops at EOS (EOS "
-        "included); RL tokens are TRL's completion lengths",
+        "note": (
+            "baseline: model.generate(do_sample=True) on the same prompts; its token count stops at EOS "
+            "(EOS included); RL tokens are TRL's completion lengths"
+        ),
     }
     print(json.dumps(rows, indent=2))
     return rows

@@ -25,7 +25,8 @@ with the load average, because on a shared virtual disk it varies by an order of
 
 Usage::
 
-    python benchmarks/bench_service_select.py [--requests 400] [--clients 8] [--gap-ms 5] [--no-postgres] [--json out.json]
+    python benchmarks/bench_service_select.py [--requests 400] [--clients 8] [--gap-ms 5] [--no-postgres]
+                                              [--json out.json]
 
 Prints a markdown table (and JSON with ``--json``). Ratios are against the baseline of the same run.
 """
@@ -341,13 +342,15 @@ def main(argv: list[str] | None = None) -> dict:
         "ledger_writes": ledger,
     }
     print(
-        f"cpus={out['cpus']} gap_ms={args.gap_ms:g} loadavg at start={tuple(round(x, 1) for x in load_start)} "
+        f"cpus={out['cpus']} gap_ms={args.gap_ms:g} "
+        f"loadavg at start={tuple(round(x, 1) for x in load_start)} "
         f"at end={tuple(round(x, 1) for x in out['loadavg_at_end'])}"
     )
     for when, fp in (("start", flush_start), ("end", flush_end)):
         print(f"disk flush at {when}: " + ", ".join(f"{k} {v:.2f}" for k, v in fp.items()))
     print(
-        "| setup | seq p50 ms | seq p99 ms | seq overhead p50 ms | server CPU ms/req | overhead CPU ms/req | conc req/s | "
+        "| setup | seq p50 ms | seq p99 ms | seq overhead p50 ms | server CPU ms/req | overhead CPU ms/req "
+        "| conc req/s | "
         "conc p50 ms | conc p99 ms | conc overhead p50 ms | throughput vs baseline |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -355,12 +358,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"| {r['setup']} | {r['seq_p50_ms']:.2f} | {r['seq_p99_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | "
             f"{r['server_cpu_ms_per_req']:.2f} | {r['overhead_cpu_ms']:+.2f} | {r['conc_rps']:.0f} | "
-            f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['conc_overhead_p50_ms']:+.2f} | {r['throughput_ratio']:.2f} |"
+            f"{r['conc_p50_ms']:.2f} | {r['conc_p99_ms']:.2f} | {r['conc_overhead_p50_ms']:+.2f} | "
+            f"{r['throughput_ratio']:.2f} |"
         )
     if args.generate_ms > 0:
         print()
         print(
-            f"/v1/chat/completions, sequential, 16 candidates from a stand-in generator that waits {args.generate_ms:g} ms:"
+            "/v1/chat/completions, sequential, 16 candidates from a stand-in generator that waits "
+            f"{args.generate_ms:g} ms:"
         )
         print("| setup | seq p50 ms | seq overhead p50 ms |")
         print("|---|---|---|")

@@ -148,19 +148,24 @@ def main(argv: list[str] | None = None) -> int:
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         eng.dispose()
     print(
-        f"cpus={os.cpu_count()} loadavg start={tuple(round(x, 1) for x in load0)} end={tuple(round(x, 1) for x in load1)}"
+        f"cpus={os.cpu_count()} loadavg start={tuple(round(x, 1) for x in load0)} "
+        f"end={tuple(round(x, 1) for x in load1)}"
     )
     print(
-        "| run | requests | clients | servers | wall s | req/s | p50 ms | p99 ms | status codes | req/s vs baseline |"
+        "| run | requests | clients | servers | wall s | req/s | p50 ms | p99 ms | status codes "
+        "| req/s vs baseline |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     print(
-        f"| baseline (no privacy, no ledger) | {base['requests']} | {args.clients} | 1 | {base['wall_s']:.1f} | {base['rps']:.0f} | "
+        f"| baseline (no privacy, no ledger) | {base['requests']} | {args.clients} | 1 | "
+        f"{base['wall_s']:.1f} | {base['rps']:.0f} | "
         f"{base['p50_ms']:.1f} | {base['p99_ms']:.1f} | {base['codes']} | 1.00 |"
     )
     print(
-        f"| soak: privbon, one key, PostgreSQL sync=full | {soak['requests']} | {args.clients} | {args.replicas} | {soak['wall_s']:.1f} | "
-        f"{soak['rps']:.0f} | {soak['p50_ms']:.1f} | {soak['p99_ms']:.1f} | {soak['codes']} | {soak['rps'] / base['rps']:.2f} |"
+        f"| soak: privbon, one key, PostgreSQL sync=full | {soak['requests']} | {args.clients} | "
+        f"{args.replicas} | {soak['wall_s']:.1f} | "
+        f"{soak['rps']:.0f} | {soak['p50_ms']:.1f} | {soak['p99_ms']:.1f} | {soak['codes']} | "
+        f"{soak['rps'] / base['rps']:.2f} |"
     )
     print(f"ledger rows: {actions}; totals (units): {cached}")
     for name, v in checks.items():

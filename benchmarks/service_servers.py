@@ -75,7 +75,8 @@ def write_config(
     with ``generate_ms > 0`` :func:`sleepy_generator`."""
     p = tmp / f"bench-{uuid.uuid4().hex[:6]}.toml"
     gen = (
-        f'[generator]\nkind = "python"\ntarget = "service_servers:sleepy_generator"\ndelay_ms = {float(generate_ms)!r}\n'
+        '[generator]\nkind = "python"\ntarget = "service_servers:sleepy_generator"\n'
+        f"delay_ms = {float(generate_ms)!r}\n"
         if generate_ms > 0
         else '[generator]\nkind = "none"\n'
     )

@@ -330,7 +330,8 @@ def test_failed_start_leaves_no_work_file_and_corrected_command_runs(tmp_path):
         progress=False,
     )
     assert m["num_prompts"] == 2
-    # a header-only work file left by an older version (another configuration, no finished prompt) does not block
+    # a header-only work file left by an older version (another configuration, no finished prompt) does not
+    # block
     out2 = tmp_path / "q.jsonl"
     work_path(out2).write_text(json.dumps({"_header": "0123456789abcdef"}) + "\n", encoding="utf-8")
     build_pool(

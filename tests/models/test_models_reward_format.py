@@ -1,10 +1,11 @@
 """Issue 16, problem 1: one reward-model format and one featurizer from ``fit-reward`` to ``serve``.
 
-* ``privalign serve --reward-model rm.json`` accepts what ``privalign fit-reward --out rm.json`` wrote (before:
-  "not a valid linear model: 'n_features'").
-* ``/v1/select`` ranks candidates by exactly the fitted estimator's ``predict_reward`` of the trainer's features.
-* Older files load with a warning naming ``privalign upgrade-reward-model``; the retired service weights format is
-  refused with a one-line error saying how to replace it.
+* ``privalign serve --reward-model rm.json`` accepts what ``privalign fit-reward --out rm.json`` wrote
+  (before: "not a valid linear model: 'n_features'").
+* ``/v1/select`` ranks candidates by exactly the fitted estimator's ``predict_reward`` of the trainer's
+  features.
+* Older files load with a warning naming ``privalign upgrade-reward-model``; the retired service weights
+  format is refused with a one-line error saying how to replace it.
 """
 
 from __future__ import annotations

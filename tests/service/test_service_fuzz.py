@@ -165,7 +165,10 @@ def _hostile_body(draw):
                 ]
             )
         )
-        body = f'{{"model": "m", "messages": [{{"role": "user", "content": {content}}}], "privacy": {privacy}{extra}}}'
+        body = (
+            f'{{"model": "m", "messages": [{{"role": "user", "content": {content}}}], '
+            f'"privacy": {privacy}{extra}}}'
+        )
     return path, body
 
 

@@ -371,7 +371,8 @@ def test_zcdp_and_ex_post_accounting(tmp_path, reward_model):
         assert r.status_code == 200, r.text
         px = r.json()["privacy"]
         assert 0 < px["epsilon_charged"] <= px["epsilon_reserved"] and px["delta"] > 0
-        # remaining: the limit less the realized charge (not the larger reservation); δ is charged as reserved.
+        # remaining: the limit less the realized charge (not the larger reservation); δ is charged as
+        # reserved.
         assert px["charged"] < px["reserved"] and px["remaining"]["epsilon"] == pytest.approx(
             5.0 - px["charged"]
         )

@@ -170,11 +170,13 @@ def test_postgres_commit_modes_reserve_flushed_closes_not(pg_schema, durable, gr
         )
         conn.exec_driver_sql(
             "CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "INSERT INTO commit_modes (action, mode, rid, lsn) VALUES (NEW.action, current_setting('synchronous_commit'), "
+            "INSERT INTO commit_modes (action, mode, rid, lsn) "
+            "VALUES (NEW.action, current_setting('synchronous_commit'), "
             "NEW.reservation_id, pg_current_wal_insert_lsn()); RETURN NULL; END $$"
         )
         conn.exec_driver_sql(
-            "CREATE CONSTRAINT TRIGGER ledger_commit_mode AFTER INSERT ON ledger DEFERRABLE INITIALLY DEFERRED "
+            "CREATE CONSTRAINT TRIGGER ledger_commit_mode AFTER INSERT ON ledger "
+            "DEFERRABLE INITIALLY DEFERRED "
             "FOR EACH ROW EXECUTE FUNCTION record_commit_mode()"
         )
     store = SQLBudgetStore(eng, durable=durable, group_commit=group)

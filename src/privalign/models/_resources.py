@@ -31,7 +31,8 @@ SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def require(module: str, *, purpose: str = "") -> Any:
-    """Import ``module`` or raise :class:`MissingDependencyError` naming the package and the install command."""
+    """Import ``module`` or raise :class:`MissingDependencyError` naming the package and the install
+    command."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:

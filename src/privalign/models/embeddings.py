@@ -128,4 +128,7 @@ class MiniLMEmbedder:
     __call__ = embed
 
     def __repr__(self) -> str:
-        return f"MiniLMEmbedder(backend={self.backend!r}, batch_size={self.batch_size}, max_length={self.max_length})"
+        return (
+            f"MiniLMEmbedder(backend={self.backend!r}, batch_size={self.batch_size}, "
+            f"max_length={self.max_length})"
+        )

@@ -153,7 +153,8 @@ class LinearRewardScorer:
                 X = self.feature_map.transform(chunk)
             if X.shape[1] != self.coef.shape[0]:
                 raise PrivacyParameterError(
-                    f"The feature map gives {X.shape[1]} features but 'coef' has {self.coef.shape[0]} entries."
+                    f"The feature map gives {X.shape[1]} features but 'coef' has "
+                    f"{self.coef.shape[0]} entries."
                 )
             z = matvec(X, self.coef) + self.intercept
             out[s : s + len(z)] = z
@@ -186,7 +187,8 @@ class LinearRewardScorer:
     # -- persistence ----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, *, metadata: dict | None = None, dtype: str = "<f8") -> Path:
         """Write the model in the reward-model format (``privalign.reward_model`` version 2, see
-        :mod:`privalign.estimation.persistence`) atomically. ``dtype="<f4"`` halves the file (not lossless)."""
+        :mod:`privalign.estimation.persistence`) atomically. ``dtype="<f4"`` halves the file (not
+        lossless)."""
         from privalign.estimation.persistence import FORMAT, VERSION, write_reward_model
 
         if not hasattr(self.feature_map, "get_config"):
@@ -267,7 +269,8 @@ class FormatUpgradeWarning(UserWarning):
 
 def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
     """The reward-model document at ``path`` in the current schema (``privalign.reward_model`` v2), converting
-    the older formats in memory (with a :class:`FormatUpgradeWarning`). See :meth:`LinearRewardScorer.load`."""
+    the older formats in memory (with a :class:`FormatUpgradeWarning`). See
+    :meth:`LinearRewardScorer.load`."""
     import warnings
 
     from privalign.estimation.persistence import FORMAT, VERSION
@@ -283,7 +286,10 @@ def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
         raise DataFormatError(
             f"{p}: not a reward-model file (a JSON {type(doc).__name__}, expected an object)."
         )
-    upgrade = f"`privalign upgrade-reward-model {p} --out NEW.json` rewrites it in the current format ({FORMAT} v{VERSION})"
+    upgrade = (
+        f"`privalign upgrade-reward-model {p} --out NEW.json` rewrites it in the current format "
+        f"({FORMAT} v{VERSION})"
+    )
     fmt = doc.get("format")
     if fmt == FORMAT and doc.get("version") == VERSION:
         return doc
@@ -327,8 +333,9 @@ def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
         }
     if "weights" in doc and "n_features" in doc:
         raise DataFormatError(
-            f"{p}: this is the retired service weights format ('n_features'/'weights' over BLAKE2b-signed, l2-normalised "
-            "n-grams), which no trainer writes and whose features differ from the trainer's; it cannot be converted. "
+            f"{p}: this is the retired service weights format ('n_features'/'weights' over BLAKE2b-signed, "
+            "l2-normalised n-grams), which no trainer writes and whose features differ from the trainer's; "
+            "it cannot be converted. "
             "Fit a model with `privalign fit-reward --data ... --method ... --out rm.json` and serve it with "
             "`privalign serve --reward-model rm.json`."
         )
@@ -574,8 +581,8 @@ class GSM8KVerifier(_Verifier):
 
 class MATHVerifier(_Verifier):
     """1 if the last ``\\boxed{}`` of the completion matches the reference answer (``gt_answer``: the
-    boxed answer or a full solution) after light normalisation (spaces, ``\\dfrac``, ``\\text{}``, ``\\left``);
-    numbers are compared as rationals."""
+    boxed answer or a full solution) after light normalisation (spaces, ``\\dfrac``, ``\\text{}``,
+    ``\\left``); numbers are compared as rationals."""
 
     name = "math-verifier"
 

@@ -24,9 +24,9 @@ __all__ = ["bon_selection_law", "bon_curve", "write_bon_report", "kl_bon"]
 
 
 def kl_bon(N: int) -> float:
-    """The standard analytic KL of best-of-N from the base policy, ``log N − (N − 1)/N`` (nats; Stiennon et al.,
-    2020). It is an upper bound of the true KL and exact for continuous, tie-free rewards; the BoN plots use
-    it as their x-axis (reward-model over-optimisation studies plot gold reward against it)."""
+    """The standard analytic KL of best-of-N from the base policy, ``log N − (N − 1)/N`` (nats; Stiennon et
+    al., 2020). It is an upper bound of the true KL and exact for continuous, tie-free rewards; the BoN plots
+    use it as their x-axis (reward-model over-optimisation studies plot gold reward against it)."""
     if N < 1:
         raise ValueError(f"N must be >= 1; got {N}")
     return float(np.log(N) - (N - 1) / N)

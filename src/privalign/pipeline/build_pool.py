@@ -68,7 +68,8 @@ __all__ = [
 
 @dataclass
 class PoolConfig:
-    """Everything that determines a pool (the resume fingerprint is computed from it, minus ``num_prompts``)."""
+    """Everything that determines a pool (the resume fingerprint is computed from it, minus
+    ``num_prompts``)."""
 
     dataset: str
     n: int
@@ -136,7 +137,8 @@ def _load_work(path: Path, fingerprint: str) -> dict[int, dict]:
                     path.unlink()
                     return done
                 raise PrivacyParameterError(
-                    f"{path} was written by a different pool configuration (fingerprint {obj.get('_header')!r}, now "
+                    f"{path} was written by a different pool configuration "
+                    f"(fingerprint {obj.get('_header')!r}, now "
                     f"{fingerprint!r}); use another --out or delete the work file to start over."
                 )
         else:
@@ -152,7 +154,8 @@ def _load_work(path: Path, fingerprint: str) -> dict[int, dict]:
 
 class _WorkWriter:
     """Appends finished prompts to the work file; the file (with its header) is created only when the first
-    prompt is finished, so a run that fails before any work (bad model path, bad scorer) leaves nothing behind."""
+    prompt is finished, so a run that fails before any work (bad model path, bad scorer) leaves nothing
+    behind."""
 
     def __init__(self, path: Path, fingerprint: str) -> None:
         self.path, self.fingerprint = path, fingerprint
@@ -404,7 +407,9 @@ def build_pool(
         "counts": counts,
         "resumed_prompts": resumed,
         "seconds_this_run": round(time.time() - t0, 1),
-        "seeding": "candidate j of prompt i: torch.Generator seeded with SeedSequence(seed, spawn_key=(i, j))",
+        "seeding": (
+            "candidate j of prompt i: torch.Generator seeded with SeedSequence(seed, spawn_key=(i, j))"
+        ),
         "versions": _versions(),
         "git": git_info(),
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

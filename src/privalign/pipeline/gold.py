@@ -105,7 +105,8 @@ def _fit_ngram(
 def fit_imdb_gold(
     out: str | os.PathLike, *, C: float = 4.0, n_features: int = 2**18, random_state: int = 0
 ) -> dict[str, Any]:
-    """Fit and save the n-gram gold model (``LinearRewardScorer`` JSON, sigmoid link); returns its metadata."""
+    """Fit and save the n-gram gold model (``LinearRewardScorer`` JSON, sigmoid link); returns its
+    metadata."""
     from privalign.data.datasets import imdb_split, load_imdb
     from privalign.models.scorers import LinearRewardScorer
 
@@ -121,7 +122,9 @@ def fit_imdb_gold(
         purpose="fitting the IMDb gold reward",
     )
     meta = {
-        "what": "IMDb gold reward: P(positive review | text), logistic regression on binary hashed word 1-2-grams",
+        "what": (
+            "IMDb gold reward: P(positive review | text), logistic regression on binary hashed word 1-2-grams"
+        ),
         "fit_reviews": int(len(fit_idx)),
         "heldout_reviews": int(len(prompt_idx)),
         "heldout_accuracy": acc_ho,
@@ -181,10 +184,15 @@ def fit_imdb_gold_minilm(
     clf = sk.LogisticRegression(C=C, max_iter=5000, random_state=random_state)
     clf.fit(X_fit, labels[fit_idx])
     meta = {
-        "what": f"IMDb gold reward: P(positive review | text), logistic regression on MiniLM ({backend}) embeddings "
-        f"of one random {window_words}-word window per review",
+        "what": (
+            "IMDb gold reward: P(positive review | text), logistic regression on MiniLM "
+            f"({backend}) embeddings of one random {window_words}-word window per review"
+        ),
         "fit_reviews": int(n_reviews),
-        "fit_part": f"gold part of imdb_reward_split(n_proxy_reviews={n_proxy_reviews}): disjoint from the proxy's reviews",
+        "fit_part": (
+            f"gold part of imdb_reward_split(n_proxy_reviews={n_proxy_reviews}): "
+            "disjoint from the proxy's reviews"
+        ),
         "heldout_reviews": int(len(prompt_idx)),
         "heldout_window_accuracy": float((clf.predict(X_ho) == labels[prompt_idx]).mean()),
         "vader_heldout_window_accuracy": _vader_accuracy(ho_texts, labels[prompt_idx]),
@@ -229,7 +237,10 @@ def fit_imdb_proxy(
         purpose="fitting the IMDb proxy reward",
     )
     meta = {
-        "what": f"IMDb weak proxy reward: logistic regression on hashed word 1-2-grams of only {len(proxy_idx)} reviews",
+        "what": (
+            "IMDb weak proxy reward: logistic regression on hashed word 1-2-grams of only "
+            f"{len(proxy_idx)} reviews"
+        ),
         "fit_reviews": int(len(proxy_idx)),
         "fit_part": f"proxy part of imdb_reward_split(n_proxy_reviews={n_proxy_reviews})",
         "heldout_reviews": int(len(imdb_split()[0])),

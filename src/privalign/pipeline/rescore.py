@@ -68,7 +68,8 @@ def rescore_pool(
         )
     if out.resolve() == src.resolve():
         raise PrivacyParameterError(
-            f"The 'out' parameter must differ from 'pool' (the source is never overwritten). Got {str(out)!r}."
+            "The 'out' parameter must differ from 'pool' (the source is never overwritten). "
+            f"Got {str(out)!r}."
         )
     if proxy_reward is not None:
         check_reward_name(proxy_reward, "proxy_reward")

@@ -72,7 +72,8 @@ def check_reward_name(name: str, param: str = "reward") -> str:
     if name.startswith("hf:"):
         if not (Path(name[len("hf:") :]).expanduser() / "config.json").is_file():
             raise FileNotFoundError(
-                f"The '{param}' parameter names an HF reward-model directory without config.json: {name[3:]!r}"
+                f"The '{param}' parameter names an HF reward-model directory without config.json: "
+                f"{name[3:]!r}"
             )
         return name
     return check_choice(name, param, SCORER_NAMES + ("linear:PATH", "hf:DIR"))

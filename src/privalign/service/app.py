@@ -126,8 +126,10 @@ def create_app(
     app = FastAPI(
         title="privalign private best-of-N service",
         version="2",
-        description="OpenAI-compatible completions selected by a differentially private best-of-N over a private reward "
-        "model, with per-key privacy budgets. Raw reward scores are never returned.",
+        description=(
+            "OpenAI-compatible completions selected by a differentially private best-of-N over a private "
+            "reward model, with per-key privacy budgets. Raw reward scores are never returned."
+        ),
         docs_url=None,
         redoc_url=None,
     )

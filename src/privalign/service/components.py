@@ -91,7 +91,8 @@ class LinearHashedScorer:
         ngram_range=(1, 2),
         bias=0.0,
     ) -> None:
-        """Write a hashed n-gram linear model (``weights``: bucket → weight, or dense) in the reward-model format."""
+        """Write a hashed n-gram linear model (``weights``: bucket → weight, or dense) in the reward-model
+        format."""
         from privalign.estimation.features import HashedNgramFeatures
         from privalign.models.scorers import LinearRewardScorer
 
@@ -317,7 +318,8 @@ def build_scorer(cfg: ComponentConfig) -> Scorer | None:
         factory = _target(opts, "reward_model")
         return factory(**opts)
     raise PrivacyParameterError(
-        f"The 'reward_model.kind' parameter must be one of ['linear', 'python', 'none']. Got {cfg.kind!r} instead."
+        "The 'reward_model.kind' parameter must be one of ['linear', 'python', 'none']. "
+        f"Got {cfg.kind!r} instead."
     )
 
 
@@ -334,5 +336,6 @@ def build_generator(cfg: ComponentConfig) -> Generator | None:
     if cfg.kind == "transformers":
         return LocalTransformersGenerator(**opts)
     raise PrivacyParameterError(
-        f"The 'generator.kind' parameter must be one of ['upstream', 'transformers', 'python', 'none']. Got {cfg.kind!r} instead."
+        "The 'generator.kind' parameter must be one of ['upstream', 'transformers', 'python', 'none']. "
+        f"Got {cfg.kind!r} instead."
     )

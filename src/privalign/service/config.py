@@ -26,7 +26,8 @@ Sections (every key optional; defaults are the secure ones):
     max_text_chars = 8000                     # prompt and each candidate
     max_body_bytes = 1000000
     max_epsilon = 10.0                        # per request
-    min_epsilon = 1e-6                        # per request: smaller ε is refused (400); ≥ 1e-9, the ledger unit
+    min_epsilon = 1e-6                        # per request: smaller ε is refused (400); ≥ 1e-9,
+                                              # the ledger unit
     max_tokens = 512
     request_timeout_s = 60.0                  # generation + scoring wall-clock limit; default sized to the
                                               # generator: transformers 900, upstream timeout_s + 30, else 60
@@ -55,11 +56,13 @@ Sections (every key optional; defaults are the secure ones):
     # kind = "python"; target = "package.module:factory"; options = {...}
 
     [generator]                               # default: kind = "transformers" (SmolLM2-135M, loaded lazily)
-    kind = "upstream"                         # upstream (OpenAI-compatible, e.g. vLLM) | transformers | python | none
+    kind = "upstream"                         # upstream (OpenAI-compatible, e.g. vLLM) | transformers |
+                                              # python | none
     base_url = "http://127.0.0.1:8001/v1"
     model = "served-model"
     timeout_s = 30.0                          # per attempt
-    max_retries = 2                           # openai SDK retries (connection errors, timeouts, 408/409/429/5xx)
+    max_retries = 2                           # openai SDK retries (connection errors, timeouts,
+                                              # 408/409/429/5xx)
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ __all__ = [
 METHODS = ("privbon", "privitp", "bon")
 
 # The reward model shipped with privalign (``privalign serve`` without a config serves it): RR-IHT, label-DP
-# ε = 4, fit on the HH-RLHF harmless pairs by ``privalign fit-reward --data hh-rlhf --method rr-iht --epsilon 4
-# --seed 0`` (held-out preference accuracy 0.616 on 463 pairs). See README "Serve".
+# ε = 4, fit on the HH-RLHF harmless pairs by
+# ``privalign fit-reward --data hh-rlhf --method rr-iht --epsilon 4 --seed 0``
+# (held-out preference accuracy 0.616 on 463 pairs). See README "Serve".
 DEFAULT_REWARD_MODEL = (
     Path(__file__).resolve().parents[1] / "models" / "reward_models" / "hh-rlhf-harmless-rr-iht.json"
 )
@@ -186,7 +190,8 @@ class ServiceConfig:
         check_choice(self.database.sync, "database.sync", ("full", "normal"))
         if not isinstance(self.database.group_commit, bool):
             raise PrivacyParameterError(
-                f"The 'database.group_commit' parameter must be true or false. Got {self.database.group_commit!r} instead."
+                "The 'database.group_commit' parameter must be true or false. "
+                f"Got {self.database.group_commit!r} instead."
             )
         check_int(lim.max_n, "limits.max_n", low=1, high=10_000)
         check_int(lim.max_text_chars, "limits.max_text_chars", low=1)
@@ -200,7 +205,8 @@ class ServiceConfig:
             check_choice(m, "privacy.allowed_methods", METHODS)
         if "bon" in pv.allowed_methods and not pv.allow_non_private:
             raise PrivacyParameterError(
-                "The 'privacy.allowed_methods' parameter lists 'bon' (no privacy) but 'privacy.allow_non_private' is false. "
+                "The 'privacy.allowed_methods' parameter lists 'bon' (no privacy) but "
+                "'privacy.allow_non_private' is false. "
                 "Set allow_non_private = true to deploy a non-private service, or remove 'bon'."
             )
         check_real(pv.sensitivity, "privacy.sensitivity", low=0.0)
@@ -219,7 +225,8 @@ class ServiceConfig:
         unknown = set(pv.privitp) - {"beta", "sigma_x", "sigma_z", "envelope_l"}
         if unknown:
             raise PrivacyParameterError(
-                f"Unknown key(s) {sorted(unknown)} in config section [privacy.privitp]; expected beta, sigma_x, sigma_z, envelope_l."
+                f"Unknown key(s) {sorted(unknown)} in config section [privacy.privitp]; "
+                "expected beta, sigma_x, sigma_z, envelope_l."
             )
         for k in ("beta", "sigma_x", "sigma_z"):
             check_real(pv.privitp[k], f"privacy.privitp.{k}", low=0.0)

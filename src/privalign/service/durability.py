@@ -14,10 +14,11 @@ was handed over, and a batch is taken (under the lock) before its flush starts, 
 was committed before the flush began.
 
 * SQLite (WAL mode, ``synchronous=NORMAL``): a commit ``write()``\\ s its frames to the ``-wal`` file; the
-  flush is ``fdatasync`` of that file (its data and its size), which makes every frame written before it durable (the frames carry
-  checksums; recovery replays the WAL up to the last complete commit). If the WAL file was checkpointed
-  and removed in between, the checkpoint already synced the database file (SQLite syncs the database
-  after each checkpoint in ``NORMAL`` mode); the database file is synced again anyway.
+  flush is ``fdatasync`` of that file (its data and its size), which makes every frame written before it
+  durable (the frames carry checksums; recovery replays the WAL up to the last complete commit). If the
+  WAL file was checkpointed and removed in between, the checkpoint already synced the database file
+  (SQLite syncs the database after each checkpoint in ``NORMAL`` mode); the database file is synced again
+  anyway.
 * PostgreSQL (``synchronous_commit = off`` for the reserve): the flush is one autocommit statement that
   writes a transactional WAL message (``pg_logical_emit_message``, which assigns a transaction id) and
   commits with ``synchronous_commit = on``, so the server flushes its WAL up to that commit record, past

@@ -47,7 +47,8 @@ __all__ = [
 ACCOUNTING_MODES = ("pure", "zcdp", "ex-post")
 
 _SQL_AUTH = (
-    "SELECT k.key_id, k.name, k.salt, k.secret_hash, k.accounting, k.created_at, k.revoked_at, p.limit_epsilon, p.limit_delta "
+    "SELECT k.key_id, k.name, k.salt, k.secret_hash, k.accounting, k.created_at, k.revoked_at, "
+    "p.limit_epsilon, p.limit_delta "
     "FROM api_keys k LEFT JOIN principals p ON p.principal = k.key_id WHERE k.key_id = :k"
 )
 
@@ -84,7 +85,8 @@ def budget_units(accounting: str, epsilon: float, delta: float) -> tuple[float, 
     if accounting == "zcdp":
         if dlt <= 0.0:
             raise PrivacyParameterError(
-                f"The 'budget_delta' parameter must be in (0, 1) for zcdp accounting (ρ-zCDP converts to (ε, δ) only for δ > 0). Got {dlt!r} instead."
+                "The 'budget_delta' parameter must be in (0, 1) for zcdp accounting "
+                f"(ρ-zCDP converts to (ε, δ) only for δ > 0). Got {dlt!r} instead."
             )
         from privalign.accounting.filters import ZCDPFilter
 
@@ -222,7 +224,8 @@ def top_up(engine: Engine, key_id: str, *, epsilon: float, delta: float = 0.0) -
         if row["accounting"] == "zcdp":
             if dlt != 0.0:
                 raise PrivacyParameterError(
-                    f"The 'delta' parameter must be 0 for a zcdp key (δ is fixed at creation). Got {dlt!r} instead."
+                    "The 'delta' parameter must be 0 for a zcdp key (δ is fixed at creation). "
+                    f"Got {dlt!r} instead."
                 )
             first = conn.execute(
                 select(db.budget_grants.c.delta)
@@ -269,9 +272,10 @@ class KeyCache:
     :meth:`verify` answers only "this token holds the key's secret"; it says nothing about revocation or
     the current budget. The service therefore uses it only where the same database statement that
     reserves also checks that the key is active (``SQLBudgetStore.try_reserve`` with
-    :meth:`SQLBudgetStore.reserve` with ``require_active=True``), and falls back to :func:`authenticate` whenever
-    that statement writes nothing. Only keys that passed :func:`authenticate` are remembered (at most
-    ``max_keys``; the first remembered is forgotten first); a key found revoked or missing is forgotten.
+    :meth:`SQLBudgetStore.reserve` with ``require_active=True``), and falls back to
+    :func:`authenticate` whenever that statement writes nothing. Only keys that passed :func:`authenticate`
+    are remembered (at most ``max_keys``; the first remembered is forgotten first); a key found revoked or
+    missing is forgotten.
     """
 
     def __init__(self, max_keys: int = 10_000) -> None:

@@ -168,7 +168,8 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
         raise _bad(
             "privacy.epsilon",
             f"The privitp worst-case cost ε_max={eps_max:.6g} (n={n}, β={itp['beta']}, σ_X={itp['sigma_x']}, "
-            f"σ_Z={itp['sigma_z']}) exceeds the 'privacy.epsilon' cap {eps:g}: raise epsilon or the noise, or lower n.",
+            f"σ_Z={itp['sigma_z']}) exceeds the 'privacy.epsilon' cap {eps:g}: "
+            "raise epsilon or the noise, or lower n.",
         )
     return Plan("privitp", eps, n, itp, worst, sel)
 

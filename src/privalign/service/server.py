@@ -1,10 +1,10 @@
 """Run the service with uvicorn (``privalign serve --config FILE``).
 
 One process serves one app; run several processes (or hosts) against one PostgreSQL URL for replicas:
-the ledger's row locks make them safe. A daemon thread reconciles stale reservations and deletes expired stored answers every
-``privacy.reconcile_after_s / 2`` seconds (start-up reconciliation happens in :func:`create_app`). The
-generator is loaded in the background at start-up (``/readyz`` is 503 until it is warm; ``/healthz`` is
-liveness only).
+the ledger's row locks make them safe. A daemon thread reconciles stale reservations and deletes expired
+stored answers every ``privacy.reconcile_after_s / 2`` seconds (start-up reconciliation happens in
+:func:`create_app`). The generator is loaded in the background at start-up (``/readyz`` is 503 until it is
+warm; ``/healthz`` is liveness only).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def run(cfg: ServiceConfig, *, host: str | None = None, port: int | None = None,
 
     if app is None:
         app = create_app(cfg)
-    app.state.service.start_warm_up()  # /readyz answers 503 (and a log line says so) until the generator is warm
+    # /readyz answers 503 (and a log line says so) until the generator is warm
+    app.state.service.start_warm_up()
     stop = threading.Event()
     t = threading.Thread(
         target=_reconciler, args=(app.state.service, stop), daemon=True, name="privalign-reconciler"

@@ -15,9 +15,10 @@ Reserve-before-run and settle-after-run are single transactions:
   after a few executions. With ``require_active=True`` the reserving ``UPDATE`` also requires that the
   principal is an API key that is not revoked (the service's key cache relies on it). The reserving
   statement returns the principal's totals after the reservation (:class:`Receipt`).
-* **SQLite**: every transaction starts with ``BEGIN IMMEDIATE`` (see :func:`privalign.service.db.make_engine`),
-  so the read of the balance and the write of the reservation happen under one database write lock. SQLite
-  runs in-process, so several statements per transaction cost no round trips.
+* **SQLite**: every transaction starts with ``BEGIN IMMEDIATE`` (see
+  :func:`privalign.service.db.make_engine`), so the read of the balance and the write of the reservation
+  happen under one database write lock. SQLite runs in-process, so several statements per transaction cost
+  no round trips.
 
 Durability (``durable=True``, the default; ``[database] sync = "full"``): the **reserve** is flushed to
 disk before :meth:`SQLBudgetStore.try_reserve` returns. With group commit (``group_commit=True``, the
@@ -244,7 +245,8 @@ class SQLBudgetStore:
 
     _PG_FLUSH = (
         "SELECT pg_logical_emit_message(true, 'privalign', 'flush'), "
-        "ARRAY(SELECT reservation_id FROM ledger WHERE reservation_id = ANY(%(ids)s) AND action = 'reserve'), "
+        "ARRAY(SELECT reservation_id FROM ledger "
+        "WHERE reservation_id = ANY(%(ids)s) AND action = 'reserve'), "
         "set_config('synchronous_commit', 'on', true)"
     )
 
@@ -278,20 +280,35 @@ class SQLBudgetStore:
     # statement machinery cost several CPU milliseconds per request (benchmarks/bench_service_select.py).
     # Admin paths use Core.
     _SQL = {
-        "lock": "SELECT limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta "
-        "FROM principals WHERE principal = :p",
-        "lock_pg": "SELECT limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta "
-        "FROM principals WHERE principal = :p FOR UPDATE",
-        "new": "INSERT INTO principals (principal, created_at, limit_epsilon, limit_delta, spent_epsilon, spent_delta, "
-        "reserved_epsilon, reserved_delta) VALUES (:p, :t, 0, 0, 0, 0, 0, 0) ON CONFLICT DO NOTHING",
-        "ledger": "INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
-        "reserved_delta, realized_epsilon, realized_delta, detail, closes) VALUES (:rid, :p, :a, :t, :o, :e, "
-        ":ra, :rb, :sa, :sb, :d, :c)",
+        "lock": (
+            "SELECT limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta "
+            "FROM principals WHERE principal = :p"
+        ),
+        "lock_pg": (
+            "SELECT limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta "
+            "FROM principals WHERE principal = :p FOR UPDATE"
+        ),
+        "new": (
+            "INSERT INTO principals (principal, created_at, limit_epsilon, limit_delta, spent_epsilon, "
+            "spent_delta, reserved_epsilon, reserved_delta) VALUES (:p, :t, 0, 0, 0, 0, 0, 0) "
+            "ON CONFLICT DO NOTHING"
+        ),
+        "ledger": (
+            "INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, "
+            "reserved_epsilon, reserved_delta, realized_epsilon, realized_delta, detail, closes) "
+            "VALUES (:rid, :p, :a, :t, :o, :e, :ra, :rb, :sa, :sb, :d, :c)"
+        ),
         "add_reserved": "UPDATE principals SET reserved_epsilon = reserved_epsilon + :a, "
         "reserved_delta = reserved_delta + :b WHERE principal = :p",
-        "close": "UPDATE principals SET reserved_epsilon = reserved_epsilon - :ra, reserved_delta = reserved_delta - :rb, "
-        "spent_epsilon = spent_epsilon + :sa, spent_delta = spent_delta + :sb WHERE principal = :p",
-        "res": "SELECT principal, reserved_epsilon, reserved_delta FROM ledger WHERE reservation_id = :rid AND action = 'reserve'",
+        "close": (
+            "UPDATE principals SET reserved_epsilon = reserved_epsilon - :ra, "
+            "reserved_delta = reserved_delta - :rb, "
+            "spent_epsilon = spent_epsilon + :sa, spent_delta = spent_delta + :sb WHERE principal = :p"
+        ),
+        "res": (
+            "SELECT principal, reserved_epsilon, reserved_delta FROM ledger "
+            "WHERE reservation_id = :rid AND action = 'reserve'"
+        ),
         "closed": "SELECT action FROM ledger WHERE closes = :rid",
         "key": "SELECT revoked_at FROM api_keys WHERE key_id = :p",
     }
@@ -309,17 +326,25 @@ class SQLBudgetStore:
     # all amounts are exact bigint units. ``set_config(..., true)`` sets synchronous_commit for this
     # statement's own (autocommit) transaction only.
     _PG_RESERVE = (
-        "WITH p AS (UPDATE principals SET reserved_epsilon = reserved_epsilon + %(a)s, reserved_delta = reserved_delta + %(b)s "
+        "WITH p AS (UPDATE principals SET reserved_epsilon = reserved_epsilon + %(a)s, "
+        "reserved_delta = reserved_delta + %(b)s "
         "WHERE principal = %(p)s "
-        "AND spent_epsilon + reserved_epsilon + %(a)s <= CASE WHEN CAST(%(la)s AS BIGINT) IS NULL THEN limit_epsilon "
-        "WHEN limit_epsilon > 0 OR limit_delta > 0 THEN LEAST(CAST(%(la)s AS BIGINT), limit_epsilon) ELSE CAST(%(la)s AS BIGINT) END "
-        "AND spent_delta + reserved_delta + %(b)s <= CASE WHEN CAST(%(lb)s AS BIGINT) IS NULL THEN limit_delta "
-        "WHEN limit_epsilon > 0 OR limit_delta > 0 THEN LEAST(CAST(%(lb)s AS BIGINT), limit_delta) ELSE CAST(%(lb)s AS BIGINT) END "
-        "{active}RETURNING principal, limit_epsilon, limit_delta, spent_epsilon, spent_delta, reserved_epsilon, reserved_delta), "
-        "l AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
-        "reserved_delta, realized_epsilon, realized_delta, detail, closes) "
-        "SELECT %(rid)s, principal, 'reserve', %(t)s, %(o)s, %(e)s, %(a)s, %(b)s, NULL, NULL, NULL, NULL FROM p RETURNING id) "
-        "SELECT p.limit_epsilon, p.limit_delta, p.spent_epsilon, p.spent_delta, p.reserved_epsilon, p.reserved_delta, "
+        "AND spent_epsilon + reserved_epsilon + %(a)s <= "
+        "CASE WHEN CAST(%(la)s AS BIGINT) IS NULL THEN limit_epsilon "
+        "WHEN limit_epsilon > 0 OR limit_delta > 0 THEN LEAST(CAST(%(la)s AS BIGINT), limit_epsilon) "
+        "ELSE CAST(%(la)s AS BIGINT) END "
+        "AND spent_delta + reserved_delta + %(b)s <= "
+        "CASE WHEN CAST(%(lb)s AS BIGINT) IS NULL THEN limit_delta "
+        "WHEN limit_epsilon > 0 OR limit_delta > 0 THEN LEAST(CAST(%(lb)s AS BIGINT), limit_delta) "
+        "ELSE CAST(%(lb)s AS BIGINT) END "
+        "{active}RETURNING principal, limit_epsilon, limit_delta, spent_epsilon, spent_delta, "
+        "reserved_epsilon, reserved_delta), "
+        "l AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, "
+        "reserved_epsilon, reserved_delta, realized_epsilon, realized_delta, detail, closes) "
+        "SELECT %(rid)s, principal, 'reserve', %(t)s, %(o)s, %(e)s, %(a)s, %(b)s, NULL, NULL, NULL, NULL "
+        "FROM p RETURNING id) "
+        "SELECT p.limit_epsilon, p.limit_delta, p.spent_epsilon, p.spent_delta, p.reserved_epsilon, "
+        "p.reserved_delta, "
         "set_config('synchronous_commit', %(sync)s, true) FROM p, l"
     )
     _PG_RESERVE_SQL = {
@@ -332,15 +357,19 @@ class SQLBudgetStore:
     _PG_CLOSE = (
         "WITH r AS (SELECT principal, reserved_epsilon, reserved_delta FROM ledger "
         "WHERE reservation_id = %(rid)s AND action = 'reserve'), "
-        "c AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, reserved_epsilon, "
-        "reserved_delta, realized_epsilon, realized_delta, detail, closes) "
-        "SELECT %(rid)s, principal, %(act)s, %(t)s, %(o)s, %(e)s, reserved_epsilon, reserved_delta, {realized}, %(d)s, %(rid)s "
+        "c AS (INSERT INTO ledger (reservation_id, principal, action, created_at, owner, event, "
+        "reserved_epsilon, reserved_delta, realized_epsilon, realized_delta, detail, closes) "
+        "SELECT %(rid)s, principal, %(act)s, %(t)s, %(o)s, %(e)s, reserved_epsilon, reserved_delta, "
+        "{realized}, %(d)s, %(rid)s "
         "FROM r{check} ON CONFLICT DO NOTHING "
-        "RETURNING principal, reserved_epsilon, reserved_delta, COALESCE(realized_epsilon, 0) AS sa, COALESCE(realized_delta, 0) AS sb), "
+        "RETURNING principal, reserved_epsilon, reserved_delta, COALESCE(realized_epsilon, 0) AS sa, "
+        "COALESCE(realized_delta, 0) AS sb), "
         "u AS (UPDATE principals SET reserved_epsilon = principals.reserved_epsilon - c.reserved_epsilon, "
-        "reserved_delta = principals.reserved_delta - c.reserved_delta, spent_epsilon = principals.spent_epsilon + c.sa, "
+        "reserved_delta = principals.reserved_delta - c.reserved_delta, "
+        "spent_epsilon = principals.spent_epsilon + c.sa, "
         "spent_delta = principals.spent_delta + c.sb FROM c WHERE principals.principal = c.principal "
-        "RETURNING principals.limit_epsilon, principals.limit_delta, principals.spent_epsilon, principals.spent_delta, "
+        "RETURNING principals.limit_epsilon, principals.limit_delta, principals.spent_epsilon, "
+        "principals.spent_delta, "
         "principals.reserved_epsilon, principals.reserved_delta) "
         "SELECT u.*, set_config('synchronous_commit', %(sync)s, true) FROM u"
     )
@@ -399,7 +428,8 @@ class SQLBudgetStore:
             raw.close()
 
     def ping(self) -> str:
-        """One trivial round trip (liveness/readiness); returns the dialect name. Raises on a database error."""
+        """One trivial round trip (liveness/readiness); returns the dialect name. Raises on a database
+        error."""
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
             conn.rollback()
@@ -460,8 +490,9 @@ class SQLBudgetStore:
                 "delta": db.from_units(max(0, lb - used_b), DLT),
             }
             return BudgetExhaustedError(
-                f"Reserving cost {(db.from_units(ca, EPS), db.from_units(cb, DLT))} for principal {principal!r} would exceed "
-                f"its budget {(db.from_units(la, EPS), db.from_units(lb, DLT))}; remaining {remaining}. Nothing was charged.",
+                f"Reserving cost {(db.from_units(ca, EPS), db.from_units(cb, DLT))} for principal "
+                f"{principal!r} would exceed its budget {(db.from_units(la, EPS), db.from_units(lb, DLT))}; "
+                f"remaining {remaining}. Nothing was charged.",
                 remaining=remaining,
             )
         return None
@@ -738,7 +769,8 @@ class SQLBudgetStore:
         _, ra, rb = res
         if action == "settle" and (sa > ra or sb > rb):
             raise ReservationError(
-                f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} (units) of reservation {reservation_id!r}."
+                f"The realized cost {(sa, sb)} exceeds the reserved cost {(ra, rb)} (units) of reservation "
+                f"{reservation_id!r}."
             )
 
     def settle(
@@ -921,7 +953,8 @@ class SQLBudgetStore:
         if row["status"] == "done":
             return int(row["status_code"]), row["response"]
         raise IdempotencyConflict(
-            "A request with this Idempotency-Key is in progress or was interrupted; an interrupted attempt stays charged at its reserved cost."
+            "A request with this Idempotency-Key is in progress or was interrupted; an interrupted attempt "
+            "stays charged at its reserved cost."
         )
 
     def idempotency_finish(

@@ -74,9 +74,12 @@ def reserve(
             raise ApiError(
                 429,
                 "budget_exhausted",
-                f"Privacy budget exhausted: this request needs {unit_name(key)}={cost[0]:.9g}, delta={cost[1]:.3g}; the key has "
-                f"{unit_name(key)}={rem[unit_name(key)]:.9g}, delta={rem['delta']:.3g} left. Nothing was charged. "
-                "GET /v1/budget shows the key's budget; ask the operator for a top-up, or lower privacy.epsilon or privacy.n.",
+                f"Privacy budget exhausted: this request needs {unit_name(key)}={cost[0]:.9g}, "
+                f"delta={cost[1]:.3g}; the key has "
+                f"{unit_name(key)}={rem[unit_name(key)]:.9g}, delta={rem['delta']:.3g} left. "
+                "Nothing was charged. "
+                "GET /v1/budget shows the key's budget; ask the operator for a top-up, "
+                "or lower privacy.epsilon or privacy.n.",
                 retry=False,
                 remaining=rem,
             ) from None
