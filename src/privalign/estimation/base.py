@@ -123,7 +123,9 @@ def check_features(
     else:
         X = np.asarray(X)
         if np.iscomplexobj(X):
-            raise PrivacyParameterError(f"The '{name}' parameter must be real (Complex data not supported). Got dtype {X.dtype} instead.")
+            raise PrivacyParameterError(
+                f"The '{name}' parameter must be real (Complex data not supported). Got dtype {X.dtype} instead."
+            )
         if X.dtype not in (np.float32, np.float64):
             try:
                 X = X.astype(np.float64)
@@ -185,11 +187,14 @@ def check_labels(y: Any, n: int | None = None, name: str = "y") -> np.ndarray:
         warnings.warn(
             "A column-vector y was passed when a 1d array was expected; it is raveled "
             f"(the {name} parameter must be 1-D).",
-            DataConversionWarning, stacklevel=3,
+            DataConversionWarning,
+            stacklevel=3,
         )
         arr = arr.ravel()
     if arr.ndim != 1:
-        raise PrivacyParameterError(f"The '{name}' parameter must be a 1-D array. Got shape {arr.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a 1-D array. Got shape {arr.shape} instead."
+        )
     if n is not None and arr.shape[0] != n:
         raise PrivacyParameterError(
             f"The '{name}' parameter must have one label per row of X ({n}). Got {arr.shape[0]} labels instead."
@@ -199,13 +204,16 @@ def check_labels(y: Any, n: int | None = None, name: str = "y") -> np.ndarray:
     try:
         f = arr.astype(np.float64)
     except (TypeError, ValueError) as exc:
-        raise PrivacyParameterError(f"The '{name}' parameter must contain labels in {{0, 1}}. Got dtype {arr.dtype}.") from exc
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must contain labels in {{0, 1}}. Got dtype {arr.dtype}."
+        ) from exc
     bad = ~((f == 0.0) | (f == 1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         finite = np.isfinite(f)
         kind = (
-            "Unknown label type: continuous. " if not (finite.all() and (f == np.round(f)).all())
+            "Unknown label type: continuous. "
+            if not (finite.all() and (f == np.round(f)).all())
             else "Only binary classification is supported. "
         )
         raise PrivacyParameterError(

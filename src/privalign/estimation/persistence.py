@@ -78,7 +78,11 @@ def _unjson(v: Any) -> Any:
 
 
 def save_model(
-    estimator: Any, path: str | os.PathLike, *, feature_config: dict | None = None, metadata: dict | None = None,
+    estimator: Any,
+    path: str | os.PathLike,
+    *,
+    feature_config: dict | None = None,
+    metadata: dict | None = None,
     name: str | None = None,
 ) -> Path:
     """Write a fitted estimator to ``path`` (JSON) atomically; returns the path.
@@ -112,7 +116,11 @@ def save_model(
         "name": name if model_name is None else str(model_name),
         "estimator": name,
         "params": params,
-        "coef": {"dtype": "<f8", "shape": list(coef.shape), "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
+        "coef": {
+            "dtype": "<f8",
+            "shape": list(coef.shape),
+            "b64": base64.b64encode(coef.tobytes()).decode("ascii"),
+        },
         "intercept": 0.0,
         "link": "identity",
         "fitted": fitted,
@@ -128,7 +136,9 @@ def write_reward_model(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     try:
         text = json.dumps(doc, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise PrivacyParameterError(f"The estimator's parameters must be JSON-serialisable to save it: {exc}") from exc
+        raise PrivacyParameterError(
+            f"The estimator's parameters must be JSON-serialisable to save it: {exc}"
+        ) from exc
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -160,7 +170,9 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
     except json.JSONDecodeError as exc:
         raise DataFormatError(f"{path}: not a JSON privalign model file ({exc}).") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise DataFormatError(f"{path}: field 'format' must be {FORMAT!r}. Got {doc.get('format') if isinstance(doc, dict) else doc!r}.")
+        raise DataFormatError(
+            f"{path}: field 'format' must be {FORMAT!r}. Got {doc.get('format') if isinstance(doc, dict) else doc!r}."
+        )
     if doc.get("version") not in READABLE_VERSIONS:
         raise DataFormatError(
             f"{path}: field 'version' must be one of {list(READABLE_VERSIONS)} (this privalign writes {VERSION}). "
@@ -179,7 +191,9 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
     classes = _estimators()
     cls = classes.get(str(doc.get("estimator")))
     if cls is None:
-        raise DataFormatError(f"{path}: field 'estimator' must be one of {sorted(classes)}. Got {doc.get('estimator')!r}.")
+        raise DataFormatError(
+            f"{path}: field 'estimator' must be one of {sorted(classes)}. Got {doc.get('estimator')!r}."
+        )
     est = cls(**{k: _unjson(v) for k, v in doc["params"].items()})
     c = doc["coef"]
     try:

@@ -59,7 +59,9 @@ class PreferenceData:
                     f"The 'prompt_ids' parameter must have shape ({n},). Got {self.prompt_ids.shape} instead."
                 )
         if self.texts is not None and len(self.texts) != n:
-            raise PrivacyParameterError(f"The 'texts' parameter must have {n} entries. Got {len(self.texts)} instead.")
+            raise PrivacyParameterError(
+                f"The 'texts' parameter must have {n} entries. Got {len(self.texts)} instead."
+            )
 
     @property
     def n_samples(self) -> int:
@@ -116,7 +118,9 @@ class PreferenceData:
                 f"Got {n}, {len(chosen)} and {len(rejected)} instead."
             )
         if n == 0:
-            raise PrivacyParameterError("The 'prompts' parameter must contain at least one pair. Got 0 instead.")
+            raise PrivacyParameterError(
+                "The 'prompts' parameter must contain at least one pair. Got 0 instead."
+            )
         rng = as_generator(random_state)
         y = (rng.random(n) < 0.5).astype(np.float64)
         a1 = [c if yi else r for c, r, yi in zip(chosen, rejected, y)]
