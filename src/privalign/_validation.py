@@ -57,7 +57,8 @@ def check_real(
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"The '{name}' parameter must be a real number. Got {value!r} of type {type(value).__name__} instead."
+            f"The '{name}' parameter must be a real number. Got {value!r} of type {type(value).__name__} "
+            "instead."
         )
     v = float(value)
     rng = _fmt_range(low, high, closed)
@@ -173,7 +174,8 @@ def _check_array(arr: np.ndarray, name: str, *, low, high, clip, min_size) -> np
     if bad is not None and bad.any():
         idx = np.argwhere(bad)[0]
         raise PrivacyParameterError(
-            f"The '{name}' parameter must contain only finite values. Got {arr[tuple(idx)]!r} at index {tuple(int(i) for i in idx)}."
+            f"The '{name}' parameter must contain only finite values. Got {arr[tuple(idx)]!r} at index "
+            f"{tuple(int(i) for i in idx)}."
         )
     if low is not None or high is not None:
         lo = -np.inf if low is None else low

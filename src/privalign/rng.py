@@ -230,7 +230,8 @@ class SecureNoise:
     def __init__(self, seed: Any = None) -> None:
         if seed is not None:
             raise PrivacyParameterError(
-                f"The 'seed' parameter of SecureNoise must be None (secure noise cannot be seeded). Got {seed!r} instead."
+                "The 'seed' parameter of SecureNoise must be None (secure noise cannot be seeded). Got "
+                f"{seed!r} instead."
             )
         try:
             # Import the submodules we use rather than ``opendp.prelude``, which also imports the
@@ -270,10 +271,10 @@ class SecureNoise:
         return self.uniform(shape) < p
 
     def flip_mask(self, p: float, size: int | tuple[int, ...]) -> np.ndarray:
-        """A boolean array whose entries are independent Bernoulli(``p``), ``p`` in [0, 1/2], drawn with OpenDP's
-        exact Bernoulli sampler (``make_randomized_response_bitvec`` with f = 2p on the zero vector: each bit is
-        set with probability exactly f/2 = p, the float's exact rational value; no float comparison, no
-        rounding). ``p = 0`` gives all ``False``.
+        """A boolean array whose entries are independent Bernoulli(``p``), ``p`` in [0, 1/2], drawn with
+        OpenDP's exact Bernoulli sampler (``make_randomized_response_bitvec`` with f = 2p on the zero vector:
+        each bit is set with probability exactly f/2 = p, the float's exact rational value; no float
+        comparison, no rounding). ``p = 0`` gives all ``False``.
         """
         shape = (int(size),) if isinstance(size, int | np.integer) else tuple(int(s) for s in size)
         n = int(np.prod(shape, dtype=np.int64))

@@ -44,7 +44,8 @@ def test_argmax_has_the_softmax_law(scores, scale, kw):
 
 @pytest.mark.statistical
 def test_gumbel_draw_is_gumbel():
-    """One-sample Kolmogorov–Smirnov test against Gumbel(0, 2), α = 1e-4 (exact null law scipy.stats.kstwo)."""
+    """One-sample Kolmogorov–Smirnov test against Gumbel(0, 2), α = 1e-4 (exact null law
+    scipy.stats.kstwo)."""
     x = FastSeededNoise(1).gumbel(2.0, 20_000)
     d = stats.kstest(x, stats.gumbel_r(scale=2.0).cdf).statistic
     assert d <= stats.kstwo.isf(ALPHA, x.size)

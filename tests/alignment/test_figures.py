@@ -50,8 +50,8 @@ def test_bad_formats(tmp_path, results, formats):
 def test_no_pyplot_on_the_simulate_path(tmp_path):
     code = (
         "import sys; from privalign.cli import main; "
-        f"rc = main(['simulate', '--synthetic', '3,16', '--max-log2-n', '2', '--replicates', '2', '--out', {str(tmp_path)!r}, "
-        "'--no-progress']); assert rc == 0; assert 'matplotlib.figure' in sys.modules; "
+        "rc = main(['simulate', '--synthetic', '3,16', '--max-log2-n', '2', '--replicates', '2', '--out', "
+        f"{str(tmp_path)!r}, '--no-progress']); assert rc == 0; assert 'matplotlib.figure' in sys.modules; "
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -2,7 +2,8 @@
 
 * The authors' documented pool variants are read (``is_correct`` as 0/1, null ``proxy_reward``, one JSON array
   file) and what was coerced or skipped is counted, in the run manifest too.
-* A reproduce config with only ``pool = FILE`` (relative to the config file) runs: N up to what the pool supports.
+* A reproduce config with only ``pool = FILE`` (relative to the config file) runs: N up to what the pool
+  supports.
 * ``simulate`` parses ``--score-range -4,16`` and reports what it clips.
 """
 

@@ -96,7 +96,8 @@ def test_debiased_gradient_is_unbiased(rng):
 
 
 def test_gradient_step_sensitivity_bound(rng):
-    """Replacing one comparison moves v = θ − ηg by at most λ = 2ηc_x/m in ℓ∞ (random θ, adversarial swaps)."""
+    """Replacing one comparison moves v = θ − ηg by at most λ = 2ηc_x/m in ℓ∞ (random θ, adversarial
+    swaps)."""
     m, d, eta, c = 40, 12, 3.0, 1.0
     lam = peeling_sensitivity(eta, c, m)
     assert lam == 2 * eta * c / m

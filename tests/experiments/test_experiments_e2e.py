@@ -114,7 +114,8 @@ TINY: dict[str, dict] = {
         "n_bootstrap": 100,
     },
 }
-#: experiments that load and train a language model: run end to end in tests/rlhf (marked model, slow), not here.
+#: experiments that load and train a language model: run end to end in tests/rlhf (marked model, slow), not
+#: here.
 MODEL_EXPERIMENTS = ("p2-rlhf",)
 
 

@@ -14,7 +14,8 @@ from privalign.experiments.paper2 import mcnemar_power, peeling_snr, sparse_dens
 
 def test_mcnemar_power_exact_small_case():
     # D = 10 discordant of n = 100; a +0.05 gain means b ~ Binomial(10, 0.75). Exact one-sided critical value
-    # at α = 0.05: P(X ≥ 9 | ½) = 11/1024 ≤ 0.05 < P(X ≥ 8 | ½) = 56/1024, so power = P(Binomial(10, 0.75) ≥ 9).
+    # at α = 0.05: P(X ≥ 9 | ½) = 11/1024 ≤ 0.05 < P(X ≥ 8 | ½) = 56/1024,
+    # so power = P(Binomial(10, 0.75) ≥ 9).
     want = 10 * 0.75**9 * 0.25 + 0.75**10
     assert mcnemar_power(6, 4, 100, gain=0.05, alpha=0.05) == pytest.approx(want, rel=1e-12)
     assert mcnemar_power(0, 0, 100) == 0.0

@@ -110,9 +110,11 @@ for (const t of document.querySelectorAll('table')) {
                    scroll: box.scrollWidth, client: box.clientWidth});
 }
 for (const el of document.querySelectorAll('.json')) {
-  try { JSON.parse(el.textContent); out.json.push(null); } catch (e) { out.json.push(el.textContent.slice(0, 80)); }
+  try { JSON.parse(el.textContent); out.json.push(null); }
+  catch (e) { out.json.push(el.textContent.slice(0, 80)); }
 }
-for (const el of document.querySelectorAll('td.nw, td code:not(.json)')) {  // hashes, names, timestamps: one line
+// hashes, names, timestamps: one line
+for (const el of document.querySelectorAll('td.nw, td code:not(.json)')) {
   const range = document.createRange();
   range.selectNodeContents(el);
   const tops = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top)));

@@ -102,5 +102,6 @@ def _rows_error(a, b):  # noqa: N802 - small helper returning the exception
     from privalign.errors import PrivacyParameterError
 
     return PrivacyParameterError(
-        f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got {b.shape[0]} instead."
+        f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got {b.shape[0]} "
+        "instead."
     )

@@ -92,7 +92,8 @@ class PrivBoN:
 
     @property
     def scale(self) -> float:
-        """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)`` (2Δ/ε rounded up to the next float if needed)."""
+        """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)`` (2Δ/ε rounded up to the next float if
+        needed)."""
         return max(privbon_scale(self.epsilon, self.sensitivity), self.sigma_reg or 0.0)
 
     @property

@@ -137,7 +137,8 @@ class PrivITP:
         b = f(require_pool_b(pool_b, "PrivITP"), "pool_b_scores", r_max=self.r_max, clip=self.clip)
         if batch and a.shape[0] != b.shape[0]:
             raise PrivacyParameterError(
-                f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got {b.shape[0]} instead."
+                f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got "
+                f"{b.shape[0]} instead."
             )
         return a, b
 

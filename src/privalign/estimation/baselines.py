@@ -220,8 +220,9 @@ def dpsgd_epsilon(
     """ε of ``steps`` Poisson-subsampled Gaussian steps under **replace-one**, via ``dp_accounting``.
 
     ``accountant="pld"`` uses ``PLDAccountant(REPLACE_ONE)`` (pessimistic discretisation, an upper
-    bound at any ``discretization``; a coarser grid is faster and only looser). ``"rdp"`` uses ``RdpAccountant`` (add/remove-one only, for Poisson sampling) and converts
-    to replace-one by group privacy: a replacement is a removal followed by an addition, and
+    bound at any ``discretization``; a coarser grid is faster and only looser). ``"rdp"`` uses
+    ``RdpAccountant`` (add/remove-one only, for Poisson sampling) and converts to replace-one by group
+    privacy: a replacement is a removal followed by an addition, and
     (ε₁, δ₁)-DP under add/remove implies (2ε₁, (1 + e^{ε₁})·δ₁)-DP for neighbours at distance 2
     (Dwork & Roth 2014, Thm 2.2 extended to δ > 0; Vadhan 2017, Lemma 2.2). That is loose, so ``"pld"``
     is the default.

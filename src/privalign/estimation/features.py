@@ -47,7 +47,8 @@ class _PairFeatures:
         """φ(k, a) for aligned prompts and responses."""
         if len(prompts) != len(responses):
             raise PrivacyParameterError(
-                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and {len(responses)}."
+                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and "
+                f"{len(responses)}."
             )
         if self.use_prompt:
             return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
@@ -197,9 +198,10 @@ class EmbeddingFeatures(_PairFeatures):
 #: assistant replies say and harmful ones mention); the data-independent part of :func:`harm_lexicon`.
 HARM_WORDS: tuple[str, ...] = tuple(
     """sorry apologize cannot can't won't unable appropriate inappropriate illegal unethical harmful dangerous
-    against law laws police crime criminal hurt harm kill murder steal stealing theft drug drugs weapon weapons
-    gun guns bomb violence violent abuse racist racism offensive hate respect safe safety consent private privacy
-    recommend instead professional help therapist doctor lawyer advice wrong bad careful risk legal""".split()
+    against law laws police crime criminal hurt harm kill murder steal stealing theft drug drugs weapon
+    weapons gun guns bomb violence violent abuse racist racism offensive hate respect safe safety consent
+    private privacy recommend instead professional help therapist doctor lawyer advice wrong bad careful
+    risk legal""".split()
 )
 
 

@@ -158,7 +158,8 @@ def _batches(
         return None
     if T > n:
         raise PrivacyParameterError(
-            f"The 'n_iter' parameter must be at most the number of samples n={n} for disjoint batches. Got {T}."
+            f"The 'n_iter' parameter must be at most the number of samples n={n} for disjoint batches. Got "
+            f"{T}."
         )
     if not shuffle:
         bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(n), T)])
@@ -558,7 +559,8 @@ class SampleDPIHT(RewardEstimator):
       delta: target δ in (0, 1).
       sparsity: s, coordinates kept per iteration (1 ≤ s ≤ d).
       n_iter: T (default :func:`default_n_iter`: ``min(⌈3 ln n⌉, ⌊τ_d·n/(2ηc_x²ν)⌋)``, at least 1, with ν
-        the Peeling noise multiplier of (s, ε, δ) and ``τ_d = 0.05·min(1, H_200/H_d)``; ``⌈3 ln n⌉`` at ε = ∞ or for ``variant="full"``).
+        the Peeling noise multiplier of (s, ε, δ) and ``τ_d = 0.05·min(1, H_200/H_d)``; ``⌈3 ln n⌉`` at
+        ε = ∞ or for ``variant="full"``).
       step_size: η.
       radius: B_θ (public; ``inf``: no projection).
       feature_bound: c_x (public): every feature must satisfy |x_ij| ≤ c_x.

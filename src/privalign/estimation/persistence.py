@@ -1,12 +1,14 @@
 """Save and load fitted reward models, losslessly, with their privacy event and feature-map config.
 
-Format: one JSON file (UTF-8), the one reward-model format of privalign (``fit-reward``, ``fit-imdb-reward``,
-``build-pool``/``rescore-pool`` ``linear:PATH`` and ``privalign serve --reward-model`` all read and write it)::
+Format: one JSON file (UTF-8), the one reward-model format of privalign (``fit-reward``,
+``fit-imdb-reward``, ``build-pool``/``rescore-pool`` ``linear:PATH`` and ``privalign serve --reward-model``
+all read and write it)::
 
     {"format": "privalign.reward_model", "version": 2,
      "name": "SampleDPIHT",                                   # identifier recorded in pool manifests
-     "estimator": "SampleDPIHT" | null,                       # null: a linear reward fit outside privalign's
-     "params": {...},                                         #   estimators (e.g. a logistic-regression gold model)
+     "estimator": "SampleDPIHT" | null,                       # null: a linear reward fit outside
+     "params": {...},                                         #   privalign's estimators (e.g. a
+                                                              #   logistic-regression gold model)
      "coef": {"dtype": "<f8", "shape": [d], "b64": "..."},
      "intercept": 0.0, "link": "identity" | "sigmoid",        # reward = link(φ(x)·coef + intercept)
      "fitted": {"support_": [...], "n_iter_": 10, ...},      # other fitted scalars / int lists
@@ -101,8 +103,8 @@ def save_model(
     model_name, name = name, type(estimator).__name__
     if name not in ESTIMATORS or not hasattr(estimator, "coef_") or not hasattr(estimator, "privacy_event_"):
         raise PrivacyParameterError(
-            f"The 'estimator' parameter must be a fitted privalign reward estimator ({', '.join(ESTIMATORS)}). "
-            f"Got {estimator!r} instead."
+            "The 'estimator' parameter must be a fitted privalign reward estimator "
+            f"({', '.join(ESTIMATORS)}). Got {estimator!r} instead."
         )
     params = {k: _jsonable(v) for k, v in estimator.get_params().items()}
     coef = np.ascontiguousarray(estimator.coef_, dtype="<f8")
@@ -171,12 +173,13 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
         raise DataFormatError(f"{path}: not a JSON privalign model file ({exc}).") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise DataFormatError(
-            f"{path}: field 'format' must be {FORMAT!r}. Got {doc.get('format') if isinstance(doc, dict) else doc!r}."
+            f"{path}: field 'format' must be {FORMAT!r}. Got "
+            f"{doc.get('format') if isinstance(doc, dict) else doc!r}."
         )
     if doc.get("version") not in READABLE_VERSIONS:
         raise DataFormatError(
-            f"{path}: field 'version' must be one of {list(READABLE_VERSIONS)} (this privalign writes {VERSION}). "
-            f"Got {doc.get('version')!r}; a newer privalign wrote it: upgrade privalign."
+            f"{path}: field 'version' must be one of {list(READABLE_VERSIONS)} (this privalign writes "
+            f"{VERSION}). Got {doc.get('version')!r}; a newer privalign wrote it: upgrade privalign."
         )
     if doc.get("estimator") is None:
         raise DataFormatError(
@@ -185,8 +188,9 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
         )
     if doc.get("intercept", 0.0) != 0.0 or doc.get("link", "identity") != "identity":
         raise DataFormatError(
-            f"{path}: fields 'intercept'/'link' are {doc.get('intercept')!r}/{doc.get('link')!r}; an estimator's reward "
-            "has intercept 0 and the identity link. Load it with privalign.models.LinearRewardScorer.load(path)."
+            f"{path}: fields 'intercept'/'link' are {doc.get('intercept')!r}/{doc.get('link')!r}; an "
+            "estimator's reward has intercept 0 and the identity link. Load it with "
+            "privalign.models.LinearRewardScorer.load(path)."
         )
     classes = _estimators()
     cls = classes.get(str(doc.get("estimator")))

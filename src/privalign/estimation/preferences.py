@@ -47,7 +47,8 @@ class PreferenceData:
         self.y = check_labels(self.y, None)
         if self.y.shape[0] != n:
             raise PrivacyParameterError(
-                f"The 'y' parameter must have one label per row of X ({n}). Got {self.y.shape[0]} labels instead."
+                f"The 'y' parameter must have one label per row of X ({n}). Got {self.y.shape[0]} labels "
+                "instead."
             )
         self.X = check_features(self.X, "X")
         if self.prompt_ids is None:
@@ -158,7 +159,8 @@ def train_test_split_by_prompt(
     uniq, inverse = np.unique(ids.astype(str) if ids.dtype == object else ids, return_inverse=True)
     if uniq.shape[0] < 2:
         raise PrivacyParameterError(
-            f"The 'data' parameter must contain at least two distinct prompts to split by prompt. Got {uniq.shape[0]}."
+            "The 'data' parameter must contain at least two distinct prompts to split by prompt. Got "
+            f"{uniq.shape[0]}."
         )
     perm = rng.permutation(uniq.shape[0])
     n_test = min(max(1, int(round(test_size * uniq.shape[0]))), uniq.shape[0] - 1)

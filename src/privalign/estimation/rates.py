@@ -314,7 +314,8 @@ def plot_rates(result: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
     fig.suptitle(
-        "Sparse BTL rates; label-DP (RR) and sample-DP ((ε,δ)) curves share the ε axis but protect different units"
+        "Sparse BTL rates; label-DP (RR) and sample-DP ((ε,δ)) curves share the ε axis but protect different "
+        "units"
     )
     fig.subplots_adjust(left=0.04, right=0.99, bottom=0.12, top=0.86, wspace=0.25)
     path = Path(path)

@@ -53,7 +53,8 @@ def load_preference_data(
       random_state: seed of the pairing and orientation coins.
 
     Returns:
-      ``(PreferenceData, feature_map)``; ``feature_bound`` of the comparisons is ``feature_map.feature_bound``.
+      ``(PreferenceData, feature_map)``; ``feature_bound`` of the comparisons is
+      ``feature_map.feature_bound``.
     """
     from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
     from privalign.estimation.features import EmbeddingFeatures, HashedNgramFeatures

@@ -296,9 +296,10 @@ def _markdown(records: list[dict]) -> str:
     for r in records:
         if r["kind"] == "sparse_vs_dense":
             lines.append(
-                f"| {r['dataset']} | {r['features']} | {r['epsilon']:g} | {r['sparse']} {r['sparse_accuracy']:.3f} "
-                f"{r['sparse_params']} | {r['dense']} {r['dense_accuracy']:.3f} {r['dense_params']} | "
-                f"{r['a_better']}/{r['b_better']} | {r['p_value']:.3g} | {r['verdict']} |"
+                f"| {r['dataset']} | {r['features']} | {r['epsilon']:g} | {r['sparse']} "
+                f"{r['sparse_accuracy']:.3f} {r['sparse_params']} | {r['dense']} {r['dense_accuracy']:.3f} "
+                f"{r['dense_params']} | {r['a_better']}/{r['b_better']} | {r['p_value']:.3g} | "
+                f"{r['verdict']} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -76,7 +76,8 @@ def expand_grid(param_grid: Any, estimator: Any = None) -> list[dict[str, Any]]:
     for g in grids:
         if not isinstance(g, dict) or len(g) == 0:
             raise PrivacyParameterError(
-                f"The 'param_grid' parameter must contain non-empty dicts of parameter lists. Got {g!r} instead."
+                f"The 'param_grid' parameter must contain non-empty dicts of parameter lists. Got {g!r} "
+                "instead."
             )
         for k, v in g.items():
             if isinstance(v, str) or not hasattr(v, "__len__") or len(v) == 0:
@@ -119,8 +120,8 @@ def split_validation(
         n_units = int(inverse.max()) + 1
     if n_units < 2:
         raise PrivacyParameterError(
-            f"The 'X' parameter must hold at least two {'groups' if groups is not None else 'pairs'} to split "
-            f"off a validation part. Got {n_units}."
+            f"The 'X' parameter must hold at least two {'groups' if groups is not None else 'pairs'} to "
+            f"split off a validation part. Got {n_units}."
         )
     n_val = min(max(1, int(round(frac * n_units))), n_units - 1)
     perm = rng.permutation(n_units)
@@ -263,8 +264,9 @@ class PrivateGridSearch(RewardEstimator):
             need = _min_pairs(est)
             if need is not None and fit_idx.shape[0] < need[0]:
                 raise PrivacyParameterError(
-                    f"The 'validation_fraction' parameter ({frac!r}) leaves {fit_idx.shape[0]} fitting pairs, "
-                    f"fewer than the candidate's {need[1]}: lower validation_fraction or the batch count."
+                    f"The 'validation_fraction' parameter ({frac!r}) leaves {fit_idx.shape[0]} fitting "
+                    f"pairs, fewer than the candidate's {need[1]}: lower validation_fraction or the batch "
+                    "count."
                 )
             built.append(est)
         XA, yA, XB, yB = Xv[fit_idx], yv[fit_idx], Xv[val_idx], yv[val_idx]
@@ -321,8 +323,11 @@ class PrivateGridSearch(RewardEstimator):
         self.privacy_budget_ = {
             "epsilon": eps_total,
             "delta": delta_total,
-            "composition": "parallel over (fit part, validation part) of basic composition of the candidates; "
-            "exponential-mechanism selection" + ("; plus the refit" if self.refit else ""),
+            "composition": (
+                "parallel over (fit part, validation part) of basic composition of the candidates; "
+                "exponential-mechanism selection"
+            )
+            + ("; plus the refit" if self.refit else ""),
         }
         self.privacy_event_ = event
         self.coef_ = chosen.coef_
@@ -343,7 +348,8 @@ def tune(
 
 
 def default_param_grid(method: str, *, sparsity: int = 32) -> dict[str, list[Any]]:
-    """The grid ``fit-reward --tune`` searches for a method name of :data:`privalign.estimation.rates.METHODS`."""
+    """The grid ``fit-reward --tune`` searches for a method name of
+    :data:`privalign.estimation.rates.METHODS`."""
     s = [max(1, sparsity // 4), sparsity, sparsity * 4]
     grids: dict[str, dict[str, list[Any]]] = {
         "mle": {"alpha": [1e-4, 1e-3, 1e-2]},

@@ -447,7 +447,8 @@ def _maps_for(ds: str, cfg: dict) -> list[str]:
 
 
 def _tag(ds: str, fm: str) -> str:
-    """Data set label in cell names and P2-4 rows: ``hh-rlhf`` (hashed n-grams) or ``hh-rlhf[harm-lexicon]``."""
+    """Data set label in cell names and P2-4 rows: ``hh-rlhf`` (hashed n-grams) or
+    ``hh-rlhf[harm-lexicon]``."""
     return ds if fm == "hashed-ngram" else f"{ds}[{fm}]"
 
 
@@ -758,8 +759,8 @@ def _snr_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
 
 
 def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    """Sample-DP IHT (tuned as the accuracy cells, and untuned at s = ``sparsity`` and s/4) and non-private IHT
-    on the first n training pairs of a random order (data-independent), scored on one IMDb test split."""
+    """Sample-DP IHT (tuned as the accuracy cells, and untuned at s = ``sparsity`` and s/4) and non-private
+    IHT on the first n training pairs of a random order (data-independent), scored on one IMDb test split."""
     key = "data:imdb-curve"
     if key not in ctx.cache:
         from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
@@ -823,8 +824,8 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
 
 def sparse_dense_pairs(records: list[dict], epsilons=(2.0, 8.0)) -> list[dict]:
     """For P2-4: per data set, feature map and ε, each sparse method vs its dense counterpart on the same test
-    pairs: ``b`` = pairs only the sparse one gets right, ``c`` = only the dense one. ``dataset`` names the feature
-    map when it is not hashed n-grams (``hh-rlhf[harm-lexicon]``)."""
+    pairs: ``b`` = pairs only the sparse one gets right, ``c`` = only the dense one. ``dataset`` names the
+    feature map when it is not hashed n-grams (``hh-rlhf[harm-lexicon]``)."""
     out = []
     acc = [r for r in records if r.get("kind", "accuracy") == "accuracy"]
     for eps in epsilons:
@@ -862,8 +863,8 @@ def sparse_dense_pairs(records: list[dict], epsilons=(2.0, 8.0)) -> list[dict]:
 
 
 def mcnemar_power(b: int, c: int, n: int, *, gain: float = 0.05, alpha: float = 0.05) -> float:
-    """Power of the one-sided exact McNemar test (level ``alpha``) to detect a true accuracy gain ``gain`` of the
-    first classifier, at the observed number of discordant pairs D = b + c out of n: under the alternative
+    """Power of the one-sided exact McNemar test (level ``alpha``) to detect a true accuracy gain ``gain`` of
+    the first classifier, at the observed number of discordant pairs D = b + c out of n: under the alternative
     b ~ Binomial(D, ½ + gain·n/(2D)) (capped at 1); the critical value is the exact binomial one under H0."""
     from scipy import stats
 
@@ -981,8 +982,8 @@ def _sparsity_reading(srows: list[dict], svd: list[dict]) -> str:
 
 
 def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> str:
-    """Where Peeling's first-step need (``n_needed_top_s``, the smallest over the tuned s) is met, and Sample-DP
-    IHT's accuracy there and elsewhere (within 2 SE of chance or not); the n curve's endpoints."""
+    """Where Peeling's first-step need (``n_needed_top_s``, the smallest over the tuned s) is met, and
+    Sample-DP IHT's accuracy there and elsewhere (within 2 SE of chance or not); the n curve's endpoints."""
     parts = []
     for ds, fm in sorted({(r["dataset"], r["features"]) for r in snr}):
         rows = [r for r in snr if r["dataset"] == ds and r["features"] == fm]
@@ -1009,12 +1010,13 @@ def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> s
             chance = abs(a["accuracy"] - 0.5) <= 2 * a["accuracy_se"]
             cells.append(
                 f"ε={e:g}: need {'∞' if need is None else f'{need:,.0f}'} "
-                f"{'≤' if need is not None and need <= n_fit else '>'} {n_fit:,}, accuracy {a['accuracy']:.3f}"
-                + (" (chance)" if chance else "")
+                f"{'≤' if need is not None and need <= n_fit else '>'} {n_fit:,}, accuracy "
+                f"{a['accuracy']:.3f}" + (" (chance)" if chance else "")
             )
         parts.append(f"{_tag(ds, fm)}: " + "; ".join(cells))
     text = (
-        "Sample-DP IHT vs Peeling's first-step need (n for the top-s gradient coordinates to beat the expected "
+        "Sample-DP IHT vs Peeling's first-step need (n for the top-s gradient coordinates to beat the "
+        "expected "
         "largest noise draw; non-private diagnostic): " + " | ".join(parts)
     )
     for v in sorted({(r["variant"]) for r in curve if r["method"] == "SampleDPIHT"}):
@@ -1023,8 +1025,8 @@ def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> s
         )
         if len(g) >= 2:
             text += (
-                f" | n curve (IMDb, ε = {g[0]['epsilon']:g}), {v}: {g[0]['accuracy']:.3f} at n = {g[0]['n']:,} → "
-                f"{g[-1]['accuracy']:.3f} at n = {g[-1]['n']:,}"
+                f" | n curve (IMDb, ε = {g[0]['epsilon']:g}), {v}: {g[0]['accuracy']:.3f} at n = "
+                f"{g[0]['n']:,} → {g[-1]['accuracy']:.3f} at n = {g[-1]['n']:,}"
             )
     return text
 
@@ -1055,8 +1057,8 @@ def _acc_summarize(records: list[dict], cfg: dict) -> dict:
         tables["sparsity check: non-private IHT held-out accuracy vs s (dense MLE: all d)"] = srows
     if svd:
         tables[
-            "sparse vs dense at equal ε (tuned on a validation split of the training pairs; exact McNemar on the "
-            "shared test pairs)"
+            "sparse vs dense at equal ε (tuned on a validation split of the training pairs; exact McNemar on "
+            "the shared test pairs)"
         ] = svd
         eps_all = tuple(sorted({v["epsilon"] for v in svd}))
         v, m = mcnemar_rule(sparse_dense_pairs(records, epsilons=eps_all), epsilons=eps_all)

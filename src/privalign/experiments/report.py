@@ -189,9 +189,9 @@ def _train_vs_inference(records: Records, runs=None) -> Verdict:
     verdict = "holds" if z > 2 else "does not hold" if z < -2 else "inconclusive"
     se = math.sqrt(a["value_se"] ** 2 + b["value_se"] ** 2)
     return verdict, (
-        f"T={last}: DP-trained RM + BoN {b['value']:.3f}±{b['value_se']:.3f} vs PrivBoN {a['value']:.3f}±{a['value_se']:.3f} "
-        f"at the same total (ε, δ): difference {z:.1f} combined SE (2-SE rule, unpaired); detectable difference ≈ "
-        f"{2.84 * se:.3f} (2 SE + z_0.8·SE)"
+        f"T={last}: DP-trained RM + BoN {b['value']:.3f}±{b['value_se']:.3f} vs PrivBoN "
+        f"{a['value']:.3f}±{a['value_se']:.3f} at the same total (ε, δ): difference {z:.1f} combined SE "
+        f"(2-SE rule, unpaired); detectable difference ≈ {2.84 * se:.3f} (2 SE + z_0.8·SE)"
     )
 
 
@@ -206,14 +206,15 @@ def _membership(records: Records, runs=None) -> Verdict:
     powered = bool(bon) and bon[0]["eps_lower_bound"] > 0
     parts = (
         [
-            f"BoN: advantage {bon[0]['advantage']:.3f} at Q={bon[0]['Q_max']}, audit ε ≥ {bon[0]['eps_lower_bound']:.2f}"
+            f"BoN: advantage {bon[0]['advantage']:.3f} at Q={bon[0]['Q_max']}, audit ε ≥ "
+            f"{bon[0]['eps_lower_bound']:.2f}"
         ]
         if bon
         else []
     )
     parts += [
-        f"PrivBoN ε={r['epsilon_claimed']:g}: audit ε ≥ {r['eps_lower_bound']:.3f}, advantage {r['advantage']:.3f} at "
-        f"Q={r['Q_max']}"
+        f"PrivBoN ε={r['epsilon_claimed']:g}: audit ε ≥ {r['eps_lower_bound']:.3f}, advantage "
+        f"{r['advantage']:.3f} at Q={r['Q_max']}"
         for r in priv
     ]
     if not ok:
@@ -237,11 +238,13 @@ CLAIMS: list[Claim] = [
     Claim(
         "P1-1",
         "Paper 1",
-        "BoN is not scaling-monotonic: past a critical N its true reward falls (reward hacking). [paper; Huang]",
+        "BoN is not scaling-monotonic: past a critical N its true reward falls (reward hacking). [paper; "
+        "Huang]",
         "p1-scaling",
-        f"holds if BoN's lift at the largest N is significantly below its lift at some smaller N ({_PAIRED}); "
-        "on a pool where BoN does not degrade: inconclusive on this pool (never 'does not hold'), except on a synthetic "
-        "pool with reachable planted hacks (N_max·hack_rate ≥ 2) where the drop's upper bound is < 10% of the best lift",
+        "holds if BoN's lift at the largest N is significantly below its lift at some smaller N "
+        f"({_PAIRED}); on a pool where BoN does not degrade: inconclusive on this pool (never 'does not "
+        "hold'), except on a synthetic pool with reachable planted hacks (N_max·hack_rate ≥ 2) where the "
+        "drop's upper bound is < 10% of the best lift",
         _p1_1,
         also=("p1-scaling-imdb",),
     ),
@@ -251,9 +254,9 @@ CLAIMS: list[Claim] = [
         "PrivBoN is scaling-monotonic: its lift does not fall as N grows. [paper]",
         "p1-scaling",
         "decided only with a positive control (BoN degrades significantly in the same run); then: does not "
-        f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the drop's upper "
-        "95% bound is below min(½·BoN's drop, ¼·the curve's best lift) and the curve has a significant lift; else "
-        "inconclusive",
+        f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the "
+        "drop's upper 95% bound is below min(½·BoN's drop, ¼·the curve's best lift) and the curve has a "
+        "significant lift; else inconclusive",
         _mono("PrivBoN"),
         also=("p1-scaling-imdb",),
     ),
@@ -262,8 +265,8 @@ CLAIMS: list[Claim] = [
         "Paper 1",
         "PrivITP is scaling-monotonic. [paper]",
         "p1-scaling",
-        "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve re-matched "
-        "to ε at every N is reported for contrast",
+        "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve "
+        "re-matched to ε at every N is reported for contrast",
         _mono("PrivITP-fixed", fallback="PrivITP"),
         also=("p1-scaling-imdb",),
     ),
@@ -281,21 +284,22 @@ CLAIMS: list[Claim] = [
         "Paper 1",
         "PrivITP matches or beats PrivBoN at equivalent privacy. [paper]",
         "p1-privacy-sweep",
-        "at equal privacy (default matching 'worst': PrivITP's ε_max(N) at δ = PrivBoN's ε), at every (N, ε): paired "
-        "per-prompt difference PrivITP − PrivBoN; does not hold if PrivBoN is significantly ahead anywhere (one-sided "
-        "α = 0.05, Bonferroni over the grid); holds if everywhere the lower bound exceeds −10% of BoN's lift "
-        "(non-inferiority); else inconclusive",
+        "at equal privacy (default matching 'worst': PrivITP's ε_max(N) at δ = PrivBoN's ε), at every (N, "
+        "ε): paired per-prompt difference PrivITP − PrivBoN; does not hold if PrivBoN is significantly ahead "
+        "anywhere (one-sided α = 0.05, Bonferroni over the grid); holds if everywhere the lower bound "
+        "exceeds −10% of BoN's lift (non-inferiority); else inconclusive",
         _p1_5,
         also=("p1-privacy-sweep-imdb", "p1-scaling", "p1-scaling-imdb"),
     ),
     Claim(
         "P1-6",
         "Paper 1",
-        "Ex-post (adaptive) composition serves more prompts under a fixed budget than basic composition. [paper]",
+        "Ex-post (adaptive) composition serves more prompts under a fixed budget than basic composition. "
+        "[paper]",
         "p1-budget",
         "does not hold if some session serves ≤ T_basic = ⌊ε_total/ε_max⌋ or a filter overshoots; holds if "
-        "not and at some σ the mean true-reward lift per served prompt is significantly > 0 (one-sided t, α = 0.05, "
-        "Bonferroni over σ); inconclusive if the served prompts have no measurable lift",
+        "not and at some σ the mean true-reward lift per served prompt is significantly > 0 (one-sided t, α "
+        "= 0.05, Bonferroni over σ); inconclusive if the served prompts have no measurable lift",
         _budget,
     ),
     Claim(
@@ -304,9 +308,9 @@ CLAIMS: list[Claim] = [
         "At ε ≥ ε* = 2Δ_r√C/ε_RM, PrivBoN's regret is O(√(C·ε_RM²)): privacy costs nothing extra. [paper]",
         "p1-epsilon-star",
         "relative test on the plain PrivBoN curve (σ = 2Δ_r/ε), ε* and σ_reg from calibration prompts "
-        "disjoint from the evaluation prompts: does not hold if some grid ε ≥ ε* has regret significantly above the "
-        "best regret over every σ in the run (paired, one-sided α = 0.05, Bonferroni); holds if none does and the "
-        "control works (some ε ≤ ε*/4 has significantly larger regret); else inconclusive",
+        "disjoint from the evaluation prompts: does not hold if some grid ε ≥ ε* has regret significantly "
+        "above the best regret over every σ in the run (paired, one-sided α = 0.05, Bonferroni); holds if "
+        "none does and the control works (some ε ≤ ε*/4 has significantly larger regret); else inconclusive",
         _eps_star,
     ),
     Claim(
@@ -314,9 +318,9 @@ CLAIMS: list[Claim] = [
         "Paper 1",
         "PrivITP's ex-post cost depends only on the realised stopping time, not on n. [paper]",
         "p1-scaling",
-        "at a fixed σ, from N ≈ N_max/8 to N_max: holds if the upper 95% bound of the growth of E[realised ε] (paired "
-        "over prompts) is < 10% of the growth of ε_max(N); does not hold if its lower bound is > 50%; inconclusive "
-        "otherwise or if ε_max grows < 10%",
+        "at a fixed σ, from N ≈ N_max/8 to N_max: holds if the upper 95% bound of the growth of E[realised "
+        "ε] (paired over prompts) is < 10% of the growth of ε_max(N); does not hold if its lower bound is > "
+        "50%; inconclusive otherwise or if ε_max grows < 10%",
         _p1_8,
         also=("p1-scaling-imdb",),
     ),
@@ -344,8 +348,9 @@ CLAIMS: list[Claim] = [
         "Paper 2",
         "Sample-DP-IHT: error Õ(s*/n + s*²/(n²ε²)), decreasing in n. [paper]",
         "p2-rates",
-        "holds if the 95% CI of the log-log slope of the error vs n lies inside [-2.5, -0.5] and every fitted point is in "
-        "the learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside (points in the regime); else inconclusive",
+        "holds if the 95% CI of the log-log slope of the error vs n lies inside [-2.5, -0.5] and every "
+        "fitted point is in the learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside "
+        "(points in the regime); else inconclusive",
         lambda R, runs=None: _rates_slope(R, sweep="n", method="SampleDPIHT", low=-2.5, high=-0.5),
     ),
     Claim(
@@ -370,8 +375,8 @@ CLAIMS: list[Claim] = [
         "At ε ∈ {2, 8}, sparse methods (RR-IHT, Sample-DP IHT) beat dense ones (RR, DP-SGD). [paper]",
         "p2-accuracy",
         "exact one-sided McNemar tests on the shared held-out pairs at ε = 2 and 8, α = 0.05 Bonferroni: "
-        "holds if every sparse method is significantly more accurate than its dense counterpart; does not hold if some "
-        "dense one is significantly more accurate; else (or an ε missing) inconclusive",
+        "holds if every sparse method is significantly more accurate than its dense counterpart; does not "
+        "hold if some dense one is significantly more accurate; else (or an ε missing) inconclusive",
         _sparse_beats_dense,
     ),
     Claim(
@@ -380,8 +385,9 @@ CLAIMS: list[Claim] = [
         "Win rates at ε = 8: RR-IHT > Sample-DP IHT > RR > DP-SGD (Gemma-3-1B, Llama-2-7B). [paper]",
         "p2-winrate",
         "SmolLM2-135M best-of-16 analogue on IMDb and HH-RLHF at ε = 8, symmetric: holds if every adjacent "
-        "gap of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval > 0) on "
-        "every data set; does not hold if any gap is significantly reversed; else inconclusive",
+        "gap of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap "
+        "interval > 0) on every data set; does not hold if any gap is significantly reversed; else "
+        "inconclusive",
         _winrate_order,
     ),
     Claim(
@@ -389,10 +395,11 @@ CLAIMS: list[Claim] = [
         "Paper 2",
         "PPO-aligned LLaMA-7b on IMDb: higher reward at the same KL for sparse methods. [paper]",
         "p2-rlhf",
-        "CPU analogue: SmolLM2-135M policies trained by GRPO (LoRA) on each private reward model; per (sparse, "
-        "dense) pair and ε, prompt-paired bootstrap interval of the gold-reward difference at no more KL: holds if every "
-        "pair is significantly in the sparse direction; does not hold if any is significantly reversed; else "
-        "inconclusive (the measured text states steps, prompts and the detectable difference)",
+        "CPU analogue: SmolLM2-135M policies trained by GRPO (LoRA) on each private reward model; per "
+        "(sparse, dense) pair and ε, prompt-paired bootstrap interval of the gold-reward difference at no "
+        "more KL: holds if every pair is significantly in the sparse direction; does not hold if any is "
+        "significantly reversed; else inconclusive (the measured text states steps, prompts and the "
+        "detectable difference)",
         _rlhf,
     ),
     Claim(
@@ -410,8 +417,8 @@ CLAIMS: list[Claim] = [
         "A DP-trained reward model used without further noise (post-processing) beats per-query "
         "PrivBoN at the same total (ε, δ) once T is large. [our question]",
         "beyond-train-vs-inference",
-        "at the largest T: holds if the DP-RM + BoN value exceeds PrivBoN's by more than 2 SE; does not hold if it is "
-        "more than 2 SE below; else inconclusive",
+        "at the largest T: holds if the DP-RM + BoN value exceeds PrivBoN's by more than 2 SE; does not hold "
+        "if it is more than 2 SE below; else inconclusive",
         _train_vs_inference,
     ),
     Claim(
@@ -420,8 +427,9 @@ CLAIMS: list[Claim] = [
         "Membership inference by repeated queries succeeds against plain BoN; against PrivBoN the "
         "audit's empirical ε lower bound stays below the claimed ε. [paper describes the attack]",
         "beyond-membership",
-        "does not hold if PrivBoN's empirical ε lower bound (Clopper–Pearson, stated α) exceeds the claimed ε; holds if "
-        "not and the same audit finds plain BoN's leak (ε lower bound > 0); else inconclusive (no power)",
+        "does not hold if PrivBoN's empirical ε lower bound (Clopper–Pearson, stated α) exceeds the claimed "
+        "ε; holds if not and the same audit finds plain BoN's leak (ε lower bound > 0); else inconclusive "
+        "(no power)",
         _membership,
     ),
 ]
@@ -528,11 +536,15 @@ _COLORS = {
 
 def _img_tag(png: Path, alt: str) -> str:
     data = base64.b64encode(png.read_bytes()).decode()
-    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"/><figcaption>{html.escape(alt)}</figcaption></figure>'
+    return (
+        f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"/>'
+        f"<figcaption>{html.escape(alt)}</figcaption></figure>"
+    )
 
 
 def _short_time(ts) -> str:
-    """``2026-11-30T21:40:12.123+00:00`` → ``2026-11-30 21:40:12`` (UTC in the manifest; full value in the tooltip)."""
+    """``2026-11-30T21:40:12.123+00:00`` → ``2026-11-30 21:40:12`` (UTC in the manifest; full value in the
+    tooltip)."""
     if not isinstance(ts, str) or len(ts) < 19:
         return html.escape(str(ts))
     return html.escape(ts[:19].replace("T", " "))
@@ -599,34 +611,40 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     for c in claims:
         counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
     h: list[str] = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>privalign reproduction report</title>",
-        "<style>body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.5em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;margin:0.6em 0;font-size:0.88em}td,th{border:1px solid #bbb;padding:4px 7px;"
-        "vertical-align:top;text-align:left}th{background:#f0f0f0}td:first-child{white-space:nowrap}"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>privalign reproduction "
+        "report</title>",
+        "<style>body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.5em auto;padding:0 "
+        "1em;color:#222}table{border-collapse:collapse;margin:0.6em 0;font-size:0.88em}td,th{border:1px "
+        "solid #bbb;padding:4px "
+        "7px;vertical-align:top;text-align:left}th{background:#f0f0f0}td:first-child{white-space:nowrap}"
         "td{overflow-wrap:break-word;word-break:normal;hyphens:none;max-width:460px}.nw{white-space:nowrap}"
-        "td code:not(.json){white-space:nowrap}.tw{max-width:100%;overflow-x:auto}pre.json{max-height:16em;max-width:440px;overflow:auto;margin:0.3em 0;"
-        "font-size:0.92em;white-space:pre}details summary{cursor:pointer;color:#245}"
-        "figure{display:inline-block;margin:0.5em;max-width:100%}"
-        "img{max-width:100%;border:1px solid #ddd}figcaption{font-size:0.8em;color:#555}"
-        ".v{font-weight:600;white-space:nowrap}code{background:#f4f4f4;padding:0 3px}</style></head><body>",
+        "td "
+        "code:not(.json){white-space:nowrap}.tw{max-width:100%;overflow-x:auto}pre.json{max-height:16em;"
+        "max-width:440px;overflow:auto;margin:0.3em 0;font-size:0.92em;white-space:pre}details "
+        "summary{cursor:pointer;color:#245}figure{display:inline-block;margin:0.5em;max-width:100%}"
+        "img{max-width:100%;border:1px solid "
+        "#ddd}figcaption{font-size:0.8em;color:#555}.v{font-weight:600;white-space:nowrap}"
+        "code{background:#f4f4f4;padding:0 3px}</style></head><body>",
         "<h1>privalign: reproduction report</h1>",
         f"<p>Generated {utc_now()} from {len(dirs)} run director{'y' if len(dirs) == 1 else 'ies'}. "
         "Verdicts are computed from each run's <code>results.jsonl</code> with the stated rule; "
         "comparisons use a 2-standard-error margin. "
         + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items()))
         + ".</p>",
-        "<h2>Claims</h2><div class='tw'><table><tr><th>id</th><th>claim</th><th>experiment</th><th>rule</th><th>measured</th><th>verdict</th></tr>",
+        "<h2>Claims</h2><div "
+        "class='tw'><table><tr><th>id</th><th>claim</th><th>experiment</th><th>rule</th><th>measured</th><th>"
+        "verdict</th></tr>",
     ]
     for c in claims:
         h.append(
             f"<tr><td>{c['id']}</td><td>{html.escape(c['claim'])}</td><td><code>{html.escape(c['experiment'])}</code></td>"
-            f"<td>{html.escape(c['rule'])}</td><td>{html.escape(c['measured'])}</td>"
-            f"<td class='v' style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>"
+            f"<td>{html.escape(c['rule'])}</td><td>{html.escape(c['measured'])}</td><td class='v' "
+            f"style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>"
         )
     h.append("</table></div>")
     h.append(
-        "<h2>Runs</h2><div class='tw'><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config hash</th>"
-        "<th>git commit</th><th>dirty</th><th>seed</th><th>ran (UTC)</th><th>inputs</th></tr>"
+        "<h2>Runs</h2><div class='tw'><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config "
+        "hash</th><th>git commit</th><th>dirty</th><th>seed</th><th>ran (UTC)</th><th>inputs</th></tr>"
     )
     md: list[str] = [
         "# privalign: reproduction report",
@@ -657,12 +675,12 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
             _json_cell(inp, ", ".join(inp) if isinstance(inp, dict) and inp else None) if inp else "—"
         )
         h.append(
-            f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(m.get('status')))}</td><td>{m.get('quick')}</td>"
-            f"<td><code>{str(m.get('config_hash'))[:12]}</code></td><td><code>{str(git.get('commit'))[:10]}</code></td>"
-            f"<td>{git.get('dirty')}</td><td>{m.get('seed_entropy')}</td>"
-            f"<td class='nw' title='{html.escape(str(m.get('started_at')))} to {html.escape(str(m.get('ended_at')))}'>"
-            f"{_span(m.get('started_at'), m.get('ended_at'))}</td>"
-            f"<td>{inputs_cell}</td></tr>"
+            f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(m.get('status')))}</td><td>"
+            f"{m.get('quick')}</td><td><code>{str(m.get('config_hash'))[:12]}</code></td><td><code>"
+            f"{str(git.get('commit'))[:10]}</code></td><td>{git.get('dirty')}</td><td>{m.get('seed_entropy')}"
+            f"</td><td class='nw' title='{html.escape(str(m.get('started_at')))} to "
+            f"{html.escape(str(m.get('ended_at')))}'>{_span(m.get('started_at'), m.get('ended_at'))}</td><td>"
+            f"{inputs_cell}</td></tr>"
         )
         inputs_md = ", ".join(str(k) for k in inp) if isinstance(inp, dict) else str(inp)
         md.append(

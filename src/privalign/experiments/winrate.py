@@ -200,20 +200,21 @@ def pool_build_command(ds: str, out: str) -> str:
     if k == 24:  # the shipped pools: transformers backend, one thread
         if ds == "imdb":
             return (
-                f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} --max-new-tokens 16 "
-                "--batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
+                f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} "
+                "--max-new-tokens 16 --batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
                 f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}"
             )
         return (
             'python -c "from privalign.experiments.winrate import build_hh_pool; '
             f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=1)\""
         )
-    # larger pools: the CTranslate2 backend (pip install 'privalign[fast-cpu]'), reseeded per block of 32 prompts
+    # larger pools: the CTranslate2 backend (pip install 'privalign[fast-cpu]'), reseeded per block of 32
+    # prompts
     if ds == "imdb":
         return (
-            f"privalign build-pool --dataset imdb --prompt-words 10 --generator ctranslate2 --n 16 --num-prompts {k} "
-            "--max-new-tokens 16 --batch-size 16 --num-threads 2 --proxy-reward vader --true-reward "
-            f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}"
+            "privalign build-pool --dataset imdb --prompt-words 10 --generator ctranslate2 --n 16 "
+            f"--num-prompts {k} --max-new-tokens 16 --batch-size 16 --num-threads 2 --proxy-reward vader "
+            f"--true-reward linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}"
         )
     return (
         'python -c "from privalign.experiments.winrate import build_hh_pool; '
@@ -238,7 +239,8 @@ def _pool_key(ds: str) -> str:
 
 
 def _load_pool(ds: str, cfg: dict) -> dict:
-    """Pool → texts, proxy, judge arrays ``(P, N)`` and the prompt identities used to keep training disjoint."""
+    """Pool → texts, proxy, judge arrays ``(P, N)`` and the prompt identities used to keep training
+    disjoint."""
     from privalign.data.pools import read_pool
 
     path = _pool_path(cfg[_pool_key(ds)])
@@ -556,7 +558,8 @@ def order_verdict(
         parts.append(
             f"{ds} (P={t0['prompts']}, {t0['replicates']} seeds): "
             + ", ".join(
-                f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, {table[(ds, m)]['ci_hi']:.3f}]"
+                f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, "
+                f"{table[(ds, m)]['ci_hi']:.3f}]"
                 for m in PAPER_ORDER
             )
         )
@@ -605,7 +608,8 @@ def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
 
 
 def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -> tuple[float, float]:
-    """95% bootstrap interval of win_rate(a) − win_rate(b): prompts resampled jointly, replicates independently."""
+    """95% bootstrap interval of win_rate(a) − win_rate(b): prompts resampled jointly, replicates
+    independently."""
     ga = [r for r in rows if r["dataset"] == ds and r["method"] == a and r["epsilon"] == epsilon]
     gb = [r for r in rows if r["dataset"] == ds and r["method"] == b and r["epsilon"] == epsilon]
     Wa = np.array([r["per_prompt"] for r in ga], float)
@@ -663,9 +667,11 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
             ds: {"n_train": r["n_train"], "excluded": r["n_excluded"]} for ds, r in first.items()
         },
         "judges": {ds: JUDGE[ds] for ds in first},
-        "note": "win rate = exact probability that best-of-N (by the reward model) beats one uniformly random "
-        "candidate of the same prompt (the base policy's single sample), ties ½, judged by a scorer not "
-        "trained on the private pairs; 95% percentile bootstrap over prompts and seeds; 0.5 = no gain",
+        "note": (
+            "win rate = exact probability that best-of-N (by the reward model) beats one uniformly random "
+            "candidate of the same prompt (the base policy's single sample), ties ½, judged by a scorer not "
+            "trained on the private pairs; 95% percentile bootstrap over prompts and seeds; 0.5 = no gain"
+        ),
     }
 
 
