@@ -56,30 +56,41 @@ def check_real(
       PrivacyParameterError: NaN, infinite (unless allowed) or outside the interval.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"The '{name}' parameter must be a real number. Got {value!r} of type {type(value).__name__} instead.")
+        raise TypeError(
+            f"The '{name}' parameter must be a real number. Got {value!r} of type {type(value).__name__} "
+            "instead."
+        )
     v = float(value)
     rng = _fmt_range(low, high, closed)
     if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0 and high is None)):
-        raise PrivacyParameterError(f"The '{name}' parameter must be a finite float in the range {rng}. Got {v!r} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a finite float in the range {rng}. Got {v!r} instead."
+        )
     ok = True
     if low is not None:
         ok &= v >= low if closed in ("left", "both") else v > low
     if high is not None:
         ok &= v <= high if closed in ("right", "both") else v < high
     if not ok:
-        raise PrivacyParameterError(f"The '{name}' parameter must be a float in the range {rng}. Got {v!r} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a float in the range {rng}. Got {v!r} instead."
+        )
     return v
 
 
 def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
     """Return ``int(value)`` after checking it is an integer in ``[low, high]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"The '{name}' parameter must be an int. Got {value!r} of type {type(value).__name__} instead.")
+        raise TypeError(
+            f"The '{name}' parameter must be an int. Got {value!r} of type {type(value).__name__} instead."
+        )
     v = int(value)
     if (low is not None and v < low) or (high is not None and v > high):
         lo = "-inf" if low is None else str(low)
         hi = "inf" if high is None else str(high)
-        raise PrivacyParameterError(f"The '{name}' parameter must be an int in the range [{lo}, {hi}]. Got {v} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be an int in the range [{lo}, {hi}]. Got {v} instead."
+        )
     return v
 
 
@@ -95,7 +106,9 @@ def check_in_range(value: float, name: str, low: float, high: float) -> float:
 
 def check_choice(value: Any, name: str, choices: tuple | list) -> Any:
     if value not in choices:
-        raise PrivacyParameterError(f"The '{name}' parameter must be one of {list(choices)}. Got {value!r} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be one of {list(choices)}. Got {value!r} instead."
+        )
     return value
 
 
@@ -115,7 +128,9 @@ def check_finite_vector(
     """
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
-        raise PrivacyParameterError(f"The '{name}' parameter must be a 1-D array. Got an array of shape {arr.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a 1-D array. Got an array of shape {arr.shape} instead."
+        )
     return _check_array(arr, name, low=low, high=high, clip=clip, min_size=min_size)
 
 
@@ -130,9 +145,13 @@ def check_finite_matrix(
     """Return a 2-D float64 array (rows = prompts), checking it is non-empty and finite."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 2:
-        raise PrivacyParameterError(f"The '{name}' parameter must be a 2-D array. Got an array of shape {arr.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a 2-D array. Got an array of shape {arr.shape} instead."
+        )
     if arr.shape[1] == 0:
-        raise PrivacyParameterError(f"The '{name}' parameter must have at least one column. Got shape {arr.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must have at least one column. Got shape {arr.shape} instead."
+        )
     return _check_array(arr, name, low=low, high=high, clip=clip, min_size=1)
 
 
@@ -145,7 +164,9 @@ def _all_finite(arr: np.ndarray) -> bool:
 
 def _check_array(arr: np.ndarray, name: str, *, low, high, clip, min_size) -> np.ndarray:
     if arr.size < min_size:
-        raise PrivacyParameterError(f"The '{name}' parameter must have at least {min_size} element(s). Got {arr.size} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must have at least {min_size} element(s). Got {arr.size} instead."
+        )
     if _all_finite(arr):
         bad = None
     else:
@@ -153,7 +174,8 @@ def _check_array(arr: np.ndarray, name: str, *, low, high, clip, min_size) -> np
     if bad is not None and bad.any():
         idx = np.argwhere(bad)[0]
         raise PrivacyParameterError(
-            f"The '{name}' parameter must contain only finite values. Got {arr[tuple(idx)]!r} at index {tuple(int(i) for i in idx)}."
+            f"The '{name}' parameter must contain only finite values. Got {arr[tuple(idx)]!r} at index "
+            f"{tuple(int(i) for i in idx)}."
         )
     if low is not None or high is not None:
         lo = -np.inf if low is None else low

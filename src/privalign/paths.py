@@ -50,7 +50,8 @@ def data_dir(required: bool = True) -> Path | None:
     )
 
 
-# Where installed packages are (offline model and data files ship in PyPI packages), found without importing them.
+# Where installed packages are (offline model and data files ship in PyPI packages), found without importing
+# them.
 _INSTALL = {
     "torch": "pip install 'privalign[models]'  (or: pip install torch)",
     "transformers": "pip install 'privalign[models]'  (or: pip install transformers gguf accelerate)",

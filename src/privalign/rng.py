@@ -21,7 +21,15 @@ import numpy as np
 
 from privalign.errors import MissingDependencyError, PrivacyParameterError
 
-__all__ = ["NoiseSource", "SeededNoise", "FastSeededNoise", "SecureNoise", "as_noise_source", "as_generator", "entropy_int"]
+__all__ = [
+    "NoiseSource",
+    "SeededNoise",
+    "FastSeededNoise",
+    "SecureNoise",
+    "as_noise_source",
+    "as_generator",
+    "entropy_int",
+]
 
 
 def entropy_int(ss: np.random.SeedSequence) -> int:
@@ -33,7 +41,9 @@ def entropy_int(ss: np.random.SeedSequence) -> int:
     e = ss.entropy
     if isinstance(e, int | np.integer):
         return int(e)
-    raise TypeError(f"The 'ss' parameter must be a SeedSequence built from one int or None. Got entropy {e!r} instead.")
+    raise TypeError(
+        f"The 'ss' parameter must be a SeedSequence built from one int or None. Got entropy {e!r} instead."
+    )
 
 
 @runtime_checkable
@@ -139,12 +149,19 @@ class FastSeededNoise(SeededNoise):
     (numpy floats, data-dependent running time); serving uses :class:`SecureNoise`.
     """
 
-    def __init__(self, generator: np.random.Generator | int | None = None, *, trials_per_round: int = 4,
-                 rounds: int = 16) -> None:
+    def __init__(
+        self,
+        generator: np.random.Generator | int | None = None,
+        *,
+        trials_per_round: int = 4,
+        rounds: int = 16,
+    ) -> None:
         super().__init__(generator)
         for name, v in (("trials_per_round", trials_per_round), ("rounds", rounds)):
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
-                raise PrivacyParameterError(f"The '{name}' parameter must be an integer ≥ 1. Got {v!r} instead.")
+                raise PrivacyParameterError(
+                    f"The '{name}' parameter must be an integer ≥ 1. Got {v!r} instead."
+                )
         self.trials_per_round, self.rounds = int(trials_per_round), int(rounds)
 
     def gumbel(self, scale, size):
@@ -213,7 +230,8 @@ class SecureNoise:
     def __init__(self, seed: Any = None) -> None:
         if seed is not None:
             raise PrivacyParameterError(
-                f"The 'seed' parameter of SecureNoise must be None (secure noise cannot be seeded). Got {seed!r} instead."
+                "The 'seed' parameter of SecureNoise must be None (secure noise cannot be seeded). Got "
+                f"{seed!r} instead."
             )
         try:
             # Import the submodules we use rather than ``opendp.prelude``, which also imports the
@@ -253,22 +271,26 @@ class SecureNoise:
         return self.uniform(shape) < p
 
     def flip_mask(self, p: float, size: int | tuple[int, ...]) -> np.ndarray:
-        """A boolean array whose entries are independent Bernoulli(``p``), ``p`` in [0, 1/2], drawn with OpenDP's
-        exact Bernoulli sampler (``make_randomized_response_bitvec`` with f = 2p on the zero vector: each bit is
-        set with probability exactly f/2 = p, the float's exact rational value; no float comparison, no
-        rounding). ``p = 0`` gives all ``False``.
+        """A boolean array whose entries are independent Bernoulli(``p``), ``p`` in [0, 1/2], drawn with
+        OpenDP's exact Bernoulli sampler (``make_randomized_response_bitvec`` with f = 2p on the zero vector:
+        each bit is set with probability exactly f/2 = p, the float's exact rational value; no float
+        comparison, no rounding). ``p = 0`` gives all ``False``.
         """
         shape = (int(size),) if isinstance(size, int | np.integer) else tuple(int(s) for s in size)
         n = int(np.prod(shape, dtype=np.int64))
         if not 0.0 <= p <= 0.5:
-            raise PrivacyParameterError(f"The 'p' parameter of flip_mask must be in [0, 0.5]. Got {p!r} instead.")
+            raise PrivacyParameterError(
+                f"The 'p' parameter of flip_mask must be in [0, 0.5]. Got {p!r} instead."
+            )
         if p == 0.0 or n == 0:
             return np.zeros(shape, dtype=bool)
         key = ("flip_mask", p)
         m = self._cache.get(key)
         if m is None:
             dp = self._dp
-            m = dp.m.make_randomized_response_bitvec(dp.bitvector_domain(max_weight=1), dp.discrete_distance(), f=2.0 * p)
+            m = dp.m.make_randomized_response_bitvec(
+                dp.bitvector_domain(max_weight=1), dp.discrete_distance(), f=2.0 * p
+            )
             if len(self._cache) > 256:
                 self._cache.clear()
             self._cache[key] = m
@@ -302,7 +324,10 @@ class SecureNoise:
                 # Gumbel noise is what OpenDP uses for noisy max under zCDP; its argmax has the
                 # softmax law exp(s_i/scale)/Σ exp(s_j/scale).
                 m = dp.m.make_noisy_max(
-                    dom, dp.linf_distance(T=float, monotonic=False), dp.zero_concentrated_divergence(), scale=float(scale)
+                    dom,
+                    dp.linf_distance(T=float, monotonic=False),
+                    dp.zero_concentrated_divergence(),
+                    scale=float(scale),
                 )
             elif kind.startswith("gumbel_topk:"):
                 m = dp.m.make_noisy_top_k(

@@ -46,7 +46,9 @@ def test_privitp_phase2_audit(rng, lam, sigma_z):
     t = np.array([1, 2, -1])
     claim = m.accountant.epsilon2(t, n, np.full(3, lam))
     # both directions, every outcome
-    lb = np.maximum(_log_ratio_lower_bounds(c1, c0, draws, ALPHA / 2), _log_ratio_lower_bounds(c0, c1, draws, ALPHA / 2))
+    lb = np.maximum(
+        _log_ratio_lower_bounds(c1, c0, draws, ALPHA / 2), _log_ratio_lower_bounds(c0, c1, draws, ALPHA / 2)
+    )
     assert np.all(lb <= claim), (lb, claim)
     # broken accountant: the authors' width W = R_max − λ̃ (defect K3)
     wb = 1.0 - lam
@@ -86,12 +88,16 @@ def test_privbon_audit_with_negative_control(rng):
     m = PrivBoN(eps)
     c = np.bincount(m.select_batch(np.tile(d, (draws, 1)), rng=rng).indices, minlength=5)
     cp = np.bincount(m.select_batch(np.tile(dp, (draws, 1)), rng=rng).indices, minlength=5)
-    lb = np.maximum(_log_ratio_lower_bounds(c, cp, draws, ALPHA / 2), _log_ratio_lower_bounds(cp, c, draws, ALPHA / 2))
+    lb = np.maximum(
+        _log_ratio_lower_bounds(c, cp, draws, ALPHA / 2), _log_ratio_lower_bounds(cp, c, draws, ALPHA / 2)
+    )
     assert lb.max() <= eps
     broken = PrivBoN(2 * eps)  # Gumbel scale Δ/ε: what the claim ε would give without the factor 2
     c = np.bincount(broken.select_batch(np.tile(d, (draws, 1)), rng=rng).indices, minlength=5)
     cp = np.bincount(broken.select_batch(np.tile(dp, (draws, 1)), rng=rng).indices, minlength=5)
-    lb = np.maximum(_log_ratio_lower_bounds(c, cp, draws, ALPHA / 2), _log_ratio_lower_bounds(cp, c, draws, ALPHA / 2))
+    lb = np.maximum(
+        _log_ratio_lower_bounds(c, cp, draws, ALPHA / 2), _log_ratio_lower_bounds(cp, c, draws, ALPHA / 2)
+    )
     assert lb.max() > eps
 
 
@@ -108,7 +114,10 @@ def test_privitp_fallback_audit_catches_k8(rng):
     c_hi = _outcome_counts(m.phase2(np.ones((draws, n)), lt, rng)[0], n)
     c_lo = _outcome_counts(m.phase2(np.zeros((draws, n)), lt, rng)[0], n)
     claim = m.accountant.epsilon2(np.array([1, 2, -1]), n, np.full(3, lam))
-    lb = np.maximum(_log_ratio_lower_bounds(c_hi, c_lo, draws, ALPHA / 2), _log_ratio_lower_bounds(c_lo, c_hi, draws, ALPHA / 2))
+    lb = np.maximum(
+        _log_ratio_lower_bounds(c_hi, c_lo, draws, ALPHA / 2),
+        _log_ratio_lower_bounds(c_lo, c_hi, draws, ALPHA / 2),
+    )
     assert np.all(lb <= claim), (lb, claim)
     l1 = float(ell1(lam, width=m.width(lam), r_max=1, sensitivity=1, sigma_z=0.5))
     l2 = float(ell2(lam, width=m.width(lam), r_max=1, sensitivity=1, sigma_z=0.5))

@@ -13,8 +13,15 @@ def _json(capsys):
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("method,extra", [("bon", []), ("itp", ["--beta", "0.1"]), ("privbon", ["--epsilon", "1"]),
-                                          ("privitp", ["--beta", "0.1", "--sigma-x", "0.5", "--sigma-z", "0.3"])])
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        ("bon", []),
+        ("itp", ["--beta", "0.1"]),
+        ("privbon", ["--epsilon", "1"]),
+        ("privitp", ["--beta", "0.1", "--sigma-x", "0.5", "--sigma-z", "0.3"]),
+    ],
+)
 def test_select_and_law(capsys, method, extra):
     args = ["--method", method, "--scores", "0.1,0.5,0.9", "--scores-b", "0.2,0.8,0.4", *extra, "--json"]
     assert main(["select", *args, "--seed", "3"]) == 0
@@ -28,20 +35,41 @@ def test_select_and_law(capsys, method, extra):
 
 
 def test_privbon_infinite_epsilon_cli(capsys):
-    assert main(["select", "--method", "privbon", "--epsilon", "inf", "--scores", "0.1,0.9,0.3", "--seed", "0",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "select",
+                "--method",
+                "privbon",
+                "--epsilon",
+                "inf",
+                "--scores",
+                "0.1,0.9,0.3",
+                "--seed",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = _json(capsys)
     assert out["index"] == 1 and out["event"]["kind"] == "non_private"
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["select", "--method", "privbon", "--epsilon", "1", "--scores", "0.1,1.3"], "public range"),
-    (["select", "--method", "privbon", "--epsilon", "1", "--scores", "0.1,nan"], "finite"),
-    (["select", "--method", "itp", "--beta", "-1", "--scores", "0.1", "--scores-b", "0.2"], "beta"),
-    (["select", "--method", "privitp", "--beta", "0.1", "--scores", "0.1", "--scores-b", "0.2"], "--sigma-x"),
-    (["select", "--method", "itp", "--beta", "0.1", "--scores", "0.1"], "pool_b_scores"),
-    (["law", "--method", "privbon", "--epsilon", "1", "--scores", "a,b"], "comma-separated"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["select", "--method", "privbon", "--epsilon", "1", "--scores", "0.1,1.3"], "public range"),
+        (["select", "--method", "privbon", "--epsilon", "1", "--scores", "0.1,nan"], "finite"),
+        (["select", "--method", "itp", "--beta", "-1", "--scores", "0.1", "--scores-b", "0.2"], "beta"),
+        (
+            ["select", "--method", "privitp", "--beta", "0.1", "--scores", "0.1", "--scores-b", "0.2"],
+            "--sigma-x",
+        ),
+        (["select", "--method", "itp", "--beta", "0.1", "--scores", "0.1"], "pool_b_scores"),
+        (["law", "--method", "privbon", "--epsilon", "1", "--scores", "a,b"], "comma-separated"),
+    ],
+)
 def test_bad_input_exit_2(capsys, argv, msg):
     assert main(argv) == 2
     assert msg in capsys.readouterr().err
@@ -52,17 +80,85 @@ def test_simulate_and_session(tmp_path, capsys):
     path = tmp_path / "pool.jsonl.gz"
     write_pool(path, pool.to_records(), meta={"generator": "synthetic"})
     out = tmp_path / "sim"
-    assert main(["simulate", "--pool", str(path), "--max-log2-n", "3", "--replicates", "3", "--out", str(out),
-                 "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--pool",
+                str(path),
+                "--max-log2-n",
+                "3",
+                "--replicates",
+                "3",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     s = _json(capsys)
     assert (out / "results.json").exists() and len(s["figures"]) == 2 and len(s["methods"]) == 4
-    assert main(["session", "--pool", str(path), "--budget-epsilon", "60", "--n", "8", "--sigma-x", "3",
-                 "--out", str(tmp_path / "ses"), "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "session",
+                "--pool",
+                str(path),
+                "--budget-epsilon",
+                "60",
+                "--n",
+                "8",
+                "--sigma-x",
+                "3",
+                "--out",
+                str(tmp_path / "ses"),
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     s = _json(capsys)
     assert s["prompts_served"] + s["prompts_refused"] == 12 and s["realized_epsilon"] <= 60
-    assert main(["session", "--pool", str(path), "--method", "privbon", "--epsilon", "2", "--budget-epsilon", "10",
-                 "--n", "8", "--out", str(tmp_path / "ses2"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "session",
+                "--pool",
+                str(path),
+                "--method",
+                "privbon",
+                "--epsilon",
+                "2",
+                "--budget-epsilon",
+                "10",
+                "--n",
+                "8",
+                "--out",
+                str(tmp_path / "ses2"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     s = _json(capsys)
     assert s["pure"]["prompts_served"] == 5 and s["zcdp"]["prompts_served"] >= 5
-    assert main(["simulate", "--pool", str(path), "--max-log2-n", "8", "--replicates", "2",
-                 "--out", str(out), "--no-progress"]) == 2  # pool too small for N = 256
+    assert (
+        main(
+            [
+                "simulate",
+                "--pool",
+                str(path),
+                "--max-log2-n",
+                "8",
+                "--replicates",
+                "2",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )  # pool too small for N = 256

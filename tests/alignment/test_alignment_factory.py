@@ -29,8 +29,11 @@ CASES = [
     ("bon", {}, lambda: BestOfN()),
     ("itp", {"beta": 0.5}, lambda: InferenceTimePessimism(0.5)),
     ("privbon", {"epsilon": 0.7, "sensitivity": 0.5}, lambda: PrivBoN(0.7, sensitivity=0.5)),
-    ("privitp", {"beta": 0.5, "sigma_x": 0.2, "sigma_z": 0.3},
-     lambda: PrivITP(0.5, sigma_x=0.2, sigma_z=0.3)),
+    (
+        "privitp",
+        {"beta": 0.5, "sigma_x": 0.2, "sigma_z": 0.3},
+        lambda: PrivITP(0.5, sigma_x=0.2, sigma_z=0.3),
+    ),
 ]
 
 
@@ -47,12 +50,16 @@ def test_factory_builds_what_the_constructor_builds(method, params, direct, seed
     assert s_m.index == s_r.index and s_m.event == s_r.event
 
 
-@pytest.mark.parametrize(("method", "missing"), [("itp", "beta"), ("privbon", "epsilon"), ("privitp", "beta"),
-                                                 ("privitp", "sigma_x")])
+@pytest.mark.parametrize(
+    ("method", "missing"),
+    [("itp", "beta"), ("privbon", "epsilon"), ("privitp", "beta"), ("privitp", "sigma_x")],
+)
 def test_missing_parameter_is_named(method, missing):
     params = {"beta": 0.5, "epsilon": 1.0, "sigma_x": 0.2}
     params.pop(missing)
-    with pytest.raises(PrivacyParameterError, match=f"'{missing}' parameter is required for method '{method}'"):
+    with pytest.raises(
+        PrivacyParameterError, match=f"'{missing}' parameter is required for method '{method}'"
+    ):
         make_selector(method, **params)
 
 
@@ -66,7 +73,9 @@ def test_sigma_z_defaults_to_sigma_x():
     assert sel.worst_case_event(4) == PrivITP(0.5, sigma_x=0.25, sigma_z=0.25).worst_case_event(4)
 
 
-@pytest.mark.parametrize(("method", "n", "want"), [("bon", 4, 4), ("privbon", 4, 4), ("itp", 4, 9), ("privitp", 1, 3)])
+@pytest.mark.parametrize(
+    ("method", "n", "want"), [("bon", 4, 4), ("privbon", 4, 4), ("itp", 4, 9), ("privitp", 1, 3)]
+)
 def test_pool_size_is_n_or_two_n_plus_one(method, n, want):
     assert pool_size(method, n) == want
 

@@ -43,17 +43,20 @@ def _grid():
 def _ties():
     values = st.lists(st.floats(0.0, R_MAX, allow_nan=False), min_size=1, max_size=3)
     return st.tuples(values, st.lists(st.integers(0, 2), min_size=1, max_size=64)).map(
-        lambda a: np.array([a[0][i % len(a[0])] for i in a[1]]))
+        lambda a: np.array([a[0][i % len(a[0])] for i in a[1]])
+    )
 
 
 def _all_equal():
     return st.tuples(st.sampled_from([0.0, R_MAX, 0.3, 0.05, 0.1]), st.integers(1, 64)).map(
-        lambda a: np.full(a[1], a[0]))
+        lambda a: np.full(a[1], a[0])
+    )
 
 
 def _clipped():  # a reward model's raw scores clipped into the public range: ties at 0 and R_max
     return st.lists(st.floats(-1.0, 2.0, allow_nan=False), min_size=1, max_size=64).map(
-        lambda v: np.clip(np.array(v), 0.0, R_MAX))
+        lambda v: np.clip(np.array(v), 0.0, R_MAX)
+    )
 
 
 def _large():  # n up to 10⁴, grid-valued or clipped, drawn by a seeded numpy generator
@@ -81,7 +84,9 @@ def _root_at_a_score():
         return (r, beta) if beta > 0 else (r, 0.1)
 
     step = st.sampled_from([0.05, 0.1, 0.2, 0.25, 0.5, 1.0 / 3.0])
-    return st.tuples(step, st.lists(st.integers(0, 20), min_size=2, max_size=64), st.integers(0, 63)).map(build)
+    return st.tuples(step, st.lists(st.integers(0, 20), min_size=2, max_size=64), st.integers(0, 63)).map(
+        build
+    )
 
 
 scores = st.one_of(_continuous(), _grid(), _ties(), _all_equal(), _clipped(), _large())
@@ -173,23 +178,29 @@ def test_one_lipschitz_linf(r, beta, size, seed, mode):  # (v): docs/privacy/pri
 
 def test_lipschitz_property_catches_the_pre_fix_solver():
     """Negative control: on grid-valued scores Hypothesis finds a Lipschitz violation of the old solver."""
-    strategy = st.tuples(_root_at_a_score(), st.sampled_from([1e-12, 1e-9, 1e-6]), st.integers(0, 2**32 - 1),
-                         st.integers(0, 2))
+    strategy = st.tuples(
+        _root_at_a_score(), st.sampled_from([1e-12, 1e-9, 1e-6]), st.integers(0, 2**32 - 1), st.integers(0, 2)
+    )
     (r, beta), size, seed, mode = find(
-        strategy, lambda a: _lipschitz_excess(broken_solve_normalizer, a[0][0], a[0][1], *a[1:]) > 0.01,
-        settings=settings(max_examples=5000, deadline=None, derandomize=True))
+        strategy,
+        lambda a: _lipschitz_excess(broken_solve_normalizer, a[0][0], a[0][1], *a[1:]) > 0.01,
+        settings=settings(max_examples=5000, deadline=None, derandomize=True),
+    )
     assert _lipschitz_excess(broken_solve_normalizer, r, beta, size, seed, mode) > 0.01
     assert _lipschitz_excess(solve_normalizer, r, beta, size, seed, mode) <= 0.0
 
 
-@pytest.mark.parametrize("r,beta,root", [
-    ([1.0, 0.8, 0.9], 0.1, 0.8),            # the issue's reproduction: the root equals a score
-    ([0.99, 0.79, 0.89], 0.1, 0.79),
-    ([1.0, 1.0, 1.0], 0.1, 0.9),            # all equal, at R_max
-    ([0.0, 0.0, 0.0, 0.0], 0.2, -0.2),      # all equal, at 0
-    ([1.0, 0.0], 0.5, 0.0),                 # root at the lower score
-    ([1.0], 0.3, 0.7),                      # n = 1
-])
+@pytest.mark.parametrize(
+    "r,beta,root",
+    [
+        ([1.0, 0.8, 0.9], 0.1, 0.8),  # the issue's reproduction: the root equals a score
+        ([0.99, 0.79, 0.89], 0.1, 0.79),
+        ([1.0, 1.0, 1.0], 0.1, 0.9),  # all equal, at R_max
+        ([0.0, 0.0, 0.0, 0.0], 0.2, -0.2),  # all equal, at 0
+        ([1.0, 0.0], 0.5, 0.0),  # root at the lower score
+        ([1.0], 0.3, 0.7),  # n = 1
+    ],
+)
 def test_ties_at_the_root(r, beta, root):
     assert solve_normalizer(r, beta) == pytest.approx(root, abs=1e-15)
     assert abs(normalizer_residual(r, beta, solve_normalizer(r, beta))[0]) <= 1e-12
@@ -211,7 +222,9 @@ def test_grid_sweep_lipschitz_fixed_vs_broken():
         r2 = r + g.uniform(-1e-9, 1e-9, n)
         d = np.abs(r2 - r).max()
         worst_new = max(worst_new, abs(solve_normalizer(r, beta) - solve_normalizer(r2, beta)) - d)
-        worst_old = max(worst_old, abs(broken_solve_normalizer(r, beta) - broken_solve_normalizer(r2, beta)) - d)
+        worst_old = max(
+            worst_old, abs(broken_solve_normalizer(r, beta) - broken_solve_normalizer(r2, beta)) - d
+        )
     assert worst_new <= 2 * float(normalizer_tolerance(1.0, 0.2))
     assert worst_old > 0.05  # the pre-fix solver is caught
 
@@ -231,7 +244,11 @@ def test_exact_fallback_far_from_zero():
     """Scores far from 0 with a small spread make τ smaller than an ulp: the exact rational root is used."""
     r = 1e12 + np.array([0.0, 0.5, 0.5, 1.0])
     lam = solve_normalizer(r, 0.1)
-    assert _exact_F_minus_1(r, 0.1, np.nextafter(lam, -np.inf)) >= 0 >= _exact_F_minus_1(r, 0.1, np.nextafter(lam, np.inf))
+    assert (
+        _exact_F_minus_1(r, 0.1, np.nextafter(lam, -np.inf))
+        >= 0
+        >= _exact_F_minus_1(r, 0.1, np.nextafter(lam, np.inf))
+    )
 
 
 def test_privitp_accounts_for_the_certificate():
@@ -244,9 +261,17 @@ def test_privitp_accounts_for_the_certificate():
     assert acc.rho1 >= 1.0 / (2 * 2.0**2)
 
 
-@pytest.mark.parametrize("bad,beta,match", [([], 0.1, "at least one"), ([0.1, np.nan], 0.1, "finite"),
-                                            ([0.1, np.inf], 0.1, "finite"), ([[[0.1]]], 0.1, "1-D or 2-D"),
-                                            ([0.1], 0.0, "beta"), ([0.1], -1.0, "beta")])
+@pytest.mark.parametrize(
+    "bad,beta,match",
+    [
+        ([], 0.1, "at least one"),
+        ([0.1, np.nan], 0.1, "finite"),
+        ([0.1, np.inf], 0.1, "finite"),
+        ([[[0.1]]], 0.1, "1-D or 2-D"),
+        ([0.1], 0.0, "beta"),
+        ([0.1], -1.0, "beta"),
+    ],
+)
 def test_bad_input(bad, beta, match):
     with pytest.raises(PrivacyParameterError, match=match):
         solve_normalizer(bad, beta)

@@ -15,8 +15,13 @@ from privalign.alignment import BestOfN, InferenceTimePessimism, PrivBoN, PrivIT
 from privalign.alignment.simulation import MethodSpec, run_protocol
 from privalign.alignment.synthetic import make_synthetic_pool
 
-SPECS = [MethodSpec("bon"), MethodSpec("itp", beta=0.05), MethodSpec("privbon", epsilon=8.0),
-         MethodSpec("privbon", sigma=0.0), MethodSpec("privitp", beta=0.05, sigma_x=0.2, sigma_z=0.1)]
+SPECS = [
+    MethodSpec("bon"),
+    MethodSpec("itp", beta=0.05),
+    MethodSpec("privbon", epsilon=8.0),
+    MethodSpec("privbon", sigma=0.0),
+    MethodSpec("privitp", beta=0.05, sigma_x=0.2, sigma_z=0.1),
+]
 
 
 def _h(obj) -> str:
@@ -25,8 +30,9 @@ def _h(obj) -> str:
 
 def test_run_protocol_pinned():
     pool = make_synthetic_pool(6, 256, random_state=3)
-    res = run_protocol(pool, SPECS, n_grid=[1, 2, 8, 32, 128], replicates=7, random_state=11, progress=False,
-                       per_prompt=True)
+    res = run_protocol(
+        pool, SPECS, n_grid=[1, 2, 8, 32, 128], replicates=7, random_state=11, progress=False, per_prompt=True
+    )
     res.pop("seconds")
     got = {m["name"]: _h(m) for m in res["methods"]}
     assert got == {
@@ -42,22 +48,31 @@ def test_run_protocol_pinned():
 def test_run_protocol_pinned_blocks_and_early_stop():
     """N past the 256-position scan block, chunked replicates (``max_chunk``), early-stopped λ̃ nodes."""
     pool = make_synthetic_pool(3, 1100, random_state=4)
-    res = run_protocol(pool, SPECS, n_grid=[4, 300, 512], replicates=5, random_state=12, progress=False,
-                       max_chunk=20_000)
+    res = run_protocol(
+        pool, SPECS, n_grid=[4, 300, 512], replicates=5, random_state=12, progress=False, max_chunk=20_000
+    )
     res.pop("seconds")
     assert _h(res) == "2e416efd476d63c9"
 
 
-@pytest.mark.parametrize("sel, digest", [
-    (BestOfN(), "e7ee0e3e786606cb"),
-    (InferenceTimePessimism(0.05), "da0f92651b7caf81"),
-    (PrivBoN(2.0), "5706d2d66b2835c1"),
-    (PrivITP(0.05, sigma_x=0.3, sigma_z=0.2), "9478dd6e4937400e"),
-], ids=["bon", "itp", "privbon", "privitp"])
+@pytest.mark.parametrize(
+    "sel, digest",
+    [
+        (BestOfN(), "e7ee0e3e786606cb"),
+        (InferenceTimePessimism(0.05), "da0f92651b7caf81"),
+        (PrivBoN(2.0), "5706d2d66b2835c1"),
+        (PrivITP(0.05, sigma_x=0.3, sigma_z=0.2), "9478dd6e4937400e"),
+    ],
+    ids=["bon", "itp", "privbon", "privitp"],
+)
 def test_select_batch_pinned(sel, digest):
     gen = np.random.default_rng(5)
     a, b = gen.uniform(0, 1, (40, 64)), gen.uniform(0, 1, (40, 64))
     out = sel.select_batch(a, rng=np.random.default_rng(9), pool_b_scores=b)
-    d = {"idx": out.indices.tolist(), "diag": {k: np.asarray(v).tolist() for k, v in sorted(out.diagnostics.items())},
-         "ev": [out.events[i].to_dict() for i in range(len(out))], "wc": out.worst_case_event.to_dict()}
+    d = {
+        "idx": out.indices.tolist(),
+        "diag": {k: np.asarray(v).tolist() for k, v in sorted(out.diagnostics.items())},
+        "ev": [out.events[i].to_dict() for i in range(len(out))],
+        "wc": out.worst_case_event.to_dict(),
+    }
     assert _h(d) == digest

@@ -9,9 +9,16 @@ import pytest
 from privalign.data.pools import PoolRecord, Response, ScoredPool, iter_pool, read_pool, write_pool
 from privalign.errors import DataFormatError
 
-AUTHORS_LINE = {"prompt": "Q?", "choices": ["a", "b", "c", "d"], "subject": "college_mathematics", "gt_answer": "B",
-                "responses": [{"text": "The answer is B", "predicted_answer": "B", "is_correct": True, "proxy_reward": 1.5},
-                              {"text": "...", "predicted_answer": None, "is_correct": False, "proxy_reward": -0.2}]}
+AUTHORS_LINE = {
+    "prompt": "Q?",
+    "choices": ["a", "b", "c", "d"],
+    "subject": "college_mathematics",
+    "gt_answer": "B",
+    "responses": [
+        {"text": "The answer is B", "predicted_answer": "B", "is_correct": True, "proxy_reward": 1.5},
+        {"text": "...", "predicted_answer": None, "is_correct": False, "proxy_reward": -0.2},
+    ],
+}
 
 
 def test_reads_authors_schema_unchanged(tmp_path):
@@ -24,8 +31,10 @@ def test_reads_authors_schema_unchanged(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
 def test_round_trip_with_meta(tmp_path, suffix):
-    recs = [PoolRecord(f"p{i}", tuple(Response(f"r{j}", float(j), true_reward=0.5 * j) for j in range(3 + i)))
-            for i in range(4)]
+    recs = [
+        PoolRecord(f"p{i}", tuple(Response(f"r{j}", float(j), true_reward=0.5 * j) for j in range(3 + i)))
+        for i in range(4)
+    ]
     p = tmp_path / ("pool" + suffix)
     assert write_pool(p, recs, meta={"generator": "g", "seed_entropy": "123"}) == 4
     back = list(iter_pool(p))
@@ -41,18 +50,33 @@ def test_round_trip_with_meta(tmp_path, suffix):
     assert list(keep) == [2, 3]
 
 
-@pytest.mark.parametrize("line,where", [
-    ("{not json", "2: field '<line>'"),
-    (json.dumps({"responses": []}), "2: field 'prompt'"),
-    (json.dumps({"prompt": "x", "responses": []}), "2: field 'responses'"),
-    (json.dumps({"prompt": "x", "responses": [{"text": "a"}]}), "responses[0].proxy_reward' is required"),
-    (json.dumps({"prompt": "x", "responses": [{"text": "a", "proxy_reward": "high"}]}), "responses[0].proxy_reward"),
-    (json.dumps({"prompt": "x", "responses": [{"text": "a", "proxy_reward": 1, "is_correct": "yes"}]}),
-     "responses[0].is_correct"),
-    (json.dumps({"prompt": "x", "responses": [{"text": "a", "proxy_reward": 1, "true_reward": float("nan")}]}),
-     "responses[0].true_reward"),
-    (json.dumps({"prompt": "x", "responses": [{"text": "a", "proxy_reward": 1}], "meta": 3}), "field 'meta'"),
-])
+@pytest.mark.parametrize(
+    "line,where",
+    [
+        ("{not json", "2: field '<line>'"),
+        (json.dumps({"responses": []}), "2: field 'prompt'"),
+        (json.dumps({"prompt": "x", "responses": []}), "2: field 'responses'"),
+        (json.dumps({"prompt": "x", "responses": [{"text": "a"}]}), "responses[0].proxy_reward' is required"),
+        (
+            json.dumps({"prompt": "x", "responses": [{"text": "a", "proxy_reward": "high"}]}),
+            "responses[0].proxy_reward",
+        ),
+        (
+            json.dumps({"prompt": "x", "responses": [{"text": "a", "proxy_reward": 1, "is_correct": "yes"}]}),
+            "responses[0].is_correct",
+        ),
+        (
+            json.dumps(
+                {"prompt": "x", "responses": [{"text": "a", "proxy_reward": 1, "true_reward": float("nan")}]}
+            ),
+            "responses[0].true_reward",
+        ),
+        (
+            json.dumps({"prompt": "x", "responses": [{"text": "a", "proxy_reward": 1}], "meta": 3}),
+            "field 'meta'",
+        ),
+    ],
+)
 def test_malformed_lines_name_line_and_field(tmp_path, line, where):
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps(AUTHORS_LINE) + "\n" + line + "\n")

@@ -13,7 +13,9 @@ SELECTORS = [BestOfN(), InferenceTimePessimism(0.1), PrivBoN(1.0), PrivITP(0.1, 
 
 
 @pytest.mark.parametrize("sel", SELECTORS, ids=lambda s: s.name)
-@pytest.mark.parametrize("bad,match", [([0.1, math.nan], "finite"), ([0.1, math.inf], "finite"), ([], "at least 1")])
+@pytest.mark.parametrize(
+    "bad,match", [([0.1, math.nan], "finite"), ([0.1, math.inf], "finite"), ([], "at least 1")]
+)
 def test_bad_scores_named(sel, bad, match, rng):
     with pytest.raises(PrivacyParameterError, match=match):
         sel.select(bad, rng=rng, pool_b_scores=[0.2, 0.3])
@@ -44,11 +46,16 @@ def test_clip_option(rng):
     assert out.index in (FALLBACK, 0, 1)
 
 
-@pytest.mark.parametrize("kwargs,name", [(dict(beta=0.0, sigma_x=1, sigma_z=1), "beta"),
-                                         (dict(beta=0.1, sigma_x=0.0, sigma_z=1), "sigma_x"),
-                                         (dict(beta=0.1, sigma_x=1, sigma_z=-1), "sigma_z"),
-                                         (dict(beta=0.1, sigma_x=1, sigma_z=1, delta=0.0), "delta"),
-                                         (dict(beta=0.1, sigma_x=1, sigma_z=1, L=-1), "'L'")])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(beta=0.0, sigma_x=1, sigma_z=1), "beta"),
+        (dict(beta=0.1, sigma_x=0.0, sigma_z=1), "sigma_x"),
+        (dict(beta=0.1, sigma_x=1, sigma_z=-1), "sigma_z"),
+        (dict(beta=0.1, sigma_x=1, sigma_z=1, delta=0.0), "delta"),
+        (dict(beta=0.1, sigma_x=1, sigma_z=1, L=-1), "'L'"),
+    ],
+)
 def test_privitp_parameters(kwargs, name):
     with pytest.raises(PrivacyParameterError, match=name):
         PrivITP(**kwargs)
@@ -86,8 +93,9 @@ def test_events_and_worst_case(rng):
         d = s.event.details
         assert d["epsilon1"] == pytest.approx(m.accountant.epsilon1) and d["rho1"] == pytest.approx(0.125)
         if s.index == FALLBACK:
-            assert d["t"] == -1 and d["epsilon2"] == pytest.approx(float(
-                m.accountant.epsilon2(-1, 8, d["lambda_tilde"])))
+            assert d["t"] == -1 and d["epsilon2"] == pytest.approx(
+                float(m.accountant.epsilon2(-1, 8, d["lambda_tilde"]))
+            )
 
 
 def test_sigma_reg_reports_smaller_epsilon():
@@ -132,7 +140,14 @@ def test_privitp_parameters_are_read_only_and_shared_with_the_accountant():
     m = PrivITP(0.1, sigma_x=0.5, sigma_z=0.7, L=2.0, delta=1e-5, sensitivity=0.5)
     acc = m.accountant
     assert (m.beta, m.sigma_x, m.sigma_z, m.L, m.delta, m.sensitivity, m.r_max) == (
-        acc.beta, acc.sigma_x, acc.sigma_z, acc.L, acc.delta, acc.sensitivity, acc.r_max)
+        acc.beta,
+        acc.sigma_x,
+        acc.sigma_z,
+        acc.L,
+        acc.delta,
+        acc.sensitivity,
+        acc.r_max,
+    )
     for name in ("beta", "sigma_x", "sigma_z", "L", "delta", "sensitivity", "r_max", "accountant"):
         with pytest.raises(AttributeError):
             setattr(m, name, 1.0)

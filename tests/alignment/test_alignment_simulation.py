@@ -22,8 +22,12 @@ from privalign.alignment.theory import (
 )
 from privalign.errors import PrivacyParameterError
 
-SPECS = [MethodSpec("bon"), MethodSpec("itp", beta=0.05), MethodSpec("privbon", epsilon=8.0),
-         MethodSpec("privitp", beta=0.05, sigma_x=0.2, sigma_z=0.2)]
+SPECS = [
+    MethodSpec("bon"),
+    MethodSpec("itp", beta=0.05),
+    MethodSpec("privbon", epsilon=8.0),
+    MethodSpec("privitp", beta=0.05, sigma_x=0.2, sigma_z=0.2),
+]
 
 
 def _loop_reference(pool, n, replicates, seed):
@@ -35,7 +39,7 @@ def _loop_reference(pool, n, replicates, seed):
         vals = np.zeros((4, replicates))
         for j in range(replicates):
             perm = rng.permutation(r.size)
-            A, B = perm[:n], perm[n:2 * n]
+            A, B = perm[:n], perm[n : 2 * n]
             vals[0, j] = t[A][np.argmax(r[A])]
             vals[2, j] = special.softmax(r[A] / (2 / 8.0)) @ t[A]
             lam = solve_normalizer(r[A], 0.05)
@@ -66,9 +70,15 @@ def test_vectorized_engine_agrees_with_loop():
 
 def test_bon_degrades_others_do_not():
     pool = make_synthetic_pool(40, 1024, hack_rate=0.004, random_state=0)
-    specs = [MethodSpec("bon"), MethodSpec("itp", beta=0.1), MethodSpec("privbon", epsilon=4.0),
-             MethodSpec("privitp", beta=0.1, sigma_x=0.2, sigma_z=0.2)]
-    res = run_protocol(pool, specs, n_grid=[2**k for k in range(10)], replicates=8, random_state=0, progress=False)
+    specs = [
+        MethodSpec("bon"),
+        MethodSpec("itp", beta=0.1),
+        MethodSpec("privbon", epsilon=4.0),
+        MethodSpec("privitp", beta=0.1, sigma_x=0.2, sigma_z=0.2),
+    ]
+    res = run_protocol(
+        pool, specs, n_grid=[2**k for k in range(10)], replicates=8, random_state=0, progress=False
+    )
     lift = {m["spec"]["kind"]: np.array(m["true_lift"]) for m in res["methods"]}
     se = {m["spec"]["kind"]: np.array(m["true_lift_se"]) for m in res["methods"]}
     # BoN: past its peak it falls by many standard errors
@@ -118,7 +128,9 @@ def test_theory_helpers():
     assert list(best_policy_coverage([[1, 0, 1, 0], [0, 0, 0, 1]])) == [2.0, 4.0]
     assert reward_model_error([[0.5, 0.5]], [[1.0, 0.0]])[0] == pytest.approx(0.5)
     est = estimate_theory(np.full((2, 4), 0.5), np.array([[1, 0, 0, 0], [1, 1, 0, 0.0]]), sensitivity=1.0)
-    assert est["coverage"] == pytest.approx(3.0) and est["epsilon_star"] == pytest.approx(2 * math.sqrt(3) / 0.5)
+    assert est["coverage"] == pytest.approx(3.0) and est["epsilon_star"] == pytest.approx(
+        2 * math.sqrt(3) / 0.5
+    )
 
 
 def test_engine_matches_single_prompt_law(rng):
@@ -133,14 +145,22 @@ def test_engine_matches_single_prompt_law(rng):
     spec = MethodSpec("privitp", beta=0.05, sigma_x=0.1, sigma_z=0.1)
     nodes, pw = _privitp_nodes(spec, 1.0, None, 6)
     w = 1.0 + 0.3 - nodes
-    pre = (nodes, w, pw, ell1(nodes, width=w, r_max=1, sensitivity=1, sigma_z=0.1),
-           ell2(nodes, width=w, r_max=1, sensitivity=1, sigma_z=0.1), 6)
+    pre = (
+        nodes,
+        w,
+        pw,
+        ell1(nodes, width=w, r_max=1, sensitivity=1, sigma_z=0.1),
+        ell2(nodes, width=w, r_max=1, sensitivity=1, sigma_z=0.1),
+        6,
+    )
     acc = privitp_acceptance(cp[:, None], nodes[None, :], w[None, :], 0.1)
     perm = np.stack([rng.permutation(c) for _ in range(3)])
     draw = _Draw.make(cp, tp, cp, perm, 32, two_pools=False)
     et, _, _ = _privitp_nested(spec, pre, 1.0 - acc, draw, grid, 1.0, 10**6)
     for j in range(3):
         for g, n in enumerate(grid):
-            a_idx, b_idx = perm[j, :n], perm[j, 32:32 + n]
-            p, fb, err = privitp_law(cp[a_idx], cp[b_idx], beta=0.05, r_max=1.0, sigma_x=0.1, sigma_z=0.1, L=3.0)
+            a_idx, b_idx = perm[j, :n], perm[j, 32 : 32 + n]
+            p, fb, err = privitp_law(
+                cp[a_idx], cp[b_idx], beta=0.05, r_max=1.0, sigma_x=0.1, sigma_z=0.1, L=3.0
+            )
             assert et[j, g] == pytest.approx(p @ tp[b_idx] + fb * tp.mean(), abs=1e-6)

@@ -22,11 +22,18 @@ def _chi2_ok(counts: np.ndarray, probs: np.ndarray) -> bool:
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("scores, scale, kw", [
-    (np.array([0.0, 0.3, 0.5, 1.0, 0.9, 0.2]), 0.5, {}),  # accepted by rejection almost always
-    (np.array([0.0, 0.1, 0.2, 1.0, 0.95, 0.05]), 0.05, {"trials_per_round": 1, "rounds": 1}),  # fallback often
-    (np.array([0.0, 0.0, 1.0]), 0.2, {"trials_per_round": 2, "rounds": 2}),  # both paths
-])
+@pytest.mark.parametrize(
+    "scores, scale, kw",
+    [
+        (np.array([0.0, 0.3, 0.5, 1.0, 0.9, 0.2]), 0.5, {}),  # accepted by rejection almost always
+        (
+            np.array([0.0, 0.1, 0.2, 1.0, 0.95, 0.05]),
+            0.05,
+            {"trials_per_round": 1, "rounds": 1},
+        ),  # fallback often
+        (np.array([0.0, 0.0, 1.0]), 0.2, {"trials_per_round": 2, "rounds": 2}),  # both paths
+    ],
+)
 def test_argmax_has_the_softmax_law(scores, scale, kw):
     """Chi-square goodness of fit against softmax(scores/scale), α = 1e-4 per case."""
     src = FastSeededNoise(np.random.default_rng(0), **kw)
@@ -37,7 +44,8 @@ def test_argmax_has_the_softmax_law(scores, scale, kw):
 
 @pytest.mark.statistical
 def test_gumbel_draw_is_gumbel():
-    """One-sample Kolmogorov–Smirnov test against Gumbel(0, 2), α = 1e-4 (exact null law scipy.stats.kstwo)."""
+    """One-sample Kolmogorov–Smirnov test against Gumbel(0, 2), α = 1e-4 (exact null law
+    scipy.stats.kstwo)."""
     x = FastSeededNoise(1).gumbel(2.0, 20_000)
     d = stats.kstest(x, stats.gumbel_r(scale=2.0).cdf).statistic
     assert d <= stats.kstwo.isf(ALPHA, x.size)
@@ -55,7 +63,9 @@ def test_shapes_scale_zero_reproducible_and_topk():
     assert isinstance(as_noise_source(FastSeededNoise(0)), FastSeededNoise)
 
 
-@pytest.mark.parametrize("kw", [{"trials_per_round": 0}, {"rounds": -1}, {"rounds": 1.5}, {"trials_per_round": True}])
+@pytest.mark.parametrize(
+    "kw", [{"trials_per_round": 0}, {"rounds": -1}, {"rounds": 1.5}, {"trials_per_round": True}]
+)
 def test_bad_parameters(kw):
     with pytest.raises(PrivacyParameterError, match=next(iter(kw))):
         FastSeededNoise(0, **kw)
@@ -74,8 +84,15 @@ def test_privbon_opt_in_only():
     assert not FastSeededNoise.secure and SecureNoise.secure and isinstance(FastSeededNoise(0), SeededNoise)
 
 
-@pytest.mark.parametrize("bad, msg", [(np.nan, "only finite values"), (np.inf, "only finite values"),
-                                      (1.5, "declared public range"), (-0.1, "declared public range")])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (np.nan, "only finite values"),
+        (np.inf, "only finite values"),
+        (1.5, "declared public range"),
+        (-0.1, "declared public range"),
+    ],
+)
 def test_one_pass_validation_falls_back_to_the_full_checks(bad, msg):
     """The block-wise range check (128 rows per block at 1,024 columns) finds a bad value in the last block
     and the full checks then raise their usual message."""

@@ -26,8 +26,15 @@ def _variants():
     rng = np.random.default_rng(0)
     recs = []
     for i in range(5):
-        resp = [{"text": f"r{j}", "proxy_reward": float(rng.normal()), "is_correct": bool(rng.random() < 0.4),
-                 "predicted_answer": "A"} for j in range(7 + i)]  # ragged
+        resp = [
+            {
+                "text": f"r{j}",
+                "proxy_reward": float(rng.normal()),
+                "is_correct": bool(rng.random() < 0.4),
+                "predicted_answer": "A",
+            }
+            for j in range(7 + i)
+        ]  # ragged
         recs.append({"prompt": f"q{i}", "choices": ["a", "b"], "gt_answer": "A", "responses": resp})
     recs[1]["responses"][2]["is_correct"] = 1  # 0/1 (coerced, counted)
     recs[2]["responses"][0]["proxy_reward"] = None  # unscored (skipped, counted)
@@ -66,21 +73,33 @@ def test_synthetic_pool_round_trip(tmp_path):
     _same(ScoredPool.read(path), read_scored_pool(path, cache_dir=tmp_path / "c"))
 
 
-@pytest.mark.parametrize("line, where", [
-    ('{"prompt": "q", "responses": [{"text": "a", "proxy_reward": true}]}', "responses[0].proxy_reward"),
-    ('{"prompt": "q", "responses": [{"text": "a", "proxy_reward": 1.0, "is_correct": 2}]}', "responses[0].is_correct"),
-    ('{"prompt": "q", "responses": [{"text": "a"}]}', "responses[0].proxy_reward"),
-    ('{"prompt": "q", "responses": [{"text": "a", "proxy_reward": Infinity}]}', "responses[0].proxy_reward"),
-    ('{"prompt": "q", "responses": [{"text": "a", "proxy_reward": 1e999}]}', "responses[0].proxy_reward"),
-    ('{"prompt": 3, "responses": []}', "prompt"),
-    ('{"prompt": "q", "choices": "abc", "responses": [{"text": "a", "proxy_reward": 1.0}]}', "choices"),
-    ('{"prompt": "q", "responses": [1]}', "responses[0]"),
-    ("not json", "<line>"),
-])
+@pytest.mark.parametrize(
+    "line, where",
+    [
+        ('{"prompt": "q", "responses": [{"text": "a", "proxy_reward": true}]}', "responses[0].proxy_reward"),
+        (
+            '{"prompt": "q", "responses": [{"text": "a", "proxy_reward": 1.0, "is_correct": 2}]}',
+            "responses[0].is_correct",
+        ),
+        ('{"prompt": "q", "responses": [{"text": "a"}]}', "responses[0].proxy_reward"),
+        (
+            '{"prompt": "q", "responses": [{"text": "a", "proxy_reward": Infinity}]}',
+            "responses[0].proxy_reward",
+        ),
+        ('{"prompt": "q", "responses": [{"text": "a", "proxy_reward": 1e999}]}', "responses[0].proxy_reward"),
+        ('{"prompt": 3, "responses": []}', "prompt"),
+        ('{"prompt": "q", "choices": "abc", "responses": [{"text": "a", "proxy_reward": 1.0}]}', "choices"),
+        ('{"prompt": "q", "responses": [1]}', "responses[0]"),
+        ("not json", "<line>"),
+    ],
+)
 def test_same_errors_and_nothing_cached(tmp_path, line, where):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "ok", "responses": [{"text": "a", "proxy_reward": 0.5, "is_correct": true}]}\n'
-                    + line + "\n")
+    path.write_text(
+        '{"prompt": "ok", "responses": [{"text": "a", "proxy_reward": 0.5, "is_correct": true}]}\n'
+        + line
+        + "\n"
+    )
     with pytest.raises(DataFormatError) as ref:
         ScoredPool.read(path)
     with pytest.raises(DataFormatError) as got:

@@ -97,15 +97,24 @@ def test_minilm_features_through_embedder():
 def test_run_rates_tiny_grid(tmp_path):
     from privalign.estimation.rates import run_rates
 
-    grid = {"base": {"n": 600, "d": 30, "s_star": 3, "epsilon": 4.0}, "n": [300, 600], "d": [15, 30],
-            "s_star": [2, 3], "epsilon": [1.0, 8.0], "reps": 2, "d_scan_n": 300}
+    grid = {
+        "base": {"n": 600, "d": 30, "s_star": 3, "epsilon": 4.0},
+        "n": [300, 600],
+        "d": [15, 30],
+        "s_star": [2, 3],
+        "epsilon": [1.0, 8.0],
+        "reps": 2,
+        "d_scan_n": 300,
+    }
     res = run_rates(tmp_path, methods=("iht", "rr-iht", "dp-iht"), entropy=5, grid=grid, progress=False)
     assert (tmp_path / "rates.png").stat().st_size > 0
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["entropy"] == 5 and len(saved["rows"]) == 8 * 2 * 3
     assert set(res["slopes"]) == {"n", "d", "s_star", "epsilon"}
     assert all(r["sq_error"] >= 0 for r in res["rows"])
-    again = run_rates(tmp_path / "b", methods=("iht", "rr-iht", "dp-iht"), entropy=5, grid=grid, progress=False, plot=False)
+    again = run_rates(
+        tmp_path / "b", methods=("iht", "rr-iht", "dp-iht"), entropy=5, grid=grid, progress=False, plot=False
+    )
     assert [r["sq_error"] for r in again["rows"]] == [r["sq_error"] for r in res["rows"]]  # seeded
 
 
@@ -114,10 +123,33 @@ def test_cli_fit_reward_jsonl_round_trip(tmp_path, capsys):
 
     prompts, chosen, rejected = _pairs(120)
     f = tmp_path / "pairs.jsonl"
-    f.write_text("\n".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) for p, c, r in zip(prompts, chosen, rejected)))
+    f.write_text(
+        "\n".join(
+            json.dumps({"prompt": p, "chosen": c, "rejected": r})
+            for p, c, r in zip(prompts, chosen, rejected)
+        )
+    )
     model = tmp_path / "model.json"
-    rc = main(["fit-reward", "--data", str(f), "--method", "rr-iht", "--epsilon", "2", "--sparsity", "4",
-               "--n-features", "512", "--seed", "3", "--out", str(model), "--json"])
+    rc = main(
+        [
+            "fit-reward",
+            "--data",
+            str(f),
+            "--method",
+            "rr-iht",
+            "--epsilon",
+            "2",
+            "--sparsity",
+            "4",
+            "--n-features",
+            "512",
+            "--seed",
+            "3",
+            "--out",
+            str(model),
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["privacy_event"]["kind"] == "randomized_response" and out["privacy_event"]["unit"] == "label"
@@ -136,11 +168,21 @@ def test_cli_fit_reward_bad_input_exit_code(tmp_path, capsys):
 
     prompts, chosen, rejected = _pairs(20)
     f = tmp_path / "pairs.jsonl"
-    f.write_text("\n".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) for p, c, r in zip(prompts, chosen, rejected)))
+    f.write_text(
+        "\n".join(
+            json.dumps({"prompt": p, "chosen": c, "rejected": r})
+            for p, c, r in zip(prompts, chosen, rejected)
+        )
+    )
     model = tmp_path / "m.json"
-    assert main(["fit-reward", "--data", str(f), "--method", "dp-iht", "--epsilon", "-1", "--out", str(model)]) == 2
+    assert (
+        main(["fit-reward", "--data", str(f), "--method", "dp-iht", "--epsilon", "-1", "--out", str(model)])
+        == 2
+    )
     assert "epsilon" in capsys.readouterr().err
-    assert main(["fit-reward", "--data", str(f), "--method", "dp-iht", "--delta", "2", "--out", str(model)]) == 2
+    assert (
+        main(["fit-reward", "--data", str(f), "--method", "dp-iht", "--delta", "2", "--out", str(model)]) == 2
+    )
     assert not model.exists()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"chosen": "a"}\n')

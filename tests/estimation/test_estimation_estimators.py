@@ -116,7 +116,9 @@ def test_private_error_decreases_as_epsilon_grows(method):
             est = make_estimator(method, epsilon=eps, sparsity=4, random_state=np.random.default_rng(es))
             errs[eps].append(prob.squared_error(est.fit(prob.X, prob.y).coef_))
     res = stats.mannwhitneyu(errs[8.0], errs[0.5], alternative="less", method="exact")
-    assert res.pvalue <= ALPHA_MONO / 4, f"{method}: errors at ε=8 {errs[8.0]} vs ε=0.5 {errs[0.5]} (p={res.pvalue:.4g})"
+    assert res.pvalue <= ALPHA_MONO / 4, (
+        f"{method}: errors at ε=8 {errs[8.0]} vs ε=0.5 {errs[0.5]} (p={res.pvalue:.4g})"
+    )
 
 
 def test_sample_dp_iht_event_and_accounted_cost(easy_problem):
@@ -124,7 +126,9 @@ def test_sample_dp_iht_event_and_accounted_cost(easy_problem):
     from privalign.accounting.peeling import peeling_epsilon
 
     eps, delta = 2.0, 1e-6
-    est = SampleDPIHT(epsilon=eps, delta=delta, sparsity=5, n_iter=6, random_state=0).fit(easy_problem.X, easy_problem.y)
+    est = SampleDPIHT(epsilon=eps, delta=delta, sparsity=5, n_iter=6, random_state=0).fit(
+        easy_problem.X, easy_problem.y
+    )
     ev = est.privacy_event_
     assert isinstance(ev, ParallelComposedEvent) and ev.unit == "sample" and ev.relation == "replace_one"
     assert len(ev.events) == 6 and all(isinstance(e, PeelingEvent) for e in ev.events)
@@ -137,14 +141,19 @@ def test_sample_dp_iht_event_and_accounted_cost(easy_problem):
 
 
 def test_label_dp_events_name_the_label_unit(easy_problem):
-    for est in (RRIHT(epsilon=1.0, sparsity=5, n_iter=5, random_state=0), DenseRR(epsilon=1.0, random_state=0)):
+    for est in (
+        RRIHT(epsilon=1.0, sparsity=5, n_iter=5, random_state=0),
+        DenseRR(epsilon=1.0, random_state=0),
+    ):
         ev = est.fit(easy_problem.X, easy_problem.y).privacy_event_
         assert ev.kind == "randomized_response" and ev.unit == "label" and ev.relation == "replace_one"
         assert ev.epsilon == 1.0
 
 
 def test_dpsgd_event_and_calibration_does_not_overshoot(easy_problem):
-    est = DPSGDLinear(epsilon=2.0, delta=1e-5, batch_size=200, epochs=2, random_state=0).fit(easy_problem.X, easy_problem.y)
+    est = DPSGDLinear(epsilon=2.0, delta=1e-5, batch_size=200, epochs=2, random_state=0).fit(
+        easy_problem.X, easy_problem.y
+    )
     ev = est.privacy_event_
     assert isinstance(ev, SelfComposedEvent) and ev.unit == "sample" and ev.relation == "replace_one"
     assert ev.count == est.steps_ == 40
@@ -177,7 +186,13 @@ def test_dpsgd_rdp_calibration_does_not_overshoot():
 def test_save_load_round_trip_is_lossless(tmp_path, easy_problem, make):
     p = easy_problem
     est = make().fit(p.X, p.y)
-    cfg = {"kind": "hashed_ngram", "n_features": 200, "ngram_range": [1, 1], "lowercase": True, "use_prompt": False}
+    cfg = {
+        "kind": "hashed_ngram",
+        "n_features": 200,
+        "ngram_range": [1, 1],
+        "lowercase": True,
+        "use_prompt": False,
+    }
     path = save_model(est, tmp_path / "m.json", feature_config=cfg, metadata={"note": "test"})
     back, fcfg, meta = load_model(path)
     assert type(back) is type(est)

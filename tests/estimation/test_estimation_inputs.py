@@ -88,7 +88,11 @@ def test_invalid_epsilon(small, make, eps):
 
 
 @pytest.mark.parametrize("delta", [0.0, 1.0, 1.5, -1e-5])
-@pytest.mark.parametrize("make", [lambda d: SampleDPIHT(delta=d, sparsity=3), lambda d: DPSGDLinear(delta=d)], ids=["dp-iht", "dp-sgd"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda d: SampleDPIHT(delta=d, sparsity=3), lambda d: DPSGDLinear(delta=d)],
+    ids=["dp-iht", "dp-sgd"],
+)
 def test_invalid_delta(small, make, delta):
     X, y = small
     with pytest.raises(PrivacyParameterError, match=r"'delta'"):
@@ -174,7 +178,10 @@ VARIANTS = [
     ("iht-disjoint-shuffled", lambda: IHT(sparsity=3, n_iter=4, variant="disjoint", random_state=0)),
     ("iht-disjoint-contiguous", lambda: IHT(sparsity=3, n_iter=4, variant="disjoint", shuffle=False)),
     ("dp-iht-shuffled", lambda: SampleDPIHT(epsilon=1.0, sparsity=3, n_iter=4, random_state=0)),
-    ("dp-iht-contiguous", lambda: SampleDPIHT(epsilon=1.0, sparsity=3, n_iter=4, shuffle=False, random_state=0)),
+    (
+        "dp-iht-contiguous",
+        lambda: SampleDPIHT(epsilon=1.0, sparsity=3, n_iter=4, shuffle=False, random_state=0),
+    ),
     ("dp-iht-full", lambda: SampleDPIHT(epsilon=1.0, sparsity=3, n_iter=4, variant="full", random_state=0)),
     ("rr-iht", lambda: RRIHT(epsilon=1.0, sparsity=3, n_iter=4, random_state=0)),
 ]
@@ -190,7 +197,9 @@ def test_deferred_check_catches_any_row_and_leaves_estimator_unfitted(small, mak
     X = X.astype(np.float32)
     X[row, 4] = bad
     est = make()
-    expected = rf"'X'.*finite.*\({row}, 4\)" if not np.isfinite(bad) else r"'X'.*\[-1, 1\].*feature_bound.*1.5"
+    expected = (
+        rf"'X'.*finite.*\({row}, 4\)" if not np.isfinite(bad) else r"'X'.*\[-1, 1\].*feature_bound.*1.5"
+    )
     with pytest.raises(PrivacyParameterError, match=expected):
         est.fit(X, y)
     assert not hasattr(est, "coef_") and not hasattr(est, "privacy_event_")

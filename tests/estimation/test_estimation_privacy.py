@@ -51,10 +51,16 @@ def test_debiased_gradient_forms_agree(rng):
         np.testing.assert_allclose(g2, g3, rtol=0, atol=1e-12)
         # form (2) is the gradient of the Natarajan loss: central finite differences
         h = 1e-6
-        fd = np.array([
-            (debiased_loss(X, y_tilde, theta + h * e, rho) - debiased_loss(X, y_tilde, theta - h * e, rho)) / (2 * h)
-            for e in np.eye(7)
-        ])
+        fd = np.array(
+            [
+                (
+                    debiased_loss(X, y_tilde, theta + h * e, rho)
+                    - debiased_loss(X, y_tilde, theta - h * e, rho)
+                )
+                / (2 * h)
+                for e in np.eye(7)
+            ]
+        )
         np.testing.assert_allclose(fd, g2.mean(axis=0), rtol=0, atol=1e-7)
 
 
@@ -90,7 +96,8 @@ def test_debiased_gradient_is_unbiased(rng):
 
 
 def test_gradient_step_sensitivity_bound(rng):
-    """Replacing one comparison moves v = θ − ηg by at most λ = 2ηc_x/m in ℓ∞ (random θ, adversarial swaps)."""
+    """Replacing one comparison moves v = θ − ηg by at most λ = 2ηc_x/m in ℓ∞ (random θ, adversarial
+    swaps)."""
     m, d, eta, c = 40, 12, 3.0, 1.0
     lam = peeling_sensitivity(eta, c, m)
     assert lam == 2 * eta * c / m
@@ -144,7 +151,14 @@ def _audit_step(rng, *, epsilon, delta, n):
     def sampler(vec):
         def draw(k):
             out, _ = peeling_threshold(
-                np.tile(vec, (k, 1)), m, sparsity=2, epsilon=epsilon, delta=delta, step_size=eta, feature_bound=1.0, rng=rng
+                np.tile(vec, (k, 1)),
+                m,
+                sparsity=2,
+                epsilon=epsilon,
+                delta=delta,
+                step_size=eta,
+                feature_bound=1.0,
+                rng=rng,
             )
             return _support_code(out)
 

@@ -119,7 +119,9 @@ def test_sample_dp_iht_default_error_falls_with_n():
         e = []
         for r in range(2):
             p = make_btl(n, 200, 5, random_state=np.random.default_rng(r))
-            est = SampleDPIHT(epsilon=8.0, sparsity=5, random_state=np.random.default_rng(100 + r)).fit(p.X, p.y)
+            est = SampleDPIHT(epsilon=8.0, sparsity=5, random_state=np.random.default_rng(100 + r)).fit(
+                p.X, p.y
+            )
             e.append(p.squared_error(est.coef_))
         errs.append(float(np.mean(e)))
     assert errs[1] < errs[0] / 3, errs
@@ -145,15 +147,22 @@ def prob():
 
 
 def test_grid_search_selects_on_validation_and_accounts(prob):
-    g = PrivateGridSearch(SampleDPIHT(sparsity=3), {"sparsity": [1, 3], "step_size": [2.0, 4.0]}, epsilon=8.0,
-                          delta=1e-5, random_state=0).fit(prob.X, prob.y)
+    g = PrivateGridSearch(
+        SampleDPIHT(sparsity=3),
+        {"sparsity": [1, 3], "step_size": [2.0, 4.0]},
+        epsilon=8.0,
+        delta=1e-5,
+        random_state=0,
+    ).fit(prob.X, prob.y)
     assert len(g.candidates_) == 4 and g.n_fit_ + g.n_validation_ == 3000
     assert g.n_validation_ == 600
     # Each candidate ran at ε/K, δ/K: total (8, 1e-5), and the event holds the 4 fits and the selection.
     assert all(c.kind == "parallel_composed" for c in g.privacy_event_.events[0].events)
     assert [e.target_epsilon for e in g.privacy_event_.events[0].events[0].events][:1] == [2.0]
     assert g.privacy_event_.events[1].kind == "noisy_argmax" and g.privacy_event_.events[1].epsilon == 8.0
-    assert g.privacy_budget_["epsilon"] == pytest.approx(8.0) and g.privacy_budget_["delta"] == pytest.approx(1e-5)
+    assert g.privacy_budget_["epsilon"] == pytest.approx(8.0) and g.privacy_budget_["delta"] == pytest.approx(
+        1e-5
+    )
     assert g.tuning_privacy_ == "accounted"
     np.testing.assert_array_equal(g.coef_, g.best_estimator_.coef_)
     assert g.predict_reward(prob.X).shape == (3000,)
@@ -173,7 +182,9 @@ def test_grid_search_public_selection_says_so(prob):
     g = PrivateGridSearch(IHT(), {"sparsity": [1, 3]}, selection="public", random_state=0).fit(prob.X, prob.y)
     assert g.tuning_privacy_.startswith("public data")
     assert g.privacy_event_.kind == "non_private"
-    assert g.best_params_ == {"sparsity": [1, 3][int(np.argmax([c["validation_accuracy"] for c in g.candidates_]))]}
+    assert g.best_params_ == {
+        "sparsity": [1, 3][int(np.argmax([c["validation_accuracy"] for c in g.candidates_]))]
+    }
 
 
 def test_grid_search_never_sees_test_and_groups_stay_together(prob):
@@ -193,8 +204,13 @@ def test_grid_search_refit_composes(prob):
 
 @pytest.mark.parametrize(
     "grid, match",
-    [({}, "param_grid"), ([], "param_grid"), ({"sparsity": []}, "'sparsity'"), ({"bogus": [1]}, "'bogus'"),
-     (None, "param_grid")],
+    [
+        ({}, "param_grid"),
+        ([], "param_grid"),
+        ({"sparsity": []}, "'sparsity'"),
+        ({"bogus": [1]}, "'bogus'"),
+        (None, "param_grid"),
+    ],
 )
 def test_grid_search_bad_grids(prob, grid, match):
     with pytest.raises(PrivacyParameterError, match=match):
@@ -209,7 +225,9 @@ def test_grid_search_bad_validation_fraction(prob, frac):
 
 def test_grid_search_split_with_fewer_pairs_than_batches(prob):
     est = SampleDPIHT(sparsity=2, n_iter=2000)
-    with pytest.raises(PrivacyParameterError, match=r"validation_fraction.*0\.5.*1500 fitting pairs.*n_iter=2000"):
+    with pytest.raises(
+        PrivacyParameterError, match=r"validation_fraction.*0\.5.*1500 fitting pairs.*n_iter=2000"
+    ):
         PrivateGridSearch(est, {"sparsity": [2]}, validation_fraction=0.5).fit(prob.X, prob.y)
     with pytest.raises(PrivacyParameterError, match="batch_size=2900"):
         PrivateGridSearch(DPSGDLinear(batch_size=2900), {"epochs": [1.0]}).fit(prob.X, prob.y)
@@ -237,17 +255,43 @@ def test_fit_reward_tune_cli(tmp_path, capsys):
     rng = np.random.default_rng(0)
     with f.open("w") as fh:
         for i in range(300):
-            good, bad = ("thank you kind helpful", "stupid rude idiot") if rng.random() < 0.9 else ("ok", "no")
-            fh.write(json.dumps({"prompt": f"q{i}", "chosen": f"{good} {i}", "rejected": f"{bad} {i}"}) + "\n")
+            good, bad = (
+                ("thank you kind helpful", "stupid rude idiot") if rng.random() < 0.9 else ("ok", "no")
+            )
+            fh.write(
+                json.dumps({"prompt": f"q{i}", "chosen": f"{good} {i}", "rejected": f"{bad} {i}"}) + "\n"
+            )
     out = tmp_path / "rm.json"
-    rc = main(["fit-reward", "--data", str(f), "--method", "rr-iht", "--epsilon", "4", "--sparsity", "4", "--tune",
-               "--seed", "3", "--n-features", "256", "--out", str(out), "--json"])
+    rc = main(
+        [
+            "fit-reward",
+            "--data",
+            str(f),
+            "--method",
+            "rr-iht",
+            "--epsilon",
+            "4",
+            "--sparsity",
+            "4",
+            "--tune",
+            "--seed",
+            "3",
+            "--n-features",
+            "256",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert res["tuning"]["n_fit"] + res["tuning"]["n_validation"] == res["n_train"]
     assert res["tuning"]["privacy_budget"]["epsilon"] == pytest.approx(4.0)
     assert res["privacy_event"]["kind"] == "parallel_composed"
-    assert main(["fit-reward", "--data", str(f), "--method", "iht", "--tune", "--validation-fraction", "1.5"]) == 2
+    assert (
+        main(["fit-reward", "--data", str(f), "--method", "iht", "--tune", "--validation-fraction", "1.5"])
+        == 2
+    )
     assert "validation_fraction" in capsys.readouterr().err
 
 

@@ -55,8 +55,11 @@ def test_packaged_configs_validate_and_every_key_names_its_source(path, exp):
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            assert "#" in line and any(tag in line.split("#", 1)[1] for tag in SOURCE_TAGS) or "[public code]" in line, (
-                f"{path.name}: key line without a source tag: {line!r}")
+            assert (
+                "#" in line
+                and any(tag in line.split("#", 1)[1] for tag in SOURCE_TAGS)
+                or "[public code]" in line
+            ), f"{path.name}: key line without a source tag: {line!r}"
 
 
 def test_unknown_experiment(tmp_path, capsys):
@@ -76,8 +79,15 @@ def test_unknown_config_key_names_key_and_file(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("key,value,typename", [("replicates", "ten", "int"), ("epsilons", 3.0, "list[float]"),
-                                                 ("transform", 1, "str"), ("seed", 1.5, "int")])
+@pytest.mark.parametrize(
+    "key,value,typename",
+    [
+        ("replicates", "ten", "int"),
+        ("epsilons", 3.0, "list[float]"),
+        ("transform", 1, "str"),
+        ("seed", 1.5, "int"),
+    ],
+)
 def test_wrong_type_names_key_and_file(tmp_path, key, value, typename):
     cfg = _cheap_config(tmp_path / "bad.toml", **{key: value})
     with pytest.raises(ConfigError) as exc:
@@ -97,8 +107,16 @@ def test_pool_without_true_rewards_is_refused_before_work(tmp_path, capsys):
     from privalign.data.pools import write_pool
 
     pool = tmp_path / "pool.jsonl"
-    write_pool(pool, [{"prompt": f"q{i}", "responses": [{"text": f"a{j}", "proxy_reward": float(j) / 8}
-                                                         for j in range(8)]} for i in range(3)])
+    write_pool(
+        pool,
+        [
+            {
+                "prompt": f"q{i}",
+                "responses": [{"text": f"a{j}", "proxy_reward": float(j) / 8} for j in range(8)],
+            }
+            for i in range(3)
+        ],
+    )
     with packaged_config_path("p1_scaling_quick").open("rb") as fh:
         cfg = tomllib.load(fh)
     cfg.update({"pool": str(pool), "n_max_log2": 1})
@@ -113,8 +131,20 @@ def test_pool_without_true_rewards_is_refused_before_work(tmp_path, capsys):
 
 def test_output_dir_with_a_different_run_is_refused(tmp_path, capsys):
     out = tmp_path / "o"
-    assert main(["reproduce", "p1-epsilon-star", "--config", str(_cheap_config(tmp_path / "a.toml")),
-                 "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "p1-epsilon-star",
+                "--config",
+                str(_cheap_config(tmp_path / "a.toml")),
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     other = _cheap_config(tmp_path / "b.toml", seed=7)
     rc = main(["reproduce", "p1-epsilon-star", "--config", str(other), "--out", str(out), "--no-progress"])
@@ -130,7 +160,16 @@ def test_non_run_directory_is_refused(tmp_path, capsys):
     out = tmp_path / "o"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    rc = main(["reproduce", "p1-epsilon-star", "--config", str(_cheap_config(tmp_path / "a.toml")), "--out", str(out)])
+    rc = main(
+        [
+            "reproduce",
+            "p1-epsilon-star",
+            "--config",
+            str(_cheap_config(tmp_path / "a.toml")),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "holds no privalign run" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
@@ -203,7 +242,9 @@ def test_claim_verdict_reads_the_results_file(tmp_path):
     write_report([tampered], tmp_path / "r2")
     v2 = {c["id"]: c for c in json.loads((tmp_path / "r2" / "claims.json").read_text())}
     assert v2["P1-7"]["verdict"] == "does not hold"
-    assert re.search(r"largest excess \+4\.\d+ ± 0\.\d+ \(ε=64\)", v2["P1-7"]["measured"]), v2["P1-7"]["measured"]
+    assert re.search(r"largest excess \+4\.\d+ ± 0\.\d+ \(ε=64\)", v2["P1-7"]["measured"]), v2["P1-7"][
+        "measured"
+    ]
 
 
 def test_reproduce_list(capsys):

@@ -40,8 +40,21 @@ def _rows(values: dict[str, float], ds: str = "imdb", P: int = 30) -> list[dict]
     out = []
     for m, v in values.items():
         for rep in range(3):
-            out.append({"kind": "winrate", "dataset": ds, "method": m, "epsilon": 8.0, "rep": rep, "per_prompt": [v] * P,
-                        "n_bootstrap": 200, "root_seed": 0, "judge_selected": v, "judge_base": 0.5, "unit": "x"})
+            out.append(
+                {
+                    "kind": "winrate",
+                    "dataset": ds,
+                    "method": m,
+                    "epsilon": 8.0,
+                    "rep": rep,
+                    "per_prompt": [v] * P,
+                    "n_bootstrap": 200,
+                    "root_seed": 0,
+                    "judge_selected": v,
+                    "judge_base": 0.5,
+                    "unit": "x",
+                }
+            )
     return out
 
 
@@ -74,7 +87,8 @@ def test_quick_end_to_end_and_claim_reads_results(tmp_path, capsys):
             assert r["epsilon"] == 8.0 and r["privacy_event"]
     summary = json.loads((out / "summary.json").read_text())
     assert {(t["dataset"], t["method"]) for t in summary["table"] if t["epsilon"] == 8.0} == {
-        (d, m) for d in ("imdb", "hh-rlhf") for m in PAPER_ORDER}
+        (d, m) for d in ("imdb", "hh-rlhf") for m in PAPER_ORDER
+    }
     for t in summary["table"]:
         assert t["ci_lo"] <= t["win_rate"] <= t["ci_hi"]
     # the quick config (24 prompts) is underpowered, and its verdict says so
@@ -86,8 +100,10 @@ def test_quick_end_to_end_and_claim_reads_results(tmp_path, capsys):
     table = {(t["dataset"], t["method"]): t for t in winrate_table(recs) if t["epsilon"] == 8.0}
     assert f"RRIHT {table[('imdb', 'RRIHT')]['win_rate']:.3f}" in claim["measured"]
     # Rewrite results.jsonl so that RR-IHT loses every prompt: the verdict must follow the file.
-    doctored = [dict(r, per_prompt=[0.0] * r["n_prompts"], win_rate=0.0)
-                if r["method"] == "RRIHT" else r for r in recs]
+    doctored = [
+        dict(r, per_prompt=[0.0] * r["n_prompts"], win_rate=0.0) if r["method"] == "RRIHT" else r
+        for r in recs
+    ]
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in doctored))
     claim2 = next(c for c in evaluate_claims({"p2-winrate": read_results(out)}) if c["id"] == "P2-5")
     assert claim2["verdict"] == "does not hold" and "RRIHT 0.000" in claim2["measured"]

@@ -41,10 +41,18 @@ def browser():
         pytest.fail("selenium is not installed: pip install 'privalign[dev]'")
     binary, driver = _which(CHROMIUM), _which(DRIVER)
     if not binary or not driver:
-        pytest.fail("Chromium is not installed: apt-get install -y chromium chromium-driver (.ci/run does this)")
+        pytest.fail(
+            "Chromium is not installed: apt-get install -y chromium chromium-driver (.ci/run does this)"
+        )
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+    ):
         opts.add_argument(a)
     return webdriver.Chrome(service=Service(executable_path=driver), options=opts)
 
@@ -53,8 +61,10 @@ def _pool(path: Path, n_prompts=4, n=40, seed=0):
     rng = np.random.default_rng(seed)
     recs = []
     for i in range(n_prompts):
-        resp = [{"text": f"r{j}", "proxy_reward": float(rng.normal()), "is_correct": bool(rng.random() < 0.4)}
-                for j in range(n)]
+        resp = [
+            {"text": f"r{j}", "proxy_reward": float(rng.normal()), "is_correct": bool(rng.random() < 0.4)}
+            for j in range(n)
+        ]
         recs.append({"prompt": f"q{i}", "responses": resp})
     path.write_text(json.dumps(recs))
 
@@ -63,12 +73,31 @@ def _pool(path: Path, n_prompts=4, n=40, seed=0):
 def report(tmp_path_factory):
     t = tmp_path_factory.mktemp("report")
     _pool(t / "pool.json")
-    (t / "scaling.toml").write_text('pool = "pool.json"\nreplicates = 2\nmethods = ["BoN", "PrivBoN"]\nmc_draws = 2\n'
-                                    'transform = "global_z"\nscore_low = -3.0\nscore_high = 3.0\nsensitivity = 6.0\n')
-    assert main(["reproduce", "p1-scaling", "--config", str(t / "scaling.toml"), "--out", str(t / "runs" / "scaling"),
-                 "--no-progress"]) == 0
-    assert main(["reproduce", "p1-budget", "--quick", "--out", str(t / "runs" / "budget"), "--no-progress"]) == 0
-    assert main(["report", str(t / "runs" / "scaling"), str(t / "runs" / "budget"), "--out", str(t / "rep")]) == 0
+    (t / "scaling.toml").write_text(
+        'pool = "pool.json"\nreplicates = 2\nmethods = ["BoN", "PrivBoN"]\nmc_draws = 2\n'
+        'transform = "global_z"\nscore_low = -3.0\nscore_high = 3.0\nsensitivity = 6.0\n'
+    )
+    assert (
+        main(
+            [
+                "reproduce",
+                "p1-scaling",
+                "--config",
+                str(t / "scaling.toml"),
+                "--out",
+                str(t / "runs" / "scaling"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(["reproduce", "p1-budget", "--quick", "--out", str(t / "runs" / "budget"), "--no-progress"]) == 0
+    )
+    assert (
+        main(["report", str(t / "runs" / "scaling"), str(t / "runs" / "budget"), "--out", str(t / "rep")])
+        == 0
+    )
     return t / "rep" / "report.html"
 
 
@@ -81,9 +110,11 @@ for (const t of document.querySelectorAll('table')) {
                    scroll: box.scrollWidth, client: box.clientWidth});
 }
 for (const el of document.querySelectorAll('.json')) {
-  try { JSON.parse(el.textContent); out.json.push(null); } catch (e) { out.json.push(el.textContent.slice(0, 80)); }
+  try { JSON.parse(el.textContent); out.json.push(null); }
+  catch (e) { out.json.push(el.textContent.slice(0, 80)); }
 }
-for (const el of document.querySelectorAll('td.nw, td code:not(.json)')) {  // hashes, names, timestamps: one line
+// hashes, names, timestamps: one line
+for (const el of document.querySelectorAll('td.nw, td code:not(.json)')) {
   const range = document.createRange();
   range.selectNodeContents(el);
   const tops = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top)));

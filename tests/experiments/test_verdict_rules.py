@@ -22,17 +22,28 @@ REAL = "real: imdb-smollm2.jsonl.gz"
 
 def _rec(method, variant, n, pp, *, pool=SYN, **extra):
     pp = np.asarray(pp, float)
-    return {"method": method, "variant": variant, "N": n, "n_prompts": pp.size, "lift": float(pp.mean()),
-            "lift_se": float(pp.std(ddof=1) / math.sqrt(pp.size)), "lift_pp": pp.tolist(),
-            "prompts": list(range(pp.size)), "pool_label": pool, **extra}
+    return {
+        "method": method,
+        "variant": variant,
+        "N": n,
+        "n_prompts": pp.size,
+        "lift": float(pp.mean()),
+        "lift_se": float(pp.std(ddof=1) / math.sqrt(pp.size)),
+        "lift_pp": pp.tolist(),
+        "prompts": list(range(pp.size)),
+        "pool_label": pool,
+        **extra,
+    }
 
 
 def _curve(method, means, *, noise=1.0, seed=0, pool=SYN, variant=None, prompt_sd=5.0, **extra):
     """Per-prompt lifts = mean(N) + a prompt effect shared across N + independent noise."""
     rng = np.random.default_rng(seed)
     effect = rng.normal(0, prompt_sd, P)
-    return [_rec(method, variant or method, n, m + effect + rng.normal(0, noise, P), pool=pool, **extra)
-            for n, m in zip(NS, means)]
+    return [
+        _rec(method, variant or method, n, m + effect + rng.normal(0, noise, P), pool=pool, **extra)
+        for n, m in zip(NS, means)
+    ]
 
 
 BON_DEGRADES = [0, 30, 55, 58, 40, 5]
@@ -40,6 +51,7 @@ BON_RISES = [0, 30, 45, 50, 52, 53]
 
 
 # --- statistics ------------------------------------------------------------------------------------
+
 
 def test_paired_diff_matches_prompts_and_cancels_prompt_effects():
     a = {"lift_pp": [1.0, 10.0, 100.0], "prompts": [0, 1, 2]}
@@ -59,6 +71,7 @@ def test_exact_critical_values_and_mcnemar():
 
 # --- P1-1 ----------------------------------------------------------------------------------------
 
+
 def test_p1_1_three_outcomes():
     assert V.p1_1_rule(_curve("BoN", BON_DEGRADES))[0] == "holds"
     v, m = V.p1_1_rule(_curve("BoN", BON_RISES, pool=REAL))
@@ -73,6 +86,7 @@ def test_p1_1_three_outcomes():
 
 
 # --- P1-2..P1-4 ----------------------------------------------------------------------------------
+
 
 def test_monotone_three_outcomes_and_positive_control():
     ctrl = _curve("BoN", BON_DEGRADES)
@@ -95,6 +109,7 @@ def test_monotone_three_outcomes_and_positive_control():
 
 # --- P1-5 ----------------------------------------------------------------------------------------
 
+
 def _sweep(gap, *, noise=0.5, match="worst", seed=0):
     rng = np.random.default_rng(seed)
     out = []
@@ -104,8 +119,19 @@ def _sweep(gap, *, noise=0.5, match="worst", seed=0):
         for e in (1.0, 10.0):
             pb = 3 * e + base + rng.normal(0, 0.5, P)
             out.append(_rec("PrivBoN", "PrivBoN", n, pb, epsilon=e))
-            out.append(_rec("PrivITP", f"PrivITP [{match}]", n, pb + gap + rng.normal(0, noise, P), epsilon=e,
-                            privacy_match=match, epsilon_max=e, expected_epsilon_realized=0.5 * e, delta=1e-5))
+            out.append(
+                _rec(
+                    "PrivITP",
+                    f"PrivITP [{match}]",
+                    n,
+                    pb + gap + rng.normal(0, noise, P),
+                    epsilon=e,
+                    privacy_match=match,
+                    epsilon_max=e,
+                    expected_epsilon_realized=0.5 * e,
+                    delta=1e-5,
+                )
+            )
     return out
 
 
@@ -120,10 +146,22 @@ def test_p1_5_three_outcomes_at_equal_privacy():
 
 # --- P1-6 ----------------------------------------------------------------------------------------
 
+
 def _budget(served, t_basic, lifts, *, over=False):
-    return [{"method": "PrivITP", "accounting": "ex-post filter", "sigma": 0.5, "seed_index": k, "served": served,
-             "t_basic": t_basic, "budget_epsilon": 50.0, "spent_epsilon": 51.0 if over else 49.0,
-             "served_lifts": lifts} for k in range(3)]
+    return [
+        {
+            "method": "PrivITP",
+            "accounting": "ex-post filter",
+            "sigma": 0.5,
+            "seed_index": k,
+            "served": served,
+            "t_basic": t_basic,
+            "budget_epsilon": 50.0,
+            "spent_epsilon": 51.0 if over else 49.0,
+            "served_lifts": lifts,
+        }
+        for k in range(3)
+    ]
 
 
 def test_p1_6_three_outcomes():
@@ -139,6 +177,7 @@ def test_p1_6_three_outcomes():
 
 # --- P1-7 ----------------------------------------------------------------------------------------
 
+
 def _epsstar(excess_above, control, *, grid=(1.0, 2.0, 10.0, 20.0, 40.0), noise=0.01):
     rng = np.random.default_rng(0)
     j = rng.uniform(0.5, 1.0, P)  # per-prompt regret of the best σ
@@ -150,14 +189,36 @@ def _epsstar(excess_above, control, *, grid=(1.0, 2.0, 10.0, 20.0, 40.0), noise=
             else:
                 add = control
             pp = j + add + rng.normal(0, noise, P)
-            out.append({"variant": variant, "label": variant, "epsilon": e, "regret": float(pp.mean()),
-                        "regret_se": float(pp.std(ddof=1) / math.sqrt(P)), "regret_pp": pp.tolist(),
-                        "prompts": list(range(P)), "eps_star": 10.0, "sigma_reg": 0.2, "n_prompts": P,
-                        "sigma_reg_source": "calibration prompts"})
+            out.append(
+                {
+                    "variant": variant,
+                    "label": variant,
+                    "epsilon": e,
+                    "regret": float(pp.mean()),
+                    "regret_se": float(pp.std(ddof=1) / math.sqrt(P)),
+                    "regret_pp": pp.tolist(),
+                    "prompts": list(range(P)),
+                    "eps_star": 10.0,
+                    "sigma_reg": 0.2,
+                    "n_prompts": P,
+                    "sigma_reg_source": "calibration prompts",
+                }
+            )
     pp = j + rng.normal(0, noise, P)
-    out.append({"variant": "plain", "label": "best", "epsilon": 15.0, "regret": float(pp.mean()),
-                "regret_se": float(pp.std(ddof=1) / math.sqrt(P)), "regret_pp": pp.tolist(), "prompts": list(range(P)),
-                "eps_star": 10.0, "sigma_reg": 0.2, "n_prompts": P})
+    out.append(
+        {
+            "variant": "plain",
+            "label": "best",
+            "epsilon": 15.0,
+            "regret": float(pp.mean()),
+            "regret_se": float(pp.std(ddof=1) / math.sqrt(P)),
+            "regret_pp": pp.tolist(),
+            "prompts": list(range(P)),
+            "eps_star": 10.0,
+            "sigma_reg": 0.2,
+            "n_prompts": P,
+        }
+    )
     return out
 
 
@@ -172,14 +233,23 @@ def test_p1_7_three_outcomes():
 
 # --- P1-8 ----------------------------------------------------------------------------------------
 
+
 def _fixed(eps_max, exp_eps, *, noise=0.001):
     rng = np.random.default_rng(0)
     out = []
     for n, em, ee in zip(NS, eps_max, exp_eps):
         pp = ee + rng.normal(0, noise, P)
-        out.append({"method": "PrivITP-fixed", "variant": "PrivITP fixed", "N": n, "epsilon_max": em,
-                    "expected_epsilon_realized": float(pp.mean()), "expected_epsilon_pp": pp.tolist(),
-                    "prompts": list(range(P))})
+        out.append(
+            {
+                "method": "PrivITP-fixed",
+                "variant": "PrivITP fixed",
+                "N": n,
+                "epsilon_max": em,
+                "expected_epsilon_realized": float(pp.mean()),
+                "expected_epsilon_pp": pp.tolist(),
+                "prompts": list(range(P)),
+            }
+        )
     return out
 
 
@@ -194,12 +264,20 @@ def test_p1_8_three_outcomes():
 
 # --- P2-1..P2-3 ----------------------------------------------------------------------------------
 
+
 def _regime(ok=True):
     return [{"value": v, "mean_error": 1.0 if ok else 6.0, "zero_error": 9.0} for v in (1e3, 1e4, 1e5)]
 
 
 def test_slope_rule_three_outcomes_and_learning_regime():
-    fit = lambda s, hw: {"slope": s, "slope_lo": s - hw, "slope_hi": s + hw, "points": 20, "values": 4, "decades": 2.0}
+    fit = lambda s, hw: {
+        "slope": s,
+        "slope_lo": s - hw,
+        "slope_hi": s + hw,
+        "points": 20,
+        "values": 4,
+        "decades": 2.0,
+    }
     assert V.slope_rule(fit(-1.0, 0.2), low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "holds"
     assert V.slope_rule(fit(0.2, 0.2), low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "does not hold"
     # the old rule held on the point estimate; a CI covering the boundary is inconclusive
@@ -211,9 +289,22 @@ def test_slope_rule_three_outcomes_and_learning_regime():
 
 # --- P2-4 ----------------------------------------------------------------------------------------
 
+
 def _cmp(b, c, eps=(2.0, 8.0)):
-    return [{"dataset": "imdb", "epsilon": e, "sparse": "RRIHT", "dense": "DenseRR", "b": b, "c": c, "n_test": 400,
-             "acc_sparse": 0.7, "acc_dense": 0.6} for e in eps]
+    return [
+        {
+            "dataset": "imdb",
+            "epsilon": e,
+            "sparse": "RRIHT",
+            "dense": "DenseRR",
+            "b": b,
+            "c": c,
+            "n_test": 400,
+            "acc_sparse": 0.7,
+            "acc_dense": 0.6,
+        }
+        for e in eps
+    ]
 
 
 def test_mcnemar_rule_three_outcomes():
@@ -226,8 +317,11 @@ def test_mcnemar_rule_three_outcomes():
 
 # --- P2-5 ----------------------------------------------------------------------------------------
 
+
 def test_order_rule_is_symmetric_and_states_the_prompts_needed():
-    g = lambda d, hw: [{"dataset": "imdb", "a": "A", "b": "B", "diff": d, "lo": d - hw, "hi": d + hw, "prompts": 24}]
+    g = lambda d, hw: [
+        {"dataset": "imdb", "a": "A", "b": "B", "diff": d, "lo": d - hw, "hi": d + hw, "prompts": 24}
+    ]
     assert V.order_rule(g(0.1, 0.05))[0] == "holds"
     assert V.order_rule(g(-0.1, 0.05))[0] == "does not hold"
     v, m = V.order_rule(g(0.05, 0.15))  # point estimate in the paper's order, but not significant
@@ -237,9 +331,12 @@ def test_order_rule_is_symmetric_and_states_the_prompts_needed():
 
 # --- B-1 and the report wrapper ------------------------------------------------------------------
 
+
 def _tvi(diff):
-    return [{"T": 100, "method": "PrivBoN", "value": 0.5, "value_se": 0.01},
-            {"T": 100, "method": "DP reward model + BoN", "value": 0.5 + diff, "value_se": 0.01}]
+    return [
+        {"T": 100, "method": "PrivBoN", "value": 0.5, "value_se": 0.01},
+        {"T": 100, "method": "DP reward model + BoN", "value": 0.5 + diff, "value_se": 0.01},
+    ]
 
 
 def test_b1_three_outcomes_through_the_report():

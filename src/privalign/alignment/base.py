@@ -48,7 +48,9 @@ class Selection:
             "fallback": self.is_fallback,
             "event": self.event.to_dict(),
             "worst_case_event": self.worst_case_event.to_dict(),
-            "diagnostics": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in self.diagnostics.items()},
+            "diagnostics": {
+                k: (v.item() if isinstance(v, np.generic) else v) for k, v in self.diagnostics.items()
+            },
         }
 
 
@@ -66,8 +68,12 @@ class BatchSelection:
         return int(self.indices.shape[0])
 
     def __getitem__(self, i: int) -> Selection:
-        return Selection(int(self.indices[i]), self.events[i], self.worst_case_event,
-                         {k: v[i].item() if isinstance(v[i], np.generic) else v[i] for k, v in self.diagnostics.items()})
+        return Selection(
+            int(self.indices[i]),
+            self.events[i],
+            self.worst_case_event,
+            {k: v[i].item() if isinstance(v[i], np.generic) else v[i] for k, v in self.diagnostics.items()},
+        )
 
 
 class LazyEvents(Sequence):
@@ -107,8 +113,11 @@ class SelectionLaw:
     error_bound: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"probabilities": [float(p) for p in self.probabilities], "fallback": float(self.fallback),
-                "error_bound": float(self.error_bound)}
+        return {
+            "probabilities": [float(p) for p in self.probabilities],
+            "fallback": float(self.fallback),
+            "error_bound": float(self.error_bound),
+        }
 
 
 def _in_public_range(arr: np.ndarray, name: str, r_max: float | None, clip: bool) -> np.ndarray:
@@ -126,8 +135,9 @@ def _in_public_range(arr: np.ndarray, name: str, r_max: float | None, clip: bool
     return arr
 
 
-def _in_range_fast(scores, ndim: int, r_max: float | None, clip: bool,
-                   row_max: np.ndarray | None = None) -> np.ndarray | None:
+def _in_range_fast(
+    scores, ndim: int, r_max: float | None, clip: bool, row_max: np.ndarray | None = None
+) -> np.ndarray | None:
     """The array when it is float64-convertible, ``ndim``-D, non-empty and inside ``[0, r_max]`` (which
     implies finite: NaN fails both comparisons), read once from memory without a temporary; else None (the
     caller then runs the full checks, with their error messages). ``row_max`` (optional, one entry per
@@ -141,17 +151,19 @@ def _in_range_fast(scores, ndim: int, r_max: float | None, clip: bool,
     rows = arr.reshape(-1, arr.shape[-1])
     step = max(1, (1 << 17) // rows.shape[1])
     for i in range(0, rows.shape[0], step):
-        blk = rows[i:i + step]
+        blk = rows[i : i + step]
         if row_max is None:
             top = blk.max()
         else:
-            top = np.max(blk, axis=1, out=row_max[i:i + step]).max()
+            top = np.max(blk, axis=1, out=row_max[i : i + step]).max()
         if not (blk.min() >= 0.0 and top <= r_max):
             return None
     return arr
 
 
-def scores_matrix_row_max(scores, name: str, *, r_max: float, clip: bool) -> tuple[np.ndarray, np.ndarray | None]:
+def scores_matrix_row_max(
+    scores, name: str, *, r_max: float, clip: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
     """:func:`scores_matrix` plus each row's maximum when the one-pass check succeeds (else None: the full
     checks ran)."""
     arr = np.asarray(scores, dtype=np.float64)
@@ -166,12 +178,16 @@ def scores_matrix_row_max(scores, name: str, *, r_max: float, clip: bool) -> tup
 def scores_vector(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
     """Validate one query's scores (finite, non-empty; in ``[0, r_max]`` unless ``clip``)."""
     fast = _in_range_fast(scores, 1, r_max, clip)
-    return fast if fast is not None else _in_public_range(check_finite_vector(scores, name), name, r_max, clip)
+    return (
+        fast if fast is not None else _in_public_range(check_finite_vector(scores, name), name, r_max, clip)
+    )
 
 
 def scores_matrix(scores, name: str, *, r_max: float | None, clip: bool) -> np.ndarray:
     fast = _in_range_fast(scores, 2, r_max, clip)
-    return fast if fast is not None else _in_public_range(check_finite_matrix(scores, name), name, r_max, clip)
+    return (
+        fast if fast is not None else _in_public_range(check_finite_matrix(scores, name), name, r_max, clip)
+    )
 
 
 def require_pool_b(pool_b, method: str):

@@ -68,7 +68,9 @@ class InferenceTimePessimism:
         a, b = self._pools(scores, pool_b_scores, batch=False)
         return self._run(a[None, :], b[None, :], rng)[0]
 
-    def select_batch(self, scores: ArrayLike, *, rng, pool_b_scores: ArrayLike | None = None) -> BatchSelection:
+    def select_batch(
+        self, scores: ArrayLike, *, rng, pool_b_scores: ArrayLike | None = None
+    ) -> BatchSelection:
         """Vectorized ITP over rows (prompts)."""
         a, b = self._pools(scores, pool_b_scores, batch=True)
         if a.shape[0] != b.shape[0]:
@@ -86,8 +88,7 @@ class InferenceTimePessimism:
         idx = np.where(any_acc, first, FALLBACK)
         t = np.where(any_acc, first + 1, -1)
         ev = NonPrivateEvent()
-        return BatchSelection(idx, [ev] * a.shape[0], ev,
-                              {"lambda_hat": lam, "M": width / self.beta, "t": t})
+        return BatchSelection(idx, [ev] * a.shape[0], ev, {"lambda_hat": lam, "M": width / self.beta, "t": t})
 
     def law(self, scores: ArrayLike, *, pool_b_scores: ArrayLike | None = None) -> SelectionLaw:
         """Exact law over pool B: the sequential acceptance product; fallback mass Π(1 − a_i)."""
@@ -101,5 +102,6 @@ def _rows_error(a, b):  # noqa: N802 - small helper returning the exception
     from privalign.errors import PrivacyParameterError
 
     return PrivacyParameterError(
-        f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got {b.shape[0]} instead."
+        f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got {b.shape[0]} "
+        "instead."
     )

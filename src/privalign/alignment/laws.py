@@ -74,7 +74,9 @@ def itp_acceptance(scores_b: ArrayLike, lam_hat: ArrayLike, r_max: float) -> np.
     return np.clip((r - lam) / (r_max - lam), 0.0, 1.0)
 
 
-def privitp_acceptance(scores_b: ArrayLike, lam_tilde: ArrayLike, width: ArrayLike, sigma_z: float) -> np.ndarray:
+def privitp_acceptance(
+    scores_b: ArrayLike, lam_tilde: ArrayLike, width: ArrayLike, sigma_z: float
+) -> np.ndarray:
     """``P(r + Z > λ̃ + W·U) = E_U Φ((r − λ̃ − W·U)/σ_Z)`` (broadcasting; closed form)."""
     r = np.asarray(scores_b, dtype=np.float64)
     if sigma_z == 0.0:
@@ -93,9 +95,17 @@ def privitp_acceptance(scores_b: ArrayLike, lam_tilde: ArrayLike, width: ArrayLi
     return np.where(wide, lin, np.exp(log_expected_phi(c, -w, sigma_z)))
 
 
-def lambda_quadrature(lam_hat: ArrayLike, sigma_x: float, lo: float, hi: float, *, panel_width: float,
-                      order: int = 16, max_panels: int = 4000,
-                      window: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def lambda_quadrature(
+    lam_hat: ArrayLike,
+    sigma_x: float,
+    lo: float,
+    hi: float,
+    *,
+    panel_width: float,
+    order: int = 16,
+    max_panels: int = 4000,
+    window: tuple[float, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Fixed nodes on ``[lo, hi]`` and weights of the clamped-Gaussian law of λ̃ for each λ̂.
 
     ``window`` restricts the interior nodes to a sub-interval (e.g. λ̂ ± 12σ_X for one prompt; the
@@ -126,16 +136,25 @@ def lambda_quadrature(lam_hat: ArrayLike, sigma_x: float, lo: float, hi: float, 
     return nodes, weights.reshape(lam.shape + (nodes.size,))
 
 
-def privitp_law_given_lambda(scores_b: ArrayLike, lam_tilde: ArrayLike, *, r_max: float, sigma_z: float,
-                             L: float) -> tuple[np.ndarray, np.ndarray]:
+def privitp_law_given_lambda(
+    scores_b: ArrayLike, lam_tilde: ArrayLike, *, r_max: float, sigma_z: float, L: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Conditional law given λ̃ (broadcast: ``lam_tilde[..., None]`` against ``scores_b``)."""
     lam = np.asarray(lam_tilde, dtype=np.float64)[..., None]
     a = privitp_acceptance(scores_b, lam, r_max + sigma_z * L - lam, sigma_z)
     return sequential_law(a)
 
 
-def privitp_law(scores_a: ArrayLike, scores_b: ArrayLike, *, beta: float, r_max: float, sigma_x: float,
-                sigma_z: float, L: float) -> tuple[np.ndarray, float, float]:
+def privitp_law(
+    scores_a: ArrayLike,
+    scores_b: ArrayLike,
+    *,
+    beta: float,
+    r_max: float,
+    sigma_x: float,
+    sigma_z: float,
+    L: float,
+) -> tuple[np.ndarray, float, float]:
     """Exact law of PrivITP on one prompt (pool A ``scores_a``, pool B ``scores_b``, scores in [0, R_max]).
 
     Returns:
@@ -150,8 +169,15 @@ def privitp_law(scores_a: ArrayLike, scores_b: ArrayLike, *, beta: float, r_max:
     pw = min(sigma_x, sigma_z if sigma_z > 0 else sigma_x) / 2.0
     results = []
     for order in (8, 16):
-        nodes, weights = lambda_quadrature(lam_hat, sigma_x, lo, hi, panel_width=pw, order=order,
-                                           window=(lam_hat - 12 * sigma_x, lam_hat + 12 * sigma_x))
+        nodes, weights = lambda_quadrature(
+            lam_hat,
+            sigma_x,
+            lo,
+            hi,
+            panel_width=pw,
+            order=order,
+            window=(lam_hat - 12 * sigma_x, lam_hat + 12 * sigma_x),
+        )
         p, fb = privitp_law_given_lambda(rb[None, :], nodes, r_max=r_max, sigma_z=sigma_z, L=L)
         results.append((weights @ p, float(weights @ fb)))
     (p8, f8), (p16, f16) = results

@@ -65,9 +65,13 @@ def _check(scores: ArrayLike, beta: float) -> tuple[np.ndarray, float, bool]:
     beta = check_real(beta, "beta", low=0.0, closed="neither")
     r = np.asarray(scores, dtype=np.float64)
     if r.ndim not in (1, 2):
-        raise PrivacyParameterError(f"The 'scores' parameter must be a 1-D or 2-D array. Got shape {r.shape} instead.")
+        raise PrivacyParameterError(
+            f"The 'scores' parameter must be a 1-D or 2-D array. Got shape {r.shape} instead."
+        )
     if r.size == 0 or r.shape[-1] == 0:
-        raise PrivacyParameterError(f"The 'scores' parameter must have at least one candidate. Got shape {r.shape} instead.")
+        raise PrivacyParameterError(
+            f"The 'scores' parameter must have at least one candidate. Got shape {r.shape} instead."
+        )
     if not np.isfinite(r).all():
         raise PrivacyParameterError("The 'scores' parameter must contain only finite values. Got NaN or inf.")
     one_d = r.ndim == 1
@@ -115,7 +119,7 @@ def solve_normalizer(scores: ArrayLike, beta: float) -> np.ndarray | float:
     # (the same operations row by row, so the result does not depend on the block size).
     step = max(1, (1 << 18) // r.shape[1])
     if r.shape[0] > step:
-        lam = np.concatenate([_solve_rows(r[i:i + step], beta) for i in range(0, r.shape[0], step)])
+        lam = np.concatenate([_solve_rows(r[i : i + step], beta) for i in range(0, r.shape[0], step)])
     else:
         lam = _solve_rows(r, beta)
     return float(lam[0]) if one_d else lam
@@ -146,7 +150,9 @@ def _solve_rows(r: np.ndarray, beta: float) -> np.ndarray:
     tau = normalizer_tolerance(spread, beta)
     kappa = (n.bit_length() + 256) * _EPS  # numpy's pairwise sum: blocks of 128, then a binary tree
     below, above = lam - 0.5 * tau, lam + 0.5 * tau
-    ok = (_S(s, below) * (1.0 - kappa) >= c * (1.0 + _EPS)) & (_S(s, above) * (1.0 + kappa) <= c * (1.0 - _EPS))
+    ok = (_S(s, below) * (1.0 - kappa) >= c * (1.0 + _EPS)) & (
+        _S(s, above) * (1.0 + kappa) <= c * (1.0 - _EPS)
+    )
     ok &= (np.spacing(np.abs(lam)) <= tau) & (below < lam) & (lam < above)  # else the exact root is used
     for i in np.flatnonzero(~ok):
         lam[i] = _exact_root(s[i], beta)

@@ -69,18 +69,31 @@ class PrivBoN:
 
     name = "privbon"
 
-    def __init__(self, epsilon: float, *, sensitivity: float | None = None, r_max: float = 1.0,
-                 clip: bool = False, sigma_reg: float | None = None) -> None:
+    def __init__(
+        self,
+        epsilon: float,
+        *,
+        sensitivity: float | None = None,
+        r_max: float = 1.0,
+        clip: bool = False,
+        sigma_reg: float | None = None,
+    ) -> None:
         self.epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither", allow_inf=True)
         self.r_max = check_real(r_max, "r_max", low=0.0, closed="neither")
-        self.sensitivity = self.r_max if sensitivity is None else check_real(
-            sensitivity, "sensitivity", low=0.0, closed="neither")
-        self.sigma_reg = None if sigma_reg is None else check_real(sigma_reg, "sigma_reg", low=0.0, closed="left")
+        self.sensitivity = (
+            self.r_max
+            if sensitivity is None
+            else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
+        )
+        self.sigma_reg = (
+            None if sigma_reg is None else check_real(sigma_reg, "sigma_reg", low=0.0, closed="left")
+        )
         self.clip = bool(clip)
 
     @property
     def scale(self) -> float:
-        """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)`` (2Δ/ε rounded up to the next float if needed)."""
+        """The Gumbel scale σ actually used: ``max(2Δ/ε, σ_reg)`` (2Δ/ε rounded up to the next float if
+        needed)."""
         return max(privbon_scale(self.epsilon, self.sensitivity), self.sigma_reg or 0.0)
 
     @property
@@ -116,8 +129,12 @@ class PrivBoN:
         """
         r = scores_vector(scores, "scores", r_max=self.r_max, clip=self.clip)
         i = int(self._argmax(r, rng))
-        return Selection(i, self.event, self.event, {"scale": self.scale, "epsilon_effective": self.epsilon_effective,
-                                                     "n": r.size})
+        return Selection(
+            i,
+            self.event,
+            self.event,
+            {"scale": self.scale, "epsilon_effective": self.epsilon_effective, "n": r.size},
+        )
 
     def select_batch(self, scores: ArrayLike, *, rng, pool_b_scores=None) -> BatchSelection:
         if isinstance(rng, FastSeededNoise):  # the range check's row maxima are the sampler's envelope

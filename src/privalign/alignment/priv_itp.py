@@ -63,24 +63,46 @@ class PrivITP:
 
     name = "privitp"
 
-    def __init__(self, beta: float, *, sigma_x: float, sigma_z: float, r_max: float = 1.0, L: float = 3.0,
-                 delta: float = 1e-6, sensitivity: float | None = None, clip: bool = False) -> None:
+    def __init__(
+        self,
+        beta: float,
+        *,
+        sigma_x: float,
+        sigma_z: float,
+        r_max: float = 1.0,
+        L: float = 3.0,
+        delta: float = 1e-6,
+        sensitivity: float | None = None,
+        clip: bool = False,
+    ) -> None:
         beta = check_real(beta, "beta", low=0.0, closed="neither")
         sigma_x = check_real(sigma_x, "sigma_x", low=0.0, closed="neither")
         sigma_z = check_real(sigma_z, "sigma_z", low=0.0, closed="neither")
         r_max = check_real(r_max, "r_max", low=0.0, closed="neither")
         L = check_real(L, "L", low=0.0, closed="left")
         delta = check_probability(delta, "delta")
-        sensitivity = r_max if sensitivity is None else check_real(
-            sensitivity, "sensitivity", low=0.0, closed="neither")
+        sensitivity = (
+            r_max
+            if sensitivity is None
+            else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
+        )
         self.clip = bool(clip)
         # The accountant (frozen) is the single source of every public parameter: the mechanism reads
         # β, σ_X, σ_Z, R_max, L, δ, Δ from it, and they are read-only, so what is sampled and what is
         # accounted cannot drift apart (defects K3/K5), and the cached ε_max cannot go stale.
-        self._accountant = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_x=sigma_x,
-                                             sigma_z=sigma_z, L=L, delta=delta)
+        self._accountant = PrivITPAccountant(
+            beta=beta,
+            r_max=r_max,
+            sensitivity=sensitivity,
+            sigma_x=sigma_x,
+            sigma_z=sigma_z,
+            L=L,
+            delta=delta,
+        )
 
-    accountant = property(lambda self: self._accountant, doc="The PrivITPAccountant built from this mechanism.")
+    accountant = property(
+        lambda self: self._accountant, doc="The PrivITPAccountant built from this mechanism."
+    )
     beta = property(lambda self: self._accountant.beta, doc="β (read-only).")
     sigma_x = property(lambda self: self._accountant.sigma_x, doc="Phase-1 noise std σ_X (read-only).")
     sigma_z = property(lambda self: self._accountant.sigma_z, doc="Phase-2 noise std σ_Z (read-only).")
@@ -105,8 +127,9 @@ class PrivITP:
     def worst_case_event(self, n: int) -> ExPostEvent:
         """The data-independent worst case for a phase-2 pool of ``n``, available before any score."""
         e = self.epsilon_max(int(n))
-        return ExPostEvent(epsilon_realized=e, epsilon_max=e, delta=self.delta,
-                           details={"n": int(n), "worst_case": True})
+        return ExPostEvent(
+            epsilon_realized=e, epsilon_max=e, delta=self.delta, details={"n": int(n), "worst_case": True}
+        )
 
     def _pools(self, scores, pool_b, batch: bool):
         f = scores_matrix if batch else scores_vector
@@ -114,7 +137,9 @@ class PrivITP:
         b = f(require_pool_b(pool_b, "PrivITP"), "pool_b_scores", r_max=self.r_max, clip=self.clip)
         if batch and a.shape[0] != b.shape[0]:
             raise PrivacyParameterError(
-                f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got {b.shape[0]} instead.")
+                f"The 'pool_b_scores' parameter must have as many rows as 'scores' ({a.shape[0]}). Got "
+                f"{b.shape[0]} instead."
+            )
         return a, b
 
     def select(self, scores: ArrayLike, *, rng, pool_b_scores: ArrayLike | None = None) -> Selection:
@@ -127,7 +152,9 @@ class PrivITP:
         a, b = self._pools(scores, pool_b_scores, batch=False)
         return self._run(a[None, :], b[None, :], rng)[0]
 
-    def select_batch(self, scores: ArrayLike, *, rng, pool_b_scores: ArrayLike | None = None) -> BatchSelection:
+    def select_batch(
+        self, scores: ArrayLike, *, rng, pool_b_scores: ArrayLike | None = None
+    ) -> BatchSelection:
         """Vectorized PrivITP over rows (one prompt per row)."""
         a, b = self._pools(scores, pool_b_scores, batch=True)
         return self._run(a, b, rng)
@@ -147,15 +174,31 @@ class PrivITP:
         n_rows = p
 
         def make(i: int) -> ExPostEvent:
-            return ExPostEvent(epsilon_realized=float(realized[i]), epsilon_max=eps_max, delta=self.delta,
-                               details={"lambda_tilde": float(lam_t[i]), "t": int(t[i]), "n": n,
-                                        "epsilon1": e1, "epsilon2": float(e2[i]), "rho1": rho1})
+            return ExPostEvent(
+                epsilon_realized=float(realized[i]),
+                epsilon_max=eps_max,
+                delta=self.delta,
+                details={
+                    "lambda_tilde": float(lam_t[i]),
+                    "t": int(t[i]),
+                    "n": n,
+                    "epsilon1": e1,
+                    "epsilon2": float(e2[i]),
+                    "rho1": rho1,
+                },
+            )
 
         events = LazyEvents(make, n_rows)
-        return BatchSelection(idx, events, self.worst_case_event(n),
-                              {"lambda_tilde": lam_t, "t": t, "M": w / self.beta, "W": w, "epsilon_realized": realized})
+        return BatchSelection(
+            idx,
+            events,
+            self.worst_case_event(n),
+            {"lambda_tilde": lam_t, "t": t, "M": w / self.beta, "W": w, "epsilon_realized": realized},
+        )
 
-    def phase2(self, pool_b: np.ndarray, lam_tilde: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def phase2(
+        self, pool_b: np.ndarray, lam_tilde: np.ndarray, rng
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Phase 2 given the released λ̃ (rows of ``pool_b``, one λ̃ per row): the threshold form
         ``r + Z > λ̃ + W·U``. Returns ``(indices, t, W)`` (t 1-based, -1 on fallback). Exposed so that the
         audit can condition on λ̃; :meth:`select` uses exactly this code."""
@@ -184,8 +227,9 @@ class PrivITP:
         """Exact law over pool B (closed form given λ̃, Gauss–Legendre over λ̃, point masses at the
         clamp ends); ``error_bound`` is the quadrature error estimate."""
         a, b = self._pools(scores, pool_b_scores, batch=False)
-        p, fb, err = privitp_law(a, b, beta=self.beta, r_max=self.r_max, sigma_x=self.sigma_x,
-                                 sigma_z=self.sigma_z, L=self.L)
+        p, fb, err = privitp_law(
+            a, b, beta=self.beta, r_max=self.r_max, sigma_x=self.sigma_x, sigma_z=self.sigma_z, L=self.L
+        )
         return SelectionLaw(p, fb, err)
 
 

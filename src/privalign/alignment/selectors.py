@@ -42,8 +42,9 @@ class Selector(Protocol):
 
     def select(self, scores: ArrayLike, *, rng: Any, pool_b_scores: ArrayLike | None = None) -> Selection: ...
 
-    def select_batch(self, scores: ArrayLike, *, rng: Any,
-                     pool_b_scores: ArrayLike | None = None) -> BatchSelection: ...
+    def select_batch(
+        self, scores: ArrayLike, *, rng: Any, pool_b_scores: ArrayLike | None = None
+    ) -> BatchSelection: ...
 
     def law(self, scores: ArrayLike, *, pool_b_scores: ArrayLike | None = None) -> SelectionLaw: ...
 
@@ -62,7 +63,9 @@ def pool_size(method: str, n: int) -> int:
 
 def _required(method: str, name: str, value: Any) -> Any:
     if value is None:
-        raise PrivacyParameterError(f"The '{name}' parameter is required for method {method!r}. Got None instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter is required for method {method!r}. Got None instead."
+        )
     return value
 
 
@@ -105,8 +108,21 @@ def make_selector(
     if method == "itp":
         return InferenceTimePessimism(_required(method, "beta", beta), r_max=r_max, clip=clip)
     if method == "privbon":
-        return PrivBoN(_required(method, "epsilon", epsilon), sensitivity=sensitivity, r_max=r_max, clip=clip,
-                       sigma_reg=sigma_reg)
+        return PrivBoN(
+            _required(method, "epsilon", epsilon),
+            sensitivity=sensitivity,
+            r_max=r_max,
+            clip=clip,
+            sigma_reg=sigma_reg,
+        )
     sx = _required(method, "sigma_x", sigma_x)
-    return PrivITP(_required(method, "beta", beta), sigma_x=sx, sigma_z=sx if sigma_z is None else sigma_z,
-                   r_max=r_max, L=L, delta=delta, sensitivity=sensitivity, clip=clip)
+    return PrivITP(
+        _required(method, "beta", beta),
+        sigma_x=sx,
+        sigma_z=sx if sigma_z is None else sigma_z,
+        r_max=r_max,
+        L=L,
+        delta=delta,
+        sensitivity=sensitivity,
+        clip=clip,
+    )

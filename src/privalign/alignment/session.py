@@ -64,8 +64,17 @@ class SessionReport:
         return asdict(self)
 
 
-def run_session(pool: ScoredPool, selector, filter, principal: str, rng, *, n: int,
-                max_prompts: int | None = None, progress: bool = False) -> SessionReport:
+def run_session(
+    pool: ScoredPool,
+    selector,
+    filter,
+    principal: str,
+    rng,
+    *,
+    n: int,
+    max_prompts: int | None = None,
+    progress: bool = False,
+) -> SessionReport:
     """Serve ``pool``'s prompts in order through ``selector`` under ``filter``.
 
     Args:
@@ -115,9 +124,10 @@ def run_session(pool: ScoredPool, selector, filter, principal: str, rng, *, n: i
         perm = src.permutation(c)
         try:
             a_idx = perm[:n]
-            b_idx = perm[n:2 * n] if two else None
-            sel = selector.select(pool.proxy[p, a_idx], rng=src,
-                                  pool_b_scores=None if b_idx is None else pool.proxy[p, b_idx])
+            b_idx = perm[n : 2 * n] if two else None
+            sel = selector.select(
+                pool.proxy[p, a_idx], rng=src, pool_b_scores=None if b_idx is None else pool.proxy[p, b_idx]
+            )
         except BaseException:
             filter.settle(res, worst)  # fail closed: the mechanism may have read data
             raise
@@ -129,28 +139,53 @@ def run_session(pool: ScoredPool, selector, filter, principal: str, rng, *, n: i
             served_idx = int((a_idx if b_idx is None else b_idx)[sel.index])
         realized = float(filter.cost(sel.event, realized=True)[0])
         t = sel.diagnostics.get("t")
-        rows.append({"prompt": p, "candidate": served_idx, "fallback": sel.index == FALLBACK,
-                     "t": None if t is None else int(t), "epsilon_realized": realized,
-                     "lambda_tilde": sel.diagnostics.get("lambda_tilde"),
-                     "true_reward": float(pool.true[p, served_idx])})
+        rows.append(
+            {
+                "prompt": p,
+                "candidate": served_idx,
+                "fallback": sel.index == FALLBACK,
+                "t": None if t is None else int(t),
+                "epsilon_realized": realized,
+                "lambda_tilde": sel.diagnostics.get("lambda_tilde"),
+                "true_reward": float(pool.true[p, served_idx]),
+            }
+        )
     ts = [(r["t"] if r["t"] and r["t"] > 0 else n + 1) for r in rows if r["t"] is not None]
     truth = [r["true_reward"] for r in rows]
     spent = filter.spent(principal)
-    base = float(np.nanmean([np.nanmean(pool.true[p, : pool.counts[p]]) for p in range(total)])) if total else math.nan
+    base = (
+        float(np.nanmean([np.nanmean(pool.true[p, : pool.counts[p]]) for p in range(total)]))
+        if total
+        else math.nan
+    )
     return SessionReport(
-        prompts_served=served, prompts_refused=total - served,
+        prompts_served=served,
+        prompts_refused=total - served,
         realized_epsilon=float(sum(r["epsilon_realized"] for r in rows)),
-        epsilon_max=eps_max, budget=budget,
+        epsilon_max=eps_max,
+        budget=budget,
         basic_composition_count=int(math.floor(budget / eps_max)) if eps_max > 0 else total,
         mean_stopping_time=float(np.mean(ts)) if ts else math.nan,
         fallback_rate=float(np.mean([r["fallback"] for r in rows])) if rows else math.nan,
         mean_true_reward=float(np.nanmean(truth)) if truth else math.nan,
-        base_true_reward=base, spent=spent, remaining=filter.remaining(principal), per_prompt=rows,
+        base_true_reward=base,
+        spent=spent,
+        remaining=filter.remaining(principal),
+        per_prompt=rows,
     )
 
 
-def privbon_zcdp_comparison(pool: ScoredPool, selector, *, budget_epsilon: float, delta: float, n: int, rng,
-                            principal: str = "session", max_prompts: int | None = None) -> dict[str, Any]:
+def privbon_zcdp_comparison(
+    pool: ScoredPool,
+    selector,
+    *,
+    budget_epsilon: float,
+    delta: float,
+    n: int,
+    rng,
+    principal: str = "session",
+    max_prompts: int | None = None,
+) -> dict[str, Any]:
     """Run the same PrivBoN session under a pure-ε filter (ε per query) and under a zCDP filter
     (ε²/8 per query, budget ρ from ``ZCDPFilter.from_epsilon_delta(budget_epsilon, delta)``); report both.
     """
@@ -160,13 +195,26 @@ def privbon_zcdp_comparison(pool: ScoredPool, selector, *, budget_epsilon: float
     gen = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
     ss = getattr(gen.bit_generator, "seed_seq", None)
     seeds = ss.spawn(2) if isinstance(ss, np.random.SeedSequence) else [None, None]
-    pure = run_session(pool, selector, PureDPFilter(budget_epsilon), principal, np.random.default_rng(seeds[0]),
-                       n=n, max_prompts=max_prompts)
+    pure = run_session(
+        pool,
+        selector,
+        PureDPFilter(budget_epsilon),
+        principal,
+        np.random.default_rng(seeds[0]),
+        n=n,
+        max_prompts=max_prompts,
+    )
     zf = ZCDPFilter.from_epsilon_delta(budget_epsilon, delta)
-    zc = run_session(pool, selector, zf, principal, np.random.default_rng(seeds[1]), n=n, max_prompts=max_prompts)
+    zc = run_session(
+        pool, selector, zf, principal, np.random.default_rng(seeds[1]), n=n, max_prompts=max_prompts
+    )
     rho_spent = zc.spent["rho"]
     return {
         "pure": pure.to_dict(),
-        "zcdp": {**zc.to_dict(), "rho_budget": zf.budget[0], "target": list(zf.target or ()),
-                 "epsilon_at_delta": zcdp_to_approx_dp(rho_spent, delta) if rho_spent > 0 else 0.0},
+        "zcdp": {
+            **zc.to_dict(),
+            "rho_budget": zf.budget[0],
+            "target": list(zf.target or ()),
+            "epsilon_at_delta": zcdp_to_approx_dp(rho_spent, delta) if rho_spent > 0 else 0.0,
+        },
     }

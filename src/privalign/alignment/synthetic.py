@@ -19,9 +19,17 @@ from privalign.rng import as_generator
 __all__ = ["make_synthetic_pool"]
 
 
-def make_synthetic_pool(n_prompts: int = 100, n_candidates: int = 1024, *, p_correct: float = 0.3,
-                        gap: float = 0.3, noise: float = 0.1, hack_rate: float = 0.002, hack_reward: float = 0.97,
-                        random_state=None) -> ScoredPool:
+def make_synthetic_pool(
+    n_prompts: int = 100,
+    n_candidates: int = 1024,
+    *,
+    p_correct: float = 0.3,
+    gap: float = 0.3,
+    noise: float = 0.1,
+    hack_rate: float = 0.002,
+    hack_reward: float = 0.97,
+    random_state=None,
+) -> ScoredPool:
     """Build a :class:`ScoredPool` with proxy rewards in [0, 1] and binary true rewards.
 
     Args:

@@ -16,7 +16,14 @@ from numpy.typing import ArrayLike
 from privalign._validation import check_real
 from privalign.errors import PrivacyParameterError
 
-__all__ = ["epsilon_star", "sigma_reg", "coverage", "best_policy_coverage", "reward_model_error", "estimate_theory"]
+__all__ = [
+    "epsilon_star",
+    "sigma_reg",
+    "coverage",
+    "best_policy_coverage",
+    "reward_model_error",
+    "estimate_theory",
+]
 
 
 def epsilon_star(sensitivity: float, coverage: float, eps_rm: float) -> float:
@@ -38,8 +45,14 @@ def coverage(policy: ArrayLike, base: ArrayLike | None = None) -> np.ndarray:
     """``C^π = Σ_i π_i²/π0_i`` row-wise (``base`` default: uniform over the pool, i.e. ``n·Σ π_i²``)."""
     p = np.atleast_2d(np.asarray(policy, dtype=np.float64))
     if np.any(p < 0) or not np.allclose(p.sum(axis=1), 1.0, atol=1e-9):
-        raise PrivacyParameterError("The 'policy' parameter must hold probability vectors (non-negative, summing to 1).")
-    q = np.full_like(p, 1.0 / p.shape[1]) if base is None else np.atleast_2d(np.asarray(base, dtype=np.float64))
+        raise PrivacyParameterError(
+            "The 'policy' parameter must hold probability vectors (non-negative, summing to 1)."
+        )
+    q = (
+        np.full_like(p, 1.0 / p.shape[1])
+        if base is None
+        else np.atleast_2d(np.asarray(base, dtype=np.float64))
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(p > 0, p * p / q, 0.0)
     return terms.sum(axis=1)
@@ -49,7 +62,9 @@ def best_policy_coverage(true_rewards: ArrayLike) -> np.ndarray:
     """Coverage of the best-true-reward policy on each prompt's pool: ``n/k`` (k = number of maximisers)."""
     t = np.atleast_2d(np.asarray(true_rewards, dtype=np.float64))
     if not np.isfinite(t).all():
-        raise PrivacyParameterError("The 'true_rewards' parameter must be finite (pools without true rewards cannot estimate C).")
+        raise PrivacyParameterError(
+            "The 'true_rewards' parameter must be finite (pools without true rewards cannot estimate C)."
+        )
     k = np.sum(t == t.max(axis=1, keepdims=True), axis=1)
     return t.shape[1] / k
 
@@ -59,7 +74,9 @@ def reward_model_error(proxy: ArrayLike, true_rewards: ArrayLike) -> np.ndarray:
     p = np.atleast_2d(np.asarray(proxy, dtype=np.float64))
     t = np.atleast_2d(np.asarray(true_rewards, dtype=np.float64))
     if p.shape != t.shape:
-        raise PrivacyParameterError(f"The 'true_rewards' parameter must have shape {p.shape}. Got {t.shape} instead.")
+        raise PrivacyParameterError(
+            f"The 'true_rewards' parameter must have shape {p.shape}. Got {t.shape} instead."
+        )
     return np.sqrt(np.nanmean((t - p) ** 2, axis=1))
 
 

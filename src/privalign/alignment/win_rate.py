@@ -26,7 +26,9 @@ def bon_win_probability(selector: np.ndarray, judge: np.ndarray) -> np.ndarray:
     """
     selector = np.asarray(selector, float)
     judge = np.asarray(judge, float)
-    top = selector >= selector.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(selector).max(axis=1, keepdims=True))
+    top = selector >= selector.max(axis=1, keepdims=True) - 1e-12 * np.maximum(
+        1.0, np.abs(selector).max(axis=1, keepdims=True)
+    )
     gt = (judge[:, :, None] > judge[:, None, :]).mean(axis=2)
     eq = (judge[:, :, None] == judge[:, None, :]).mean(axis=2)
     w = gt + 0.5 * eq  # (P, N): win probability of candidate k against a random base candidate

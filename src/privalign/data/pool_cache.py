@@ -46,8 +46,13 @@ CACHE_FORMAT = "privalign-pool-cache/1"
 
 def _identity(path: Path) -> dict[str, Any]:
     st = path.stat()
-    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
-            "inode": st.st_ino}
+    return {
+        "path": str(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "inode": st.st_ino,
+    }
 
 
 def pool_cache_entry(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -68,8 +73,9 @@ def _root(cache_dir) -> Path:
     return user_cache_dir() / "pools"
 
 
-def read_scored_pool(path: str | os.PathLike, *, stats: ReadStats | None = None,
-                     cache_dir: str | os.PathLike | None = None) -> ScoredPool:
+def read_scored_pool(
+    path: str | os.PathLike, *, stats: ReadStats | None = None, cache_dir: str | os.PathLike | None = None
+) -> ScoredPool:
     """Read a pool file through the columnar cache (build the entry on first use).
 
     Args:
@@ -97,7 +103,9 @@ def read_scored_pool(path: str | os.PathLike, *, stats: ReadStats | None = None,
     if stats is not None:
         for k, v in meta["stats"].items():
             setattr(stats, k, v)
-    arrays = [np.asarray(np.load(entry / f"{name}.npy", mmap_mode="r")) for name in ("proxy", "true", "counts")]
+    arrays = [
+        np.asarray(np.load(entry / f"{name}.npy", mmap_mode="r")) for name in ("proxy", "true", "counts")
+    ]
     return ScoredPool(arrays[0], arrays[1], arrays[2], tuple(meta["prompts"]))
 
 
@@ -113,14 +121,25 @@ def _rows_of(obj: Any, path: Path, lineno: int, stats: ReadStats):
     """``(prompt, proxy row, true row)`` of one parsed line, or None for a skipped prompt. Bulk type checks
     first; anything else goes through the validating parser (same errors, coercions and counts)."""
     resp = obj.get("responses") if type(obj) is dict else None
-    if (type(resp) is list and resp and type(obj.get("prompt")) is str and all(type(r) is dict for r in resp)
-            and _plain_prompt_fields(obj)):
+    if (
+        type(resp) is list
+        and resp
+        and type(obj.get("prompt")) is str
+        and all(type(r) is dict for r in resp)
+        and _plain_prompt_fields(obj)
+    ):
         proxy = [r.get("proxy_reward") for r in resp]
         correct = [r.get("is_correct") for r in resp]
-        if (all(type(v) is float or type(v) is int for v in proxy) and all(type(v) is bool for v in correct)
-                and all(r.get("true_reward") is None and type(r.get("text", "")) is str
-                        and (r.get("predicted_answer") is None or type(r.get("predicted_answer")) is str)
-                        for r in resp)):
+        if (
+            all(type(v) is float or type(v) is int for v in proxy)
+            and all(type(v) is bool for v in correct)
+            and all(
+                r.get("true_reward") is None
+                and type(r.get("text", "")) is str
+                and (r.get("predicted_answer") is None or type(r.get("predicted_answer")) is str)
+                for r in resp
+            )
+        ):
             try:
                 p = np.array(proxy, dtype=np.float64)
             except OverflowError:  # an integer beyond float range: the validating parser reports it
@@ -134,9 +153,11 @@ def _rows_of(obj: Any, path: Path, lineno: int, stats: ReadStats):
 
 def _plain_prompt_fields(obj: dict) -> bool:
     ch = obj.get("choices")
-    return ((ch is None or (type(ch) is list and all(type(c) is str for c in ch)))
-            and (obj.get("meta") is None or type(obj.get("meta")) is dict)
-            and all(obj.get(k) is None or type(obj.get(k)) is str for k in ("gt_answer", "subject")))
+    return (
+        (ch is None or (type(ch) is list and all(type(c) is str for c in ch)))
+        and (obj.get("meta") is None or type(obj.get("meta")) is dict)
+        and all(obj.get(k) is None or type(obj.get(k)) is str for k in ("gt_answer", "subject"))
+    )
 
 
 def _iter_rows(path: Path, stats: ReadStats):
@@ -156,7 +177,9 @@ def _iter_rows(path: Path, stats: ReadStats):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})") from None
+                raise DataFormatError(
+                    f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})"
+                ) from None
             row = _rows_of(obj, path, lineno, stats)
             if row is not None:
                 stats.prompts_read += 1
@@ -187,8 +210,13 @@ def _build(path: Path, entry: Path) -> None:
             _layout(tmp / f"{name}.bin", tmp / f"{name}.npy", counts, width)
             (tmp / f"{name}.bin").unlink()
         np.save(tmp / "counts.npy", counts_arr)
-        meta = {"format": CACHE_FORMAT, "source": ident, "stats": stats.to_dict(), "prompts": prompts,
-                "shape": [len(prompts), width]}
+        meta = {
+            "format": CACHE_FORMAT,
+            "source": ident,
+            "stats": stats.to_dict(),
+            "prompts": prompts,
+            "shape": [len(prompts), width],
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
         for old in entry.parent.glob(entry.name.split("-")[0] + "-*"):  # stale entries of this path
             if old != entry and old.is_dir():
@@ -205,8 +233,11 @@ def _build(path: Path, entry: Path) -> None:
 def _layout(flat: Path, out: Path, counts: list[int], width: int) -> None:
     """Write the ``.npy`` of shape ``(len(counts), width)``: row i = the next ``counts[i]`` doubles of
     ``flat``, padded with NaN."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float64)), "fortran_order": False,
-              "shape": (len(counts), width)}
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(np.float64)),
+        "fortran_order": False,
+        "shape": (len(counts), width),
+    }
     pad = np.full(width, math.nan)
     with open(flat, "rb") as src, open(out, "wb") as dst:
         np.lib.format.write_array_header_1_0(dst, header)

@@ -37,7 +37,16 @@ import numpy as np
 
 from privalign.errors import DataFormatError
 
-__all__ = ["FORMAT_VERSION", "Response", "PoolRecord", "ScoredPool", "ReadStats", "iter_pool", "read_pool", "write_pool"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Response",
+    "PoolRecord",
+    "ScoredPool",
+    "ReadStats",
+    "iter_pool",
+    "read_pool",
+    "write_pool",
+]
 
 FORMAT_VERSION = "privalign-pool/1"
 
@@ -132,7 +141,9 @@ class ReadStats:
         if self.responses_skipped_null_proxy:
             parts.append(f"skipped {self.responses_skipped_null_proxy} responses with a null 'proxy_reward'")
         if self.prompts_skipped_no_scored_response:
-            parts.append(f"skipped {self.prompts_skipped_no_scored_response} prompts left without a scored response")
+            parts.append(
+                f"skipped {self.prompts_skipped_no_scored_response} prompts left without a scored response"
+            )
         return "; ".join(parts)
 
 
@@ -176,7 +187,9 @@ def _parse(obj: Any, path, lineno: int, stats: ReadStats | None = None) -> PoolR
             _fail(path, lineno, f + ".text", f"must be a string; got {text!r:.80}")
         if "proxy_reward" not in r:
             _fail(path, lineno, f + ".proxy_reward", "is required")
-        if r["proxy_reward"] is None and stats is not None:  # unscored response (authors' variant): skip, count
+        if (
+            r["proxy_reward"] is None and stats is not None
+        ):  # unscored response (authors' variant): skip, count
             stats.responses_skipped_null_proxy += 1
             continue
         pr = _real(r["proxy_reward"], path, lineno, f + ".proxy_reward")
@@ -191,7 +204,9 @@ def _parse(obj: Any, path, lineno: int, stats: ReadStats | None = None) -> PoolR
         pa = _opt_str(r.get("predicted_answer"), path, lineno, f + ".predicted_answer")
         out.append(Response(text, pr, ic, tr, pa))
     choices = obj.get("choices")
-    if choices is not None and (not isinstance(choices, list) or not all(isinstance(c, str) for c in choices)):
+    if choices is not None and (
+        not isinstance(choices, list) or not all(isinstance(c, str) for c in choices)
+    ):
         _fail(path, lineno, "choices", f"must be a list of strings; got {choices!r:.80}")
     meta = obj.get("meta")
     if meta is not None and not isinstance(meta, dict):
@@ -203,11 +218,13 @@ def _parse(obj: Any, path, lineno: int, stats: ReadStats | None = None) -> PoolR
             stats.prompts_skipped_no_scored_response += 1
             return None
     return PoolRecord(
-        prompt=obj["prompt"], responses=tuple(out),
+        prompt=obj["prompt"],
+        responses=tuple(out),
         gt_answer=_opt_str(obj.get("gt_answer"), path, lineno, "gt_answer"),
         choices=None if choices is None else tuple(choices),
         subject=_opt_str(obj.get("subject"), path, lineno, "subject"),
-        meta=meta, extra={k: v for k, v in obj.items() if k not in known},
+        meta=meta,
+        extra={k: v for k, v in obj.items() if k not in known},
     )
 
 
@@ -234,7 +251,9 @@ def iter_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> Ite
             try:
                 arr = json.loads(first + fh.read())
             except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}:{exc.lineno}: field '<file>' is not a valid JSON array ({exc.msg})") from None
+                raise DataFormatError(
+                    f"{path}:{exc.lineno}: field '<file>' is not a valid JSON array ({exc.msg})"
+                ) from None
             stats.json_array_file = True
             for i, obj in enumerate(arr, start=1):
                 rec = _parse(obj, path, i, stats)
@@ -249,7 +268,9 @@ def iter_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> Ite
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})") from None
+                raise DataFormatError(
+                    f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})"
+                ) from None
             rec = _parse(obj, path, lineno, stats)
             if rec is not None:
                 stats.prompts_read += 1
@@ -264,7 +285,9 @@ def read_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> lis
     return recs
 
 
-def write_pool(path: str | os.PathLike, records: Iterable[PoolRecord | dict], *, meta: dict[str, Any] | None = None) -> int:
+def write_pool(
+    path: str | os.PathLike, records: Iterable[PoolRecord | dict], *, meta: dict[str, Any] | None = None
+) -> int:
     """Write records atomically (temp file + rename: nothing partial is left on error).
 
     Args:
@@ -277,7 +300,9 @@ def write_pool(path: str | os.PathLike, records: Iterable[PoolRecord | dict], *,
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp" + (".gz" if path.suffix == ".gz" else ""))
+    fd, tmp = tempfile.mkstemp(
+        dir=path.parent, prefix=path.name, suffix=".tmp" + (".gz" if path.suffix == ".gz" else "")
+    )
     os.close(fd)
     n = 0
     try:
@@ -326,7 +351,9 @@ class ScoredPool:
         proxy = np.asarray(proxy, dtype=np.float64)
         true = np.full_like(proxy, np.nan) if true is None else np.asarray(true, dtype=np.float64)
         if proxy.ndim != 2 or true.shape != proxy.shape:
-            raise DataFormatError(f"field 'proxy'/'true' must be 2-D arrays of the same shape; got {proxy.shape}, {true.shape}")
+            raise DataFormatError(
+                f"field 'proxy'/'true' must be 2-D arrays of the same shape; got {proxy.shape}, {true.shape}"
+            )
         counts = np.sum(np.isfinite(proxy), axis=1)
         return cls(proxy, true, counts)
 
@@ -345,16 +372,25 @@ class ScoredPool:
         candidates kept. Returns the sub-pool and the kept prompt indices."""
         keep = np.flatnonzero(self.counts >= min_candidates)
         width = int(self.counts[keep].max()) if keep.size else 0
-        sub = ScoredPool(self.proxy[keep][:, :width], self.true[keep][:, :width], self.counts[keep],
-                         tuple(self.prompts[i] for i in keep) if self.prompts else ())
+        sub = ScoredPool(
+            self.proxy[keep][:, :width],
+            self.true[keep][:, :width],
+            self.counts[keep],
+            tuple(self.prompts[i] for i in keep) if self.prompts else (),
+        )
         return sub, keep
 
     def to_records(self) -> list[PoolRecord]:
         out = []
         for i in range(self.proxy.shape[0]):
             k = int(self.counts[i])
-            resp = tuple(Response("", float(self.proxy[i, j]),
-                                  true_reward=None if not np.isfinite(self.true[i, j]) else float(self.true[i, j]))
-                         for j in range(k))
+            resp = tuple(
+                Response(
+                    "",
+                    float(self.proxy[i, j]),
+                    true_reward=None if not np.isfinite(self.true[i, j]) else float(self.true[i, j]),
+                )
+                for j in range(k)
+            )
             out.append(PoolRecord(self.prompts[i] if self.prompts else f"prompt-{i}", resp))
         return out

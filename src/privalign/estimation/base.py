@@ -54,7 +54,8 @@ def softplus(z: np.ndarray) -> np.ndarray:
 
 
 def hard_threshold(v: np.ndarray, s: int) -> np.ndarray:
-    """HT_s: keep the ``s`` largest entries of ``|v|`` exactly (ties broken by lowest index), zero the rest."""
+    """HT_s: keep the ``s`` largest entries of ``|v|`` exactly (ties broken by lowest index), zero the
+    rest."""
     out = np.zeros_like(v)
     if s >= v.shape[0]:
         return v.copy()
@@ -123,7 +124,10 @@ def check_features(
     else:
         X = np.asarray(X)
         if np.iscomplexobj(X):
-            raise PrivacyParameterError(f"The '{name}' parameter must be real (Complex data not supported). Got dtype {X.dtype} instead.")
+            raise PrivacyParameterError(
+                f"The '{name}' parameter must be real (Complex data not supported). Got dtype {X.dtype} "
+                "instead."
+            )
         if X.dtype not in (np.float32, np.float64):
             try:
                 X = X.astype(np.float64)
@@ -139,8 +143,8 @@ def check_features(
         )
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise PrivacyParameterError(
-            f"The '{name}' parameter must be non-empty. Got shape {X.shape} instead: {X.shape[0]} sample(s) and "
-            f"{X.shape[1]} feature(s) (shape={X.shape}) while a minimum of 1 is required."
+            f"The '{name}' parameter must be non-empty. Got shape {X.shape} instead: {X.shape[0]} sample(s) "
+            f"and {X.shape[1]} feature(s) (shape={X.shape}) while a minimum of 1 is required."
         )
     if not check_values:
         return X
@@ -151,8 +155,8 @@ def check_features(
             bad = np.argwhere(~np.isfinite(data))[0]
             where = tuple(int(i) for i in bad)
             raise PrivacyParameterError(
-                f"The '{name}' parameter must contain only finite values (no NaN or inf). Got {data[tuple(bad)]!r} at "
-                f"{'data index' if _is_sparse(X) else 'index'} {where}."
+                f"The '{name}' parameter must contain only finite values (no NaN or inf). Got "
+                f"{data[tuple(bad)]!r} at {'data index' if _is_sparse(X) else 'index'} {where}."
             )
         if feature_bound is not None and (lo < -feature_bound or hi > feature_bound):
             if clip:
@@ -165,7 +169,8 @@ def check_features(
                 val = lo if lo < -feature_bound else hi
                 raise PrivacyParameterError(
                     f"The '{name}' parameter must lie in the declared public range [-{feature_bound:g}, "
-                    f"{feature_bound:g}] (feature_bound); pass clip=True to clip it. Got a value {val!r} instead."
+                    f"{feature_bound:g}] (feature_bound); pass clip=True to clip it. Got a value {val!r} "
+                    "instead."
                 )
     return X
 
@@ -174,7 +179,8 @@ def check_labels(y: Any, n: int | None = None, name: str = "y") -> np.ndarray:
     """Validate preference labels: 1-D, values in {0, 1}, length ``n``; returns float64."""
     if y is None:
         raise PrivacyParameterError(
-            f"The '{name}' parameter is required: this estimator requires y to be passed, but the target y is None."
+            f"The '{name}' parameter is required: this estimator requires y to be passed, but the target y "
+            "is None."
         )
     arr = np.asarray(y)
     if arr.ndim == 2 and arr.shape[1] == 1:
@@ -185,31 +191,39 @@ def check_labels(y: Any, n: int | None = None, name: str = "y") -> np.ndarray:
         warnings.warn(
             "A column-vector y was passed when a 1d array was expected; it is raveled "
             f"(the {name} parameter must be 1-D).",
-            DataConversionWarning, stacklevel=3,
+            DataConversionWarning,
+            stacklevel=3,
         )
         arr = arr.ravel()
     if arr.ndim != 1:
-        raise PrivacyParameterError(f"The '{name}' parameter must be a 1-D array. Got shape {arr.shape} instead.")
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a 1-D array. Got shape {arr.shape} instead."
+        )
     if n is not None and arr.shape[0] != n:
         raise PrivacyParameterError(
-            f"The '{name}' parameter must have one label per row of X ({n}). Got {arr.shape[0]} labels instead."
+            f"The '{name}' parameter must have one label per row of X ({n}). Got {arr.shape[0]} labels "
+            "instead."
         )
     if arr.dtype == bool:
         return arr.astype(np.float64)
     try:
         f = arr.astype(np.float64)
     except (TypeError, ValueError) as exc:
-        raise PrivacyParameterError(f"The '{name}' parameter must contain labels in {{0, 1}}. Got dtype {arr.dtype}.") from exc
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must contain labels in {{0, 1}}. Got dtype {arr.dtype}."
+        ) from exc
     bad = ~((f == 0.0) | (f == 1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         finite = np.isfinite(f)
         kind = (
-            "Unknown label type: continuous. " if not (finite.all() and (f == np.round(f)).all())
+            "Unknown label type: continuous. "
+            if not (finite.all() and (f == np.round(f)).all())
             else "Only binary classification is supported. "
         )
         raise PrivacyParameterError(
-            f"{kind}The '{name}' parameter must contain labels in {{0, 1}}. Got {arr[i]!r} at index {i} instead."
+            f"{kind}The '{name}' parameter must contain labels in {{0, 1}}. Got {arr[i]!r} at index {i} "
+            "instead."
         )
     return f
 
@@ -315,7 +329,8 @@ class RewardEstimator(ClassifierMixin, BaseEstimator):
     def _check_is_fitted(self) -> None:
         if not hasattr(self, "coef_"):
             raise NotFittedError(
-                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with appropriate arguments first."
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with appropriate "
+                "arguments first."
             )
 
     @property
@@ -354,16 +369,19 @@ class RewardEstimator(ClassifierMixin, BaseEstimator):
         if X.shape[1] != self.coef_.shape[0]:
             raise PrivacyParameterError(
                 f"The 'X' parameter must have {self.coef_.shape[0]} columns (the fitted dimension): X has "
-                f"{X.shape[1]} features, but {type(self).__name__} is expecting {self.coef_.shape[0]} features as input."
+                f"{X.shape[1]} features, but {type(self).__name__} is expecting {self.coef_.shape[0]} "
+                "features as input."
             )
         return matvec(X, self.coef_)
 
     def score(self, X: Any, y: Any) -> float:
-        """Held-out preference accuracy: the fraction of comparisons with ``(⟨x_i, θ̂⟩ > 0) == y_i``; ties ½."""
+        """Held-out preference accuracy: the fraction of comparisons with ``(⟨x_i, θ̂⟩ > 0) == y_i``;
+        ties ½."""
         yv = check_labels(y, None)
         r = self.predict_reward(X)
         if r.shape[0] != yv.shape[0]:
             raise PrivacyParameterError(
-                f"The 'y' parameter must have one label per row of X ({r.shape[0]}). Got {yv.shape[0]} labels instead."
+                f"The 'y' parameter must have one label per row of X ({r.shape[0]}). Got {yv.shape[0]} "
+                "labels instead."
             )
         return preference_accuracy(r, yv)

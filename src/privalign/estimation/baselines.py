@@ -47,7 +47,13 @@ __all__ = [
 
 
 def fit_logistic(
-    X: Any, targets: np.ndarray, *, alpha: float, theta0: np.ndarray | None = None, max_iter: int = 500, tol: float = 1e-8,
+    X: Any,
+    targets: np.ndarray,
+    *,
+    alpha: float,
+    theta0: np.ndarray | None = None,
+    max_iter: int = 500,
+    tol: float = 1e-8,
     return_n_iter: bool = False,
 ) -> Any:
     """Minimise ``(1/n) Σ [softplus(x_iᵀθ) − t_i·x_iᵀθ] + (α/2)‖θ‖²`` with L-BFGS.
@@ -66,7 +72,9 @@ def fit_logistic(
         return f, g
 
     x0 = np.zeros(d) if theta0 is None else np.asarray(theta0, dtype=np.float64).copy()
-    res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": tol})
+    res = scipy.optimize.minimize(
+        fun, x0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": tol}
+    )
     if return_n_iter:
         return np.asarray(res.x, dtype=np.float64), max(1, int(res.nit))
     return np.asarray(res.x, dtype=np.float64)
@@ -111,7 +119,12 @@ class MLE(RewardEstimator):
     """
 
     def __init__(
-        self, *, alpha: float | None = None, max_iter: int = 500, feature_bound: float | None = None, clip: bool = False
+        self,
+        *,
+        alpha: float | None = None,
+        max_iter: int = 500,
+        feature_bound: float | None = None,
+        clip: bool = False,
     ) -> None:
         self.alpha = alpha
         self.max_iter = max_iter
@@ -120,7 +133,9 @@ class MLE(RewardEstimator):
 
     def fit(self, X: Any, y: Any) -> MLE:
         Xv, yv, alpha = _check_dense_common(self, X, y)
-        self.coef_, self.n_iter_ = fit_logistic(Xv, yv, alpha=alpha, max_iter=int(self.max_iter), return_n_iter=True)
+        self.coef_, self.n_iter_ = fit_logistic(
+            Xv, yv, alpha=alpha, max_iter=int(self.max_iter), return_n_iter=True
+        )
         self.n_features_in_ = Xv.shape[1]
         self.privacy_event_ = NonPrivateEvent(unit="sample", relation="replace_one")
         return self
@@ -179,7 +194,9 @@ class DenseRR(RewardEstimator):
         if self.alpha is None:  # debiased labels have variance ∝ 1/(1 − 2ρ)²: regularise as much more
             alpha = alpha / (1.0 - 2.0 * rho) ** 2
         targets = debiased_labels(y_tilde, rho)
-        self.coef_, self.n_iter_ = fit_logistic(Xv, targets, alpha=alpha, max_iter=int(self.max_iter), return_n_iter=True)
+        self.coef_, self.n_iter_ = fit_logistic(
+            Xv, targets, alpha=alpha, max_iter=int(self.max_iter), return_n_iter=True
+        )
         self.n_features_in_ = Xv.shape[1]
         self.flip_probability_ = rho
         self.privacy_event_ = event
@@ -203,8 +220,9 @@ def dpsgd_epsilon(
     """ε of ``steps`` Poisson-subsampled Gaussian steps under **replace-one**, via ``dp_accounting``.
 
     ``accountant="pld"`` uses ``PLDAccountant(REPLACE_ONE)`` (pessimistic discretisation, an upper
-    bound at any ``discretization``; a coarser grid is faster and only looser). ``"rdp"`` uses ``RdpAccountant`` (add/remove-one only, for Poisson sampling) and converts
-    to replace-one by group privacy: a replacement is a removal followed by an addition, and
+    bound at any ``discretization``; a coarser grid is faster and only looser). ``"rdp"`` uses
+    ``RdpAccountant`` (add/remove-one only, for Poisson sampling) and converts to replace-one by group
+    privacy: a replacement is a removal followed by an addition, and
     (ε₁, δ₁)-DP under add/remove implies (2ε₁, (1 + e^{ε₁})·δ₁)-DP for neighbours at distance 2
     (Dwork & Roth 2014, Thm 2.2 extended to δ > 0; Vadhan 2017, Lemma 2.2). That is loose, so ``"pld"``
     is the default.
@@ -213,11 +231,15 @@ def dpsgd_epsilon(
     from dp_accounting.pld import pld_privacy_accountant
 
     ev = dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(sampling_probability, dp_accounting.GaussianDpEvent(noise_multiplier)), steps
+        dp_accounting.PoissonSampledDpEvent(
+            sampling_probability, dp_accounting.GaussianDpEvent(noise_multiplier)
+        ),
+        steps,
     )
     if accountant == "pld":
         acc = pld_privacy_accountant.PLDAccountant(
-            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=discretization
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
+            value_discretization_interval=discretization,
         )
         acc.compose(ev)
         return float(acc.get_epsilon(delta))
@@ -245,7 +267,9 @@ def dpsgd_epsilon(
             else:
                 b = m
         return float(2.0 * acc.get_epsilon(math.exp(a)))
-    raise PrivacyParameterError(f"The 'accountant' parameter must be one of ['pld', 'rdp']. Got {accountant!r} instead.")
+    raise PrivacyParameterError(
+        f"The 'accountant' parameter must be one of ['pld', 'rdp']. Got {accountant!r} instead."
+    )
 
 
 def auto_learning_rate(noise_multiplier: float, batch_size: int, d: int) -> float:
@@ -265,7 +289,13 @@ def auto_learning_rate(noise_multiplier: float, batch_size: int, d: int) -> floa
 
 @functools.lru_cache(maxsize=256)
 def calibrate_dpsgd_noise(
-    epsilon: float, delta: float, sampling_probability: float, steps: int, *, accountant: str = "pld", tol: float = 1e-3
+    epsilon: float,
+    delta: float,
+    sampling_probability: float,
+    steps: int,
+    *,
+    accountant: str = "pld",
+    tol: float = 1e-3,
 ) -> float:
     """Smallest noise multiplier (within relative ``tol``, rounded *up*) with ``dpsgd_epsilon ≤ ε``.
 
@@ -276,7 +306,9 @@ def calibrate_dpsgd_noise(
     while dpsgd_epsilon(hi, sampling_probability, steps, delta, accountant=accountant) > epsilon:
         lo, hi = hi, hi * 2.0
         if hi > 1e4:
-            raise PrivacyParameterError(f"Cannot reach epsilon={epsilon!r} with a noise multiplier below 1e4.")
+            raise PrivacyParameterError(
+                f"Cannot reach epsilon={epsilon!r} with a noise multiplier below 1e4."
+            )
     if dpsgd_epsilon(lo, sampling_probability, steps, delta, accountant=accountant) <= epsilon:
         lo = 1e-3
     while (hi - lo) / hi > tol:
@@ -361,12 +393,24 @@ class DPSGDLinear(RewardEstimator):
         eps = check_epsilon(self.epsilon)
         delta = check_probability(self.delta, "delta")
         C = check_real(self.clip_norm, "clip_norm", low=0.0, closed="neither")
-        fb = None if self.feature_bound is None else check_real(self.feature_bound, "feature_bound", low=0.0, closed="neither")
+        fb = (
+            None
+            if self.feature_bound is None
+            else check_real(self.feature_bound, "feature_bound", low=0.0, closed="neither")
+        )
         Xv, yv = check_Xy(X, y, feature_bound=fb, clip=bool(self.clip))
         n, d = Xv.shape
-        b = min(256, n) if self.batch_size is None else check_int(self.batch_size, "batch_size", low=1, high=n)
+        b = (
+            min(256, n)
+            if self.batch_size is None
+            else check_int(self.batch_size, "batch_size", low=1, high=n)
+        )
         epochs = check_real(self.epochs, "epochs", low=0.0, closed="neither")
-        lr = None if self.learning_rate is None else check_real(self.learning_rate, "learning_rate", low=0.0, closed="neither")
+        lr = (
+            None
+            if self.learning_rate is None
+            else check_real(self.learning_rate, "learning_rate", low=0.0, closed="neither")
+        )
         radius = check_real(self.radius, "radius", low=0.0, closed="neither", allow_inf=True)
         accountant = check_choice(self.accountant, "accountant", ("pld", "rdp"))
         q = b / n
@@ -376,7 +420,11 @@ class DPSGDLinear(RewardEstimator):
         if lr is None:
             lr = auto_learning_rate(nm, b, d)
         rng = as_generator(self.random_state)
-        sq_norms = np.asarray(Xv.multiply(Xv).sum(axis=1)).ravel() if sp.issparse(Xv) else np.einsum("ij,ij->i", Xv, Xv, dtype=np.float64)
+        sq_norms = (
+            np.asarray(Xv.multiply(Xv).sum(axis=1)).ravel()
+            if sp.issparse(Xv)
+            else np.einsum("ij,ij->i", Xv, Xv, dtype=np.float64)
+        )
         row_norms = np.sqrt(sq_norms)
         avg_frac = check_real(self.averaging, "averaging", low=0.0, high=1.0, closed="both")
         avg_start = steps - max(1, int(math.ceil(avg_frac * steps))) if avg_frac > 0 else steps
@@ -409,7 +457,9 @@ class DPSGDLinear(RewardEstimator):
         if private:
             event: PrivacyEvent = SelfComposedEvent(
                 event=PoissonSampledEvent(
-                    sampling_probability=q, event=GaussianEvent(noise_multiplier=nm, unit="sample"), unit="sample"
+                    sampling_probability=q,
+                    event=GaussianEvent(noise_multiplier=nm, unit="sample"),
+                    unit="sample",
                 ),
                 count=steps,
                 unit="sample",

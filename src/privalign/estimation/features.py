@@ -47,7 +47,8 @@ class _PairFeatures:
         """φ(k, a) for aligned prompts and responses."""
         if len(prompts) != len(responses):
             raise PrivacyParameterError(
-                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and {len(responses)}."
+                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and "
+                f"{len(responses)}."
             )
         if self.use_prompt:
             return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
@@ -85,11 +86,15 @@ class HashedNgramFeatures(_PairFeatures):
         check_int(self.n_features, "n_features", low=1)
         lo, hi = (check_int(v, "ngram_range", low=1) for v in tuple(self.ngram_range))
         if lo > hi:
-            raise PrivacyParameterError(f"The 'ngram_range' parameter must satisfy min_n <= max_n. Got {self.ngram_range!r}.")
+            raise PrivacyParameterError(
+                f"The 'ngram_range' parameter must satisfy min_n <= max_n. Got {self.ngram_range!r}."
+            )
         try:
             from sklearn.feature_extraction.text import HashingVectorizer
         except ImportError as exc:  # pragma: no cover
-            raise MissingDependencyError("HashedNgramFeatures needs scikit-learn: pip install scikit-learn") from exc
+            raise MissingDependencyError(
+                "HashedNgramFeatures needs scikit-learn: pip install scikit-learn"
+            ) from exc
         return HashingVectorizer(
             n_features=int(self.n_features),
             ngram_range=(lo, hi),
@@ -108,7 +113,9 @@ class HashedNgramFeatures(_PairFeatures):
     def transform(self, texts: Sequence[str]) -> sp.csr_matrix:
         """φ of each text: an ``(len(texts), n_features)`` CSR matrix with entries in {0, 1}."""
         if isinstance(texts, str):
-            raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+            raise PrivacyParameterError(
+                "The 'texts' parameter must be a sequence of strings, not a single string."
+            )
         X = self._vectorizer().transform(list(texts)).tocsr()
         np.minimum(X.data, 1.0, out=X.data)  # cap to [0, 1] (binary=True already does)
         return X
@@ -161,18 +168,27 @@ class EmbeddingFeatures(_PairFeatures):
                 raise MissingDependencyError(
                     "EmbeddingFeatures needs privalign.models.embeddings (pip install 'privalign[models]')."
                 ) from exc
-            self._embedder_cache = MiniLMEmbedder(self.backend, batch_size=check_int(self.batch_size, "batch_size", low=1))
+            self._embedder_cache = MiniLMEmbedder(
+                self.backend, batch_size=check_int(self.batch_size, "batch_size", low=1)
+            )
         return self._embedder_cache
 
     def transform(self, texts: Sequence[str]) -> np.ndarray:
         """φ of each text: a dense ``(len(texts), 384)`` float64 matrix with entries in [−1, 1]."""
         if isinstance(texts, str):
-            raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+            raise PrivacyParameterError(
+                "The 'texts' parameter must be a sequence of strings, not a single string."
+            )
         X = np.asarray(self._embedder().embed(list(texts)), dtype=np.float64)
         return np.clip(X, -1.0, 1.0)
 
     def get_config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "backend": self.backend, "use_prompt": bool(self.use_prompt), "batch_size": int(self.batch_size)}
+        return {
+            "kind": self.kind,
+            "backend": self.backend,
+            "use_prompt": bool(self.use_prompt),
+            "batch_size": int(self.batch_size),
+        }
 
     def __repr__(self) -> str:
         return f"EmbeddingFeatures(backend={self.backend!r}, use_prompt={self.use_prompt})"
@@ -182,9 +198,10 @@ class EmbeddingFeatures(_PairFeatures):
 #: assistant replies say and harmful ones mention); the data-independent part of :func:`harm_lexicon`.
 HARM_WORDS: tuple[str, ...] = tuple(
     """sorry apologize cannot can't won't unable appropriate inappropriate illegal unethical harmful dangerous
-    against law laws police crime criminal hurt harm kill murder steal stealing theft drug drugs weapon weapons
-    gun guns bomb violence violent abuse racist racism offensive hate respect safe safety consent private privacy
-    recommend instead professional help therapist doctor lawyer advice wrong bad careful risk legal""".split()
+    against law laws police crime criminal hurt harm kill murder steal stealing theft drug drugs weapon
+    weapons gun guns bomb violence violent abuse racist racism offensive hate respect safe safety consent
+    private privacy recommend instead professional help therapist doctor lawyer advice wrong bad careful
+    risk legal""".split()
 )
 
 
@@ -231,7 +248,9 @@ class LexiconFeatures(_PairFeatures):
         self.name = name
         self.use_prompt = use_prompt
         if not self.words or not all(isinstance(w, str) and w for w in self.words):
-            raise PrivacyParameterError(f"The 'words' parameter must be a non-empty list of words. Got {words!r}.")
+            raise PrivacyParameterError(
+                f"The 'words' parameter must be a non-empty list of words. Got {words!r}."
+            )
         if len(set(self.words)) != len(self.words):
             raise PrivacyParameterError("The 'words' parameter must not contain duplicates.")
         self._index = {w.lower(): j for j, w in enumerate(self.words)}
@@ -248,7 +267,9 @@ class LexiconFeatures(_PairFeatures):
         import re
 
         if isinstance(texts, str):
-            raise PrivacyParameterError("The 'texts' parameter must be a sequence of strings, not a single string.")
+            raise PrivacyParameterError(
+                "The 'texts' parameter must be a sequence of strings, not a single string."
+            )
         tok = re.compile(r"\b\w[\w']*\b")
         rows: list[int] = []
         cols: list[int] = []
@@ -259,13 +280,20 @@ class LexiconFeatures(_PairFeatures):
         return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(texts), len(self.words)))
 
     def get_config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "words": list(self.words), "name": self.name, "use_prompt": bool(self.use_prompt)}
+        return {
+            "kind": self.kind,
+            "words": list(self.words),
+            "name": self.name,
+            "use_prompt": bool(self.use_prompt),
+        }
 
     def __repr__(self) -> str:
         return f"LexiconFeatures({len(self.words)} words, name={self.name!r}, use_prompt={self.use_prompt})"
 
 
-def feature_map_from_config(config: dict[str, Any]) -> HashedNgramFeatures | EmbeddingFeatures | LexiconFeatures:
+def feature_map_from_config(
+    config: dict[str, Any],
+) -> HashedNgramFeatures | EmbeddingFeatures | LexiconFeatures:
     """Rebuild a feature map from its ``get_config()`` dict (used by model loading)."""
     if not isinstance(config, dict):
         raise PrivacyParameterError(f"The 'config' parameter must be a dict. Got {type(config).__name__}.")

@@ -84,7 +84,11 @@ def _harmonic(d: int) -> float:
 
 
 def default_n_iter(
-    n: int, *, noise_multiplier: float = 0.0, step_size: float = 4.0, feature_bound: float = 1.0,
+    n: int,
+    *,
+    noise_multiplier: float = 0.0,
+    step_size: float = 4.0,
+    feature_bound: float = 1.0,
     n_features: int | None = None,
 ) -> int:
     """Default number of disjoint-batch iterations T (a function of public quantities only).
@@ -140,7 +144,9 @@ def _check_common(est: Any, X: Any, y: Any) -> tuple[Any, np.ndarray, int, float
     return Xv, yv, s, (float(feature_bound) if defer else None)
 
 
-def _batches(n: int, T: int, variant: str, rng: np.random.Generator, shuffle: bool = True) -> list[Any] | None:
+def _batches(
+    n: int, T: int, variant: str, rng: np.random.Generator, shuffle: bool = True
+) -> list[Any] | None:
     """Disjoint, data-independent batches or ``None`` for full data.
 
     ``shuffle=True``: sorted index arrays of a random permutation split into T parts (each batch is then
@@ -152,7 +158,8 @@ def _batches(n: int, T: int, variant: str, rng: np.random.Generator, shuffle: bo
         return None
     if T > n:
         raise PrivacyParameterError(
-            f"The 'n_iter' parameter must be at most the number of samples n={n} for disjoint batches. Got {T}."
+            f"The 'n_iter' parameter must be at most the number of samples n={n} for disjoint batches. Got "
+            f"{T}."
         )
     if not shuffle:
         bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(n), T)])
@@ -258,7 +265,9 @@ def fused_btl_gradient(
     if isinstance(rows, slice):
         a0, a1, stride = rows.indices(X.shape[0])
         if stride != 1:
-            raise PrivacyParameterError(f"The 'rows' parameter must be a slice with step 1. Got {rows!r} instead.")
+            raise PrivacyParameterError(
+                f"The 'rows' parameter must be a slice with step 1. Got {rows!r} instead."
+            )
         m = a1 - a0
     else:
         a0, m = 0, len(rows)
@@ -350,7 +359,9 @@ def _iht_loop(
             g, ok = fused_btl_gradient(X, rows, tb, theta, bound=check)
             if not ok:
                 check_features(X, "X", feature_bound=pending_bound)  # raises the standard, precise error
-                raise AssertionError("the fused bound check disagrees with check_features")  # pragma: no cover
+                raise AssertionError(
+                    "the fused bound check disagrees with check_features"
+                )  # pragma: no cover
             v = theta - step_size * g
             m = len(tb)
         else:
@@ -423,8 +434,15 @@ class IHT(RewardEstimator):
         rng = as_generator(self.random_state)
         batches = _batches(Xv.shape[0], T, variant, rng, bool(self.shuffle))
         self.coef_ = _iht_loop(
-            Xv, yv, sparsity=s, n_iter=T, step_size=float(self.step_size), radius=float(self.radius),
-            batches=batches, threshold=lambda v, m: hard_threshold(v, s), pending_bound=pending,
+            Xv,
+            yv,
+            sparsity=s,
+            n_iter=T,
+            step_size=float(self.step_size),
+            radius=float(self.radius),
+            batches=batches,
+            threshold=lambda v, m: hard_threshold(v, s),
+            pending_bound=pending,
         )
         self.support_ = np.flatnonzero(self.coef_)
         self.n_iter_ = T
@@ -517,8 +535,12 @@ def peeling_threshold(
     # cost instead, which is ≤ the target); accountants recompute the cost from (sparsity,
     # noise_multiplier) either way.
     ev = PeelingEvent(
-        sparsity=sparsity, noise_multiplier=mech.noise_multiplier, target_epsilon=epsilon, target_delta=delta,
-        unit="sample", relation="replace_one",
+        sparsity=sparsity,
+        noise_multiplier=mech.noise_multiplier,
+        target_epsilon=epsilon,
+        target_delta=delta,
+        unit="sample",
+        relation="replace_one",
     )
     return out, ev
 
@@ -537,7 +559,8 @@ class SampleDPIHT(RewardEstimator):
       delta: target δ in (0, 1).
       sparsity: s, coordinates kept per iteration (1 ≤ s ≤ d).
       n_iter: T (default :func:`default_n_iter`: ``min(⌈3 ln n⌉, ⌊τ_d·n/(2ηc_x²ν)⌋)``, at least 1, with ν
-        the Peeling noise multiplier of (s, ε, δ) and ``τ_d = 0.05·min(1, H_200/H_d)``; ``⌈3 ln n⌉`` at ε = ∞ or for ``variant="full"``).
+        the Peeling noise multiplier of (s, ε, δ) and ``τ_d = 0.05·min(1, H_200/H_d)``; ``⌈3 ln n⌉`` at
+        ε = ∞ or for ``variant="full"``).
       step_size: η.
       radius: B_θ (public; ``inf``: no projection).
       feature_bound: c_x (public): every feature must satisfy |x_ij| ≤ c_x.
@@ -624,7 +647,9 @@ class SampleDPIHT(RewardEstimator):
             T = default_n_iter(n)
         else:  # disjoint: the Peeling noise multiplier depends on (s, ε, δ) only (λ scales it)
             nm0 = _peeling(int(s), float(eps), float(delta), 1.0).noise_multiplier
-            T = default_n_iter(n, noise_multiplier=nm0, step_size=eta, feature_bound=c_x, n_features=Xv.shape[1])
+            T = default_n_iter(
+                n, noise_multiplier=nm0, step_size=eta, feature_bound=c_x, n_features=Xv.shape[1]
+            )
         rng = as_generator(self.random_state)
         batches = _batches(n, T, variant, rng, bool(self.shuffle))
         events: list[PeelingEvent] = []
@@ -632,17 +657,33 @@ class SampleDPIHT(RewardEstimator):
             threshold = lambda v, m: hard_threshold(v, s)  # noqa: E731
             nm = 0.0
         else:
-            eps_call, delta_call = (eps, delta) if variant == "disjoint" else advanced_composition_split(eps, delta, T)
+            eps_call, delta_call = (
+                (eps, delta) if variant == "disjoint" else advanced_composition_split(eps, delta, T)
+            )
 
             def threshold(v: np.ndarray, m: int) -> np.ndarray:
                 out, ev = peeling_threshold(
-                    v, m, sparsity=s, epsilon=eps_call, delta=delta_call, step_size=eta, feature_bound=c_x, rng=rng
+                    v,
+                    m,
+                    sparsity=s,
+                    epsilon=eps_call,
+                    delta=delta_call,
+                    step_size=eta,
+                    feature_bound=c_x,
+                    rng=rng,
                 )
                 events.append(ev)
                 return out
 
         coef = _iht_loop(
-            Xv, yv, sparsity=s, n_iter=T, step_size=eta, radius=float(self.radius), batches=batches, threshold=threshold,
+            Xv,
+            yv,
+            sparsity=s,
+            n_iter=T,
+            step_size=eta,
+            radius=float(self.radius),
+            batches=batches,
+            threshold=threshold,
             pending_bound=pending,
         )
         if math.isinf(eps):
@@ -667,7 +708,9 @@ class SampleDPIHT(RewardEstimator):
 # ------------------------------------------------------------------------------------------------
 
 
-def debiased_gradient(X: Any, y_tilde: np.ndarray, theta: np.ndarray, flip_probability: float, *, form: int = 3) -> np.ndarray:
+def debiased_gradient(
+    X: Any, y_tilde: np.ndarray, theta: np.ndarray, flip_probability: float, *, form: int = 3
+) -> np.ndarray:
     """Per-sample debiased gradients, shape (n, d) (dense; for tests on small problems).
 
     * form 1: ``[∇ℓ_ỹ − ρ(∇ℓ_0 + ∇ℓ_1)]/(1 − 2ρ)``;
@@ -773,8 +816,15 @@ class RRIHT(RewardEstimator):
         y_tilde, rho, rr_event = privatize_labels(yv, eps, rng)
         targets = debiased_labels(y_tilde, rho)
         coef = _iht_loop(
-            Xv, targets, sparsity=s, n_iter=T, step_size=float(self.step_size), radius=float(self.radius),
-            batches=None, threshold=lambda v, m: hard_threshold(v, s), pending_bound=pending,
+            Xv,
+            targets,
+            sparsity=s,
+            n_iter=T,
+            step_size=float(self.step_size),
+            radius=float(self.radius),
+            batches=None,
+            threshold=lambda v, m: hard_threshold(v, s),
+            pending_bound=pending,
         )
         if self.refit:
             from privalign.estimation.baselines import fit_logistic

@@ -36,5 +36,7 @@ def debiased_labels(y_tilde: np.ndarray, flip_probability: float) -> np.ndarray:
     """Form (3) of spec §6: ``ŷ = (ỹ − ρ)/(1 − 2ρ)``, so ``E[ŷ | y] = y``."""
     rho = float(flip_probability)
     if not 0.0 <= rho < 0.5:
-        raise PrivacyParameterError(f"The 'flip_probability' parameter must be in [0, 0.5). Got {rho!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'flip_probability' parameter must be in [0, 0.5). Got {rho!r} instead."
+        )
     return (np.asarray(y_tilde, dtype=np.float64) - rho) / (1.0 - 2.0 * rho)

@@ -1,12 +1,14 @@
 """Save and load fitted reward models, losslessly, with their privacy event and feature-map config.
 
-Format: one JSON file (UTF-8), the one reward-model format of privalign (``fit-reward``, ``fit-imdb-reward``,
-``build-pool``/``rescore-pool`` ``linear:PATH`` and ``privalign serve --reward-model`` all read and write it)::
+Format: one JSON file (UTF-8), the one reward-model format of privalign (``fit-reward``,
+``fit-imdb-reward``, ``build-pool``/``rescore-pool`` ``linear:PATH`` and ``privalign serve --reward-model``
+all read and write it)::
 
     {"format": "privalign.reward_model", "version": 2,
      "name": "SampleDPIHT",                                   # identifier recorded in pool manifests
-     "estimator": "SampleDPIHT" | null,                       # null: a linear reward fit outside privalign's
-     "params": {...},                                         #   estimators (e.g. a logistic-regression gold model)
+     "estimator": "SampleDPIHT" | null,                       # null: a linear reward fit outside
+     "params": {...},                                         #   privalign's estimators (e.g. a
+                                                              #   logistic-regression gold model)
      "coef": {"dtype": "<f8", "shape": [d], "b64": "..."},
      "intercept": 0.0, "link": "identity" | "sigmoid",        # reward = link(φ(x)·coef + intercept)
      "fitted": {"support_": [...], "n_iter_": 10, ...},      # other fitted scalars / int lists
@@ -78,7 +80,11 @@ def _unjson(v: Any) -> Any:
 
 
 def save_model(
-    estimator: Any, path: str | os.PathLike, *, feature_config: dict | None = None, metadata: dict | None = None,
+    estimator: Any,
+    path: str | os.PathLike,
+    *,
+    feature_config: dict | None = None,
+    metadata: dict | None = None,
     name: str | None = None,
 ) -> Path:
     """Write a fitted estimator to ``path`` (JSON) atomically; returns the path.
@@ -97,8 +103,8 @@ def save_model(
     model_name, name = name, type(estimator).__name__
     if name not in ESTIMATORS or not hasattr(estimator, "coef_") or not hasattr(estimator, "privacy_event_"):
         raise PrivacyParameterError(
-            f"The 'estimator' parameter must be a fitted privalign reward estimator ({', '.join(ESTIMATORS)}). "
-            f"Got {estimator!r} instead."
+            "The 'estimator' parameter must be a fitted privalign reward estimator "
+            f"({', '.join(ESTIMATORS)}). Got {estimator!r} instead."
         )
     params = {k: _jsonable(v) for k, v in estimator.get_params().items()}
     coef = np.ascontiguousarray(estimator.coef_, dtype="<f8")
@@ -112,7 +118,11 @@ def save_model(
         "name": name if model_name is None else str(model_name),
         "estimator": name,
         "params": params,
-        "coef": {"dtype": "<f8", "shape": list(coef.shape), "b64": base64.b64encode(coef.tobytes()).decode("ascii")},
+        "coef": {
+            "dtype": "<f8",
+            "shape": list(coef.shape),
+            "b64": base64.b64encode(coef.tobytes()).decode("ascii"),
+        },
         "intercept": 0.0,
         "link": "identity",
         "fitted": fitted,
@@ -128,7 +138,9 @@ def write_reward_model(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     try:
         text = json.dumps(doc, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise PrivacyParameterError(f"The estimator's parameters must be JSON-serialisable to save it: {exc}") from exc
+        raise PrivacyParameterError(
+            f"The estimator's parameters must be JSON-serialisable to save it: {exc}"
+        ) from exc
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -160,11 +172,14 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
     except json.JSONDecodeError as exc:
         raise DataFormatError(f"{path}: not a JSON privalign model file ({exc}).") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise DataFormatError(f"{path}: field 'format' must be {FORMAT!r}. Got {doc.get('format') if isinstance(doc, dict) else doc!r}.")
+        raise DataFormatError(
+            f"{path}: field 'format' must be {FORMAT!r}. Got "
+            f"{doc.get('format') if isinstance(doc, dict) else doc!r}."
+        )
     if doc.get("version") not in READABLE_VERSIONS:
         raise DataFormatError(
-            f"{path}: field 'version' must be one of {list(READABLE_VERSIONS)} (this privalign writes {VERSION}). "
-            f"Got {doc.get('version')!r}; a newer privalign wrote it: upgrade privalign."
+            f"{path}: field 'version' must be one of {list(READABLE_VERSIONS)} (this privalign writes "
+            f"{VERSION}). Got {doc.get('version')!r}; a newer privalign wrote it: upgrade privalign."
         )
     if doc.get("estimator") is None:
         raise DataFormatError(
@@ -173,13 +188,16 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
         )
     if doc.get("intercept", 0.0) != 0.0 or doc.get("link", "identity") != "identity":
         raise DataFormatError(
-            f"{path}: fields 'intercept'/'link' are {doc.get('intercept')!r}/{doc.get('link')!r}; an estimator's reward "
-            "has intercept 0 and the identity link. Load it with privalign.models.LinearRewardScorer.load(path)."
+            f"{path}: fields 'intercept'/'link' are {doc.get('intercept')!r}/{doc.get('link')!r}; an "
+            "estimator's reward has intercept 0 and the identity link. Load it with "
+            "privalign.models.LinearRewardScorer.load(path)."
         )
     classes = _estimators()
     cls = classes.get(str(doc.get("estimator")))
     if cls is None:
-        raise DataFormatError(f"{path}: field 'estimator' must be one of {sorted(classes)}. Got {doc.get('estimator')!r}.")
+        raise DataFormatError(
+            f"{path}: field 'estimator' must be one of {sorted(classes)}. Got {doc.get('estimator')!r}."
+        )
     est = cls(**{k: _unjson(v) for k, v in doc["params"].items()})
     c = doc["coef"]
     try:

@@ -47,7 +47,8 @@ class PreferenceData:
         self.y = check_labels(self.y, None)
         if self.y.shape[0] != n:
             raise PrivacyParameterError(
-                f"The 'y' parameter must have one label per row of X ({n}). Got {self.y.shape[0]} labels instead."
+                f"The 'y' parameter must have one label per row of X ({n}). Got {self.y.shape[0]} labels "
+                "instead."
             )
         self.X = check_features(self.X, "X")
         if self.prompt_ids is None:
@@ -59,7 +60,9 @@ class PreferenceData:
                     f"The 'prompt_ids' parameter must have shape ({n},). Got {self.prompt_ids.shape} instead."
                 )
         if self.texts is not None and len(self.texts) != n:
-            raise PrivacyParameterError(f"The 'texts' parameter must have {n} entries. Got {len(self.texts)} instead.")
+            raise PrivacyParameterError(
+                f"The 'texts' parameter must have {n} entries. Got {len(self.texts)} instead."
+            )
 
     @property
     def n_samples(self) -> int:
@@ -116,7 +119,9 @@ class PreferenceData:
                 f"Got {n}, {len(chosen)} and {len(rejected)} instead."
             )
         if n == 0:
-            raise PrivacyParameterError("The 'prompts' parameter must contain at least one pair. Got 0 instead.")
+            raise PrivacyParameterError(
+                "The 'prompts' parameter must contain at least one pair. Got 0 instead."
+            )
         rng = as_generator(random_state)
         y = (rng.random(n) < 0.5).astype(np.float64)
         a1 = [c if yi else r for c, r, yi in zip(chosen, rejected, y)]
@@ -154,7 +159,8 @@ def train_test_split_by_prompt(
     uniq, inverse = np.unique(ids.astype(str) if ids.dtype == object else ids, return_inverse=True)
     if uniq.shape[0] < 2:
         raise PrivacyParameterError(
-            f"The 'data' parameter must contain at least two distinct prompts to split by prompt. Got {uniq.shape[0]}."
+            "The 'data' parameter must contain at least two distinct prompts to split by prompt. Got "
+            f"{uniq.shape[0]}."
         )
     perm = rng.permutation(uniq.shape[0])
     n_test = min(max(1, int(round(test_size * uniq.shape[0]))), uniq.shape[0] - 1)

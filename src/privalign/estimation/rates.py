@@ -28,7 +28,14 @@ from privalign.rng import entropy_int
 __all__ = ["METHODS", "PRIVACY_UNIT", "make_estimator", "run_rates", "fit_slopes", "plot_rates", "RATE_GRIDS"]
 
 METHODS = ("mle", "iht", "dp-iht", "rr-iht", "rr", "dp-sgd")
-PRIVACY_UNIT = {"mle": "none", "iht": "none", "dp-iht": "sample", "rr-iht": "label", "rr": "label", "dp-sgd": "sample"}
+PRIVACY_UNIT = {
+    "mle": "none",
+    "iht": "none",
+    "dp-iht": "sample",
+    "rr-iht": "label",
+    "rr": "label",
+    "dp-sgd": "sample",
+}
 LABELS = {
     "mle": "MLE (non-private)",
     "iht": "IHT (non-private)",
@@ -52,7 +59,9 @@ RATE_GRIDS: dict[str, dict[str, Any]] = {
         "epsilon": [0.5, 1.0, 2.0, 4.0, 8.0],
         "reps": 3,
         "d_scan_n": 8000,
-        "overrides": {"dp-sgd": {"clip_norm": 8.0, "batch_size": 1024, "epochs": 10.0, "learning_rate": None}},
+        "overrides": {
+            "dp-sgd": {"clip_norm": 8.0, "batch_size": 1024, "epochs": 10.0, "learning_rate": None}
+        },
     },
     "quick": {
         "base": {"n": 2000, "d": 100, "s_star": 4, "epsilon": 8.0},
@@ -98,13 +107,23 @@ def make_estimator(
     elif method == "iht":
         est = IHT(sparsity=sparsity, feature_bound=feature_bound, random_state=random_state)
     elif method == "dp-iht":
-        est = SampleDPIHT(epsilon=epsilon, delta=delta, sparsity=sparsity, feature_bound=feature_bound, random_state=random_state)
+        est = SampleDPIHT(
+            epsilon=epsilon,
+            delta=delta,
+            sparsity=sparsity,
+            feature_bound=feature_bound,
+            random_state=random_state,
+        )
     elif method == "rr-iht":
-        est = RRIHT(epsilon=epsilon, sparsity=sparsity, feature_bound=feature_bound, random_state=random_state)
+        est = RRIHT(
+            epsilon=epsilon, sparsity=sparsity, feature_bound=feature_bound, random_state=random_state
+        )
     elif method == "rr":
         est = DenseRR(epsilon=epsilon, feature_bound=feature_bound, random_state=random_state)
     else:
-        est = DPSGDLinear(epsilon=epsilon, delta=delta, feature_bound=feature_bound, random_state=random_state)
+        est = DPSGDLinear(
+            epsilon=epsilon, delta=delta, feature_bound=feature_bound, random_state=random_state
+        )
     valid = set(est.get_params())
     est.set_params(**{k: v for k, v in overrides.items() if k in valid})
     return est
@@ -178,17 +197,31 @@ def run_rates(
             prob = make_btl(cfg["n"], cfg["d"], cfg["s_star"], random_state=np.random.default_rng(data_seed))
             for method, es in zip(methods, est_seeds):
                 est = make_estimator(
-                    method, epsilon=cfg["epsilon"], delta=delta, sparsity=cfg["s_star"],
-                    random_state=np.random.default_rng(es), **g.get("overrides", {}).get(method, {}),
+                    method,
+                    epsilon=cfg["epsilon"],
+                    delta=delta,
+                    sparsity=cfg["s_star"],
+                    random_state=np.random.default_rng(es),
+                    **g.get("overrides", {}).get(method, {}),
                 )
                 t0 = time.perf_counter()
                 est.fit(prob.X, prob.y)
                 dt = time.perf_counter() - t0
                 rows.append(
-                    {"scan": scan, "value": value, "rep": rep, "method": method, "unit": PRIVACY_UNIT[method],
-                     "n": cfg["n"], "d": cfg["d"], "s_star": cfg["s_star"], "epsilon": cfg["epsilon"],
-                     "sq_error": prob.squared_error(est.coef_), "seconds": dt,
-                     "event": est.privacy_event_.to_dict()}
+                    {
+                        "scan": scan,
+                        "value": value,
+                        "rep": rep,
+                        "method": method,
+                        "unit": PRIVACY_UNIT[method],
+                        "n": cfg["n"],
+                        "d": cfg["d"],
+                        "s_star": cfg["s_star"],
+                        "epsilon": cfg["epsilon"],
+                        "sq_error": prob.squared_error(est.coef_),
+                        "seconds": dt,
+                        "event": est.privacy_event_.to_dict(),
+                    }
                 )
                 if bar is not None:
                     bar.update(1)
@@ -201,11 +234,24 @@ def run_rates(
         for method in methods:
             xs, ys = [], []
             for value in g[scan]:
-                errs = [r["sq_error"] for r in rows if r["scan"] == scan and r["value"] == value and r["method"] == method]
+                errs = [
+                    r["sq_error"]
+                    for r in rows
+                    if r["scan"] == scan and r["value"] == value and r["method"] == method
+                ]
                 mean = float(np.mean(errs))
                 se = float(np.std(errs, ddof=1) / math.sqrt(len(errs))) if len(errs) > 1 else float("nan")
-                summary.append({"scan": scan, "value": value, "method": method, "mean_sq_error": mean, "se": se, "reps": len(errs),
-                                "below_zero_estimator": bool(mean < ZERO_ESTIMATOR_ERROR)})
+                summary.append(
+                    {
+                        "scan": scan,
+                        "value": value,
+                        "method": method,
+                        "mean_sq_error": mean,
+                        "se": se,
+                        "reps": len(errs),
+                        "below_zero_estimator": bool(mean < ZERO_ESTIMATOR_ERROR),
+                    }
+                )
                 xs.append(float(value))
                 ys.append(mean)
             slopes[scan][method] = fit_slopes(xs, ys)
@@ -249,9 +295,16 @@ def plot_rates(result: dict[str, Any], path: str | os.PathLike) -> Path:
             pts = [r for r in result["summary"] if r["scan"] == scan and r["method"] == method]
             xs = [p["value"] for p in pts]
             ys = [p["mean_sq_error"] for p in pts]
-            es = [0.0 if (p["se"] is None or (isinstance(p["se"], float) and math.isnan(p["se"]))) else p["se"] for p in pts]
+            es = [
+                0.0 if (p["se"] is None or (isinstance(p["se"], float) and math.isnan(p["se"]))) else p["se"]
+                for p in pts
+            ]
             slope = result["slopes"][scan][method]
-            slope_txt = "n/a" if slope is None or (isinstance(slope, float) and math.isnan(slope)) else f"{slope:+.2f}"
+            slope_txt = (
+                "n/a"
+                if slope is None or (isinstance(slope, float) and math.isnan(slope))
+                else f"{slope:+.2f}"
+            )
             ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{LABELS[method]} (slope {slope_txt})")
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -260,7 +313,10 @@ def plot_rates(result: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.set_ylabel("‖θ̂ − θ*‖²")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
-    fig.suptitle("Sparse BTL rates; label-DP (RR) and sample-DP ((ε,δ)) curves share the ε axis but protect different units")
+    fig.suptitle(
+        "Sparse BTL rates; label-DP (RR) and sample-DP ((ε,δ)) curves share the ε axis but protect different "
+        "units"
+    )
     fig.subplots_adjust(left=0.04, right=0.99, bottom=0.12, top=0.86, wspace=0.25)
     path = Path(path)
     fig.savefig(path, dpi=110)

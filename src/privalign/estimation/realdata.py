@@ -53,7 +53,8 @@ def load_preference_data(
       random_state: seed of the pairing and orientation coins.
 
     Returns:
-      ``(PreferenceData, feature_map)``; ``feature_bound`` of the comparisons is ``feature_map.feature_bound``.
+      ``(PreferenceData, feature_map)``; ``feature_bound`` of the comparisons is
+      ``feature_map.feature_bound``.
     """
     from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
     from privalign.estimation.features import EmbeddingFeatures, HashedNgramFeatures
@@ -70,7 +71,10 @@ def load_preference_data(
         if n_pairs is not None:
             n = check_int(n_pairs, "n_pairs", low=1)
             pairs.prompts, pairs.chosen, pairs.rejected, pairs.prompt_ids = (
-                pairs.prompts[:n], pairs.chosen[:n], pairs.rejected[:n], pairs.prompt_ids[:n],
+                pairs.prompts[:n],
+                pairs.chosen[:n],
+                pairs.rejected[:n],
+                pairs.prompt_ids[:n],
             )
     fmap: Any = (
         HashedNgramFeatures(n_features=n_features, ngram_range=tuple(ngram_range))
@@ -128,7 +132,11 @@ def real_data_accuracy(
     data_seed, run_seed = ss.spawn(2)
     if data is None:
         data, fmap = load_preference_data(
-            dataset, features=features, n_features=n_features, n_pairs=n_pairs, random_state=np.random.default_rng(data_seed)
+            dataset,
+            features=features,
+            n_features=n_features,
+            n_pairs=n_pairs,
+            random_state=np.random.default_rng(data_seed),
         )
     else:
         data, fmap = data
@@ -147,11 +155,17 @@ def real_data_accuracy(
     n_train = n_test = 0
     for child in run_seed.spawn(seeds):
         split_seed, *est_seeds = child.spawn(1 + len(cells))
-        train, test = train_test_split_by_prompt(data, test_size=test_size, random_state=np.random.default_rng(split_seed))
+        train, test = train_test_split_by_prompt(
+            data, test_size=test_size, random_state=np.random.default_rng(split_seed)
+        )
         n_train, n_test = train.n_samples, test.n_samples
         for (m, eps), es in zip(cells, est_seeds):
             est = make_estimator(
-                m, epsilon=eps, delta=delta, sparsity=sparsity, feature_bound=fmap.feature_bound,
+                m,
+                epsilon=eps,
+                delta=delta,
+                sparsity=sparsity,
+                feature_bound=fmap.feature_bound,
                 random_state=np.random.default_rng(es),
             )
             est.fit(train.X, train.y)
@@ -165,12 +179,26 @@ def real_data_accuracy(
         a = np.asarray(accs[(m, eps)])
         se = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else float("nan")
         rows.append(
-            {"method": m, "unit": PRIVACY_UNIT[m], "epsilon": eps, "mean_accuracy": float(a.mean()), "se": se,
-             "accuracies": a.tolist(), "n_train": n_train, "n_test": n_test}
+            {
+                "method": m,
+                "unit": PRIVACY_UNIT[m],
+                "epsilon": eps,
+                "mean_accuracy": float(a.mean()),
+                "se": se,
+                "accuracies": a.tolist(),
+                "n_train": n_train,
+                "n_test": n_test,
+            }
         )
     meta = {
-        "dataset": dataset, "features": fmap.get_config(), "sparsity": sparsity, "delta": delta, "seeds": seeds,
-        "entropy": entropy, "test_size": test_size, "n_pairs": data.n_samples,
+        "dataset": dataset,
+        "features": fmap.get_config(),
+        "sparsity": sparsity,
+        "delta": delta,
+        "seeds": seeds,
+        "entropy": entropy,
+        "test_size": test_size,
+        "n_pairs": data.n_samples,
     }
     return {"rows": rows, "meta": meta}
 

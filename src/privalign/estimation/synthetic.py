@@ -98,7 +98,9 @@ def make_btl(
     else:
         theta_star = np.asarray(theta_star, dtype=np.float64)
         if theta_star.shape != (d,):
-            raise PrivacyParameterError(f"The 'theta_star' parameter must have shape ({d},). Got {theta_star.shape}.")
+            raise PrivacyParameterError(
+                f"The 'theta_star' parameter must have shape ({d},). Got {theta_star.shape}."
+            )
     X: np.ndarray
     if design == "uniform":
         X = rng.uniform(-feature_bound, feature_bound, size=(n, d)).astype(dtype, copy=False)
@@ -117,5 +119,9 @@ def make_btl(
     y = (rng.random(n) < sigmoid(z)).astype(np.float64)
     data = PreferenceData(X=X, y=y)
     return SyntheticBTL(
-        data=data, theta_star=theta_star, support=np.flatnonzero(theta_star), design=design, feature_bound=feature_bound
+        data=data,
+        theta_star=theta_star,
+        support=np.flatnonzero(theta_star),
+        design=design,
+        feature_bound=feature_bound,
     )

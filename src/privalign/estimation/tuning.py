@@ -48,7 +48,14 @@ from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import RewardEstimator, check_Xy
 from privalign.rng import as_generator
 
-__all__ = ["PrivateGridSearch", "tune", "expand_grid", "split_validation", "default_param_grid", "experiment_param_grid"]
+__all__ = [
+    "PrivateGridSearch",
+    "tune",
+    "expand_grid",
+    "split_validation",
+    "default_param_grid",
+    "experiment_param_grid",
+]
 
 
 def expand_grid(param_grid: Any, estimator: Any = None) -> list[dict[str, Any]]:
@@ -69,7 +76,8 @@ def expand_grid(param_grid: Any, estimator: Any = None) -> list[dict[str, Any]]:
     for g in grids:
         if not isinstance(g, dict) or len(g) == 0:
             raise PrivacyParameterError(
-                f"The 'param_grid' parameter must contain non-empty dicts of parameter lists. Got {g!r} instead."
+                f"The 'param_grid' parameter must contain non-empty dicts of parameter lists. Got {g!r} "
+                "instead."
             )
         for k, v in g.items():
             if isinstance(v, str) or not hasattr(v, "__len__") or len(v) == 0:
@@ -105,13 +113,15 @@ def split_validation(
     else:
         g = np.asarray(groups)
         if g.shape != (n,):
-            raise PrivacyParameterError(f"The 'groups' parameter must have shape ({n},). Got {g.shape} instead.")
+            raise PrivacyParameterError(
+                f"The 'groups' parameter must have shape ({n},). Got {g.shape} instead."
+            )
         _, inverse = np.unique(g.astype(str) if g.dtype == object else g, return_inverse=True)
         n_units = int(inverse.max()) + 1
     if n_units < 2:
         raise PrivacyParameterError(
-            f"The 'X' parameter must hold at least two {'groups' if groups is not None else 'pairs'} to split "
-            f"off a validation part. Got {n_units}."
+            f"The 'X' parameter must hold at least two {'groups' if groups is not None else 'pairs'} to "
+            f"split off a validation part. Got {n_units}."
         )
     n_val = min(max(1, int(round(frac * n_units))), n_units - 1)
     perm = rng.permutation(n_units)
@@ -214,11 +224,19 @@ class PrivateGridSearch(RewardEstimator):
         base = self.estimator
         cands = expand_grid(self.param_grid, base)
         selection = check_choice(self.selection, "selection", ("exponential", "public"))
-        frac = check_real(self.validation_fraction, "validation_fraction", low=0.0, high=1.0, closed="neither")
-        total_eps = None if self.epsilon is None else check_real(self.epsilon, "epsilon", low=0.0, closed="neither")
+        frac = check_real(
+            self.validation_fraction, "validation_fraction", low=0.0, high=1.0, closed="neither"
+        )
+        total_eps = (
+            None if self.epsilon is None else check_real(self.epsilon, "epsilon", low=0.0, closed="neither")
+        )
         total_delta = check_probability(self.delta, "delta")
-        sel_eps = total_eps if total_eps is not None else check_real(
-            self.selection_epsilon, "selection_epsilon", low=0.0, closed="neither", allow_inf=True
+        sel_eps = (
+            total_eps
+            if total_eps is not None
+            else check_real(
+                self.selection_epsilon, "selection_epsilon", low=0.0, closed="neither", allow_inf=True
+            )
         )
         if total_eps is not None and any("epsilon" in c or "delta" in c for c in cands):
             raise PrivacyParameterError(
@@ -246,8 +264,9 @@ class PrivateGridSearch(RewardEstimator):
             need = _min_pairs(est)
             if need is not None and fit_idx.shape[0] < need[0]:
                 raise PrivacyParameterError(
-                    f"The 'validation_fraction' parameter ({frac!r}) leaves {fit_idx.shape[0]} fitting pairs, "
-                    f"fewer than the candidate's {need[1]}: lower validation_fraction or the batch count."
+                    f"The 'validation_fraction' parameter ({frac!r}) leaves {fit_idx.shape[0]} fitting "
+                    f"pairs, fewer than the candidate's {need[1]}: lower validation_fraction or the batch "
+                    "count."
                 )
             built.append(est)
         XA, yA, XB, yB = Xv[fit_idx], yv[fit_idx], Xv[val_idx], yv[val_idx]
@@ -272,13 +291,19 @@ class PrivateGridSearch(RewardEstimator):
             a_event = ComposedEvent(events=tuple(cand_events), unit=unit, relation="replace_one")
             a_eps = sum(float(e.get_params().get("epsilon", math.inf)) for e in built)
             a_delta = sum(float(e.get_params().get("delta", 0.0)) if unit == "sample" else 0.0 for e in built)
-        event: PrivacyEvent = ParallelComposedEvent(events=(a_event, sel_event), unit=unit, relation="replace_one")
+        event: PrivacyEvent = ParallelComposedEvent(
+            events=(a_event, sel_event), unit=unit, relation="replace_one"
+        )
         eps_total = max(a_eps, float(sel_eps)) if private else math.inf
         delta_total = a_delta
         chosen = built[best]
         if self.refit:
             chosen = _clone(chosen).set_params(
-                **({"random_state": int(rng.integers(2**63 - 1))} if "random_state" in chosen.get_params() else {})
+                **(
+                    {"random_state": int(rng.integers(2**63 - 1))}
+                    if "random_state" in chosen.get_params()
+                    else {}
+                )
             )
             chosen.fit(Xv, yv)
             event = ComposedEvent(events=(event, chosen.privacy_event_), unit=unit, relation="replace_one")
@@ -298,8 +323,11 @@ class PrivateGridSearch(RewardEstimator):
         self.privacy_budget_ = {
             "epsilon": eps_total,
             "delta": delta_total,
-            "composition": "parallel over (fit part, validation part) of basic composition of the candidates; "
-            "exponential-mechanism selection" + ("; plus the refit" if self.refit else ""),
+            "composition": (
+                "parallel over (fit part, validation part) of basic composition of the candidates; "
+                "exponential-mechanism selection"
+            )
+            + ("; plus the refit" if self.refit else ""),
         }
         self.privacy_event_ = event
         self.coef_ = chosen.coef_
@@ -312,13 +340,16 @@ def _clone(est: Any) -> Any:
     return type(est)(**est.get_params(deep=False))
 
 
-def tune(estimator: Any, param_grid: Any, X: Any, y: Any, *, groups: Any = None, **kwargs: Any) -> PrivateGridSearch:
+def tune(
+    estimator: Any, param_grid: Any, X: Any, y: Any, *, groups: Any = None, **kwargs: Any
+) -> PrivateGridSearch:
     """Fit a :class:`PrivateGridSearch` (keyword arguments as its constructor) and return it."""
     return PrivateGridSearch(estimator, param_grid, **kwargs).fit(X, y, groups=groups)
 
 
 def default_param_grid(method: str, *, sparsity: int = 32) -> dict[str, list[Any]]:
-    """The grid ``fit-reward --tune`` searches for a method name of :data:`privalign.estimation.rates.METHODS`."""
+    """The grid ``fit-reward --tune`` searches for a method name of
+    :data:`privalign.estimation.rates.METHODS`."""
     s = [max(1, sparsity // 4), sparsity, sparsity * 4]
     grids: dict[str, dict[str, list[Any]]] = {
         "mle": {"alpha": [1e-4, 1e-3, 1e-2]},
@@ -329,7 +360,9 @@ def default_param_grid(method: str, *, sparsity: int = 32) -> dict[str, list[Any
         "dp-sgd": {"clip_norm": [1.0, 4.0], "learning_rate": [0.5, 2.0], "epochs": [5.0, 10.0]},
     }
     if method not in grids:
-        raise PrivacyParameterError(f"The 'method' parameter must be one of {sorted(grids)}. Got {method!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'method' parameter must be one of {sorted(grids)}. Got {method!r} instead."
+        )
     return grids[method]
 
 

@@ -93,7 +93,9 @@ def _hack_rate(records: list[dict], runs: dict | None, exp: str) -> float | None
 def _p1_1(R: Records, runs=None) -> Verdict:
     from privalign.experiments.verdicts import p1_1_rule
 
-    return _combine([(e, p1_1_rule(R[e], planted_hack_rate=_hack_rate(R[e], runs, e))) for e in _SCALING if R.get(e)])
+    return _combine(
+        [(e, p1_1_rule(R[e], planted_hack_rate=_hack_rate(R[e], runs, e))) for e in _SCALING if R.get(e)]
+    )
 
 
 def _mono(method: str, fallback: str | None = None):
@@ -148,8 +150,13 @@ def _rates_slope(records: Records, *, sweep: str, method: str, low: float, high:
     from privalign.experiments.verdicts import slope_rule
 
     recs = records["p2-rates"]
-    return slope_rule(fit_slope(recs, sweep, method), low=low, high=high, regime=learning_regime(recs, sweep, method),
-                      what=f"{method}: log-log slope of the squared error vs {sweep}")
+    return slope_rule(
+        fit_slope(recs, sweep, method),
+        low=low,
+        high=high,
+        regime=learning_regime(recs, sweep, method),
+        what=f"{method}: log-log slope of the squared error vs {sweep}",
+    )
 
 
 def _sparse_beats_dense(records: Records, runs=None) -> Verdict:
@@ -182,9 +189,10 @@ def _train_vs_inference(records: Records, runs=None) -> Verdict:
     verdict = "holds" if z > 2 else "does not hold" if z < -2 else "inconclusive"
     se = math.sqrt(a["value_se"] ** 2 + b["value_se"] ** 2)
     return verdict, (
-        f"T={last}: DP-trained RM + BoN {b['value']:.3f}±{b['value_se']:.3f} vs PrivBoN {a['value']:.3f}±{a['value_se']:.3f} "
-        f"at the same total (ε, δ): difference {z:.1f} combined SE (2-SE rule, unpaired); detectable difference ≈ "
-        f"{2.84 * se:.3f} (2 SE + z_0.8·SE)")
+        f"T={last}: DP-trained RM + BoN {b['value']:.3f}±{b['value_se']:.3f} vs PrivBoN "
+        f"{a['value']:.3f}±{a['value_se']:.3f} at the same total (ε, δ): difference {z:.1f} combined SE "
+        f"(2-SE rule, unpaired); detectable difference ≈ {2.84 * se:.3f} (2 SE + z_0.8·SE)"
+    )
 
 
 def _membership(records: Records, runs=None) -> Verdict:
@@ -196,13 +204,25 @@ def _membership(records: Records, runs=None) -> Verdict:
     ok = all(r["eps_lower_bound"] <= r["epsilon_claimed"] + 1e-12 for r in priv)
     # power: the same audit must detect the leak of plain BoN (a positive lower bound), else it says nothing
     powered = bool(bon) and bon[0]["eps_lower_bound"] > 0
-    parts = [f"BoN: advantage {bon[0]['advantage']:.3f} at Q={bon[0]['Q_max']}, audit ε ≥ {bon[0]['eps_lower_bound']:.2f}"] if bon else []
-    parts += [f"PrivBoN ε={r['epsilon_claimed']:g}: audit ε ≥ {r['eps_lower_bound']:.3f}, advantage {r['advantage']:.3f} at "
-              f"Q={r['Q_max']}" for r in priv]
+    parts = (
+        [
+            f"BoN: advantage {bon[0]['advantage']:.3f} at Q={bon[0]['Q_max']}, audit ε ≥ "
+            f"{bon[0]['eps_lower_bound']:.2f}"
+        ]
+        if bon
+        else []
+    )
+    parts += [
+        f"PrivBoN ε={r['epsilon_claimed']:g}: audit ε ≥ {r['eps_lower_bound']:.3f}, advantage "
+        f"{r['advantage']:.3f} at Q={r['Q_max']}"
+        for r in priv
+    ]
     if not ok:
         return "does not hold", "; ".join(parts)
     if not powered:
-        return "inconclusive", "; ".join(parts) + "; the audit finds no leak against plain BoN either: no power"
+        return "inconclusive", "; ".join(
+            parts
+        ) + "; the audit finds no leak against plain BoN either: no power"
     return "holds", "; ".join(parts) + "; the audit detects plain BoN's leak (positive control)"
 
 
@@ -215,83 +235,203 @@ def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
 _PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
 
 CLAIMS: list[Claim] = [
-    Claim("P1-1", "Paper 1", "BoN is not scaling-monotonic: past a critical N its true reward falls (reward hacking). [paper; Huang]",
-          "p1-scaling", f"holds if BoN's lift at the largest N is significantly below its lift at some smaller N ({_PAIRED}); "
-          "on a pool where BoN does not degrade: inconclusive on this pool (never 'does not hold'), except on a synthetic "
-          "pool with reachable planted hacks (N_max·hack_rate ≥ 2) where the drop's upper bound is < 10% of the best lift",
-          _p1_1, also=("p1-scaling-imdb",)),
-    Claim("P1-2", "Paper 1", "PrivBoN is scaling-monotonic: its lift does not fall as N grows. [paper]",
-          "p1-scaling", "decided only with a positive control (BoN degrades significantly in the same run); then: does not "
-          f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the drop's upper "
-          "95% bound is below min(½·BoN's drop, ¼·the curve's best lift) and the curve has a significant lift; else "
-          "inconclusive",
-          _mono("PrivBoN"), also=("p1-scaling-imdb",)),
-    Claim("P1-3", "Paper 1", "PrivITP is scaling-monotonic. [paper]", "p1-scaling",
-          "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve re-matched "
-          "to ε at every N is reported for contrast", _mono("PrivITP-fixed", fallback="PrivITP"), also=("p1-scaling-imdb",)),
-    Claim("P1-4", "Paper 1", "ITP is scaling-monotonic (attains the skyline; Huang et al.). [paper; Huang]", "p1-scaling",
-          "as P1-2, for ITP", _mono("ITP"), also=("p1-scaling-imdb",)),
-    Claim("P1-5", "Paper 1", "PrivITP matches or beats PrivBoN at equivalent privacy. [paper]", "p1-privacy-sweep",
-          "at equal privacy (default matching 'worst': PrivITP's ε_max(N) at δ = PrivBoN's ε), at every (N, ε): paired "
-          "per-prompt difference PrivITP − PrivBoN; does not hold if PrivBoN is significantly ahead anywhere (one-sided "
-          "α = 0.05, Bonferroni over the grid); holds if everywhere the lower bound exceeds −10% of BoN's lift "
-          "(non-inferiority); else inconclusive", _p1_5, also=("p1-privacy-sweep-imdb", "p1-scaling", "p1-scaling-imdb")),
-    Claim("P1-6", "Paper 1", "Ex-post (adaptive) composition serves more prompts under a fixed budget than basic composition. [paper]",
-          "p1-budget", "does not hold if some session serves ≤ T_basic = ⌊ε_total/ε_max⌋ or a filter overshoots; holds if "
-          "not and at some σ the mean true-reward lift per served prompt is significantly > 0 (one-sided t, α = 0.05, "
-          "Bonferroni over σ); inconclusive if the served prompts have no measurable lift",
-          _budget),
-    Claim("P1-7", "Paper 1", "At ε ≥ ε* = 2Δ_r√C/ε_RM, PrivBoN's regret is O(√(C·ε_RM²)): privacy costs nothing extra. [paper]",
-          "p1-epsilon-star", "relative test on the plain PrivBoN curve (σ = 2Δ_r/ε), ε* and σ_reg from calibration prompts "
-          "disjoint from the evaluation prompts: does not hold if some grid ε ≥ ε* has regret significantly above the "
-          "best regret over every σ in the run (paired, one-sided α = 0.05, Bonferroni); holds if none does and the "
-          "control works (some ε ≤ ε*/4 has significantly larger regret); else inconclusive",
-          _eps_star),
-    Claim("P1-8", "Paper 1", "PrivITP's ex-post cost depends only on the realised stopping time, not on n. [paper]", "p1-scaling",
-          "at a fixed σ, from N ≈ N_max/8 to N_max: holds if the upper 95% bound of the growth of E[realised ε] (paired "
-          "over prompts) is < 10% of the growth of ε_max(N); does not hold if its lower bound is > 50%; inconclusive "
-          "otherwise or if ε_max grows < 10%", _p1_8, also=("p1-scaling-imdb",)),
-    Claim("P1-9", "Paper 1", "Regret bounds: PrivITP O(√(C(ε_RM² + R_max σ))); skyline lower bound ¼√(C ε_RM²). [paper]", None,
-          "—", None, "asymptotic statements with unstated constants; only P1-7's instance is checked numerically"),
-    Claim("P1-10", "Paper 1", "The reported trends on GSM8K, MMLU and MATH with two LMs and four reward models. [paper]", None,
-          "—", None, "needs GPU-built pools (Phi-3-class LM, 10,000 samples per prompt, 7B-scale reward models); "
-          "run p1-scaling with --config pointing at such a pool"),
-    Claim("P2-1", "Paper 2", "Sample-DP-IHT: error Õ(s*/n + s*²/(n²ε²)), decreasing in n. [paper]", "p2-rates",
-          "holds if the 95% CI of the log-log slope of the error vs n lies inside [-2.5, -0.5] and every fitted point is in "
-          "the learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside (points in the regime); else inconclusive",
-          lambda R, runs=None: _rates_slope(R, sweep="n", method="SampleDPIHT", low=-2.5, high=-0.5)),
-    Claim("P2-2", "Paper 2", "RR-IHT: error Õ(s*/n·(1 + 1/ε²)): linear in s*. [paper]", "p2-rates",
-          "as P2-1, for the RR-IHT slope vs s* in [0.5, 1.5]",
-          lambda R, runs=None: _rates_slope(R, sweep="s", method="RRIHT", low=0.5, high=1.5)),
-    Claim("P2-3", "Paper 2", "Sparse private estimators depend on d only logarithmically. [paper]", "p2-rates",
-          "as P2-1, for the RR-IHT slope vs d in [-1, 0.35] (log d growth over the grid)",
-          lambda R, runs=None: _rates_slope(R, sweep="d", method="RRIHT", low=-1.0, high=0.35)),
-    Claim("P2-4", "Paper 2", "At ε ∈ {2, 8}, sparse methods (RR-IHT, Sample-DP IHT) beat dense ones (RR, DP-SGD). [paper]",
-          "p2-accuracy", "exact one-sided McNemar tests on the shared held-out pairs at ε = 2 and 8, α = 0.05 Bonferroni: "
-          "holds if every sparse method is significantly more accurate than its dense counterpart; does not hold if some "
-          "dense one is significantly more accurate; else (or an ε missing) inconclusive",
-          _sparse_beats_dense),
-    Claim("P2-5", "Paper 2", "Win rates at ε = 8: RR-IHT > Sample-DP IHT > RR > DP-SGD (Gemma-3-1B, Llama-2-7B). [paper]",
-          "p2-winrate", "SmolLM2-135M best-of-16 analogue on IMDb and HH-RLHF at ε = 8, symmetric: holds if every adjacent "
-          "gap of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval > 0) on "
-          "every data set; does not hold if any gap is significantly reversed; else inconclusive",
-          _winrate_order),
-    Claim("P2-6", "Paper 2", "PPO-aligned LLaMA-7b on IMDb: higher reward at the same KL for sparse methods. [paper]",
-          "p2-rlhf", "CPU analogue: SmolLM2-135M policies trained by GRPO (LoRA) on each private reward model; per (sparse, "
-          "dense) pair and ε, prompt-paired bootstrap interval of the gold-reward difference at no more KL: holds if every "
-          "pair is significantly in the sparse direction; does not hold if any is significantly reversed; else "
-          "inconclusive (the measured text states steps, prompts and the detectable difference)",
-          _rlhf),
-    Claim("P2-7", "Paper 2", "Minimax lower bounds (Sample-DP and Label-DP). [paper]", None, "—", None,
-          "theoretical statements; rates are only checked for their n, s*, d dependence (P2-1..P2-3)"),
-    Claim("B-1", "Beyond", "A DP-trained reward model used without further noise (post-processing) beats per-query "
-          "PrivBoN at the same total (ε, δ) once T is large. [our question]", "beyond-train-vs-inference",
-          "at the largest T: holds if the DP-RM + BoN value exceeds PrivBoN's by more than 2 SE; does not hold if it is "
-          "more than 2 SE below; else inconclusive", _train_vs_inference),
-    Claim("B-2", "Beyond", "Membership inference by repeated queries succeeds against plain BoN; against PrivBoN the "
-          "audit's empirical ε lower bound stays below the claimed ε. [paper describes the attack]", "beyond-membership",
-          "does not hold if PrivBoN's empirical ε lower bound (Clopper–Pearson, stated α) exceeds the claimed ε; holds if "
-          "not and the same audit finds plain BoN's leak (ε lower bound > 0); else inconclusive (no power)", _membership),
+    Claim(
+        "P1-1",
+        "Paper 1",
+        "BoN is not scaling-monotonic: past a critical N its true reward falls (reward hacking). [paper; "
+        "Huang]",
+        "p1-scaling",
+        "holds if BoN's lift at the largest N is significantly below its lift at some smaller N "
+        f"({_PAIRED}); on a pool where BoN does not degrade: inconclusive on this pool (never 'does not "
+        "hold'), except on a synthetic pool with reachable planted hacks (N_max·hack_rate ≥ 2) where the "
+        "drop's upper bound is < 10% of the best lift",
+        _p1_1,
+        also=("p1-scaling-imdb",),
+    ),
+    Claim(
+        "P1-2",
+        "Paper 1",
+        "PrivBoN is scaling-monotonic: its lift does not fall as N grows. [paper]",
+        "p1-scaling",
+        "decided only with a positive control (BoN degrades significantly in the same run); then: does not "
+        f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the "
+        "drop's upper 95% bound is below min(½·BoN's drop, ¼·the curve's best lift) and the curve has a "
+        "significant lift; else inconclusive",
+        _mono("PrivBoN"),
+        also=("p1-scaling-imdb",),
+    ),
+    Claim(
+        "P1-3",
+        "Paper 1",
+        "PrivITP is scaling-monotonic. [paper]",
+        "p1-scaling",
+        "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve "
+        "re-matched to ε at every N is reported for contrast",
+        _mono("PrivITP-fixed", fallback="PrivITP"),
+        also=("p1-scaling-imdb",),
+    ),
+    Claim(
+        "P1-4",
+        "Paper 1",
+        "ITP is scaling-monotonic (attains the skyline; Huang et al.). [paper; Huang]",
+        "p1-scaling",
+        "as P1-2, for ITP",
+        _mono("ITP"),
+        also=("p1-scaling-imdb",),
+    ),
+    Claim(
+        "P1-5",
+        "Paper 1",
+        "PrivITP matches or beats PrivBoN at equivalent privacy. [paper]",
+        "p1-privacy-sweep",
+        "at equal privacy (default matching 'worst': PrivITP's ε_max(N) at δ = PrivBoN's ε), at every (N, "
+        "ε): paired per-prompt difference PrivITP − PrivBoN; does not hold if PrivBoN is significantly ahead "
+        "anywhere (one-sided α = 0.05, Bonferroni over the grid); holds if everywhere the lower bound "
+        "exceeds −10% of BoN's lift (non-inferiority); else inconclusive",
+        _p1_5,
+        also=("p1-privacy-sweep-imdb", "p1-scaling", "p1-scaling-imdb"),
+    ),
+    Claim(
+        "P1-6",
+        "Paper 1",
+        "Ex-post (adaptive) composition serves more prompts under a fixed budget than basic composition. "
+        "[paper]",
+        "p1-budget",
+        "does not hold if some session serves ≤ T_basic = ⌊ε_total/ε_max⌋ or a filter overshoots; holds if "
+        "not and at some σ the mean true-reward lift per served prompt is significantly > 0 (one-sided t, α "
+        "= 0.05, Bonferroni over σ); inconclusive if the served prompts have no measurable lift",
+        _budget,
+    ),
+    Claim(
+        "P1-7",
+        "Paper 1",
+        "At ε ≥ ε* = 2Δ_r√C/ε_RM, PrivBoN's regret is O(√(C·ε_RM²)): privacy costs nothing extra. [paper]",
+        "p1-epsilon-star",
+        "relative test on the plain PrivBoN curve (σ = 2Δ_r/ε), ε* and σ_reg from calibration prompts "
+        "disjoint from the evaluation prompts: does not hold if some grid ε ≥ ε* has regret significantly "
+        "above the best regret over every σ in the run (paired, one-sided α = 0.05, Bonferroni); holds if "
+        "none does and the control works (some ε ≤ ε*/4 has significantly larger regret); else inconclusive",
+        _eps_star,
+    ),
+    Claim(
+        "P1-8",
+        "Paper 1",
+        "PrivITP's ex-post cost depends only on the realised stopping time, not on n. [paper]",
+        "p1-scaling",
+        "at a fixed σ, from N ≈ N_max/8 to N_max: holds if the upper 95% bound of the growth of E[realised "
+        "ε] (paired over prompts) is < 10% of the growth of ε_max(N); does not hold if its lower bound is > "
+        "50%; inconclusive otherwise or if ε_max grows < 10%",
+        _p1_8,
+        also=("p1-scaling-imdb",),
+    ),
+    Claim(
+        "P1-9",
+        "Paper 1",
+        "Regret bounds: PrivITP O(√(C(ε_RM² + R_max σ))); skyline lower bound ¼√(C ε_RM²). [paper]",
+        None,
+        "—",
+        None,
+        "asymptotic statements with unstated constants; only P1-7's instance is checked numerically",
+    ),
+    Claim(
+        "P1-10",
+        "Paper 1",
+        "The reported trends on GSM8K, MMLU and MATH with two LMs and four reward models. [paper]",
+        None,
+        "—",
+        None,
+        "needs GPU-built pools (Phi-3-class LM, 10,000 samples per prompt, 7B-scale reward models); "
+        "run p1-scaling with --config pointing at such a pool",
+    ),
+    Claim(
+        "P2-1",
+        "Paper 2",
+        "Sample-DP-IHT: error Õ(s*/n + s*²/(n²ε²)), decreasing in n. [paper]",
+        "p2-rates",
+        "holds if the 95% CI of the log-log slope of the error vs n lies inside [-2.5, -0.5] and every "
+        "fitted point is in the learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside "
+        "(points in the regime); else inconclusive",
+        lambda R, runs=None: _rates_slope(R, sweep="n", method="SampleDPIHT", low=-2.5, high=-0.5),
+    ),
+    Claim(
+        "P2-2",
+        "Paper 2",
+        "RR-IHT: error Õ(s*/n·(1 + 1/ε²)): linear in s*. [paper]",
+        "p2-rates",
+        "as P2-1, for the RR-IHT slope vs s* in [0.5, 1.5]",
+        lambda R, runs=None: _rates_slope(R, sweep="s", method="RRIHT", low=0.5, high=1.5),
+    ),
+    Claim(
+        "P2-3",
+        "Paper 2",
+        "Sparse private estimators depend on d only logarithmically. [paper]",
+        "p2-rates",
+        "as P2-1, for the RR-IHT slope vs d in [-1, 0.35] (log d growth over the grid)",
+        lambda R, runs=None: _rates_slope(R, sweep="d", method="RRIHT", low=-1.0, high=0.35),
+    ),
+    Claim(
+        "P2-4",
+        "Paper 2",
+        "At ε ∈ {2, 8}, sparse methods (RR-IHT, Sample-DP IHT) beat dense ones (RR, DP-SGD). [paper]",
+        "p2-accuracy",
+        "exact one-sided McNemar tests on the shared held-out pairs at ε = 2 and 8, α = 0.05 Bonferroni: "
+        "holds if every sparse method is significantly more accurate than its dense counterpart; does not "
+        "hold if some dense one is significantly more accurate; else (or an ε missing) inconclusive",
+        _sparse_beats_dense,
+    ),
+    Claim(
+        "P2-5",
+        "Paper 2",
+        "Win rates at ε = 8: RR-IHT > Sample-DP IHT > RR > DP-SGD (Gemma-3-1B, Llama-2-7B). [paper]",
+        "p2-winrate",
+        "SmolLM2-135M best-of-16 analogue on IMDb and HH-RLHF at ε = 8, symmetric: holds if every adjacent "
+        "gap of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap "
+        "interval > 0) on every data set; does not hold if any gap is significantly reversed; else "
+        "inconclusive",
+        _winrate_order,
+    ),
+    Claim(
+        "P2-6",
+        "Paper 2",
+        "PPO-aligned LLaMA-7b on IMDb: higher reward at the same KL for sparse methods. [paper]",
+        "p2-rlhf",
+        "CPU analogue: SmolLM2-135M policies trained by GRPO (LoRA) on each private reward model; per "
+        "(sparse, dense) pair and ε, prompt-paired bootstrap interval of the gold-reward difference at no "
+        "more KL: holds if every pair is significantly in the sparse direction; does not hold if any is "
+        "significantly reversed; else inconclusive (the measured text states steps, prompts and the "
+        "detectable difference)",
+        _rlhf,
+    ),
+    Claim(
+        "P2-7",
+        "Paper 2",
+        "Minimax lower bounds (Sample-DP and Label-DP). [paper]",
+        None,
+        "—",
+        None,
+        "theoretical statements; rates are only checked for their n, s*, d dependence (P2-1..P2-3)",
+    ),
+    Claim(
+        "B-1",
+        "Beyond",
+        "A DP-trained reward model used without further noise (post-processing) beats per-query "
+        "PrivBoN at the same total (ε, δ) once T is large. [our question]",
+        "beyond-train-vs-inference",
+        "at the largest T: holds if the DP-RM + BoN value exceeds PrivBoN's by more than 2 SE; does not hold "
+        "if it is more than 2 SE below; else inconclusive",
+        _train_vs_inference,
+    ),
+    Claim(
+        "B-2",
+        "Beyond",
+        "Membership inference by repeated queries succeeds against plain BoN; against PrivBoN the "
+        "audit's empirical ε lower bound stays below the claimed ε. [paper describes the attack]",
+        "beyond-membership",
+        "does not hold if PrivBoN's empirical ε lower bound (Clopper–Pearson, stated α) exceeds the claimed "
+        "ε; holds if not and the same audit finds plain BoN's leak (ε lower bound > 0); else inconclusive "
+        "(no power)",
+        _membership,
+    ),
 ]
 
 
@@ -304,7 +444,9 @@ def _load_runs(run_dirs: list[Path]) -> tuple[Records, dict[str, dict]]:
             raise ExperimentError(f"{d} is not a privalign run directory (no manifest.json).")
         name = man["experiment"]
         if name in runs:
-            raise ExperimentError(f"Two run directories for experiment {name!r}: {runs[name]['dir']} and {d}.")
+            raise ExperimentError(
+                f"Two run directories for experiment {name!r}: {runs[name]['dir']} and {d}."
+            )
         records[name] = read_results(d)
         runs[name] = {"dir": str(d), "manifest": man, "summary": read_summary(d)}
     return records, runs
@@ -335,15 +477,24 @@ def evaluate_claims(records: Records, runs: dict[str, dict] | None = None) -> li
     out = []
     for c in CLAIMS:
         exps = [e for e in (c.experiment, *c.also) if e]
-        row = {"id": c.id, "paper": c.paper, "claim": c.text, "experiment": " + ".join(exps) or "—", "rule": c.rule}
+        row = {
+            "id": c.id,
+            "paper": c.paper,
+            "claim": c.text,
+            "experiment": " + ".join(exps) or "—",
+            "rule": c.rule,
+        }
         present = [e for e in exps if e in records]
         if c.evaluate is None:
             row.update(verdict="not testable here", measured=c.reason)
         elif not present:
             from privalign.experiments.registry import EXPERIMENTS
 
-            why = (f"no run directory of {c.experiment} was given" if c.experiment in EXPERIMENTS
-                   else f"{c.experiment} is not implemented in this build (docs/experiments.md says why)")
+            why = (
+                f"no run directory of {c.experiment} was given"
+                if c.experiment in EXPERIMENTS
+                else f"{c.experiment} is not implemented in this build (docs/experiments.md says why)"
+            )
             row.update(verdict="not run", measured=why)
         elif not any(records[e] for e in present):
             row.update(verdict="inconclusive", measured="the run has no results")
@@ -353,7 +504,10 @@ def evaluate_claims(records: Records, runs: dict[str, dict] | None = None) -> li
             try:
                 verdict, measured = c.evaluate(full, runs)
             except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-                verdict, measured = "inconclusive", f"results lack a needed field ({type(exc).__name__}: {exc})"
+                verdict, measured = (
+                    "inconclusive",
+                    f"results lack a needed field ({type(exc).__name__}: {exc})",
+                )
             tags = []
             for e in present:
                 if not (runs and e in runs) or not records[e]:
@@ -371,17 +525,26 @@ def evaluate_claims(records: Records, runs: dict[str, dict] | None = None) -> li
     return out
 
 
-_COLORS = {"holds": "#d8f0d8", "does not hold": "#f8d0d0", "inconclusive": "#fff2c0", "not run": "#eeeeee",
-           "not testable here": "#e0e8f8"}
+_COLORS = {
+    "holds": "#d8f0d8",
+    "does not hold": "#f8d0d0",
+    "inconclusive": "#fff2c0",
+    "not run": "#eeeeee",
+    "not testable here": "#e0e8f8",
+}
 
 
 def _img_tag(png: Path, alt: str) -> str:
     data = base64.b64encode(png.read_bytes()).decode()
-    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"/><figcaption>{html.escape(alt)}</figcaption></figure>'
+    return (
+        f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"/>'
+        f"<figcaption>{html.escape(alt)}</figcaption></figure>"
+    )
 
 
 def _short_time(ts) -> str:
-    """``2026-11-30T21:40:12.123+00:00`` → ``2026-11-30 21:40:12`` (UTC in the manifest; full value in the tooltip)."""
+    """``2026-11-30T21:40:12.123+00:00`` → ``2026-11-30 21:40:12`` (UTC in the manifest; full value in the
+    tooltip)."""
     if not isinstance(ts, str) or len(ts) < 19:
         return html.escape(str(ts))
     return html.escape(ts[:19].replace("T", " "))
@@ -400,9 +563,13 @@ def _json_cell(v, label: str | None = None) -> str:
     text = json.dumps(v, default=str)
     if len(text) <= 120:
         return f"<code class='json'>{html.escape(text)}</code>"
-    summary = label or (f"{len(v)} item{'s' if len(v) != 1 else ''}" if isinstance(v, list | dict) else "value")
-    return (f"<details><summary>{html.escape(summary)}</summary>"
-            f"<pre class='json'>{html.escape(json.dumps(v, indent=1, default=str))}</pre></details>")
+    summary = label or (
+        f"{len(v)} item{'s' if len(v) != 1 else ''}" if isinstance(v, list | dict) else "value"
+    )
+    return (
+        f"<details><summary>{html.escape(summary)}</summary>"
+        f"<pre class='json'>{html.escape(json.dumps(v, indent=1, default=str))}</pre></details>"
+    )
 
 
 def _fmt(v) -> str:
@@ -444,65 +611,109 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     for c in claims:
         counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
     h: list[str] = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>privalign reproduction report</title>",
-        "<style>body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.5em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;margin:0.6em 0;font-size:0.88em}td,th{border:1px solid #bbb;padding:4px 7px;"
-        "vertical-align:top;text-align:left}th{background:#f0f0f0}td:first-child{white-space:nowrap}"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>privalign reproduction "
+        "report</title>",
+        "<style>body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.5em auto;padding:0 "
+        "1em;color:#222}table{border-collapse:collapse;margin:0.6em 0;font-size:0.88em}td,th{border:1px "
+        "solid #bbb;padding:4px "
+        "7px;vertical-align:top;text-align:left}th{background:#f0f0f0}td:first-child{white-space:nowrap}"
         "td{overflow-wrap:break-word;word-break:normal;hyphens:none;max-width:460px}.nw{white-space:nowrap}"
-        "td code:not(.json){white-space:nowrap}.tw{max-width:100%;overflow-x:auto}pre.json{max-height:16em;max-width:440px;overflow:auto;margin:0.3em 0;"
-        "font-size:0.92em;white-space:pre}details summary{cursor:pointer;color:#245}"
-        "figure{display:inline-block;margin:0.5em;max-width:100%}"
-        "img{max-width:100%;border:1px solid #ddd}figcaption{font-size:0.8em;color:#555}"
-        ".v{font-weight:600;white-space:nowrap}code{background:#f4f4f4;padding:0 3px}</style></head><body>",
+        "td "
+        "code:not(.json){white-space:nowrap}.tw{max-width:100%;overflow-x:auto}pre.json{max-height:16em;"
+        "max-width:440px;overflow:auto;margin:0.3em 0;font-size:0.92em;white-space:pre}details "
+        "summary{cursor:pointer;color:#245}figure{display:inline-block;margin:0.5em;max-width:100%}"
+        "img{max-width:100%;border:1px solid "
+        "#ddd}figcaption{font-size:0.8em;color:#555}.v{font-weight:600;white-space:nowrap}"
+        "code{background:#f4f4f4;padding:0 3px}</style></head><body>",
         "<h1>privalign: reproduction report</h1>",
         f"<p>Generated {utc_now()} from {len(dirs)} run director{'y' if len(dirs) == 1 else 'ies'}. "
         "Verdicts are computed from each run's <code>results.jsonl</code> with the stated rule; "
-        "comparisons use a 2-standard-error margin. " + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items())) + ".</p>",
-        "<h2>Claims</h2><div class='tw'><table><tr><th>id</th><th>claim</th><th>experiment</th><th>rule</th><th>measured</th><th>verdict</th></tr>",
+        "comparisons use a 2-standard-error margin. "
+        + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items()))
+        + ".</p>",
+        "<h2>Claims</h2><div "
+        "class='tw'><table><tr><th>id</th><th>claim</th><th>experiment</th><th>rule</th><th>measured</th><th>"
+        "verdict</th></tr>",
     ]
     for c in claims:
-        h.append(f"<tr><td>{c['id']}</td><td>{html.escape(c['claim'])}</td><td><code>{html.escape(c['experiment'])}</code></td>"
-                 f"<td>{html.escape(c['rule'])}</td><td>{html.escape(c['measured'])}</td>"
-                 f"<td class='v' style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>")
+        h.append(
+            f"<tr><td>{c['id']}</td><td>{html.escape(c['claim'])}</td><td><code>{html.escape(c['experiment'])}</code></td>"
+            f"<td>{html.escape(c['rule'])}</td><td>{html.escape(c['measured'])}</td><td class='v' "
+            f"style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>"
+        )
     h.append("</table></div>")
-    h.append("<h2>Runs</h2><div class='tw'><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config hash</th>"
-             "<th>git commit</th><th>dirty</th><th>seed</th><th>ran (UTC)</th><th>inputs</th></tr>")
-    md: list[str] = ["# privalign: reproduction report", "", f"Generated {utc_now()}. Verdicts are computed from "
-                     "each run's `results.jsonl` with the stated rule (2-standard-error margins).", "",
-                     "## Claims", "", "| id | claim | experiment | rule | measured | verdict |", "|---|---|---|---|---|---|"]
+    h.append(
+        "<h2>Runs</h2><div class='tw'><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config "
+        "hash</th><th>git commit</th><th>dirty</th><th>seed</th><th>ran (UTC)</th><th>inputs</th></tr>"
+    )
+    md: list[str] = [
+        "# privalign: reproduction report",
+        "",
+        f"Generated {utc_now()}. Verdicts are computed from "
+        "each run's `results.jsonl` with the stated rule (2-standard-error margins).",
+        "",
+        "## Claims",
+        "",
+        "| id | claim | experiment | rule | measured | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in claims:
         cells = [c["id"], c["claim"], f"`{c['experiment']}`", c["rule"], c["measured"], f"**{c['verdict']}**"]
         md.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
-    md += ["", "## Runs", "", "| experiment | status | quick | config hash | git commit | dirty | inputs |", "|---|---|---|---|---|---|---|"]
+    md += [
+        "",
+        "## Runs",
+        "",
+        "| experiment | status | quick | config hash | git commit | dirty | inputs |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, run in runs.items():
         m = run["manifest"]
         git = m.get("git") or {}
         inp = m.get("inputs") or {}
-        inputs_cell = _json_cell(inp, ", ".join(inp) if isinstance(inp, dict) and inp else None) if inp else "—"
-        h.append(f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(m.get('status')))}</td><td>{m.get('quick')}</td>"
-                 f"<td><code>{str(m.get('config_hash'))[:12]}</code></td><td><code>{str(git.get('commit'))[:10]}</code></td>"
-                 f"<td>{git.get('dirty')}</td><td>{m.get('seed_entropy')}</td>"
-                 f"<td class='nw' title='{html.escape(str(m.get('started_at')))} to {html.escape(str(m.get('ended_at')))}'>"
-                 f"{_span(m.get('started_at'), m.get('ended_at'))}</td>"
-                 f"<td>{inputs_cell}</td></tr>")
+        inputs_cell = (
+            _json_cell(inp, ", ".join(inp) if isinstance(inp, dict) and inp else None) if inp else "—"
+        )
+        h.append(
+            f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(m.get('status')))}</td><td>"
+            f"{m.get('quick')}</td><td><code>{str(m.get('config_hash'))[:12]}</code></td><td><code>"
+            f"{str(git.get('commit'))[:10]}</code></td><td>{git.get('dirty')}</td><td>{m.get('seed_entropy')}"
+            f"</td><td class='nw' title='{html.escape(str(m.get('started_at')))} to "
+            f"{html.escape(str(m.get('ended_at')))}'>{_span(m.get('started_at'), m.get('ended_at'))}</td><td>"
+            f"{inputs_cell}</td></tr>"
+        )
         inputs_md = ", ".join(str(k) for k in inp) if isinstance(inp, dict) else str(inp)
-        md.append(f"| {name} | {m.get('status')} | {m.get('quick')} | `{str(m.get('config_hash'))[:12]}` | "
-                  f"`{str(git.get('commit'))[:10]}` | {git.get('dirty')} | {inputs_md.replace('|', '/') or '—'} |")
+        md.append(
+            f"| {name} | {m.get('status')} | {m.get('quick')} | `{str(m.get('config_hash'))[:12]}` | "
+            f"`{str(git.get('commit'))[:10]}` | {git.get('dirty')} | {inputs_md.replace('|', '/') or '—'} |"
+        )
     h.append("</table></div>")
     for name, run in runs.items():
         summ = run["summary"]
-        h.append(f"<h2 id='{html.escape(name)}'>{html.escape(name)}: {html.escape(summ.get('title', ''))}</h2>")
+        h.append(
+            f"<h2 id='{html.escape(name)}'>{html.escape(name)}: {html.escape(summ.get('title', ''))}</h2>"
+        )
         md += ["", f"## {name}: {summ.get('title', '')}", ""]
         items = _scalar_items(summ)
         if items:
-            h.append("<div class='tw'><table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in items)
-                     + "</table></div>")
+            h.append(
+                "<div class='tw'><table>"
+                + "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in items)
+                + "</table></div>"
+            )
             md += [f"- {k}: {_fmt_md(v)}" for k, v in items]
         table = summ.get("table")
         if isinstance(table, list) and table and isinstance(table[0], dict):
             cols = list(table[0])
-            h.append("<div class='tw'><table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>" + "".join(
-                "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in table) + "</table></div>")
+            h.append(
+                "<div class='tw'><table><tr>"
+                + "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+                + "</tr>"
+                + "".join(
+                    "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in table
+                )
+                + "</table></div>"
+            )
             md += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             md += ["| " + " | ".join(_fmt_md(r.get(c)) for c in cols) + " |" for r in table]
         # further titled tables (e.g. p2-accuracy's sparsity check): summary["tables"] = {title: [row dicts]}
@@ -510,10 +721,15 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
             if not (isinstance(rows, list) and rows and isinstance(rows[0], dict)):
                 continue
             cols = list(dict.fromkeys(c for r in rows for c in r))
-            h.append(f"<h3>{html.escape(str(title))}</h3><div class='tw'><table><tr>"
-                     + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>" + "".join(
-                         "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
-                     + "</table></div>")
+            h.append(
+                f"<h3>{html.escape(str(title))}</h3><div class='tw'><table><tr>"
+                + "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+                + "</tr>"
+                + "".join(
+                    "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows
+                )
+                + "</table></div>"
+            )
             md += ["", f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             md += ["| " + " | ".join(_fmt_md(r.get(c)) for c in cols) + " |" for r in rows]
         for png in sorted((Path(run["dir"]) / "figures").glob("*.png")):

