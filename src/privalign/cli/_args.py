@@ -54,7 +54,7 @@ EXTRA_OF = {
     "fastapi": "serve",
     "uvicorn": "serve",
     "sqlalchemy": "serve",
-    "httpx": "serve",
+    "openai": "serve",
     "psycopg": "serve",
     "prometheus_client": "serve",
     "starlette": "serve",
