@@ -92,7 +92,10 @@ def plot_results(results: dict[str, Any], out_dir: str | Path, *, formats: tuple
             path = out / f"{stem}.{fmt}"
             # PNG: lossless at any zlib level; level 1 instead of the default 6 (same pixels, a slightly larger
             # file, a fraction of the encoding time)
-            fig.savefig(path, dpi=dpi, format=fmt, **({"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}))
+            if fmt == "png":
+                fig.savefig(path, dpi=dpi, format=fmt, pil_kwargs={"compress_level": 1})
+            else:
+                fig.savefig(path, dpi=dpi, format=fmt)
             paths.append(path)
     return paths
 
