@@ -65,9 +65,12 @@ def plot_results(results: dict[str, Any], out_dir: str | Path, *, formats: tuple
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     title = f"{results['n_prompts']} prompts, {results['config']['replicates']} replicates"
+    # one Figure (and Agg canvas) for both panels, cleared in between: the canvas's renderer and its text
+    # metrics cache are reused (the title, axis label, tick and legend texts repeat)
+    fig = Figure(figsize=(7, 4.5), dpi=dpi)
+    FigureCanvasAgg(fig)
     for key, ylabel, stem, scale in _PANELS:
-        fig = Figure(figsize=(7, 4.5), dpi=dpi)
-        FigureCanvasAgg(fig)
+        fig.clear()
         fig.subplots_adjust(left=0.12, right=0.98, bottom=0.12, top=0.93)
         ax = fig.add_subplot()
         ns: list[int] = []
