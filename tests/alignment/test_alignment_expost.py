@@ -17,6 +17,7 @@ from privalign.accounting.expost import (
     phase1_rho,
     phase2_worst_case,
 )
+from privalign.errors import PrivacyParameterError
 
 
 def _oracle_log_ephi(c, b, s):
@@ -183,3 +184,19 @@ def test_ell_dominate_every_neighbouring_pair(rng):
         tol = 1e-9 * (1 + max(l1, l2))
         assert np.all(np.abs(rej_p - rej) <= l1 + tol)
         assert np.all(np.abs(acc_p - acc) <= l2 + tol)
+
+
+@pytest.mark.parametrize("beta,r_max,sens,sigma_z,L", [(0.05, 1.0, 1.0, 0.5, 3.0), (0.5, 2.0, 0.3, 0.1, 4.0),
+                                                       (1.0, 1.0, 1.0, 2.0, 2.0)])
+def test_phase2_worst_cases_equal_one_at_a_time(beta, r_max, sens, sigma_z, L):
+    """The shared-grid batch gives exactly (==, not approx) the one-n-at-a-time values, and the accountant's
+    epsilon_max_many exactly [epsilon_max(n)] — the simulation reports the batch values."""
+    from privalign.accounting.expost import PrivITPAccountant, phase2_worst_case, phase2_worst_cases
+
+    ns = [1, 2, 3, 7, 64, 4096, 2, 1]
+    kw = dict(beta=beta, r_max=r_max, sensitivity=sens, sigma_z=sigma_z, L=L)
+    assert phase2_worst_cases(ns, **kw) == [phase2_worst_case(n, **kw) for n in ns]
+    acc = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=sens, sigma_x=0.5, sigma_z=sigma_z, L=L, delta=1e-6)
+    assert acc.epsilon_max_many(ns) == [acc.epsilon_max(n) for n in ns]
+    with pytest.raises(PrivacyParameterError, match="'n'"):
+        phase2_worst_cases([3, 0], **kw)

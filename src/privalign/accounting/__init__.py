@@ -1,31 +1,59 @@
 """Privacy accounting: events, accountants, privacy filters. Pure, deterministic, no I/O, no RNG."""
 
-from privalign.accounting.accountant import (
-    Accountant,
-    ApproxDPAccountant,
-    PureDPAccountant,
-    ZCDPAccountant,
-)
-from privalign.accounting.conversions import (
-    gaussian_delta,
-    gaussian_epsilon,
-    pure_to_zcdp,
-    zcdp_to_approx_dp,
-    zcdp_to_approx_dp_bun_steinke,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from privalign.accounting.events import *  # noqa: F403
 from privalign.accounting.events import __all__ as _events_all
-from privalign.accounting.filters import (
-    BudgetStore,
-    ExPostFilter,
-    InMemoryBudgetStore,
-    PrivacyFilter,
-    PureDPFilter,
-    Reservation,
-    ZCDPFilter,
-)
-from privalign.accounting.peeling import calibrate_peeling, peeling_epsilon
-from privalign.accounting.rdp import RDPAccountant
+
+if TYPE_CHECKING:  # imported on first access (module __getattr__ below)
+    from privalign.accounting.accountant import (
+        Accountant,
+        ApproxDPAccountant,
+        PureDPAccountant,
+        ZCDPAccountant,
+    )
+    from privalign.accounting.conversions import (
+        gaussian_delta,
+        gaussian_epsilon,
+        pure_to_zcdp,
+        zcdp_to_approx_dp,
+        zcdp_to_approx_dp_bun_steinke,
+    )
+    from privalign.accounting.filters import (
+        BudgetStore,
+        ExPostFilter,
+        InMemoryBudgetStore,
+        PrivacyFilter,
+        PureDPFilter,
+        Reservation,
+        ZCDPFilter,
+    )
+    from privalign.accounting.peeling import calibrate_peeling, peeling_epsilon
+    from privalign.accounting.rdp import RDPAccountant
+
+#: public name → the submodule defining it
+_LAZY = {
+    "Accountant": "accountant",
+    "ApproxDPAccountant": "accountant",
+    "PureDPAccountant": "accountant",
+    "ZCDPAccountant": "accountant",
+    "gaussian_delta": "conversions",
+    "gaussian_epsilon": "conversions",
+    "pure_to_zcdp": "conversions",
+    "zcdp_to_approx_dp": "conversions",
+    "zcdp_to_approx_dp_bun_steinke": "conversions",
+    "BudgetStore": "filters",
+    "ExPostFilter": "filters",
+    "InMemoryBudgetStore": "filters",
+    "PrivacyFilter": "filters",
+    "PureDPFilter": "filters",
+    "Reservation": "filters",
+    "ZCDPFilter": "filters",
+    "calibrate_peeling": "peeling",
+    "peeling_epsilon": "peeling",
+    "RDPAccountant": "rdp",
+}
 
 __all__ = list(_events_all) + [
     "Accountant",
@@ -48,3 +76,18 @@ __all__ = list(_events_all) + [
     "BudgetStore",
     "InMemoryBudgetStore",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule defining ``name`` on first access (PEP 562), so that importing one submodule
+    (e.g. by ``privalign simulate``) does not import all of them; the public names are unchanged."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -44,6 +44,7 @@ __all__ = [
     "ell2",
     "epsilon2",
     "phase2_worst_case",
+    "phase2_worst_cases",
     "phase1_epsilon",
     "phase1_rho",
     "phase1_sensitivity",
@@ -216,31 +217,48 @@ def phase2_worst_case(
       ``(upper_bound, argmax_lambda)`` where ``argmax_lambda`` maximises the objective among the points
       evaluated.
     """
-    n = check_int(n, "n", low=1)
+    return phase2_worst_cases([n], beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z, L=L,
+                              grid_size=grid_size)[0]
+
+
+def phase2_worst_cases(
+    ns, *, beta: float, r_max: float, sensitivity: float, sigma_z: float, L: float, grid_size: int = 2049
+) -> list[tuple[float, float]]:
+    """:func:`phase2_worst_case` for each ``n`` of ``ns``, the same values bit for bit (the same arithmetic):
+    ``ℓ1``, ``ℓ2`` on the grid, and on each refined cell, do not depend on ``n`` and are evaluated once and
+    shared by all ``n``."""
+    ns = [check_int(n, "n", low=1) for n in ns]
     grid_size = check_int(grid_size, "grid_size", low=2)
     kw = dict(r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z, L=L)
     lo, hi = -beta, r_max - beta
     grid = np.linspace(lo, hi, grid_size)
     l1, l2 = _ells(grid, **kw)
-    f = np.maximum((n - 1) * l1 + l2, n * l1)
-    k = int(np.argmax(f))
-    best, arg = float(f[k]), float(grid[k])
-    upper_fallback = float(n * np.max(l1))  # = n·ℓ1(−β) in exact arithmetic
-    cells = _cell_upper_bounds(l1, l2, n)
-    order = np.argsort(cells)[::-1]
-    refine = [int(c) for c in order[:16] if cells[c] > best]
-    rest = np.delete(cells, refine)
-    upper = float(rest.max()) if rest.size else -np.inf
-    for c in refine:
-        sub = np.linspace(grid[c], grid[c + 1], 65)
-        s1, s2 = _ells(sub, **kw)
-        fs = np.maximum((n - 1) * s1 + s2, n * s1)
-        j = int(np.argmax(fs))
-        if fs[j] > best:
-            best, arg = float(fs[j]), float(sub[j])
-        upper = max(upper, float(_cell_upper_bounds(s1, s2, n).max()), float(n * np.max(s1)))
-    upper = max(upper, upper_fallback, best)
-    return upper * (1.0 + _FP_REL) + _FP_ABS * (n + 1), arg
+    upper_fallback_l1 = np.max(l1)
+    sub_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    out = []
+    for n in ns:
+        f = np.maximum((n - 1) * l1 + l2, n * l1)
+        k = int(np.argmax(f))
+        best, arg = float(f[k]), float(grid[k])
+        upper_fallback = float(n * upper_fallback_l1)  # = n·ℓ1(−β) in exact arithmetic
+        cells = _cell_upper_bounds(l1, l2, n)
+        order = np.argsort(cells)[::-1]
+        refine = [int(c) for c in order[:16] if cells[c] > best]
+        rest = np.delete(cells, refine)
+        upper = float(rest.max()) if rest.size else -np.inf
+        for c in refine:
+            if c not in sub_cache:
+                sub = np.linspace(grid[c], grid[c + 1], 65)
+                sub_cache[c] = (sub, *_ells(sub, **kw))
+            sub, s1, s2 = sub_cache[c]
+            fs = np.maximum((n - 1) * s1 + s2, n * s1)
+            j = int(np.argmax(fs))
+            if fs[j] > best:
+                best, arg = float(fs[j]), float(sub[j])
+            upper = max(upper, float(_cell_upper_bounds(s1, s2, n).max()), float(n * np.max(s1)))
+        upper = max(upper, upper_fallback, best)
+        out.append((upper * (1.0 + _FP_REL) + _FP_ABS * (n + 1), arg))
+    return out
 
 
 #: Relative width of the normaliser's certificate (``privalign.alignment.normalizer``): for scores in
@@ -328,6 +346,14 @@ class PrivITPAccountant:
     def epsilon_max(self, n: int) -> float:
         """Data-independent worst case ε1(δ) + sup ε2, reserved before running on a pool of n."""
         return self.epsilon1 + self.epsilon2_max(n)
+
+    def epsilon_max_many(self, ns) -> list[float]:
+        """``[epsilon_max(n) for n in ns]``, the same values bit for bit, with the n-independent work of
+        :func:`phase2_worst_case` done once (:func:`phase2_worst_cases`)."""
+        e1 = self.epsilon1
+        worst = phase2_worst_cases(ns, beta=self.beta, r_max=self.r_max, sensitivity=self.sensitivity,
+                                   sigma_z=self.sigma_z, L=self.L)
+        return [e1 + w for w, _ in worst]
 
     def realized(self, t: ArrayLike, n: int, lam_tilde: ArrayLike) -> np.ndarray:
         """ε1(δ) + ε2(t; λ̃), capped at :meth:`epsilon_max` (never above it)."""

@@ -5,13 +5,35 @@ Selectors share one interface: ``select(scores, *, rng, pool_b_scores=None) -> S
 (before any score is seen) and ``law(scores, *, pool_b_scores=None) -> SelectionLaw``.
 """
 
-from privalign.alignment.base import FALLBACK, BatchSelection, Selection, SelectionLaw
-from privalign.alignment.bon import BestOfN
-from privalign.alignment.itp import InferenceTimePessimism
-from privalign.alignment.normalizer import solve_normalizer
-from privalign.alignment.priv_bon import PrivBoN, privbon_epsilon, privbon_scale
-from privalign.alignment.priv_itp import PrivITP
-from privalign.alignment.selectors import Selector, make_selector, pool_size
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported on first access (module __getattr__ below)
+    from privalign.alignment.base import FALLBACK, BatchSelection, Selection, SelectionLaw
+    from privalign.alignment.bon import BestOfN
+    from privalign.alignment.itp import InferenceTimePessimism
+    from privalign.alignment.normalizer import solve_normalizer
+    from privalign.alignment.priv_bon import PrivBoN, privbon_epsilon, privbon_scale
+    from privalign.alignment.priv_itp import PrivITP
+    from privalign.alignment.selectors import Selector, make_selector, pool_size
+
+#: public name → the submodule defining it
+_LAZY = {
+    "FALLBACK": "base",
+    "BatchSelection": "base",
+    "Selection": "base",
+    "SelectionLaw": "base",
+    "BestOfN": "bon",
+    "InferenceTimePessimism": "itp",
+    "solve_normalizer": "normalizer",
+    "PrivBoN": "priv_bon",
+    "privbon_epsilon": "priv_bon",
+    "privbon_scale": "priv_bon",
+    "PrivITP": "priv_itp",
+    "Selector": "selectors",
+    "make_selector": "selectors",
+    "pool_size": "selectors",
+}
 
 __all__ = [
     "FALLBACK",
@@ -29,3 +51,18 @@ __all__ = [
     "make_selector",
     "pool_size",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule defining ``name`` on first access (PEP 562), so that importing one submodule
+    (e.g. by ``privalign simulate``) does not import all of them; the public names are unchanged."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -619,7 +619,7 @@ def _privacy(s: MethodSpec, n_grid, r_max, delta_r) -> dict[str, Any]:
     acc = PrivITPAccountant(beta=s.beta, r_max=r_max, sensitivity=delta_r, sigma_x=s.sigma_x, sigma_z=s.sigma_z,
                             L=s.L, delta=s.delta)
     return {"guarantee": "ex-post (ε1(δ) + ε2(t; λ̃), δ)", "delta": s.delta, "epsilon1": acc.epsilon1,
-            "rho1": acc.rho1, "epsilon_max": [acc.epsilon_max(n) for n in n_grid]}
+            "rho1": acc.rho1, "epsilon_max": acc.epsilon_max_many(n_grid)}
 
 
 def write_results(results: dict[str, Any], out_dir: str | Path) -> Path:

@@ -69,6 +69,7 @@ def _run(args) -> int:
     import sys
 
     import numpy as np
+    from threadpoolctl import threadpool_limits
 
     from privalign.alignment.figures import plot_results, preload_matplotlib
     from privalign.alignment.simulation import prepare_scores, run_protocol, write_results
@@ -103,9 +104,13 @@ def _run(args) -> int:
     specs = _specs(args)
     preloading = preload_matplotlib()  # imports matplotlib in a thread while the engine runs
     try:
-        res = run_protocol(pool, specs, n_grid=[2**i for i in range(k + 1)],
-                           replicates=args.replicates, random_state=args.seed, transform=args.transform,
-                           score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
+        # BLAS on one thread while the engine runs: its matrix products are small (one prompt's nodes ×
+        # replicates × one block), so more BLAS threads only spin-wait between them and burn CPU. The results
+        # do not depend on the thread count (tests/alignment/test_alignment_pinned.py).
+        with threadpool_limits(limits=1, user_api="blas"):
+            res = run_protocol(pool, specs, n_grid=[2**i for i in range(k + 1)],
+                               replicates=args.replicates, random_state=args.seed, transform=args.transform,
+                               score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
     finally:
         preloading.join()  # never leave an import running in a thread (also on errors)
     path = write_results(res, args.out)

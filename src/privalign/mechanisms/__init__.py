@@ -11,9 +11,24 @@ Every mechanism is a frozen dataclass validated at construction, takes ``rng`` k
 the same parameters it samples with. Proof notes: ``docs/privacy/<mechanism>.md``.
 """
 
-from privalign.mechanisms.additive import GaussianMechanism, LaplaceMechanism
-from privalign.mechanisms.randomized_response import RandomizedResponse
-from privalign.mechanisms.selection import NoisyArgmax, NoisyTopK, Peeling, softmax
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported on first access (module __getattr__ below)
+    from privalign.mechanisms.additive import GaussianMechanism, LaplaceMechanism
+    from privalign.mechanisms.randomized_response import RandomizedResponse
+    from privalign.mechanisms.selection import NoisyArgmax, NoisyTopK, Peeling, softmax
+
+#: public name → the submodule defining it
+_LAZY = {
+    "GaussianMechanism": "additive",
+    "LaplaceMechanism": "additive",
+    "RandomizedResponse": "randomized_response",
+    "NoisyArgmax": "selection",
+    "NoisyTopK": "selection",
+    "Peeling": "selection",
+    "softmax": "selection",
+}
 
 __all__ = [
     "GaussianMechanism",
@@ -24,3 +39,18 @@ __all__ = [
     "RandomizedResponse",
     "softmax",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule defining ``name`` on first access (PEP 562), so that importing one submodule
+    (e.g. by ``privalign simulate``) does not import all of them; the public names are unchanged."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
