@@ -1,4 +1,5 @@
-"""Benchmark: ``privalign simulate`` end to end against the authors' comparison script, same pool and protocol.
+"""Benchmark: ``privalign simulate`` end to end against the authors' comparison script, same pool and
+protocol.
 
 Usage:
   python benchmarks/bench_alignment_e2e.py --authors-script /path/outside/repo/comparison.py
@@ -50,10 +51,27 @@ def write_authors_pool(path: Path, prompts: int, candidates: int) -> None:
     pool = make_synthetic_pool(prompts, candidates, random_state=0)
     with open(path, "w", encoding="utf-8") as fh:
         for p in range(prompts):
-            resp = [{"text": f"... The answer is {'AB'[int(t)]}.", "predicted_answer": "AB"[int(t)],
-                     "is_correct": bool(t), "proxy_reward": float(r)} for r, t in zip(pool.proxy[p], pool.true[p])]
-            fh.write(json.dumps({"prompt": f"q{p}", "choices": ["a", "b", "c", "d"], "subject": "s",
-                                 "gt_answer": "B", "responses": resp}) + "\n")
+            resp = [
+                {
+                    "text": f"... The answer is {'AB'[int(t)]}.",
+                    "predicted_answer": "AB"[int(t)],
+                    "is_correct": bool(t),
+                    "proxy_reward": float(r),
+                }
+                for r, t in zip(pool.proxy[p], pool.true[p])
+            ]
+            fh.write(
+                json.dumps(
+                    {
+                        "prompt": f"q{p}",
+                        "choices": ["a", "b", "c", "d"],
+                        "subject": "s",
+                        "gt_answer": "B",
+                        "responses": resp,
+                    }
+                )
+                + "\n"
+            )
 
 
 def timed(cmd: list[str], *, cwd=None, env=None) -> dict:
@@ -66,25 +84,64 @@ def timed(cmd: list[str], *, cwd=None, env=None) -> dict:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}):\n{err[-2000:]}")
-    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "max_rss_mb": ru.ru_maxrss / 1024, "stdout": out}
+    return {
+        "wall_s": wall,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "max_rss_mb": ru.ru_maxrss / 1024,
+        "stdout": out,
+    }
 
 
 def ours_cmd(pool: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "privalign", "simulate", "--pool", str(pool), "--out", str(out),
-            "--methods", "bon,itp,privbon,privitp", "--beta", str(BETA), "--sigma-gumbel", str(SIGMA_GUMBEL),
-            "--sigma-x", str(SIGMA_PHASE), "--sigma-z", str(SIGMA_PHASE), "--max-log2-n", str(MAX_LOG2_N),
-            "--replicates", str(REPLICATES), "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "privalign",
+        "simulate",
+        "--pool",
+        str(pool),
+        "--out",
+        str(out),
+        "--methods",
+        "bon,itp,privbon,privitp",
+        "--beta",
+        str(BETA),
+        "--sigma-gumbel",
+        str(SIGMA_GUMBEL),
+        "--sigma-x",
+        str(SIGMA_PHASE),
+        "--sigma-z",
+        str(SIGMA_PHASE),
+        "--max-log2-n",
+        str(MAX_LOG2_N),
+        "--replicates",
+        str(REPLICATES),
+        "--no-progress",
+    ]
 
 
 def authors_cmd(script: Path, pool: Path, out_base: Path) -> list[str]:
-    return [sys.executable, str(script), "--input_file", str(pool), "--output_basename", str(out_base),
-            "--sigma_gumbel", str(SIGMA_GUMBEL), "--beta", str(BETA), "--n_max_exp", str(MAX_LOG2_N),
-            "--m_replicates", str(REPLICATES)]
+    return [
+        sys.executable,
+        str(script),
+        "--input_file",
+        str(pool),
+        "--output_basename",
+        str(out_base),
+        "--sigma_gumbel",
+        str(SIGMA_GUMBEL),
+        "--beta",
+        str(BETA),
+        "--n_max_exp",
+        str(MAX_LOG2_N),
+        "--m_replicates",
+        str(REPLICATES),
+    ]
 
 
 def loop_baseline(pool_path: Path, prompts: int, replicates: int) -> dict:
-    """The suite's per-replicate loop on ``prompts`` prompts × ``replicates`` replicates (all N), timed in this
-    process after reading the pool; extrapolated to the full protocol by the caller."""
+    """The suite's per-replicate loop on ``prompts`` prompts × ``replicates`` replicates (all N), timed in
+    this process after reading the pool; extrapolated to the full protocol by the caller."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_alignment_protocol as bp
     from privalign.alignment.simulation import prepare_scores
@@ -122,10 +179,15 @@ def run_e2e(args) -> dict:
                 before.append(timed(ours_cmd(pool, work / f"before_{prompts}_{r}"), env=env_b))
             if args.authors_script:
                 script = Path(args.authors_script).resolve()
-                base.append(timed(authors_cmd(script, pool, work / f"authors_{prompts}_{r}"), cwd=script.parent))
-        row = {"pool": f"{prompts} × {args.candidates}", "pool_mb": pool.stat().st_size / 2**20,
-               "ours_cold": {k: v for k, v in cold.items() if k != "stdout"},
-               "ours_warm": [{k: v for k, v in w.items() if k != "stdout"} for w in warm]}
+                base.append(
+                    timed(authors_cmd(script, pool, work / f"authors_{prompts}_{r}"), cwd=script.parent)
+                )
+        row = {
+            "pool": f"{prompts} × {args.candidates}",
+            "pool_mb": pool.stat().st_size / 2**20,
+            "ours_cold": {k: v for k, v in cold.items() if k != "stdout"},
+            "ours_warm": [{k: v for k, v in w.items() if k != "stdout"} for w in warm],
+        }
         med = {k: statistics.median(w[k] for w in warm) for k in ("wall_s", "cpu_s")}
         if before:
             row["before_src"] = [{k: v for k, v in b.items() if k != "stdout"} for b in before]
@@ -140,8 +202,10 @@ def run_e2e(args) -> dict:
             lp, lr = args.loop_prompts, args.loop_replicates
             m = loop_baseline(pool, lp, lr)
             scale = prompts / lp * REPLICATES / lr
-            row["baseline"] = (f"suite loop (loop_protocol), {lp} prompt(s) × {lr} replicates timed, "
-                               f"extrapolated ×{scale:g}; pool read and imports not included")
+            row["baseline"] = (
+                f"suite loop (loop_protocol), {lp} prompt(s) × {lr} replicates timed, "
+                f"extrapolated ×{scale:g}; pool read and imports not included"
+            )
             bmed = {k: m[k] * scale for k in ("wall_s", "cpu_s")}
             row["loop_measured"] = m
         row["baseline_median"] = bmed
@@ -151,9 +215,13 @@ def run_e2e(args) -> dict:
         row["ratio_cold_wall"] = bmed["wall_s"] / cold["wall_s"]
         row["ratio_cold_cpu"] = bmed["cpu_s"] / cold["cpu_s"]
         rows.append(row)
-    return {"utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "loadavg": os.getloadavg(),
-            "protocol": f"BoN, ITP β={BETA}, PrivBoN σ={SIGMA_GUMBEL}, PrivITP σx=σz={SIGMA_PHASE}; "
-                        f"N = 2^0..2^{MAX_LOG2_N}; {REPLICATES} replicates", "runs": rows}
+    return {
+        "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "loadavg": os.getloadavg(),
+        "protocol": f"BoN, ITP β={BETA}, PrivBoN σ={SIGMA_GUMBEL}, PrivITP σx=σz={SIGMA_PHASE}; "
+        f"N = 2^0..2^{MAX_LOG2_N}; {REPLICATES} replicates",
+        "runs": rows,
+    }
 
 
 _MEM_CHILD = r"""
@@ -186,35 +254,55 @@ def run_memory(args) -> dict:
     if not pool.exists():
         write_authors_pool(pool, p, c)
     cache = work / "memcache"
-    out = {"utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "loadavg": os.getloadavg(),
-           "pool": f"{p} × {c}", "pool_file_mb": pool.stat().st_size / 2**20}
+    out = {
+        "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "loadavg": os.getloadavg(),
+        "pool": f"{p} × {c}",
+        "pool_file_mb": pool.stat().st_size / 2**20,
+    }
     import shutil
 
     shutil.rmtree(cache, ignore_errors=True)
     for mode in args.memory_modes.split(","):
-        res = subprocess.run([sys.executable, "-c", _MEM_CHILD, "json" if mode == "json" else "cache", str(pool),
-                              str(cache)], capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", _MEM_CHILD, "json" if mode == "json" else "cache", str(pool), str(cache)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(res.stdout)
         r["tracemalloc_peak_over_scores"] = r["tracemalloc_peak_mb"] / r["score_arrays_mb"]
-        r["peak_rss_minus_rss_before_over_scores"] = (r["max_rss_mb"] - r["rss_before_read_mb"]) / r["score_arrays_mb"]
+        r["peak_rss_minus_rss_before_over_scores"] = (r["max_rss_mb"] - r["rss_before_read_mb"]) / r[
+            "score_arrays_mb"
+        ]
         out[mode] = r
     return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--authors-script", default=None, help="path of the authors' comparison script (outside the repo)")
+    ap.add_argument(
+        "--authors-script", default=None, help="path of the authors' comparison script (outside the repo)"
+    )
     ap.add_argument("--pools", default="3,10", help="prompt counts of the pools (comma-separated)")
     ap.add_argument("--candidates", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loop-prompts", type=int, default=1)
     ap.add_argument("--loop-replicates", type=int, default=5)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--before-src", default=None,
-                    help="also time `privalign simulate` from this src/ folder (PYTHONPATH), e.g. the code before a change")
+    ap.add_argument(
+        "--before-src",
+        default=None,
+        help=(
+            "also time `privalign simulate` from this src/ folder (PYTHONPATH), e.g. the code before a change"
+        ),
+    )
     ap.add_argument("--memory-pool", default=None, help="PxC: measure pool-reading memory instead")
-    ap.add_argument("--memory-modes", default="json,cache_first_read,cache_later_read",
-                    help="which reads to measure (comma-separated; cache_later_read needs cache_first_read before it)")
+    ap.add_argument(
+        "--memory-modes",
+        default="json,cache_first_read,cache_later_read",
+        help="which reads to measure (comma-separated; cache_later_read needs cache_first_read before it)",
+    )
     args = ap.parse_args(argv)
     rows = run_memory(args) if args.memory_pool else run_e2e(args)
     print(json.dumps(rows, indent=2))

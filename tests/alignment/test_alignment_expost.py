@@ -46,8 +46,12 @@ def test_ell_match_mpmath(lam, sigma):
     w = r_max + sigma * L - lam
     o1 = _oracle_log_ephi(lam - r_max + d, w, sigma) - _oracle_log_ephi(lam - r_max, w, sigma)
     o2 = _oracle_log_ephi(d - lam, -w, sigma) - _oracle_log_ephi(-lam, -w, sigma)
-    assert float(ell1(lam, width=w, r_max=r_max, sensitivity=d, sigma_z=sigma)) == pytest.approx(float(o1), rel=1e-8)
-    assert float(ell2(lam, width=w, r_max=r_max, sensitivity=d, sigma_z=sigma)) == pytest.approx(float(o2), rel=1e-8)
+    assert float(ell1(lam, width=w, r_max=r_max, sensitivity=d, sigma_z=sigma)) == pytest.approx(
+        float(o1), rel=1e-8
+    )
+    assert float(ell2(lam, width=w, r_max=r_max, sensitivity=d, sigma_z=sigma)) == pytest.approx(
+        float(o2), rel=1e-8
+    )
 
 
 def test_spec_reference_values():
@@ -86,9 +90,11 @@ def test_worst_case_dominates_fine_grid_and_realized():
         sup, _ = phase2_worst_case(n, **kw)
         grid = np.linspace(-0.05, 0.95, 40001)
         w = 1.0 + 0.5 * 3.0 - grid
-        f = np.maximum((n - 1) * ell1(grid, width=w, r_max=1, sensitivity=1, sigma_z=0.5)
-                       + ell2(grid, width=w, r_max=1, sensitivity=1, sigma_z=0.5),
-                       n * ell1(grid, width=w, r_max=1, sensitivity=1, sigma_z=0.5))
+        f = np.maximum(
+            (n - 1) * ell1(grid, width=w, r_max=1, sensitivity=1, sigma_z=0.5)
+            + ell2(grid, width=w, r_max=1, sensitivity=1, sigma_z=0.5),
+            n * ell1(grid, width=w, r_max=1, sensitivity=1, sigma_z=0.5),
+        )
         assert sup >= f.max()
         assert sup <= f.max() * 1.01 + 1e-9  # and not absurdly loose
 
@@ -109,7 +115,9 @@ def test_coarse_grid_underestimates_is_caught():
 
 
 def test_accountant_realized_never_exceeds_max():
-    acc = PrivITPAccountant(beta=0.05, r_max=1.0, sensitivity=1.0, sigma_x=2.0, sigma_z=0.5, L=3.0, delta=1e-6)
+    acc = PrivITPAccountant(
+        beta=0.05, r_max=1.0, sensitivity=1.0, sigma_x=2.0, sigma_z=0.5, L=3.0, delta=1e-6
+    )
     lam = np.linspace(-0.05, 0.95, 101)
     for t in (-1, 1, 5, 16):
         assert np.all(acc.realized(np.full(lam.shape, t), 16, lam) <= acc.epsilon_max(16))
@@ -121,8 +129,9 @@ def test_calibrate_privitp_sigma():
     from privalign.accounting.expost import calibrate_privitp_sigma
 
     s = calibrate_privitp_sigma(20.0, 1e-6, 16, beta=0.05)
-    acc = lambda x: PrivITPAccountant(beta=0.05, r_max=1.0, sensitivity=1.0, sigma_x=x, sigma_z=x, L=3.0,
-                                      delta=1e-6).epsilon_max(16)
+    acc = lambda x: PrivITPAccountant(
+        beta=0.05, r_max=1.0, sensitivity=1.0, sigma_x=x, sigma_z=x, L=3.0, delta=1e-6
+    ).epsilon_max(16)
     assert acc(s) <= 20.0 < acc(0.99 * s)
 
 
@@ -139,8 +148,13 @@ def test_ell_monotone_in_lambda_tilde(rng):
     supremum relies on it), checked on random public parameters up to rounding."""
     for _ in range(60):
         r_max = 10 ** rng.uniform(-1, 1)
-        kw = dict(beta=10 ** rng.uniform(-3, -0.3) * r_max, r_max=r_max, sensitivity=r_max * rng.uniform(0.05, 1),
-                  sigma_z=10 ** rng.uniform(-2, 0.5) * r_max, L=rng.uniform(0, 4))
+        kw = dict(
+            beta=10 ** rng.uniform(-3, -0.3) * r_max,
+            r_max=r_max,
+            sensitivity=r_max * rng.uniform(0.05, 1),
+            sigma_z=10 ** rng.uniform(-2, 0.5) * r_max,
+            L=rng.uniform(0, 4),
+        )
         l1, l2, _ = _dense_sup(1, **kw, points=2001)
         assert np.all(np.diff(l1) <= 1e-9 * (1 + np.abs(l1[1:])))
         assert np.all(np.diff(l2) >= -1e-9 * (1 + np.abs(l2[1:])))
@@ -153,8 +167,13 @@ def test_worst_case_is_certified_at_any_grid_size(rng, grid_size):
     tight (within 1e-3 relative) on the default grid."""
     for _ in range(25):
         r_max = 10 ** rng.uniform(-1, 1)
-        kw = dict(beta=10 ** rng.uniform(-3, -0.3) * r_max, r_max=r_max, sensitivity=r_max * rng.uniform(0.05, 1),
-                  sigma_z=10 ** rng.uniform(-2, 0.5) * r_max, L=rng.uniform(0, 4))
+        kw = dict(
+            beta=10 ** rng.uniform(-3, -0.3) * r_max,
+            r_max=r_max,
+            sensitivity=r_max * rng.uniform(0.05, 1),
+            sigma_z=10 ** rng.uniform(-2, 0.5) * r_max,
+            L=rng.uniform(0, 4),
+        )
         n = int(rng.integers(1, 300))
         _, _, dense = _dense_sup(n, **kw)
         ub, arg = phase2_worst_case(n, grid_size=grid_size, **kw)
@@ -171,7 +190,11 @@ def test_ell_dominate_every_neighbouring_pair(rng):
     for _ in range(40):
         r_max = 10 ** rng.uniform(-1, 1)
         d = r_max * rng.uniform(0.05, 1.2)  # Δ > R_max allowed: min(Δ, R_max) is used
-        s, L, beta = 10 ** rng.uniform(-2, 0.5) * r_max, rng.uniform(0, 4), 10 ** rng.uniform(-3, -0.3) * r_max
+        s, L, beta = (
+            10 ** rng.uniform(-2, 0.5) * r_max,
+            rng.uniform(0, 4),
+            10 ** rng.uniform(-3, -0.3) * r_max,
+        )
         lam = rng.uniform(-beta, r_max - beta)
         w = r_max + s * L - lam
         r = rng.uniform(0, r_max, 400)
@@ -186,8 +209,10 @@ def test_ell_dominate_every_neighbouring_pair(rng):
         assert np.all(np.abs(acc_p - acc) <= l2 + tol)
 
 
-@pytest.mark.parametrize("beta,r_max,sens,sigma_z,L", [(0.05, 1.0, 1.0, 0.5, 3.0), (0.5, 2.0, 0.3, 0.1, 4.0),
-                                                       (1.0, 1.0, 1.0, 2.0, 2.0)])
+@pytest.mark.parametrize(
+    "beta,r_max,sens,sigma_z,L",
+    [(0.05, 1.0, 1.0, 0.5, 3.0), (0.5, 2.0, 0.3, 0.1, 4.0), (1.0, 1.0, 1.0, 2.0, 2.0)],
+)
 def test_phase2_worst_cases_equal_one_at_a_time(beta, r_max, sens, sigma_z, L):
     """The shared-grid batch gives exactly (==, not approx) the one-n-at-a-time values, and the accountant's
     epsilon_max_many exactly [epsilon_max(n)] — the simulation reports the batch values."""
@@ -196,7 +221,9 @@ def test_phase2_worst_cases_equal_one_at_a_time(beta, r_max, sens, sigma_z, L):
     ns = [1, 2, 3, 7, 64, 4096, 2, 1]
     kw = dict(beta=beta, r_max=r_max, sensitivity=sens, sigma_z=sigma_z, L=L)
     assert phase2_worst_cases(ns, **kw) == [phase2_worst_case(n, **kw) for n in ns]
-    acc = PrivITPAccountant(beta=beta, r_max=r_max, sensitivity=sens, sigma_x=0.5, sigma_z=sigma_z, L=L, delta=1e-6)
+    acc = PrivITPAccountant(
+        beta=beta, r_max=r_max, sensitivity=sens, sigma_x=0.5, sigma_z=sigma_z, L=L, delta=1e-6
+    )
     assert acc.epsilon_max_many(ns) == [acc.epsilon_max(n) for n in ns]
     with pytest.raises(PrivacyParameterError, match="'n'"):
         phase2_worst_cases([3, 0], **kw)

@@ -217,8 +217,9 @@ def phase2_worst_case(
       ``(upper_bound, argmax_lambda)`` where ``argmax_lambda`` maximises the objective among the points
       evaluated.
     """
-    return phase2_worst_cases([n], beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z, L=L,
-                              grid_size=grid_size)[0]
+    return phase2_worst_cases(
+        [n], beta=beta, r_max=r_max, sensitivity=sensitivity, sigma_z=sigma_z, L=L, grid_size=grid_size
+    )[0]
 
 
 def phase2_worst_cases(
@@ -351,8 +352,9 @@ class PrivITPAccountant:
         """``[epsilon_max(n) for n in ns]``, the same values bit for bit, with the n-independent work of
         :func:`phase2_worst_case` done once (:func:`phase2_worst_cases`)."""
         e1 = self.epsilon1
-        worst = phase2_worst_cases(ns, beta=self.beta, r_max=self.r_max, sensitivity=self.sensitivity,
-                                   sigma_z=self.sigma_z, L=self.L)
+        worst = phase2_worst_cases(
+            ns, beta=self.beta, r_max=self.r_max, sensitivity=self.sensitivity, sigma_z=self.sigma_z, L=self.L
+        )
         return [e1 + w for w, _ in worst]
 
     def realized(self, t: ArrayLike, n: int, lam_tilde: ArrayLike) -> np.ndarray:

@@ -18,8 +18,10 @@ __all__ = ["FIGURE_FORMATS", "plot_results", "preload_matplotlib"]
 #: Accepted output formats.
 FIGURE_FORMATS = ("png", "pdf")
 
-_PANELS = (("true_lift", "true-reward lift over base policy (×100 = accuracy lift, %)", "true_lift", 100.0),
-           ("proxy", "expected proxy reward of the selection", "proxy_reward", 1.0))
+_PANELS = (
+    ("true_lift", "true-reward lift over base policy (×100 = accuracy lift, %)", "true_lift", 100.0),
+    ("proxy", "expected proxy reward of the selection", "proxy_reward", 1.0),
+)
 
 
 def preload_matplotlib():
@@ -41,8 +43,13 @@ def preload_matplotlib():
     return th
 
 
-def plot_results(results: dict[str, Any], out_dir: str | Path, *, formats: tuple[str, ...] | list[str] = ("png",),
-                 dpi: int = 120) -> list[Path]:
+def plot_results(
+    results: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    formats: tuple[str, ...] | list[str] = ("png",),
+    dpi: int = 120,
+) -> list[Path]:
     """Two figures: true-reward (accuracy) lift vs N and expected proxy reward vs N (log2 x-axis, error
     bars = 1 SE over prompts), each written once per format (``true_lift.png``, ``proxy_reward.png``;
     ``.pdf`` too when ``"pdf"`` is in ``formats``). Returns the paths written, figure by figure.
@@ -56,7 +63,9 @@ def plot_results(results: dict[str, Any], out_dir: str | Path, *, formats: tuple
     bad = [f for f in formats if f not in FIGURE_FORMATS]
     if not formats or bad:
         raise PrivacyParameterError(
-            f"The 'formats' parameter must be a non-empty subset of {FIGURE_FORMATS}. Got {formats!r} instead.")
+            f"The 'formats' parameter must be a non-empty subset of {FIGURE_FORMATS}. "
+            f"Got {formats!r} instead."
+        )
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
@@ -93,8 +102,8 @@ def plot_results(results: dict[str, Any], out_dir: str | Path, *, formats: tuple
         ax.legend(fontsize=7)
         for fmt in formats:
             path = out / f"{stem}.{fmt}"
-            # PNG: lossless at any zlib level; level 1 instead of the default 6 (same pixels, a slightly larger
-            # file, a fraction of the encoding time)
+            # PNG: lossless at any zlib level; level 1 instead of the default 6 (same pixels, a slightly
+            # larger file, a fraction of the encoding time)
             if fmt == "png":
                 fig.savefig(path, dpi=dpi, format=fmt, pil_kwargs={"compress_level": 1})
             else:

@@ -77,7 +77,9 @@ class MethodSpec:
             check_real(self.beta, "beta", low=0.0, closed="neither")
         if self.kind == "privbon":
             if (self.epsilon is None) == (self.sigma is None):
-                raise PrivacyParameterError("PrivBoN needs exactly one of 'epsilon' or 'sigma'. Got both or neither.")
+                raise PrivacyParameterError(
+                    "PrivBoN needs exactly one of 'epsilon' or 'sigma'. Got both or neither."
+                )
             if self.epsilon is not None:
                 check_real(self.epsilon, "epsilon", low=0.0, closed="neither", allow_inf=True)
             else:
@@ -91,7 +93,8 @@ class MethodSpec:
         return self.kind in ("itp", "privitp")
 
     def privbon_scale(self, sensitivity: float) -> float:
-        """PrivBoN's Gumbel scale: ``sigma`` if given, else :func:`privbon_scale` of ``epsilon`` (rounded up)."""
+        """PrivBoN's Gumbel scale: ``sigma`` if given, else :func:`privbon_scale` of ``epsilon``
+        (rounded up)."""
         if self.sigma is not None:
             return self.sigma
         assert self.epsilon is not None  # __post_init__: exactly one of epsilon, sigma
@@ -109,7 +112,9 @@ class MethodSpec:
         return f"PrivITP β={self.beta:g} σx={self.sigma_x:g} σz={self.sigma_z:g}"
 
 
-def prepare_scores(pool: ScoredPool, *, transform: str = "none", score_range: tuple[float, float] = (0.0, 1.0)):
+def prepare_scores(
+    pool: ScoredPool, *, transform: str = "none", score_range: tuple[float, float] = (0.0, 1.0)
+):
     """Return ``(z, clipped, r_max)``: the (optionally globally z-normalised) proxy rewards, and the same
     clipped to the public range and shifted to ``[0, r_max]`` for the methods that need bounded scores.
 
@@ -119,7 +124,9 @@ def prepare_scores(pool: ScoredPool, *, transform: str = "none", score_range: tu
     check_choice(transform, "transform", ("none", "global_z"))
     lo, hi = float(score_range[0]), float(score_range[1])
     if not hi > lo:
-        raise PrivacyParameterError(f"The 'score_range' parameter must satisfy low < high. Got {score_range!r} instead.")
+        raise PrivacyParameterError(
+            f"The 'score_range' parameter must satisfy low < high. Got {score_range!r} instead."
+        )
     z = pool.proxy.copy()
     if transform == "global_z":
         vals = z[np.isfinite(z)]
@@ -132,15 +139,29 @@ def _privitp_nodes(spec: MethodSpec, r_max: float, panel_width: float | None, or
     assert spec.beta is not None and spec.sigma_x is not None and spec.sigma_z is not None  # __post_init__
     lo, hi = -spec.beta, r_max - spec.beta
     pw = panel_width if panel_width is not None else 3.0 * min(spec.sigma_x, spec.sigma_z)
-    nodes, _ = lambda_quadrature(np.array([0.0]), spec.sigma_x, lo, hi, panel_width=pw, order=order, max_panels=400)
+    nodes, _ = lambda_quadrature(
+        np.array([0.0]), spec.sigma_x, lo, hi, panel_width=pw, order=order, max_panels=400
+    )
     return nodes, pw
 
 
-def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int], replicates: int = 50,
-                 random_state: int | np.random.SeedSequence | None = None, transform: str = "none",
-                 score_range: tuple[float, float] = (0.0, 1.0), sensitivity: float | None = None,
-                 skip_short: bool = False, quad_order: int = 6, quad_panel_width: float | None = None,
-                 progress: bool = True, max_chunk: int = 4_000_000, per_prompt: bool = False) -> dict[str, Any]:
+def run_protocol(
+    pool: ScoredPool,
+    specs: list[MethodSpec],
+    *,
+    n_grid: list[int],
+    replicates: int = 50,
+    random_state: int | np.random.SeedSequence | None = None,
+    transform: str = "none",
+    score_range: tuple[float, float] = (0.0, 1.0),
+    sensitivity: float | None = None,
+    skip_short: bool = False,
+    quad_order: int = 6,
+    quad_panel_width: float | None = None,
+    progress: bool = True,
+    max_chunk: int = 4_000_000,
+    per_prompt: bool = False,
+) -> dict[str, Any]:
     """Run the §5.4 protocol.
 
     Args:
@@ -177,38 +198,76 @@ def run_protocol(pool: ScoredPool, specs: list[MethodSpec], *, n_grid: list[int]
     if keep.size == 0:
         raise PrivacyParameterError(f"No prompt has at least {need} candidates; nothing to evaluate.")
     if not sub.has_true:
-        raise PrivacyParameterError("The pool has candidates without a true reward ('is_correct' or 'true_reward').")
+        raise PrivacyParameterError(
+            "The pool has candidates without a true reward ('is_correct' or 'true_reward')."
+        )
     z, clipped, r_max = prepare_scores(sub, transform=transform, score_range=score_range)
-    delta_r = r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
-    ss = random_state if isinstance(random_state, np.random.SeedSequence) else np.random.SeedSequence(random_state)
+    delta_r = (
+        r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
+    )
+    ss = (
+        random_state
+        if isinstance(random_state, np.random.SeedSequence)
+        else np.random.SeedSequence(random_state)
+    )
     rng = np.random.default_rng(ss)
     P, G = keep.size, len(n_grid)
     res_true = {i: np.zeros((P, G)) for i in range(len(specs))}
     res_proxy = {i: np.zeros((P, G)) for i in range(len(specs))}
     res_eps = {i: np.full((P, G), np.nan) for i in range(len(specs))}
-    pre = {i: _privitp_precompute(s, r_max, delta_r, quad_panel_width, quad_order)
-           for i, s in enumerate(specs) if s.kind == "privitp"}
+    pre = {
+        i: _privitp_precompute(s, r_max, delta_r, quad_panel_width, quad_order)
+        for i, s in enumerate(specs)
+        if s.kind == "privitp"
+    }
     two = any(s.two_pools for s in specs)
     for p in _progress(range(P), progress):
         c = int(sub.counts[p])
         perm = rng.permuted(np.broadcast_to(np.arange(c), (replicates, c)), axis=1)
         draw = _Draw.make(clipped[p, :c], sub.true[p, :c], z[p, :c], perm, max(n_grid), two_pools=two)
-        for i, (et, ez, ee) in enumerate(_evaluate_prompt(draw, specs, pre, n_grid, r_max, delta_r, max_chunk)):
+        for i, (et, ez, ee) in enumerate(
+            _evaluate_prompt(draw, specs, pre, n_grid, r_max, delta_r, max_chunk)
+        ):
             res_true[i][p], res_proxy[i][p] = et, ez
             if ee is not None:
                 res_eps[i][p] = ee
     base_true = np.array([sub.true[p, : sub.counts[p]].mean() for p in range(P)])
     base_proxy = np.array([z[p, : sub.counts[p]].mean() for p in range(P)])
-    methods = [_method_entry(s, pre.get(i), res_true[i], res_proxy[i], res_eps[i], base_true, n_grid, r_max,
-                             delta_r, quad_order, per_prompt) for i, s in enumerate(specs)]
+    methods = [
+        _method_entry(
+            s,
+            pre.get(i),
+            res_true[i],
+            res_proxy[i],
+            res_eps[i],
+            base_true,
+            n_grid,
+            r_max,
+            delta_r,
+            quad_order,
+            per_prompt,
+        )
+        for i, s in enumerate(specs)
+    ]
     out = {
-        "config": {"n_grid": list(n_grid), "replicates": replicates, "transform": transform,
-                   "score_range": list(score_range), "r_max": r_max, "sensitivity": delta_r,
-                   "seed_entropy": str(ss.entropy), "skip_rule": f"prompts with < {need} candidates skipped"
-                   if skip_short else "none (all prompts had enough candidates)"},
-        "n_prompts": int(P), "skipped_prompts": int(pool.counts.size - P),
-        "base_true": float(base_true.mean()), "base_proxy": float(base_proxy.mean()),
-        "methods": methods, "seconds": time.perf_counter() - t0,
+        "config": {
+            "n_grid": list(n_grid),
+            "replicates": replicates,
+            "transform": transform,
+            "score_range": list(score_range),
+            "r_max": r_max,
+            "sensitivity": delta_r,
+            "seed_entropy": str(ss.entropy),
+            "skip_rule": f"prompts with < {need} candidates skipped"
+            if skip_short
+            else "none (all prompts had enough candidates)",
+        },
+        "n_prompts": int(P),
+        "skipped_prompts": int(pool.counts.size - P),
+        "base_true": float(base_true.mean()),
+        "base_proxy": float(base_proxy.mean()),
+        "methods": methods,
+        "seconds": time.perf_counter() - t0,
     }
     if per_prompt:
         out["prompt_index"] = [int(k) for k in keep]
@@ -282,7 +341,7 @@ class _Draw:
         pa = perm[:, :n_max]
         d = cls(cp, tp, zp, perm, n_max, cp[pa], zp[pa], tp[pa])
         if two_pools:
-            pb = perm[:, n_max:2 * n_max]
+            pb = perm[:, n_max : 2 * n_max]
             d.cb, d.tb, d.zb = cp[pb], tp[pb], zp[pb]
             d.dv_b = _scan_differences(d.tb, d.zb)  # (m, 3, n_max), shared by ITP and PrivITP
         return d
@@ -377,11 +436,24 @@ def _itp_values(draw: _Draw, beta: float, n: int, r_max: float, bases):
     return _sequential_expectation(rej, (tb, zb), (dv_b[:, 0, :-1], dv_b[:, 1, :-1]), bases)
 
 
-def _method_entry(s: MethodSpec, pre, res_true, res_proxy, res_eps, base_true, n_grid, r_max, delta_r,
-                  quad_order, per_prompt) -> dict[str, Any]:
+def _method_entry(
+    s: MethodSpec,
+    pre,
+    res_true,
+    res_proxy,
+    res_eps,
+    base_true,
+    n_grid,
+    r_max,
+    delta_r,
+    quad_order,
+    per_prompt,
+) -> dict[str, Any]:
     lift = res_true - base_true[:, None]
     entry = {
-        "name": s.name(), "spec": asdict(s), "n": list(n_grid),
+        "name": s.name(),
+        "spec": asdict(s),
+        "n": list(n_grid),
         "true_value": res_true.mean(0).tolist(),
         "true_lift": lift.mean(0).tolist(),
         "true_lift_se": _se(lift).tolist(),
@@ -458,8 +530,9 @@ def _scan_differences(vt, vz):
 def _sequential_expectation(rej, values, diffs, bases, *, tol=1e-12, block=256):
     """``Σ_{t<N} P(t)·v_t + P(fallback)·base`` row-wise for the sequential law ``P(t) = a_t Π_{i<t}(1 − a_i)``
     (the law of :func:`privalign.alignment.laws.sequential_law`), from the rejection probabilities
-    ``rej = 1 − a`` of shape (m, N) (overwritten). With the survival ``S_t = Π_{i≤t}(1 − a_i)``, summing by
-    parts: ``Σ_{t<E} v_t P(t) = v_0 + Σ_{t<E} (v_{t+1} − v_t) S_t − v_E S_{E−1}`` and ``P(fallback) = S_{N−1}``.
+    ``rej = 1 − a`` of shape (m, N) (overwritten). With the survival ``S_t = Π_{i≤t}(1 − a_i)``, summing
+    by parts: ``Σ_{t<E} v_t P(t) = v_0 + Σ_{t<E} (v_{t+1} − v_t) S_t − v_E S_{E−1}`` and
+    ``P(fallback) = S_{N−1}``.
 
     ``values`` and ``diffs`` hold, per value, the (m, ≥N) values along the pool and their differences
     ``v_{t+1} − v_t`` (prefixes are used, so one array serves every N). The product is taken in blocks of
@@ -531,8 +604,9 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
     for gi, n in enumerate(n_grid):
         lam = lam_cache.get((s.beta, n))
         lams[gi] = lam_cache[(s.beta, n)] = solve_normalizer(cp[perm[:, :n]], s.beta) if lam is None else lam
-    weights = lambda_quadrature(lams, s.sigma_x, -s.beta, r_max - s.beta, panel_width=pw, order=order,
-                                max_panels=400)[1]  # (G, m, K)
+    weights = lambda_quadrature(
+        lams, s.sigma_x, -s.beta, r_max - s.beta, panel_width=pw, order=order, max_panels=400
+    )[1]  # (G, m, K)
     n_arr = np.asarray(n_grid)
     rej_t = np.ascontiguousarray(np.asarray(rej_pool, dtype=np.float64).T)  # (K, C)
     bounds = sorted(set(n_grid) | set(range(block, n_max, block)) | {n_max})
@@ -543,11 +617,11 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
     if draw.tb is not None and draw.zb is not None:  # already gathered
         pool_b_values = (draw.tb, draw.zb)
     else:
-        pb = perm[:, n_max:2 * n_max]
+        pb = perm[:, n_max : 2 * n_max]
         pool_b_values = (tp[pb], zp[pb])
     for r0 in range(0, m, step):
         sl = slice(r0, r0 + step)
-        bs = perm[sl, n_max:2 * n_max]
+        bs = perm[sl, n_max : 2 * n_max]
         vb = [np.asarray(v[sl], dtype=np.float64) for v in pool_b_values]
         c = bs.shape[0]
         dv = _scan_differences(*vb) if pool_b_diffs is None else np.asarray(pool_b_diffs)[sl]  # (c, 3, n_max)
@@ -559,7 +633,8 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
             return np.array([0.0, 0.0, float(e)])
 
         wgt = weights[:, sl].transpose(0, 2, 1)  # (G, K, c)
-        # state of the nodes still scanned (compacted), and final Σ_{t<stop} v_t P(t) / survival of stopped ones
+        # state of the nodes still scanned (compacted), and final Σ_{t<stop} v_t P(t) / survival of
+        # stopped ones
         act = np.arange(k)
         table = rej_t
         surv = np.ones((k, c))
@@ -574,7 +649,9 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
                 cum = np.take(table, bs[:, start:end], axis=1)  # (k_act, c, blk): 1 − a
                 cum[:, :, 0] *= surv
                 np.cumprod(cum, axis=2, out=cum)
-                sums += np.matmul(cum.transpose(1, 0, 2), dv[:, :, start:end].transpose(0, 2, 1)).transpose(1, 0, 2)
+                sums += np.matmul(cum.transpose(1, 0, 2), dv[:, :, start:end].transpose(0, 2, 1)).transpose(
+                    1, 0, 2
+                )
                 surv = cum[:, :, -1].copy()
                 if w_ahead is None:
                     ahead = n_arr > end
@@ -587,7 +664,7 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
                     act, surv, sums, w_ahead = act[keep], surv[keep], sums[keep], w_ahead[keep]
                     # nodes tend to stop in order of λ̃, leaving a contiguous range: a view, no copy
                     contiguous = act.size and act[-1] - act[0] + 1 == act.size
-                    table = rej_t[act[0]:act[-1] + 1] if contiguous else rej_t[act]
+                    table = rej_t[act[0] : act[-1] + 1] if contiguous else rej_t[act]
             if end in n_grid:
                 # Σ_{t<N} v_t P(t) = v_0 + sums − v_N·S_{N−1}  (per node, per replicate, per value)
                 q, sv = done_q.copy(), done_s.copy()
@@ -613,13 +690,29 @@ def _privacy(s: MethodSpec, n_grid, r_max, delta_r) -> dict[str, Any]:
     if s.kind == "privbon":
         scale = _privbon_scale(s, delta_r)
         eps = privbon_epsilon(scale, delta_r)
-        return {"guarantee": "pure ε-DP per query (exponential mechanism); ε²/8-zCDP", "epsilon": eps,
-                "rho": eps**2 / 8 if math.isfinite(eps) else math.inf, "scale": scale}
+        return {
+            "guarantee": "pure ε-DP per query (exponential mechanism); ε²/8-zCDP",
+            "epsilon": eps,
+            "rho": eps**2 / 8 if math.isfinite(eps) else math.inf,
+            "scale": scale,
+        }
     assert s.beta is not None and s.sigma_x is not None and s.sigma_z is not None  # __post_init__
-    acc = PrivITPAccountant(beta=s.beta, r_max=r_max, sensitivity=delta_r, sigma_x=s.sigma_x, sigma_z=s.sigma_z,
-                            L=s.L, delta=s.delta)
-    return {"guarantee": "ex-post (ε1(δ) + ε2(t; λ̃), δ)", "delta": s.delta, "epsilon1": acc.epsilon1,
-            "rho1": acc.rho1, "epsilon_max": acc.epsilon_max_many(n_grid)}
+    acc = PrivITPAccountant(
+        beta=s.beta,
+        r_max=r_max,
+        sensitivity=delta_r,
+        sigma_x=s.sigma_x,
+        sigma_z=s.sigma_z,
+        L=s.L,
+        delta=s.delta,
+    )
+    return {
+        "guarantee": "ex-post (ε1(δ) + ε2(t; λ̃), δ)",
+        "delta": s.delta,
+        "epsilon1": acc.epsilon1,
+        "rho1": acc.rho1,
+        "epsilon_max": acc.epsilon_max_many(n_grid),
+    }
 
 
 def write_results(results: dict[str, Any], out_dir: str | Path) -> Path:

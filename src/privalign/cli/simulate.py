@@ -21,16 +21,22 @@ def _specs(args):
             specs += [MethodSpec("itp", beta=b) for b in parse_floats(args.beta, "beta")]
         elif m == "privbon":
             if args.sigma_gumbel:
-                specs += [MethodSpec("privbon", sigma=s) for s in parse_floats(args.sigma_gumbel, "sigma-gumbel")]
+                specs += [
+                    MethodSpec("privbon", sigma=s) for s in parse_floats(args.sigma_gumbel, "sigma-gumbel")
+                ]
             else:
                 specs += [MethodSpec("privbon", epsilon=e) for e in parse_floats(args.epsilon, "epsilon")]
         elif m == "privitp":
             for b in parse_floats(args.beta, "beta"):
                 for sx in parse_floats(args.sigma_x, "sigma-x"):
                     for sz in parse_floats(args.sigma_z or args.sigma_x, "sigma-z"):
-                        specs.append(MethodSpec("privitp", beta=b, sigma_x=sx, sigma_z=sz, L=args.L, delta=args.delta))
+                        specs.append(
+                            MethodSpec("privitp", beta=b, sigma_x=sx, sigma_z=sz, L=args.L, delta=args.delta)
+                        )
         else:
-            raise PrivacyParameterError(f"The '--methods' option must list bon, itp, privbon, privitp. Got {m!r} instead.")
+            raise PrivacyParameterError(
+                f"The '--methods' option must list bon, itp, privbon, privitp. Got {m!r} instead."
+            )
     return specs
 
 
@@ -44,13 +50,15 @@ def _synthetic(text: str) -> tuple[int, int]:
             raise ValueError
     except ValueError:
         raise PrivacyParameterError(
-            f"argument --synthetic: must be PROMPTS,CANDIDATES (two positive integers, e.g. 20,512), got {text!r}"
+            "argument --synthetic: must be PROMPTS,CANDIDATES (two positive integers, e.g. 20,512), "
+            f"got {text!r}"
         ) from None
     return p, c
 
 
 def _max_log2_n(args, pool) -> int:
-    """The largest k with 2^k (2·2^k for the two-pool PrivITP) candidates in every prompt, at most 12 (the authors' N grid)."""
+    """The largest k with 2^k (2·2^k for the two-pool PrivITP) candidates in every prompt, at most 12
+    (the authors' N grid)."""
     import math
 
     from privalign.errors import PrivacyParameterError
@@ -61,7 +69,9 @@ def _max_log2_n(args, pool) -> int:
     smallest = int(pool.counts.min())
     usable = smallest // 2 if two else smallest
     if usable < 1:
-        raise PrivacyParameterError(f"The pool's smallest prompt has {smallest} candidate(s): too few for --methods {args.methods}.")
+        raise PrivacyParameterError(
+            f"The pool's smallest prompt has {smallest} candidate(s): too few for --methods {args.methods}."
+        )
     return min(12, int(math.floor(math.log2(usable))))
 
 
@@ -80,7 +90,11 @@ def _run(args) -> int:
 
     stats = ReadStats()
     if args.pool:
-        pool = ScoredPool.read(args.pool, stats=stats) if args.no_pool_cache else read_scored_pool(args.pool, stats=stats)
+        pool = (
+            ScoredPool.read(args.pool, stats=stats)
+            if args.no_pool_cache
+            else read_scored_pool(args.pool, stats=stats)
+        )
         if stats.describe():
             print(f"privalign simulate: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
     else:
@@ -90,7 +104,9 @@ def _run(args) -> int:
         pool = make_synthetic_pool(p, c, random_state=args.seed)
     rng_ = parse_floats(args.score_range, "score-range")
     if len(rng_) != 2 or not rng_[0] < rng_[1]:
-        raise PrivacyParameterError(f"argument --score-range: must be LOW,HIGH with LOW < HIGH, got {args.score_range!r}")
+        raise PrivacyParameterError(
+            f"argument --score-range: must be LOW,HIGH with LOW < HIGH, got {args.score_range!r}"
+        )
     lo, hi = rng_
     k = _max_log2_n(args, pool)
     z, _, _ = prepare_scores(pool, transform=args.transform, score_range=(lo, hi))
@@ -98,9 +114,13 @@ def _run(args) -> int:
     n_clip = int(np.sum(finite & ((z < lo) | (z > hi))))
     clipped_fraction = n_clip / max(1, int(finite.sum()))
     if n_clip:
-        print(f"privalign simulate: note: {n_clip} of {int(finite.sum())} scores ({100 * clipped_fraction:.2f}%) lie outside "
-              f"--score-range {lo:g},{hi:g} (after --transform {args.transform}) and are clipped for the bounded-score methods",
-              file=sys.stderr)
+        print(
+            f"privalign simulate: note: {n_clip} of {int(finite.sum())} scores "
+            f"({100 * clipped_fraction:.2f}%) lie outside "
+            f"--score-range {lo:g},{hi:g} (after --transform {args.transform}) "
+            "and are clipped for the bounded-score methods",
+            file=sys.stderr,
+        )
     specs = _specs(args)
     preloading = preload_matplotlib()  # imports matplotlib in a thread while the engine runs
     try:
@@ -108,19 +128,37 @@ def _run(args) -> int:
         # replicates × one block), so more BLAS threads only spin-wait between them and burn CPU. The results
         # do not depend on the thread count (tests/alignment/test_alignment_pinned.py).
         with threadpool_limits(limits=1, user_api="blas"):
-            res = run_protocol(pool, specs, n_grid=[2**i for i in range(k + 1)],
-                               replicates=args.replicates, random_state=args.seed, transform=args.transform,
-                               score_range=(lo, hi), skip_short=args.skip_short, progress=not args.no_progress)
+            res = run_protocol(
+                pool,
+                specs,
+                n_grid=[2**i for i in range(k + 1)],
+                replicates=args.replicates,
+                random_state=args.seed,
+                transform=args.transform,
+                score_range=(lo, hi),
+                skip_short=args.skip_short,
+                progress=not args.no_progress,
+            )
     finally:
         preloading.join()  # never leave an import running in a thread (also on errors)
     path = write_results(res, args.out)
     figs = plot_results(res, args.out, formats=("png", "pdf") if args.pdf else ("png",))
-    summary = {"results": str(path), "figures": [str(f) for f in figs], "n_prompts": res["n_prompts"],
-               "skipped_prompts": res["skipped_prompts"], "seconds": res["seconds"], "max_n": 2**k,
-               "transform": args.transform, "score_range": [lo, hi], "clipped_fraction": clipped_fraction,
-               "pool_read": stats.to_dict() if args.pool else None,
-               "methods": [{"name": m["name"], "true_lift_at_max_n": m["true_lift"][-1],
-                            "privacy": m["privacy"]} for m in res["methods"]]}
+    summary = {
+        "results": str(path),
+        "figures": [str(f) for f in figs],
+        "n_prompts": res["n_prompts"],
+        "skipped_prompts": res["skipped_prompts"],
+        "seconds": res["seconds"],
+        "max_n": 2**k,
+        "transform": args.transform,
+        "score_range": [lo, hi],
+        "clipped_fraction": clipped_fraction,
+        "pool_read": stats.to_dict() if args.pool else None,
+        "methods": [
+            {"name": m["name"], "true_lift_at_max_n": m["true_lift"][-1], "privacy": m["privacy"]}
+            for m in res["methods"]
+        ],
+    }
     if args.json:
         emit_json(summary)
     else:
@@ -131,19 +169,26 @@ def _run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("simulate", help="evaluation protocol (N = 2^0..2^k) on a scored pool",
-                              description="Run BoN/ITP/PrivBoN/PrivITP with exact selection laws on a scored pool "
-                                          "and write results.json plus PNG figures (and PDF with --pdf) into --out. "
-                                          "A pool file is parsed once into a columnar cache (<user cache>/pools, "
-                                          "memory-mapped, rebuilt when the file changes). Defaults follow the "
-                                          "authors' protocol (docs/alignment.md): rewards z-normalised over the whole "
-                                          "pool, 50 replicates, N up to the largest power of two the pool supports "
-                                          "(at most 2^12); scores outside --score-range are clipped for the "
-                                          "bounded-score methods and the count is printed.")
+    p = subparsers.add_parser(
+        "simulate",
+        help="evaluation protocol (N = 2^0..2^k) on a scored pool",
+        description="Run BoN/ITP/PrivBoN/PrivITP with exact selection laws on a scored pool "
+        "and write results.json plus PNG figures (and PDF with --pdf) into --out. "
+        "A pool file is parsed once into a columnar cache (<user cache>/pools, "
+        "memory-mapped, rebuilt when the file changes). Defaults follow the "
+        "authors' protocol (docs/alignment.md): rewards z-normalised over the whole "
+        "pool, 50 replicates, N up to the largest power of two the pool supports "
+        "(at most 2^12); scores outside --score-range are clipped for the "
+        "bounded-score methods and the count is printed.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--pool", help="scored-pool JSONL(.gz) file")
     src.add_argument("--synthetic", help="PROMPTS,CANDIDATES (e.g. 20,512): use a synthetic pool instead")
-    p.add_argument("--methods", default="bon,itp,privbon,privitp", help="comma-separated methods (bon, itp, privbon, privitp)")
+    p.add_argument(
+        "--methods",
+        default="bon,itp,privbon,privitp",
+        help="comma-separated methods (bon, itp, privbon, privitp)",
+    )
     p.add_argument("--beta", default="0.05", help="β values (comma-separated sweep) for itp/privitp")
     p.add_argument("--epsilon", default="4", help="PrivBoN ε values (sweep)")
     p.add_argument("--sigma-gumbel", default=None, help="PrivBoN Gumbel scales instead of ε (sweep)")
@@ -151,20 +196,36 @@ def register(subparsers) -> None:
     p.add_argument("--sigma-z", default=None, help="PrivITP σ_Z values (default: = σ_X)")
     p.add_argument("--L", type=float, default=3.0, help="PrivITP envelope widening (units of σ_Z)")
     p.add_argument("--delta", type=float, default=1e-6, help="PrivITP δ")
-    p.add_argument("--max-log2-n", type=int, default=None,
-                   help="largest N is 2^k (default: the largest the pool supports, at most 12)")
+    p.add_argument(
+        "--max-log2-n",
+        type=int,
+        default=None,
+        help="largest N is 2^k (default: the largest the pool supports, at most 12)",
+    )
     p.add_argument("--replicates", type=int, default=50, help="replicates per (prompt, N) (default 50)")
-    p.add_argument("--transform", choices=["none", "global_z"], default="global_z",
-                   help="reward normalisation (default global_z: z-scores over all responses, as the authors do)")
-    p.add_argument("--score-range", default="-4,4",
-                   help="public clipping range LOW,HIGH after the transform (default -4,4; e.g. --score-range -4,16)")
+    p.add_argument(
+        "--transform",
+        choices=["none", "global_z"],
+        default="global_z",
+        help="reward normalisation (default global_z: z-scores over all responses, as the authors do)",
+    )
+    p.add_argument(
+        "--score-range",
+        default="-4,4",
+        help="public clipping range LOW,HIGH after the transform (default -4,4; e.g. --score-range -4,16)",
+    )
     p.add_argument("--skip-short", action="store_true", help="skip prompts with too few candidates")
-    p.add_argument("--seed", type=int, default=0, help="SeedSequence entropy, a non-negative integer (default 0)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="SeedSequence entropy, a non-negative integer (default 0)"
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--pdf", action="store_true", help="also write each figure as PDF (default: PNG only)")
-    p.add_argument("--no-pool-cache", action="store_true",
-                   help="parse the pool file every time instead of using the columnar cache in the user cache "
-                        "directory ($PRIVALIGN_CACHE_DIR, else $XDG_CACHE_HOME/privalign, else ~/.cache/privalign)")
+    p.add_argument(
+        "--no-pool-cache",
+        action="store_true",
+        help="parse the pool file every time instead of using the columnar cache in the user cache "
+        "directory ($PRIVALIGN_CACHE_DIR, else $XDG_CACHE_HOME/privalign, else ~/.cache/privalign)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=_run)

@@ -50,7 +50,10 @@ def hh_prompts(num_prompts: int | None = None):
     from privalign.data.datasets import Example, load_hh_rlhf
 
     ex = load_hh_rlhf()
-    out = [Example(prompt=first_human_turn(e.prompt), subject="hh-rlhf", extra={"dialogue_index": i}) for i, e in enumerate(ex)]
+    out = [
+        Example(prompt=first_human_turn(e.prompt), subject="hh-rlhf", extra={"dialogue_index": i})
+        for i, e in enumerate(ex)
+    ]
     return out if num_prompts is None else out[:num_prompts]
 
 
@@ -63,7 +66,8 @@ def hh_pairs() -> tuple[list[str], list[str]]:
 
 
 def _bt_fit(D: np.ndarray, C: float, random_state: int):
-    """Logistic regression without intercept on both orientations of the pair differences ``D`` (chosen − rejected)."""
+    """Logistic regression without intercept on both orientations of the pair differences ``D``
+    (chosen − rejected)."""
     sk = require("sklearn.linear_model", purpose="fitting a Bradley-Terry reward")
     sp = require("scipy.sparse")
     if sp.issparse(D):
@@ -76,8 +80,15 @@ def _bt_fit(D: np.ndarray, C: float, random_state: int):
     return clf.coef_.ravel()
 
 
-def fit_hh_gold(out: str | os.PathLike, *, C: float = 1.0, backend: str = "onnx", folds: int = 5, random_state: int = 0,
-                progress: bool = True) -> dict[str, Any]:
+def fit_hh_gold(
+    out: str | os.PathLike,
+    *,
+    C: float = 1.0,
+    backend: str = "onnx",
+    folds: int = 5,
+    random_state: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Fit and save the MiniLM Bradley–Terry gold reward on all harmless-base pairs; returns its metadata."""
     from privalign.estimation.features import EmbeddingFeatures
     from privalign.models.scorers import LinearRewardScorer
@@ -99,7 +110,8 @@ def fit_hh_gold(out: str | os.PathLike, *, C: float = 1.0, backend: str = "onnx"
         accs.append(float((D[fold == f] @ w > 0).mean()))
     w = _bt_fit(D, C, random_state)
     meta = {
-        "what": f"HH-RLHF harmless-base gold reward: Bradley-Terry (logistic regression, no intercept) on MiniLM ({backend}) "
+        "what": "HH-RLHF harmless-base gold reward: Bradley-Terry (logistic regression, no intercept) "
+        f"on MiniLM ({backend}) "
         "embeddings of the final assistant response, fit on all human pairs",
         "fit_pairs": int(len(D)),
         "cv_folds": folds,
@@ -110,13 +122,21 @@ def fit_hh_gold(out: str | os.PathLike, *, C: float = 1.0, backend: str = "onnx"
         "random_state": random_state,
         "sklearn": require("sklearn").__version__,
     }
-    LinearRewardScorer(fm, w, intercept=0.0, link="identity", name="hh-gold-minilm-bt").save(Path(out), metadata=meta)
+    LinearRewardScorer(fm, w, intercept=0.0, link="identity", name="hh-gold-minilm-bt").save(
+        Path(out), metadata=meta
+    )
     return meta
 
 
 def fit_hh_proxy(
-    out: str | os.PathLike, gold: str | os.PathLike, *, n_pairs: int | list[int] = 200, eval_prompts: int = EVAL_PROMPTS,
-    C: float = 1.0, n_features: int = 2**18, seed: int = 0,
+    out: str | os.PathLike,
+    gold: str | os.PathLike,
+    *,
+    n_pairs: int | list[int] = 200,
+    eval_prompts: int = EVAL_PROMPTS,
+    C: float = 1.0,
+    n_features: int = 2**18,
+    seed: int = 0,
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Fit and save a hashed-n-gram Bradley–Terry proxy on ``n_pairs`` gold-relabelled pairs.
 
@@ -129,7 +149,9 @@ def fit_hh_proxy(
     single = isinstance(n_pairs, int)
     sizes = [n_pairs] if isinstance(n_pairs, int) else list(n_pairs)
     if len(sizes) > 1 and "{n}" not in str(out):
-        raise PrivacyParameterError(f"The 'out' parameter must contain '{{n}}' when several n_pairs are given. Got {str(out)!r}.")
+        raise PrivacyParameterError(
+            f"The 'out' parameter must contain '{{n}}' when several n_pairs are given. Got {str(out)!r}."
+        )
     from privalign.estimation.features import HashedNgramFeatures
     from privalign.models.scorers import LinearRewardScorer
 
@@ -161,15 +183,17 @@ def fit_hh_proxy(
         w = _bt_fit(diffs(fit_idx), C, seed)
         meta = _proxy_meta(n_pairs, gold, eval_prompts, ho_idx, diffs(ho_idx) @ w, ga, gb, C, seed)
         name = f"hh-proxy-ngram-bt-{n_pairs}"
-        LinearRewardScorer(fm, w, intercept=0.0, link="identity", name=name).save(Path(str(out).replace("{n}", str(n_pairs))),
-                                                                                   metadata=meta)
+        LinearRewardScorer(fm, w, intercept=0.0, link="identity", name=name).save(
+            Path(str(out).replace("{n}", str(n_pairs))), metadata=meta
+        )
         metas.append(meta)
     return metas[0] if single else metas
 
 
 def _proxy_meta(n_pairs, gold, eval_prompts, ho_idx, ho_margin, ga, gb, C, seed) -> dict[str, Any]:
     return {
-        "what": f"HH-RLHF proxy reward: Bradley-Terry on binary hashed word 1-2-grams, fit on {n_pairs} gold-relabelled "
+        "what": "HH-RLHF proxy reward: Bradley-Terry on binary hashed word 1-2-grams, "
+        f"fit on {n_pairs} gold-relabelled "
         "harmless-base pairs",
         "gold": str(gold),
         "fit_pairs": int(n_pairs),

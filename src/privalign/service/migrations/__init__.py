@@ -58,7 +58,9 @@ def _command():
     except ImportError:
         from privalign.errors import MissingDependencyError
 
-        raise MissingDependencyError("The service's database migrations need Alembic: pip install 'privalign[serve]'.") from None
+        raise MissingDependencyError(
+            "The service's database migrations need Alembic: pip install 'privalign[serve]'."
+        ) from None
     return command
 
 
@@ -67,7 +69,9 @@ def is_empty(connection: Any, *, schema: str | None = None) -> bool:
     from sqlalchemy import inspect
 
     insp = inspect(connection)
-    return not (insp.has_table("alembic_version", schema=schema) or insp.has_table("principals", schema=schema))
+    return not (
+        insp.has_table("alembic_version", schema=schema) or insp.has_table("principals", schema=schema)
+    )
 
 
 def stamp_head(connection: Any) -> None:
@@ -90,7 +94,10 @@ def upgrade(connection: Any, *, schema: str | None = None) -> str:
         command.upgrade(cfg, "head")
         return "upgraded"
     if not insp.has_table("principals", schema=schema):
-        raise ValueError("The database holds no privalign ledger to upgrade; privalign.service.db.create_schema creates one.")
+        raise ValueError(
+            "The database holds no privalign ledger to upgrade; "
+            "privalign.service.db.create_schema creates one."
+        )
     # A ledger from before Alembic: stamp the revision its tables match, then upgrade.
     command.stamp(cfg, "0002" if insp.has_table("privalign_schema", schema=schema) else "0001")
     command.upgrade(cfg, "head")
