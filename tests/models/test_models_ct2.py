@@ -157,3 +157,45 @@ def test_ct2_reseed_run_mode_is_reproducible_per_call_sequence(tiny_ct2):
     assert a == b  # a fresh generator and the same calls: the same texts
     assert a[:6] != a[12:]  # the stream continues across calls (no reseed): the repeated prompt gets new texts
     assert r.describe()["reseed"] == "run"
+
+
+def test_ct2_reseed_block_mode_per_prompt_reproducible_without_reload_per_prompt(tiny_ct2):
+    """Block mode: one reload per block, every prompt consumes n * max_new_tokens draws, so a prompt's candidates do
+    not depend on which prompts were generated before it (order, resume, other prompts' texts)."""
+    from privalign.errors import PrivacyParameterError
+    from privalign.models.generators import CTranslate2Generator
+
+    g, _, _ = tiny_ct2
+    with pytest.raises(PrivacyParameterError, match="'reseed_block' parameter"):
+        CTranslate2Generator(str(g.model_dir), reseed="block", reseed_block=0, progress=False)
+
+    # the random tiny model (near-uniform over its top 50) never samples its EOS; end instead on a quarter of the
+    # vocabulary, so that many rows stop early and leave unused draws
+    stop_ids = list(range(1000, 30522, 4))
+
+    def fresh():
+        r = CTranslate2Generator(str(g.model_dir), params=g.params, batch_size=4, num_threads=1, reseed="block",
+                                 reseed_block=3, progress=False)
+        r.eos_ids = stop_ids
+        return r
+
+    prompts = ["the film", "a story", "it was", "my", "one of the", "why"]
+    full = fresh()
+    a = full.generate(prompts, 6, seed=11)
+    assert full.reloads == 2  # indices 0-2 and 3-5: two blocks, not six reloads
+    # rows stopping at EOS leave draws that must be consumed, else later prompts would shift: the check has power
+    assert any(c.finish_reason == "stop" and c.num_tokens < 6 for row in a[:5] for c in row)
+    again = fresh().generate(prompts, 6, seed=11)
+    assert [[c.text for c in r] for r in again] == [[c.text for c in r] for r in a]
+    # out of order and one at a time (a resumed build): the same texts per prompt index
+    odd = fresh()
+    for i in (4, 1, 5, 2, 0, 3):
+        row = odd.generate([prompts[i]], 6, seed=11, prompt_indices=[i])[0]
+        assert [c.text for c in row] == [c.text for c in a[i]], i
+    # other texts before prompt 2 in its block: prompt 2 unchanged
+    other = fresh().generate(["zzz", "qq qq", prompts[2]], 6, seed=11)
+    assert [c.text for c in other[2]] == [c.text for c in a[2]]
+    assert [c.text for c in other[0]] != [c.text for c in a[0]]
+    assert [c.text for c in fresh().generate(prompts[:1], 6, seed=12)[0]] != [c.text for c in a[0]]
+    d = full.describe()
+    assert d["reseed"] == "block" and d["reseed_block"] == 3 and "n * max_new_tokens" in d["seeding"]

@@ -29,6 +29,11 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None,
                    help="transformers/ctranslate2: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name")
     p.add_argument("--compute-type", default="int8", help="ctranslate2: compute type (int8 default, float32, ...)")
+    p.add_argument("--ct2-reseed", default="block", choices=["block", "prompt"],
+                   help="ctranslate2 seeding: 'block' (default: one model reload per --ct2-reseed-block prompts, each prompt "
+                        "consumes a fixed number of random draws) or 'prompt' (one reload per prompt, as pools built before "
+                        "block mode); both make resumed builds equal uninterrupted ones")
+    p.add_argument("--ct2-reseed-block", type=int, default=32, help="ctranslate2, --ct2-reseed block: prompts per reseed block (default 32)")
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="openai: server base URL")
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap prompts in the chat template (default: off for imdb, on otherwise)")
@@ -92,7 +97,12 @@ def _run(args: argparse.Namespace) -> int:
     elif args.generator == "ctranslate2":
         gen = {"kind": "ctranslate2", "model": args.model or "smollm2", "batch_size": args.batch_size, "chat_template": chat,
                "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads,
-               "compute_type": args.compute_type}
+               "compute_type": args.compute_type, "reseed": args.ct2_reseed}
+        if args.ct2_reseed == "block":
+            if args.ct2_reseed_block < 1:
+                print(f"privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, got {args.ct2_reseed_block}", file=sys.stderr)
+                return 2
+            gen["reseed_block"] = args.ct2_reseed_block
     elif args.generator == "openai":
         if not args.model:
             print("privalign build-pool: error: argument --model: required with --generator openai (the served model name)", file=sys.stderr)

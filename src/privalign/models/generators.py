@@ -443,13 +443,28 @@ class CTranslate2Generator:
     (:func:`ct2_model_dir`); prompts are formatted and tokenised exactly as in :class:`TransformersGenerator`
     (same tokenizer and chat template), and sampled with the same temperature / top-k / top-p law.
 
-    **Seeding.** CTranslate2 samples with a per-worker-thread random engine that is seeded once, from the global
-    seed, when the thread first samples (it has no per-call generator). So for each prompt ``i`` the model is
-    reloaded after ``ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)`` (a few seconds) and
-    the prompt's batches are generated in order. A prompt's candidates therefore depend only on ``(seed, i, n,
-    batch size)`` and the ctranslate2 version, not on which prompts were generated before (resumed builds equal
-    uninterrupted ones); unlike the transformers backend a candidate's text also depends on the batch it
-    shares. The generator is not thread-safe (one ``generate`` at a time).
+    **Seeding.** CTranslate2 samples with a per-worker-thread random engine (``std::mt19937``) that is seeded
+    once, from the global seed, when the thread first samples; it has no per-call generator, and
+    ``set_random_seed`` has no effect on a running worker, so the engine is reseeded by reloading the model after
+    ``ctranslate2.set_random_seed(s)``. Three modes (``reseed``):
+
+    * ``"block"`` (what ``privalign build-pool`` uses): prompts are grouped in blocks of ``reseed_block``
+      consecutive prompt indices; the model is reloaded once per block with
+      ``s = candidate_seed(seed, first index of the block, 0) mod 2**32``, and **every prompt consumes exactly
+      ``n * max_new_tokens`` draws** of the engine: each generated token (EOS included) is one draw, and the
+      draws that rows stopping early at EOS did not use are consumed by one-step dummy generations afterwards.
+      So the engine state at the start of prompt ``i`` is the block's seed advanced by
+      ``(i - block start) * n * max_new_tokens`` draws whatever the other prompts' texts were, and a prompt
+      asked for out of order (a resumed build) is reached by reloading and consuming those draws. A prompt's
+      candidates depend only on ``(seed, i, n, max_new_tokens, reseed_block, batch size)`` and the library
+      version: resumed builds equal uninterrupted ones (tested), without a reload per prompt.
+    * ``"prompt"``: reload per prompt with ``s = candidate_seed(seed, i, 0) mod 2**32`` (the earlier default;
+      the HH pool ``pools/hh-smollm2-gen`` was built so). Same guarantee, one reload per prompt.
+    * ``"run"``: seed once, at the first call, and never reload; reproducible only for the same sequence of
+      calls on a fresh generator (a resumed build differs from an uninterrupted one).
+
+    Unlike the transformers backend a candidate's text also depends on the batch it shares. The generator is not
+    thread-safe (one ``generate`` at a time).
     The distribution is the same as the reference backend's up to int8 quantisation (tested:
     ``tests/models/test_models_generators.py::test_ct2_matches_transformers_distribution``).
 
@@ -461,10 +476,9 @@ class CTranslate2Generator:
       compute_type: CTranslate2 compute type (``"int8"`` default; ``"float32"`` for an unquantised run).
       num_threads: OpenMP threads (``intra_threads``; 0 = CTranslate2's default).
       cache_dir: Conversion cache (default ``<user cache>/privalign/ct2``).
-      reseed: ``"prompt"`` (default): reload and reseed per prompt, as described above. ``"run"``: seed once,
-        at the first ``generate`` call, from ``candidate_seed(seed, first prompt index, 0)`` and never reload
-        (faster: no per-prompt reload); results are then reproducible only for the same sequence of calls on a
-        fresh generator, so a resumed pool build differs from an uninterrupted one.
+      reseed: ``"prompt"`` (default, as before), ``"block"`` or ``"run"``: see **Seeding** above.
+      reseed_block: Prompts per reseed block in ``"block"`` mode (default 32). Larger blocks reload less often
+        but a prompt asked for out of order costs up to ``reseed_block - 1`` prompts' worth of dummy draws.
       progress: tqdm bar on stderr.
 
     Raises:
@@ -484,11 +498,13 @@ class CTranslate2Generator:
         num_threads: int | None = None,
         cache_dir: str | None = None,
         reseed: str = "prompt",
+        reseed_block: int = 32,
         progress: bool = True,
     ) -> None:
         from privalign._validation import check_choice
 
-        self.reseed = check_choice(reseed, "reseed", ("prompt", "run"))
+        self.reseed = check_choice(reseed, "reseed", ("prompt", "block", "run"))
+        self.reseed_block = check_int(reseed_block, "reseed_block", low=1)
         ct2 = require("ctranslate2", purpose="the CTranslate2 generator (--generator ctranslate2)")
         require("transformers", purpose="the CTranslate2 generator's tokenizer")
         from transformers import AutoTokenizer
@@ -511,6 +527,9 @@ class CTranslate2Generator:
         eos = info.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_ids = [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
         self._gen = None  # created per prompt by _reseed
+        self._state: tuple | None = None  # "block" mode: (seed, n, block, prompts consumed in the block)
+        self.reloads = 0  # model (re)loads so far, for benchmarks
+        self.pad_draws = 0  # dummy draws consumed so far ("block" mode)
 
     def format_prompt(self, prompt: str) -> str:
         """The exact model input for ``prompt`` (chat template or raw), as in :class:`TransformersGenerator`."""
@@ -535,8 +554,24 @@ class CTranslate2Generator:
         self._ct2.set_random_seed(int(prompt_seed) % (2**32))
         self._gen = self._ct2.Generator(str(self.model_dir), device="cpu", compute_type=self.compute_type,
                                         intra_threads=self.num_threads)
+        self.reloads += 1
 
-    def _generate_rows(self, tokens: list[str], k: int) -> list[Completion]:
+    def _consume(self, draws: int) -> None:
+        """Advance the worker's random engine by exactly ``draws`` sampling draws: one-step generations (each row
+        samples one token, i.e. one draw, with the same sampler as real rows) whose outputs are discarded."""
+        p = self.params
+        row = [self.tokenizer.convert_ids_to_tokens(self.eos_ids[0])]
+        chunk = max(self.batch_size, 64)
+        self.pad_draws += max(int(draws), 0)
+        while draws > 0:
+            k = min(draws, chunk)
+            self._gen.generate_batch([row] * k, max_length=1, sampling_topk=p.top_k if p.top_k else 0,
+                                     sampling_topp=p.top_p, sampling_temperature=max(p.temperature, 1e-6),
+                                     include_prompt_in_result=False)
+            draws -= k
+
+    def _generate_rows(self, tokens: list[str], k: int) -> tuple[list[Completion], int]:
+        """``k`` completions of the tokenised prompt, and the number of tokens sampled (EOS included)."""
         p = self.params
         # the prompt (all but its last token) is a cached static prompt: its KV state is computed once per batch
         # instead of once per candidate; the last token starts every row
@@ -554,15 +589,17 @@ class CTranslate2Generator:
         )
         out = []
         eos = set(self.eos_ids)
+        drawn = 0
         for r in res:
             ids = list(r.sequences_ids[0])
+            drawn += len(ids)
             hit_eos = bool(ids) and ids[-1] in eos
             if hit_eos:
                 ids = ids[:-1]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             text, hit_stop = _apply_stop(text, p.stop)
             out.append(Completion(text=text, num_tokens=len(ids), finish_reason="stop" if (hit_eos or hit_stop) else "length"))
-        return out
+        return out, drawn
 
     def generate(
         self, prompts: Sequence[str], n: int, *, seed: int, prompt_indices: Sequence[int] | None = None
@@ -573,13 +610,29 @@ class CTranslate2Generator:
         with _progress(n * len(prompts), "generate[ct2]", self.progress) as bar:
             for p, pi in zip(prompts, idxs):
                 tokens = self._prompt_tokens(self.format_prompt(p))
-                if self.reseed == "prompt" or self._gen is None:
+                per_prompt = n * self.params.max_new_tokens  # draws a prompt consumes in "block" mode
+                if self.reseed == "block":
+                    b, j = divmod(int(pi), self.reseed_block)
+                    st = self._state
+                    if self._gen is None or st is None or st[:3] != (seed, n, b) or st[3] > j:
+                        self._reseed(candidate_seed(seed, b * self.reseed_block, 0))
+                        st = (seed, n, b, 0)
+                    self._state = None  # unknown engine position until this prompt completes (an error => reload)
+                    self._consume((j - st[3]) * per_prompt)  # skipped prompts of the block (out of order / resume)
+                elif self.reseed == "prompt" or self._gen is None:
                     self._reseed(candidate_seed(seed, pi, 0))
                 comps: list[Completion] = []
+                used = 0  # sampled tokens, EOS included (= engine draws)
                 for s in range(0, n, self.batch_size):
                     k = min(self.batch_size, n - s)
-                    comps.extend(self._generate_rows(tokens, k))
+                    rows, drawn = self._generate_rows(tokens, k)
+                    comps.extend(rows)
+                    used += drawn
                     bar.update(k)
+                if self.reseed == "block":
+                    # every generated token (EOS included) was one draw; rows that stopped early leave the rest
+                    self._consume(per_prompt - used)
+                    self._state = (seed, n, b, j + 1)
                 out.append(comps)
         return out
 
@@ -595,8 +648,14 @@ class CTranslate2Generator:
             "assistant_prefix": self.assistant_prefix,
             "num_threads": self.num_threads,
             "reseed": self.reseed,
-            "seeding": "per prompt i: model reloaded after ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)"
-            if self.reseed == "prompt" else "once per run: ctranslate2.set_random_seed(candidate_seed(seed, first i, 0) mod 2**32)",
+            **({"reseed_block": self.reseed_block} if self.reseed == "block" else {}),
+            "seeding": {
+                "prompt": "per prompt i: model reloaded after ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)",
+                "block": f"per block of {self.reseed_block} prompt indices starting at b: model reloaded after "
+                         "ctranslate2.set_random_seed(candidate_seed(seed, b, 0) mod 2**32); every prompt consumes exactly "
+                         "n * max_new_tokens sampling draws (unused draws of rows stopped at EOS are consumed by dummy steps)",
+                "run": "once per run: ctranslate2.set_random_seed(candidate_seed(seed, first i, 0) mod 2**32)",
+            }[self.reseed],
             "ctranslate2": package_version("ctranslate2"),
             "transformers": package_version("transformers"),
         }
