@@ -67,6 +67,13 @@ def test_build_pool_with_ct2_backend(tiny_ct2, tmp_path, monkeypatch):
     assert len(recs) == 2 and all(len(r.responses) == 4 for r in recs)
     man = json.loads((tmp_path / "p.manifest.json").read_text())
     assert man["generator"]["backend"] == "ctranslate2" and man["generator"]["compute_type"] == "int8"
+    # build-pool's default seeding is block reseeding (recorded in the spec, hence in the resume fingerprint)
+    assert man["generator"]["reseed"] == "block" and man["config"]["generator"]["reseed_block"] == 32
+    out2 = tmp_path / "q.jsonl"
+    assert cli_main([*args[:-1], str(out2), "--ct2-reseed", "prompt"]) == 0
+    man2 = json.loads((tmp_path / "q.manifest.json").read_text())
+    assert man2["generator"]["reseed"] == "prompt" and "reseed" not in man2["config"]["generator"]
+    assert cli_main([*args[:-1], str(tmp_path / "r.jsonl"), "--ct2-reseed-block", "0"]) == 2
 
 
 def test_missing_ctranslate2_names_the_extra(monkeypatch, tmp_path, capsys):

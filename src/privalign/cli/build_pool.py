@@ -97,8 +97,9 @@ def _run(args: argparse.Namespace) -> int:
     elif args.generator == "ctranslate2":
         gen = {"kind": "ctranslate2", "model": args.model or "smollm2", "batch_size": args.batch_size, "chat_template": chat,
                "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads,
-               "compute_type": args.compute_type, "reseed": args.ct2_reseed}
-        if args.ct2_reseed == "block":
+               "compute_type": args.compute_type}
+        if args.ct2_reseed == "block":  # "prompt" is the generator's default: left out, so earlier pools keep their fingerprint
+            gen["reseed"] = "block"
             if args.ct2_reseed_block < 1:
                 print(f"privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, got {args.ct2_reseed_block}", file=sys.stderr)
                 return 2
