@@ -127,9 +127,10 @@ def test_ct2_matches_transformers_distribution():
     prompt = "How do I make my neighbour's dog stop barking?"
     n = 96
     ref = TransformersGenerator(params=params, batch_size=48, chat_template=True, progress=False)
-    fast = CTranslate2Generator(params=params, batch_size=48, chat_template=True, progress=False)
+    # the seeding build-pool uses (block reseeding): it changes the random stream, not the sampling law
+    fast = CTranslate2Generator(params=params, batch_size=48, chat_template=True, reseed="block", progress=False)
     hot = CTranslate2Generator(params=SamplingParams(max_new_tokens=12, temperature=2.0, top_k=50), batch_size=48,
-                               chat_template=True, progress=False)
+                               chat_template=True, reseed="block", progress=False)
     assert fast.format_prompt(prompt) == ref.format_prompt(prompt)
     lp_tr = _mean_logprob_per_token(ref, prompt, [c.text for c in ref.generate([prompt], n, seed=3)[0]])
     lp_ct = _mean_logprob_per_token(ref, prompt, [c.text for c in fast.generate([prompt], n, seed=3)[0]])
