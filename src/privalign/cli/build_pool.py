@@ -16,37 +16,102 @@ def register(subparsers) -> None:
         description="Generate n completions per prompt, score them with a proxy and a true/gold reward, and write "
         "the scored-pool format with a manifest. Interrupted runs resume when the same command is rerun.",
     )
-    p.add_argument("--dataset", "--data", dest="dataset", required=True, choices=["imdb", "gsm8k", "mmlu", "hh-rlhf", "math"],
-                   help="prompt source (--data is an alias, as in fit-reward)")
+    p.add_argument(
+        "--dataset",
+        "--data",
+        dest="dataset",
+        required=True,
+        choices=["imdb", "gsm8k", "mmlu", "hh-rlhf", "math"],
+        help="prompt source (--data is an alias, as in fit-reward)",
+    )
     p.add_argument("--math-path", default=None, help="MATH JSONL file (MATH is not redistributed)")
-    p.add_argument("--mmlu-subjects", default="college_mathematics,college_chemistry",
-                   help="mmlu: comma-separated subjects (default: the authors' two)")
-    p.add_argument("--prompt-words", type=int, default=10, help="IMDb: words of the review opening used as prompt")
-    p.add_argument("--hh-prompt", default="dialogue", choices=["dialogue", "first-turn"],
-                   help="hh-rlhf: the whole dialogue up to the last 'Assistant:' (default) or only its first human turn")
-    p.add_argument("--generator", default="transformers", choices=["transformers", "ctranslate2", "openai", "vllm"],
-                   help="transformers (reference), ctranslate2 (fast CPU, int8; needs privalign[fast-cpu]), openai, vllm")
-    p.add_argument("--model", default=None,
-                   help="transformers/ctranslate2: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name")
-    p.add_argument("--compute-type", default="int8", help="ctranslate2: compute type (int8 default, float32, ...)")
+    p.add_argument(
+        "--mmlu-subjects",
+        default="college_mathematics,college_chemistry",
+        help="mmlu: comma-separated subjects (default: the authors' two)",
+    )
+    p.add_argument(
+        "--prompt-words", type=int, default=10, help="IMDb: words of the review opening used as prompt"
+    )
+    p.add_argument(
+        "--hh-prompt",
+        default="dialogue",
+        choices=["dialogue", "first-turn"],
+        help="hh-rlhf: the whole dialogue up to the last 'Assistant:' (default) or only its first human turn",
+    )
+    p.add_argument(
+        "--generator",
+        default="transformers",
+        choices=["transformers", "ctranslate2", "openai", "vllm"],
+        help="transformers (reference), ctranslate2 (fast CPU, int8; needs privalign[fast-cpu]), openai, vllm",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="transformers/ctranslate2: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name",
+    )
+    p.add_argument(
+        "--compute-type", default="int8", help="ctranslate2: compute type (int8 default, float32, ...)"
+    )
+    p.add_argument(
+        "--ct2-reseed",
+        default="block",
+        choices=["block", "prompt"],
+        help="ctranslate2 seeding: 'block' (default: one model reload per --ct2-reseed-block prompts, each prompt "
+        "consumes a fixed number of random draws) or 'prompt' (one reload per prompt, as pools built before "
+        "block mode); both make resumed builds equal uninterrupted ones",
+    )
+    p.add_argument(
+        "--ct2-reseed-block",
+        type=int,
+        default=32,
+        help="ctranslate2, --ct2-reseed block: prompts per reseed block (default 32)",
+    )
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="openai: server base URL")
-    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
-                   help="wrap prompts in the chat template (default: off for imdb, on otherwise)")
-    p.add_argument("--assistant-prefix", default=None, help="text after the generation prompt (default for QA: 'Let me think step by step.\\n')")
+    p.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap prompts in the chat template (default: off for imdb, on otherwise)",
+    )
+    p.add_argument(
+        "--assistant-prefix",
+        default=None,
+        help="text after the generation prompt (default for QA: 'Let me think step by step.\\n')",
+    )
     p.add_argument("--n", type=int, required=True, help="candidates per prompt")
-    p.add_argument("--num-prompts", type=int, required=True, help="number of prompts (the first ones of the dataset)")
+    p.add_argument(
+        "--num-prompts", type=int, required=True, help="number of prompts (the first ones of the dataset)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per candidate (default 32)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
     p.add_argument("--top-k", type=int, default=50, help="top-k sampling (default 50)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1: off)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--batch-size", type=int, default=64, help="candidates per generate() call")
-    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--proxy-reward", required=True, help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math | none")
+    p.add_argument(
+        "--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    p.add_argument(
+        "--proxy-reward",
+        required=True,
+        help="vader | vader-compound | profanity | clean | linear:PATH | hf:DIR | gsm8k | mmlu | math | none",
+    )
     p.add_argument("--true-reward", required=True, help="same choices as --proxy-reward")
-    p.add_argument("--backend", default="local", choices=["local", "ray"], help="local (default) or Ray Data (privalign[ray])")
-    p.add_argument("--ray-address", default="local", help="ray: 'local' (default) or an existing cluster address, e.g. 'auto'")
-    p.add_argument("--ray-num-cpus", type=int, default=None, help="ray: CPUs for a local Ray instance (default: all)")
+    p.add_argument(
+        "--backend",
+        default="local",
+        choices=["local", "ray"],
+        help="local (default) or Ray Data (privalign[ray])",
+    )
+    p.add_argument(
+        "--ray-address",
+        default="local",
+        help="ray: 'local' (default) or an existing cluster address, e.g. 'auto'",
+    )
+    p.add_argument(
+        "--ray-num-cpus", type=int, default=None, help="ray: CPUs for a local Ray instance (default: all)"
+    )
     p.add_argument("--ray-concurrency", type=int, default=1, help="ray: generator actors")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, a non-negative integer (default 0)")
     p.add_argument("--max-chars", type=int, default=2000, help="texts longer than this are cut (and counted)")
@@ -65,7 +130,9 @@ def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
     from privalign.errors import PrivacyParameterError
 
     if not base_url.startswith(("http://", "https://")):
-        raise PrivacyParameterError(f"argument --base-url: must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
+        raise PrivacyParameterError(
+            f"argument --base-url: must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
+        )
     try:
         urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout_s).close()  # noqa: S310
     except urllib.error.HTTPError:
@@ -84,21 +151,66 @@ def _run(args: argparse.Namespace) -> int:
 
     qa = args.dataset in ("gsm8k", "mmlu", "math")
     chat = args.chat_template if args.chat_template is not None else args.dataset != "imdb"
-    prefix = args.assistant_prefix if args.assistant_prefix is not None else ("Let me think step by step.\n" if qa else "")
-    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    prefix = (
+        args.assistant_prefix
+        if args.assistant_prefix is not None
+        else ("Let me think step by step.\n" if qa else "")
+    )
+    sampling = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+    }
     if args.generator == "transformers":
-        gen = {"kind": "transformers", "model": args.model or "smollm2", "batch_size": args.batch_size, "chat_template": chat,
-               "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads}
+        gen = {
+            "kind": "transformers",
+            "model": args.model or "smollm2",
+            "batch_size": args.batch_size,
+            "chat_template": chat,
+            "assistant_prefix": prefix,
+            "sampling": sampling,
+            "stop": list(args.stop),
+            "num_threads": args.num_threads,
+        }
     elif args.generator == "ctranslate2":
-        gen = {"kind": "ctranslate2", "model": args.model or "smollm2", "batch_size": args.batch_size, "chat_template": chat,
-               "assistant_prefix": prefix, "sampling": sampling, "stop": list(args.stop), "num_threads": args.num_threads,
-               "compute_type": args.compute_type}
+        gen = {
+            "kind": "ctranslate2",
+            "model": args.model or "smollm2",
+            "batch_size": args.batch_size,
+            "chat_template": chat,
+            "assistant_prefix": prefix,
+            "sampling": sampling,
+            "stop": list(args.stop),
+            "num_threads": args.num_threads,
+            "compute_type": args.compute_type,
+        }
+        if (
+            args.ct2_reseed == "block"
+        ):  # "prompt" is the generator's default: left out, so earlier pools keep their fingerprint
+            gen["reseed"] = "block"
+            if args.ct2_reseed_block < 1:
+                print(
+                    f"privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, got {args.ct2_reseed_block}",
+                    file=sys.stderr,
+                )
+                return 2
+            gen["reseed_block"] = args.ct2_reseed_block
     elif args.generator == "openai":
         if not args.model:
-            print("privalign build-pool: error: argument --model: required with --generator openai (the served model name)", file=sys.stderr)
+            print(
+                "privalign build-pool: error: argument --model: required with --generator openai (the served model name)",
+                file=sys.stderr,
+            )
             return 2
         _check_reachable(args.base_url)
-        gen = {"kind": "openai", "base_url": args.base_url, "model": args.model, "sampling": sampling, "stop": list(args.stop)}
+        gen = {
+            "kind": "openai",
+            "base_url": args.base_url,
+            "model": args.model,
+            "sampling": sampling,
+            "stop": list(args.stop),
+        }
     else:
         gen = {"kind": "vllm", "model": args.model, "sampling": sampling, "stop": list(args.stop)}
     ds_opts: dict = {}
@@ -116,16 +228,42 @@ def _run(args: argparse.Namespace) -> int:
     else:
         examples = load_dataset(args.dataset, math_path=args.math_path)
     if args.num_prompts > len(examples):
-        print(f"privalign build-pool: error: argument --num-prompts: {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}", file=sys.stderr)
+        print(
+            f"privalign build-pool: error: argument --num-prompts: {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}",
+            file=sys.stderr,
+        )
         return 2
-    cfg = PoolConfig(dataset=args.dataset, n=args.n, seed=args.seed, generator=gen, proxy_reward=args.proxy_reward,
-                     true_reward=args.true_reward, num_prompts=args.num_prompts, max_chars=args.max_chars, dataset_options=ds_opts)
-    ray_opts = {"address": args.ray_address, "num_cpus": args.ray_num_cpus, "concurrency": args.ray_concurrency}
-    manifest = build_pool(cfg, examples, args.out, backend=args.backend, keep_work=args.keep_work, progress=not args.no_progress,
-                          ray_options=ray_opts if args.backend == "ray" else None)
+    cfg = PoolConfig(
+        dataset=args.dataset,
+        n=args.n,
+        seed=args.seed,
+        generator=gen,
+        proxy_reward=args.proxy_reward,
+        true_reward=args.true_reward,
+        num_prompts=args.num_prompts,
+        max_chars=args.max_chars,
+        dataset_options=ds_opts,
+    )
+    ray_opts = {
+        "address": args.ray_address,
+        "num_cpus": args.ray_num_cpus,
+        "concurrency": args.ray_concurrency,
+    }
+    manifest = build_pool(
+        cfg,
+        examples,
+        args.out,
+        backend=args.backend,
+        keep_work=args.keep_work,
+        progress=not args.no_progress,
+        ray_options=ray_opts if args.backend == "ray" else None,
+    )
     if args.json:
         emit_json(manifest)
     else:
-        print(f"wrote {args.out}: {manifest['num_prompts']} prompts x {manifest['candidates_per_prompt']} candidates; "
-              f"counts {manifest['counts']}", file=sys.stderr)
+        print(
+            f"wrote {args.out}: {manifest['num_prompts']} prompts x {manifest['candidates_per_prompt']} candidates; "
+            f"counts {manifest['counts']}",
+            file=sys.stderr,
+        )
     return 0

