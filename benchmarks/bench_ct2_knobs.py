@@ -1,13 +1,15 @@
 """CTranslate2 CPU knobs on the build-pool workload: compute type, batch size, intra-op threads.
 
-Every configuration is a ``CTranslate2Generator`` (``reseed="block"``, as ``privalign build-pool`` uses it) that
-generates ``--n`` candidates for each of ``--prompts`` consecutive HH-RLHF prompts (``privalign.pipeline.hh``,
-chat template, T = 1, top-k 50, ``--tokens`` new tokens). Configurations run in rounds, interleaved (round r runs
-every configuration once) to spread machine noise; the baseline is the first configuration (build-pool's
-default: int8, ``--batch`` candidates per call, ``--threads`` threads), and each configuration's median
-new-tokens/s is reported with its ratio to the baseline. Load averages before and after are printed.
+Every configuration is a ``CTranslate2Generator`` (``reseed="block"``, as ``privalign build-pool`` uses it)
+that generates ``--n`` candidates for each of ``--prompts`` consecutive HH-RLHF prompts
+(``privalign.pipeline.hh``, chat template, T = 1, top-k 50, ``--tokens`` new tokens). Configurations run in
+rounds, interleaved (round r runs every configuration once) to spread machine noise; the baseline is the first
+configuration (build-pool's default: int8, ``--batch`` candidates per call, ``--threads`` threads), and each
+configuration's median new-tokens/s is reported with its ratio to the baseline. Load averages before and after
+are printed.
 
-Usage: python benchmarks/bench_ct2_knobs.py [--n 64] [--prompts 2] [--tokens 16] [--rounds 3] [--batch 64] [--threads 2]
+Usage: python benchmarks/bench_ct2_knobs.py [--n 64] [--prompts 2] [--tokens 16] [--rounds 3] [--batch 64]
+       [--threads 2]
 """
 
 from __future__ import annotations

