@@ -31,10 +31,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not model and not ray and not postgres and not slow" $(PYTEST_ARGS)
 
-# ruff (with the complexity limit) and mypy on src/ (configured in pyproject.toml; zero errors required).
-# .pre-commit-config.yaml runs the same two commands.
+# ruff (line length 110, complexity limit), ruff's formatter (check only) and mypy on src/
+# (configured in pyproject.toml; zero errors required). .pre-commit-config.yaml runs the same commands.
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
 typecheck: install
