@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from privalign.data.pools import ReadStats, ScoredPool, _open, _parse, iter_pool
+from privalign.data.pools import ReadStats, ScoredPool, _open, _parse, iter_json_lines, iter_pool
 from privalign.errors import DataFormatError
 
 __all__ = ["CACHE_FORMAT", "read_scored_pool", "pool_cache_entry"]
@@ -170,16 +170,7 @@ def _iter_rows(path: Path, stats: ReadStats):
             for rec in iter_pool(path, stats=stats):
                 yield rec.prompt, rec.proxy, rec.true
             return
-        lines = (first + line if k == 0 else line for k, line in enumerate(fh))
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(
-                    f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})"
-                ) from None
+        for lineno, obj in iter_json_lines(fh, first, path):
             row = _rows_of(obj, path, lineno, stats)
             if row is not None:
                 stats.prompts_read += 1

@@ -228,6 +228,24 @@ def _parse(obj: Any, path, lineno: int, stats: ReadStats | None = None) -> PoolR
     )
 
 
+def iter_json_lines(fh: Any, first: str, path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed object)`` of each non-blank line of the open JSONL stream ``fh``, whose first
+    character ``first`` was already read; the one JSONL line loop of the pool readers (``iter_pool`` and the
+    columnar cache's builder).
+
+    Raises:
+      DataFormatError: a line is not valid JSON (message: ``FILE:LINE: field '<line>' ...``).
+    """
+    lines = (first + line if k == 0 else line for k, line in enumerate(fh))
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})") from None
+
+
 def iter_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> Iterator[PoolRecord]:
     """Stream the records of a pool file (``.jsonl``, ``.jsonl.gz``, or one JSON array), validating each.
 
@@ -261,16 +279,7 @@ def iter_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> Ite
                     stats.prompts_read += 1
                     yield rec
             return
-        lines = (first + line if k == 0 else line for k, line in enumerate(fh))
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(
-                    f"{path}:{lineno}: field '<line>' is not valid JSON ({exc.msg})"
-                ) from None
+        for lineno, obj in iter_json_lines(fh, first, path):
             rec = _parse(obj, path, lineno, stats)
             if rec is not None:
                 stats.prompts_read += 1
