@@ -2,9 +2,9 @@
 
 Layers, bottom to top (a package imports only its own modules and lower layers; enforced by
 ``tests/core/test_core_layers.py``, which lists the exceptions still to remove):
-``errors`` ← ``{_validation, rng, paths, _json}`` ← ``{accounting, data, privalign}`` ← ``mechanisms`` ←
-``{alignment, estimation, audit}`` ← ``models`` ← ``pipeline`` ← ``rlhf`` ← ``{experiments, service}`` ←
-``cli``.
+``errors`` ← ``{_validation, rng, paths, _json, _lazy}`` ← ``{accounting, data, privalign}`` ←
+``mechanisms`` ← ``{alignment, estimation, audit}`` ← ``models`` ← ``pipeline`` ← ``rlhf`` ←
+``{experiments, service}`` ← ``cli``.
 """
 
 from privalign.errors import (

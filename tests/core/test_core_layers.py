@@ -21,7 +21,7 @@ SRC = Path(privalign.__file__).parent
 #: Bottom to top. The same order is stated in ``privalign/__init__.py``.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"_validation", "rng", "paths", "_json"},
+    {"_validation", "rng", "paths", "_json", "_lazy"},
     {"accounting", "data", "__init__"},
     {"mechanisms"},
     {"alignment", "estimation", "audit"},

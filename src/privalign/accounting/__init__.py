@@ -1,8 +1,8 @@
 """Privacy accounting: events, accountants, privacy filters. Pure, deterministic, no I/O, no RNG."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from privalign._lazy import lazy_exports
 from privalign.accounting.events import *  # noqa: F403
 from privalign.accounting.events import __all__ as _events_all
 
@@ -78,16 +78,4 @@ __all__ = list(_events_all) + [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the submodule defining ``name`` on first access (PEP 562), so that importing one submodule
-    (e.g. by ``privalign simulate``) does not import all of them; the public names are unchanged."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

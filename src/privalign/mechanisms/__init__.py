@@ -11,8 +11,9 @@ Every mechanism is a frozen dataclass validated at construction, takes ``rng`` k
 the same parameters it samples with. Proof notes: ``docs/privacy/<mechanism>.md``.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from privalign._lazy import lazy_exports
 
 if TYPE_CHECKING:  # imported on first access (module __getattr__ below)
     from privalign.mechanisms.additive import GaussianMechanism, LaplaceMechanism
@@ -41,16 +42,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the submodule defining ``name`` on first access (PEP 562), so that importing one submodule
-    (e.g. by ``privalign simulate``) does not import all of them; the public names are unchanged."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
