@@ -1,22 +1,32 @@
 """Figures of :func:`privalign.alignment.simulation.run_protocol` results, off the hot path.
 
-Rendered with matplotlib's object API (:class:`matplotlib.figure.Figure` on an Agg canvas): no
-``pyplot`` import (no global figure manager, no backend selection), no ``tight_layout`` (fixed margins),
-and tick labels as plain text (no mathtext parsing). PNG by default; PDF on request (``formats``).
-Matplotlib is imported only when a figure is drawn.
+Two backends draw the same two charts:
+
+* ``"pillow"`` (PNG; the default for PNG when Pillow is installed): :mod:`privalign.alignment._raster`, a
+  small line-chart rasteriser that needs no matplotlib import (issue 18: matplotlib's import and layout cost
+  more than the engine on a few prompts).
+* ``"matplotlib"`` (PNG and PDF; used for every format when PDF is asked for, so both look alike),
+  rendered with matplotlib's object API (:class:`matplotlib.figure.Figure` on an Agg canvas): no
+  ``pyplot`` import (no global figure manager, no backend selection), no ``tight_layout`` (fixed margins),
+  and tick labels as plain text (no mathtext parsing). Imported only when it draws.
+
+PNG by default; PDF on request (``formats``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["FIGURE_FORMATS", "plot_results", "preload_matplotlib"]
+__all__ = ["FIGURE_BACKENDS", "FIGURE_FORMATS", "needs_matplotlib", "plot_results", "preload_matplotlib"]
 
 #: Accepted output formats.
 FIGURE_FORMATS = ("png", "pdf")
+#: Accepted backends: ``auto`` = Pillow for PNG (matplotlib if Pillow is missing), matplotlib for PDF.
+FIGURE_BACKENDS = ("auto", "pillow", "matplotlib")
 
 _PANELS = (
     ("true_lift", "true-reward lift over base policy (×100 = accuracy lift, %)", "true_lift", 100.0),
@@ -49,13 +59,18 @@ def plot_results(
     *,
     formats: tuple[str, ...] | list[str] = ("png",),
     dpi: int = 120,
+    backend: str = "auto",
 ) -> list[Path]:
     """Two figures: true-reward (accuracy) lift vs N and expected proxy reward vs N (log2 x-axis, error
     bars = 1 SE over prompts), each written once per format (``true_lift.png``, ``proxy_reward.png``;
     ``.pdf`` too when ``"pdf"`` is in ``formats``). Returns the paths written, figure by figure.
 
+    ``backend``: ``"auto"`` (Pillow for PNG, matplotlib for PDF), ``"pillow"`` (PNG only) or
+    ``"matplotlib"``. ``dpi`` applies to matplotlib; Pillow PNGs are 840 × 540 pixels (7 × 4.5 in at 120 dpi).
+
     Raises:
-      PrivacyParameterError: an empty ``formats`` or a format other than ``png``/``pdf``.
+      PrivacyParameterError: an empty ``formats``, a format other than ``png``/``pdf``, an unknown
+        ``backend``, or ``backend="pillow"`` with ``"pdf"`` in ``formats``.
     """
     from privalign.errors import PrivacyParameterError
 
@@ -66,6 +81,17 @@ def plot_results(
             f"The 'formats' parameter must be a non-empty subset of {FIGURE_FORMATS}. "
             f"Got {formats!r} instead."
         )
+    if backend not in FIGURE_BACKENDS:
+        raise PrivacyParameterError(
+            f"The 'backend' parameter must be one of {FIGURE_BACKENDS}. Got {backend!r} instead."
+        )
+    if backend == "pillow" and "pdf" in formats:
+        raise PrivacyParameterError(
+            "The 'backend' parameter 'pillow' draws PNG only; PDF needs backend 'matplotlib' or 'auto'. "
+            f"Got formats {formats!r}."
+        )
+    if not needs_matplotlib(formats, backend):
+        return _plot_pillow(results, Path(out_dir))
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
@@ -109,6 +135,47 @@ def plot_results(
             else:
                 fig.savefig(path, dpi=dpi, format=fmt)
             paths.append(path)
+    return paths
+
+
+def needs_matplotlib(formats: tuple[str, ...] | list[str], backend: str = "auto") -> bool:
+    """Whether :func:`plot_results` with these arguments draws with matplotlib (so that callers import it
+    ahead, e.g. in :func:`preload_matplotlib`, only when it will be used)."""
+    if backend == "matplotlib" or "pdf" in formats:
+        return True
+    if backend == "pillow":
+        return False
+    return importlib.util.find_spec("PIL") is None
+
+
+def _plot_pillow(results: dict[str, Any], out: Path) -> list[Path]:
+    from privalign.alignment._raster import Series, render_line_chart
+
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{results['n_prompts']} prompts, {results['config']['replicates']} replicates"
+    ns = sorted({int(n) for m in results["methods"] for n in m["n"]})
+    shown = ns[:: max(1, -(-len(ns) // 7))]
+    paths = []
+    for key, ylabel, stem, scale in _PANELS:
+        series = [
+            Series(
+                _legend(m),
+                np.asarray(m["n"], dtype=float),
+                np.asarray(m[key], dtype=float) * scale,
+                np.asarray(m[key + "_se"], dtype=float) * scale,
+            )
+            for m in results["methods"]
+        ]
+        paths.append(
+            render_line_chart(
+                series,
+                out / f"{stem}.png",
+                title=title,
+                xlabel="N (candidates per pool)",
+                ylabel=ylabel,
+                xticks=shown,
+            )
+        )
     return paths
 
 

@@ -81,13 +81,17 @@ def _run(args) -> int:
     import numpy as np
     from threadpoolctl import threadpool_limits
 
-    from privalign.alignment.figures import plot_results, preload_matplotlib
+    from privalign.alignment.figures import needs_matplotlib, plot_results, preload_matplotlib
     from privalign.alignment.simulation import prepare_scores, run_protocol, write_results
     from privalign.cli.select import parse_floats
     from privalign.data.pool_cache import read_scored_pool
     from privalign.data.pools import ReadStats, ScoredPool
     from privalign.errors import PrivacyParameterError
 
+    if args.pdf and args.figure_backend == "pillow":
+        raise PrivacyParameterError(
+            "argument --figure-backend: 'pillow' draws PNG only; with --pdf use 'auto' or 'matplotlib'"
+        )
     stats = ReadStats()
     if args.pool:
         pool = (
@@ -122,7 +126,9 @@ def _run(args) -> int:
             file=sys.stderr,
         )
     specs = _specs(args)
-    preloading = preload_matplotlib()  # imports matplotlib in a thread while the engine runs
+    formats = ("png", "pdf") if args.pdf else ("png",)
+    # matplotlib (PDF, or --figure-backend matplotlib) is imported in a thread while the engine runs
+    preloading = preload_matplotlib() if needs_matplotlib(formats, args.figure_backend) else None
     try:
         # BLAS on one thread while the engine runs: its matrix products are small (one prompt's nodes ×
         # replicates × one block), so more BLAS threads only spin-wait between them and burn CPU. The results
@@ -140,9 +146,10 @@ def _run(args) -> int:
                 progress=not args.no_progress,
             )
     finally:
-        preloading.join()  # never leave an import running in a thread (also on errors)
+        if preloading is not None:
+            preloading.join()  # never leave an import running in a thread (also on errors)
     path = write_results(res, args.out)
-    figs = plot_results(res, args.out, formats=("png", "pdf") if args.pdf else ("png",))
+    figs = plot_results(res, args.out, formats=formats, backend=args.figure_backend)
     summary = {
         "results": str(path),
         "figures": [str(f) for f in figs],
@@ -220,6 +227,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--pdf", action="store_true", help="also write each figure as PDF (default: PNG only)")
+    p.add_argument(
+        "--figure-backend",
+        choices=("auto", "pillow", "matplotlib"),
+        default="auto",
+        help="who draws the figures: auto (default) = Pillow for PNG (no matplotlib import; fast), "
+        "matplotlib for PDF; pillow = PNG only; matplotlib = matplotlib's look for PNG too",
+    )
     p.add_argument(
         "--no-pool-cache",
         action="store_true",
