@@ -16,14 +16,18 @@ preferred; they work with ``clone``, ``GridSearchCV``, ``cross_val_score``, ``Pi
 ``check_is_fitted`` (which do *not* account privacy; see ``RewardEstimator``).
 """
 
+from typing import Any
+
 from privalign.estimation.base import NotFittedError
 from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
 from privalign.estimation.features import (
-    EmbeddingFeatures,
     HashedNgramFeatures,
     LexiconFeatures,
+    PairFeatures,
+    _moved_attribute,
     feature_map_from_config,
     harm_lexicon,
+    register_feature_map,
 )
 from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
 from privalign.estimation.persistence import load_model, save_model
@@ -38,14 +42,15 @@ __all__ = [
     "RRIHT",
     "DenseRR",
     "DPSGDLinear",
+    "PairFeatures",
     "HashedNgramFeatures",
-    "EmbeddingFeatures",
     "LexiconFeatures",
     "harm_lexicon",
     "PrivateGridSearch",
     "tune",
     "NotFittedError",
     "feature_map_from_config",
+    "register_feature_map",
     "PreferenceData",
     "train_test_split_by_prompt",
     "SyntheticBTL",
@@ -53,3 +58,8 @@ __all__ = [
     "save_model",
     "load_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``EmbeddingFeatures`` (deprecated here): moved to ``privalign.models.features``."""
+    return _moved_attribute(__name__, name)
