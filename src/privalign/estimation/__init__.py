@@ -8,7 +8,11 @@ preference accuracy) and ``privacy_event_`` (with the privacy unit: ``"sample"``
 * sample-DP (ε, δ): :class:`SampleDPIHT` (Peeling), :class:`DPSGDLinear`;
 * label-DP ε: :class:`RRIHT`, :class:`DenseRR` (randomized response; features public);
 * tuning: :class:`PrivateGridSearch` / :func:`tune` (validation split of the training data, selection by
-  the exponential mechanism, cost composed into ``privacy_event_``; ``docs/estimation.md``).
+  the exponential mechanism, cost composed into ``privacy_event_``; ``docs/estimation.md``);
+* public feature maps: :class:`HashedNgramFeatures`, :class:`LexiconFeatures` (base :class:`PairFeatures`);
+  other kinds plug in by name (:func:`register_feature_map`, entry points ``privalign.feature_maps``), e.g.
+  ``privalign.models.features.EmbeddingFeatures`` (MiniLM; ``privalign.estimation.EmbeddingFeatures`` is a
+  deprecated alias).
 
 All estimators are scikit-learn binary classifiers of the preference (``BaseEstimator`` +
 ``ClassifierMixin``): rows of ``X`` are comparison differences ``φ(a¹) − φ(a⁰)``, ``y = 1`` when ``a¹`` is
