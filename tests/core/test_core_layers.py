@@ -98,20 +98,44 @@ def _declared_entry_points() -> dict[str, dict[str, str]]:
     return {g: eps for g, eps in groups.items() if g.startswith("privalign.")}
 
 
-def test_entry_points_go_up_from_their_loader():
-    declared = _declared_entry_points()
-    assert set(declared) == set(ENTRY_POINT_LOADERS), "declare the loader of each privalign.* group"
+def _entry_point_problems(declared: dict[str, dict[str, str]], loaders: dict[str, str]) -> list[str]:
+    problems = [
+        f"{g}: no loader declared in ENTRY_POINT_LOADERS" for g in sorted(set(declared) - set(loaders))
+    ]
+    problems += [f"{g}: declared loader but no entry points" for g in sorted(set(loaders) - set(declared))]
     modules = {_module_name(p) for p in SRC.rglob("*.py")}
     for group, eps in declared.items():
-        loader = ENTRY_POINT_LOADERS[group]
+        loader = loaders.get(group)
+        if loader is None:
+            continue
         sources = [p.read_text(encoding="utf-8") for p in (SRC / loader).rglob("*.py")]
-        assert any(f'"{group}"' in text for text in sources), f"{loader} does not load {group!r}"
+        if not any(f'"{group}"' in text for text in sources):
+            problems.append(f"{group}: {loader} does not name the group")
         for name, value in eps.items():
             module = value.split(":")[0].strip()
-            assert module in modules, f"{group}: {name} = {value!r} names no privalign module"
-            assert RANK[_package(module)] >= RANK[loader], (
-                f"{group}: {name} = {value!r} is below its loader {loader!r}: import it instead"
-            )
+            if module not in modules:
+                problems.append(f"{group}: {name} = {value!r} names no privalign module")
+            elif RANK[_package(module)] < RANK[loader]:
+                problems.append(
+                    f"{group}: {name} = {value!r} is below its loader {loader!r}: import it instead"
+                )
+    return problems
+
+
+def test_entry_points_go_up_from_their_loader():
+    assert _entry_point_problems(_declared_entry_points(), ENTRY_POINT_LOADERS) == []
+
+
+def test_the_entry_point_check_finds_a_downward_plugin():  # negative control for the check above
+    bad = {
+        "privalign.feature_maps": {"ok": "privalign.models.features:X", "low": "privalign.errors:X"},
+        "privalign.orphan": {"x": "privalign.cli:X"},
+    }
+    assert _entry_point_problems(bad, ENTRY_POINT_LOADERS) == [
+        "privalign.orphan: no loader declared in ENTRY_POINT_LOADERS",
+        "privalign.feature_maps: low = 'privalign.errors:X' is below its loader 'estimation': "
+        "import it instead",
+    ]
 
 
 def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
