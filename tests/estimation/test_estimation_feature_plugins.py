@@ -211,6 +211,8 @@ def test_register_feature_map(clean_registry):
             register_feature_map(bad)
     with pytest.raises(PrivacyParameterError, match="PairFeatures subclass"):
         register_feature_map(dict)
+    reloaded = type("Local", (PairFeatures,), {"kind": "local", "__qualname__": Local.__qualname__})
+    assert register_feature_map(reloaded) is reloaded and feature_map_class("local") is reloaded
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -293,7 +293,7 @@ _F = TypeVar("_F", bound=type[PairFeatures])
 def register_feature_map(cls: _F) -> _F:
     """Make the :class:`PairFeatures` subclass ``cls`` known by its ``kind`` to
     :func:`feature_map_from_config` in this process (usable as a class decorator; registering the same class
-    again is a no-op).
+    again is a no-op, and a class of the same module and name, as after a module reload, replaces it).
 
     Installed packages declare their feature maps in the entry-point group :data:`FEATURE_MAP_GROUP` instead,
     so that they are found without being imported first; the two ways are equivalent once loaded.
@@ -310,7 +310,11 @@ def register_feature_map(cls: _F) -> _F:
             f"The 'cls' parameter must have a non-empty string 'kind'. Got {kind!r} on {cls.__qualname__}."
         )
     known = _BUILTIN.get(kind) or _REGISTERED.get(kind)
-    if known is not None and known is not cls:
+    same_name = known is not None and (known.__module__, known.__qualname__) == (
+        cls.__module__,
+        cls.__qualname__,
+    )
+    if known is not None and known is not cls and (kind in _BUILTIN or not same_name):  # a reload replaces
         raise PrivacyParameterError(
             f"The 'cls' parameter's kind {kind!r} is already taken by "
             f"{known.__module__}.{known.__qualname__}."
