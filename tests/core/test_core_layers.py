@@ -6,17 +6,24 @@ function-local import hides a cycle from Python, not from this test). Two checks
 * **Layers**: a sub-package may import only its own modules and sub-packages of a strictly lower layer.
 * **Cycles**: no cycle in the module-level graph.
 
+A lower layer that needs an implementation from a higher one (a feature map built on a model) does not import
+it: it declares an interface and finds implementations through an entry-point group that ``pyproject.toml``
+declares. ``ENTRY_POINT_LOADERS`` names the package that loads each group, and a third check keeps the
+direction: every entry point names a module at or above its loader's layer.
+
 ``KNOWN_*`` lists the violations the codebase still has (issue 18); the test fails on any new one *and* on a
 listed one that no longer occurs, so the lists can only shrink.
 """
 
 import ast
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 import privalign
 
 SRC = Path(privalign.__file__).parent
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 #: Bottom to top. The same order is stated in ``privalign/__init__.py``.
 LAYERS: list[set[str]] = [
@@ -34,14 +41,15 @@ LAYERS: list[set[str]] = [
 ]
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # EmbeddingFeatures (estimation/features.py) builds models.embeddings.MiniLMEmbedder lazily; removing it
-    # needs the embedder injected (or the class moved to models/), an API change left for the estimation
-    # owner.
-    ("estimation", "models"),
-}
+# issue 18 removed the last one (estimation -> models: EmbeddingFeatures moved to models/features.py and is
+# found through the "privalign.feature_maps" entry point): keep it empty
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 # issue 18 broke the last three (estimation.labels, experiments.base, pipeline.steps): keep it empty
 KNOWN_CYCLES: set[frozenset[str]] = set()
+
+#: privalign's entry-point groups (``[project.entry-points."privalign.*"]`` in pyproject.toml) → the package
+#: that loads them (by the group's name, without importing the providers).
+ENTRY_POINT_LOADERS: dict[str, str] = {"privalign.feature_maps": "estimation"}
 
 
 def _module_name(path: Path) -> str:
@@ -83,6 +91,51 @@ def test_imports_go_down_the_layers():
     }
     assert upward - KNOWN_UPWARD == set(), f"new upward imports: {sorted(upward - KNOWN_UPWARD)}"
     assert KNOWN_UPWARD - upward == set(), f"fixed, remove from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - upward)}"
+
+
+def _declared_entry_points() -> dict[str, dict[str, str]]:
+    groups = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"].get("entry-points", {})
+    return {g: eps for g, eps in groups.items() if g.startswith("privalign.")}
+
+
+def _entry_point_problems(declared: dict[str, dict[str, str]], loaders: dict[str, str]) -> list[str]:
+    problems = [
+        f"{g}: no loader declared in ENTRY_POINT_LOADERS" for g in sorted(set(declared) - set(loaders))
+    ]
+    problems += [f"{g}: declared loader but no entry points" for g in sorted(set(loaders) - set(declared))]
+    modules = {_module_name(p) for p in SRC.rglob("*.py")}
+    for group, eps in declared.items():
+        loader = loaders.get(group)
+        if loader is None:
+            continue
+        sources = [p.read_text(encoding="utf-8") for p in (SRC / loader).rglob("*.py")]
+        if not any(f'"{group}"' in text for text in sources):
+            problems.append(f"{group}: {loader} does not name the group")
+        for name, value in eps.items():
+            module = value.split(":")[0].strip()
+            if module not in modules:
+                problems.append(f"{group}: {name} = {value!r} names no privalign module")
+            elif RANK[_package(module)] < RANK[loader]:
+                problems.append(
+                    f"{group}: {name} = {value!r} is below its loader {loader!r}: import it instead"
+                )
+    return problems
+
+
+def test_entry_points_go_up_from_their_loader():
+    assert _entry_point_problems(_declared_entry_points(), ENTRY_POINT_LOADERS) == []
+
+
+def test_the_entry_point_check_finds_a_downward_plugin():  # negative control for the check above
+    bad = {
+        "privalign.feature_maps": {"ok": "privalign.models.features:X", "low": "privalign.errors:X"},
+        "privalign.orphan": {"x": "privalign.cli:X"},
+    }
+    assert _entry_point_problems(bad, ENTRY_POINT_LOADERS) == [
+        "privalign.orphan: no loader declared in ENTRY_POINT_LOADERS",
+        "privalign.feature_maps: low = 'privalign.errors:X' is below its loader 'estimation': "
+        "import it instead",
+    ]
 
 
 def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:

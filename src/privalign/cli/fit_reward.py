@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 __all__ = ["register"]
 
@@ -93,9 +94,14 @@ def _run(args: argparse.Namespace) -> int:
         **overrides,
     )
     _validate_params(est, args)
+    features: Any = args.features
+    if features == "minilm":
+        from privalign.models.features import EmbeddingFeatures
+
+        features = EmbeddingFeatures()
     data, fmap = load_preference_data(
         args.data,
-        features=args.features,
+        features=features,
         n_features=args.n_features,
         n_pairs=args.n_pairs,
         random_state=np.random.default_rng(data_seed),

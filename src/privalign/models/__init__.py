@@ -1,4 +1,5 @@
-"""Real models, offline: generators (prompts → n completions), scorers (texts → rewards), MiniLM embeddings.
+"""Real models, offline: generators (prompts → n completions), scorers (texts → rewards), MiniLM embeddings
+(and the ``EmbeddingFeatures`` feature map on them).
 
 Heavy libraries (torch, transformers, onnxruntime, ...) are imported lazily by the classes that need them, so
 ``import privalign.models`` is cheap. See docs/models.md.
@@ -25,11 +26,13 @@ __all__ = [
     "MATHVerifier",
     "MMLUVerifier",
     "MiniLMEmbedder",
+    "EmbeddingFeatures",
 ]
 
 _WHERE = {name: "generators" for name in __all__[:6]}
 _WHERE.update({name: "scorers" for name in __all__[6:14]})
 _WHERE["MiniLMEmbedder"] = "embeddings"
+_WHERE["EmbeddingFeatures"] = "features"
 
 
 def __getattr__(name: str) -> Any:

@@ -105,7 +105,8 @@ class LinearRewardScorer:
 
     Args:
       feature_map: An object with ``transform(texts)`` (dense or scipy.sparse rows), e.g.
-        ``privalign.estimation.features.HashedNgramFeatures`` or ``EmbeddingFeatures``.
+        ``privalign.estimation.features.HashedNgramFeatures`` or
+        ``privalign.models.features.EmbeddingFeatures``.
       coef: Weight vector ``w`` (length = feature dimension).
       intercept: ``b``.
       link: ``"identity"`` or ``"sigmoid"`` (a probability in [0, 1], e.g. a logistic-regression gold model).
@@ -229,6 +230,7 @@ class LinearRewardScorer:
         """
         doc = read_reward_model(path)
         from privalign.estimation.features import feature_map_from_config
+        from privalign.models import features as _model_features  # noqa: F401 - registers kind "minilm"
 
         p = Path(path)
         try:

@@ -162,7 +162,7 @@ def fit_imdb_gold_minilm(
     """
     sk = require("sklearn.linear_model", purpose="fitting the IMDb MiniLM gold reward")
     from privalign.data.datasets import imdb_split, load_imdb
-    from privalign.estimation.features import EmbeddingFeatures
+    from privalign.models.features import EmbeddingFeatures
     from privalign.models.scorers import LinearRewardScorer
 
     check_int(window_words, "window_words", low=1)
@@ -176,7 +176,7 @@ def fit_imdb_gold_minilm(
     fit_texts = word_windows([texts[i] for i in fit_idx], window_words, rng)
     ho_texts = word_windows([texts[i] for i in prompt_idx], window_words, rng)
     fm = EmbeddingFeatures(backend=backend)
-    emb = fm._embedder()
+    emb = fm.load_embedder()
     emb.progress = progress
     X_fit = fm.transform(fit_texts)
     X_ho = fm.transform(ho_texts)

@@ -90,14 +90,14 @@ def fit_hh_gold(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Fit and save the MiniLM Bradley–Terry gold reward on all harmless-base pairs; returns its metadata."""
-    from privalign.estimation.features import EmbeddingFeatures
+    from privalign.models.features import EmbeddingFeatures
     from privalign.models.scorers import LinearRewardScorer
 
     check_real(C, "C", low=0.0, closed="neither")
     folds = check_int(folds, "folds", low=2)
     chosen, rejected = hh_pairs()
     fm = EmbeddingFeatures(backend=backend)
-    emb = fm._embedder()
+    emb = fm.load_embedder()
     emb.progress = progress
     Xc, Xr = fm.transform(chosen), fm.transform(rejected)
     emb.progress = False

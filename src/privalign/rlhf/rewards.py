@@ -61,6 +61,7 @@ class PrivateReward:
     def __init__(self, path: str | os.PathLike) -> None:
         from privalign.estimation.features import feature_map_from_config
         from privalign.estimation.persistence import load_model
+        from privalign.models import features as _model_features  # noqa: F401 - registers kind "minilm"
 
         self.path = Path(path)
         if not self.path.is_file():
