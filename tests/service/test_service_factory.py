@@ -127,3 +127,31 @@ def test_privbon_epsilon_within_refuses_a_non_positive_budget():
         privbon_epsilon_within(Fraction(0), 1.0)
     assert privbon_epsilon_within(Fraction(1, 2), 1.0) == 0.5
     assert math.isfinite(privbon_epsilon_within(Fraction(1, 10), 0.3))
+
+
+def test_select_default_privitp_uses_the_two_pool_candidate_rule(tmp_path, reward_model):
+    """A server whose first allowed method is privitp, and a /v1/select request that names no method: the
+    candidates are read as 2n + 1 (pool A, pool B, fallback), as for ``"method": "privitp"``. Before, the
+    route read them as n while the plan was privitp with that n: a 500 after private scoring, charged."""
+    import httpx
+    from test_service_http import _cfg
+
+    from conftest import serve_in_thread
+    from privalign.service.app import create_app
+    from privalign.service.keys import create_key
+
+    app = create_app(_cfg(tmp_path, reward_model, allowed_methods=["privitp", "privbon"]))
+    _, token = create_key(
+        app.state.service.engine, budget_epsilon=50.0, budget_delta=1e-3, accounting="ex-post"
+    )
+    h = {"Authorization": f"Bearer {token}"}
+    five = ["a", "b", "c", "d", "e"]
+    with serve_in_thread(app) as url:
+        for privacy in ({"epsilon": 5.0}, {"epsilon": 5.0, "method": "privitp"}):
+            r = httpx.post(
+                url + "/v1/select", headers=h, json={"prompt": "p", "candidates": five, "privacy": privacy}
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["privacy"]["method"] == "privitp"
+        r = httpx.post(url + "/v1/select", headers=h, json={"prompt": "p", "candidates": five[:4]})
+        assert r.status_code == 400 and "2n + 1" in r.json()["error"]["message"]
