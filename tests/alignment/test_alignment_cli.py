@@ -162,3 +162,25 @@ def test_simulate_and_session(tmp_path, capsys):
         )
         == 2
     )  # pool too small for N = 256
+
+
+def test_simulate_default_grid_fits_itp_two_pools(tmp_path, capsys):
+    """The default N grid halves the usable pool for ITP too (not only PrivITP): ``--methods bon,itp`` on a
+    64-candidate pool used to pick N = 64 and fail on the 2N = 128 candidates the two pools need."""
+    rc = main(
+        [
+            "simulate",
+            "--synthetic",
+            "4,64",
+            "--methods",
+            "bon,itp",
+            "--replicates",
+            "2",
+            "--out",
+            str(tmp_path / "sim"),
+            "--no-progress",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    assert _json(capsys)["max_n"] == 32

@@ -111,3 +111,71 @@ def test_simulation_uses_the_shared_conversion():
 
     assert MethodSpec("privbon", epsilon=0.3).privbon_scale(0.7) == privbon_scale(0.3, 0.7)
     assert MethodSpec("privbon", sigma=0.25).privbon_scale(0.7) == 0.25
+
+
+def test_make_selector_takes_the_gumbel_scale_directly():
+    sel = make_selector("privbon", sigma=0.25, sensitivity=0.5)
+    assert sel.scale == 0.25 and sel.epsilon_effective == privbon_epsilon(0.25, 0.5)
+    assert make_selector("privbon", sigma=0.0).scale == 0.0  # σ = 0: plain BoN
+    with pytest.raises(PrivacyParameterError, match="exactly one of 'epsilon' or 'sigma'"):
+        make_selector("privbon", epsilon=1.0, sigma=0.25)
+    with pytest.raises(PrivacyParameterError, match="'sigma'"):
+        make_selector("privbon", sigma=-1.0)
+
+
+def test_pool_size_without_the_fallback_candidate():
+    """The simulation credits the fallback with the base-policy mean (K14): two pools, no extra candidate."""
+    assert pool_size("privitp", 4, fallback_candidate=False) == 8
+    assert pool_size("itp", 4, fallback_candidate=False) == 8
+    assert pool_size("privbon", 4, fallback_candidate=False) == 4
+
+
+def test_method_spec_validates_through_the_factory():
+    from privalign.alignment.simulation import MethodSpec
+
+    for kw, missing in [({"kind": "itp"}, "beta"), ({"kind": "privitp", "beta": 0.1}, "sigma_x")]:
+        with pytest.raises(PrivacyParameterError, match=f"'{missing}' parameter is required"):
+            MethodSpec(**kw)
+        with pytest.raises(PrivacyParameterError, match=f"'{missing}' parameter is required"):
+            make_selector(kw.pop("kind"), **kw)
+    with pytest.raises(PrivacyParameterError) as a:
+        MethodSpec("privitp", beta=0.1, sigma_x=-0.2, sigma_z=0.1)
+    with pytest.raises(PrivacyParameterError) as b:
+        make_selector("privitp", beta=0.1, sigma_x=-0.2, sigma_z=0.1)
+    assert str(a.value) == str(b.value)
+    with pytest.raises(PrivacyParameterError, match="'kind' parameter must be one of"):
+        MethodSpec("privmax")
+    spec = MethodSpec("privitp", beta=0.1, sigma_x=0.2)  # σ_Z defaults to σ_X, as in make_selector
+    assert spec.sigma_z == 0.2
+    sel = spec.selector(r_max=2.0, sensitivity=0.5)
+    assert sel.worst_case_event(8) == make_selector(
+        "privitp", beta=0.1, sigma_x=0.2, r_max=2.0, sensitivity=0.5
+    ).worst_case_event(8)
+
+
+def test_simulation_privacy_report_is_the_selectors():
+    from privalign.alignment.simulation import MethodSpec, run_protocol
+    from privalign.alignment.synthetic import make_synthetic_pool
+
+    specs = [
+        MethodSpec("privbon", epsilon=0.3),
+        MethodSpec("privbon", sigma=0.4),
+        MethodSpec("privitp", beta=0.05, sigma_x=0.2, sigma_z=0.1, L=4.0, delta=1e-5),
+    ]
+    res = run_protocol(
+        make_synthetic_pool(3, 64, random_state=1),
+        specs,
+        n_grid=[2, 8],
+        replicates=2,
+        random_state=0,
+        score_range=(0.0, 1.5),
+        sensitivity=0.7,
+        progress=False,
+    )
+    for s, m in zip(specs[:2], res["methods"][:2], strict=True):
+        sel = make_selector("privbon", epsilon=s.epsilon, sigma=s.sigma, sensitivity=0.7, r_max=1.5)
+        assert m["privacy"]["scale"] == sel.scale and m["privacy"]["epsilon"] == sel.epsilon_effective
+    itp = make_selector(
+        "privitp", beta=0.05, sigma_x=0.2, sigma_z=0.1, L=4.0, delta=1e-5, r_max=1.5, sensitivity=0.7
+    )
+    assert res["methods"][2]["privacy"]["epsilon_max"] == itp.accountant.epsilon_max_many([2, 8])

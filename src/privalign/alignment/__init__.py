@@ -14,9 +14,9 @@ if TYPE_CHECKING:  # imported on first access (module __getattr__ below)
     from privalign.alignment.bon import BestOfN
     from privalign.alignment.itp import InferenceTimePessimism
     from privalign.alignment.normalizer import solve_normalizer
-    from privalign.alignment.priv_bon import PrivBoN, privbon_epsilon, privbon_scale
+    from privalign.alignment.priv_bon import PrivBoN, privbon_epsilon, privbon_epsilon_within, privbon_scale
     from privalign.alignment.priv_itp import PrivITP
-    from privalign.alignment.selectors import Selector, make_selector, pool_size
+    from privalign.alignment.selectors import Selector, check_method, make_selector, pool_size
 
 #: public name → the submodule defining it
 _LAZY = {
@@ -30,9 +30,11 @@ _LAZY = {
     "PrivBoN": "priv_bon",
     "privbon_epsilon": "priv_bon",
     "privbon_scale": "priv_bon",
+    "privbon_epsilon_within": "priv_bon",
     "PrivITP": "priv_itp",
     "Selector": "selectors",
     "make_selector": "selectors",
+    "check_method": "selectors",
     "pool_size": "selectors",
 }
 
@@ -47,9 +49,11 @@ __all__ = [
     "PrivITP",
     "privbon_scale",
     "privbon_epsilon",
+    "privbon_epsilon_within",
     "solve_normalizer",
     "Selector",
     "make_selector",
+    "check_method",
     "pool_size",
 ]
 

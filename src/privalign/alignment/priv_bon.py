@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -18,10 +19,11 @@ from privalign.alignment.base import (
     scores_vector,
 )
 from privalign.alignment.laws import softmax_law
+from privalign.errors import PrivacyParameterError
 from privalign.mechanisms._common import gumbel_epsilon, gumbel_scale
 from privalign.rng import FastSeededNoise, as_noise_source
 
-__all__ = ["PrivBoN", "privbon_scale", "privbon_epsilon"]
+__all__ = ["PrivBoN", "privbon_scale", "privbon_epsilon", "privbon_epsilon_within"]
 
 
 def privbon_scale(epsilon: float, sensitivity: float) -> float:
@@ -34,6 +36,32 @@ def privbon_epsilon(scale: float, sensitivity: float) -> float:
     """The ε charged for Gumbel noise of scale σ: ``2Δ/σ`` rounded *up*; ∞ when σ = 0. The one scale → ε
     conversion of the package (the inverse of :func:`privbon_scale`, conservative in both directions)."""
     return math.inf if scale == 0.0 else gumbel_epsilon(sensitivity, scale)
+
+
+def privbon_epsilon_within(target: Fraction | int, sensitivity: float, *, max_steps: int = 64) -> float:
+    """The float ε to run PrivBoN at so that the ε it charges is at most an exact budget ``target``.
+
+    Starts at the largest float whose exact value is ≤ ``target`` and steps down one ulp at a time while the
+    charged ε (:attr:`PrivBoN.epsilon_effective`: :func:`privbon_scale` then :func:`privbon_epsilon`, each
+    rounded up) still exceeds ``target`` exactly. The service runs its ledger-unit ε here, so a budget of
+    2.0 serves exactly twenty ε = 0.1 requests.
+
+    Raises:
+      PrivacyParameterError: ``target`` is not positive, or no such float within ``max_steps`` ulps.
+    """
+    target = Fraction(target)
+    if target <= 0:
+        raise PrivacyParameterError(f"The 'target' parameter must be > 0. Got {target} instead.")
+    run = float(target)
+    while Fraction(run) > target:
+        run = math.nextafter(run, 0.0)
+    for _ in range(max_steps):  # the two round-ups may lift the charge by an ulp: step down until it fits
+        if Fraction(PrivBoN(run, sensitivity=sensitivity).epsilon_effective) <= target:
+            return run
+        run = math.nextafter(run, 0.0)
+    raise PrivacyParameterError(  # pragma: no cover - one or two steps suffice
+        f"No float ε within {max_steps} ulps of {target} charges at most {target} (Δ = {sensitivity!r})."
+    )
 
 
 class PrivBoN:

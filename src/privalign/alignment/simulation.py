@@ -36,28 +36,40 @@ from scipy import special
 
 from privalign._json import to_jsonable
 from privalign._validation import check_choice, check_int, check_real
-from privalign.accounting.expost import PrivITPAccountant, ell1, ell2
+from privalign.accounting.expost import ell1, ell2
 from privalign.alignment.figures import plot_results  # re-exported: plotting lives in alignment.figures
 from privalign.alignment.laws import lambda_quadrature, privitp_acceptance
 from privalign.alignment.normalizer import solve_normalizer
-from privalign.alignment.priv_bon import privbon_epsilon, privbon_scale
+from privalign.alignment.priv_bon import PrivBoN
+from privalign.alignment.priv_itp import PrivITP
+from privalign.alignment.selectors import METHODS as _METHODS
+from privalign.alignment.selectors import Selector, check_method, make_selector, pool_size, uses_two_pools
 from privalign.data.pools import ScoredPool
 from privalign.errors import PrivacyParameterError
 
 __all__ = ["MethodSpec", "prepare_scores", "run_protocol", "plot_results", "write_results"]
 
-METHODS = ("bon", "itp", "privbon", "privitp")
+METHODS = _METHODS  # re-exported (the selectors' list)
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     """One curve of the protocol.
 
+    The method names, the parameters' validation (and its messages), PrivBoN's ε → scale conversion and
+    the candidate count are :mod:`privalign.alignment.selectors`' (``make_selector``, ``check_method``,
+    ``pool_size``): the spec is checked by building its selector once, and the engine reads the validated
+    parameters, the Gumbel scale and PrivITP's accountant from :meth:`selector`. The engine itself stays
+    vectorised (it computes the selectors' laws in closed form over all replicates; it does not call
+    ``select`` per draw).
+
     Args:
-      kind: ``bon``, ``itp``, ``privbon`` or ``privitp``.
+      kind: ``bon``, ``itp``, ``privbon`` or ``privitp`` (checked by
+        :func:`~privalign.alignment.selectors.check_method`).
       beta: β for ITP/PrivITP.
       epsilon: PrivBoN's ε (scale 2Δ/ε); or give ``sigma`` (the Gumbel scale; ε_eff = 2Δ/σ reported).
-      sigma_x, sigma_z, L, delta: PrivITP parameters.
+      sigma_x, sigma_z, L, delta: PrivITP parameters (``sigma_z`` defaults to ``sigma_x``, as in
+        ``make_selector``).
       label: Legend label (default built from the parameters).
     """
 
@@ -72,33 +84,37 @@ class MethodSpec:
     label: str | None = None
 
     def __post_init__(self) -> None:
-        check_choice(self.kind, "kind", METHODS)
-        if self.kind in ("itp", "privitp"):
-            check_real(self.beta, "beta", low=0.0, closed="neither")
-        if self.kind == "privbon":
-            if (self.epsilon is None) == (self.sigma is None):
-                raise PrivacyParameterError(
-                    "PrivBoN needs exactly one of 'epsilon' or 'sigma'. Got both or neither."
-                )
-            if self.epsilon is not None:
-                check_real(self.epsilon, "epsilon", low=0.0, closed="neither", allow_inf=True)
-            else:
-                check_real(self.sigma, "sigma", low=0.0, closed="left")
-        if self.kind == "privitp":
-            check_real(self.sigma_x, "sigma_x", low=0.0, closed="neither")
-            check_real(self.sigma_z, "sigma_z", low=0.0, closed="neither")
+        check_method(self.kind, "kind")
+        if self.kind == "privitp" and self.sigma_z is None:
+            object.__setattr__(self, "sigma_z", self.sigma_x)  # make_selector's default, visible in the spec
+        self.selector()  # the factory's validation (names the parameter; nothing is kept)
+
+    def selector(self, *, r_max: float = 1.0, sensitivity: float | None = None) -> Selector:
+        """This curve's selector, from :func:`~privalign.alignment.selectors.make_selector` (the public score
+        range ``[0, r_max]``, Δ_r = ``sensitivity``, default ``r_max``)."""
+        return make_selector(
+            self.kind,
+            epsilon=self.epsilon,
+            sigma=self.sigma,
+            beta=self.beta,
+            sigma_x=self.sigma_x,
+            sigma_z=self.sigma_z,
+            L=self.L,
+            delta=self.delta,
+            r_max=r_max,
+            sensitivity=sensitivity,
+        )
 
     @property
     def two_pools(self) -> bool:
-        return self.kind in ("itp", "privitp")
+        return uses_two_pools(self.kind)
 
     def privbon_scale(self, sensitivity: float) -> float:
-        """PrivBoN's Gumbel scale: ``sigma`` if given, else :func:`privbon_scale` of ``epsilon``
-        (rounded up)."""
-        if self.sigma is not None:
-            return self.sigma
-        assert self.epsilon is not None  # __post_init__: exactly one of epsilon, sigma
-        return privbon_scale(self.epsilon, sensitivity)
+        """PrivBoN's Gumbel scale, the selector's: ``sigma`` if given, else
+        :func:`~privalign.alignment.priv_bon.privbon_scale` of ``epsilon`` (2Δ/ε rounded up)."""
+        sel = self.selector(sensitivity=sensitivity)
+        assert isinstance(sel, PrivBoN)  # a privbon spec
+        return sel.scale
 
     def name(self) -> str:
         if self.label:
@@ -205,6 +221,10 @@ def run_protocol(
     delta_r = (
         r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
     )
+    # each curve's selector, from the one factory: validated parameters, PrivBoN's scale (ε → σ rounded up)
+    # and charged ε, PrivITP's accountant; the engine computes their laws vectorised, in closed form
+    sels = [s.selector(r_max=r_max, sensitivity=delta_r) for s in specs]
+    scales = {i: sel.scale for i, sel in enumerate(sels) if isinstance(sel, PrivBoN)}
     ss = (
         random_state
         if isinstance(random_state, np.random.SeedSequence)
@@ -226,7 +246,7 @@ def run_protocol(
         perm = rng.permuted(np.broadcast_to(np.arange(c), (replicates, c)), axis=1)
         draw = _Draw.make(clipped[p, :c], sub.true[p, :c], z[p, :c], perm, max(n_grid), two_pools=two)
         for i, (et, ez, ee) in enumerate(
-            _evaluate_prompt(draw, specs, pre, n_grid, r_max, delta_r, max_chunk)
+            _evaluate_prompt(draw, specs, pre, n_grid, r_max, scales, max_chunk)
         ):
             res_true[i][p], res_proxy[i][p] = et, ez
             if ee is not None:
@@ -236,14 +256,13 @@ def run_protocol(
     methods = [
         _method_entry(
             s,
+            sels[i],
             pre.get(i),
             res_true[i],
             res_proxy[i],
             res_eps[i],
             base_true,
             n_grid,
-            r_max,
-            delta_r,
             quad_order,
             per_prompt,
         )
@@ -283,7 +302,8 @@ def _check_protocol(pool: ScoredPool, specs, n_grid, replicates, skip_short) -> 
     if not n_grid:
         raise PrivacyParameterError("The 'n_grid' parameter must be non-empty. Got [] instead.")
     replicates = check_int(replicates, "replicates", low=1)
-    need = max(n_grid) * (2 if any(s.two_pools for s in specs) else 1)
+    # the two pools, without the fallback candidate (credited with the base-policy mean, defect K14)
+    need = max(pool_size(s.kind, max(n_grid), fallback_candidate=False) for s in specs)
     short = int(np.sum(pool.counts < need))
     if short and not skip_short:
         raise PrivacyParameterError(
@@ -360,9 +380,10 @@ class _Draw:
         return self.lam_cache[(beta, n)]
 
 
-def _evaluate_prompt(draw: _Draw, specs, pre, n_grid, r_max, delta_r, max_chunk):
+def _evaluate_prompt(draw: _Draw, specs, pre, n_grid, r_max, scales, max_chunk):
     """Per method: the replicate means over the N grid of the expected true value, expected proxy value
-    and (PrivITP) expected ε2, each of shape (G,) (ε2 None for the other methods)."""
+    and (PrivITP) expected ε2, each of shape (G,) (ε2 None for the other methods). ``scales``: PrivBoN's
+    Gumbel scale per spec index (its selector's)."""
     base_t, base_z = draw.base_t, draw.base_z
     nested = {}
     for i, s in enumerate(specs):
@@ -380,7 +401,7 @@ def _evaluate_prompt(draw: _Draw, specs, pre, n_grid, r_max, delta_r, max_chunk)
             if s.kind == "bon":
                 et, ez = _bon_values(draw, n)
             elif s.kind == "privbon":
-                et, ez = _privbon_values(draw, n, _privbon_scale(s, delta_r), softmax_cache, i)
+                et, ez = _privbon_values(draw, n, scales[i], softmax_cache, i)
             elif s.kind == "itp":
                 et, ez = _itp_values(draw, s.beta, n, r_max, (base_t, base_z))
             else:
@@ -391,10 +412,6 @@ def _evaluate_prompt(draw: _Draw, specs, pre, n_grid, r_max, delta_r, max_chunk)
             out[i][0][g] = et.mean()
             out[i][1][g] = ez.mean()
     return out
-
-
-def _privbon_scale(s: MethodSpec, delta_r: float) -> float:
-    return s.privbon_scale(delta_r)  # the one ε → scale conversion (alignment.priv_bon, rounded up)
 
 
 def _bon_values(draw: _Draw, n: int):
@@ -438,14 +455,13 @@ def _itp_values(draw: _Draw, beta: float, n: int, r_max: float, bases):
 
 def _method_entry(
     s: MethodSpec,
+    sel: Selector,
     pre,
     res_true,
     res_proxy,
     res_eps,
     base_true,
     n_grid,
-    r_max,
-    delta_r,
     quad_order,
     per_prompt,
 ) -> dict[str, Any]:
@@ -459,7 +475,7 @@ def _method_entry(
         "true_lift_se": _se(lift).tolist(),
         "proxy": res_proxy.mean(0).tolist(),
         "proxy_se": _se(res_proxy).tolist(),
-        "privacy": _privacy(s, n_grid, r_max, delta_r),
+        "privacy": _privacy(s, sel, n_grid),
     }
     if s.kind == "privitp":
         entry["privacy"]["expected_epsilon2_realized"] = np.nanmean(res_eps, axis=0).tolist()
@@ -684,28 +700,21 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
     return et, ez, ee
 
 
-def _privacy(s: MethodSpec, n_grid, r_max, delta_r) -> dict[str, Any]:
+def _privacy(s: MethodSpec, sel: Selector, n_grid) -> dict[str, Any]:
+    """The curve's privacy report, from its selector (built with the run's r_max and Δ_r)."""
     if s.kind in ("bon", "itp"):
         return {"guarantee": "none", "epsilon": math.inf}
-    if s.kind == "privbon":
-        scale = _privbon_scale(s, delta_r)
-        eps = privbon_epsilon(scale, delta_r)
+    if isinstance(sel, PrivBoN):
+        scale = sel.scale  # σ, or 2Δ/ε rounded up
+        eps = sel.epsilon_effective  # 2Δ/σ rounded up
         return {
             "guarantee": "pure ε-DP per query (exponential mechanism); ε²/8-zCDP",
             "epsilon": eps,
             "rho": eps**2 / 8 if math.isfinite(eps) else math.inf,
             "scale": scale,
         }
-    assert s.beta is not None and s.sigma_x is not None and s.sigma_z is not None  # __post_init__
-    acc = PrivITPAccountant(
-        beta=s.beta,
-        r_max=r_max,
-        sensitivity=delta_r,
-        sigma_x=s.sigma_x,
-        sigma_z=s.sigma_z,
-        L=s.L,
-        delta=s.delta,
-    )
+    assert isinstance(sel, PrivITP)  # the remaining kind
+    acc = sel.accountant
     return {
         "guarantee": "ex-post (ε1(δ) + ε2(t; λ̃), δ)",
         "delta": s.delta,

@@ -27,7 +27,9 @@ def parse_floats(text: str, name: str) -> list[float]:
 
 
 def add_selector_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", required=True, choices=["bon", "itp", "privbon", "privitp"], help="selector")
+    from privalign.alignment.selectors import METHODS
+
+    p.add_argument("--method", required=True, choices=list(METHODS), help="selector")
     p.add_argument(
         "--scores",
         required=True,
@@ -71,9 +73,10 @@ def _need(args, name):
 
 def build_selector(args):
     from privalign.alignment import make_selector
+    from privalign.alignment.selectors import uses_two_pools
     from privalign.errors import PrivacyParameterError
 
-    if args.method in ("itp", "privitp") and args.scores_b is None:
+    if uses_two_pools(args.method) and args.scores_b is None:
         raise PrivacyParameterError(
             "The '--scores-b' option (the selector's 'pool_b_scores') is required for --method "
             f"{args.method}: phase 2 runs on a fresh pool of candidates independent of --scores (see "

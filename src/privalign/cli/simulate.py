@@ -57,15 +57,16 @@ def _synthetic(text: str) -> tuple[int, int]:
 
 
 def _max_log2_n(args, pool) -> int:
-    """The largest k with 2^k (2·2^k for the two-pool PrivITP) candidates in every prompt, at most 12
+    """The largest k with 2^k (2·2^k for the two-pool ITP and PrivITP) candidates in every prompt, at most 12
     (the authors' N grid)."""
     import math
 
+    from privalign.alignment.selectors import TWO_POOL_METHODS
     from privalign.errors import PrivacyParameterError
 
     if args.max_log2_n is not None:
         return args.max_log2_n
-    two = "privitp" in args.methods
+    two = any(m.strip() in TWO_POOL_METHODS for m in args.methods.split(","))  # ITP too, not only PrivITP
     smallest = int(pool.counts.min())
     usable = smallest // 2 if two else smallest
     if usable < 1:

@@ -19,6 +19,7 @@ selected response (in the units of ``transform``); both with standard errors ove
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,55 @@ def split_pool(pool, cfg: dict):
     if n_cal == 0 and pool.proxy.shape[0] <= n_eval:
         return pool, None
     return part(0, n_eval), (part(n_eval, n_eval + n_cal) if n_cal else None)
+
+
+@dataclass(frozen=True)
+class CellProtocol:
+    """The :func:`~privalign.alignment.simulation.run_protocol` settings every paper-1 cell shares, read once
+    from the experiment config (paper1 and privacy_sweep): the score ``transform``, the public
+    ``score_range`` (``score_low``, ``score_high``), Δ_r (``sensitivity``) and PrivITP's ``quad_order``
+    (``None`` where the config has none, e.g. p1-epsilon-star: ``run_protocol``'s default); prompts with too
+    few candidates are skipped and no progress bar is shown."""
+
+    transform: str
+    score_range: tuple[float, float]
+    sensitivity: float
+    quad_order: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> CellProtocol:
+        return cls(
+            cfg["transform"], (cfg["score_low"], cfg["score_high"]), cfg["sensitivity"], cfg.get("quad_order")
+        )
+
+    def run(
+        self,
+        pool,
+        specs: list,
+        *,
+        n: int,
+        replicates: int,
+        random_state: np.random.SeedSequence,
+        per_prompt: bool = False,
+    ) -> dict[str, Any]:
+        """``run_protocol`` on the one-point grid ``[n]`` with these settings."""
+        from privalign.alignment.simulation import run_protocol
+
+        quad = {} if self.quad_order is None else {"quad_order": self.quad_order}
+        return run_protocol(
+            pool,
+            specs,
+            n_grid=[n],
+            replicates=replicates,
+            random_state=random_state,
+            transform=self.transform,
+            score_range=self.score_range,
+            sensitivity=self.sensitivity,
+            skip_short=True,
+            progress=False,
+            per_prompt=per_prompt,
+            **quad,
+        )
 
 
 def pool_label(cfg: dict, ctx_inputs: dict | None = None) -> str:
@@ -512,8 +562,6 @@ def _finite_or_none(v):
 
 
 def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    from privalign.alignment.simulation import run_protocol
-
     pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     n = cell["N"]
     _, ss_gauss, ss_cal = ss.spawn(3)
@@ -533,18 +581,12 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     out: list[dict] = []
     c_specs = [(m, s, info) for m, s, info in specs if m != "PrivBoN-Gaussian"]
     if c_specs:
-        res = run_protocol(
+        res = CellProtocol.from_config(cfg).run(
             pool,
             [s for _, s, _ in c_specs],
-            n_grid=[n],
+            n=n,
             replicates=cfg["replicates"],
             random_state=ss_sim,
-            transform=cfg["transform"],
-            score_range=(cfg["score_low"], cfg["score_high"]),
-            sensitivity=cfg["sensitivity"],
-            skip_short=True,
-            quad_order=cfg["quad_order"],
-            progress=False,
             per_prompt=True,
         )
         for (method, _, info), m in zip(c_specs, res["methods"]):
@@ -791,7 +833,7 @@ def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     "σ_reg" curve's noise scale depends on the private data (``sigma_reg_source`` in every row says so).
     A deployment would need σ_reg from public data or a separately accounted estimate."""
     from privalign.alignment.priv_bon import privbon_scale
-    from privalign.alignment.simulation import MethodSpec, prepare_scores, run_protocol
+    from privalign.alignment.simulation import MethodSpec, prepare_scores
     from privalign.alignment.theory import estimate_theory
 
     pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
@@ -812,18 +854,8 @@ def _epsstar_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
         MethodSpec("privbon", sigma=sigma_plain, label="PrivBoN σ=2Δ/ε"),
         MethodSpec("privbon", sigma=sigma_rule, label="PrivBoN σ=max(2Δ/ε, σ_reg)"),
     ]
-    res = run_protocol(
-        pool,
-        specs,
-        n_grid=[cfg["N"]],
-        replicates=cfg["replicates"],
-        random_state=ss,
-        transform=cfg["transform"],
-        score_range=(cfg["score_low"], cfg["score_high"]),
-        sensitivity=cfg["sensitivity"],
-        skip_short=True,
-        progress=False,
-        per_prompt=True,
+    res = CellProtocol.from_config(cfg).run(
+        pool, specs, n=cfg["N"], replicates=cfg["replicates"], random_state=ss, per_prompt=True
     )
     idx = res["prompt_index"]
     best_p = np.array([float(np.nanmax(pool.true[p, : pool.counts[p]])) for p in idx])

@@ -28,6 +28,7 @@ from privalign.experiments.config import Field
 from privalign.experiments.matching import MATCH_NOTE, MATCHINGS
 from privalign.experiments.paper1 import (
     POOL_FIELDS,
+    CellProtocol,
     _privitp_for,
     load_scored_pool,
     pool_label,
@@ -82,7 +83,7 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
 
 def _tune(cfg: dict, n: int, eps: float, match: str, tune_pool, ss) -> tuple[dict, list[dict]]:
     """The (ratio, L) with the largest PrivITP lift on ``tune_pool`` among the grid (one protocol run)."""
-    from privalign.alignment.simulation import MethodSpec, run_protocol
+    from privalign.alignment.simulation import MethodSpec
 
     ratios = [1.0] if match == "sigma" else cfg["tune_ratios"]
     combos = [(r, L) for r in ratios for L in cfg["tune_Ls"]]
@@ -112,18 +113,8 @@ def _tune(cfg: dict, n: int, eps: float, match: str, tune_pool, ss) -> tuple[dic
         )
     if len(specs) == 1:
         return infos[0], []
-    res = run_protocol(
-        tune_pool,
-        specs,
-        n_grid=[n],
-        replicates=cfg["calib_replicates"],
-        random_state=ss,
-        transform=cfg["transform"],
-        score_range=(cfg["score_low"], cfg["score_high"]),
-        sensitivity=cfg["sensitivity"],
-        skip_short=True,
-        quad_order=cfg["quad_order"],
-        progress=False,
+    res = CellProtocol.from_config(cfg).run(
+        tune_pool, specs, n=n, replicates=cfg["calib_replicates"], random_state=ss
     )
     lifts = [m["true_lift"][0] for m in res["methods"]]
     k = int(np.argmax(lifts))
@@ -138,7 +129,7 @@ def _tune(cfg: dict, n: int, eps: float, match: str, tune_pool, ss) -> tuple[dic
 
 
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    from privalign.alignment.simulation import MethodSpec, run_protocol
+    from privalign.alignment.simulation import MethodSpec
 
     pool, calib = split_pool(load_scored_pool(cfg, ctx), cfg)
     tune_pool = calib if calib is not None else pool
@@ -203,19 +194,8 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
                     },
                 )
             )
-    res = run_protocol(
-        pool,
-        [c[2] for c in curves],
-        n_grid=[n],
-        replicates=cfg["replicates"],
-        random_state=ss_sim,
-        transform=cfg["transform"],
-        score_range=(cfg["score_low"], cfg["score_high"]),
-        sensitivity=cfg["sensitivity"],
-        skip_short=True,
-        quad_order=cfg["quad_order"],
-        progress=False,
-        per_prompt=True,
+    res = CellProtocol.from_config(cfg).run(
+        pool, [c[2] for c in curves], n=n, replicates=cfg["replicates"], random_state=ss_sim, per_prompt=True
     )
     truth_binary = bool(np.all(np.isin(pool.true[np.isfinite(pool.proxy)], (0.0, 1.0))))
     scale = 100.0 if truth_binary else 1.0

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from privalign._validation import check_choice, check_int, check_real
+from privalign.alignment.selectors import check_method
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
@@ -89,6 +90,8 @@ __all__ = [
     "METHODS",
 ]
 
+#: The selection methods the service serves: a subset of :data:`privalign.alignment.selectors.METHODS` (not
+#: the non-private ITP). A name outside the library's list fails with the library's error (``check_method``).
 METHODS = ("privbon", "privitp", "bon")
 
 # The reward model shipped with privalign (``privalign serve`` without a config serves it): RR-IHT, label-DP
@@ -202,7 +205,12 @@ class ServiceConfig:
         check_int(lim.max_tokens, "limits.max_tokens", low=1)
         check_real(lim.request_timeout_s, "limits.request_timeout_s", low=0.0)
         for m in pv.allowed_methods:
-            check_choice(m, "privacy.allowed_methods", METHODS)
+            check_method(m, "privacy.allowed_methods")  # unknown names: the library's one error
+            if m not in METHODS:
+                raise PrivacyParameterError(
+                    f"The 'privacy.allowed_methods' parameter lists {m!r}, which the service does not serve "
+                    f"(it serves {list(METHODS)})."
+                )
         if "bon" in pv.allowed_methods and not pv.allow_non_private:
             raise PrivacyParameterError(
                 "The 'privacy.allowed_methods' parameter lists 'bon' (no privacy) but "

@@ -6,7 +6,9 @@ Public bounds (refused with a 400 naming the parameter, nothing charged):
 * ``epsilon``: finite, in ``[limits.min_epsilon, limits.max_epsilon]`` (the floor is 10⁻⁶ by default and
   never below 10⁻⁹, the ledger's unit). PrivBoN's ε is **rounded down to the ledger unit** (10⁻⁹) and the
   exponential mechanism is run at a float ε whose exact value does not exceed it, so the charge is exactly
-  the requested number of units: a budget of 2.0 serves exactly twenty ε = 0.1 requests.
+  the requested number of units: a budget of 2.0 serves exactly twenty ε = 0.1 requests. The float ε and
+  the Gumbel scale are the library's (:func:`privalign.alignment.priv_bon.privbon_epsilon_within`, then
+  :func:`privalign.alignment.selectors.make_selector`: scale 2Δ/ε rounded up, charged ε rounded up).
 * PrivITP: ``beta`` in :data:`BETA_BOUNDS`, ``sigma_x``/``sigma_z`` in :data:`SIGMA_BOUNDS`; the
   worst-case ε_max must be finite, at least the ε floor's unit and at most the request's ``epsilon`` cap.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from privalign.accounting.events import ExPostEvent
 from privalign.errors import PrivacyParameterError
 from privalign.service import db
 from privalign.service.config import ServiceConfig
@@ -64,29 +67,27 @@ def quantize_epsilon(eps: float) -> tuple[int, float]:
 
 
 def _privbon(cfg: ServiceConfig, eps: float, n: int) -> Plan:
-    from privalign.alignment import PrivBoN
+    from privalign.alignment import make_selector, privbon_epsilon_within
 
     pv = cfg.privacy
-    units, run = quantize_epsilon(eps)
+    units, _ = quantize_epsilon(eps)
     target = Fraction(units, db.EPS_SCALE)
-    for _ in range(
-        64
-    ):  # the mechanism may round its charged ε up by an ulp: step the run ε down until it fits
-        sel = PrivBoN(run, sensitivity=pv.sensitivity, r_max=pv.reward_max, clip=True)
-        worst = sel.worst_case_event(n)
-        if Fraction(float(sel.epsilon_effective)) <= target:  # the ε that worst (a NoisyArgmaxEvent) charges
-            return Plan(
-                "privbon",
-                float(target),
-                n,
-                {"sensitivity": pv.sensitivity, "reward_max": pv.reward_max},
-                worst,
-                sel,
-            )
-        run = math.nextafter(run, 0.0)
-    raise _bad(
-        "privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly."
-    )  # pragma: no cover
+    try:  # the largest float ε whose charged ε (scale and ε each rounded up) is ≤ the units exactly
+        run = privbon_epsilon_within(target, pv.sensitivity)
+    except PrivacyParameterError:  # pragma: no cover - one or two ulps suffice
+        raise _bad(
+            "privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly."
+        ) from None
+    sel = make_selector("privbon", epsilon=run, sensitivity=pv.sensitivity, r_max=pv.reward_max, clip=True)
+    worst = sel.worst_case_event(n)  # a NoisyArgmaxEvent charging sel.epsilon_effective ≤ target
+    return Plan(
+        "privbon",
+        float(target),
+        n,
+        {"sensitivity": pv.sensitivity, "reward_max": pv.reward_max},
+        worst,
+        sel,
+    )
 
 
 def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> Plan:
@@ -130,7 +131,7 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
                 raise _bad(f"privacy.{extra}", f"The 'privacy.{extra}' parameter applies to privitp only.")
         return _privbon(cfg, eps, n)
     # privitp: two pools of n (phase 1, phase 2) plus one fallback candidate; privacy.epsilon caps ε_max.
-    from privalign.alignment import PrivITP
+    from privalign.alignment import make_selector
 
     itp = dict(pv.privitp)
     for name, (lo, hi) in (("beta", BETA_BOUNDS), ("sigma_x", SIGMA_BOUNDS), ("sigma_z", SIGMA_BOUNDS)):
@@ -144,8 +145,9 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
                 )
             itp[name] = v
     try:
-        sel = PrivITP(
-            itp["beta"],
+        sel = make_selector(
+            "privitp",
+            beta=itp["beta"],
             sigma_x=itp["sigma_x"],
             sigma_z=itp["sigma_z"],
             L=itp.get("envelope_l", 3.0),
@@ -155,6 +157,7 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
             clip=True,
         )
         worst = sel.worst_case_event(n)
+        assert isinstance(worst, ExPostEvent)  # PrivITP's worst case
         eps_max = float(worst.epsilon_max)
     except (PrivacyParameterError, TypeError, ValueError, KeyError, ArithmeticError) as exc:
         raise _bad("privacy", f"Invalid privitp parameters: {exc}") from None

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
+from privalign.alignment.selectors import pool_size, uses_two_pools
 from privalign.service import pipeline
 from privalign.service.errors import ApiError
 from privalign.service.keys import KeyInfo, authenticate
@@ -414,10 +415,15 @@ def select_endpoint(
         _check_text(state, c, f"candidates[{i}]")
     pp = body.privacy
     k = len(body.candidates)
-    itp = pp is not None and pp.method == "privitp"
-    n_implied = (k - 1) // 2 if itp else k
-    if (itp and (k < 3 or k % 2 == 0)) or (pp is not None and pp.n is not None and pp.n != n_implied):
-        need = "2n + 1 candidates (phase-1 pool, phase-2 pool, fallback)" if itp else "n candidates"
+    # the candidate rule of the method make_plan resolves (the request's, else the server's first allowed
+    # one): n, or 2n + 1 for the two-pool PrivITP (selectors.pool_size)
+    method = (pp.method if pp is not None else None) or cfg.privacy.allowed_methods[0]
+    two = uses_two_pools(method)
+    n_implied = (k - 1) // 2 if two else k
+    if (two and (n_implied < 1 or pool_size(method, n_implied) != k)) or (
+        pp is not None and pp.n is not None and pp.n != n_implied
+    ):
+        need = "2n + 1 candidates (phase-1 pool, phase-2 pool, fallback)" if two else "n candidates"
         raise ApiError(
             400,
             "invalid_request_error",
