@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # import name -> distribution name (as written in pyproject.toml)
 DIST = {
     "sklearn": "scikit-learn",
+    "PIL": "pillow",
     "dp_accounting": "dp-accounting",
     "profanity_check": "alt-profanity-check",
     "prometheus_client": "prometheus-client",
