@@ -99,7 +99,7 @@ def plot_results(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    title = f"{results['n_prompts']} prompts, {results['config']['replicates']} replicates"
+    title, shown = _title_and_ticks(results)
     # one Figure (and Agg canvas) for both panels, cleared in between: the canvas's renderer and its text
     # metrics cache are reused (the title, axis label, tick and legend texts repeat)
     fig = Figure(figsize=(7, 4.5), dpi=dpi)
@@ -108,15 +108,12 @@ def plot_results(
         fig.clear()
         fig.subplots_adjust(left=0.12, right=0.98, bottom=0.12, top=0.93)
         ax = fig.add_subplot()
-        ns: list[int] = []
         for m in results["methods"]:
             y = np.asarray(m[key], dtype=float) * scale
             se = np.asarray(m[key + "_se"], dtype=float) * scale
             ax.errorbar(m["n"], y, yerr=se, marker="o", ms=3, capsize=2, label=_legend(m))
-            ns = sorted(set(ns) | {int(n) for n in m["n"]})
         ax.set_xscale("log", base=2)
-        # plain-text tick labels at the N of the grid (at most 7 labelled): no mathtext to lay out
-        shown = ns[:: max(1, -(-len(ns) // 7))]
+        # plain-text tick labels at the N of the grid: no mathtext to lay out
         ax.xaxis.set_major_locator(FixedLocator(shown))
         ax.set_xticklabels([str(n) for n in shown])
         ax.xaxis.set_minor_locator(NullLocator())
@@ -152,9 +149,7 @@ def _plot_pillow(results: dict[str, Any], out: Path) -> list[Path]:
     from privalign.alignment._raster import Series, render_line_chart
 
     out.mkdir(parents=True, exist_ok=True)
-    title = f"{results['n_prompts']} prompts, {results['config']['replicates']} replicates"
-    ns = sorted({int(n) for m in results["methods"] for n in m["n"]})
-    shown = ns[:: max(1, -(-len(ns) // 7))]
+    title, shown = _title_and_ticks(results)
     paths = []
     for key, ylabel, stem, scale in _PANELS:
         series = [
@@ -177,6 +172,14 @@ def _plot_pillow(results: dict[str, Any], out: Path) -> list[Path]:
             )
         )
     return paths
+
+
+def _title_and_ticks(results: dict[str, Any]) -> tuple[str, list[int]]:
+    """The panels' title and the N labelled on the x axis (every N of the grid, thinned to at most 7), shared
+    by both backends so that they label the same ticks."""
+    title = f"{results['n_prompts']} prompts, {results['config']['replicates']} replicates"
+    ns = sorted({int(n) for m in results["methods"] for n in m["n"]})
+    return title, ns[:: max(1, -(-len(ns) // 7))]
 
 
 def _legend(m: dict[str, Any]) -> str:
