@@ -36,7 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from privalign.data.pools import ReadStats, ScoredPool, _open, _parse, iter_json_lines, iter_pool
+from privalign.data.pools import (
+    ReadStats,
+    ScoredPool,
+    _decoding,
+    _open,
+    _parse,
+    iter_json_lines,
+    iter_pool,
+)
 from privalign.errors import DataFormatError
 
 __all__ = ["CACHE_FORMAT", "read_scored_pool", "pool_cache_entry"]
@@ -91,6 +99,8 @@ def read_scored_pool(
       FileNotFoundError, DataFormatError: as :meth:`ScoredPool.read` (nothing is cached for a bad file).
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataFormatError(f"{path}: field '<file>' is a directory, not a pool file")
     if not path.is_file():
         raise FileNotFoundError(f"pool file not found: {path}")
     entry = pool_cache_entry(path, cache_dir=cache_dir)
@@ -161,7 +171,7 @@ def _plain_prompt_fields(obj: dict) -> bool:
 
 
 def _iter_rows(path: Path, stats: ReadStats):
-    with _open(path, "r") as fh:
+    with _open(path, "r") as fh, _decoding(path):
         first = fh.read(1)
         while first and first.isspace():
             first = fh.read(1)
@@ -194,7 +204,9 @@ def _build(path: Path, entry: Path) -> None:
                 fp.write(np.ascontiguousarray(p, dtype=np.float64).tobytes())
                 ft.write(np.ascontiguousarray(t, dtype=np.float64).tobytes())
         if not prompts:
-            raise DataFormatError("field '<pool>' must contain at least one prompt; the pool is empty")
+            raise DataFormatError(
+                f"{path}: field '<file>' must contain at least one prompt; the pool is empty"
+            )
         counts_arr = np.array(counts)
         width = int(counts_arr.max())
         for name in ("proxy", "true"):

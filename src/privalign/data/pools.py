@@ -23,11 +23,13 @@ is skipped, and a prompt left without responses is skipped; a file holding one J
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
 import os
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +155,19 @@ def _open(path: Path, mode: str):
     return open(path, mode, encoding="utf-8")
 
 
+@contextlib.contextmanager
+def _decoding(path: Path) -> Iterator[None]:
+    """Name the file when its bytes cannot be read as (gzip-compressed) UTF-8 text: a corrupt or truncated
+    ``.gz``, a plain file named ``.gz``, binary data."""
+    try:
+        yield
+    except (gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        kind = "gzip-compressed UTF-8 text" if path.suffix == ".gz" else "UTF-8 text"
+        raise DataFormatError(
+            f"{path}: field '<file>' cannot be read as {kind} ({type(exc).__name__}: {exc})"
+        ) from None
+
+
 def _fail(path, lineno, fld, msg):
     raise DataFormatError(f"{path}:{lineno}: field '{fld}' {msg}")
 
@@ -258,10 +273,12 @@ def iter_pool(path: str | os.PathLike, *, stats: ReadStats | None = None) -> Ite
       DataFormatError: a malformed line (message: ``FILE:LINE: field 'F' ...``).
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataFormatError(f"{path}: field '<file>' is a directory, not a pool file")
     if not path.is_file():
         raise FileNotFoundError(f"pool file not found: {path}")
     stats = stats if stats is not None else ReadStats()
-    with _open(path, "r") as fh:
+    with _open(path, "r") as fh, _decoding(path):
         first = fh.read(1)
         while first and first.isspace():
             first = fh.read(1)

@@ -1,0 +1,70 @@
+"""Hostile inputs found in a newcomer's review: each must give one line ``privalign CMD: error: ...``
+that names the flag (or the file) and the value, exit status 2, and leave no output behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from privalign.cli import main
+
+
+def _pool(path: Path, prompts: int = 3, candidates: int = 64) -> Path:
+    with open(path, "w") as fh:
+        for p in range(prompts):
+            resp = [
+                {"text": f"t{i}", "proxy_reward": (i * 7 % 13) / 13, "true_reward": (i * 5 % 11) / 11}
+                for i in range(candidates)
+            ]
+            fh.write(json.dumps({"prompt": f"p{p}", "responses": resp}) + "\n")
+    return path
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRIVALIGN_CACHE_DIR", str(tmp_path / "cache"))
+    _pool(tmp_path / "pool.jsonl")
+    (tmp_path / "not_gzip.jsonl.gz").write_text("garbage\n")
+    (tmp_path / "a_dir").mkdir()
+    return tmp_path
+
+
+def _one_line_error(argv, cmd, needles, capsys):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    assert rc == 2, f"exit status {rc}: {err}"
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"privalign {cmd}: error: "), lines[0]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--pool", "not_gzip.jsonl.gz", "--out", "o", "--no-progress"],
+        ["simulate", "--pool", "not_gzip.jsonl.gz", "--out", "o", "--no-progress", "--no-pool-cache"],
+        ["session", "--pool", "not_gzip.jsonl.gz", "--budget-epsilon", "9", "--out", "o", "--no-progress"],
+        ["bon-curve", "--pool", "not_gzip.jsonl.gz", "--out", "o"],
+    ],
+)
+def test_a_corrupt_gzip_pool_is_named(argv, work, capsys):
+    _one_line_error(argv, argv[0], ["not_gzip.jsonl.gz", "gzip"], capsys)
+    assert not (work / "o").exists() and not (work / "o.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--pool", "a_dir", "--out", "o", "--no-progress"],
+        ["bon-curve", "--pool", "a_dir", "--out", "o"],
+    ],
+)
+def test_a_directory_given_as_pool_is_called_a_directory(argv, work, capsys):
+    _one_line_error(argv, argv[0], ["a_dir", "is a directory"], capsys)
