@@ -68,3 +68,36 @@ def test_a_corrupt_gzip_pool_is_named(argv, work, capsys):
 )
 def test_a_directory_given_as_pool_is_called_a_directory(argv, work, capsys):
     _one_line_error(argv, argv[0], ["a_dir", "is a directory"], capsys)
+
+
+def _session(*extra):
+    return ["session", "--pool", "pool.jsonl", "--out", "o", "--no-progress", *extra]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        # the budgets were reported as '--epsilon' / '--delta', which are other options of session
+        (["--budget-epsilon", "0"], ["'--budget-epsilon'", "0.0"]),
+        (["--budget-epsilon", "nan"], ["'--budget-epsilon'", "nan"]),
+        (["--budget-epsilon", "-1"], ["'--budget-epsilon'", "-1"]),
+        (["--budget-epsilon", "9", "--budget-delta", "2"], ["'--budget-delta'", "2.0"]),
+        (
+            ["--budget-epsilon", "9", "--method", "privbon", "--budget-delta", "0"],
+            ["'--budget-delta'", "0.0"],
+        ),
+        # --max-prompts 0 / -1 ran (-1 reported prompts_refused = -1)
+        (["--budget-epsilon", "9", "--max-prompts", "0"], ["--max-prompts", "'0'"]),
+        (["--budget-epsilon", "9", "--max-prompts", "-1"], ["--max-prompts", "'-1'"]),
+    ],
+)
+def test_session_names_the_budget_options(extra, needles, work, capsys):
+    _one_line_error(_session(*extra), "session", needles, capsys)
+    assert not (work / "o").exists()
+
+
+def test_session_note_names_the_delta_budget_when_it_is_the_one_exceeded(work, capsys):
+    assert main(_session("--budget-epsilon", "100", "--budget-delta", "0")) == 0
+    err = capsys.readouterr().err
+    assert "no prompt was served" in err and "--budget-delta 0" in err and "delta = 1e-06" in err
+    assert "exceeds --budget-epsilon 100" not in err

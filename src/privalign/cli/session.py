@@ -13,6 +13,7 @@ def _run(args) -> int:
 
     import numpy as np
 
+    from privalign._validation import check_real
     from privalign.accounting.filters import ExPostFilter, PureDPFilter
     from privalign.alignment import make_selector
     from privalign.alignment.session import privbon_zcdp_comparison, run_session
@@ -20,6 +21,12 @@ def _run(args) -> int:
     from privalign.data.pools import ReadStats, ScoredPool
     from privalign.rng import SecureNoise
 
+    # The budgets are checked here, under their own names: the filters would call them 'epsilon'/'delta',
+    # which are other options of this command (the per-query ε, the per-prompt δ).
+    check_real(args.budget_epsilon, "budget_epsilon", low=0.0, closed="neither")
+    # (privbon converts zCDP to (ε, δ) at δ = --budget-delta, which needs δ > 0)
+    zcdp = args.method == "privbon" and not args.secure
+    check_real(args.budget_delta, "budget_delta", low=0.0, high=1.0, closed="neither" if zcdp else "left")
     stats = ReadStats()
     pool = ScoredPool.read(args.pool, stats=stats)
     if stats.describe():
@@ -97,17 +104,22 @@ def _run(args) -> int:
         print(json.dumps(_clean(summary), allow_nan=False))
     else:
         print(json.dumps(_clean(summary), indent=2, allow_nan=False))
-    for part in [out] + [out[k] for k in ("pure", "zcdp") if k in out]:
+    parts = [("", out)] + [
+        (f" by the {name} filter", out[k]) for k, name in (("pure", "pure-ε"), ("zcdp", "zCDP")) if k in out
+    ]
+    for label, part in parts:
         served, base, got = (
             part.get("prompts_served"),
             part.get("base_true_reward"),
             part.get("mean_true_reward"),
         )
         if served == 0:
+            delta = f", delta = {args.delta:g}" if args.method == "privitp" else ""
             print(
-                f"privalign session: note: no prompt was served: one prompt's worst-case cost "
-                f"(epsilon_max = {part.get('epsilon_max', float('nan')):.3g}) exceeds --budget-epsilon "
-                f"{args.budget_epsilon:g}; raise the budget or the noise",
+                f"privalign session: note: no prompt was served{label}: one prompt's worst-case cost "
+                f"(epsilon_max = {part.get('epsilon_max', float('nan')):.3g}{delta}) does not fit the budget "
+                f"(--budget-epsilon {args.budget_epsilon:g}, --budget-delta {args.budget_delta:g}); raise "
+                "the budget or the noise",
                 file=sys.stderr,
             )
         elif got is not None and base is not None and got == got and got < base:
@@ -121,6 +133,8 @@ def _run(args) -> int:
 
 
 def register(subparsers) -> None:
+    from privalign.cli._args import pos_int
+
     p = subparsers.add_parser(
         "session",
         help="serve a pool's prompts under a privacy budget",
@@ -137,7 +151,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("--budget-epsilon", type=float, required=True, help="total ε budget")
     p.add_argument(
-        "--budget-delta", type=float, default=1e-3, help="total δ budget (and the zCDP conversion δ)"
+        "--budget-delta",
+        type=float,
+        default=1e-3,
+        help="total δ budget (and the zCDP conversion δ; default 1e-3)",
     )
     p.add_argument("--n", type=int, default=16, help="candidates per pool (default 16)")
     p.add_argument("--beta", type=float, default=0.05, help="PrivITP β > 0 (default 0.05)")
@@ -163,7 +180,7 @@ def register(subparsers) -> None:
         "--principal", default="session", help="name of the budget holder in the filter (default 'session')"
     )
     p.add_argument(
-        "--max-prompts", type=int, default=None, help="process at most this many prompts (default: all)"
+        "--max-prompts", type=pos_int, default=None, help="process at most this many prompts (default: all)"
     )
     p.add_argument(
         "--shuffle-seed",
