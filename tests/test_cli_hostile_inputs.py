@@ -101,3 +101,26 @@ def test_session_note_names_the_delta_budget_when_it_is_the_one_exceeded(work, c
     err = capsys.readouterr().err
     assert "no prompt was served" in err and "--budget-delta 0" in err and "delta = 1e-06" in err
     assert "exceeds --budget-epsilon 100" not in err
+
+
+_PRIVITP = ["--method", "privitp", "--scores", "0.1,0.5", "--scores-b", "0.1,0.2,0.3", "--beta", "0.1"]
+
+
+@pytest.mark.parametrize("cmd", ["select", "law"])
+@pytest.mark.parametrize(
+    ("sigmas", "flag"),
+    [
+        # ZeroDivisionError (an "internal error", status 1) for select; 'epsilon_realized' named otherwise
+        (["--sigma-x", "1e-300", "--sigma-z", "1e-300"], "'--sigma-x'"),
+        (["--sigma-x", "1e-10", "--sigma-z", "1"], "'--sigma-x'"),
+        (["--sigma-x", "1", "--sigma-z", "1e-300"], "'--sigma-z'"),
+    ],
+)
+def test_privitp_noise_too_small_for_a_finite_cost_names_the_sigma(cmd, sigmas, flag, capsys):
+    argv = [cmd, *_PRIVITP, *sigmas] + (["--seed", "0"] if cmd == "select" else [])
+    _one_line_error(argv, cmd, [flag, "finite privacy cost"], capsys)
+
+
+def test_session_privitp_noise_too_small_names_the_sigma(work, capsys):
+    argv = _session("--budget-epsilon", "100", "--sigma-x", "1e-10")
+    _one_line_error(argv, "session", ["'--sigma-x'", "1e-10"], capsys)

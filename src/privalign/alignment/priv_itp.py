@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -122,7 +123,31 @@ class PrivITP:
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - instances are few and long-lived
     def epsilon_max(self, n: int) -> float:
-        return self.accountant.epsilon_max(n)
+        """The worst case ε1(δ) + sup ε2 for a phase-2 pool of ``n``.
+
+        Raises:
+          PrivacyParameterError: σ_X or σ_Z so small relative to Δ that the cost is not a finite number (no
+            privacy event can record it); the message names the parameter.
+        """
+        try:
+            e1 = self.accountant.epsilon1
+        except PrivacyParameterError:  # σ_X / (Δ + 2τ) underflows to 0 (e.g. an astronomically large β)
+            e1 = math.inf
+        if not math.isfinite(e1):
+            raise PrivacyParameterError(
+                f"The 'sigma_x' parameter is too small for a finite privacy cost: phase 1's epsilon at "
+                f"delta={self.delta:g} with sensitivity {self.sensitivity:g} exceeds 1e6. Got "
+                f"{self.sigma_x!r} instead."
+            )
+        with np.errstate(all="ignore"):
+            e = self.accountant.epsilon_max(n)
+        if not math.isfinite(e):
+            raise PrivacyParameterError(
+                f"The 'sigma_z' parameter is too small for a finite privacy cost: phase 2's worst-case "
+                f"epsilon for n={n} with sensitivity {self.sensitivity:g} is {e!r}. Got {self.sigma_z!r} "
+                "instead."
+            )
+        return e
 
     def worst_case_event(self, n: int) -> ExPostEvent:
         """The data-independent worst case for a phase-2 pool of ``n``, available before any score."""
