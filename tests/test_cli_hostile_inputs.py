@@ -124,3 +124,22 @@ def test_privitp_noise_too_small_for_a_finite_cost_names_the_sigma(cmd, sigmas, 
 def test_session_privitp_noise_too_small_names_the_sigma(work, capsys):
     argv = _session("--budget-epsilon", "100", "--sigma-x", "1e-10")
     _one_line_error(argv, "session", ["'--sigma-x'", "1e-10"], capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        # simulate and session wrote into the current directory; bon-curve wrote '..json' and '..png.png'
+        (["simulate", "--synthetic", "2,8", "--out", "", "--no-progress"], "--out"),
+        (["session", "--pool", "pool.jsonl", "--budget-epsilon", "9", "--out", "", "--no-progress"], "--out"),
+        (["bon-curve", "--pool", "pool.jsonl", "--out", " "], "--out"),
+        (["bon-curve", "--pool", "", "--out", "b"], "--pool"),
+        (["fit-reward", "--data", "", "--method", "mle", "--out", "m.json"], "--data"),
+        (["upgrade-reward-model", "", "--out", "m.json"], "model"),
+        (["reproduce", "p1-scaling", "--config", "", "--out", "r"], "--config"),
+    ],
+)
+def test_an_empty_path_is_refused(argv, flag, work, capsys):
+    before = set(work.iterdir())
+    _one_line_error(argv, argv[0], [f"argument {flag}: must not be empty"], capsys)
+    assert set(work.iterdir()) == before

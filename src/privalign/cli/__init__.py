@@ -72,6 +72,22 @@ def _check_seeds(args: argparse.Namespace) -> str | None:
     return None
 
 
+# Options and positionals that name a file or directory: an empty value would silently mean the current
+# directory ('--out ""' wrote results.json, or '..json', there).
+_PATH_DESTS = ("out", "pool", "data", "config", "reward_model", "model", "runs", "math_path")
+
+
+def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """Every path option of every subcommand: not an empty (or blank) string."""
+    options = _options_of(parser, args)
+    for k in _PATH_DESTS:
+        v = getattr(args, k, None)
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, str) and not x.strip():
+                return f"argument {options.get(k, k)}: must not be empty, got {x!r}"
+    return None
+
+
 _PARAM = re.compile(r"\b([Tt])he '([A-Za-z_][A-Za-z0-9_]*)' parameter")
 
 
@@ -208,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     cmd = _command(args)
-    bad = _check_seeds(args)
+    bad = _check_seeds(args) or _check_paths(parser, args)
     if bad:
         print(f"{cmd}: error: {bad}", file=sys.stderr)
         return EXIT_USAGE
