@@ -143,3 +143,32 @@ def test_an_empty_path_is_refused(argv, flag, work, capsys):
     before = set(work.iterdir())
     _one_line_error(argv, argv[0], [f"argument {flag}: must not be empty"], capsys)
     assert set(work.iterdir()) == before
+
+
+def _pairs(path: Path, n: int = 40) -> Path:
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}"}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--n-pairs", "0"], ["'--n-pairs'", "0"]),  # was "The 'limit' parameter"
+        (["--step-size", "-1"], ["'--step-size'", "-1"]),  # was found only after loading the data
+        (["--n-iter", "0"], ["'--n-iter'", "0"]),
+        (["--out", "a_dir"], ["'--out'", "a_dir", "directory"]),  # was "[Errno 21] ... '.tmp.*' -> 'a_dir'"
+    ],
+)
+def test_fit_reward_checks_its_options_before_loading_data(extra, needles, work, capsys, monkeypatch):
+    import privalign.estimation.realdata as realdata
+
+    def no_loading(*a, **k):
+        raise AssertionError("data loaded before the options were checked")
+
+    monkeypatch.setattr(realdata, "load_preference_data", no_loading)
+    _pairs(work / "pairs.jsonl")
+    argv = ["fit-reward", "--data", "pairs.jsonl", "--method", "rr-iht", "--seed", "0", "--out", "m.json"]
+    line = _one_line_error(argv + extra, "fit-reward", needles, capsys)
+    assert "limit" not in line and not (work / "m.json").exists()

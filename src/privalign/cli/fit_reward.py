@@ -188,13 +188,26 @@ def _run(args: argparse.Namespace) -> int:
 
 def _validate_params(est, args: argparse.Namespace) -> None:
     """Check ε, δ, s, test size before loading data (fit re-checks everything)."""
+    from pathlib import Path
+
     from privalign._validation import check_int, check_probability, check_real
+    from privalign.errors import PrivacyParameterError
 
     check_real(args.epsilon, "epsilon", low=0.0, closed="neither", allow_inf=True)
     check_probability(args.delta, "delta")
     check_int(args.sparsity, "sparsity", low=1)
     check_int(args.n_features, "n_features", low=1)
     check_probability(args.test_size, "test_size")
+    if args.n_pairs is not None:  # the loader would call it 'limit'
+        check_int(args.n_pairs, "n_pairs", low=1)
+    if args.step_size is not None:
+        check_real(args.step_size, "step_size", low=0.0, closed="neither")
+    if args.n_iter is not None:
+        check_int(args.n_iter, "n_iter", low=1)
+    if args.out is not None and Path(args.out).is_dir():  # else found only after the fit, as '.tmp.* -> DIR'
+        raise PrivacyParameterError(
+            f"The 'out' parameter must name a file to write, not a directory. Got {args.out!r} instead."
+        )
     if args.tune:
         check_real(
             args.validation_fraction,
