@@ -172,3 +172,29 @@ def test_fit_reward_checks_its_options_before_loading_data(extra, needles, work,
     argv = ["fit-reward", "--data", "pairs.jsonl", "--method", "rr-iht", "--seed", "0", "--out", "m.json"]
     line = _one_line_error(argv + extra, "fit-reward", needles, capsys)
     assert "limit" not in line and not (work / "m.json").exists()
+
+
+def test_upgrade_reward_model_checks_the_source_before_writing(work, capsys):
+    # a version-1 document without coefficients: the error named the *output* file, which was left behind
+    (work / "old.json").write_text(json.dumps({"format": "privalign.reward_model", "version": 1}))
+    _one_line_error(
+        ["upgrade-reward-model", "old.json", "--out", "new.json"],
+        "upgrade-reward-model",
+        ["old.json", "'coef'"],
+        capsys,
+    )
+    assert not (work / "new.json").exists()
+
+
+def test_upgrade_reward_model_names_directories(work, capsys):
+    import shutil
+
+    import privalign.models
+
+    shipped = Path(privalign.models.__file__).parent / "reward_models" / "hh-rlhf-harmless-rr-iht.json"
+    shutil.copy(shipped, work / "rm.json")
+    cmd = "upgrade-reward-model"
+    # was "[Errno 21] Is a directory: '.tmp.*' -> 'a_dir'" and "The reward-model file a_dir does not exist."
+    _one_line_error([cmd, "rm.json", "--out", "a_dir"], cmd, ["a_dir", "is a directory"], capsys)
+    _one_line_error([cmd, "a_dir", "--out", "x.json"], cmd, ["a_dir", "is a directory"], capsys)
+    assert sorted(p.name for p in (work / "a_dir").iterdir()) == []

@@ -142,6 +142,8 @@ def write_reward_model(doc: dict[str, Any], path: str | os.PathLike) -> Path:
             f"The estimator's parameters must be JSON-serialisable to save it: {exc}"
         ) from exc
     path = Path(path)
+    if path.is_dir():  # else os.replace fails with "[Errno 21] Is a directory: '.tmp.*' -> 'DIR'"
+        raise IsADirectoryError(f"{path} is a directory: give the path of the reward-model file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

@@ -278,6 +278,8 @@ def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
     from privalign.estimation.persistence import FORMAT, VERSION
 
     p = Path(path)
+    if p.is_dir():
+        raise DataFormatError(f"{p} is a directory, not a reward-model file.")
     if not p.is_file():
         raise FileNotFoundError(f"The reward-model file {p} does not exist.")
     try:
@@ -359,6 +361,9 @@ def upgrade_reward_model(path: str | os.PathLike, out: str | os.PathLike) -> Pat
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FormatUpgradeWarning)
         doc = read_reward_model(path)
+        # Check it as the loader will (coefficients, feature map) before writing anything: a malformed
+        # source must fail naming the source, and leave no half-converted file behind.
+        LinearRewardScorer.load(path)
     from privalign.estimation.persistence import write_reward_model
 
     return write_reward_model(doc, out)
