@@ -198,3 +198,20 @@ def test_upgrade_reward_model_names_directories(work, capsys):
     _one_line_error([cmd, "rm.json", "--out", "a_dir"], cmd, ["a_dir", "is a directory"], capsys)
     _one_line_error([cmd, "a_dir", "--out", "x.json"], cmd, ["a_dir", "is a directory"], capsys)
     assert sorted(p.name for p in (work / "a_dir").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        # were "The 'n_grid' parameter must be non-empty", "The 'specs' parameter ...", and
+        # "Lower 'n_grid' or pass skip_short=True": names the user cannot type
+        (["--max-log2-n", "-1"], ["--max-log2-n", "'-1'"]),
+        (["--methods", ""], ["'--methods'", "''"]),
+        (["--max-log2-n", "10"], ["--max-log2-n", "2048", "--skip-short"]),
+    ],
+)
+def test_simulate_names_its_options(extra, needles, work, capsys):
+    argv = ["simulate", "--synthetic", "2,8", "--out", "o", "--no-progress", *extra]
+    line = _one_line_error(argv, "simulate", needles, capsys)
+    assert "n_grid" not in line and "specs" not in line and "skip_short" not in line
+    assert not (work / "o").exists()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from privalign.cli._args import emit_json
+from privalign.cli._args import emit_json, nonneg_int
 
 __all__ = ["register"]
 
@@ -37,7 +37,29 @@ def _specs(args):
             raise PrivacyParameterError(
                 f"The '--methods' option must list bon, itp, privbon, privitp. Got {m!r} instead."
             )
+    if not specs:  # the engine would call it 'specs'
+        raise PrivacyParameterError(
+            f"The '--methods' option must list at least one of bon, itp, privbon, privitp. Got "
+            f"{args.methods!r} instead."
+        )
     return specs
+
+
+def _check_max_n(args, pool, specs, k: int) -> None:
+    """With --max-log2-n given: every prompt has the candidates N = 2^k needs, or --skip-short (the engine's
+    message would name its parameters 'n_grid' and 'skip_short')."""
+    from privalign.alignment.selectors import pool_size
+    from privalign.errors import PrivacyParameterError
+
+    need = max(pool_size(s.kind, 2**k, fallback_candidate=False) for s in specs)
+    short = int((pool.counts < need).sum())
+    if short and not args.skip_short:
+        raise PrivacyParameterError(
+            f"argument --max-log2-n: N = 2^{k} needs {need} candidates per prompt"
+            f"{' (two pools for itp/privitp)' if need != 2**k else ''}; {short} prompt(s) have fewer "
+            f"(smallest: {int(pool.counts.min())}). Lower --max-log2-n, or pass --skip-short to skip those "
+            "prompts."
+        )
 
 
 def _synthetic(text: str) -> tuple[int, int]:
@@ -127,6 +149,7 @@ def _run(args) -> int:
             file=sys.stderr,
         )
     specs = _specs(args)
+    _check_max_n(args, pool, specs, k)
     formats = ("png", "pdf") if args.pdf else ("png",)
     # matplotlib (PDF, or --figure-backend matplotlib) is imported in a thread while the engine runs
     preloading = preload_matplotlib() if needs_matplotlib(formats, args.figure_backend) else None
@@ -206,7 +229,7 @@ def register(subparsers) -> None:
     p.add_argument("--delta", type=float, default=1e-6, help="PrivITP δ")
     p.add_argument(
         "--max-log2-n",
-        type=int,
+        type=nonneg_int,
         default=None,
         help="largest N is 2^k (default: the largest the pool supports, at most 12)",
     )
