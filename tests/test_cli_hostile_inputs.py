@@ -215,3 +215,23 @@ def test_simulate_names_its_options(extra, needles, work, capsys):
     line = _one_line_error(argv, "simulate", needles, capsys)
     assert "n_grid" not in line and "specs" not in line and "skip_short" not in line
     assert not (work / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{broken",  # was the bare JSON message, naming no file
+        "[]",  # was "internal error (TypeError)", status 1
+        "{}",  # was "internal error (KeyError): 'experiment'", status 1 (e.g. a directory of another tool)
+    ],
+)
+@pytest.mark.parametrize("cmd", ["report", "reproduce"])
+def test_a_damaged_run_manifest_is_named(cmd, text, work, capsys):
+    (work / "run").mkdir()
+    (work / "run" / "manifest.json").write_text(text)
+    if cmd == "report":
+        argv = ["report", "run", "--out", "rep"]
+    else:
+        argv = ["reproduce", "p1-scaling", "--quick", "--out", "run", "--no-progress"]
+    _one_line_error(argv, cmd, ["manifest.json"], capsys)
+    assert not (work / "rep").exists()

@@ -151,5 +151,16 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
     p = Path(run_dir) / "manifest.json"
     if not p.is_file():
         return None
-    with p.open(encoding="utf-8") as fh:
-        return json.load(fh)
+    from privalign.errors import DataFormatError
+
+    try:
+        with p.open(encoding="utf-8") as fh:
+            man = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{p}: not valid JSON ({exc}); not a readable privalign run manifest") from None
+    if not isinstance(man, dict) or not isinstance(man.get("experiment"), str):
+        raise DataFormatError(
+            f"{p}: field 'experiment' is missing (a privalign run manifest is a JSON object naming its "
+            "experiment)"
+        )
+    return man
