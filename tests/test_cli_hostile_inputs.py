@@ -235,3 +235,12 @@ def test_a_damaged_run_manifest_is_named(cmd, text, work, capsys):
         argv = ["reproduce", "p1-scaling", "--quick", "--out", "run", "--no-progress"]
     _one_line_error(argv, cmd, ["manifest.json"], capsys)
     assert not (work / "rep").exists()
+
+
+def test_bon_curve_refuses_a_pool_without_gold_rewards(work, capsys):
+    # was status 0: "gold peaks at N=1 (nan) ...; not over-optimised", a verdict on no data
+    resp = [{"text": "x", "proxy_reward": 0.1}, {"text": "y", "proxy_reward": 0.3}]
+    (work / "nogold.jsonl").write_text(json.dumps({"prompt": "a", "responses": resp}) + "\n")
+    argv = ["bon-curve", "--pool", "nogold.jsonl", "--out", "b"]
+    _one_line_error(argv, "bon-curve", ["nogold.jsonl", "true_reward", "rescore-pool"], capsys)
+    assert not (work / "b.json").exists() and not (work / "b.png").exists()

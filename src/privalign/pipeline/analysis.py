@@ -13,12 +13,15 @@ the compared Ns (:func:`bon_curve`). ``privalign bon-curve`` runs it on one or m
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.special import gammaln
+
+from privalign.errors import DataFormatError
 
 __all__ = ["bon_selection_law", "bon_curve", "write_bon_report", "kl_bon"]
 
@@ -150,6 +153,19 @@ def _label(pool: Path) -> str:
     return pool.name
 
 
+def _require_gold(records: list, path: Path) -> None:
+    """Every response has a gold reward (``true_reward``, else ``is_correct``): without one the curve is NaN
+    and the over-optimisation verdict is meaningless (it read "not over-optimised")."""
+    for i, rec in enumerate(records, start=1):
+        for j, r in enumerate(rec.responses):
+            if not math.isfinite(r.true_value):
+                raise DataFormatError(
+                    f"{path}: prompt {i}, field 'responses[{j}].true_reward' is missing (and no is_correct): "
+                    "bon-curve needs a gold reward for every response; add one with 'privalign rescore-pool "
+                    "--true-reward ...'"
+                )
+
+
 def write_bon_report(
     pools: str | os.PathLike | list[str | os.PathLike],
     out_prefix: str | os.PathLike,
@@ -174,7 +190,9 @@ def write_bon_report(
         raise ValueError(f"labels must have one entry per pool ({len(paths)}); got {len(labels)}")
     series = []
     for i, p in enumerate(paths):
-        res = bon_curve(read_pool(p), alpha=alpha)
+        records = read_pool(p)
+        _require_gold(records, p)
+        res = bon_curve(records, alpha=alpha)
         res["pool"] = p.name
         res["label"] = labels[i] if labels else _label(p)
         series.append(res)
