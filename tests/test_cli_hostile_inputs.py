@@ -244,3 +244,14 @@ def test_bon_curve_refuses_a_pool_without_gold_rewards(work, capsys):
     argv = ["bon-curve", "--pool", "nogold.jsonl", "--out", "b"]
     _one_line_error(argv, "bon-curve", ["nogold.jsonl", "true_reward", "rescore-pool"], capsys)
     assert not (work / "b.json").exists() and not (work / "b.png").exists()
+
+
+def test_keys_without_an_action_is_one_line(capsys):
+    # printed the whole 11-line help on stderr
+    _one_line_error(["keys"], "keys", ["ACTION", "create"], capsys)
+
+
+def test_keys_config_that_is_not_toml_is_named(work, capsys):
+    # was the bare TOML parser message, naming neither --config nor the file
+    (work / "bad.toml").write_text("this is [not toml\n")
+    _one_line_error(["keys", "list", "--config", "bad.toml"], "keys list", ["--config", "bad.toml"], capsys)

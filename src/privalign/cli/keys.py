@@ -59,7 +59,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("key_id", help="the key's id (privalign keys list)")
     common(r)
     r.set_defaults(func=_revoke)
-    p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
+    p.set_defaults(func=_no_action)
+
+
+def _no_action(args: argparse.Namespace) -> int:
+    print(
+        "privalign keys: error: an ACTION is required: create, list, top-up or revoke "
+        "(see 'privalign keys --help')",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _engine(args: argparse.Namespace):  # noqa: ANN202
@@ -68,9 +77,14 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
 
     url, schema = args.db, args.db_schema
     if url is None and args.config:
+        import tomllib
+
         from privalign.service.config import load_config
 
-        cfg = load_config(args.config)
+        try:
+            cfg = load_config(args.config)
+        except tomllib.TOMLDecodeError as exc:  # as serve: name the file
+            raise ValueError(f"argument --config: {args.config} is not valid TOML: {exc}") from None
         url, schema = cfg.database.url, schema or cfg.database.schema or None
     if url is None:
         raise PrivacyParameterError("The '--db' parameter (or '--config') is required. Got neither.")
