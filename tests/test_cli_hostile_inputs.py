@@ -255,3 +255,19 @@ def test_keys_config_that_is_not_toml_is_named(work, capsys):
     # was the bare TOML parser message, naming neither --config nor the file
     (work / "bad.toml").write_text("this is [not toml\n")
     _one_line_error(["keys", "list", "--config", "bad.toml"], "keys list", ["--config", "bad.toml"], capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        # was "Give 'proxy_reward' or 'true_reward' (or both)": Python names, not the flags
+        (["--pool", "pool.jsonl", "--out", "r.jsonl"], ["'--proxy-reward'", "'--true-reward'"]),
+        # was "names a file that does not exist: 'a_dir'"
+        (["--pool", "a_dir", "--proxy-reward", "clean", "--out", "r.jsonl"], ["'--pool'", "directory"]),
+        (["--pool", "pool.jsonl", "--proxy-reward", "clean", "--out", "pool.jsonl"], ["'--pool'", "'--out'"]),
+    ],
+)
+def test_rescore_pool_names_its_options(argv, needles, work, capsys):
+    line = _one_line_error(["rescore-pool", *argv], "rescore-pool", needles, capsys)
+    assert "proxy_reward" not in line and "true_reward" not in line
+    assert not (work / "r.jsonl").exists()

@@ -60,7 +60,8 @@ def rescore_pool(
     src, out = Path(pool), Path(out)
     if proxy_reward is None and true_reward is None:
         raise PrivacyParameterError(
-            "Give 'proxy_reward' or 'true_reward' (or both): there is nothing to re-score."
+            "The 'proxy_reward' parameter or the 'true_reward' parameter (or both) must be given: there is "
+            "nothing to re-score."
         )
     if not (out.name.endswith(".jsonl") or out.name.endswith(".jsonl.gz")):
         raise PrivacyParameterError(
@@ -68,13 +69,15 @@ def rescore_pool(
         )
     if out.resolve() == src.resolve():
         raise PrivacyParameterError(
-            "The 'out' parameter must differ from 'pool' (the source is never overwritten). "
+            "The 'out' parameter must differ from the 'pool' parameter (the source is never overwritten). "
             f"Got {str(out)!r}."
         )
     if proxy_reward is not None:
         check_reward_name(proxy_reward, "proxy_reward")
     if true_reward is not None:
         check_reward_name(true_reward, "true_reward")
+    if src.is_dir():
+        raise PrivacyParameterError(f"The 'pool' parameter names a directory, not a pool file: {str(src)!r}")
     if not src.is_file():
         raise FileNotFoundError(f"The 'pool' parameter names a file that does not exist: {str(src)!r}")
     records = read_pool(src)
