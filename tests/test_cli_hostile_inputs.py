@@ -271,3 +271,12 @@ def test_rescore_pool_names_its_options(argv, needles, work, capsys):
     line = _one_line_error(["rescore-pool", *argv], "rescore-pool", needles, capsys)
     assert "proxy_reward" not in line and "true_reward" not in line
     assert not (work / "r.jsonl").exists()
+
+
+def test_select_messages_use_command_line_words(capsys):
+    # were "Got np.float64(nan) at index (1,)" and "(pass clip=True to clip)"
+    line = _one_line_error(["select", "--method", "bon", "--scores", "0.1,nan"], "select", ["nan"], capsys)
+    assert "np.float64" not in line and "at index 1." in line
+    argv = ["select", "--method", "privbon", "--epsilon", "1", "--scores", "0.1,1.5", "--seed", "0"]
+    line = _one_line_error(argv, "select", ["'--scores'", "pass --clip"], capsys)
+    assert "clip=True" not in line

@@ -173,9 +173,10 @@ def _check_array(arr: np.ndarray, name: str, *, low, high, clip, min_size) -> np
         bad = ~np.isfinite(arr)
     if bad is not None and bad.any():
         idx = np.argwhere(bad)[0]
+        where = int(idx[0]) if idx.size == 1 else tuple(int(i) for i in idx)
         raise PrivacyParameterError(
-            f"The '{name}' parameter must contain only finite values. Got {arr[tuple(idx)]!r} at index "
-            f"{tuple(int(i) for i in idx)}."
+            f"The '{name}' parameter must contain only finite values. Got {float(arr[tuple(idx)])!r} at "
+            f"index {where}."
         )
     if low is not None or high is not None:
         lo = -np.inf if low is None else low

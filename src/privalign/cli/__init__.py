@@ -89,6 +89,7 @@ def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
 
 
 _PARAM = re.compile(r"\b([Tt])he '([A-Za-z_][A-Za-z0-9_]*)' parameter")
+_SWITCH = re.compile(r"\bpass ([A-Za-z_][A-Za-z0-9_]*)=True\b")
 
 
 def _options_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
@@ -115,7 +116,11 @@ def _flagify(msg: str, options: dict[str, str]) -> str:
         flag = options.get(m.group(2))
         return f"{m.group(1)}he '{flag}' option" if flag else m.group(0)
 
-    return _PARAM.sub(sub, msg)
+    def switch(m: re.Match) -> str:  # "pass clip=True" → "pass --clip"
+        flag = options.get(m.group(1))
+        return f"pass {flag}" if flag else m.group(0)
+
+    return _SWITCH.sub(switch, _PARAM.sub(sub, msg))
 
 
 def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> str | None:
