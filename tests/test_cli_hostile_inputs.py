@@ -280,3 +280,23 @@ def test_select_messages_use_command_line_words(capsys):
     argv = ["select", "--method", "privbon", "--epsilon", "1", "--scores", "0.1,1.5", "--seed", "0"]
     line = _one_line_error(argv, "select", ["'--scores'", "pass --clip"], capsys)
     assert "clip=True" not in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--synthetic", "2,8", "--no-progress", "--out", "pool.jsonl"],
+        ["session", "--pool", "pool.jsonl", "--budget-epsilon", "100", "--out", "pool.jsonl"],
+    ],
+)
+def test_an_output_directory_that_is_a_file_is_refused_before_the_work(argv, work, capsys, monkeypatch):
+    # was "[Errno 17] File exists: 'pool.jsonl'", after the whole run
+    import privalign.alignment.session as session
+    import privalign.alignment.simulation as simulation
+
+    def no_work(*a, **k):
+        raise AssertionError("the run started before --out was checked")
+
+    monkeypatch.setattr(simulation, "run_protocol", no_work)
+    monkeypatch.setattr(session, "run_session", no_work)
+    _one_line_error(argv, argv[0], ["--out", "pool.jsonl", "not a directory"], capsys)

@@ -125,6 +125,8 @@ def _flagify(msg: str, options: dict[str, str]) -> str:
 
 def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> str | None:
     """The one-line message of an exception that is the user's to fix, or ``None`` (a bug)."""
+    import os
+
     from privalign.cli._args import EXTRA_OF, extra_for
 
     if isinstance(exc, ModuleNotFoundError | MissingDependencyError):
@@ -149,6 +151,13 @@ def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> s
     if isinstance(exc, PrivalignError | ValueError | OSError):
         if isinstance(exc, FileNotFoundError) and exc.filename and str(exc).startswith("[Errno"):
             return f"no such file or directory: {exc.filename}"
+        if (
+            isinstance(exc, FileExistsError)
+            and exc.filename
+            and str(exc).startswith("[Errno")
+            and not os.path.isdir(exc.filename)
+        ):  # an output directory (--out) that is a file: mkdir(exist_ok=True) says only "File exists"
+            return f"{exc.filename} exists and is not a directory (an output directory was expected)"
         return _one_line(str(exc)) or type(exc).__name__
     if type(exc).__name__ in (
         "GenerationError",

@@ -83,6 +83,17 @@ def extra_for(module: str | None) -> str | None:
     return EXTRA_OF.get(module.split(".")[0])
 
 
+def check_out_dir(out: str) -> None:
+    """``--out DIR`` of a command that writes a directory: refused up front when it is an existing file (the
+    work would otherwise run to the end and fail on the write)."""
+    import os
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(
+            f"argument --out: {out} exists and is not a directory (an output directory is expected)"
+        )
+
+
 def warn(cmd: str, message: str) -> None:
     print(f"privalign {cmd}: note: {message}", file=sys.stderr)
 

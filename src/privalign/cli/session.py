@@ -17,10 +17,12 @@ def _run(args) -> int:
     from privalign.accounting.filters import ExPostFilter, PureDPFilter
     from privalign.alignment import make_selector
     from privalign.alignment.session import privbon_zcdp_comparison, run_session
+    from privalign.cli._args import check_out_dir
     from privalign.cli.select import _clean
     from privalign.data.pools import ReadStats, ScoredPool
     from privalign.rng import SecureNoise
 
+    check_out_dir(args.out)
     # The budgets are checked here, under their own names: the filters would call them 'epsilon'/'delta',
     # which are other options of this command (the per-query ε, the per-prompt δ).
     check_real(args.budget_epsilon, "budget_epsilon", low=0.0, closed="neither")

@@ -106,11 +106,13 @@ def _run(args) -> int:
 
     from privalign.alignment.figures import needs_matplotlib, plot_results, preload_matplotlib
     from privalign.alignment.simulation import prepare_scores, run_protocol, write_results
+    from privalign.cli._args import check_out_dir
     from privalign.cli.select import parse_floats
     from privalign.data.pool_cache import read_scored_pool
     from privalign.data.pools import ReadStats, ScoredPool
     from privalign.errors import PrivacyParameterError
 
+    check_out_dir(args.out)
     if args.pdf and args.figure_backend == "pillow":
         raise PrivacyParameterError(
             "argument --figure-backend: 'pillow' draws PNG only; with --pdf use 'auto' or 'matplotlib'"
