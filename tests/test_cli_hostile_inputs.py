@@ -300,3 +300,22 @@ def test_an_output_directory_that_is_a_file_is_refused_before_the_work(argv, wor
     monkeypatch.setattr(simulation, "run_protocol", no_work)
     monkeypatch.setattr(session, "run_session", no_work)
     _one_line_error(argv, argv[0], ["--out", "pool.jsonl", "not a directory"], capsys)
+
+
+def test_session_sigma_z_zero_is_refused_not_replaced_by_sigma_x(work, capsys):
+    # '--sigma-z 0' ran with σ_Z = σ_X (args.sigma_z or args.sigma_x), status 0
+    argv = _session("--budget-epsilon", "100", "--sigma-z", "0")
+    _one_line_error(argv, "session", ["'--sigma-z'", "0.0"], capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        # were "The 'sigma-z' parameter ...": a hyphenated name the CLI did not turn into the flag
+        (["simulate", "--synthetic", "2,64", "--out", "o", "--sigma-z", ""], "--sigma-z"),
+        (["simulate", "--synthetic", "2,64", "--out", "o", "--score-range", "a,b"], "--score-range"),
+        (["law", "--method", "itp", "--beta", "1", "--scores", "0.1", "--scores-b", ","], "--scores-b"),
+    ],
+)
+def test_list_options_are_named_as_flags(argv, flag, work, capsys):
+    _one_line_error(argv, argv[0], [f"The '{flag}' option"], capsys)

@@ -12,7 +12,7 @@ def _run(args) -> int:
 
     sel = build_selector(args)
     a = parse_floats(args.scores, "scores")
-    b = None if args.scores_b is None else parse_floats(args.scores_b, "scores-b")
+    b = None if args.scores_b is None else parse_floats(args.scores_b, "scores_b")
     worst = sel.worst_case_event(len(b or a))  # first: it refuses parameters without a finite privacy cost
     law = sel.law(a, pool_b_scores=b)
     d = {"method": args.method, **law.to_dict(), "worst_case_event": worst.to_dict()}

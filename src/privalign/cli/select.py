@@ -105,7 +105,7 @@ def _run(args) -> int:
 
     sel = build_selector(args)
     a = parse_floats(args.scores, "scores")
-    b = None if args.scores_b is None else parse_floats(args.scores_b, "scores-b")
+    b = None if args.scores_b is None else parse_floats(args.scores_b, "scores_b")
     src: NoiseSource = SecureNoise() if args.secure else SeededNoise(args.seed)
     out = sel.select(a, rng=src, pool_b_scores=b)
     d = {"method": args.method, "secure": bool(args.secure), **out.to_dict()}

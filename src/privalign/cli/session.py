@@ -47,7 +47,7 @@ def _run(args) -> int:
             "privitp",
             beta=args.beta,
             sigma_x=args.sigma_x,
-            sigma_z=args.sigma_z or args.sigma_x,
+            sigma_z=args.sigma_x if args.sigma_z is None else args.sigma_z,  # (not `or`: --sigma-z 0)
             r_max=args.r_max,
             L=args.L,
             delta=args.delta,

@@ -22,14 +22,14 @@ def _specs(args):
         elif m == "privbon":
             if args.sigma_gumbel:
                 specs += [
-                    MethodSpec("privbon", sigma=s) for s in parse_floats(args.sigma_gumbel, "sigma-gumbel")
+                    MethodSpec("privbon", sigma=s) for s in parse_floats(args.sigma_gumbel, "sigma_gumbel")
                 ]
             else:
                 specs += [MethodSpec("privbon", epsilon=e) for e in parse_floats(args.epsilon, "epsilon")]
         elif m == "privitp":
             for b in parse_floats(args.beta, "beta"):
-                for sx in parse_floats(args.sigma_x, "sigma-x"):
-                    for sz in parse_floats(args.sigma_z or args.sigma_x, "sigma-z"):
+                for sx in parse_floats(args.sigma_x, "sigma_x"):
+                    for sz in parse_floats(args.sigma_x if args.sigma_z is None else args.sigma_z, "sigma_z"):
                         specs.append(
                             MethodSpec("privitp", beta=b, sigma_x=sx, sigma_z=sz, L=args.L, delta=args.delta)
                         )
@@ -131,7 +131,7 @@ def _run(args) -> int:
 
         p, c = _synthetic(args.synthetic)
         pool = make_synthetic_pool(p, c, random_state=args.seed)
-    rng_ = parse_floats(args.score_range, "score-range")
+    rng_ = parse_floats(args.score_range, "score_range")
     if len(rng_) != 2 or not rng_[0] < rng_[1]:
         raise PrivacyParameterError(
             f"argument --score-range: must be LOW,HIGH with LOW < HIGH, got {args.score_range!r}"
