@@ -319,3 +319,13 @@ def test_session_sigma_z_zero_is_refused_not_replaced_by_sigma_x(work, capsys):
 )
 def test_list_options_are_named_as_flags(argv, flag, work, capsys):
     _one_line_error(argv, argv[0], [f"The '{flag}' option"], capsys)
+
+
+@pytest.mark.parametrize("name", ["results.jsonl", "summary.json"])
+def test_report_names_a_damaged_results_file(name, work, capsys):
+    # was the bare JSON message ("Expecting property name ..."), naming no file
+    (work / "run").mkdir()
+    (work / "run" / "manifest.json").write_text(json.dumps({"experiment": "p1-scaling"}))
+    (work / "run" / name).write_text("{bad\n")
+    _one_line_error(["report", "run", "--out", "rep"], "report", [name, "not valid JSON"], capsys)
+    assert not (work / "rep").exists()

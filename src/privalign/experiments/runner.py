@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from privalign.errors import DataFormatError
 from privalign.experiments.base import Experiment, ExperimentError, RunContext, RunDirectoryError
 from privalign.experiments.config import (
     config_hash,
@@ -82,12 +83,17 @@ def read_results(run_dir: str | Path) -> list[dict]:
         return []
     out = []
     with p.open(encoding="utf-8") as fh:
-        for line in fh:
+        for lineno, line in enumerate(fh, start=1):
             if not line.endswith("\n"):
                 break  # torn write
             line = line.strip()
             if line:
-                out.append(json.loads(line))
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataFormatError(
+                        f"{p}:{lineno}: not valid JSON ({exc.msg}); a damaged run"
+                    ) from None
     return out
 
 
@@ -95,8 +101,11 @@ def read_summary(run_dir: str | Path) -> dict:
     p = Path(run_dir) / "summary.json"
     if not p.is_file():
         return {}
-    with p.open(encoding="utf-8") as fh:
-        return json.load(fh)
+    try:
+        with p.open(encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{p}: not valid JSON ({exc}); a damaged run") from None
 
 
 def _truncate_torn_line(path: Path) -> None:
