@@ -158,6 +158,7 @@ def _pairs(path: Path, n: int = 40) -> Path:
         (["--n-pairs", "0"], ["'--n-pairs'", "0"]),  # was "The 'limit' parameter"
         (["--step-size", "-1"], ["'--step-size'", "-1"]),  # was found only after loading the data
         (["--n-iter", "0"], ["'--n-iter'", "0"]),
+        (["--sparsity", "5000"], ["'--sparsity'", "5000", "d=4096"]),  # was found only after loading
         (["--out", "a_dir"], ["'--out'", "a_dir", "directory"]),  # was "[Errno 21] ... '.tmp.*' -> 'a_dir'"
     ],
 )

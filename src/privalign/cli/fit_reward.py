@@ -197,6 +197,12 @@ def _validate_params(est, args: argparse.Namespace) -> None:
     check_probability(args.delta, "delta")
     check_int(args.sparsity, "sparsity", low=1)
     check_int(args.n_features, "n_features", low=1)
+    # the hashed n-gram map has exactly --n-features columns (MiniLM's width is known only once loaded)
+    if args.features == "ngram" and "iht" in args.method and args.sparsity > args.n_features:
+        raise PrivacyParameterError(
+            f"The 'sparsity' parameter must be at most the number of features d={args.n_features} "
+            f"(--n-features). Got {args.sparsity} instead."
+        )
     check_probability(args.test_size, "test_size")
     if args.n_pairs is not None:  # the loader would call it 'limit'
         check_int(args.n_pairs, "n_pairs", low=1)
