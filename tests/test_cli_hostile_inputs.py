@@ -258,6 +258,15 @@ def test_keys_config_that_is_not_toml_is_named(work, capsys):
     _one_line_error(["keys", "list", "--config", "bad.toml"], "keys list", ["--config", "bad.toml"], capsys)
 
 
+def test_keys_db_that_is_a_bare_path_gets_a_url_hint(work, capsys):
+    # was only SQLAlchemy's "Could not parse SQLAlchemy URL", with no hint of what a URL looks like
+    pytest.importorskip("sqlalchemy", reason="needs privalign[serve]")
+    argv = ["keys", "list", "--db", "x.db"]
+    line = _one_line_error(argv, "keys list", ["--db 'x.db'", "sqlite:///"], capsys)
+    assert str(work / "x.db") in line
+    assert not (work / "x.db").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [

@@ -169,7 +169,9 @@ def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> s
         orig = getattr(exc, "orig", None)
         detail = _one_line(str(orig if orig is not None else exc).split("\n")[0])
         url = getattr(args, "db", None)
-        where = f"--db {url!r}" if url else "the --db URL or the config's [database].url"
+        where = f"--db {url!r}" if url is not None else "the --db URL or the config's [database].url"
+        if isinstance(url, str) and "://" not in url:  # a bare path: say what a URL looks like
+            where += f"; a database URL, e.g. 'sqlite:///{os.path.abspath(url) if url.strip() else 'PATH'}'"
         return f"cannot use the database ({type(exc).__name__}): {detail[:300]} (check {where})"
     if mod.split(".")[0] in ("httpx", "httpcore", "openai", "requests", "urllib3"):
         return f"network error ({type(exc).__name__}): {_one_line(str(exc))[:300]}"
