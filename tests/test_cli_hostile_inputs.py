@@ -70,6 +70,24 @@ def test_a_directory_given_as_pool_is_called_a_directory(argv, work, capsys):
     _one_line_error(argv, argv[0], ["a_dir", "is a directory"], capsys)
 
 
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        # was "[Errno 21] Is a directory: 'a_dir'", naming no flag
+        (
+            ["fit-reward", "--data", "a_dir", "--method", "rr-iht", "--out", "m.json"],
+            ["argument --data:", "a_dir"],
+        ),
+        # was "Configuration file not found: a_dir"
+        (["reproduce", "p1-scaling", "--config", "a_dir", "--out", "o"], ["a_dir", "is a directory"]),
+    ],
+)
+def test_a_directory_given_as_an_input_file_names_the_flag(argv, needles, work, capsys):
+    line = _one_line_error(argv, argv[0], needles, capsys)
+    assert "Errno" not in line and "not found" not in line
+    assert not (work / "m.json").exists() and not (work / "o").exists()
+
+
 def _session(*extra):
     return ["session", "--pool", "pool.jsonl", "--out", "o", "--no-progress", *extra]
 

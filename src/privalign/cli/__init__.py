@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import re
 import sys
@@ -123,10 +124,41 @@ def _flagify(msg: str, options: dict[str, str]) -> str:
     return _SWITCH.sub(switch, _PARAM.sub(sub, msg))
 
 
+def _flag_of_value(args: argparse.Namespace | None, filename: object) -> str | None:
+    """The option (of the command that ran) whose value is the path an OSError names, if exactly one."""
+    if args is None:
+        return None
+    target = os.fspath(filename) if isinstance(filename, str | os.PathLike) else None
+    if target is None:
+        return None
+    options = _options_of(build_parser(), args)
+    hits = []
+    for dest, flag in options.items():
+        v = getattr(args, dest, None)
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, str | os.PathLike) and os.fspath(x) == target:
+                hits.append(flag)
+    return hits[0] if len(set(hits)) == 1 else None
+
+
+def _os_error(exc: OSError, args: argparse.Namespace | None) -> str | None:
+    """A file-system error on a path the user gave, in words, naming the option when one has that value."""
+    flag = _flag_of_value(args, exc.filename)
+    prefix = f"argument {flag}: " if flag else ""
+    if isinstance(exc, FileNotFoundError):
+        return f"{prefix}no such file or directory: {exc.filename}"
+    if isinstance(exc, IsADirectoryError):
+        return f"{prefix}{exc.filename} is a directory (a file was expected)"
+    if isinstance(exc, NotADirectoryError):
+        return f"{prefix}{exc.filename}: a part of this path is a file, not a directory"
+    if isinstance(exc, FileExistsError) and not os.path.isdir(exc.filename):
+        # an output directory (--out) that is a file: mkdir(exist_ok=True) says only "File exists"
+        return f"{prefix}{exc.filename} exists and is not a directory (an output directory was expected)"
+    return None
+
+
 def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> str | None:
     """The one-line message of an exception that is the user's to fix, or ``None`` (a bug)."""
-    import os
-
     from privalign.cli._args import EXTRA_OF, extra_for
 
     if isinstance(exc, ModuleNotFoundError | MissingDependencyError):
@@ -149,15 +181,10 @@ def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> s
             return msg
         return None
     if isinstance(exc, PrivalignError | ValueError | OSError):
-        if isinstance(exc, FileNotFoundError) and exc.filename and str(exc).startswith("[Errno"):
-            return f"no such file or directory: {exc.filename}"
-        if (
-            isinstance(exc, FileExistsError)
-            and exc.filename
-            and str(exc).startswith("[Errno")
-            and not os.path.isdir(exc.filename)
-        ):  # an output directory (--out) that is a file: mkdir(exist_ok=True) says only "File exists"
-            return f"{exc.filename} exists and is not a directory (an output directory was expected)"
+        if isinstance(exc, OSError) and exc.filename and str(exc).startswith("[Errno"):
+            msg = _os_error(exc, args)
+            if msg is not None:
+                return msg
         return _one_line(str(exc)) or type(exc).__name__
     if type(exc).__name__ in (
         "GenerationError",

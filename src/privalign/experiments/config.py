@@ -151,9 +151,12 @@ def load_config(path: str | Path, schema: dict[str, Field]) -> dict[str, Any]:
 
     Raises:
       FileNotFoundError: the file does not exist.
-      ConfigError: invalid TOML, unknown key or wrong type (the message names the key and the file).
+      ConfigError: a directory, invalid TOML, unknown key or wrong type (the message names the key and the
+        file).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a configuration file (a TOML file was expected)")
     if not path.is_file():
         raise FileNotFoundError(f"Configuration file not found: {path}")
     try:
