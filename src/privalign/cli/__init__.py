@@ -182,9 +182,9 @@ def _user_error(exc: BaseException, args: argparse.Namespace | None = None) -> s
         return None
     if isinstance(exc, PrivalignError | ValueError | OSError):
         if isinstance(exc, OSError) and exc.filename and str(exc).startswith("[Errno"):
-            msg = _os_error(exc, args)
-            if msg is not None:
-                return msg
+            os_msg = _os_error(exc, args)
+            if os_msg is not None:
+                return os_msg
         return _one_line(str(exc)) or type(exc).__name__
     if type(exc).__name__ in (
         "GenerationError",
