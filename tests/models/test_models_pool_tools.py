@@ -119,6 +119,50 @@ def test_bon_curve_detects_overoptimisation_and_not_its_absence():
     assert len(honest["paired_tests_vs_max_N"]) == 8 and honest["bonferroni_level"] == pytest.approx(0.05 / 8)
 
 
+def test_bon_curve_verdict_is_three_way_on_constructed_pools():
+    """Each outcome of the over-optimisation verdict on a pool whose answer is known by construction
+    (family-wise α = 0.05 for "holds"; α = 0.05 per comparison of the intersection-union rule for "does not
+    hold")."""
+    from privalign.data.pools import PoolRecord, Response
+
+    rng = np.random.default_rng(12)
+    # holds: the top 5% by proxy are reward hacks (30 prompts)
+    assert bon_curve(_synthetic_records(30, 256, True, rng))["verdict"] == "holds"
+    # does not hold: the gold rises with the proxy on every prompt
+    rising = bon_curve(_synthetic_records(30, 256, False, rng))
+    assert rising["verdict"] == "does not hold"
+    assert all(t["lower_bound"] > -rising["margin"] for t in rising["paired_tests_vs_max_N"])
+    # inconclusive: 6 prompts whose gold is independent noise: the curve is flat up to noise, the sign test
+    # cannot reach its critical count, and the t bounds are wider than the margin (a tenth of a lift ≈ 0)
+    noise = [
+        PoolRecord(
+            "p",
+            tuple(Response(f"t{j}", float(x), true_reward=float(g)) for j, (x, g) in enumerate(zip(px, gd))),
+        )
+        for px, gd in ((rng.random(64), rng.standard_normal(64)) for _ in range(6))
+    ]
+    flat = bon_curve(noise)
+    assert flat["verdict"] == "inconclusive" and not flat["overoptimized"]
+
+
+def test_sign_test_power_is_exact():
+    from math import comb
+
+    from privalign.pipeline.analysis import sign_test_power
+
+    def upper_tail(n, k, q):  # P(Bin(n, q) >= k), summed exactly
+        return sum(comb(n, i) * q**i * (1 - q) ** (n - i) for i in range(k, n + 1))
+
+    pw = sign_test_power(24, 0.05 / 11, fractions=(0.75, 0.9))
+    k = pw["k_crit"]
+    assert upper_tail(24, k, 0.5) <= 0.05 / 11 < upper_tail(24, k - 1, 0.5) and k == 19
+    assert pw["power_if_fraction_falls"]["0.9"] == pytest.approx(upper_tail(24, 19, 0.9), rel=1e-12)
+    assert pw["power_if_fraction_falls"]["0.75"] == pytest.approx(upper_tail(24, 19, 0.75), rel=1e-12)
+    # 3 prompts: even 3 of 3 lower has p = 1/8 > 0.05, so the test can never reject
+    assert sign_test_power(3, 0.05)["k_crit"] is None
+    assert sign_test_power(3, 0.05)["power_if_fraction_falls"]["0.9"] == 0.0
+
+
 def test_bon_curve_cli_writes_json_and_png_for_several_pools(tmp_path, capsys):
     a = _pool(tmp_path, "a.jsonl.gz")
     b = tmp_path / "b.jsonl.gz"

@@ -36,7 +36,9 @@ def register(subparsers) -> None:
         description="For each pool: the exact expected proxy and gold reward of best-of-N on the proxy, N = "
         "1, 2, 4, ... up to the candidates per prompt, and an exact one-sided sign test (Bonferroni over N, "
         "level --alpha) of whether the largest N picks texts with lower gold reward than some smaller N. "
-        "Writes OUT.json and OUT.png.",
+        "Verdict on 'the gold falls at large N': holds (that test rejects), does not hold (at every smaller "
+        "N, the one-sided t lower bound of gold(N_max) - gold(N) is above -MARGIN x the BoN gold lift), or "
+        "inconclusive; printed with the sign test's exact power. Writes OUT.json and OUT.png.",
     )
     b.add_argument(
         "--pool", action="append", required=True, help="pool file (repeat to compare several in one figure)"
@@ -51,7 +53,14 @@ def register(subparsers) -> None:
         "--alpha",
         type=float,
         default=0.05,
-        help="family-wise false-positive rate of the over-optimisation test",
+        help="family-wise false-positive rate of the over-optimisation test (default 0.05)",
+    )
+    b.add_argument(
+        "--margin",
+        type=float,
+        default=0.1,
+        help="'does not hold' tolerates a fall smaller than this share of |gold(N_max) - gold(1)| "
+        "(default 0.1)",
     )
     b.add_argument("--out", required=True, help="output prefix (OUT.json, OUT.png)")
     b.set_defaults(func=_bon)
@@ -145,19 +154,27 @@ def _bon(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha)
+    margin = check_real(args.margin, "margin", low=0.0, high=1.0)
+    doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha, margin_fraction=margin)
     for res in doc.get("series", [doc]):
         t = (
             min(res["paired_tests_vs_max_N"], key=lambda r: r["sign_test_p"])
             if res["paired_tests_vs_max_N"]
             else None
         )
-        verdict = "OVER-OPTIMISED" if res["overoptimized"] else "not over-optimised (at this level)"
         extra = f"; smallest p = {t['sign_test_p']:.3g} (N_max vs N={t['N']})" if t else ""
+        pw = res["power"]
+        power = (
+            f"; the sign test needs {pw['k_crit']} of {pw['n']} prompts lower (power "
+            + ", ".join(f"{v:.2f} if {float(q):.0%} fall" for q, v in pw["power_if_fraction_falls"].items())
+            + ")"
+            if pw["k_crit"] is not None
+            else f"; the sign test cannot reject with {pw['n']} prompts (power 0)"
+        )
         print(
             f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at "
-            f"N={res['curve'][-1]['N']}: {res['true_at_max_N']:.4f}; {verdict} at family-wise "
-            f"alpha={alpha}{extra}"
+            f"N={res['curve'][-1]['N']}: {res['true_at_max_N']:.4f}; over-optimisation "
+            f"{res['verdict'].upper()} (family-wise alpha={alpha}, margin {res['margin']:.3g}){extra}{power}"
         )
     print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
     return 0

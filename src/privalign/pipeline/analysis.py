@@ -7,7 +7,9 @@ from that law, per prompt, and averaged over prompts (with the standard error ac
 
 Whether the gold reward *falls* at large N is decided per prompt, paired: the exact per-prompt differences
 between the largest N and each smaller N go through an exact one-sided sign test, Bonferroni-corrected over
-the compared Ns (:func:`bon_curve`). ``privalign bon-curve`` runs it on one or more pools.
+the compared Ns (:func:`bon_curve`). The verdict is three-way ("holds": the gold falls; "does not hold": at
+every smaller N the gold at N_max is non-inferior within a margin; else "inconclusive"), with the sign
+test's exact power. ``privalign bon-curve`` runs it on one or more pools.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from scipy.special import gammaln
 
 from privalign.errors import DataFormatError
 
-__all__ = ["bon_selection_law", "bon_curve", "write_bon_report", "kl_bon"]
+__all__ = ["bon_selection_law", "bon_curve", "write_bon_report", "kl_bon", "sign_test_power"]
 
 
 def kl_bon(N: int) -> float:
@@ -74,6 +76,29 @@ def _sign_test_p(diffs: np.ndarray) -> float:
     return float(binom.sf(k - 1, nz.size, 0.5))  # P(K >= k) under H0: K ~ Bin(n, 1/2)
 
 
+def sign_test_power(n: int, level: float, fractions: tuple[float, ...] = (0.75, 0.9)) -> dict[str, Any]:
+    """Exact power of the one-sided sign test on ``n`` nonzero paired differences at ``level``.
+
+    ``k_crit`` is the smallest count of negative differences whose exact p-value ``P(Bin(n, 1/2) ≥ k)`` is
+    ≤ ``level`` (``None`` when no count reaches it: the test can never reject); the power against "a
+    fraction q of prompts fall" is ``P(Bin(n, q) ≥ k_crit)``, computed exactly for each q in ``fractions``.
+    """
+    from scipy.stats import binom
+
+    k_crit = next((k for k in range(n + 1) if binom.sf(k - 1, n, 0.5) <= level), None)
+    power = {f"{q:g}": (0.0 if k_crit is None else float(binom.sf(k_crit - 1, n, q))) for q in fractions}
+    return {"n": n, "level": level, "k_crit": k_crit, "power_if_fraction_falls": power}
+
+
+def _verdict(tests: list[dict[str, Any]], level: float, margin: float, alpha: float, n: int) -> str:
+    """Three-way verdict on "the gold reward falls at the largest N" (see :func:`bon_curve`)."""
+    if any(t["sign_test_p"] <= level for t in tests):
+        return "holds"
+    if n >= 2 and tests and all(t["lower_bound"] > -margin for t in tests):
+        return "does not hold"
+    return "inconclusive"
+
+
 def _corr(a: np.ndarray, b: np.ndarray) -> float | None:
     """Pearson correlation, or None when either side is constant."""
     if np.std(a) == 0 or np.std(b) == 0:
@@ -81,7 +106,9 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05) -> dict[str, Any]:
+def bon_curve(
+    records: list, Ns: list[int] | None = None, *, alpha: float = 0.05, margin_fraction: float = 0.1
+) -> dict[str, Any]:
     """Expected proxy and true reward of BoN(N) on each prompt; means and standard errors over prompts.
 
     Over-optimisation test (paired, per prompt): for every N below the largest ``N_max``, the difference
@@ -89,6 +116,19 @@ def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05
     one-sided sign test asks whether the D_p tend to be negative (the largest N picks *worse* texts by the
     gold reward). ``overoptimized`` is true iff some N passes at level ``alpha`` after a Bonferroni
     correction over the compared Ns (family-wise false-positive rate ≤ ``alpha``).
+
+    ``verdict`` on the claim "the gold reward falls at large N" (over-optimisation):
+
+    * ``"holds"``: ``overoptimized`` (the sign test above; false-positive rate ≤ ``alpha``).
+    * ``"does not hold"``: for *every* smaller N, the one-sided (1 − ``alpha``) lower confidence bound of the
+      mean paired difference (Student t with exact critical value, n − 1 degrees of freedom) is above
+      ``−margin``, where ``margin = margin_fraction × |E[gold | BoN(N_max)] − E[gold | BoN(1)]|`` (a fall
+      smaller than that share of the BoN gold lift is treated as no fall). This is an intersection–union
+      test: every comparison must pass at level ``alpha``, so the chance of "does not hold" when the gold
+      does fall by more than the margin at some N is ≤ ``alpha`` (up to the t approximation of the mean).
+    * ``"inconclusive"`` otherwise.
+
+    ``power`` is the sign test's exact power at the Bonferroni level (:func:`sign_test_power`).
     """
     proxies = [np.asarray([r.proxy_reward for r in rec.responses], dtype=float) for rec in records]
     trues = [np.asarray([r.true_value for r in rec.responses], dtype=float) for rec in records]
@@ -110,20 +150,27 @@ def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05
         )
     best = max(rows, key=lambda r: r["true_mean"])
     last = rows[-1]
+    from scipy.stats import t as student_t
+
+    n = len(records)
+    t_crit = float(student_t.ppf(1 - alpha, n - 1)) if n > 1 else math.inf
     tests: list[dict[str, Any]] = []
     for k, N in enumerate(Ns[:-1]):
         D = per_prompt[-1] - per_prompt[k]
+        se = float(D.std(ddof=1) / np.sqrt(len(D))) if len(D) > 1 else None
         tests.append(
             {
                 "N": N,
                 "mean_diff": float(D.mean()),
-                "paired_se": float(D.std(ddof=1) / np.sqrt(len(D))) if len(D) > 1 else None,
+                "paired_se": se,
+                "lower_bound": float(D.mean()) - t_crit * se if se is not None else -math.inf,
                 "prompts_lower": int((D < 0).sum()),
                 "prompts_higher": int((D > 0).sum()),
                 "sign_test_p": _sign_test_p(D),
             }
         )
     level = alpha / max(len(tests), 1)
+    margin = margin_fraction * abs(last["true_mean"] - rows[0]["true_mean"])
     return {
         "num_prompts": len(records),
         "candidates_used": m,
@@ -139,6 +186,17 @@ def bon_curve(records: list, Ns: list[int] | None = None, *, alpha: float = 0.05
         "alpha": alpha,
         "bonferroni_level": level,
         "overoptimized": any(t["sign_test_p"] <= level for t in tests),
+        "verdict": _verdict(tests, level, margin, alpha, n),
+        "verdict_rule": (
+            f"holds if some N < N_max has gold(N_max) < gold(N) by the exact one-sided sign test at "
+            f"{alpha:g}/{len(tests)} (Bonferroni); does not hold if at every N < N_max the one-sided "
+            f"{1 - alpha:g} t lower bound of the paired mean of gold(N_max) − gold(N) "
+            f"(t_crit = {t_crit:.3g}, {n - 1} df) exceeds −{margin_fraction:g} × |gold(N_max) − gold(1)| "
+            f"= −{margin:.3g}; else inconclusive"
+        ),
+        "margin": margin,
+        "t_crit": t_crit,
+        "power": sign_test_power(n, level),
     }
 
 
@@ -172,6 +230,7 @@ def write_bon_report(
     *,
     labels: list[str] | None = None,
     alpha: float = 0.05,
+    margin_fraction: float = 0.1,
 ) -> dict[str, Any]:
     """Compute :func:`bon_curve` for one or more pools; write ``<prefix>.json`` and ``<prefix>.png``.
 
@@ -192,7 +251,7 @@ def write_bon_report(
     for i, p in enumerate(paths):
         records = read_pool(p)
         _require_gold(records, p)
-        res = bon_curve(records, alpha=alpha)
+        res = bon_curve(records, alpha=alpha, margin_fraction=margin_fraction)
         res["pool"] = p.name
         res["label"] = labels[i] if labels else _label(p)
         series.append(res)
@@ -206,7 +265,7 @@ def write_bon_report(
         ax[0].plot(kl, [r["proxy_mean"] for r in res["curve"]], "o-", label=res["label"])
         m = np.array([r["true_mean"] for r in res["curve"]])
         se = np.array([r["true_se"] or 0.0 for r in res["curve"]])
-        tag = " (over-optimised)" if res["overoptimized"] else ""
+        tag = {"holds": " (over-optimised)", "does not hold": " (no fall)"}.get(res["verdict"], "")
         ax[1].errorbar(kl, m, yerr=se, fmt="o-", capsize=2, label=res["label"] + tag)
     top = series[0]["curve"]
     for a in ax:  # N on a secondary axis
