@@ -238,3 +238,33 @@ def test_kl_bon_formula_and_curve_rows():
     rng = np.random.default_rng(0)
     res = bon_curve(_synthetic_records(4, 16, False, rng))
     assert [r["kl_bon"] for r in res["curve"]] == [kl_bon(r["N"]) for r in res["curve"]]
+
+
+@pytest.mark.parametrize(
+    ("bon", "index", "pool"),
+    [
+        ("hh-smollm2-2048.bon.json", 1, "hh-smollm2-2048.jsonl.gz"),  # the 24 x 2,048 pool (issue 15)
+        ("hh-smollm2.bon.json", 2, "hh-smollm2.jsonl.gz"),  # the 24 x 512 pool
+    ],
+)
+def test_shipped_bon_curves_are_recomputed_from_the_shipped_pools(bon, index, pool):
+    """The numbers quoted in docs/models.md come from pools/*.bon.json: recompute one series from the
+    shipped pool and its manifest's counts (to the last bits, which differ between CPUs' exp/log)."""
+    from privalign.paths import repo_root
+
+    root = repo_root() / "pools"
+    shipped = json.loads((root / bon).read_text())["series"][index]
+    assert shipped["pool"] == pool
+    man = json.loads((root / pool.replace(".jsonl.gz", ".manifest.json")).read_text())
+    recs = read_pool(root / pool)
+    assert len(recs) == man["num_prompts"] == shipped["num_prompts"]
+    assert sum(len(r.responses) for r in recs) == man["num_candidates"]
+    assert man["pool"] == pool and man["rescored"] == ["proxy_reward", "true_reward"]
+    again = bon_curve(recs, alpha=shipped["alpha"], margin_fraction=0.1)
+    for a, b in zip(again["curve"], shipped["curve"], strict=True):
+        assert a["N"] == b["N"] and a["true_mean"] == pytest.approx(b["true_mean"], rel=1e-9, abs=1e-12)
+        assert a["proxy_mean"] == pytest.approx(b["proxy_mean"], rel=1e-9, abs=1e-12)
+    assert again["verdict"] == shipped["verdict"]
+    assert [t["prompts_lower"] for t in again["paired_tests_vs_max_N"]] == [
+        t["prompts_lower"] for t in shipped["paired_tests_vs_max_N"]
+    ]
