@@ -357,3 +357,75 @@ def test_report_names_a_damaged_results_file(name, work, capsys):
     (work / "run" / name).write_text("{bad\n")
     _one_line_error(["report", "run", "--out", "rep"], "report", [name, "not valid JSON"], capsys)
     assert not (work / "rep").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        # ran plain best-of-N (no noise) while the user asked for ε = 1
+        (
+            ["select", "--method", "bon", "--scores", "0.1,0.5", "--epsilon", "1", "--seed", "0"],
+            ["--epsilon", "not private", "privbon"],
+        ),
+        (
+            [
+                "law",
+                "--method",
+                "itp",
+                "--beta",
+                "1",
+                "--scores",
+                "0.1",
+                "--scores-b",
+                "0.2",
+                "--sigma-x",
+                "1",
+            ],
+            ["--sigma-x", "not private"],
+        ),
+        (
+            [
+                "select",
+                "--method",
+                "privbon",
+                "--epsilon",
+                "1",
+                "--beta",
+                "2",
+                "--scores",
+                "0.1,0.5",
+                "--seed",
+                "0",
+            ],
+            ["--beta", "privbon"],
+        ),
+    ],
+)
+def test_an_option_the_method_does_not_use_is_refused_not_ignored(argv, needles, capsys):
+    _one_line_error(argv, argv[0], needles, capsys)
+
+
+def test_the_options_each_method_uses_are_accepted(capsys):
+    base = ["--scores", "0.1,0.5", "--seed", "0", "--json"]
+    assert (
+        main(
+            [
+                "select",
+                "--method",
+                "privbon",
+                "--epsilon",
+                "1",
+                "--sigma-reg",
+                "0.1",
+                "--sensitivity",
+                "1",
+                *base,
+            ]
+        )
+        == 0
+    )
+    b = ["--scores-b", "0.2,0.3"]
+    assert main(["select", "--method", "itp", "--beta", "1", *b, *base]) == 0
+    pitp = ["--beta", "1", "--sigma-x", "2", "--sigma-z", "1", "--sensitivity", "1"]
+    assert main(["select", "--method", "privitp", *pitp, *b, *base]) == 0
+    capsys.readouterr()

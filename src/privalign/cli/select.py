@@ -71,6 +71,35 @@ def _need(args, name):
     return v
 
 
+# The options (without a default) each method reads; any other one given is refused, not ignored: e.g.
+# '--method bon --epsilon 1' would otherwise run plain best-of-N, with no noise, though ε = 1 was asked for.
+_USES = {
+    "bon": (),
+    "itp": ("beta",),
+    "privbon": ("epsilon", "sigma_reg", "sensitivity"),
+    "privitp": ("beta", "sigma_x", "sigma_z", "sensitivity"),
+}
+# (--scores-b is read only by itp/privitp but allowed with every method, so that one command line can compare
+# all four on the same pools.)
+
+
+def _refuse_unused(args) -> None:
+    from privalign.errors import PrivacyParameterError
+
+    uses = _USES.get(args.method)
+    if uses is None:
+        return
+    for name in ("epsilon", "sigma_reg", "beta", "sigma_x", "sigma_z", "sensitivity"):
+        if name not in uses and getattr(args, name, None) is not None:
+            flag = "--" + name.replace("_", "-")
+            private = args.method in ("privbon", "privitp")
+            why = "" if private else f" ({args.method} adds no noise: its selection is not private)"
+            raise PrivacyParameterError(
+                f"argument {flag}: not used by --method {args.method}{why}; drop {flag}"
+                + ("" if private else " or choose a private method (privbon, privitp)")
+            )
+
+
 def build_selector(args):
     from privalign.alignment import make_selector
     from privalign.alignment.selectors import uses_two_pools
@@ -83,6 +112,7 @@ def build_selector(args):
             "docs/privacy/privitp.md)."
         )
 
+    _refuse_unused(args)
     # the CLI names its missing options (--beta, --epsilon, ...) before the shared factory sees them
     need = {"itp": ("beta",), "privbon": ("epsilon",), "privitp": ("beta", "sigma_x", "sigma_z")}.get(
         args.method, ()
