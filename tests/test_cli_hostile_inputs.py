@@ -328,6 +328,9 @@ def test_an_output_directory_that_is_a_file_is_refused_before_the_work(argv, wor
     monkeypatch.setattr(simulation, "run_protocol", no_work)
     monkeypatch.setattr(session, "run_session", no_work)
     _one_line_error(argv, argv[0], ["--out", "pool.jsonl", "not a directory"], capsys)
+    # below a file: '[Errno 20] Not a directory', after the whole run
+    argv = [*argv[:-1], "pool.jsonl/sub/dir"]
+    _one_line_error(argv, argv[0], ["--out", "pool.jsonl is a file"], capsys)
 
 
 def test_session_sigma_z_zero_is_refused_not_replaced_by_sigma_x(work, capsys):

@@ -92,6 +92,11 @@ def check_out_dir(out: str) -> None:
         raise ValueError(
             f"argument --out: {out} exists and is not a directory (an output directory is expected)"
         )
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):  # the nearest existing ancestor must be a directory to create it in
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"argument --out: {out}: {parent} is a file, so the directory cannot be created")
 
 
 def warn(cmd: str, message: str) -> None:
