@@ -178,6 +178,8 @@ def _pairs(path: Path, n: int = 40) -> Path:
         (["--n-iter", "0"], ["'--n-iter'", "0"]),
         (["--sparsity", "5000"], ["'--sparsity'", "5000", "d=4096"]),  # was found only after loading
         (["--out", "a_dir"], ["'--out'", "a_dir", "directory"]),  # was "[Errno 21] ... '.tmp.*' -> 'a_dir'"
+        # was ignored without --tune (nothing is selected on a validation split then)
+        (["--validation-fraction", "0.3"], ["--validation-fraction", "--tune", "0.3"]),
     ],
 )
 def test_fit_reward_checks_its_options_before_loading_data(extra, needles, work, capsys, monkeypatch):

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--validation-fraction",
         type=float,
-        default=0.2,
+        default=None,
         help="With --tune: fraction of training prompts used for selection, in (0, 1) (default 0.2).",
     )
     p.add_argument(
@@ -214,7 +214,14 @@ def _validate_params(est, args: argparse.Namespace) -> None:
         raise PrivacyParameterError(
             f"The 'out' parameter must name a file to write, not a directory. Got {args.out!r} instead."
         )
+    if not args.tune and args.validation_fraction is not None:
+        raise PrivacyParameterError(
+            "argument --validation-fraction: used only with --tune (without it nothing is selected on a "
+            f"validation split); add --tune or drop --validation-fraction. Got {args.validation_fraction!r}."
+        )
     if args.tune:
+        if args.validation_fraction is None:
+            args.validation_fraction = 0.2
         check_real(
             args.validation_fraction,
             "validation_fraction (--validation-fraction)",
