@@ -85,6 +85,15 @@ def test_p1_1_three_outcomes():
     assert v == "inconclusive" and "N too small" in m
 
 
+def test_p1_1_does_not_hold_through_the_report_reads_the_hack_rate_from_the_manifest():
+    rises = _curve("BoN", BON_RISES, noise=0.2)
+    runs = {"p1-scaling": {"manifest": {"status": "complete", "config": {"syn_hack_rate": 0.01}}}}
+    c = {c["id"]: c for c in evaluate_claims({"p1-scaling": rises}, runs)}["P1-1"]
+    assert c["verdict"] == "does not hold" and "N_max·hack_rate = 10.2" in c["measured"]
+    # without the manifest the hack rate is unknown: never "does not hold"
+    assert {c["id"]: c for c in evaluate_claims({"p1-scaling": rises})}["P1-1"]["verdict"] == "inconclusive"
+
+
 # --- P1-2..P1-4 ----------------------------------------------------------------------------------
 
 
@@ -105,6 +114,25 @@ def test_monotone_three_outcomes_and_positive_control():
     # a curve with no lift at all cannot be called monotone
     v, m = V.monotone_rule(ctrl + _curve("PrivBoN", [0] * 6, noise=0.5, prompt_sd=0.5, seed=3), "PrivBoN")
     assert v == "inconclusive" and "vacuous" in m
+
+
+def test_p1_3_judges_the_fixed_sigma_curve_through_the_report():
+    ctrl = _curve("BoN", BON_DEGRADES)
+    priv = dict(epsilon_max=2.0, expected_epsilon_realized=0.7, delta=1e-5)
+    flat = _curve("PrivITP-fixed", [0, 10, 20, 25, 25, 25], seed=1, **priv)
+    falls = _curve("PrivITP-fixed", [0, 10, 20, 25, 15, 5], seed=1, **priv)
+    noisy = _curve("PrivITP-fixed", [0, 10, 20, 25, 23, 21], noise=60.0, seed=1, **priv)
+    rematched = _curve("PrivITP", [0, 10, 20, 25, 15, 5], seed=2)  # falls: reported for contrast only
+
+    def p1_3(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p1-scaling": recs})}["P1-3"]
+        return c["verdict"], c["measured"]
+
+    v, m = p1_3(ctrl + flat + rematched)
+    assert v == "holds" and "ε_max=2" in m and "for contrast, PrivITP re-matched" in m
+    assert m.endswith(": does not hold")
+    assert p1_3(ctrl + falls + rematched)[0] == "does not hold"
+    assert p1_3(ctrl + noisy + rematched)[0] == "inconclusive"
 
 
 # --- P1-5 ----------------------------------------------------------------------------------------
@@ -287,6 +315,45 @@ def test_slope_rule_three_outcomes_and_learning_regime():
     assert V.slope_rule(None, low=0, high=1, regime=None, what="x")[0] == "inconclusive"
 
 
+def _rates(sweep, method, values, slope, *, noise=0.01, reps=3, zero_factor=10.0):
+    """p2-rates records: log error = slope · log value + noise; ‖θ*‖² = zero_factor × the largest error."""
+    rng = np.random.default_rng(0)
+    errs = [(v, math.exp(slope * math.log(v) + rng.normal(0, noise))) for v in values for _ in range(reps)]
+    zero = zero_factor * max(e for _, e in errs)
+    return [
+        {"sweep": sweep, "method": method, "value": v, "error": e, "zero_error": zero, "replicate": k % reps}
+        for k, (v, e) in enumerate(errs)
+    ]
+
+
+# claim, sweep, method, values, slope inside the admissible range, outside it, on its upper boundary
+RATE_CLAIMS = [
+    ("P2-1", "n", "SampleDPIHT", (1e3, 3e3, 1e4, 3e4), -1.5, 0.0, -0.5),
+    ("P2-2", "s", "RRIHT", (2, 4, 8, 16), 1.0, 2.5, 1.5),
+    ("P2-3", "d", "RRIHT", (1e2, 1e3, 1e4, 1e5), 0.0, 1.0, 0.35),
+]
+
+
+@pytest.mark.parametrize("cid, sweep, method, values, inside, outside, edge", RATE_CLAIMS)
+def test_rate_claims_three_outcomes_through_the_report(cid, sweep, method, values, inside, outside, edge):
+    """P2-1..P2-3 with each claim's own sweep, method and admissible range."""
+
+    def claim(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p2-rates": recs})}[cid]
+        fitted = float(c["measured"].split(": slope ")[1].split(" ")[0])
+        return c["verdict"], c["measured"], fitted
+
+    v, m, fitted = claim(_rates(sweep, method, values, inside))
+    assert v == "holds" and fitted == pytest.approx(inside, abs=0.02)
+    v, m, fitted = claim(_rates(sweep, method, values, outside))
+    assert v == "does not hold" and fitted == pytest.approx(outside, abs=0.02)
+    v, m, fitted = claim(_rates(sweep, method, values, edge, noise=0.05))
+    assert v == "inconclusive" and "boundary" in m and fitted == pytest.approx(edge, abs=0.1)
+    # inside the range, but the errors are no better than θ̂ = 0: not the rate's slope
+    v, m, _ = claim(_rates(sweep, method, values, inside, zero_factor=1.5))
+    assert v == "inconclusive" and "not in the learning regime" in m
+
+
 # --- P2-4 ----------------------------------------------------------------------------------------
 
 
@@ -329,6 +396,41 @@ def test_order_rule_is_symmetric_and_states_the_prompts_needed():
     assert "≈ 216" in m  # 24 · (0.15 / 0.05)² prompts for a ±0.05 half-width
 
 
+def _winrate(values, P=30):
+    return [
+        {
+            "kind": "winrate",
+            "dataset": "imdb",
+            "method": m,
+            "epsilon": 8.0,
+            "rep": rep,
+            "per_prompt": [v] * P,
+            "n_bootstrap": 200,
+            "root_seed": 0,
+            "judge_selected": v,
+            "judge_base": 0.5,
+            "unit": "x",
+        }
+        for m, v in values.items()
+        for rep in range(3)
+    ]
+
+
+def test_p2_5_inconclusive_through_the_report_when_a_gap_is_not_resolved():
+    """The win-rate wrapper reaches "inconclusive" from the intervals, not only from a missing method."""
+
+    def p2_5(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p2-winrate": recs})}["P2-5"]
+        return c["verdict"], c["measured"]
+
+    v, m = p2_5(_winrate({"RRIHT": 0.7, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
+    assert v == "inconclusive" and "2 of 3 adjacent gaps significantly in the paper's direction, 0 " in m
+    v, m = p2_5(_winrate({"RRIHT": 0.8, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
+    assert v == "holds" and "3 of 3 adjacent gaps" in m
+    v, m = p2_5(_winrate({"RRIHT": 0.6, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
+    assert v == "does not hold" and "1 significantly reversed" in m
+
+
 # --- B-1 and the report wrapper ------------------------------------------------------------------
 
 
@@ -356,3 +458,41 @@ def test_scaling_claims_combine_synthetic_and_real_runs():
     assert "p1-scaling-imdb → inconclusive" in claims["P1-1"]["measured"]
     assert claims["P1-4"]["verdict"] == "holds"
     assert claims["P1-5"]["verdict"] == "inconclusive"  # no equal-privacy PrivITP curve in these runs
+
+
+# --- B-2 -----------------------------------------------------------------------------------------
+
+
+def _audit(bon_lb, priv_lbs):
+    """beyond-membership records: one attack row per service (BoN, PrivBoN at each claimed ε), plus the
+    advantage-vs-Q rows the rule must ignore."""
+    rows = [{"kind": "attack", "service": "BoN", "epsilon_claimed": None, "eps_lower_bound": bon_lb}]
+    rows += [
+        {"kind": "attack", "service": "PrivBoN", "epsilon_claimed": e, "eps_lower_bound": lb}
+        for e, lb in priv_lbs.items()
+    ]
+    for r in rows:
+        r.update(advantage=0.4, Q_max=10, audit_alpha=0.05, samples=500)
+    adv = [
+        {"kind": "advantage", "service": r["service"], "epsilon_claimed": r["epsilon_claimed"], "Q": 10}
+        for r in rows
+    ]
+    return rows + adv
+
+
+def test_b2_three_outcomes_through_the_report():
+    def b2(recs):
+        c = {c["id"]: c for c in evaluate_claims({"beyond-membership": recs})}["B-2"]
+        return c["verdict"], c["measured"]
+
+    v, m = b2(_audit(1.5, {2.0: 0.4, 8.0: 3.0}))
+    assert v == "holds" and "PrivBoN ε=8: audit ε ≥ 3.000" in m and "positive control" in m
+    # a lower bound exactly at the claimed ε is no violation
+    assert b2(_audit(1.5, {2.0: 2.0}))[0] == "holds"
+    v, m = b2(_audit(1.5, {2.0: 0.4, 8.0: 8.5}))
+    assert v == "does not hold" and "PrivBoN ε=8: audit ε ≥ 8.500" in m
+    # the audit cannot see plain BoN's leak: it has no power, whatever it says about PrivBoN
+    v, m = b2(_audit(0.0, {2.0: 0.4}))
+    assert v == "inconclusive" and "no power" in m and "audit ε ≥ 0.00" in m
+    v, m = b2([r for r in _audit(1.5, {2.0: 0.4}) if r["service"] == "PrivBoN"])
+    assert v == "inconclusive" and "no power" in m
