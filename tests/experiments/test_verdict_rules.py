@@ -382,6 +382,55 @@ def test_mcnemar_rule_three_outcomes():
     assert v == "inconclusive" and "MISSING ε = [2.0]" in m
 
 
+def _accuracy(b, c, *, second=None, n=200, eps=(2.0, 8.0), correct=True):
+    """p2-accuracy records for both (sparse, dense) pairs: ``b`` test pairs only the sparse method gets right,
+    ``c`` only the dense one, the rest right for both; ``second`` = (b, c) of the Sample-DP IHT / DP-SGD
+    pair when it differs."""
+
+    def outcomes(b, c):
+        rest = n - b - c
+        return {"sparse": "1" * b + "0" * c + "1" * rest, "dense": "0" * b + "1" * c + "1" * rest}
+
+    first, other = outcomes(b, c), outcomes(*(second or (b, c)))
+    return [
+        {
+            "kind": "accuracy",
+            "dataset": "imdb",
+            "method": m,
+            "epsilon": e,
+            "accuracy": o[side].count("1") / n,
+            **({"correct": o[side]} if correct else {}),
+        }
+        for e in eps
+        for m, side, o in (
+            ("RRIHT", "sparse", first),
+            ("DenseRR", "dense", first),
+            ("SampleDPIHT", "sparse", other),
+            ("DPSGDLinear", "dense", other),
+        )
+    ]
+
+
+def test_p2_4_three_outcomes_through_the_report():
+    def p2_4(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p2-accuracy": recs})}["P2-4"]
+        return c["verdict"], c["measured"]
+
+    v, m = p2_4(_accuracy(60, 10))
+    assert v == "holds" and "Bonferroni over 4: sparse significantly better in 4, dense in 0" in m
+    v, m = p2_4(_accuracy(10, 60))
+    assert v == "does not hold" and "dense in 4" in m and "discordant 10/60 of 200" in m
+    v, m = p2_4(_accuracy(22, 18))
+    assert v == "inconclusive" and "sparse significantly better in 0, dense in 0" in m
+    # RR-IHT wins, Sample-DP IHT does not: not every sparse method is better
+    v, m = p2_4(_accuracy(60, 10, second=(22, 18)))
+    assert v == "inconclusive" and "sparse significantly better in 2, dense in 0" in m
+    v, m = p2_4(_accuracy(60, 10, eps=(8.0,)))
+    assert v == "inconclusive" and "MISSING ε = [2.0]" in m
+    v, m = p2_4(_accuracy(60, 10, correct=False))
+    assert v == "inconclusive" and "lack per-pair outcomes" in m
+
+
 # --- P2-5 ----------------------------------------------------------------------------------------
 
 
