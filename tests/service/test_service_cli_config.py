@@ -166,4 +166,56 @@ def test_default_request_timeout_is_sized_to_the_generator():
     up = config_from_dict({"generator": {"kind": "upstream", "base_url": "http://x/v1", "timeout_s": 45.0}})
     assert up.limits.request_timeout_s == 75.0
     assert config_from_dict({"generator": {"kind": "none"}}).limits.request_timeout_s == 60.0
+    assert config_from_dict({"generator": {"kind": "ctranslate2"}}).limits.request_timeout_s == 900.0
     assert config_from_dict({"limits": {"request_timeout_s": 5.0}}).limits.request_timeout_s == 5.0
+
+
+def test_ctranslate2_generator_kind_builds_lazily_and_unknown_kinds_name_it():
+    """generator.kind = "ctranslate2" builds the local generator on the CTranslate2 backend without loading
+    the model (that happens on the first request); an unknown backend or kind is refused, naming the
+    choices."""
+    pytest.importorskip("ctranslate2", reason="needs privalign[fast-cpu]")
+    from privalign.service.components import LocalTransformersGenerator, build_generator
+    from privalign.service.config import ComponentConfig
+
+    g = build_generator(ComponentConfig(kind="ctranslate2", options={"max_new_tokens": 4}))
+    assert isinstance(g, LocalTransformersGenerator) and g.backend == "ctranslate2" and not g._gens
+    with pytest.raises(PrivacyParameterError, match="ctranslate2"):
+        build_generator(ComponentConfig(kind="ct2"))
+    with pytest.raises(PrivacyParameterError, match="'backend'"):
+        LocalTransformersGenerator(backend="llama")
+    with pytest.raises(PrivacyParameterError, match="ctranslate2"):
+        config_from_dict({"generator": {"kind": "ct2"}})
+
+
+def test_ctranslate2_generator_without_the_package_names_the_extra(monkeypatch):
+    """Checked when the service is built (serve --check, start-up), not on the first request."""
+    import sys
+
+    from privalign.errors import MissingDependencyError
+    from privalign.service.components import LocalTransformersGenerator
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 -> ImportError
+    with pytest.raises(MissingDependencyError, match=r"fast-cpu"):
+        LocalTransformersGenerator(backend="ctranslate2")
+
+
+def test_serve_generator_flag_overrides_the_kind(tmp_path, monkeypatch, capsys):
+    """--generator switches [generator].kind (serve --check reports it); sampling options survive a switch
+    between the two local kinds, and an upstream section's options are dropped."""
+    pytest.importorskip("fastapi", reason="needs privalign[serve]")
+    from argparse import Namespace
+
+    from privalign.cli.serve import _config
+
+    monkeypatch.setenv("PRIVALIGN_HOME", str(tmp_path / "ph"))
+    assert main(["serve", "--check", "--generator", "ctranslate2"]) == 0
+    assert json.loads(capsys.readouterr().out)["generator"] == "ctranslate2"
+    cfg_file = tmp_path / "s.toml"
+    cfg_file.write_text('[generator]\nkind = "transformers"\nmax_new_tokens = 7\n')
+    base = dict(reward_model=None, db=None, port=None, host=None)
+    cfg = _config(Namespace(config=str(cfg_file), generator="ctranslate2", **base))
+    assert cfg.generator.kind == "ctranslate2" and cfg.generator.options == {"max_new_tokens": 7}
+    cfg_file.write_text('[generator]\nkind = "upstream"\nbase_url = "http://127.0.0.1:1/v1"\n')
+    cfg = _config(Namespace(config=str(cfg_file), generator="transformers", **base))
+    assert cfg.generator.kind == "transformers" and cfg.generator.options == {}

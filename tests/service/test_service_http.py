@@ -449,8 +449,10 @@ def test_generator_timeout_releases_the_reservation(tmp_path, reward_model):
 
 
 @pytest.mark.model
-def test_chat_completion_with_the_local_transformers_generator(tmp_path, reward_model):
-    """The default generator: SmolLM2-135M (offline GGUF), loaded lazily, 2 candidates of 2 tokens."""
+@pytest.mark.parametrize("kind", ["transformers", "ctranslate2"])
+def test_chat_completion_with_the_local_generator(tmp_path, reward_model, kind):
+    """The default generator (SmolLM2-135M, offline GGUF, through transformers) and its CTranslate2 int8
+    twin: loaded lazily, 2 candidates of 2 tokens, charged once."""
     cfg = _cfg(tmp_path, reward_model)
     from dataclasses import replace
 
@@ -458,7 +460,7 @@ def test_chat_completion_with_the_local_transformers_generator(tmp_path, reward_
 
     cfg = replace(
         cfg,
-        generator=ComponentConfig(kind="transformers", options={"max_new_tokens": 2}),
+        generator=ComponentConfig(kind=kind, options={"max_new_tokens": 2}),
         limits=replace(cfg.limits, request_timeout_s=600.0),
     )  # the first request loads the model
     app = create_app(cfg)
@@ -475,6 +477,7 @@ def test_chat_completion_with_the_local_transformers_generator(tmp_path, reward_
         isinstance(r.choices[0].message.content, str) and r.model_extra["privacy"]["epsilon_charged"] == 0.5
     )
     assert _spent(app.state.service.engine, key_id)["spent_epsilon"] == 0.5
+    assert app.state.service.generator.backend == kind
 
 
 def test_pad_selection_s_pads_scoring_and_selection_to_a_minimum(tmp_path, reward_model):

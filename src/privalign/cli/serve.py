@@ -39,6 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="URL",
         help="Database URL (sqlite:///FILE or postgresql+psycopg://...); overrides [database].url.",
     )
+    p.add_argument(
+        "--generator",
+        default=None,
+        choices=["transformers", "ctranslate2", "none"],
+        help="Override [generator].kind: the local SmolLM2 through transformers (the default), through "
+        "CTranslate2 int8 (several times faster on CPU; extra fast-cpu), or none (only /v1/select). The "
+        "section's sampling options are kept between the two local kinds and dropped otherwise.",
+    )
     p.add_argument("--host", default=None, help="Override [server].host.")
     p.add_argument("--port", type=port, default=None, help="Override [server].port (0..65535).")
     p.add_argument(
@@ -75,6 +83,15 @@ def _config(args: argparse.Namespace):  # noqa: ANN202
             raise FileNotFoundError(f"argument --reward-model: no such file: {args.reward_model}")
         cfg = replace(
             cfg, reward_model=replace(cfg.reward_model, kind="linear", options={"path": str(path.resolve())})
+        )
+    if args.generator is not None:
+        local = ("transformers", "ctranslate2")
+        keep = cfg.generator.kind in local and args.generator in local
+        cfg = replace(
+            cfg,
+            generator=replace(
+                cfg.generator, kind=args.generator, options=dict(cfg.generator.options) if keep else {}
+            ),
         )
     if args.db is not None:
         cfg = replace(cfg, database=replace(cfg.database, url=args.db))

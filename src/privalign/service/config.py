@@ -57,7 +57,7 @@ Sections (every key optional; defaults are the secure ones):
 
     [generator]                               # default: kind = "transformers" (SmolLM2-135M, loaded lazily)
     kind = "upstream"                         # upstream (OpenAI-compatible, e.g. vLLM) | transformers |
-                                              # python | none
+                                              # ctranslate2 (extra fast-cpu) | python | none
     base_url = "http://127.0.0.1:8001/v1"
     model = "served-model"
     timeout_s = 30.0                          # per attempt
@@ -241,7 +241,11 @@ class ServiceConfig:
         check_real(pv.privitp["envelope_l"], "privacy.privitp.envelope_l", low=0.0, closed="left")
         check_int(self.server.port, "server.port", low=0, high=65535)
         check_choice(self.reward_model.kind, "reward_model.kind", ("linear", "python", "none"))
-        check_choice(self.generator.kind, "generator.kind", ("upstream", "transformers", "python", "none"))
+        check_choice(
+            self.generator.kind,
+            "generator.kind",
+            ("upstream", "transformers", "ctranslate2", "python", "none"),
+        )
         return self
 
 
@@ -273,7 +277,7 @@ def config_from_dict(data: dict[str, Any], *, source: str = "") -> ServiceConfig
         t = gen.get("timeout_s", 30.0) if isinstance(gen, dict) else 30.0
         limits["request_timeout_s"] = (
             900.0
-            if kind == "transformers"
+            if kind in ("transformers", "ctranslate2")
             else float(t) + 30.0
             if kind == "upstream" and isinstance(t, int | float)
             else 60.0
