@@ -153,10 +153,11 @@ def test_cli_fit_reward_jsonl_round_trip(tmp_path, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["privacy_event"]["kind"] == "randomized_response" and out["privacy_event"]["unit"] == "label"
-    assert out["privacy_unit"] == "label" and 0.0 <= out["heldout_accuracy"] <= 1.0
+    assert out["privacy_unit"] == "label" and 0.0 <= out["operator_only"]["heldout_accuracy"] <= 1.0
     est, fcfg, meta = load_model(model)
     assert fcfg["kind"] == "hashed_ngram" and fcfg["n_features"] == 512
-    assert meta["heldout_accuracy"] == out["heldout_accuracy"]
+    # the exact held-out accuracy is shown to the operator, never written into the release
+    assert "heldout_accuracy" not in meta and meta["split"] == {"rule": "by prompt", "test_size": 0.2, "seed": 0}
     # featurise new text with the saved config and score it with the loaded model
     fm = feature_map_from_config(fcfg)
     r = est.predict_reward(fm.transform(["great wonderful answer", "awful rude answer"]))

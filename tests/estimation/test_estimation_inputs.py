@@ -166,7 +166,10 @@ def test_failed_save_leaves_no_file(tmp_path, small):
     est = SampleDPIHT(sparsity=3, n_iter=2, random_state=np.random.default_rng(0)).fit(X, y)
     target = tmp_path / "model.json"
     with pytest.raises(PrivacyParameterError, match="JSON"):
-        save_model(est, target)
+        save_model(est, target, metadata={"data": object()})  # not JSON-serialisable
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(PrivacyParameterError, match="allow-list"):  # outside the release boundary
+        save_model(est, target, metadata={"heldout_accuracy": 0.5})
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(PrivacyParameterError, match="fitted"):
         save_model(SampleDPIHT(), target)

@@ -197,7 +197,8 @@ def test_private_reward_scores_like_the_estimator(tmp_path, make_rm):
     assert d["privacy_unit"] == "label" and d["privacy_event"]["epsilon"] == 8.0 and len(d["sha256"]) == 64
     from privalign.rlhf.rewards import file_sha256
 
-    assert d["training_data_sha256"] == file_sha256(tmp_path / "pairs.jsonl")
+    # a hash of the private data is never part of a description that a manifest copies (issue 24)
+    assert file_sha256(tmp_path / "pairs.jsonl") not in json.dumps(d)
     assert r.__name__ == "private_reward"
 
 
@@ -206,7 +207,8 @@ def test_privacy_statement_inherits_event(tmp_path, make_rm):
     from privalign.rlhf.train import privacy_statement
 
     s = privacy_statement(load_reward(make_rm(tmp_path)).describe(), {"source": "file"})
-    assert "epsilon=8.0" in s["statement"] and "'label'" in s["statement"] and s["privacy_unit"] == "label"
+    assert "(ε=8, δ=0)-DP" in s["statement"] and "'label'" in s["statement"] and s["privacy_unit"] == "label"
+    assert s["guarantee"]["epsilon"] == 8.0 and s["guarantee"]["delta"] == 0.0
     np_ = privacy_statement(load_reward(make_rm(tmp_path, method="MLE")).describe(), {"source": "file"})
     assert np_["privacy_unit"] == "none" and np_["statement"].startswith("No privacy guarantee")
 

@@ -75,7 +75,7 @@ def _check_seeds(args: argparse.Namespace) -> str | None:
 
 # Options and positionals that name a file or directory: an empty value would silently mean the current
 # directory ('--out ""' wrote results.json, or '..json', there).
-_PATH_DESTS = ("out", "pool", "data", "config", "reward_model", "model", "runs", "math_path")
+_PATH_DESTS = ("out", "pool", "data", "config", "reward_model", "model", "runs", "math_path", "audit_record")
 
 
 def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:

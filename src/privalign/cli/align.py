@@ -151,6 +151,7 @@ def _run(args: argparse.Namespace) -> int:
             cfg,
             base_model=args.base_model,
             overlap_check=overlap,
+            allow_overlap=args.allow_overlap,
             progress=not args.no_progress,
         )
     except PrivacyParameterError as exc:

@@ -1,10 +1,16 @@
 """``privalign fit-reward``: fit a (private) sparse BTL reward model on preference pairs and save it.
 
 Loads HH-RLHF harmless pairs, IMDb positive/negative pairs or a JSONL file of ``{"prompt", "chosen",
-"rejected"}``, featurises them with a public map (hashed n-grams or MiniLM), splits 80/20 by prompt,
-fits the chosen estimator on the training side and reports held-out preference accuracy. The saved
-model (``--out``) holds the coefficients, the privacy event and the feature-map config, and loads back
-losslessly with ``privalign.estimation.load_model``.
+"rejected"}``, featurises them with a public map (hashed n-grams or MiniLM), splits 80/20 without looking
+at what the privacy unit protects (by row position for the sample-DP methods, whose unit includes the
+prompt; by prompt otherwise; the split seed --split-seed is public), fits the chosen estimator on the
+training side and prints the held-out preference accuracy to you.
+
+The saved model (``--out``) is the release: the coefficients, the privacy event, the feature-map config
+and public facts about the fit (method, n, split rule, the tuning's choice). It never holds the seed of
+the privacy noise (drawn from OS entropy unless --seed is given), a hash of the data or an exact
+accuracy on private pairs; those go into the owner-only audit record of --audit-record if you want them
+(docs/privacy/release.md).
 
 Privacy units differ: ``dp-iht`` and ``dp-sgd`` are sample-DP (ε, δ); ``rr-iht`` and ``rr`` are
 label-DP ε (features public); ``mle`` and ``iht`` are not private.
@@ -61,9 +67,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="With --tune: fraction of training prompts used for selection, in (0, 1) (default 0.2).",
     )
     p.add_argument(
-        "--seed", type=int, default=None, help="Seed (default: fresh entropy, recorded in the model)."
+        "--seed",
+        type=int,
+        default=None,
+        help="Seed of the privacy noise (default: fresh OS entropy). It is never written into the model: a "
+        "seeded private fit is exactly as private as the secrecy of its seed.",
     )
-    p.add_argument("--out", default=None, help="Where to save the model (JSON).")
+    p.add_argument(
+        "--split-seed",
+        type=int,
+        default=0,
+        help="Public seed of the data order and the train/test split (default 0; recorded in the model).",
+    )
+    p.add_argument("--out", default=None, help="Where to save the model (JSON): the release.")
+    p.add_argument(
+        "--audit-record",
+        default=None,
+        metavar="PATH",
+        help="Also write an operator-private audit record (mode 0600: the noise seed, the data file's "
+        "SHA-256, the exact held-out and validation accuracies), e.g. MODEL.PRIVATE-audit.json. Never "
+        "publish it: it undoes the model's privacy.",
+    )
     p.add_argument("--json", action="store_true", help="Print the result as JSON on stdout.")
     p.set_defaults(func=_run)
 
@@ -72,13 +96,17 @@ def _run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from privalign.estimation.persistence import save_model
-    from privalign.estimation.preferences import train_test_split_by_prompt
+    from privalign.estimation.preferences import train_test_split
     from privalign.estimation.rates import PRIVACY_UNIT, make_estimator
     from privalign.estimation.realdata import load_preference_data
-    from privalign.rng import entropy_int
+    from privalign.release import audit_record_path, public_metadata, write_audit_record
 
-    ss = np.random.SeedSequence(args.seed)
-    data_seed, split_seed, est_seed = ss.spawn(3)
+    unit = PRIVACY_UNIT[args.method]
+    # The privacy noise comes from OS entropy unless --seed is given; the seed is never written into the
+    # release (docs/privacy/release.md). The data loading and the split use --split-seed, which is public.
+    noise = np.random.SeedSequence(args.seed)
+    est_seed, search_seed = noise.spawn(2)
+    data_seed, split_seed = np.random.SeedSequence(args.split_seed).spawn(2)
     # Build the estimator first so that bad parameters fail before any data is loaded.
     overrides = {}
     if args.step_size is not None:
@@ -90,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         epsilon=args.epsilon,
         delta=args.delta,
         sparsity=args.sparsity,
-        random_state=int(est_seed.generate_state(1)[0]),
+        random_state=np.random.default_rng(est_seed),
         **overrides,
     )
     _validate_params(est, args)
@@ -106,33 +134,35 @@ def _run(args: argparse.Namespace) -> int:
         n_pairs=args.n_pairs,
         random_state=np.random.default_rng(data_seed),
     )
-    train, test = train_test_split_by_prompt(
-        data, test_size=args.test_size, random_state=np.random.default_rng(split_seed)
+    train, test = train_test_split(
+        data, unit=unit, test_size=args.test_size, random_state=np.random.default_rng(split_seed)
     )
     est.set_params(feature_bound=fmap.feature_bound)
-    tuning = None
+    tuning = audit_tuning = None
     if args.tune:
-        from privalign.estimation.tuning import PrivateGridSearch, default_param_grid
+        from privalign.estimation.tuning import PrivateGridSearch, default_param_grid, validation_groups
 
-        private = args.method not in ("mle", "iht") and args.epsilon != float("inf")
+        private = unit != "none"
+        grid = default_param_grid(args.method, sparsity=args.sparsity)
         search = PrivateGridSearch(
             est,
-            default_param_grid(args.method, sparsity=args.sparsity),
+            grid,
             validation_fraction=args.validation_fraction,
             epsilon=args.epsilon if private else None,
             delta=args.delta,
             selection_epsilon=float("inf") if not private else 1.0,
-            random_state=int(est_seed.generate_state(2)[1]),
+            random_state=np.random.default_rng(search_seed),
         )
         print(
             f"tuning {type(est).__name__} over {len(_n_cands(search))} candidates on "
             f"{train.n_samples} training pairs",
             file=sys.stderr,
         )
-        search.fit(train.X, train.y, groups=train.prompt_ids)
+        search.fit(train.X, train.y, groups=validation_groups(est, train.prompt_ids))
         tuning = {
             "best_params": search.best_params_,
-            "candidates": search.candidates_,
+            "grid": grid,
+            "n_candidates": len(search.candidates_),
             "n_fit": search.n_fit_,
             "n_validation": search.n_validation_,
             "selection": "exponential mechanism on validation accuracy"
@@ -140,6 +170,7 @@ def _run(args: argparse.Namespace) -> int:
             else "argmax (not private)",
             "privacy_budget": search.privacy_budget_,
         }
+        audit_tuning = {"candidates": search.candidates_}  # exact validation accuracies: audit record only
         final = search
         est = search.best_estimator_
         # The released model's guarantee is the whole search's (candidates + selection), not the fit's alone.
@@ -150,40 +181,83 @@ def _run(args: argparse.Namespace) -> int:
         )
         est.fit(train.X, train.y)
         final = est
-    acc = est.score(test.X, test.y)
-    result = {
+    acc = float(est.score(test.X, test.y))
+    split_rule = "by row position" if unit == "sample" else "by prompt"
+    release = {
         "method": args.method,
         "estimator": type(est).__name__,
-        "privacy_unit": PRIVACY_UNIT[args.method],
-        "heldout_accuracy": acc,
+        "privacy_unit": unit,
         "n_train": train.n_samples,
         "n_test": test.n_samples,
         "n_features": train.n_features,
         "nonzeros": int(np.count_nonzero(est.coef_)),
-        "privacy_event": final.privacy_event_.to_dict(),
-        "feature_config": fmap.get_config(),
         "data": args.data,
-        "seed_entropy": entropy_int(ss),
+        "split": {"rule": split_rule, "test_size": args.test_size, "seed": args.split_seed},
     }
     if tuning is not None:
-        result["tuning"] = tuning
+        release["tuning"] = tuning
+    result: dict[str, Any] = {
+        **public_metadata(release),
+        "privacy_event": final.privacy_event_.to_dict(),
+        "feature_config": fmap.get_config(),
+        # exact statistics of the private test pairs: for the operator's terminal, never in the release
+        "operator_only": {"heldout_accuracy": acc},
+    }
     if args.out:
-        path = save_model(
-            est,
-            args.out,
-            feature_config=fmap.get_config(),
-            metadata={k: v for k, v in result.items() if k not in ("privacy_event", "feature_config")},
-        )
+        path = save_model(est, args.out, feature_config=fmap.get_config(), metadata=release)
         result["model"] = str(path)
+    if args.audit_record:
+        audit = write_audit_record(
+            args.audit_record,
+            {
+                "noise_seed_entropy": str(noise.entropy) if args.seed is None else str(args.seed),
+                "data_sha256": _data_sha256(args.data),
+                "heldout_accuracy": acc,
+                "tuning": audit_tuning,
+                "command": "privalign fit-reward",
+                "arguments": {k: v for k, v in vars(args).items() if k != "func"},
+            },
+            release=args.out,
+        )
+        result["audit_record"] = str(audit)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        what = f"{unit}-level privacy" if unit != "none" else "not private"
         print(
-            f"{result['estimator']} ({result['privacy_unit']}-level privacy): held-out accuracy {acc:.4f} on "
-            f"{result['n_test']} pairs; event {result['privacy_event']['kind']}"
+            f"{result['estimator']} ({what}): held-out accuracy {acc:.4f} on {result['n_test']} pairs "
+            "(exact, on private pairs: shown to you, not written into the release); event "
+            f"{result['privacy_event']['kind']}"
             + (f"; saved to {result['model']}" if args.out else "")
+            + (
+                f"; operator-private audit record {result['audit_record']} (never publish it)"
+                if args.audit_record
+                else ""
+            )
         )
+        if args.out and not args.audit_record:
+            print(
+                f"(no audit record: the noise seed is not kept anywhere; add --audit-record "
+                f"{audit_record_path(args.out)} to keep it, the data hash and the exact accuracies "
+                "privately)",
+                file=sys.stderr,
+            )
     return 0
+
+
+def _data_sha256(data: str) -> str | None:
+    """SHA-256 of the preference file (audit record only: a hash of private data is never released)."""
+    import hashlib
+    from pathlib import Path
+
+    p = Path(data)
+    if data in ("hh-rlhf", "imdb") or not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with p.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _validate_params(est, args: argparse.Namespace) -> None:
@@ -193,7 +267,7 @@ def _validate_params(est, args: argparse.Namespace) -> None:
     from privalign._validation import check_int, check_probability, check_real
     from privalign.errors import PrivacyParameterError
 
-    check_real(args.epsilon, "epsilon", low=0.0, closed="neither", allow_inf=True)
+    check_real(args.epsilon, "epsilon", low=0.0, closed="neither")  # ε = ∞ is not private: name mle/iht
     check_probability(args.delta, "delta")
     check_int(args.sparsity, "sparsity", low=1)
     check_int(args.n_features, "n_features", low=1)
@@ -214,6 +288,17 @@ def _validate_params(est, args: argparse.Namespace) -> None:
         raise PrivacyParameterError(
             f"The 'out' parameter must name a file to write, not a directory. Got {args.out!r} instead."
         )
+    if args.audit_record is not None:
+        if Path(args.audit_record).is_dir():
+            raise PrivacyParameterError(
+                "The 'audit_record' (--audit-record) parameter must name a file to write, not a directory. "
+                f"Got {args.audit_record!r} instead."
+            )
+        if args.out is not None and Path(args.audit_record).resolve() == Path(args.out).resolve():
+            raise PrivacyParameterError(
+                "The 'audit_record' (--audit-record) parameter must differ from --out: the audit record is "
+                f"operator-private, the model is the release. Got {args.audit_record!r} for both."
+            )
     if not args.tune and args.validation_fraction is not None:
         raise PrivacyParameterError(
             "argument --validation-fraction: used only with --tune (without it nothing is selected on a "

@@ -16,8 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rewrite an older reward-model file in the current format (privalign.reward_model v2)",
         description="Read a reward-model file written by an older privalign ('privalign.reward_model' "
         "version 1 from fit-reward, or 'privalign-linear-reward/1' from fit-imdb-reward) and write it in the "
-        "current format, losslessly (coefficients, estimator, parameters, privacy event and feature map are "
-        "kept). The retired service weights format cannot be converted (its features differ from the "
+        "current format (coefficients, estimator, public parameters, privacy event and feature map are "
+        "kept; the noise seed, data hashes and exact accuracies a release may not hold are removed and "
+        "listed). The retired service weights format cannot be converted (its features differ from the "
         "trainer's): refit with 'privalign fit-reward'.",
     )
     p.add_argument("model", help="the old reward-model file")
@@ -29,12 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from privalign.models.scorers import LinearRewardScorer, upgrade_reward_model
+    from privalign.models.scorers import LinearRewardScorer, upgrade_reward_model_report
 
     src, dst = Path(args.model), Path(args.out)
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
         raise ValueError(f"argument --out: must differ from the source file, got {args.out}")
-    path = upgrade_reward_model(src, dst)
+    path, dropped = upgrade_reward_model_report(src, dst)
     sc = LinearRewardScorer.load(path)
     out = {
         "model": str(path),
@@ -42,6 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         "estimator": sc.estimator,
         "dim": int(sc.coef.shape[0]),
         "privacy_event": sc.privacy_event,
+        "removed": dropped,
     }
     if args.json:
         emit_json(out)
@@ -51,4 +53,9 @@ def _run(args: argparse.Namespace) -> int:
             f"{(sc.privacy_event or {}).get('kind', 'none recorded')})",
             file=sys.stderr,
         )
+        if dropped:
+            print(
+                f"removed what a release may not hold (docs/privacy/release.md): {', '.join(dropped)}",
+                file=sys.stderr,
+            )
     return 0

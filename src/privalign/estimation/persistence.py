@@ -93,12 +93,19 @@ def save_model(
       estimator: a fitted privalign reward estimator (has ``coef_`` and ``privacy_event_``).
       path: destination file.
       feature_config: the public feature map's ``get_config()``, so the model can featurise text again.
-      metadata: any JSON-able extra information (e.g. held-out accuracy, data source).
+      metadata: public information about the fit (keys of
+        :data:`privalign.release.REWARD_MODEL_METADATA`: method, data source, n, the tuning's choice).
+        Exact statistics of the private data (held-out accuracy, validation accuracies) and seeds belong in
+        an audit record (:func:`privalign.release.write_audit_record`), not here.
       name: identifier recorded in pool manifests (default: the estimator's class name).
+
+    ``params["random_state"]`` is written as ``null`` whatever the estimator holds: a release never carries
+    the seed of its noise.
 
     Raises:
       PrivacyParameterError: the estimator is not a fitted privalign estimator, or the params are not
-        JSON-serialisable (e.g. a ``numpy.random.Generator`` as ``random_state``).
+        JSON-serialisable.
+      ReleaseBoundaryError: ``metadata`` or a fitted attribute outside the release allow-lists.
     """
     model_name, name = name, type(estimator).__name__
     if name not in ESTIMATORS or not hasattr(estimator, "coef_") or not hasattr(estimator, "privacy_event_"):
@@ -106,7 +113,11 @@ def save_model(
             "The 'estimator' parameter must be a fitted privalign reward estimator "
             f"({', '.join(ESTIMATORS)}). Got {estimator!r} instead."
         )
-    params = {k: _jsonable(v) for k, v in estimator.get_params().items()}
+    from privalign.release import RELEASE_RULE, SECRET_PARAMS
+
+    # The seed of the privacy noise is never written: whoever holds it replays the fit
+    # (docs/privacy/release.md).
+    params = {k: None if k in SECRET_PARAMS else _jsonable(v) for k, v in estimator.get_params().items()}
     coef = np.ascontiguousarray(estimator.coef_, dtype="<f8")
     fitted: dict[str, Any] = {}
     for k, v in vars(estimator).items():
@@ -128,13 +139,24 @@ def save_model(
         "fitted": fitted,
         "privacy_event": estimator.privacy_event_.to_dict(),
         "feature_config": feature_config,
-        "metadata": metadata or {},
+        "metadata": {**(metadata or {}), "release": RELEASE_RULE},
     }
     return write_reward_model(doc, path)
 
 
 def write_reward_model(doc: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write a reward-model document (see the module docstring) to ``path`` atomically; returns the path."""
+    """Write a reward-model document (see the module docstring) to ``path`` atomically; returns the path.
+
+    The document is checked against the release allow-lists first
+    (:func:`privalign.release.check_reward_model`): a privalign estimator's file, or any file that claims
+    privacy, holds no noise seed, no data hash and no exact statistic of the private data.
+
+    Raises:
+      ReleaseBoundaryError: a field outside the allow-lists (nothing is written).
+    """
+    from privalign.release import check_reward_model
+
+    check_reward_model(doc)
     try:
         text = json.dumps(doc, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -178,6 +200,9 @@ def load_model(path: str | os.PathLike) -> tuple[Any, dict | None, dict]:
             f"{path}: field 'format' must be {FORMAT!r}. Got "
             f"{doc.get('format') if isinstance(doc, dict) else doc!r}."
         )
+    from privalign.release import warn_if_not_releasable
+
+    warn_if_not_releasable(doc, path)
     if doc.get("version") not in READABLE_VERSIONS:
         raise DataFormatError(
             f"{path}: field 'version' must be one of {list(READABLE_VERSIONS)} (this privalign writes "

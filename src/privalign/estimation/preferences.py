@@ -1,4 +1,4 @@
-"""Pairwise preference data: comparison features, labels, prompt ids; splits by prompt.
+"""Pairwise preference data: comparison features, labels, prompt ids; splits by prompt or by row position.
 
 A comparison ``i`` is ``(k_i, a_i⁰, a_i¹, y_i)``: a prompt, two responses and a label, ``y_i = 1`` when
 ``a_i¹ ≻ a_i⁰`` (spec-reward-estimation.md §1). Estimators see ``x_i = φ(k_i, a_i¹) − φ(k_i, a_i⁰)``.
@@ -21,7 +21,7 @@ from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import check_features, check_labels
 from privalign.rng import as_generator
 
-__all__ = ["PreferenceData", "train_test_split_by_prompt"]
+__all__ = ["PreferenceData", "train_test_split", "train_test_split_by_prompt", "train_test_split_by_row"]
 
 
 @dataclass
@@ -168,3 +168,54 @@ def train_test_split_by_prompt(
     is_test_group[perm[:n_test]] = True
     test_mask = is_test_group[inverse]
     return data.subset(np.flatnonzero(~test_mask)), data.subset(np.flatnonzero(test_mask))
+
+
+def train_test_split_by_row(
+    data: PreferenceData, *, test_size: float = 0.2, random_state: np.random.Generator | int | None = None
+) -> tuple[PreferenceData, PreferenceData]:
+    """Split comparisons by row *position*: a permutation of ``0..n-1`` drawn from ``random_state`` alone,
+    so which side a position lands on, and both sides' sizes, depend on n and the seed only, never on the
+    records. Replacing one record moves no other record, and the sizes are public once n is.
+
+    A prompt may appear on both sides (the price of data independence when prompts are private).
+
+    Raises:
+      PrivacyParameterError: ``test_size`` outside (0, 1), or fewer than two comparisons.
+    """
+    test_size = check_real(test_size, "test_size", low=0.0, high=1.0, closed="neither")
+    n = int(data.y.shape[0])
+    if n < 2:
+        raise PrivacyParameterError(
+            f"The 'data' parameter must contain at least two comparisons to split. Got {n}."
+        )
+    n_test = min(max(1, int(round(test_size * n))), n - 1)
+    perm = as_generator(random_state).permutation(n)
+    return data.subset(np.sort(perm[n_test:])), data.subset(np.sort(perm[:n_test]))
+
+
+def train_test_split(
+    data: PreferenceData,
+    *,
+    unit: str,
+    test_size: float = 0.2,
+    random_state: np.random.Generator | int | None = None,
+) -> tuple[PreferenceData, PreferenceData]:
+    """The split a privacy unit allows: data-independent with respect to what the unit protects.
+
+    * ``unit="sample"`` (one comparison, prompt included, is private): :func:`train_test_split_by_row`.
+      Grouping by prompt would make the split depend on the private prompts (replacing one record's
+      prompt re-permutes the unique prompts and moves other records across), breaking the parallel
+      composition of fit and evaluation and the public n of the default iteration count.
+    * ``unit="label"`` (features and prompts public, labels private) and ``unit="none"`` (no guarantee):
+      :func:`train_test_split_by_prompt`, which depends on the public prompts only.
+
+    Raises:
+      PrivacyParameterError: ``unit`` not one of ``"sample"``, ``"label"``, ``"none"``, or as the splits.
+    """
+    if unit == "sample":
+        return train_test_split_by_row(data, test_size=test_size, random_state=random_state)
+    if unit in ("label", "none"):
+        return train_test_split_by_prompt(data, test_size=test_size, random_state=random_state)
+    raise PrivacyParameterError(
+        f"The 'unit' parameter must be one of ['sample', 'label', 'none']. Got {unit!r} instead."
+    )

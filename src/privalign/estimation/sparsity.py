@@ -147,7 +147,7 @@ def sparse_vs_dense(
     Each estimator is tuned with :class:`~privalign.estimation.tuning.PrivateGridSearch` on ``train`` only
     (groups = prompt ids; total cost (ε, δ), selection included), then scored on ``test``.
     """
-    from privalign.estimation.tuning import PrivateGridSearch
+    from privalign.estimation.tuning import PrivateGridSearch, validation_groups
 
     epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither")
     grids = _grids(int(train.X.shape[1]), int(train.y.shape[0]))
@@ -162,7 +162,7 @@ def sparse_vs_dense(
             validation_fraction=validation_fraction,
             random_state=np.random.default_rng(s),
         )
-        fitted[name] = g.fit(train.X, train.y, groups=train.prompt_ids)
+        fitted[name] = g.fit(train.X, train.y, groups=validation_groups(est, train.prompt_ids))
     out = []
     for sparse, dense, unit in (
         ("RRIHT", "DenseRR", "label-DP ε"),

@@ -4,7 +4,9 @@ The protocol (``docs/estimation.md``, "Tuning protocol"):
 
 1. The data handed to :meth:`PrivateGridSearch.fit` (the *training* data of the experiment; the test
    split is never passed in) is split, data-independently, into a fitting part A and a validation part
-   B (``validation_fraction`` of the pairs, or of the prompts when ``groups`` is given).
+   B (``validation_fraction`` of the pairs by row position, or of the prompts when ``groups`` is given;
+   ``groups`` is refused for sample-level estimators, whose unit includes the prompt, because a split by
+   private prompts is not data-independent: ``docs/privacy/release.md``).
 2. Each of the K candidates of ``param_grid`` is fitted on A.
 3. One candidate is selected by its validation preference accuracy on B, either with the exponential
    mechanism (``selection="exponential"``: Gumbel noisy argmax at sensitivity 1/|B|, ε_sel-DP with
@@ -53,6 +55,7 @@ __all__ = [
     "tune",
     "expand_grid",
     "split_validation",
+    "validation_groups",
     "default_param_grid",
     "experiment_param_grid",
 ]
@@ -141,6 +144,13 @@ def _min_pairs(est: Any) -> tuple[int, str] | None:
     return None
 
 
+def validation_groups(estimator: Any, prompt_ids: Any) -> Any:
+    """The ``groups`` a search over ``estimator`` may split by: the prompt ids when prompts are public to
+    its privacy unit (label-level estimators), ``None`` (split by row position) for sample-level ones."""
+    base = getattr(estimator, "estimator", estimator)  # a PrivateGridSearch: its base estimator
+    return prompt_ids if _privacy_unit(base) == "label" else None
+
+
 def _privacy_unit(est: Any) -> str:
     from privalign.estimation.baselines import DenseRR
     from privalign.estimation.iht import RRIHT
@@ -214,7 +224,8 @@ class PrivateGridSearch(RewardEstimator):
         self.random_state = random_state
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> PrivateGridSearch:
-        """Run the protocol on ``(X, y)`` (the training data only); ``groups`` keeps groups on one side."""
+        """Run the protocol on ``(X, y)`` (the training data only); ``groups`` keeps groups on one side
+        (label-level estimators, or ``selection="public"``, only: groups must be public)."""
         from privalign.mechanisms.selection import NoisyArgmax
 
         if self.estimator is None or not hasattr(self.estimator, "get_params"):
@@ -246,8 +257,17 @@ class PrivateGridSearch(RewardEstimator):
         n = X.shape[0] if getattr(X, "shape", None) else len(X)
         Xv, yv = check_Xy(X, y, check_values=False)
         rng = as_generator(self.random_state)
-        fit_idx, val_idx = split_validation(n, frac, rng, groups)
         unit = _privacy_unit(base)
+        if groups is not None and unit == "sample" and selection == "exponential":
+            raise PrivacyParameterError(
+                "The 'groups' parameter must be None for a sample-level estimator "
+                f"({type(base).__name__}): the unit (one comparison) includes its prompt, so a split by "
+                "prompt groups depends on the private data (replacing one record's prompt moves other "
+                "records across the split) and the parallel composition of fitting and selection no "
+                "longer holds. "
+                "Split by row position (groups=None), or declare the data public with selection='public'."
+            )
+        fit_idx, val_idx = split_validation(n, frac, rng, groups)
         K = len(cands)
         shared_rr = unit == "label" and not any("epsilon" in c or "random_state" in c for c in cands)
         rr_seed = int(rng.integers(2**63 - 1))

@@ -567,11 +567,12 @@ def _acc_data(ds: str, cfg: dict, ctx: RunContext, fm: str = "hashed-ngram"):
 
 
 def _fit(est, train):
-    """Fit on the training pairs; a tuned estimator splits its validation part by prompt."""
-    from privalign.estimation.tuning import PrivateGridSearch
+    """Fit on the training pairs; a tuned estimator splits its validation part by prompt where prompts are
+    public to its unit (label-DP), by row position otherwise (sample-DP: the prompt is private)."""
+    from privalign.estimation.tuning import PrivateGridSearch, validation_groups
 
     if isinstance(est, PrivateGridSearch):
-        return est.fit(train.X, train.y, groups=train.prompt_ids)
+        return est.fit(train.X, train.y, groups=validation_groups(est, train.prompt_ids))
     return est.fit(train.X, train.y)
 
 

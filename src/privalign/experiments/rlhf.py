@@ -324,10 +324,11 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         est,
         ctx.run_dir / "reward_models" / f"{name}.json",
         feature_config=d["fmap"].get_config(),
+        # the model file is a release: public facts only (the exact training accuracy stays in this
+        # research run's results, below, which are not a release: docs/privacy/release.md)
         metadata={
             "data": str(d["pairs_path"]),
             "estimator": type(est).__name__,
-            "train_accuracy": float(est.score(train.X, train.y)),
             "n_train": int(train.y.shape[0]),
         },
     )

@@ -290,6 +290,9 @@ def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
         raise DataFormatError(
             f"{p}: not a reward-model file (a JSON {type(doc).__name__}, expected an object)."
         )
+    from privalign.release import warn_if_not_releasable
+
+    warn_if_not_releasable(doc, p)
     upgrade = (
         f"`privalign upgrade-reward-model {p} --out NEW.json` rewrites it in the current format "
         f"({FORMAT} v{VERSION})"
@@ -354,19 +357,33 @@ def load_reward_model(path: str | os.PathLike) -> LinearRewardScorer:
 
 
 def upgrade_reward_model(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Rewrite a reward-model file of an older format in the current one (lossless: the coefficients keep
-    their stored dtype and bytes; estimator, parameters, fitted attributes and privacy event are kept)."""
+    """Rewrite a reward-model file of an older format in the current one: the coefficients keep their stored
+    dtype and bytes; estimator, public parameters, fitted attributes and privacy event are kept. Whatever a
+    release may not hold (:mod:`privalign.release`: the noise seed ``params.random_state``,
+    ``metadata.seed_entropy``, exact held-out or validation accuracies, data hashes) is removed; the removed
+    field paths are in :func:`upgrade_reward_model_report`."""
+    return upgrade_reward_model_report(path, out)[0]
+
+
+def upgrade_reward_model_report(path: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, list[str]]:
+    """:func:`upgrade_reward_model`, returning ``(path written, field paths removed)``."""
     import warnings
+
+    from privalign.release import sanitize_reward_model
+
+    from privalign.errors import PrivacyWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FormatUpgradeWarning)
+        warnings.simplefilter("ignore", PrivacyWarning)  # what it warns of is what the upgrade removes
         doc = read_reward_model(path)
         # Check it as the loader will (coefficients, feature map) before writing anything: a malformed
         # source must fail naming the source, and leave no half-converted file behind.
         LinearRewardScorer.load(path)
     from privalign.estimation.persistence import write_reward_model
 
-    return write_reward_model(doc, out)
+    clean, dropped = sanitize_reward_model(doc)
+    return write_reward_model(clean, out), dropped
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from privalign.errors import DataFormatError, PrivacyParameterError
+from privalign.release import public_metadata
 
 __all__ = ["PrivateReward", "ScorerReward", "load_reward", "file_sha256"]
 
@@ -112,16 +113,6 @@ class PrivateReward:
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
         return [float(v) for v in self.score(prompts, completions)]
 
-    def _data_sha256(self) -> str | None:
-        """SHA-256 of the preference-data file named in the metadata, if it is a file that exists."""
-        data = self.metadata.get("data")
-        if not isinstance(data, str) or data in ("imdb", "hh-rlhf"):
-            return None
-        for c in (Path(data), self.path.parent / data):
-            if c.is_file():
-                return file_sha256(c)
-        return None
-
     def describe(self) -> dict[str, Any]:
         return {
             "kind": "privalign.reward_model",
@@ -132,8 +123,9 @@ class PrivateReward:
             "privacy_unit": self.privacy_unit,
             "feature_config": self.feature_config,
             "training_data": self.metadata.get("data"),
-            "training_data_sha256": self._data_sha256(),
-            "metadata": self.metadata,
+            # only the release-safe part: a file written before the release boundary may hold its noise
+            # seed or exact accuracies, which a manifest must not copy (docs/privacy/release.md)
+            "metadata": public_metadata(self.metadata),
         }
 
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from privalign._validation import check_int, check_real
 from privalign.errors import PrivacyParameterError
+from privalign.release import public_overlap_check
 
 __all__ = ["AlignConfig", "align_policy", "load_base_model", "last_checkpoint", "privacy_statement"]
 
@@ -159,20 +160,66 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
             "the policy is not differentially private with respect to anything."
         )
     else:
+        eps, delta, how = event_guarantee(ev)
         text = (
             "The policy is post-processing of the private reward model (the trainer reads the private data "
             "only through the model's scores; the base model and the RL prompts are public and disjoint "
-            "from the preference data), so it inherits the reward model's guarantee exactly: event "
-            f"{ev.get('kind')} "
-            f"({', '.join(f'{k}={v}' for k, v in ev.items() if k in ('epsilon', 'delta'))}), privacy unit "
+            "from the preference data), so it inherits the reward model's guarantee exactly: "
+            f"(ε={eps:.6g}, δ={delta:.3g})-DP ({how}; event {ev.get('kind')}), privacy unit "
             f"'{unit}', the same neighbouring relation; no further privacy cost, and nothing better."
         )
+    total = None if ev is None or unit == "none" else {"epsilon": eps, "delta": delta, "how": how}
     return {
         "statement": text,
         "privacy_event": ev,
+        "guarantee": total,
         "privacy_unit": unit,
         "prompts": prompt_info.get("selection") or prompt_info.get("path") or prompt_info.get("source"),
     }
+
+
+def event_guarantee(event: dict[str, Any]) -> tuple[float, float, str]:
+    """The total (ε, δ) of a reward model's privacy event (its ``to_dict()``), composed events included.
+
+    Basic composition (:class:`~privalign.accounting.ApproxDPAccountant`: sums over sequential parts, maxima
+    over parallel ones) where every part has an (ε, δ) form; DP-SGD's Poisson-sampled Gaussian steps by the
+    RDP accountant at the δ the event targets. Returns ``(ε, δ, how)``, both rounded up.
+    """
+    from privalign.accounting.accountant import ApproxDPAccountant
+    from privalign.accounting.events import event_from_dict
+    from privalign.errors import UnsupportedEventError
+
+    ev = event_from_dict(event)
+    acc = ApproxDPAccountant()
+    try:
+        acc.compose(ev)
+        eps, delta = acc.get_total()
+        return eps, delta, "basic composition of the event's parts"
+    except UnsupportedEventError:
+        pass
+    from privalign.accounting.rdp import RDPAccountant
+
+    target = _find_key(event, "target_delta") or _find_key(event, "delta") or 1e-5
+    rdp = RDPAccountant()
+    rdp.compose(ev)
+    return float(rdp.get_epsilon(float(target))), float(target), "RDP accountant"
+
+
+def _find_key(d: Any, key: str) -> float | None:
+    """The first value of ``key`` in a nested event dict (depth first), if any."""
+    if isinstance(d, dict):
+        if isinstance(d.get(key), int | float):
+            return float(d[key])
+        for v in d.values():
+            got = _find_key(v, key)
+            if got is not None:
+                return got
+    elif isinstance(d, list):
+        for v in d:
+            got = _find_key(v, key)
+            if got is not None:
+                return got
+    return None
 
 
 def _hash(obj: Any) -> str:
@@ -204,6 +251,7 @@ def align_policy(
     base_model: str | None = "smollm2",
     base: tuple[Any, Any, str] | None = None,
     overlap_check: dict[str, Any] | None = None,
+    allow_overlap: bool = False,
     save_policy: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -218,7 +266,10 @@ def align_policy(
       config: :class:`AlignConfig`.
       base_model: the base policy spec for :func:`load_base_model` (ignored if ``base`` is given).
       base: an already loaded ``(model, tokenizer, model_id)``; the model is deep-copied, not modified.
-      overlap_check: the record of the prompt/private-data disjointness check (recorded).
+      overlap_check: the record of the prompt/private-data disjointness check (only its release-safe part
+        is recorded: :func:`privalign.release.public_overlap_check`).
+      allow_overlap: the check was run with ``allow_overlap`` (the manifest then says nothing about the
+        overlap's size).
       save_policy: write the merged policy to ``OUT/policy`` (else only the adapter checkpoints).
       progress: tqdm bar (with ETA) on stderr.
 
@@ -339,7 +390,7 @@ def align_policy(
         "started_at": old.get("started_at") if old else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "reward_model": rdesc,
         "privacy": privacy_statement(rdesc, prompt_info),
-        "overlap_check": overlap_check,
+        "overlap_check": public_overlap_check(overlap_check, allow_overlap=allow_overlap),
         "prompts": {
             **prompt_info,
             "n": len(prompts),
