@@ -66,6 +66,8 @@ def _jsonable(v: Any) -> Any:
         return [_jsonable(x) for x in v.tolist()]
     if isinstance(v, tuple | list):
         return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
     return v
 
 
@@ -139,7 +141,7 @@ def save_model(
         "fitted": fitted,
         "privacy_event": estimator.privacy_event_.to_dict(),
         "feature_config": feature_config,
-        "metadata": {**(metadata or {}), "release": RELEASE_RULE},
+        "metadata": _jsonable({**(metadata or {}), "release": RELEASE_RULE}),
     }
     return write_reward_model(doc, path)
 
