@@ -219,7 +219,9 @@ def test_align_manifest_parts_differ_only_in_dp_outputs(tmp_path, datasets, meth
         leaked = {
             f
             for f in leaked
-            if not f.startswith(("reward_model.metadata.nonzeros", "reward_model.metadata.tuning.best_params"))
+            if not f.startswith(
+                ("reward_model.metadata.nonzeros", "reward_model.metadata.tuning.best_params")
+            )
         }
         assert not leaked, f"align manifest parts differ between D and {name} in {leaked}"
     capsys.readouterr()

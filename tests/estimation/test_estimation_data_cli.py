@@ -157,7 +157,8 @@ def test_cli_fit_reward_jsonl_round_trip(tmp_path, capsys):
     est, fcfg, meta = load_model(model)
     assert fcfg["kind"] == "hashed_ngram" and fcfg["n_features"] == 512
     # the exact held-out accuracy is shown to the operator, never written into the release
-    assert "heldout_accuracy" not in meta and meta["split"] == {"rule": "by prompt", "test_size": 0.2, "seed": 0}
+    assert "heldout_accuracy" not in meta
+    assert meta["split"] == {"rule": "by prompt", "test_size": 0.2, "seed": 0}
     # featurise new text with the saved config and score it with the loaded model
     fm = feature_map_from_config(fcfg)
     r = est.predict_reward(fm.transform(["great wonderful answer", "awful rude answer"]))

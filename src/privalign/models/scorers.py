@@ -369,9 +369,8 @@ def upgrade_reward_model_report(path: str | os.PathLike, out: str | os.PathLike)
     """:func:`upgrade_reward_model`, returning ``(path written, field paths removed)``."""
     import warnings
 
-    from privalign.release import sanitize_reward_model
-
     from privalign.errors import PrivacyWarning
+    from privalign.release import sanitize_reward_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FormatUpgradeWarning)
