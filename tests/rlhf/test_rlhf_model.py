@@ -53,7 +53,15 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
     assert man["privacy"]["privacy_event"]["epsilon"] == 8.0 and man["privacy"]["privacy_unit"] == "label"
     assert man["prompts"]["list"] == ["The film was", "I watched this movie and"]
     assert man["trl_config"]["beta"] == 0.05 and man["trl_config"]["seed"] == 3
-    assert man["overlap_check"]["checked"] and man["overlap_check"]["overlapping_prompts"] == 0
+    assert man["overlap_check"]["checked"] and man["overlap_check"]["result"].startswith("disjoint")
+    assert "overlapping_prompts" not in man["overlap_check"]  # a count over private records: not released
+    assert man["privacy"]["guarantee"] == {
+        "epsilon": 8.0,
+        "delta": 0.0,
+        "how": man["privacy"]["guarantee"]["how"],
+    }
+    # no digest of the private preference file anywhere in the manifest (issue 24)
+    assert file_sha256(tmp_path / "pairs.jsonl") not in json.dumps(man)
     assert len(man["training_log"]) == 2
     policy = out / "policy"
     cfg = json.loads((policy / "config.json").read_text())

@@ -35,7 +35,12 @@ from privalign.estimation.features import (
 )
 from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
 from privalign.estimation.persistence import load_model, save_model
-from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
+from privalign.estimation.preferences import (
+    PreferenceData,
+    train_test_split,
+    train_test_split_by_prompt,
+    train_test_split_by_row,
+)
 from privalign.estimation.synthetic import SyntheticBTL, make_btl
 from privalign.estimation.tuning import PrivateGridSearch, tune
 
@@ -56,7 +61,9 @@ __all__ = [
     "feature_map_from_config",
     "register_feature_map",
     "PreferenceData",
+    "train_test_split",
     "train_test_split_by_prompt",
+    "train_test_split_by_row",
     "SyntheticBTL",
     "make_btl",
     "save_model",
