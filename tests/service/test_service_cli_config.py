@@ -150,6 +150,33 @@ def test_pad_selection_s_bad_values_are_refused(tmp_path, capsys, value, needle)
     assert "privacy.pad_selection_s" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400"])
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ("limits", "max_epsilon"),
+        ("limits", "min_epsilon"),
+        ("privacy", "default_epsilon"),
+        ("privacy", "delta"),
+        ("privacy.privitp", "sigma_x"),
+        ("privacy.privitp", "beta"),
+    ],
+)
+def test_non_finite_privacy_settings_are_refused(tmp_path, capsys, section, key, value):
+    """Issue 24: no ε, δ or noise setting of the service may be infinite (ε = ∞ is no privacy; the
+    non-private method is named: allowed_methods = ["bon"] with allow_non_private = true). TOML's inf/nan and
+    a literal that overflows (1e400) alike: exit 2, one line naming the key."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(
+        f'[database]\nurl = "sqlite:///s.db"\n[generator]\nkind = "none"\n[{section}]\n{key} = {value}\n'
+    )
+    assert main(["serve", "--config", str(cfg), "--check"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"'{section}.{key}'" in lines[0] and "finite" in lines[0], lines[0]
+
+
 def test_pad_selection_s_may_equal_the_request_timeout(tmp_path):
     cfg = config_from_dict({"limits": {"request_timeout_s": 2.0}, "privacy": {"pad_selection_s": 2.0}})
     assert cfg.privacy.pad_selection_s == 2.0

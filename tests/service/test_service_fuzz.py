@@ -108,6 +108,8 @@ _HOSTILE_NUM = st.sampled_from(
         "NaN",
         "Infinity",
         "-Infinity",
+        "1e400",  # valid JSON that parses as inf (issue 24)
+        "-1e400",
         "0.1",
         "0.5",
         "2",

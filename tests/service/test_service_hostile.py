@@ -88,6 +88,14 @@ def test_lone_surrogates_are_refused_at_validation(svc, path, body, param):
         ('{"epsilon": "0.5"}', "privacy.epsilon"),
         ('{"epsilon": NaN}', "privacy.epsilon"),
         ('{"epsilon": Infinity}', "privacy.epsilon"),
+        # 1e400 is valid JSON that parses as inf (issue 24): refused like Infinity, never ε = ∞ (no privacy)
+        ('{"epsilon": 1e400}', "privacy.epsilon"),
+        ('{"epsilon": 1E400}', "privacy.epsilon"),
+        ('{"epsilon": -1e400}', "privacy.epsilon"),
+        ('{"epsilon": -Infinity}', "privacy.epsilon"),
+        ('{"method": "privitp", "sigma_x": 1e400}', "privacy.sigma_x"),
+        ('{"method": "privitp", "sigma_z": NaN}', "privacy.sigma_z"),
+        ('{"method": "privitp", "beta": 1e400}', "privacy.beta"),
         ('{"epsilon": 1e-16}', "privacy.epsilon"),  # below the floor
         ('{"epsilon": 1e-309}', "privacy.epsilon"),  # was a 500 with a traceback in the log
         ('{"epsilon": 5e-324}', "privacy.epsilon"),
@@ -112,6 +120,33 @@ def test_privacy_parameters_are_strict_and_range_checked_before_any_reservation(
     # The same without a key: a 400 (validation comes first), never a 5xx.
     r = _raw(url, "/v1/select", None, f'{{"prompt": "p", "candidates": {cands}, "privacy": {privacy}}}')
     assert r.status_code == 400
+    assert metric(url, "privalign_scorer_calls_total") == 0
+    _untouched(state, key_id)
+
+
+@pytest.mark.parametrize("value", ["1e400", "Infinity", "NaN"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/select", '{{"prompt": "p", "candidates": ["a", "b", "c"], "privacy": {{"epsilon": {v}}}}}'),
+        (
+            "/v1/chat/completions",
+            '{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], '
+            '"privacy": {{"epsilon": {v}}}}}',
+        ),
+        ("/v1/completions", '{{"model": "m", "prompt": "hi", "privacy": {{"epsilon": {v}}}}}'),
+    ],
+)
+def test_a_non_finite_epsilon_is_a_400_on_every_selecting_endpoint(svc, path, body, value):
+    """Issue 24: ε = ∞ (also as 1e400, which JSON parsers read as inf) is no privacy: a 400 naming
+    privacy.epsilon, before any generation, scoring or reservation; a non-private answer is asked for by name
+    (method "bon", where the operator allows it)."""
+    url, state = svc
+    key_id, token = create_key(state.engine, budget_epsilon=1.0)
+    r = _raw(url, path, token, body.format(v=value))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "privacy.epsilon" and "finite" in err["message"], r.text
     assert metric(url, "privalign_scorer_calls_total") == 0
     _untouched(state, key_id)
 

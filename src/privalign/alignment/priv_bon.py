@@ -72,7 +72,9 @@ class PrivBoN:
     the softmax ``exp(r_i/σ)/Σ_j exp(r_j/σ)``.
 
     Args:
-      epsilon: Requested ε > 0; ``math.inf`` means no privacy (≡ BoN unless ``sigma_reg`` > 0).
+      epsilon: Requested ε > 0; ``math.inf`` means no privacy (≡ BoN unless ``sigma_reg`` > 0; the event is
+        then ``NonPrivateEvent``). The CLI and the service refuse ε = ∞: a non-private run is asked for by
+        name (method ``bon``, or σ = 0 in a sweep).
       sensitivity: Δ_r, the public ℓ∞ sensitivity of the scores (default ``r_max``, always valid after
         clipping).
       r_max: Public upper end of the score range.

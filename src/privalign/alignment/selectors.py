@@ -123,8 +123,9 @@ def make_selector(
     Args:
       method: ``bon``, ``itp``, ``privbon`` or ``privitp``.
       epsilon: PrivBoN's ε (required for ``privbon`` unless ``sigma`` is given; ``inf`` gives plain BoN's
-        law). The Gumbel scale is :func:`~privalign.alignment.priv_bon.privbon_scale` of it (2Δ/ε rounded
-        up: the one ε → scale conversion).
+        law and a ``NonPrivateEvent``: not private, and the CLI and the service never reach it this way).
+        The Gumbel scale is :func:`~privalign.alignment.priv_bon.privbon_scale` of it (2Δ/ε rounded up: the
+        one ε → scale conversion).
       sigma: PrivBoN's Gumbel scale σ given directly instead of ``epsilon`` (``0`` = plain BoN); the charged
         ε is then ``2Δ/σ`` rounded up. Give exactly one of ``epsilon`` and ``sigma``, and not with
         ``sigma_reg``.

@@ -124,7 +124,9 @@ class MethodSpec:
         if self.kind == "itp":
             return f"ITP β={self.beta:g}"
         if self.kind == "privbon":
-            return f"PrivBoN ε={self.epsilon:g}" if self.epsilon is not None else f"PrivBoN σ={self.sigma:g}"
+            name = f"PrivBoN ε={self.epsilon:g}" if self.epsilon is not None else f"PrivBoN σ={self.sigma:g}"
+            # ε = ∞ or σ = 0: no noise, so the curve must not read as a private one
+            return name + " (non-private: = BoN)" if self.privbon_scale(1.0) == 0.0 else name
         return f"PrivITP β={self.beta:g} σx={self.sigma_x:g} σz={self.sigma_z:g}"
 
 
@@ -705,6 +707,8 @@ def _privacy(s: MethodSpec, sel: Selector, n_grid) -> dict[str, Any]:
     if s.kind in ("bon", "itp"):
         return {"guarantee": "none", "epsilon": math.inf}
     if isinstance(sel, PrivBoN):
+        if sel.scale == 0.0:  # ε = ∞ or σ = 0: plain BoN, no noise, no guarantee (event: NonPrivateEvent)
+            return {"guarantee": "none", "epsilon": math.inf, "scale": 0.0}
         scale = sel.scale  # σ, or 2Δ/ε rounded up
         eps = sel.epsilon_effective  # 2Δ/σ rounded up
         return {

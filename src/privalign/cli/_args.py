@@ -4,10 +4,12 @@ missing modules to the extra that installs them."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["Parser", "nonneg_int", "pos_int", "port", "EXTRA_OF", "extra_for"]
+__all__ = ["Parser", "nonneg_int", "pos_int", "port", "finite_float", "EXTRA_OF", "extra_for"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,6 +41,37 @@ def pos_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return v
+
+
+def finite_float(what: str, *, if_infinite: str = "") -> Callable[[str], float]:
+    """An argparse ``type``: a float that must be finite (the range is checked later, by the library).
+
+    ``float('inf')``, ``float('nan')`` and a literal that overflows (``1e400`` parses as ``inf``) are refused
+    at parsing, quoting the text as typed: ``argument --epsilon: must be a finite ε > 0, got '1e400' (it
+    overflows to inf); ...``. ``what`` names the constraint (``"a finite ε > 0"``); ``if_infinite`` is added
+    for +∞ (what to ask for instead: a non-private run is asked for by name, never reached through ε = ∞).
+    """
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if math.isfinite(v):
+            return v
+        msg = f"must be {what}, got {text!r}"
+        if math.isinf(v) and text.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+            msg += f" (it overflows to {v})"
+        if v > 0 and if_infinite:
+            msg += f"; {if_infinite}"
+        raise argparse.ArgumentTypeError(msg)
+
+    parse.__name__ = "float"  # argparse names the type in some messages
+    return parse
+
+
+#: The ``if_infinite`` of every ε option: why ε = ∞ is refused rather than run.
+INFINITE_EPSILON = "ε = ∞ is no privacy at all"
 
 
 def port(text: str) -> int:

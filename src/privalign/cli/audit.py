@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from privalign.cli._args import emit_json
+from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
 
 __all__ = ["register"]
 
@@ -32,10 +32,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--epsilon",
         required=True,
-        type=float,
-        help="The mechanism's ε (per selection for noisy_top_k: the claim is then k·ε).",
+        type=finite_float(
+            "a finite ε > 0",
+            if_infinite=f"{INFINITE_EPSILON}: every mechanism satisfies it, so there is no claim to audit",
+        ),
+        help="The mechanism's ε, finite and > 0 (per selection for noisy_top_k: the claim is then k·ε).",
     )
-    p.add_argument("--delta", type=float, default=None, help="δ (required for gaussian and peeling).")
+    p.add_argument(
+        "--delta",
+        type=finite_float("a finite δ in [0, 1)"),
+        default=None,
+        help="δ (required for gaussian and peeling).",
+    )
     p.add_argument("--sensitivity", type=float, default=1.0, help="Δ (λ for peeling); default 1.")
     p.add_argument(
         "--samples",

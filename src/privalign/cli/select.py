@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from privalign.cli._args import emit_json
+from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
 
 __all__ = ["register", "add_selector_args", "build_selector", "parse_floats"]
 
@@ -43,7 +43,15 @@ def add_selector_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max] instead of failing")
     p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
-    p.add_argument("--epsilon", type=float, default=None, help="PrivBoN ε ('inf' = BoN)")
+    p.add_argument(
+        "--epsilon",
+        type=finite_float(
+            "a finite ε > 0",
+            if_infinite=f"{INFINITE_EPSILON}: for the non-private selection use --method bon (no --epsilon)",
+        ),
+        default=None,
+        help="PrivBoN ε, finite and > 0 (the non-private selection is --method bon, not ε = inf)",
+    )
     p.add_argument(
         "--sigma-reg",
         type=float,

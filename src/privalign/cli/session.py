@@ -135,7 +135,7 @@ def _run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from privalign.cli._args import pos_int
+    from privalign.cli._args import INFINITE_EPSILON, finite_float, pos_int
 
     p = subparsers.add_parser(
         "session",
@@ -172,7 +172,14 @@ def register(subparsers) -> None:
         "--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)"
     )
     p.add_argument("--delta", type=float, default=1e-6, help="PrivITP per-prompt δ")
-    p.add_argument("--epsilon", type=float, default=1.0, help="PrivBoN per-query ε")
+    p.add_argument(
+        "--epsilon",
+        type=finite_float(
+            "a finite ε > 0", if_infinite=f"{INFINITE_EPSILON}; a session serves private answers only"
+        ),
+        default=1.0,
+        help="PrivBoN per-query ε, finite and > 0 (default 1)",
+    )
     p.add_argument(
         "--r-max", type=float, default=1.0, help="public upper end of the score range [0, R_max] (default 1)"
     )

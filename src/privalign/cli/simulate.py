@@ -22,10 +22,11 @@ def _specs(args):
         elif m == "privbon":
             if args.sigma_gumbel:
                 specs += [
-                    MethodSpec("privbon", sigma=s) for s in parse_floats(args.sigma_gumbel, "sigma_gumbel")
+                    MethodSpec("privbon", sigma=s)
+                    for s in _finite_sweep(args.sigma_gumbel, "sigma_gumbel", "a finite σ ≥ 0")
                 ]
             else:
-                specs += [MethodSpec("privbon", epsilon=e) for e in parse_floats(args.epsilon, "epsilon")]
+                specs += [MethodSpec("privbon", epsilon=e) for e in _epsilons(args.epsilon)]
         elif m == "privitp":
             for b in parse_floats(args.beta, "beta"):
                 for sx in parse_floats(args.sigma_x, "sigma_x"):
@@ -43,6 +44,44 @@ def _specs(args):
             f"{args.methods!r} instead."
         )
     return specs
+
+
+def _finite_sweep(text: str, name: str, what: str, if_infinite: str = "") -> list[float]:
+    """A comma-separated sweep of finite numbers: ``inf``, ``nan`` and overflowing literals (``1e400``) are
+    refused naming the option and the value as typed (the range is the selector's check)."""
+    import math
+
+    from privalign.cli.select import parse_floats
+    from privalign.errors import PrivacyParameterError
+
+    vals = parse_floats(text, name)
+    tokens = [x.strip() for x in text.split(",") if x.strip()]
+    for tok, v in zip(tokens, vals, strict=True):
+        if not math.isfinite(v):
+            flag = "--" + name.replace("_", "-")
+            over = (
+                ""
+                if tok.lstrip("+-").lower() in ("inf", "infinity") or math.isnan(v)
+                else f" (overflows to {v})"
+            )
+            raise PrivacyParameterError(
+                f"argument {flag}: every value must be {what}, got {tok!r}{over} in {text!r}"
+                + (f"; {if_infinite}" if v > 0 and if_infinite else "")
+            )
+    return vals
+
+
+def _epsilons(text: str) -> list[float]:
+    """The --epsilon sweep: finite values only (ε = ∞ is no privacy; the non-private curve is asked for by
+    name, --methods bon or --sigma-gumbel 0)."""
+    from privalign.cli._args import INFINITE_EPSILON
+
+    return _finite_sweep(
+        text,
+        "epsilon",
+        "a finite ε > 0",
+        f"{INFINITE_EPSILON}: the non-private reference curve is --methods bon (or --sigma-gumbel 0)",
+    )
 
 
 def _check_max_n(args, pool, specs, k: int) -> None:
@@ -223,8 +262,17 @@ def register(subparsers) -> None:
         help="comma-separated methods (bon, itp, privbon, privitp)",
     )
     p.add_argument("--beta", default="0.05", help="β values (comma-separated sweep) for itp/privitp")
-    p.add_argument("--epsilon", default="4", help="PrivBoN ε values (sweep)")
-    p.add_argument("--sigma-gumbel", default=None, help="PrivBoN Gumbel scales instead of ε (sweep)")
+    p.add_argument(
+        "--epsilon",
+        default="4",
+        help="PrivBoN ε values (comma-separated sweep), each finite and > 0 (the non-private reference is "
+        "--methods bon)",
+    )
+    p.add_argument(
+        "--sigma-gumbel",
+        default=None,
+        help="PrivBoN Gumbel scales σ ≥ 0 instead of ε (sweep; σ = 0 is plain BoN, reported as non-private)",
+    )
     p.add_argument("--sigma-x", default="0.1", help="PrivITP σ_X values (sweep)")
     p.add_argument("--sigma-z", default=None, help="PrivITP σ_Z values (default: = σ_X)")
     p.add_argument("--L", type=float, default=3.0, help="PrivITP envelope widening (units of σ_Z)")

@@ -125,6 +125,16 @@ def validate_config(raw: dict[str, Any], schema: dict[str, Field], *, source: st
             vals = value if isinstance(value, list) else [value]
             if any(math.isnan(v) for v in vals):
                 raise ConfigError(f"{source}: key {key!r} must not be NaN. Got {value!r} instead.")
+            # No key takes ±inf (TOML's inf, or a literal such as 1e400 that overflows): ε = inf is no
+            # privacy (a non-private curve is asked for by name, e.g. BoN); an infinite range, σ or δ is
+            # meaningless.
+            if any(math.isinf(v) for v in vals):
+                why = (
+                    " (ε = inf is no privacy; a non-private reference is a method named as such, e.g. BoN)"
+                    if "eps" in key
+                    else ""
+                )
+                raise ConfigError(f"{source}: key {key!r} must be finite{why}. Got {value!r} instead.")
         if field.choices is not None:
             vals = value if isinstance(value, list) else [value]
             bad = [v for v in vals if v not in field.choices]
