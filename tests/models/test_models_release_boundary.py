@@ -69,7 +69,8 @@ def _pool(tmp_path):
         {
             "prompt": f"prompt {i}",
             "responses": [
-                {"text": " ".join(WORDS[j : j + 3]), "proxy_reward": 0.0, "true_reward": 0.0} for j in range(4)
+                {"text": " ".join(WORDS[j : j + 3]), "proxy_reward": 0.0, "true_reward": 0.0}
+                for j in range(4)
             ],
             "meta": {"prompt_index": i},
         }

@@ -63,10 +63,10 @@ class Scorer(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-#: Metadata fields of a reward-model file that are public configuration or computed only from the DP output
-#: (issue 24, docs/privacy/release.md). Everything else (``seed_entropy``, ``random_state``,
-#: ``heldout_accuracy``, the split sizes, the tuning candidates' validation accuracies, any field this list does
-#: not know) is left out of what privalign copies out of the file. A local allow-list until
+#: Metadata fields of a reward-model file that are public configuration or computed only from the DP
+#: output (issue 24, docs/privacy/release.md). Everything else (``seed_entropy``, ``random_state``,
+#: ``heldout_accuracy``, the split sizes, the tuning candidates' validation accuracies, any field this list
+#: does not know) is left out of what privalign copies out of the file. A local allow-list until
 #: ``privalign.release.public_metadata`` replaces it.
 _PUBLIC_METADATA_KEYS = ("method", "estimator", "privacy_unit", "n_features", "nonzeros", "data")
 _PUBLIC_TUNING_KEYS = ("best_params", "selection", "privacy_budget")
