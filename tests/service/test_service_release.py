@@ -138,3 +138,40 @@ def test_service_answers_on_neighbouring_reward_models_differ_only_in_dp_outputs
             assert leak not in text, leak
         for s in scores:
             assert repr(float(s)) not in text and f"{s:.6f}" not in text
+
+
+def test_a_failure_after_scoring_logs_where_not_the_message(tmp_path, monkeypatch, caplog):
+    """An exception raised after the private scores exist (a bug) is answered 500 and logged with its type
+    and traceback, never its message: the message may quote a score."""
+    from privalign.service import pipeline
+
+    def broken_select(plan, scores, noise):
+        raise ValueError(f"unexpected score {float(scores[0])!r}")
+
+    monkeypatch.setattr(pipeline, "select", broken_select)
+    d = tmp_path / "svc"
+    d.mkdir()
+    path, sc = _model(d, "rm.json", 0.3, 0.61)
+    cfg = config_from_dict(
+        {
+            "database": {"url": f"sqlite:///{d / 'svc.db'}"},
+            "privacy": {"allowed_methods": ["privbon"], "reward_max": 1.0, "sensitivity": 1.0},
+            "reward_model": {"kind": "linear", "path": str(path)},
+            "generator": {"kind": "none"},
+        }
+    )
+    app = create_app(cfg)
+    engine = db.make_engine(cfg.database.url)
+    db.create_schema(engine)
+    _, tok = create_key(engine, budget_epsilon=5.0, accounting="pure")
+    score0 = repr(float(np.clip(sc("p", CANDS[:3]), 0.0, 1.0)[0]))
+    with caplog.at_level("ERROR", logger="privalign.service"), TestClient(app) as client:
+        r = client.post(
+            "/v1/select",
+            headers={"Authorization": f"Bearer {tok}"},
+            json={"prompt": "p", "candidates": CANDS[:3], "privacy": {"epsilon": 0.5}},
+        )
+    assert r.status_code == 500 and score0 not in r.text
+    logged = "\n".join(rec.getMessage() + (rec.exc_text or "") for rec in caplog.records)
+    assert "ValueError" in logged and "broken_select" in logged
+    assert score0 not in logged
