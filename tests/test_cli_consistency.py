@@ -148,12 +148,31 @@ def test_select_fallback_says_why(capsys):
         "0",
     ]
     assert main([*argv, "--json"]) == 0
-    out = _strict(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    out = _strict(cap.out)
     if not out["fallback"]:
         pytest.fail("the README example is expected to fall back with seed 0 (probability 0.674)")
-    assert "probability 0.674" in out["fallback_reason"]
+    assert "no candidate of pool B passed" in out["fallback_reason"]
+    # the exact probability is computed from the scores: a note on stderr, not in the private answer
+    assert "0.674" not in cap.out and "probability 0.674" in cap.err
     assert main(argv) == 0
-    assert "why: no candidate of pool B passed" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "why: no candidate of pool B passed" in cap.out and "0.674" not in cap.out
+
+
+def test_select_answer_on_neighbouring_scores_differs_only_in_dp_outputs(capsys):
+    """Issue 24: `select`'s stdout is the private answer. On neighbouring score vectors (one score moved by
+    less than Δ) with the same noise it may differ only in the mechanism's released outputs (index, λ̃, t
+    and what is computed from them); the exact fallback probability used to be printed in it."""
+    base = ["select", "--method", "privitp", "--beta", "0.1", "--sigma-x", "2", "--sigma-z", "0.5"]
+    outs = []
+    for b in ("0.2,0.8,0.4", "0.2,0.75,0.4"):
+        assert main([*base, "--scores", "0.1,0.5,0.9", "--scores-b", b, "--seed", "0", "--json"]) == 0
+        outs.append(_strict(capsys.readouterr().out))
+    assert outs[0]["fallback"] and outs[1]["fallback"]  # the README example falls back with seed 0
+    assert outs[0] == outs[1]
+    for o in outs:
+        assert "seed" not in json.dumps(o)
 
 
 def test_json_only_with_the_json_flag(capsys):

@@ -146,18 +146,15 @@ def _run(args) -> int:
     b = None if args.scores_b is None else parse_floats(args.scores_b, "scores_b")
     src: NoiseSource = SecureNoise() if args.secure else SeededNoise(args.seed)
     out = sel.select(a, rng=src, pool_b_scores=b)
+    # stdout (with or without --json) is the private answer: the selection, its realized and worst-case
+    # events and the released diagnostics; nothing else computed from the scores (docs/privacy/release.md).
     d = {"method": args.method, "secure": bool(args.secure), **out.to_dict()}
     if out.is_fallback:
-        try:
-            p_fb = float(sel.law(a, pool_b_scores=b).fallback)
-        except Exception:  # the law is an explanation only; never fail the selection over it
-            p_fb = float("nan")
         d["fallback_reason"] = (
             "no candidate of pool B passed the rejection test (accept candidate i when its noisy score "
-            f"exceeds the noisy normaliser plus W·U); this happens with probability {p_fb:.3g} for these "
-            "scores and parameters. The fallback serves one fresh sample from the base policy. More "
-            "candidates make it rarer; 'privalign law' with the same options prints the exact fallback "
-            "probability for other settings."
+            "exceeds the noisy normaliser plus W·U). The fallback serves one fresh sample from the base "
+            "policy. More candidates make it rarer; 'privalign law' with the same options prints the exact "
+            "fallback probability."
         )
     if args.json:
         emit_json(d)
@@ -170,6 +167,18 @@ def _run(args) -> int:
         print(f"  worst case: {out.worst_case_event.to_dict()}")
         if out.diagnostics:
             print(f"  diagnostics: {out.diagnostics}")
+    if out.is_fallback:
+        # The exact fallback probability is a function of the scores, not of the DP output: a note on stderr
+        # for whoever holds the scores, never part of the answer.
+        try:
+            p_fb = float(sel.law(a, pool_b_scores=b).fallback)
+        except Exception:  # noqa: BLE001 - the law is an explanation only; never fail the selection over it
+            p_fb = float("nan")
+        print(
+            f"privalign select: note: for these scores the fallback has probability {p_fb:.3g} (computed "
+            "from the exact scores: not part of the private answer on stdout)",
+            file=sys.stderr,
+        )
     if not args.secure and args.seed is None:
         print(
             "privalign select: note: unseeded, non-secure noise (use --secure to serve real users)",

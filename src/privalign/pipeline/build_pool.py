@@ -57,6 +57,7 @@ __all__ = [
     "work_path",
     "manifest_path",
     "write_manifest",
+    "public_manifest",
     # defined in privalign.pipeline.steps (issue 18), re-exported here
     "GENERATOR_KINDS",
     "SCORER_NAMES",
@@ -244,11 +245,31 @@ def git_info() -> dict[str, Any]:
     return {"commit": sha, "dirty": dirty}
 
 
+def public_manifest(obj: Any) -> Any:
+    """``obj`` (a manifest, or any JSON-like value in one) with every description of a private linear reward
+    model (``{"scorer": "linear", "privacy_event": {...}, "metadata": {...}}``, as
+    :meth:`~privalign.models.scorers.LinearRewardScorer.describe` writes it) reduced to its public metadata
+    (:func:`~privalign.models.scorers.public_model_metadata`): a pool manifest never carries the reward
+    model's noise seed or exact held-out statistics, also when it copies an older manifest (issue 24)."""
+    if isinstance(obj, list):
+        return [public_manifest(v) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {k: public_manifest(v) for k, v in obj.items()}
+    if obj.get("scorer") == "linear" and obj.get("privacy_event") is not None and "metadata" in obj:
+        from privalign.models.scorers import public_model_metadata
+
+        out["metadata"] = public_model_metadata(obj.get("metadata"))
+    return out
+
+
 def write_manifest(pool: Path, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest`` next to ``pool`` (:func:`manifest_path`) atomically (temp file + rename)."""
+    """Write ``manifest`` next to ``pool`` (:func:`manifest_path`) atomically (temp file + rename), through
+    :func:`public_manifest`."""
     mpath = manifest_path(Path(pool))
     tmp = mpath.with_name("." + mpath.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    text = json.dumps(public_manifest(manifest), indent=2, sort_keys=True, default=str)
+    tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, mpath)
     return mpath
 
@@ -327,7 +348,7 @@ def build_pool(
     wpath = work_path(out)
     finished = _finished_pool(out, fp)
     if finished is not None and int(finished[0].get("num_prompts", -1)) == num:
-        manifest = dict(finished[0])
+        manifest = public_manifest(dict(finished[0]))
         manifest["reused"] = True  # the same command again: the finished pool is kept, nothing is regenerated
         return manifest
     done = _load_work(wpath, fp)

@@ -53,6 +53,7 @@ def rescore_pool(
         _versions,
         git_info,
         manifest_path,
+        public_manifest,
         write_manifest,
     )
     from privalign.pipeline.steps import check_reward_name, make_scorer, reward_fields, score_texts
@@ -97,7 +98,9 @@ def rescore_pool(
         new.append(dataclasses.replace(rec, responses=tuple(resp)))
     src_manifest_path = manifest_path(src)
     src_manifest = (
-        json.loads(src_manifest_path.read_text(encoding="utf-8")) if src_manifest_path.is_file() else None
+        public_manifest(json.loads(src_manifest_path.read_text(encoding="utf-8")))
+        if src_manifest_path.is_file()
+        else None
     )
     old_meta = dict(records[0].meta or {})
     run_meta = {
@@ -131,4 +134,4 @@ def rescore_pool(
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     write_manifest(out, manifest)
-    return manifest
+    return public_manifest(manifest)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable
 
 import numpy as np
@@ -104,7 +105,13 @@ def run(
         durable(state, r, deadline)
         raise
     except Exception as exc:  # noqa: BLE001 - a bug after scoring: charged, never retried
-        log.error("selection or encoding failed: %s", type(exc).__name__, exc_info=exc)
+        # The log names the exception and where it was raised, never its message: a message raised after
+        # scoring may quote a score or a value computed from the scores (docs/privacy/release.md).
+        log.error(
+            "selection or encoding failed: %s; traceback (message withheld):\n%s",
+            type(exc).__name__,
+            "".join(traceback.format_tb(exc.__traceback__)).rstrip(),
+        )
         durable(state, r, deadline)
         raise ApiError(
             500,
