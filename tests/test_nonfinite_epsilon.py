@@ -89,6 +89,15 @@ PRIVATE_RESULTS = [
     ),
     ("audit", ["audit", "--mechanism", "noisy_argmax", "--epsilon", "{v}", "--samples", "50", "--seed", "0"]),
     ("audit", ["audit", "--mechanism", "randomized_response", "--epsilon", "{v}", "--samples", "50"]),
+    # was exit 0 with a non-private model described as "label-level privacy" (issue 24)
+    (
+        "fit-reward",
+        ["fit-reward", "--data", "pool.jsonl", "--method", "rr-iht", "--epsilon", "{v}", "--out", "o"],
+    ),
+    (
+        "fit-reward",
+        ["fit-reward", "--data", "pool.jsonl", "--method", "dp-iht", "--epsilon", "{v}", "--tune"],
+    ),
 ]
 
 

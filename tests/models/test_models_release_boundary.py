@@ -17,9 +17,10 @@ from privalign.data.pools import write_pool
 from privalign.estimation.features import HashedNgramFeatures
 from privalign.estimation.iht import RRIHT
 from privalign.estimation.persistence import save_model
-from privalign.models.scorers import LinearRewardScorer, public_model_metadata
+from privalign.models.scorers import LinearRewardScorer
 from privalign.pipeline.build_pool import manifest_path, public_manifest, write_manifest
 from privalign.pipeline.rescore import rescore_pool
+from privalign.release import public_metadata
 
 WORDS = ["good", "bad", "kind", "rude", "clear", "vague", "fine", "poor", "nice", "mean"]
 SEED_ENTROPY = "271828182845904523536028747135266249775"  # what fit-reward records today (metadata)
@@ -148,7 +149,7 @@ def test_describe_and_write_manifest_keep_non_private_reference_models_whole(tmp
     assert public_manifest([{"scorer": "linear", "privacy_event": None, "metadata": {"a": 1}}])[0]["metadata"]
 
 
-def test_public_model_metadata_is_an_allow_list():
+def test_public_metadata_is_an_allow_list():
     md = {"method": "rr-iht", "unknown_field": 1, "seed_entropy": 5, "tuning": {"candidates": [], "n_fit": 3}}
-    assert public_model_metadata(md) == {"method": "rr-iht", "tuning": {}}
-    assert public_model_metadata(None) == {}
+    assert public_metadata(md) == {"method": "rr-iht", "tuning": {"n_fit": 3}}
+    assert public_metadata(None) == {}

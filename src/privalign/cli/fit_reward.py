@@ -24,9 +24,10 @@ costs the ``--epsilon``/``--delta`` given (candidates run at ε/K, δ/K), as the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from privalign.cli._args import emit_json, finite_float
 
 __all__ = ["register"]
 
@@ -45,7 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--features", default="ngram", choices=("ngram", "minilm"), help="Public feature map (default ngram)."
     )
     p.add_argument("--method", required=True, choices=_METHODS, help="Estimator.")
-    p.add_argument("--epsilon", type=float, default=1.0, help="ε (private methods; default 1).")
+    p.add_argument(
+        "--epsilon",
+        type=finite_float(
+            "a finite ε > 0",
+            if_infinite="ε = ∞ is no privacy at all: the non-private fits are --method mle / iht",
+        ),
+        default=1.0,
+        help="ε (private methods; default 1; finite).",
+    )
     p.add_argument("--delta", type=float, default=1e-5, help="δ (sample-DP methods; default 1e-5).")
     p.add_argument("--sparsity", type=int, default=32, help="s for the IHT methods (default 32).")
     p.add_argument("--n-features", type=int, default=2**12, help="Hashed n-gram dimension d (default 4096).")
@@ -221,7 +230,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         result["audit_record"] = str(audit)
     if args.json:
-        print(json.dumps(result, indent=2))
+        emit_json(result, indent=2)
     else:
         what = f"{unit}-level privacy" if unit != "none" else "not private"
         print(

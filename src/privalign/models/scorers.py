@@ -48,7 +48,6 @@ __all__ = [
     "read_reward_model",
     "load_reward_model",
     "upgrade_reward_model",
-    "public_model_metadata",
 ]
 
 LINEAR_FORMAT = "privalign-linear-reward/1"  # the old format of LinearRewardScorer.save (still read)
@@ -61,26 +60,6 @@ class Scorer(Protocol):
     def score(self, texts: Sequence[str], *, contexts: Sequence[dict] | None = None) -> np.ndarray: ...
 
     def describe(self) -> dict[str, Any]: ...
-
-
-#: Metadata fields of a reward-model file that are public configuration or computed only from the DP
-#: output (issue 24, docs/privacy/release.md). Everything else (``seed_entropy``, ``random_state``,
-#: ``heldout_accuracy``, the split sizes, the tuning candidates' validation accuracies, any field this list
-#: does not know) is left out of what privalign copies out of the file. A local allow-list until
-#: ``privalign.release.public_metadata`` replaces it.
-_PUBLIC_METADATA_KEYS = ("method", "estimator", "privacy_unit", "n_features", "nonzeros", "data")
-_PUBLIC_TUNING_KEYS = ("best_params", "selection", "privacy_budget")
-
-
-def public_model_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    """The part of a private reward model's ``metadata`` that may leave with a release (a pool manifest,
-    a describe()): an allow-list of public configuration and DP outputs; unknown fields are dropped."""
-    md = dict(metadata or {})
-    out = {k: md[k] for k in _PUBLIC_METADATA_KEYS if k in md}
-    tuning = md.get("tuning")
-    if isinstance(tuning, dict):
-        out["tuning"] = {k: tuning[k] for k in _PUBLIC_TUNING_KEYS if k in tuning}
-    return out
 
 
 def _texts(texts: Sequence[str]) -> list[str]:
@@ -191,15 +170,18 @@ class LinearRewardScorer:
 
     def describe(self) -> dict[str, Any]:
         """Public description for manifests. A model that carries a privacy event (a private fit, e.g. by
-        ``privalign fit-reward``) is described with :func:`public_model_metadata` only: the file's noise seed,
-        exact held-out accuracy and the like never reach a pool manifest. A model without one (a non-private
-        reference such as the shipped gold models, fit on public data) keeps its whole metadata."""
+        ``privalign fit-reward``) is described with :func:`privalign.release.public_metadata` only: the
+        file's noise seed, exact held-out accuracy and the like never reach a pool manifest. A model without
+        one (a non-private reference such as the shipped gold models, fit on public data) keeps its whole
+        metadata."""
         fm = (
             self.feature_map.get_config()
             if hasattr(self.feature_map, "get_config")
             else repr(self.feature_map)
         )
-        meta = self.metadata if self.privacy_event is None else public_model_metadata(self.metadata)
+        from privalign.release import public_metadata
+
+        meta = self.metadata if self.privacy_event is None else public_metadata(self.metadata)
         return {
             "scorer": "linear",
             "name": self.name,

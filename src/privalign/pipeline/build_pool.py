@@ -249,7 +249,7 @@ def public_manifest(obj: Any) -> Any:
     """``obj`` (a manifest, or any JSON-like value in one) with every description of a private linear reward
     model (``{"scorer": "linear", "privacy_event": {...}, "metadata": {...}}``, as
     :meth:`~privalign.models.scorers.LinearRewardScorer.describe` writes it) reduced to its public metadata
-    (:func:`~privalign.models.scorers.public_model_metadata`): a pool manifest never carries the reward
+    (:func:`privalign.release.public_metadata`): a pool manifest never carries the reward
     model's noise seed or exact held-out statistics, also when it copies an older manifest (issue 24)."""
     if isinstance(obj, list):
         return [public_manifest(v) for v in obj]
@@ -257,9 +257,9 @@ def public_manifest(obj: Any) -> Any:
         return obj
     out = {k: public_manifest(v) for k, v in obj.items()}
     if obj.get("scorer") == "linear" and obj.get("privacy_event") is not None and "metadata" in obj:
-        from privalign.models.scorers import public_model_metadata
+        from privalign.release import public_metadata
 
-        out["metadata"] = public_model_metadata(obj.get("metadata"))
+        out["metadata"] = public_metadata(obj.get("metadata"))
     return out
 
 
