@@ -239,3 +239,23 @@ def test_reference_rewards_are_not_private(tmp_path):
     }
     with pytest.raises(FileNotFoundError, match="reward_model"):
         load_reward(f"linear:{tmp_path / 'missing.json'}")
+
+
+@pytest.mark.parametrize("method", ["dp-iht", "dp-sgd", "rr-iht"])
+def test_privacy_statement_totals_composed_events(tmp_path, make_rm, method, capsys):
+    """A tuned model's event is parallel_composed(composed(candidates), selection): the statement gives its
+    total (ε, δ) (it printed 'event parallel_composed ()' before issue 24), within the search's budget."""
+    from privalign.rlhf.rewards import load_reward
+    from privalign.rlhf.train import privacy_statement
+
+    make_rm(tmp_path)  # writes pairs.jsonl
+    out = tmp_path / f"{method}.json"
+    argv = ["fit-reward", "--data", str(tmp_path / "pairs.jsonl"), "--method", method, "--epsilon", "2"]
+    assert main([*argv, "--sparsity", "4", "--n-features", "64", "--tune", "--out", str(out)]) == 0
+    capsys.readouterr()
+    s = privacy_statement(load_reward(out).describe(), {"source": "file"})
+    g = s["guarantee"]
+    assert s["privacy_event"]["kind"] == "parallel_composed" and "()" not in s["statement"]
+    assert 0.0 < g["epsilon"] <= 2.0 * (1 + 1e-9) and math.isfinite(g["epsilon"])
+    assert g["delta"] <= (1e-5 if method != "rr-iht" else 0.0) * (1 + 1e-9)
+    assert f"ε={g['epsilon']:.6g}" in s["statement"]

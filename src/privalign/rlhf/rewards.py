@@ -121,6 +121,10 @@ class PrivateReward:
             "estimator": type(self.est).__name__,
             "privacy_event": self.event.to_dict(),
             "privacy_unit": self.privacy_unit,
+            # the δ the fit targeted (public configuration; a tuned fit's whole search): the δ at which a
+            # Gaussian event is accounted
+            "target_delta": ((self.metadata.get("tuning") or {}).get("privacy_budget") or {}).get("delta")
+            or self.est.get_params().get("delta"),
             "feature_config": self.feature_config,
             "training_data": self.metadata.get("data"),
             # only the release-safe part: a file written before the release boundary may hold its noise

@@ -160,7 +160,7 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
             "the policy is not differentially private with respect to anything."
         )
     else:
-        eps, delta, how = event_guarantee(ev)
+        eps, delta, how = event_guarantee(ev, delta=reward_desc.get("target_delta"))
         text = (
             "The policy is post-processing of the private reward model (the trainer reads the private data "
             "only through the model's scores; the base model and the RL prompts are public and disjoint "
@@ -178,48 +178,42 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
     }
 
 
-def event_guarantee(event: dict[str, Any]) -> tuple[float, float, str]:
+def event_guarantee(event: dict[str, Any], *, delta: float | None = None) -> tuple[float, float, str]:
     """The total (ε, δ) of a reward model's privacy event (its ``to_dict()``), composed events included.
 
     Basic composition (:class:`~privalign.accounting.ApproxDPAccountant`: sums over sequential parts, maxima
-    over parallel ones) where every part has an (ε, δ) form; DP-SGD's Poisson-sampled Gaussian steps by the
-    RDP accountant at the δ the event targets. Returns ``(ε, δ, how)``, both rounded up.
+    over parallel ones) where every part has an (ε, δ) form; otherwise (DP-SGD's Poisson-sampled Gaussian
+    steps) the PLD accountant under replace-one (:class:`~privalign.accounting.rdp.RDPAccountant`,
+    ``method="pld"``) at ``delta`` (the model's target δ). Returns ``(ε, δ, how)``, rounded up.
     """
     from privalign.accounting.accountant import ApproxDPAccountant
-    from privalign.accounting.events import event_from_dict
+    from privalign.accounting.events import ParallelComposedEvent, event_from_dict
+    from privalign.accounting.rdp import RDPAccountant
     from privalign.errors import UnsupportedEventError
 
-    ev = event_from_dict(event)
-    acc = ApproxDPAccountant()
-    try:
-        acc.compose(ev)
-        eps, delta = acc.get_total()
-        return eps, delta, "basic composition of the event's parts"
-    except UnsupportedEventError:
-        pass
-    from privalign.accounting.rdp import RDPAccountant
+    target = 1e-5 if delta is None else float(delta)
 
-    target = _find_key(event, "target_delta") or _find_key(event, "delta") or 1e-5
-    rdp = RDPAccountant()
-    rdp.compose(ev)
-    return float(rdp.get_epsilon(float(target))), float(target), "RDP accountant"
+    def walk(ev: Any) -> tuple[float, float, str]:
+        acc = ApproxDPAccountant()
+        try:
+            acc.compose(ev)
+            eps, d = acc.get_total()
+            return eps, d, "basic composition of the event's parts"
+        except UnsupportedEventError:
+            pass
+        if isinstance(ev, ParallelComposedEvent):  # disjoint parts: the worst part's (ε, δ)
+            parts = [walk(e) for e in ev.events]
+            hows = sorted({h for _, _, h in parts})
+            return (
+                max(p[0] for p in parts),
+                max(p[1] for p in parts),
+                "maximum over parallel parts of " + (" / ".join(hows)),
+            )
+        pld = RDPAccountant(method="pld")
+        pld.compose(ev)
+        return float(pld.get_epsilon(target)), target, "PLD accountant (replace-one)"
 
-
-def _find_key(d: Any, key: str) -> float | None:
-    """The first value of ``key`` in a nested event dict (depth first), if any."""
-    if isinstance(d, dict):
-        if isinstance(d.get(key), int | float):
-            return float(d[key])
-        for v in d.values():
-            got = _find_key(v, key)
-            if got is not None:
-                return got
-    elif isinstance(d, list):
-        for v in d:
-            got = _find_key(v, key)
-            if got is not None:
-                return got
-    return None
+    return walk(event_from_dict(event))
 
 
 def _hash(obj: Any) -> str:
