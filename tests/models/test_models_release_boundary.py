@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from privalign.data.pools import write_pool
 from privalign.estimation.features import HashedNgramFeatures
@@ -21,6 +22,10 @@ from privalign.models.scorers import LinearRewardScorer
 from privalign.pipeline.build_pool import manifest_path, public_manifest, write_manifest
 from privalign.pipeline.rescore import rescore_pool
 from privalign.release import public_metadata
+
+# These tests read reward-model files as privalign wrote them before the release boundary (with the noise seed
+# and exact accuracies), on purpose: loading one warns (PrivacyWarning, an error elsewhere in this suite).
+pytestmark = pytest.mark.filterwarnings("ignore::privalign.errors.PrivacyWarning")
 
 WORDS = ["good", "bad", "kind", "rude", "clear", "vague", "fine", "poor", "nice", "mean"]
 SEED_ENTROPY = "271828182845904523536028747135266249775"  # what fit-reward records today (metadata)
