@@ -4,7 +4,9 @@
   with weights written by :func:`write_reward_model`.
 * :func:`sleepy_scorer`: the same model, sleeping first (crash test: kill -9 while scoring).
 * :func:`make_upstream_app`: a minimal OpenAI-compatible upstream (stands in for vLLM) whose candidates
-  are deterministic; ``fail=True`` answers 500.
+  are deterministic; ``fail=True`` answers 500. Its tokens are whitespace-separated words: a candidate
+  longer than ``max_tokens`` words is cut (``finish_reason: "length"``), and ``usage`` counts the prompt's
+  words once and the words of all ``n`` choices together, as vLLM counts tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ def candidates_for(prompt: str, n: int) -> list[str]:
     return [f"answer {i}: a {words[i % len(words)]} reply to {prompt[:20]}" for i in range(n)]
 
 
+def _cut(texts: list[str], max_tokens: int) -> list[tuple[str, str]]:
+    """Each text cut to its first ``max_tokens`` words, with its finish reason."""
+    out = []
+    for t in texts:
+        words = t.split()
+        out.append((" ".join(words[:max_tokens]), "length") if len(words) > max_tokens else (t, "stop"))
+    return out
+
+
+def _usage(prompt: str, choices: list[tuple[str, str]]) -> dict[str, int]:
+    p, c = len(prompt.split()), sum(len(t.split()) for t, _ in choices)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
 def make_upstream_app(*, fail: bool = False):
     app = FastAPI()
 
@@ -62,20 +78,25 @@ def make_upstream_app(*, fail: bool = False):
         body = await req.json()
         if fail:
             return JSONResponse({"error": "boom"}, status_code=500)
-        texts = candidates_for(body["prompt"], int(body.get("n", 1)))
-        return {"choices": [{"index": i, "text": t, "finish_reason": "stop"} for i, t in enumerate(texts)]}
+        choices = _cut(candidates_for(body["prompt"], int(body.get("n", 1))), int(body.get("max_tokens", 16)))
+        return {
+            "choices": [{"index": i, "text": t, "finish_reason": f} for i, (t, f) in enumerate(choices)],
+            "usage": _usage(body["prompt"], choices),
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(req: Request):
         body = await req.json()
         if fail:
             return JSONResponse({"error": "boom"}, status_code=500)
-        texts = candidates_for(body["messages"][-1]["content"], int(body.get("n", 1)))
+        last = body["messages"][-1]["content"]
+        choices = _cut(candidates_for(last, int(body.get("n", 1))), int(body.get("max_tokens", 16)))
         return {
             "choices": [
-                {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
-                for i, t in enumerate(texts)
-            ]
+                {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": f}
+                for i, (t, f) in enumerate(choices)
+            ],
+            "usage": _usage(" ".join(m["content"] for m in body["messages"]), choices),
         }
 
     return app

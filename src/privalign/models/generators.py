@@ -291,6 +291,12 @@ class TransformersGenerator:
         )
         return text + self.assistant_prefix
 
+    def prompt_tokens(self, prompt: str) -> int:
+        """The number of tokens of the model input for ``prompt`` (:meth:`format_prompt`, tokenised as
+        :meth:`generate` feeds it to the model)."""
+        enc = self.tokenizer(self.format_prompt(prompt), add_special_tokens=not self.chat_template)
+        return len(enc["input_ids"])
+
     def _generate_rows(self, model_input: str, seeds: Sequence[int]) -> list[Completion]:
         torch = self._torch
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -617,6 +623,11 @@ class CTranslate2Generator:
             raise PrivacyParameterError("The prompt tokenised to zero tokens; give a non-empty prompt.")
         return self.tokenizer.convert_ids_to_tokens(ids)
 
+    def prompt_tokens(self, prompt: str) -> int:
+        """The number of tokens of the model input for ``prompt`` (:meth:`format_prompt`, tokenised as
+        :meth:`generate` feeds it to the model)."""
+        return len(self._prompt_tokens(self.format_prompt(prompt)))
+
     def _reseed(self, prompt_seed: int) -> None:
         """A fresh ``ctranslate2.Generator`` whose worker thread's random engine starts from ``prompt_seed``.
 
@@ -823,41 +834,45 @@ class OpenAICompatibleClient:
             raise GenerationError(f"{url} returned an answer that is not a JSON object")
         return out
 
-    def _choices(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    def choices_and_usage(
+        self, path: str, body: dict[str, Any]
+    ) -> tuple[list[tuple[str, str]], dict[str, int] | None]:
+        """``POST {path}`` (``/completions`` or ``/chat/completions``) with ``body``; returns
+        ``(text, finish_reason)`` per choice, in index order, and the answer's token counts
+        ``{"prompt_tokens", "completion_tokens"}`` (the server's ``usage``: the prompt counted once, the
+        completion tokens of all ``n`` choices together), or ``None`` if the answer carried no such counts
+        (non-negative integers)."""
         n = int(body.get("n", 1))
-        choices = self._post(path, body).get("choices")
+        answer = self._post(path, body)
+        choices = answer.get("choices")
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
             raise GenerationError(f"{self.base_url}{path} returned a malformed answer (no list of choices)")
         if len(choices) != n:
             raise GenerationError(f"{self.base_url}{path} returned {len(choices)} choices; expected n={n}.")
-        return sorted(choices, key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0)
+        chat, out = path.startswith("/chat"), []
+        for c in sorted(choices, key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0):
+            msg = c.get("message")
+            text = (msg.get("content") if isinstance(msg, dict) else None) if chat else c.get("text")
+            if not isinstance(text, str):
+                what = "content" if chat else "text"
+                raise GenerationError(f"{self.base_url}{path} returned a choice without {what}: {c!r:.200}")
+            out.append((text, str(c.get("finish_reason") or "stop")))
+        usage = answer.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        counts = {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens")}
+        if all(type(v) is int and v >= 0 for v in counts.values()):
+            return out, {k: int(v) for k, v in counts.items() if v is not None}
+        return out, None
 
     def completions(self, body: dict[str, Any]) -> list[tuple[str, str]]:
         """``POST /completions`` with ``body`` (``model``, ``prompt``, ``n``, sampling fields); returns
         ``(text, finish_reason)`` per choice, in index order."""
-        out = []
-        for c in self._choices("/completions", body):
-            text = c.get("text")
-            if not isinstance(text, str):
-                raise GenerationError(
-                    f"{self.base_url}/completions returned a choice without text: {c!r:.200}"
-                )
-            out.append((text, str(c.get("finish_reason") or "stop")))
-        return out
+        return self.choices_and_usage("/completions", body)[0]
 
     def chat(self, body: dict[str, Any]) -> list[tuple[str, str]]:
         """``POST /chat/completions`` with ``body`` (``model``, ``messages``, ``n``, …); returns
         ``(content, finish_reason)`` per choice, in index order."""
-        out = []
-        for c in self._choices("/chat/completions", body):
-            msg = c.get("message")
-            text = msg.get("content") if isinstance(msg, dict) else None
-            if not isinstance(text, str):
-                raise GenerationError(
-                    f"{self.base_url}/chat/completions returned a choice without content: {c!r:.200}"
-                )
-            out.append((text, str(c.get("finish_reason") or "stop")))
-        return out
+        return self.choices_and_usage("/chat/completions", body)[0]
 
     def close(self) -> None:
         self._client.close()

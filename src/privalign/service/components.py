@@ -5,9 +5,12 @@ the candidate generator.
   reward model; the service calls it only after the request's worst-case cost is reserved, and never
   returns its output. Kinds: ``linear`` (a reward-model file as written by ``privalign fit-reward``, see
   :class:`LinearHashedScorer`) and ``python`` (``target = "module:factory"``, called with the options).
-* **Generator**: a callable ``(prompt, n, *, max_tokens, temperature, top_p, chat) -> list[str]``. Kinds:
-  ``upstream`` (an OpenAI-compatible server such as vLLM, via ``/completions`` or ``/chat/completions``
-  with ``n``), ``transformers`` (a local model through ``privalign.models``) and ``python``.
+* **Generator**: a callable ``(prompt, n, *, max_tokens, temperature, top_p, chat)`` that returns a
+  :class:`Generation` (the candidates with their token counts and finish reasons, and the prompt's token
+  count), or a plain list of strings or :class:`~privalign.models.generators.Completion` objects (token
+  counts then unknown: the answer's ``usage`` is ``null``). Kinds: ``upstream`` (an OpenAI-compatible
+  server such as vLLM, via ``/completions`` or ``/chat/completions`` with ``n``), ``transformers`` (a local
+  model through ``privalign.models``) and ``python``.
 
 Generators see only public inputs (the prompt); errors they raise are :class:`UpstreamError`, which the
 service maps to 502 and, because no private score was touched, releases the reservation.
@@ -18,18 +21,21 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from privalign.errors import PrivacyParameterError
+from privalign.models.generators import Completion
 from privalign.service.config import ComponentConfig
 
 log = logging.getLogger("privalign.service")
 
 __all__ = [
     "UpstreamError",
+    "Generation",
     "LinearHashedScorer",
     "UpstreamGenerator",
     "LocalTransformersGenerator",
@@ -39,11 +45,70 @@ __all__ = [
 ]
 
 Scorer = Callable[[str, Sequence[str]], Sequence[float] | np.ndarray]
-Generator = Callable[..., list[str]]
 
 
 class UpstreamError(RuntimeError):
     """The generator failed (upstream unreachable, timed out, malformed answer)."""
+
+
+#: The finish reasons an answer reports; a generator's other reasons are reported as ``stop``.
+FINISH_REASONS = ("stop", "length", "content_filter")
+
+
+@dataclass
+class Generation:
+    """What a generator returns for one request; every field is a function of the public prompt and the
+    generator's own randomness (never of the private reward model).
+
+    Attributes:
+      candidates: one :class:`~privalign.models.generators.Completion` per candidate, in order: its
+        ``text``, ``num_tokens`` (tokens generated for it, end-of-sequence token excluded; ``-1`` if
+        unknown) and ``finish_reason`` (``"stop"``: it ended by itself, at an end-of-sequence token or a
+        stop string; ``"length"``: it was cut at ``max_tokens``).
+      prompt_tokens: tokens of the prompt as fed to the model (chat template included), counted once;
+        ``None`` if unknown.
+      completion_tokens: tokens generated for the request, all candidates together; ``None`` if unknown.
+    """
+
+    candidates: list[Completion]
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return [c.text for c in self.candidates]
+
+    @classmethod
+    def of(cls, out: Any) -> Generation:
+        """A generator's return value as a :class:`Generation`: a :class:`Generation` as is; a sequence of
+        strings (finish reason ``stop``, token counts unknown) and/or ``Completion`` objects, whose total
+        is the sum of their ``num_tokens`` when all are known (the prompt's count stays unknown).
+
+        Raises:
+          UpstreamError: a candidate that is neither a string nor a ``Completion`` with a string text.
+        """
+        if isinstance(out, Generation):
+            gen = out
+        else:
+            cands = []
+            for i, c in enumerate(out):
+                if isinstance(c, str):
+                    c = Completion(text=c, num_tokens=-1, finish_reason="stop")
+                if not isinstance(c, Completion):
+                    raise UpstreamError(f"candidate {i} is not a string")
+                cands.append(c)
+            known = all(type(c.num_tokens) is int and c.num_tokens >= 0 for c in cands)
+            gen = cls(cands, None, sum(c.num_tokens for c in cands) if known else None)
+        for name in ("prompt_tokens", "completion_tokens"):
+            v = getattr(gen, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0):
+                raise UpstreamError(f"the generator's {name} is not a non-negative integer")
+        for i, c in enumerate(gen.candidates):
+            if not isinstance(c, Completion) or not isinstance(c.text, str):
+                raise UpstreamError(f"candidate {i} is not a string")
+            if c.finish_reason not in FINISH_REASONS:
+                gen.candidates[i] = replace(c, finish_reason="stop")
+        return gen
 
 
 def load_target(target: str) -> Any:
@@ -155,7 +220,7 @@ class UpstreamGenerator:
         temperature: float,
         top_p: float,
         chat: bool,
-    ) -> list[str]:
+    ) -> Generation:
         from privalign.models.generators import GenerationError
 
         body: dict[str, Any] = {
@@ -170,13 +235,21 @@ class UpstreamGenerator:
                 body["messages"] = (
                     prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
                 )
-                choices = self._client.chat(body)
+                choices, usage = self._client.choices_and_usage("/chat/completions", body)
             else:
                 body["prompt"] = prompt
-                choices = self._client.completions(body)
+                choices, usage = self._client.choices_and_usage("/completions", body)
         except GenerationError as exc:
             raise UpstreamError(f"upstream generator failed: {exc}") from None
-        return [text for text, _ in choices]
+        # An OpenAI-compatible answer counts the tokens of all n choices together: a choice's own count is
+        # known only when there is one choice.
+        total = None if usage is None else usage["completion_tokens"]
+        own = total if total is not None and len(choices) == 1 else -1
+        return Generation(
+            [Completion(text=t, num_tokens=own, finish_reason=f) for t, f in choices],
+            None if usage is None else usage["prompt_tokens"],
+            total,
+        )
 
 
 class LocalTransformersGenerator:
@@ -306,8 +379,9 @@ class LocalTransformersGenerator:
         temperature: float | None = None,
         top_p: float | None = None,
         chat: bool = True,
-    ) -> list[str]:
-        """``chat=False`` (``/v1/completions``): the prompt is used as is, without the chat template."""
+    ) -> Generation:
+        """``chat=False`` (``/v1/completions``): the prompt is used as is, without the chat template.
+        The token counts are the model's: the formatted prompt once, every candidate's generated tokens."""
         import secrets
 
         text = (
@@ -316,7 +390,8 @@ class LocalTransformersGenerator:
         with self._lock:
             gen = self._get(min(int(max_tokens), self.sampling["max_new_tokens"]), temperature, top_p, chat)
             out = gen.generate([text], n, seed=secrets.randbits(63))[0]
-        return [c.text for c in out]
+            prompt_tokens = int(gen.prompt_tokens(text))
+        return Generation(list(out), prompt_tokens, sum(int(c.num_tokens) for c in out))
 
 
 def _target(opts: dict[str, Any], section: str) -> Any:
@@ -353,7 +428,7 @@ def build_scorer(cfg: ComponentConfig) -> Scorer | None:
     )
 
 
-def build_generator(cfg: ComponentConfig) -> Generator | None:
+def build_generator(cfg: ComponentConfig) -> Callable[..., Any] | None:
     """The configured generator, or ``None`` (then only ``/v1/select`` serves)."""
     opts = dict(cfg.options)
     if cfg.kind == "none":

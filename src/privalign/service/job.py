@@ -34,8 +34,10 @@ def encode(body: Any) -> bytes:
 class Job:
     """One validated selecting request.
 
-    ``render(index, text, privacy_block) -> dict`` builds the answer body; ``stream`` (optional) turns
-    that body into the bytes of a server-sent-event stream.
+    ``render(index, text, privacy_block, finish_reason, usage) -> dict`` builds the answer body from the
+    selected candidate (its index, text and finish reason), the privacy block and the request's token
+    counts (OpenAI's ``usage``, ``None`` if the generator did not count); ``stream`` (optional) turns that
+    body into the bytes of a server-sent-event stream.
     """
 
     endpoint: str
@@ -44,7 +46,7 @@ class Job:
     score_prompt: str
     candidates: list[str] | None
     gen_kwargs: dict[str, Any]
-    render: Callable[[int, str, dict], dict]
+    render: Callable[[int, str, dict, str, dict[str, int] | None], dict]
     stream: Callable[[dict], bytes] | None = None
 
 

@@ -82,10 +82,10 @@ def run(
     # the GIL at once); with client-given candidates it runs at the gate, in this thread (scoring is
     # CPU-bound and would delay the flusher's thread by up to the GIL switch interval).
     r = reserve(state, key, job.plan, reauth, job.endpoint, overlap=job.candidates is None)
-    candidates = generate(state, job, r, deadline)
+    gen = generate(state, job, r, deadline)
     t_private = time.monotonic()
     try:
-        scores = score(state, job, candidates, deadline)
+        scores = score(state, job, gen.texts, deadline)
     except ApiError:
         durable(
             state, r, deadline
@@ -100,7 +100,7 @@ def run(
         if pad > 0:  # hide how long the private part took (up to pad_selection_s); see LIMITATIONS.md
             time.sleep(pad)
         units = charge(r, realized) if r.receipt is not None else None
-        out = respond(job, r, idx, candidates[idx], len(candidates), realized, units)
+        out = respond(job, r, idx, gen, realized, units)
     except ApiError:
         durable(state, r, deadline)
         raise

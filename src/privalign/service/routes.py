@@ -8,6 +8,7 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from privalign.alignment.selectors import pool_size, uses_two_pools
-from privalign.service import pipeline
+from privalign.service import pipeline, streaming
 from privalign.service.errors import ApiError
 from privalign.service.keys import KeyInfo, authenticate
 from privalign.service.metrics import CONTENT_TYPE_LATEST
@@ -216,69 +217,25 @@ def _gen_kwargs(state: pipeline.ServiceState, req: _OpenAIBase, chat: bool) -> d
     }
 
 
-def _usage() -> dict[str, int]:
-    return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+def _include_usage(req: _OpenAIBase) -> bool:
+    """``stream_options.include_usage`` (a boolean; other ``stream_options`` fields are ignored)."""
+    v = (req.stream_options or {}).get("include_usage", False)
+    if not isinstance(v, bool):
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            "The 'stream_options.include_usage' parameter must be a boolean.",
+            param="stream_options.include_usage",
+        )
+    return v
 
 
-def _sse(events: list[dict]) -> bytes:
-    return b"".join(b"data: " + pipeline.encode(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-
-
-def _chat_stream(body: dict) -> bytes:
-    """The selected answer as a chat.completion.chunk stream: role, content, finish (then the usage chunk
-    and the privacy block on the last chunk)."""
-    base = {
-        "id": body["id"],
-        "object": "chat.completion.chunk",
-        "created": body["created"],
-        "model": body["model"],
-    }
-    text = body["choices"][0]["message"]["content"]
-    return _sse(
-        [
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "finish_reason": None,
-                        "logprobs": None,
-                    }
-                ],
-            },
-            {
-                **base,
-                "choices": [
-                    {"index": 0, "delta": {"content": text}, "finish_reason": None, "logprobs": None}
-                ],
-            },
-            {
-                **base,
-                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "logprobs": None}],
-                "privacy": body["privacy"],
-            },
-        ]
-    )
-
-
-def _completion_stream(body: dict) -> bytes:
-    base = {"id": body["id"], "object": "text_completion", "created": body["created"], "model": body["model"]}
-    return _sse(
-        [
-            {
-                **base,
-                "choices": [
-                    {"index": 0, "text": body["choices"][0]["text"], "finish_reason": None, "logprobs": None}
-                ],
-            },
-            {
-                **base,
-                "choices": [{"index": 0, "text": "", "finish_reason": "stop", "logprobs": None}],
-                "privacy": body["privacy"],
-            },
-        ]
-    )
+def _stream(req: _OpenAIBase, fmt: Callable[..., bytes]) -> Callable[[dict], bytes] | None:
+    """The request's stream encoder (``None`` without ``stream: true``), see :mod:`.streaming`."""
+    if not req.stream:
+        return None
+    include_usage = _include_usage(req)
+    return lambda body: fmt(body, include_usage=include_usage)
 
 
 @openai_router.get("/v1/models", summary="OpenAI-compatible model list")
@@ -319,7 +276,7 @@ def chat_completions(
     msgs = [{"role": m.role, "content": t} for m, t in zip(body.messages, texts, strict=True)]
     score_prompt = "\n".join(f"{m['role']}: {m['content']}" for m in msgs)
 
-    def render(idx: int, text: str, block: dict) -> dict:
+    def render(idx: int, text: str, block: dict, finish_reason: str, usage: dict | None) -> dict:
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -329,11 +286,11 @@ def chat_completions(
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
+                    "finish_reason": finish_reason,
                     "logprobs": None,
                 }
             ],
-            "usage": _usage(),
+            "usage": usage,
             "privacy": block,
         }
 
@@ -345,7 +302,7 @@ def chat_completions(
         None,
         gk,
         render,
-        _chat_stream if body.stream else None,
+        _stream(body, streaming.chat_stream),
     )
     return _handle(state, job, body, authorization, idempotency_key)
 
@@ -364,14 +321,14 @@ def completions(
     _check_text(state, body.prompt, "prompt")
     plan = make_plan(state.cfg, body.privacy, state.cfg.privacy.default_n)
 
-    def render(idx: int, text: str, block: dict) -> dict:
+    def render(idx: int, text: str, block: dict, finish_reason: str, usage: dict | None) -> dict:
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": body.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
-            "usage": _usage(),
+            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+            "usage": usage,
             "privacy": block,
         }
 
@@ -383,7 +340,7 @@ def completions(
         None,
         gk,
         render,
-        _completion_stream if body.stream else None,
+        _stream(body, streaming.completion_stream),
     )
     return _handle(state, job, body, authorization, idempotency_key)
 
@@ -433,7 +390,7 @@ def select_endpoint(
         )
     plan = make_plan(cfg, pp, n_implied)
 
-    def render(idx: int, text: str, block: dict) -> dict:
+    def render(idx: int, text: str, block: dict, finish_reason: str, usage: dict | None) -> dict:
         return {
             "id": f"sel-{uuid.uuid4().hex}",
             "object": "selection",

@@ -7,7 +7,7 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from privalign.service import plan as planning
-from privalign.service.components import UpstreamError
+from privalign.service.components import Generation, UpstreamError
 from privalign.service.errors import ApiError
 from privalign.service.job import Job, Reserved
 from privalign.service.state import ServiceState
@@ -18,20 +18,20 @@ __all__ = ["generate"]
 log = logging.getLogger("privalign.service")
 
 
-def generate(state: ServiceState, job: Job, r: Reserved, deadline: float) -> list[str]:
-    """Step 2: public inputs only. Any failure cancels the reservation (nothing charged)."""
+def generate(state: ServiceState, job: Job, r: Reserved, deadline: float) -> Generation:
+    """Step 2: public inputs only. Any failure cancels the reservation (nothing charged). The candidates
+    come with the generator's token counts and finish reasons (:class:`Generation`); the client's own
+    candidates (``/v1/select``) have none."""
     if job.candidates is not None:
-        return job.candidates
+        return Generation.of(job.candidates)
     need = planning.pool_size(job.plan)
     try:
         fut = state.pool.submit(state.generator, job.prompt, need, **job.gen_kwargs)
-        candidates = list(fut.result(timeout=max(0.0, deadline - time.monotonic())))
-        for i, c in enumerate(candidates):
-            if not isinstance(c, str):
-                raise UpstreamError(f"candidate {i} is not a string")
+        gen = Generation.of(fut.result(timeout=max(0.0, deadline - time.monotonic())))
+        for c in gen.texts:
             c.encode("utf-8")  # an unencodable candidate is a generator failure, found before scoring
-        if len(candidates) != need:
-            raise UpstreamError(f"generator returned {len(candidates)} candidates, expected {need}")
+        if len(gen.candidates) != need:
+            raise UpstreamError(f"generator returned {len(gen.candidates)} candidates, expected {need}")
     except Exception as exc:  # noqa: BLE001 - UpstreamError, FutureTimeout, anything the generator raises
         cancel(state, r)
         if isinstance(exc, FutureTimeout):
@@ -46,4 +46,4 @@ def generate(state: ServiceState, job: Job, r: Reserved, deadline: float) -> lis
             "upstream_error",
             "The generator failed; the reservation was released (no private score was computed).",
         ) from None
-    return candidates
+    return gen
