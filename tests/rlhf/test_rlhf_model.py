@@ -132,5 +132,6 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
             options={"model": str(policy), "max_new_tokens": 4, "chat_template": False, "num_threads": 1},
         )
     )
-    texts = gen("This movie was", 1, max_tokens=4, temperature=1.0, top_p=1.0, chat=False)
-    assert len(texts) == 1 and isinstance(texts[0], str)
+    out = gen("This movie was", 1, max_tokens=4, temperature=1.0, top_p=1.0, chat=False)
+    texts = out.texts  # a Generation: candidates with token counts and finish reasons (issue 26)
+    assert len(texts) == 1 and isinstance(texts[0], str) and 0 <= out.candidates[0].num_tokens <= 4
