@@ -463,7 +463,7 @@ def select_endpoint(
             f"privacy.n={None if pp is None else pp.n}.",
             param="candidates",
         )
-    plan = make_plan(cfg, pp, n_implied)
+    plan = make_plan(cfg, pp, n_implied, n_implied=True)
 
     def render(idx: int, text: str, block: dict) -> dict:
         return {
@@ -477,6 +477,18 @@ def select_endpoint(
 
     job = pipeline.Job("/v1/select", plan, body.prompt, body.prompt, list(body.candidates), {}, render)
     return _handle(state, job, raw, authorization, idempotency_key)
+
+
+def _request_defaults(state: pipeline.ServiceState) -> dict[str, Any]:
+    """What a request that omits privacy fields gets: ``epsilon`` is ``null`` when it must be stated
+    (``privacy.require_privacy``), else the ε a request without one spends."""
+    pv = state.cfg.privacy
+    return {
+        "require_privacy": pv.require_privacy,
+        "method": pv.allowed_methods[0],
+        "epsilon": None if pv.require_privacy else pv.default_epsilon,
+        "n": pv.default_n,
+    }
 
 
 @select_router.get("/v1/budget", summary="The calling key's budget and its latest ledger rows (never waits)")
@@ -509,6 +521,7 @@ def budget(request: Request, authorization: str | None = Header(None)) -> JSONRe
             "reserved": pair("reserved"),
             "remaining": pipeline.remaining_dict(key, left),
             "pending_settles": state.pending_settles(key.key_id),
+            "request_defaults": _request_defaults(state),
             "ledger": json.loads(pipeline.encode(rows)),
         }
     )

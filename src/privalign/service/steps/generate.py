@@ -30,6 +30,8 @@ def generate(state: ServiceState, job: Job, r: Reserved, deadline: float) -> lis
             if not isinstance(c, str):
                 raise UpstreamError(f"candidate {i} is not a string")
             c.encode("utf-8")  # an unencodable candidate is a generator failure, found before scoring
+            if len(c) > state.cfg.limits.max_text_chars:  # bounds the scorer's work, as for brought ones
+                raise UpstreamError(f"candidate {i} is longer than limits.max_text_chars")
         if len(candidates) != need:
             raise UpstreamError(f"generator returned {len(candidates)} candidates, expected {need}")
     except Exception as exc:  # noqa: BLE001 - UpstreamError, FutureTimeout, anything the generator raises

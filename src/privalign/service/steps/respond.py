@@ -24,7 +24,12 @@ def respond(
 ) -> Outcome:
     """Step 6: the privacy block and the answer, encoded to bytes (before anything is settled)."""
     key = r.key
-    block: dict[str, Any] = {"method": job.plan.method, "n": n, "accounting": key.accounting}
+    block: dict[str, Any] = {
+        "method": job.plan.method,
+        "n": n,
+        "accounting": key.accounting,
+        "defaulted": list(job.plan.defaulted),  # the privacy fields the server filled in
+    }
     settle = None
     if r.receipt is not None:
         rc = r.receipt
