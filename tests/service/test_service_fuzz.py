@@ -1,9 +1,11 @@
 """Fuzzing every endpoint from the published OpenAPI schema (schemathesis + Hypothesis, derandomized),
 on SQLite and on PostgreSQL: no 5xx, no stack trace, and no charge on any 4xx. A second, Hypothesis-only
 fuzzer sends hostile JSON (lone surrogates, bools and strings for numbers, extreme floats) to the
-selecting endpoints."""
+selecting endpoints, with and without an ``Idempotency-Key``."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 import schemathesis
@@ -137,6 +139,11 @@ def _hostile_body(draw):
             else draw(_HOSTILE_NUM)
         )
     privacy = "{" + ", ".join(f'"{k}": {v}' for k, v in priv.items()) + "}"
+    # Half the chat bodies are valid but for the fields the schema leaves unchecked, so that the hostile
+    # values there reach the path past validation (the Idempotency-Key hash, the answer).
+    valid_core = path == "/v1/chat/completions" and draw(st.booleans())
+    if valid_core:
+        privacy = '{"epsilon": 0.01}'
     if path == "/v1/select":
         cands = draw(st.lists(_HOSTILE_STR, min_size=0, max_size=5))
         body = f'{{"prompt": {draw(_HOSTILE_STR)}, "candidates": [{", ".join(cands)}], "privacy": {privacy}}}'
@@ -155,23 +162,39 @@ def _hostile_body(draw):
                     ', "max_completion_tokens": 7',
                     ', "stop": null',
                     ', "temperature": NaN',
+                    ', "stream": true, "stream_options": {"include_usage": true, "x": '
+                    + draw(_HOSTILE_STR)
+                    + "}",
+                    ', "stream_options": ' + draw(_HOSTILE_STR),
+                    ', "user": ' + draw(_HOSTILE_STR),
                 ]
             )
         )
-        content = draw(
+        # ChatMessage keeps unknown keys unchecked (issue 26, D3: a lone surrogate there was a 500 with an
+        # Idempotency-Key)
+        msg_extra = draw(
             st.sampled_from(
-                [
-                    draw(_HOSTILE_STR),
-                    '[{"type": "text", "text": ' + draw(_HOSTILE_STR) + "}]",
-                    '[{"type": "image_url", "image_url": {"url": "x"}}]',
-                ]
+                ["", ', "x": ' + draw(_HOSTILE_STR), ', "x": {"y": [' + draw(_HOSTILE_STR) + "]}"]
+            )
+        )
+        content = (
+            '"hi"'
+            if valid_core
+            else draw(
+                st.sampled_from(
+                    [
+                        draw(_HOSTILE_STR),
+                        '[{"type": "text", "text": ' + draw(_HOSTILE_STR) + "}]",
+                        '[{"type": "image_url", "image_url": {"url": "x"}}]',
+                    ]
+                )
             )
         )
         body = (
-            f'{{"model": "m", "messages": [{{"role": "user", "content": {content}}}], '
+            f'{{"model": "m", "messages": [{{"role": "user", "content": {content}{msg_extra}}}], '
             f'"privacy": {privacy}{extra}}}'
         )
-    return path, body
+    return path, body, draw(st.booleans())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -200,14 +223,13 @@ def test_hostile_json_never_5xx_and_refusals_never_charge(tmp_path, reward_model
         )
         @given(case=_hostile_body())
         def run(case):
-            path, body = case
+            path, body, idempotent = case
             assert state.wait_settled(timeout=10)
             before = totals()
-            r = client.post(
-                url + path,
-                content=body.encode("ascii"),
-                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            )
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            if idempotent:  # the idempotent path hashes the request: it must not fail on any body either
+                headers["Idempotency-Key"] = uuid.uuid4().hex
+            r = client.post(url + path, content=body.encode("ascii"), headers=headers)
             seen[r.status_code] = seen.get(r.status_code, 0) + 1
             assert r.status_code < 500, (body, r.status_code, r.text)
             assert "Traceback" not in r.text

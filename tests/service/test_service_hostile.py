@@ -421,7 +421,11 @@ def test_models_sampling_parameters_content_parts_and_completions(rec):
         "chat": True,
     }
     comp = client.completions.create(
-        model="m", prompt="Once upon", max_tokens=9, temperature=0.0, extra_body={"privacy": {"n": 2}}
+        model="m",
+        prompt="Once upon",
+        max_tokens=9,
+        temperature=0.0,
+        extra_body={"privacy": {"epsilon": 0.5, "n": 2}},
     )
     assert comp.choices[0].text in candidates_for("Once upon", 2)
     assert gen.calls[-1] == {
@@ -442,7 +446,7 @@ def test_models_sampling_parameters_content_parts_and_completions(rec):
     assert state.wait_settled(key_id, timeout=10)
     assert (
         _spent(state.engine, key_id)["spent_epsilon"] == 1.0
-    )  # 0.5 (chat) + 0.5 (completion, default ε); the 400 is free
+    )  # 0.5 (chat) + 0.5 (completion); the 400 is free
     assert len(gen.calls) == 2
 
 
@@ -511,7 +515,9 @@ def test_readyz_is_false_until_the_generator_is_warm(tmp_path, reward_model, cap
             r = httpx.get(url + "/readyz")
             assert r.status_code == 503 and r.json() == {"ready": False, "reason": "loading the generator"}
             r = httpx.post(
-                url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}
+                url + "/v1/completions",
+                headers={"Authorization": f"Bearer {token}"},
+                json={"prompt": "p", "privacy": {"epsilon": 0.5}},
             )
             assert (
                 r.status_code == 503
@@ -523,7 +529,7 @@ def test_readyz_is_false_until_the_generator_is_warm(tmp_path, reward_model, cap
             r = httpx.post(
                 url + "/v1/select",
                 headers={"Authorization": f"Bearer {token}"},
-                json={"prompt": "p", "candidates": ["a", "b"]},
+                json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.25}},
             )
             assert r.status_code == 200
             gen.release.set()
@@ -550,7 +556,9 @@ def test_an_unencodable_generated_candidate_is_a_generator_failure_not_a_charge(
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
         r = httpx.post(
-            url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}
+            url + "/v1/completions",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"prompt": "p", "privacy": {"epsilon": 0.5}},
         )
         assert r.status_code == 502 and "released" in r.json()["error"]["message"]
         assert metric(url, "privalign_scorer_calls_total") == 0

@@ -221,7 +221,12 @@ def test_invalid_requests_are_refused_before_any_charge(service):
     cases = [
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "seed": 3}, 400, "seed"),
         ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"seed": 3}}, 400, "seed"),
-        ("/v1/chat/completions", {"model": "m", "messages": msgs, "privacy": {"n": 17}}, 400, "privacy.n"),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": msgs, "privacy": {"epsilon": 0.5, "n": 17}},
+            400,
+            "privacy.n",
+        ),
         (
             "/v1/chat/completions",
             {"model": "m", "messages": msgs, "privacy": {"epsilon": 6.0}},
@@ -296,7 +301,9 @@ def test_upstream_failure_releases_the_reservation(tmp_path, reward_model, faili
     key_id, token = create_key(state.engine, budget_epsilon=1.0)
     with serve_in_thread(app) as url:
         r = httpx.post(
-            url + "/v1/completions", headers={"Authorization": f"Bearer {token}"}, json={"prompt": "p"}
+            url + "/v1/completions",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"prompt": "p", "privacy": {"epsilon": 0.5}},
         )
         assert r.status_code == 502 and "released" in r.json()["error"]["message"]
         assert metric(url, "privalign_scorer_calls_total") == 0
@@ -343,7 +350,7 @@ def test_database_unavailable_answers_503_without_selecting(tmp_path, reward_mod
         r = httpx.post(
             url + "/v1/select",
             headers={"Authorization": f"Bearer {token}"},
-            json={"prompt": "p", "candidates": ["a", "b"]},
+            json={"prompt": "p", "candidates": ["a", "b"], "privacy": {"epsilon": 0.5}},
         )
         assert r.status_code == 503 and "unavailable" in r.json()["error"]["message"]
         assert httpx.get(url + "/healthz").status_code == 503
@@ -438,7 +445,7 @@ def test_generator_timeout_releases_the_reservation(tmp_path, reward_model):
         r = httpx.post(
             url + "/v1/completions",
             headers={"Authorization": f"Bearer {token}"},
-            json={"prompt": "p"},
+            json={"prompt": "p", "privacy": {"epsilon": 0.5}},
             timeout=30,
         )
         release.set()

@@ -142,6 +142,7 @@ def test_stream_options_include_usage_must_be_a_boolean(svc):
             "messages": [{"role": "user", "content": "hi"}],
             "stream": True,
             "stream_options": {"include_usage": "yes"},
+            "privacy": {"epsilon": 0.5},
         },
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.include_usage"

@@ -66,7 +66,7 @@ def test_readme_train_then_serve_quickstart_runs_verbatim(tmp_path):
 
     sel = json.loads(next(ln for ln in lines if ln.startswith("{")))
     assert sel["index"] in (0, 1) and sel["privacy"]["method"] == "privbon"
-    assert lines[-1] == "429", proc.stdout
+    assert lines[-2:] == ["429", "400"], proc.stdout  # step 5: over budget; step 6: no privacy.epsilon
     assert "serving on http://127.0.0.1:" in proc.stderr and "privalign keys create" in proc.stderr
     assert (tmp_path / "home" / ".local" / "share" / "privalign" / "service.db").is_file()
 

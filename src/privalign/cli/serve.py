@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--check",
         action="store_true",
-        help="Validate the config, open the database and the reward model, print a JSON summary and exit.",
+        help="Validate the config, check that the host and port can be listened on, open the database and "
+        "the reward model, print a JSON summary and exit.",
     )
     p.set_defaults(func=_serve)
 
@@ -132,10 +133,30 @@ def _create_app(cfg):  # noqa: ANN001, ANN202
         raise
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Bind the listening address once, as uvicorn will (``SO_REUSEADDR``, IPv6 when the host has a
+    colon), so that a busy or forbidden port is one line (exit 2) before anything is printed or loaded."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ValueError(
+            f"argument --port: cannot listen on {host}:{port} (--host/--port, else [server].host/port): "
+            f"{reason}"
+        ) from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from privalign.service.config import default_config
 
     cfg = _config(args)
+    if not args.print_openapi:  # serve --check validates the port too; serve binds before it prints a URL
+        _check_listen(cfg.server.host, cfg.server.port)
     if args.print_openapi or args.check:
         app = _create_app(cfg)
         if args.print_openapi:

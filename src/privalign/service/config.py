@@ -22,8 +22,9 @@ Sections (every key optional; defaults are the secure ones):
     cors_origins = []                         # CORS off unless origins are listed
 
     [limits]
-    max_n = 64                                # candidates generated / brought per request
-    max_text_chars = 8000                     # prompt and each candidate
+    max_n = 64                                # candidates generated / brought per request, for every
+                                              # method (PrivITP's 2n + 1 included)
+    max_text_chars = 8000                     # prompt and each candidate, generated ones included
     max_body_bytes = 1000000
     max_epsilon = 10.0                        # per request
     min_epsilon = 1e-6                        # per request: smaller ε is refused (400); ≥ 1e-9,
@@ -36,10 +37,13 @@ Sections (every key optional; defaults are the secure ones):
     [privacy]
     allowed_methods = ["privbon"]             # privbon | privitp | bon
     allow_non_private = false                 # "bon" is refused unless true AND listed
+    require_privacy = true                    # a request must state privacy.epsilon (400 otherwise): no
+                                              # request spends a server default. false: default_epsilon
+                                              # applies (echoed in the answer and in GET /v1/budget)
     sensitivity = 1.0                         # Δ_r: ℓ∞ change of any score between neighbours (public)
     reward_max = 1.0                          # R_max: scores are clipped to [0, R_max]
-    default_epsilon = 1.0
-    default_n = 8
+    default_epsilon = 1.0                     # only with require_privacy = false
+    default_n = 8                             # privacy.n when a request omits it
     delta = 1e-6                              # δ of PrivITP's phase 1
     reconcile_after_s = 300.0                 # open reservations older than this are charged
     pad_selection_s = 0.0                     # pad scoring + selection to at least this long (timing channel)
@@ -73,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from privalign._validation import check_choice, check_int, check_real
-from privalign.alignment.selectors import check_method
+from privalign.alignment.selectors import check_method, pool_size
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
@@ -146,6 +150,7 @@ class LimitsConfig:
 class PrivacyConfig:
     allowed_methods: tuple[str, ...] = ("privbon",)
     allow_non_private: bool = False
+    require_privacy: bool = True
     sensitivity: float = 1.0
     reward_max: float = 1.0
     default_epsilon: float = 1.0
@@ -211,6 +216,7 @@ class ServiceConfig:
                     f"The 'privacy.allowed_methods' parameter lists {m!r}, which the service does not serve "
                     f"(it serves {list(METHODS)})."
                 )
+        _check_bools(pv)
         if "bon" in pv.allowed_methods and not pv.allow_non_private:
             raise PrivacyParameterError(
                 "The 'privacy.allowed_methods' parameter lists 'bon' (no privacy) but "
@@ -223,6 +229,7 @@ class ServiceConfig:
             pv.default_epsilon, "privacy.default_epsilon", low=0.0, high=lim.max_epsilon, closed="right"
         )
         check_int(pv.default_n, "privacy.default_n", low=1, high=lim.max_n)
+        _check_default_pool(pv, lim)
         check_real(pv.delta, "privacy.delta", low=0.0, high=1.0)
         check_real(
             pv.reconcile_after_s, "privacy.reconcile_after_s", low=lim.request_timeout_s, closed="left"
@@ -247,6 +254,26 @@ class ServiceConfig:
             ("upstream", "transformers", "ctranslate2", "python", "none"),
         )
         return self
+
+
+def _check_bools(pv: PrivacyConfig) -> None:
+    for name in ("allow_non_private", "require_privacy"):
+        v = getattr(pv, name)
+        if not isinstance(v, bool):
+            raise PrivacyParameterError(
+                f"The 'privacy.{name}' parameter must be true or false. Got {v!r} instead."
+            )
+
+
+def _check_default_pool(pv: PrivacyConfig, lim: LimitsConfig) -> None:
+    """``limits.max_n`` caps the candidates of every method (PrivITP: ``2n + 1``), ``default_n`` included."""
+    for m in pv.allowed_methods:
+        need = pool_size(m, pv.default_n)
+        if need > lim.max_n:
+            raise PrivacyParameterError(
+                f"The 'privacy.default_n' parameter {pv.default_n} makes {m} (in privacy.allowed_methods) "
+                f"use {need} candidates, above limits.max_n = {lim.max_n}: lower default_n or raise max_n."
+            )
 
 
 def _section(cls: type, data: dict[str, Any], name: str) -> Any:

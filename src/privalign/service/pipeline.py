@@ -56,10 +56,16 @@ log = logging.getLogger("privalign.service")
 
 
 def run(
-    state: ServiceState, key: KeyInfo, job: Job, *, reauth: Callable[[], KeyInfo] | None = None
+    state: ServiceState,
+    key: KeyInfo,
+    job: Job,
+    *,
+    reauth: Callable[[], KeyInfo] | None = None,
+    reservation_id: str | None = None,
 ) -> Outcome:
     """The straight path: reserve → generate → score → select → charge → respond. The settle is left
-    to the caller (``Outcome.settle``): written after the answer is sent, or before it is stored."""
+    to the caller (``Outcome.settle``): written after the answer is sent, or before it is stored.
+    ``reservation_id``: the id to reserve under (an ``Idempotency-Key`` attempt records it first)."""
     deadline = time.monotonic() + state.cfg.limits.request_timeout_s
     if state.scorer is None or (job.candidates is None and state.generator is None):
         if reauth is not None:
@@ -81,7 +87,15 @@ def run(
     # With group commit the reservation's flush overlaps generation (I/O-bound: the flusher's thread gets
     # the GIL at once); with client-given candidates it runs at the gate, in this thread (scoring is
     # CPU-bound and would delay the flusher's thread by up to the GIL switch interval).
-    r = reserve(state, key, job.plan, reauth, job.endpoint, overlap=job.candidates is None)
+    r = reserve(
+        state,
+        key,
+        job.plan,
+        reauth,
+        job.endpoint,
+        overlap=job.candidates is None,
+        reservation_id=reservation_id,
+    )
     gen = generate(state, job, r, deadline)
     t_private = time.monotonic()
     try:

@@ -9,6 +9,8 @@ Public bounds (refused with a 400 naming the parameter, nothing charged):
   the requested number of units: a budget of 2.0 serves exactly twenty ε = 0.1 requests. The float ε and
   the Gumbel scale are the library's (:func:`privalign.alignment.priv_bon.privbon_epsilon_within`, then
   :func:`privalign.alignment.selectors.make_selector`: scale 2Δ/ε rounded up, charged ε rounded up).
+* ``n``: in ``[1, limits.max_n]``, and the method's candidate count (PrivITP: ``2n + 1``) at most
+  ``limits.max_n``.
 * PrivITP: ``beta`` in :data:`BETA_BOUNDS`, ``sigma_x``/``sigma_z`` in :data:`SIGMA_BOUNDS`; the
   worst-case ε_max must be finite, at least the ε floor's unit and at most the request's ``epsilon`` cap.
 """
@@ -48,6 +50,8 @@ class Plan:
     params: dict[str, float]
     worst: Any
     mech: Any = None
+    #: the privacy fields the request left to the server's defaults (echoed in the answer's block)
+    defaulted: tuple[str, ...] = ()
 
 
 def _bad(param: str, msg: str) -> ApiError:
@@ -90,14 +94,68 @@ def _privbon(cfg: ServiceConfig, eps: float, n: int) -> Plan:
     )
 
 
-def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> Plan:
+def _check_pool(method: str, n: int, max_n: int) -> None:
+    """``limits.max_n`` caps the candidates a request generates or brings, for every method: PrivITP's
+    ``2n + 1`` (two pools of n and a fallback) included. Refused before anything is generated or
+    reserved."""
+    from privalign.alignment.selectors import pool_size as candidates_for
+
+    need = candidates_for(method, n)
+    if need > max_n:
+        most = (max_n - 1) // 2
+        hint = (
+            f"use n ≤ {most}" if most >= 1 else "this server's limits.max_n is below privitp's minimum of 3"
+        )
+        raise _bad(
+            "privacy.n",
+            f"The 'privacy.n' parameter {n} makes {method} use 2n + 1 = {need} candidates, above "
+            f"limits.max_n = {max_n} (the cap on candidates generated or brought): {hint}.",
+        )
+
+
+def _require_privacy(cfg: ServiceConfig, pp: PrivacyParams | None, method: str) -> None:
+    """``privacy.require_privacy``: a request that may spend budget (any method but the non-private
+    ``bon``) states ``privacy.epsilon``, the most it may spend, so no request spends a server default the
+    client never saw."""
+    if not cfg.privacy.require_privacy or method == "bon" or (pp is not None and pp.epsilon is not None):
+        return
+    name = "privacy" if pp is None else "privacy.epsilon"
+    raise _bad(
+        name,
+        f"The '{name}' parameter is required on this server (privacy.require_privacy = true): every request "
+        'states the most it may spend, e.g. "privacy": {"epsilon": 0.5} (with the openai client: '
+        'extra_body={"privacy": {"epsilon": 0.5}}). GET /v1/budget shows what is left. Nothing was charged.',
+    )
+
+
+def make_plan(
+    cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int, *, n_implied: bool = False
+) -> Plan:
     """Validate the ``privacy`` object against the server's public bounds and build the plan.
+
+    ``n_implied``: ``n_default`` is the count the request's candidates imply (``/v1/select``), not a
+    server default.
 
     Raises:
       ApiError: 400 naming the parameter, the constraint and the value. Nothing has been reserved.
     """
-    pv, lim = cfg.privacy, cfg.limits
+    plan = _make_plan(cfg, pp, n_default)
     pp = pp or PrivacyParams()
+    plan.defaulted = tuple(
+        name
+        for name, missing in (
+            ("method", pp.method is None),
+            ("epsilon", pp.epsilon is None and plan.method != "bon"),
+            ("n", pp.n is None and not n_implied),
+        )
+        if missing
+    )
+    return plan
+
+
+def _make_plan(cfg: ServiceConfig, given: PrivacyParams | None, n_default: int) -> Plan:
+    pv, lim = cfg.privacy, cfg.limits
+    pp = given or PrivacyParams()
     if pp.seed is not None:
         raise _bad(
             "privacy.seed",
@@ -110,6 +168,7 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
             f"The 'privacy.method' parameter must be one of {list(pv.allowed_methods)} on this server. "
             f"Got {method!r} instead.",
         )
+    _require_privacy(cfg, given, method)
     eps = pp.epsilon if pp.epsilon is not None else pv.default_epsilon
     if not (math.isfinite(eps) and lim.min_epsilon <= eps <= lim.max_epsilon):
         raise _bad(
@@ -120,6 +179,7 @@ def make_plan(cfg: ServiceConfig, pp: PrivacyParams | None, n_default: int) -> P
     n = pp.n if pp.n is not None else n_default
     if not (1 <= n <= lim.max_n):
         raise _bad("privacy.n", f"The 'privacy.n' parameter must be in [1, {lim.max_n}]. Got {n!r} instead.")
+    _check_pool(method, n, lim.max_n)
     if method == "bon":
         from privalign.alignment import make_selector
 

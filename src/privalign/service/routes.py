@@ -11,9 +11,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from privalign.alignment.selectors import pool_size, uses_two_pools
@@ -75,10 +74,18 @@ def _send(out: pipeline.Outcome, after: Any = None, headers: dict[str, str] | No
     )
 
 
+async def _raw_body(request: Request) -> bytes:
+    """The request's body as received (already read and cached by FastAPI): what an Idempotency-Key's
+    request hash covers. Hashing the bytes, not a re-encoding of the parsed body, means no value the
+    schema lets through (a lone surrogate in an extra key, a deeply nested ``stream_options``) can make
+    the idempotent path fail."""
+    return await request.body()
+
+
 def _handle(
     state: pipeline.ServiceState,
     job: pipeline.Job,
-    body: BaseModel,
+    raw: bytes,
     authorization: str | None,
     idem_key: str | None,
 ) -> Response:
@@ -106,11 +113,21 @@ def _handle(
             "The 'Idempotency-Key' header must have at most 200 characters.",
             param="Idempotency-Key",
         )
-    req_hash = hashlib.sha256((job.endpoint + "\n" + body.model_dump_json()).encode()).hexdigest()
+    req_hash = hashlib.sha256(job.endpoint.encode() + b"\n" + raw).hexdigest()
     ttl = cfg.limits.idempotency_ttl_s
+    attempt = uuid.uuid4().hex  # the id this attempt reserves under, recorded on its pending row
     try:
-        stored = state.store.idempotency_begin(key.key_id, idem_key, req_hash, ttl_s=ttl)
+        stored = state.store.idempotency_begin(
+            key.key_id,
+            idem_key,
+            req_hash,
+            ttl_s=ttl,
+            reservation_id=attempt,
+            stale_after_s=cfg.privacy.reconcile_after_s,
+        )
     except IdempotencyConflict as exc:
+        if exc.charged is False:  # in progress, nothing held yet: a later retry may run
+            raise ApiError(409, "conflict_error", str(exc), headers={"Retry-After": "2"}) from None
         raise ApiError(409, "conflict_error", str(exc), retry=False) from None
     except IdempotencyMismatch as exc:
         raise ApiError(422, "invalid_request_error", str(exc), param="Idempotency-Key") from None
@@ -123,12 +140,10 @@ def _handle(
             headers={"Idempotent-Replayed": "true"},
         )
     try:
-        out = pipeline.run(state, key, job)
+        out = pipeline.run(state, key, job, reservation_id=attempt)
     except ApiError as exc:
         if not exc.charged:  # nothing was charged: the client may retry with the same key
-            state.store.idempotency_finish(
-                key.key_id, idem_key, status_code=None, response=None, reservation_id=None, ttl_s=ttl
-            )
+            _forget_attempt(state, key.key_id, idem_key, attempt)
         raise  # charged: the attempt stays pending (a retry is answered 409, never charged twice)
     try:
         if out.settle is not None:
@@ -141,6 +156,7 @@ def _handle(
             response=out.content.decode("utf-8"),
             reservation_id=out.reservation_id,
             ttl_s=ttl,
+            attempt=attempt,
         )
     except Exception as exc:  # noqa: BLE001 - the answer is ready: send it; the reservation stays charged (reconciled)
         state.metrics.settle_failures.inc()
@@ -149,6 +165,19 @@ def _handle(
             type(exc).__name__,
         )
     return _send(out)
+
+
+def _forget_attempt(state: pipeline.ServiceState, key_id: str, idem_key: str, attempt: str) -> None:
+    """Drop the pending row of an attempt that holds no charge. If the database fails here too, the row
+    stays: a retry reads the ledger, is told the attempt holds nothing (409, retry later) and takes the
+    key over after ``privacy.reconcile_after_s``."""
+    try:
+        state.store.idempotency_finish(
+            key_id, idem_key, status_code=None, response=None, reservation_id=None, ttl_s=0.0, attempt=attempt
+        )
+    except Exception as exc:  # noqa: BLE001 - answer the original error
+        state.metrics.db_errors.inc()
+        pipeline.log.error("could not clear an uncharged Idempotency-Key attempt: %s", type(exc).__name__)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -257,6 +286,7 @@ def chat_completions(
     body: ChatCompletionRequest,
     authorization: str | None = Header(None),
     idempotency_key: str | None = Header(None),
+    raw: bytes = Depends(_raw_body),
 ) -> Response:
     state = _state(request)
     gk = _gen_kwargs(state, body, True)
@@ -304,7 +334,7 @@ def chat_completions(
         render,
         _stream(body, streaming.chat_stream),
     )
-    return _handle(state, job, body, authorization, idempotency_key)
+    return _handle(state, job, raw, authorization, idempotency_key)
 
 
 @openai_router.post(
@@ -315,6 +345,7 @@ def completions(
     body: CompletionRequest,
     authorization: str | None = Header(None),
     idempotency_key: str | None = Header(None),
+    raw: bytes = Depends(_raw_body),
 ) -> Response:
     state = _state(request)
     gk = _gen_kwargs(state, body, False)
@@ -342,7 +373,7 @@ def completions(
         render,
         _stream(body, streaming.completion_stream),
     )
-    return _handle(state, job, body, authorization, idempotency_key)
+    return _handle(state, job, raw, authorization, idempotency_key)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,6 +387,7 @@ def select_endpoint(
     body: SelectRequest,
     authorization: str | None = Header(None),
     idempotency_key: str | None = Header(None),
+    raw: bytes = Depends(_raw_body),
 ) -> Response:
     state = _state(request)
     cfg = state.cfg
@@ -388,7 +420,7 @@ def select_endpoint(
             f"privacy.n={None if pp is None else pp.n}.",
             param="candidates",
         )
-    plan = make_plan(cfg, pp, n_implied)
+    plan = make_plan(cfg, pp, n_implied, n_implied=True)
 
     def render(idx: int, text: str, block: dict, finish_reason: str, usage: dict | None) -> dict:
         return {
@@ -401,7 +433,19 @@ def select_endpoint(
         }
 
     job = pipeline.Job("/v1/select", plan, body.prompt, body.prompt, list(body.candidates), {}, render)
-    return _handle(state, job, body, authorization, idempotency_key)
+    return _handle(state, job, raw, authorization, idempotency_key)
+
+
+def _request_defaults(state: pipeline.ServiceState) -> dict[str, Any]:
+    """What a request that omits privacy fields gets: ``epsilon`` is ``null`` when it must be stated
+    (``privacy.require_privacy``), else the ε a request without one spends."""
+    pv = state.cfg.privacy
+    return {
+        "require_privacy": pv.require_privacy,
+        "method": pv.allowed_methods[0],
+        "epsilon": None if pv.require_privacy else pv.default_epsilon,
+        "n": pv.default_n,
+    }
 
 
 @select_router.get("/v1/budget", summary="The calling key's budget and its latest ledger rows (never waits)")
@@ -434,6 +478,7 @@ def budget(request: Request, authorization: str | None = Header(None)) -> JSONRe
             "reserved": pair("reserved"),
             "remaining": pipeline.remaining_dict(key, left),
             "pending_settles": state.pending_settles(key.key_id),
+            "request_defaults": _request_defaults(state),
             "ledger": json.loads(pipeline.encode(rows)),
         }
     )

@@ -115,11 +115,24 @@ class Receipt:
 
 
 class IdempotencyConflict(Exception):
-    """An attempt with this Idempotency-Key is in progress or was interrupted."""
+    """An attempt with this Idempotency-Key is in progress or was interrupted.
+
+    ``charged``: whether that attempt holds a reservation (``True``: a retry with this key is never run;
+    ``False``: it holds nothing yet, a later retry may run; ``None``: unknown, treated as charged)."""
+
+    def __init__(self, message: str, *, charged: bool | None = None) -> None:
+        super().__init__(message)
+        self.charged = charged
 
 
 class IdempotencyMismatch(Exception):
     """This Idempotency-Key was used with a different request."""
+
+
+_IN_PROGRESS = (
+    "A request with this Idempotency-Key is in progress and holds no charge yet; retry in a few seconds. "
+    "Nothing was charged for this one."
+)
 
 
 def cost_units(cost: Sequence[float], name: str = "cost") -> tuple[int, int]:
@@ -519,6 +532,7 @@ class SQLBudgetStore:
         require_active: bool = False,
         wait: bool = True,
         background: bool = True,
+        reservation_id: str | None = None,
     ) -> Receipt:
         """Atomically check ``spent + reserved + cost ≤ limit`` (exact integer units) and record a
         reservation.
@@ -548,6 +562,9 @@ class SQLBudgetStore:
             holds the GIL and delays that thread by up to the interpreter's switch interval, 5 ms).
             ``False``: the flush runs when the caller waits (:meth:`wait_durable`), in the caller's
             thread, shared with every reservation committed by then.
+          reservation_id: the id to record (default: a fresh random one). A caller that chooses it can
+            tell, after a failure, whether the reservation was written (:meth:`cancel` it: an unknown id
+            raises :class:`ReservationError`).
 
         Returns:
           A :class:`Receipt` with the principal's totals right after this reservation.
@@ -561,7 +578,7 @@ class SQLBudgetStore:
         """
         ca, cb = cost_units(cost, "cost")
         lim = limit_units(limit)
-        rid = uuid.uuid4().hex
+        rid = reservation_id or uuid.uuid4().hex
         ev = json.dumps(event) if event is not None else None
         self._decide_group_commit()
         flusher = self.flusher
@@ -906,9 +923,23 @@ class SQLBudgetStore:
 
     # -- idempotency --------------------------------------------------------------------------
     def idempotency_begin(
-        self, principal: str, idem_key: str, request_hash: str, *, ttl_s: float
+        self,
+        principal: str,
+        idem_key: str,
+        request_hash: str,
+        *,
+        ttl_s: float,
+        reservation_id: str | None = None,
+        stale_after_s: float | None = None,
     ) -> tuple[int, str] | None:
         """Start an attempt of a request carrying an ``Idempotency-Key``.
+
+        Args:
+          reservation_id: the id the attempt will reserve under (recorded on the pending row, so that a
+            later retry can tell from the ledger whether the attempt holds a charge).
+          stale_after_s: a pending attempt older than this that holds no reservation (never reserved, or
+            cancelled) is dead (the service passes ``privacy.reconcile_after_s``, after which it also
+            charges open reservations as abandoned): this attempt takes its key over. ``None``: never.
 
         Returns:
           ``(status_code, response JSON text)`` of a completed, unexpired attempt with the same key and
@@ -916,12 +947,19 @@ class SQLBudgetStore:
           row is replaced.
 
         Raises:
-          IdempotencyConflict: an attempt with this key is in progress or was interrupted.
+          IdempotencyConflict: an attempt with this key is in progress or was interrupted; its
+            ``charged`` says whether it holds a reservation (read from the ledger).
           IdempotencyMismatch: this key was used with a different request.
         """
         t = db.now()
         tbl = db.idempotency
         cond = (tbl.c.principal == principal) & (tbl.c.idem_key == idem_key)
+        pending = {
+            "status": "pending",
+            "reservation_id": reservation_id,
+            "created_at": t,
+            "expires_at": t + ttl_s,
+        }
         with self.engine.begin() as conn:
             row = conn.execute(select(tbl).where(cond)).mappings().first()
             if (
@@ -937,25 +975,51 @@ class SQLBudgetStore:
                     with conn.begin_nested():
                         conn.execute(
                             tbl.insert().values(
-                                principal=principal,
-                                idem_key=idem_key,
-                                request_hash=request_hash,
-                                status="pending",
-                                created_at=t,
-                                expires_at=t + float(ttl_s),
+                                principal=principal, idem_key=idem_key, request_hash=request_hash, **pending
                             )
                         )
                     return None
                 except IntegrityError:
-                    raise IdempotencyConflict("A request with this Idempotency-Key is in progress.") from None
+                    raise IdempotencyConflict(_IN_PROGRESS, charged=False) from None
         if row["request_hash"] != request_hash:
             raise IdempotencyMismatch("This Idempotency-Key was used with a different request body.")
         if row["status"] == "done":
             return int(row["status_code"]), row["response"]
+        charged = self._attempt_charged(row["reservation_id"])
+        if charged is False and stale_after_s is not None and row["created_at"] <= t - stale_after_s:
+            with self.engine.begin() as conn:  # take the dead attempt's key over (once, whatever the race)
+                res = conn.execute(
+                    update(tbl)
+                    .where(cond, tbl.c.status == "pending", tbl.c.created_at == row["created_at"])
+                    .values(**pending)
+                )
+            if res.rowcount == 1:
+                return None
+        if charged is False:
+            raise IdempotencyConflict(_IN_PROGRESS, charged=False)
         raise IdempotencyConflict(
-            "A request with this Idempotency-Key is in progress or was interrupted; an interrupted attempt "
-            "stays charged at its reserved cost."
+            "A request with this Idempotency-Key "
+            + (
+                "reserved its budget and was not answered (it is in progress, or it was interrupted): it "
+                "holds a charge, at most its reserved cost"
+                if charged
+                else "is in progress or was interrupted; it may hold a charge, at most its reserved cost"
+            )
+            + ". It is not run again: send a new request with a new Idempotency-Key.",
+            charged=charged,
         )
+
+    def _attempt_charged(self, reservation_id: str | None) -> bool | None:
+        """Whether the attempt that reserves under ``reservation_id`` holds a charge: its reservation is
+        written and not cancelled. ``None`` when no id was recorded (unknown)."""
+        if reservation_id is None:
+            return None
+        led = db.ledger
+        with self.engine.connect() as conn:
+            actions = set(
+                conn.execute(select(led.c.action).where(led.c.reservation_id == reservation_id)).scalars()
+            )
+        return "reserve" in actions and "cancel" not in actions
 
     def idempotency_finish(
         self,
@@ -966,11 +1030,16 @@ class SQLBudgetStore:
         response: str | None,
         reservation_id: str | None,
         ttl_s: float,
+        attempt: str | None = None,
     ) -> None:
         """Store the answer of an attempt (``response`` JSON text), or, with ``response=None``, drop its
-        pending row (a refusal that charged nothing: the client may retry with the same key)."""
+        pending row (a refusal that charged nothing: the client may retry with the same key).
+        ``attempt``: the reservation id the attempt began with; only its own row is changed (not one a
+        later attempt took over)."""
         tbl = db.idempotency
         cond = (tbl.c.principal == principal) & (tbl.c.idem_key == idem_key)
+        if attempt is not None:
+            cond = cond & (tbl.c.reservation_id == attempt)
         with self.engine.begin() as conn:
             if response is None:
                 conn.execute(delete(tbl).where(cond & (tbl.c.status == "pending")))

@@ -30,6 +30,8 @@ def generate(state: ServiceState, job: Job, r: Reserved, deadline: float) -> Gen
         gen = Generation.of(fut.result(timeout=max(0.0, deadline - time.monotonic())))
         for c in gen.texts:
             c.encode("utf-8")  # an unencodable candidate is a generator failure, found before scoring
+            if len(c) > state.cfg.limits.max_text_chars:  # bounds the scorer's work, as for brought ones
+                raise UpstreamError("a candidate is longer than limits.max_text_chars")
         if len(gen.candidates) != need:
             raise UpstreamError(f"generator returned {len(gen.candidates)} candidates, expected {need}")
     except Exception as exc:  # noqa: BLE001 - UpstreamError, FutureTimeout, anything the generator raises

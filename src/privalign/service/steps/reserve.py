@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 
 from privalign.accounting import filters as F
-from privalign.errors import BudgetExhaustedError, UnsupportedEventError
+from privalign.errors import BudgetExhaustedError, ReservationError, UnsupportedEventError
 from privalign.service import db
 from privalign.service import plan as planning
 from privalign.service.errors import ApiError
@@ -18,6 +19,8 @@ from privalign.service.store import ActiveKeyCheckFailed, DurabilityError
 
 __all__ = ["reserve", "cancel", "durable"]
 
+log = logging.getLogger("privalign.service")
+
 
 def reserve(
     state: ServiceState,
@@ -27,6 +30,7 @@ def reserve(
     endpoint: str = "",
     *,
     overlap: bool = False,
+    reservation_id: str | None = None,
 ) -> Reserved:
     """Step 1. ``reauth``: ``None`` if ``key`` was authenticated from the database; otherwise ``key``
     comes from the key cache and the reserving statement also checks that the key is active
@@ -37,9 +41,58 @@ def reserve(
     group commit its flush to disk may still be pending (``receipt.ticket``): :func:`durable` must be
     called before anything that depends on the private scores is released. ``overlap``: start that flush
     now in the flusher's thread (the request goes on to generate, waiting on I/O); otherwise it runs at
-    the gate, in the request's thread, shared with every reservation committed by then."""
+    the gate, in the request's thread, shared with every reservation committed by then.
+
+    ``reservation_id``: the id to reserve under (default: a fresh one). Any failure other than a refusal
+    (a database error) is answered 503 once the reservation is known not to stand: if the statement wrote
+    it after all, it is cancelled (nothing private was touched yet); if that cannot be checked, the answer
+    says the reservation may stand (charged at its reserved cost by reconciliation) and is ``charged``."""
     if not (state.private and plan.method != "bon"):
         return Reserved(key)
+    rid = reservation_id or uuid.uuid4().hex
+    try:
+        return _reserve(state, key, plan, reauth, endpoint, overlap, rid)
+    except ApiError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a database error: say whether anything stands
+        raise _reserve_failed(state, rid, exc) from None
+
+
+def _reserve_failed(state: ServiceState, rid: str, exc: Exception) -> ApiError:
+    """The answer to a reserve that raised ``exc``: cancel the reservation if it was written after all."""
+    state.metrics.db_errors.inc()
+    log.error("reserve failed: %s", type(exc).__name__)
+    try:
+        state.store.cancel(rid)  # written despite the error (e.g. a commit whose reply was lost)
+    except ReservationError:
+        pass  # unknown id: nothing was written
+    except Exception as exc2:  # noqa: BLE001 - the database is unreachable: the outcome is unknown
+        log.error("reservation %s could not be checked: %s", rid, type(exc2).__name__)
+        return ApiError(
+            503,
+            "service_unavailable",
+            "The budget database failed while reserving and could not be checked: the reservation may "
+            "stand, and is then charged at its reserved cost when reconciled (no answer was computed). A "
+            "retry may be charged again.",
+            charged=True,
+        )
+    return ApiError(
+        503,
+        "service_unavailable",
+        "The budget database failed while reserving; nothing was charged. Retry in a few seconds.",
+        headers={"Retry-After": "2"},
+    )
+
+
+def _reserve(
+    state: ServiceState,
+    key: KeyInfo,
+    plan: planning.Plan,
+    reauth: Callable[[], KeyInfo] | None,
+    endpoint: str,
+    overlap: bool,
+    rid: str,
+) -> Reserved:
     flt = FILTERS[key.accounting]
     try:
         cost = flt.cost(plan.worst)
@@ -57,14 +110,23 @@ def reserve(
     if reauth is not None:
         try:
             receipt = state.store.reserve(
-                key.key_id, cost, None, event=event, require_active=True, wait=False, background=overlap
+                key.key_id,
+                cost,
+                None,
+                event=event,
+                require_active=True,
+                wait=False,
+                background=overlap,
+                reservation_id=rid,
             )
         except (ActiveKeyCheckFailed, BudgetExhaustedError):
             key = reauth()  # nothing was written: authenticate from the database and decide again
             flt = FILTERS[key.accounting]
     if receipt is None:
         try:
-            receipt = state.store.reserve(key.key_id, cost, None, event=event, wait=False, background=overlap)
+            receipt = state.store.reserve(
+                key.key_id, cost, None, event=event, wait=False, background=overlap, reservation_id=rid
+            )
         except BudgetExhaustedError as exc:
             state.metrics.refusals.labels(endpoint).inc()
             rem = {
@@ -89,9 +151,24 @@ def reserve(
 
 
 def cancel(state: ServiceState, r: Reserved) -> None:
-    """Release a reservation whose mechanism never touched private data."""
+    """Release a reservation whose mechanism never touched private data. If the database fails, the
+    reservation stands (charged at its reserved cost when reconciled): 503, ``charged``."""
     if r.receipt is not None:
-        state.store.cancel(r.receipt.reservation_id)
+        try:
+            state.store.cancel(r.receipt.reservation_id)
+        except Exception as exc:  # noqa: BLE001 - a database error
+            state.metrics.db_errors.inc()
+            log.error(
+                "reservation %s could not be cancelled: %s", r.receipt.reservation_id, type(exc).__name__
+            )
+            raise ApiError(
+                503,
+                "service_unavailable",
+                "The budget database failed while releasing the reservation: it stands, and is charged "
+                "at its reserved cost when reconciled (no private score was computed). Do not retry: a "
+                "retry is charged again.",
+                charged=True,
+            ) from None
         state.metrics.cancelled.inc()
 
 
@@ -106,9 +183,7 @@ def durable(state: ServiceState, r: Reserved, deadline: float) -> None:
         state.store.wait_durable(r.receipt, timeout=max(1.0, deadline - time.monotonic()))
     except DurabilityError as exc:
         state.metrics.db_errors.inc()
-        logging.getLogger("privalign.service").error(
-            "reservation %s not confirmed on disk: %s", r.receipt.reservation_id, exc
-        )
+        log.error("reservation %s not confirmed on disk: %s", r.receipt.reservation_id, exc)
         raise ApiError(
             503,
             "service_unavailable",

@@ -49,6 +49,7 @@ def respond(
         "method": job.plan.method,
         "n": len(gen.candidates),
         "accounting": key.accounting,
+        "defaulted": list(job.plan.defaulted),  # the privacy fields the server filled in
     }
     settle = None
     if r.receipt is not None:
