@@ -4,7 +4,7 @@ Layers, bottom to top (a package imports only its own modules and lower layers; 
 ``tests/core/test_core_layers.py``, which lists no exception; a lower layer reaches an implementation in a
 higher one only by name, through an entry-point group declared in ``pyproject.toml``, e.g. the feature maps
 of ``privalign.feature_maps``):
-``errors`` ← ``{_validation, rng, paths, _json, _lazy, release}`` ← ``{accounting, data, privalign}`` ←
+``errors`` ← ``{_validation, rng, paths, _json, _lazy}`` ← ``{accounting, data, release, privalign}`` ←
 ``mechanisms`` ← ``{alignment, estimation, audit}`` ← ``models`` ← ``pipeline`` ← ``rlhf`` ←
 ``{experiments, service}`` ← ``cli``.
 """

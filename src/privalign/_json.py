@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["to_jsonable", "from_jsonable", "dumps", "write_json_atomic"]
+__all__ = ["to_jsonable", "from_jsonable", "dumps", "write_json_atomic", "write_text_atomic"]
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -82,3 +82,24 @@ def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True) -> None:
         json.dump(data, fh, indent=2, sort_keys=sort_keys, allow_nan=False)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same directory (created owner-only by
+    ``mkstemp``), set ``mode``, then ``os.replace``: never a half-written file, and a file meant to be
+    owner-only (``mode=0o600``) is never readable by others, not even while it is written. Creates the
+    parent directory; the temporary file is removed on any failure."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

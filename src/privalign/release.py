@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from privalign._json import write_text_atomic
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
@@ -323,15 +323,5 @@ def write_audit_record(
         **record,
     }
     text = json.dumps(doc, indent=2, sort_keys=False, default=str)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # created 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, text + "\n", mode=0o600)
     return path

@@ -28,8 +28,8 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: Bottom to top. The same order is stated in ``privalign/__init__.py``.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"_validation", "rng", "paths", "_json", "_lazy", "release"},
-    {"accounting", "data", "__init__"},
+    {"_validation", "rng", "paths", "_json", "_lazy"},
+    {"accounting", "data", "release", "__init__"},
     {"mechanisms"},
     {"alignment", "estimation", "audit"},
     {"models"},

@@ -29,12 +29,12 @@ import base64
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from privalign._json import write_text_atomic
 from privalign.accounting.events import event_from_dict
 from privalign.errors import DataFormatError, PrivacyParameterError
 
@@ -168,17 +168,8 @@ def write_reward_model(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():  # else os.replace fails with "[Errno 21] Is a directory: '.tmp.*' -> 'DIR'"
         raise IsADirectoryError(f"{path} is a directory: give the path of the reward-model file to write")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a model file is as readable as any other output
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # a model file is as readable as any other output (the temporary file is owner-only)
+    write_text_atomic(path, text, mode=0o644)
     return path
 
 
