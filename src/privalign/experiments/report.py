@@ -233,6 +233,10 @@ def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
 
 
 _PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
+#: P2-1's admissible slope of the error vs n: the rate s*/n + s*²/(n²ε²) has slope −1 (statistical term) to
+#: −2 (privacy term); ± 0.2 for the finite grid. It was [−2.5, −0.5], which let a quick run with CI
+#: [−2.47, −0.74] "hold" (issue 27).
+P2_1_WINDOW = (-2.2, -0.8)
 
 CLAIMS: list[Claim] = [
     Claim(
@@ -348,10 +352,11 @@ CLAIMS: list[Claim] = [
         "Paper 2",
         "Sample-DP-IHT: error Õ(s*/n + s*²/(n²ε²)), decreasing in n. [paper]",
         "p2-rates",
-        "holds if the 95% CI of the log-log slope of the error vs n lies inside [-2.5, -0.5] and every "
-        "fitted point is in the learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside "
-        "(points in the regime); else inconclusive",
-        lambda R, runs=None: _rates_slope(R, sweep="n", method="SampleDPIHT", low=-2.5, high=-0.5),
+        f"holds if the 95% CI of the log-log slope of the error vs n lies inside [{P2_1_WINDOW[0]:g}, "
+        f"{P2_1_WINDOW[1]:g}] (the theory's slopes −1 to −2, ± 0.2) and every fitted point is in the learning "
+        "regime (error < ½‖θ*‖²); does not hold if the CI lies outside (points in the regime); else "
+        "inconclusive",
+        lambda R, runs=None: _rates_slope(R, sweep="n", method="SampleDPIHT", low=P2_1_WINDOW[0], high=P2_1_WINDOW[1]),
     ),
     Claim(
         "P2-2",
