@@ -328,7 +328,7 @@ def _rates(sweep, method, values, slope, *, noise=0.01, reps=3, zero_factor=10.0
 
 # claim, sweep, method, values, slope inside the admissible range, outside it, on its upper boundary
 RATE_CLAIMS = [
-    ("P2-1", "n", "SampleDPIHT", (1e3, 3e3, 1e4, 3e4), -1.5, 0.0, -0.5),
+    ("P2-1", "n", "SampleDPIHT", (1e3, 3e3, 1e4, 3e4), -1.5, 0.0, -0.8),
     ("P2-2", "s", "RRIHT", (2, 4, 8, 16), 1.0, 2.5, 1.5),
     ("P2-3", "d", "RRIHT", (1e2, 1e3, 1e4, 1e5), 0.0, 1.0, 0.35),
 ]
@@ -352,6 +352,25 @@ def test_rate_claims_three_outcomes_through_the_report(cid, sweep, method, value
     # inside the range, but the errors are no better than θ̂ = 0: not the rate's slope
     v, m, _ = claim(_rates(sweep, method, values, inside, zero_factor=1.5))
     assert v == "inconclusive" and "not in the learning regime" in m
+
+
+def test_p2_1_window_is_the_theory_range_and_rejects_the_quick_runs_wide_interval():
+    """Issue 27: the quick run's CI [−2.47, −0.74] "held" under the old window [−2.5, −0.5]; the window is now
+    [−2.2, −0.8] (slopes −1 to −2 of the rate, ± 0.2), under which that CI is inconclusive, a CI inside it
+    holds and one beyond it (a slope of −2.5, faster than the privacy term allows) does not hold."""
+    from privalign.experiments.report import CLAIMS, P2_1_WINDOW
+
+    low, high = P2_1_WINDOW
+    assert (low, high) == (-2.2, -0.8)
+    assert "[-2.2, -0.8]" in {c.id: c for c in CLAIMS}["P2-1"].rule
+    ci = lambda lo, hi: {"slope": (lo + hi) / 2, "slope_lo": lo, "slope_hi": hi, "points": 20, "values": 4}
+    quick = ci(-2.47, -0.74)
+    assert V.slope_rule(quick, low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "holds"  # the old window
+    v, m = V.slope_rule(quick, low=low, high=high, regime=_regime(), what="x")
+    assert v == "inconclusive" and "boundary" in m
+    assert V.slope_rule(ci(-1.6, -1.0), low=low, high=high, regime=_regime(), what="x")[0] == "holds"
+    assert V.slope_rule(ci(-2.7, -2.3), low=low, high=high, regime=_regime(), what="x")[0] == "does not hold"
+    assert V.slope_rule(ci(-0.7, -0.4), low=low, high=high, regime=_regime(), what="x")[0] == "does not hold"
 
 
 # --- P2-4 ----------------------------------------------------------------------------------------
@@ -429,6 +448,50 @@ def test_p2_4_three_outcomes_through_the_report():
     assert v == "inconclusive" and "MISSING ε = [2.0]" in m
     v, m = p2_4(_accuracy(60, 10, correct=False))
     assert v == "inconclusive" and "lack per-pair outcomes" in m
+
+
+def test_paired_tost_exact_t_quantiles_and_the_motivating_tie():
+    # 30 / 30 discordant of 2,000: Δ̂ = 0, SE = √(60/1999/2000); equivalence within ±0.03 at α = 0.05
+    t = V.paired_tost(30, 30, 2000, margin=0.03, alpha=0.05)
+    se = math.sqrt(60 / 1999 / 2000)
+    assert t["se"] == pytest.approx(se) and t["equivalent"]
+    assert t["p"] == pytest.approx(stats_t_sf(0.03 / se, 1999))
+    # issue 27's powered tie (IMDb ε = 8, RR-IHT vs dense RR, 16 / 18 of 462): equivalent within ±0.03 at
+    # α = 0.05 for one comparison, not after Bonferroni over the 12 comparisons of P2-4 (TOST p = 0.021)
+    tie = V.paired_tost(16, 18, 462, margin=0.03, alpha=0.05)
+    assert tie["equivalent"] and tie["p"] == pytest.approx(0.0214, abs=5e-4)
+    assert not V.paired_tost(16, 18, 462, margin=0.03, alpha=0.05 / 12)["equivalent"]
+    assert not V.paired_tost(60, 10, 400)["equivalent"]  # a clear difference is not equivalence
+    assert V.paired_tost(0, 0, 100)["equivalent"]  # identical predictions: SE = 0, |Δ̂| = 0 < margin
+
+
+def stats_t_sf(x, df):
+    from scipy import stats
+
+    return float(stats.t.sf(x, df))
+
+
+def test_p2_4_equivalence_branch_does_not_hold():
+    """Issue 27: a powered tie read "inconclusive". A pair shown equivalent within ±0.03 accuracy (paired
+    TOST at α/k) now makes "sparse beats dense" not hold: a gain below 0.03, if any, is not beating."""
+
+    def p2_4(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p2-accuracy": recs})}["P2-4"]
+        return c["verdict"], c["measured"]
+
+    v, m = p2_4(_accuracy(30, 30, n=2000))  # the old rule: inconclusive (no significant difference)
+    assert v == "does not hold" and "equivalent within ±0.03 accuracy (paired TOST, α=0.05/4) in 4" in m
+    assert "EQUIVALENT" in m and "sparse significantly better in 0, dense in 0" in m
+    # RR-IHT wins, Sample-DP IHT ties within the margin: not every sparse method beats its dense one
+    v, m = p2_4(_accuracy(300, 10, second=(30, 30), n=2000))
+    assert v == "does not hold" and "sparse significantly better in 2, dense in 0; equivalent" in m
+    # an unpowered tie is still inconclusive, and a clear win still holds
+    assert p2_4(_accuracy(22, 18))[0] == "inconclusive"
+    assert p2_4(_accuracy(60, 10))[0] == "holds"
+    # a wider margin turns the 16 / 18 tie of 462 into equivalence even at α/12
+    cmp = [dict(c, b=16, c=18, n_test=462) for c in _cmp(0, 0)] * 6
+    assert V.mcnemar_rule(cmp)[0] == "inconclusive"
+    assert V.mcnemar_rule(cmp, margin=0.04)[0] == "does not hold"
 
 
 # --- P2-5 ----------------------------------------------------------------------------------------

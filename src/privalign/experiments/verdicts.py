@@ -11,7 +11,10 @@ Statistics used (α stated with every verdict, exact critical values from scipy)
 * **Power** is reported as the *minimum detectable difference* ``(t_{1−α/k} + z_{0.8})·SE``: the true
   difference the test would detect with probability ≈ 0.8 at the measured SE.
 * **Exact McNemar** (:func:`mcnemar_exact`) for two classifiers on the same test pairs (binomial test on
-  the discordant pairs).
+  the discordant pairs); **equivalence** of two classifiers by a paired TOST (:func:`paired_tost`).
+* Every "does not hold" branch that fires on *any one* of k comparisons tests each at α/k (Bonferroni), so
+  that the branch's family-wise false-positive rate is at most α; a "holds" branch that needs *all* k is an
+  intersection-union test and is valid at α per comparison.
 
 Every rule returns ``(verdict, measured)``; ``measured`` names the numbers, α and the power.
 """
@@ -29,6 +32,8 @@ __all__ = [
     "t_crit",
     "mdd",
     "mcnemar_exact",
+    "paired_tost",
+    "EQUIVALENCE_MARGIN",
     "bon_degradation",
     "monotone_rule",
     "p1_1_rule",
@@ -90,6 +95,40 @@ def mcnemar_exact(b: int, c: int) -> float:
     if n == 0:
         return 1.0
     return float(stats.binom.sf(b - 1, n, 0.5))
+
+
+#: P2-4's equivalence margin (accuracy): a sparse gain smaller than 0.03 is not "beating" the dense method.
+EQUIVALENCE_MARGIN = 0.03
+
+
+def paired_tost(b: int, c: int, n: int, *, margin: float = EQUIVALENCE_MARGIN, alpha: float = ALPHA) -> dict:
+    """Paired TOST (two one-sided tests) that two classifiers' accuracies on the same ``n`` test pairs differ by
+    less than ``margin``: the per-pair differences are +1 (``b`` pairs only the first gets right), −1 (``c``
+    pairs only the second) and 0 otherwise; with their mean Δ̂ = (b − c)/n and standard error, equivalence
+    is shown at level ``alpha`` when both ``(Δ̂ + margin)/SE`` and ``(margin − Δ̂)/SE`` exceed the exact
+    Student-t quantile ``t_{1−α, n−1}`` (equivalently, the (1 − 2α) interval lies inside ±margin). The p-value
+    is the larger of the two one-sided p-values. With SE = 0 (no discordant pairs) equivalence holds iff
+    |Δ̂| < margin.
+    """
+    mean = (b - c) / n
+    var = ((b + c) - n * mean**2) / max(n - 1, 1)
+    se = math.sqrt(max(var, 0.0) / n)
+    df = max(n - 1, 1)
+    if se <= _TINY:
+        p = 0.0 if abs(mean) < margin else 1.0
+    else:
+        p = float(max(stats.t.sf((mean + margin) / se, df), stats.t.sf((margin - mean) / se, df)))
+    crit = t_crit(df, alpha)
+    return {
+        "diff": mean,
+        "se": se,
+        "p": p,
+        "equivalent": p < alpha,
+        "lo": mean - crit * se,
+        "hi": mean + crit * se,
+        "margin": margin,
+        "alpha": alpha,
+    }
 
 
 def _series(records: list[dict], method: str) -> dict[str, list[dict]]:
@@ -617,37 +656,53 @@ def slope_rule(
     return "inconclusive", text + "; CI overlaps the admissible range's boundary"
 
 
-def mcnemar_rule(comparisons: list[dict], *, epsilons=(2.0, 8.0), alpha: float = ALPHA) -> tuple[str, str]:
-    """P2-4: sparse beats dense at ε ∈ {2, 8}: one-sided exact McNemar tests on the shared test pairs,
-    Bonferroni over the comparisons. ``comparisons``: dicts with ``dataset, epsilon, sparse, dense, b, c,
-    n_test, acc_sparse, acc_dense`` (b = only sparse right, c = only dense right).
+def mcnemar_rule(
+    comparisons: list[dict],
+    *,
+    epsilons=(2.0, 8.0),
+    alpha: float = ALPHA,
+    margin: float = EQUIVALENCE_MARGIN,
+) -> tuple[str, str]:
+    """P2-4: sparse beats dense at ε ∈ {2, 8}, on the shared test pairs. ``comparisons``: dicts with
+    ``dataset, epsilon, sparse, dense, b, c, n_test, acc_sparse, acc_dense`` (b = only sparse right, c = only
+    dense right); k = the number of comparisons.
 
-    ``does not hold`` if some dense method is significantly more accurate; ``holds`` if every sparse method
-    is significantly more accurate at every ε and data set; else ``inconclusive``. Missing ε: inconclusive.
+    * ``does not hold`` if some dense method is significantly more accurate (one-sided exact McNemar at
+      α/k, Bonferroni), **or** some pair is shown equivalent within ±``margin`` accuracy (paired TOST,
+      :func:`paired_tost`, at α/k): a sparse gain, if any, below ``margin`` (0.03) is not "beating";
+    * ``holds`` if every sparse method is significantly more accurate (one-sided exact McNemar at α/k) at
+      every ε and data set (and none is shown equivalent);
+    * else ``inconclusive`` (also when an ε is missing).
     """
     have = {c["epsilon"] for c in comparisons}
     missing = [e for e in epsilons if e not in have]
     if not comparisons:
         return "inconclusive", f"no paired rows at ε ∈ {set(epsilons)}"
     k = len(comparisons)
-    parts, wins, losses = [], 0, 0
+    parts, wins, losses, ties = [], 0, 0, 0
     for c in comparisons:
         p_s = mcnemar_exact(c["b"], c["c"])
         p_d = mcnemar_exact(c["c"], c["b"])
+        eq = paired_tost(c["b"], c["c"], c["n_test"], margin=margin, alpha=alpha / k)
         wins += p_s < alpha / k
         losses += p_d < alpha / k
+        ties += eq["equivalent"]
         parts.append(
             f"{c['dataset']} ε={c['epsilon']:g}: {c['sparse']} {c['acc_sparse']:.3f} vs {c['dense']} "
             f"{c['acc_dense']:.3f} (discordant {c['b']}/{c['c']} of {c['n_test']}; p={min(p_s, p_d):.3g} "
-            f"{'sparse' if p_s <= p_d else 'dense'} better)"
+            f"{'sparse' if p_s <= p_d else 'dense'} better; diff {eq['diff']:+.3f}, "
+            f"{100 * (1 - 2 * alpha / k):.2f}% CI [{eq['lo']:+.3f}, {eq['hi']:+.3f}], TOST p={eq['p']:.3g}"
+            + (" EQUIVALENT" if eq["equivalent"] else "")
+            + ")"
         )
     head = (
         f"exact one-sided McNemar on shared test pairs, α={alpha:g} Bonferroni over {k}: sparse "
-        f"significantly better in {wins}, dense in {losses}"
+        f"significantly better in {wins}, dense in {losses}; equivalent within ±{margin:g} accuracy (paired "
+        f"TOST, α={alpha:g}/{k}) in {ties}"
         + (f"; MISSING ε = {missing}" if missing else "")
         + ". "
     )
-    if losses:
+    if losses or ties:
         return "does not hold", head + "; ".join(parts)
     if wins == k and not missing:
         return "holds", head + "; ".join(parts)
