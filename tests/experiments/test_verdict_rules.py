@@ -497,15 +497,39 @@ def test_p2_4_equivalence_branch_does_not_hold():
 # --- P2-5 ----------------------------------------------------------------------------------------
 
 
+def _gap(d, hw, hw_bonf=None, prompts=24):
+    hb = hw if hw_bonf is None else hw_bonf
+    return {
+        "dataset": "imdb",
+        "a": "A",
+        "b": "B",
+        "diff": d,
+        "lo": d - hw,
+        "hi": d + hw,
+        "lo_bonf": d - hb,
+        "hi_bonf": d + hb,
+        "prompts": prompts,
+    }
+
+
 def test_order_rule_is_symmetric_and_states_the_prompts_needed():
-    g = lambda d, hw: [
-        {"dataset": "imdb", "a": "A", "b": "B", "diff": d, "lo": d - hw, "hi": d + hw, "prompts": 24}
-    ]
+    g = lambda d, hw: [_gap(d, hw)]
     assert V.order_rule(g(0.1, 0.05))[0] == "holds"
     assert V.order_rule(g(-0.1, 0.05))[0] == "does not hold"
     v, m = V.order_rule(g(0.05, 0.15))  # point estimate in the paper's order, but not significant
     assert v == "inconclusive"
     assert "≈ 216" in m  # 24 · (0.15 / 0.05)² prompts for a ±0.05 half-width
+
+
+def test_order_rule_does_not_hold_only_on_a_bonferroni_significant_reversal():
+    """Issue 27: with k gaps, "does not hold" fires on any one, so each reversal is tested at 0.05/k: a gap
+    whose 95% interval is below 0 but whose (1 − 0.05/k) interval is not reads "inconclusive" (the old rule
+    said "does not hold"); a reversal beyond the Bonferroni interval still does not hold."""
+    fine = [_gap(0.1, 0.05, 0.07), _gap(0.1, 0.05, 0.07)]
+    v, m = V.order_rule(fine + [_gap(-0.06, 0.05, 0.07)])
+    assert v == "inconclusive" and "0 significantly reversed ((1 − 0.05/3) interval, Bonferroni over 3)" in m
+    assert V.order_rule(fine + [_gap(-0.1, 0.05, 0.07)])[0] == "does not hold"
+    assert V.order_rule(fine + [_gap(0.1, 0.05, 0.07)])[0] == "holds"
 
 
 def _winrate(values, P=30):
@@ -536,11 +560,59 @@ def test_p2_5_inconclusive_through_the_report_when_a_gap_is_not_resolved():
         return c["verdict"], c["measured"]
 
     v, m = p2_5(_winrate({"RRIHT": 0.7, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
-    assert v == "inconclusive" and "2 of 3 adjacent gaps significantly in the paper's direction, 0 " in m
+    assert v == "inconclusive" and "2 of 3 adjacent gaps significantly in the paper's direction (95% paired bootstrap), 0 " in m
     v, m = p2_5(_winrate({"RRIHT": 0.8, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
     assert v == "holds" and "3 of 3 adjacent gaps" in m
     v, m = p2_5(_winrate({"RRIHT": 0.6, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
-    assert v == "does not hold" and "1 significantly reversed" in m
+    assert v == "does not hold" and "1 significantly reversed ((1 − 0.05/3) interval, Bonferroni over 3)" in m
+
+
+# --- P2-6 ----------------------------------------------------------------------------------------
+
+
+def _policies(shift_rr, shift_dp, *, P=200, sd=0.1):
+    """p2-rlhf policy records at ε = 8: per-prompt gold of each sparse policy = the dense one's + a difference
+    with mean ``shift`` and standard deviation ``sd`` exactly (so the bootstrap's SE ≈ sd/√P)."""
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0.2, 0.8, P)
+    z = rng.standard_normal(P)
+    z = (z - z.mean()) / z.std(ddof=1)
+
+    def rec(method, gold):
+        return {
+            "kind": "policy",
+            "method": method,
+            "epsilon": 8.0,
+            "per_prompt_gold": list(gold),
+            "kl": 1.0,
+            "kl_se": 0.01,
+            "n_prompts": P,
+            "steps": 300,
+            "root_seed": 0,
+            "n_bootstrap": 4000,
+        }
+
+    return [
+        rec("RRIHT", base + shift_rr + sd * z),
+        rec("DenseRR", base),
+        rec("SampleDPIHT", base + shift_dp + sd * z),
+        rec("DPSGDLinear", base),
+    ]
+
+
+def test_p2_6_does_not_hold_needs_a_bonferroni_significant_reversal():
+    """Issue 27: two (sparse, dense) comparisons, "does not hold" on any one → each at 0.05/2. A reversal of
+    2.1 SE (95% interval below 0, 97.5% interval not) was "does not hold" and is now "inconclusive"."""
+
+    def p2_6(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p2-rlhf": recs})}["P2-6"]
+        return c["verdict"], c["measured"]
+
+    se = 0.1 / math.sqrt(200)
+    v, m = p2_6(_policies(0.05, -2.1 * se))
+    assert v == "inconclusive" and "97.50% CI (Bonferroni over 2)" in m
+    assert p2_6(_policies(0.05, -4.0 * se))[0] == "does not hold"
+    assert p2_6(_policies(0.05, 0.05))[0] == "holds"
 
 
 # --- B-1 and the report wrapper ------------------------------------------------------------------

@@ -710,30 +710,33 @@ def mcnemar_rule(
 
 
 def order_rule(gaps: list[dict], *, target: float = 0.05) -> tuple[str, str]:
-    """P2-5 (symmetric): ``gaps`` = per data set and adjacent pair of the paper's order, the point gap and
-    its 95% paired interval (``dataset, a, b, diff, lo, hi, prompts``). ``holds`` if every gap is
-    significantly in the paper's direction (lo > 0); ``does not hold`` if any is significantly reversed
-    (hi < 0); else ``inconclusive``. States the CI half-width and the prompts needed for a ±``target``
-    half-width (resolves a 5-point gap), ∝ 1/√prompts.
+    """P2-5 (symmetric): ``gaps`` = per data set and adjacent pair of the paper's order, the point gap, its
+    95% paired interval and its (1 − 0.05/k) interval, k = the number of gaps (``dataset, a, b, diff, lo, hi,
+    lo_bonf, hi_bonf, prompts``). ``holds`` if every gap is significantly in the paper's direction (lo > 0:
+    all k must, so each at 95% is an intersection-union test at α = 0.025 one-sided); ``does not hold`` if
+    any is significantly reversed (hi_bonf < 0: one-sided α = 0.025/k per gap, Bonferroni, so the branch's
+    family-wise rate is ≤ 0.025); else ``inconclusive``. States the CI half-width and the prompts needed for a
+    ±``target`` half-width (resolves a 5-point gap), ∝ 1/√prompts.
     """
     if not gaps:
         return "inconclusive", "no win-rate gaps"
     parts = []
     need = 0
+    k = len(gaps)
     for g in gaps:
         hw = (g["hi"] - g["lo"]) / 2
         n_needed = math.ceil(g["prompts"] * (hw / target) ** 2) if hw > 0 else g["prompts"]
         need = max(need, n_needed)
         parts.append(
             f"{g['dataset']} {g['a']}−{g['b']} {g['diff']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}] (±{hw:.3f}, "
-            f"P={g['prompts']})"
+            f"{100 * (1 - 0.05 / k):.2f}% [{g['lo_bonf']:+.3f}, {g['hi_bonf']:+.3f}], P={g['prompts']})"
         )
     n_sig = sum(g["lo"] > 0 for g in gaps)
-    n_rev = sum(g["hi"] < 0 for g in gaps)
+    n_rev = sum(g["hi_bonf"] < 0 for g in gaps)
     head = (
-        f"{n_sig} of {len(gaps)} adjacent gaps significantly in the paper's direction, {n_rev} significantly "
-        f"reversed (95% paired bootstrap); prompts needed for a ±{target:g} half-width (to resolve a "
-        f"{100 * target:g}-point gap): ≈ {need}. "
+        f"{n_sig} of {k} adjacent gaps significantly in the paper's direction (95% paired bootstrap), "
+        f"{n_rev} significantly reversed ((1 − 0.05/{k}) interval, Bonferroni over {k}); prompts needed for "
+        f"a ±{target:g} half-width (to resolve a {100 * target:g}-point gap): ≈ {need}. "
     )
     if n_rev:
         return "does not hold", head + "; ".join(parts)
