@@ -365,7 +365,9 @@ def test_p2_1_window_is_the_theory_range_and_rejects_the_quick_runs_wide_interva
     assert "[-2.2, -0.8]" in {c.id: c for c in CLAIMS}["P2-1"].rule
     ci = lambda lo, hi: {"slope": (lo + hi) / 2, "slope_lo": lo, "slope_hi": hi, "points": 20, "values": 4}
     quick = ci(-2.47, -0.74)
-    assert V.slope_rule(quick, low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "holds"  # the old window
+    assert (
+        V.slope_rule(quick, low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "holds"
+    )  # the old window
     v, m = V.slope_rule(quick, low=low, high=high, regime=_regime(), what="x")
     assert v == "inconclusive" and "boundary" in m
     assert V.slope_rule(ci(-1.6, -1.0), low=low, high=high, regime=_regime(), what="x")[0] == "holds"
@@ -560,7 +562,10 @@ def test_p2_5_inconclusive_through_the_report_when_a_gap_is_not_resolved():
         return c["verdict"], c["measured"]
 
     v, m = p2_5(_winrate({"RRIHT": 0.7, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
-    assert v == "inconclusive" and "2 of 3 adjacent gaps significantly in the paper's direction (95% paired bootstrap), 0 " in m
+    assert (
+        v == "inconclusive"
+        and "2 of 3 adjacent gaps significantly in the paper's direction (95% paired bootstrap), 0 " in m
+    )
     v, m = p2_5(_winrate({"RRIHT": 0.8, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
     assert v == "holds" and "3 of 3 adjacent gaps" in m
     v, m = p2_5(_winrate({"RRIHT": 0.6, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
@@ -618,20 +623,47 @@ def test_p2_6_does_not_hold_needs_a_bonferroni_significant_reversal():
 # --- B-1 and the report wrapper ------------------------------------------------------------------
 
 
-def _tvi(diff):
-    return [
-        {"T": 100, "method": "PrivBoN", "value": 0.5, "value_se": 0.01},
-        {"T": 100, "method": "DP reward model + BoN", "value": 0.5 + diff, "value_se": 0.01},
-    ]
+def _tvi(diffs, *, Q=300, sd=0.2, paired=True):
+    """beyond-train-vs-inference records: at each T, DP-RM + BoN's per-query value = PrivBoN's + diffs[T] +
+    noise (sd); without ``paired`` the per-query values are left out (the unpaired fallback)."""
+    rng = np.random.default_rng(7)
+    base = rng.normal(0.5, 0.3, Q)
+    out = []
+    for t, diff in diffs.items():
+        for method, v in (("PrivBoN", base), ("DP reward model + BoN", base + diff + rng.normal(0, sd, Q))):
+            out.append(
+                {
+                    "T": t,
+                    "method": method,
+                    "value": float(v.mean()),
+                    "value_se": float(v.std(ddof=1) / math.sqrt(Q)),
+                    **({"value_pq": v.tolist()} if paired else {}),
+                }
+            )
+    return out
 
 
-def test_b1_three_outcomes_through_the_report():
-    def verdict(recs):
-        return {c["id"]: c["verdict"] for c in evaluate_claims({"beyond-train-vs-inference": recs})}["B-1"]
+def test_b1_three_outcomes_through_the_report_decided_at_the_smallest_informative_t():
+    """Issue 27: B-1 was decided at the largest T (10⁴) though it held at T = 1. Now it is decided at the
+    smallest T where DP-RM is significantly ahead (paired over the queries, Bonferroni over the T grid)."""
 
-    assert verdict(_tvi(0.1)) == "holds"
-    assert verdict(_tvi(-0.1)) == "does not hold"
-    assert verdict(_tvi(0.01)) == "inconclusive"
+    def b1(recs):
+        c = {c["id"]: c for c in evaluate_claims({"beyond-train-vs-inference": recs})}["B-1"]
+        return c["verdict"], c["measured"]
+
+    v, m = b1(_tvi({1: 0.1, 10: 0.2, 100: 0.3, 10_000: 0.4}))
+    assert v == "holds" and "decided at T=1 (from the grid's first T on)" in m
+    assert "Bonferroni over the 4 values of T (paired over the evaluation queries)" in m
+    v, m = b1(_tvi({1: -0.1, 10: 0.0, 100: 0.1, 10_000: 0.2}))  # a crossover between T = 10 and 100
+    assert v == "holds" and "decided at T=100 (after the crossover)" in m and "T=1: " in m and "(behind)" in m
+    v, m = b1(_tvi({1: -0.2, 10: -0.1, 100: -0.1, 10_000: -0.1}))
+    assert v == "does not hold" and "PrivBoN significantly ahead at the largest T=10000" in m
+    assert b1(_tvi({1: 0.0, 10: 0.005, 100: 0.0, 10_000: 0.005}))[0] == "inconclusive"
+    # ahead at T = 10 only, significantly behind later: not "once T is large"
+    assert b1(_tvi({1: 0.0, 10: 0.1, 100: -0.1, 10_000: 0.0}))[0] == "inconclusive"
+    # the records of older runs (no per-query values): unpaired, normal quantiles
+    v, m = b1(_tvi({1: 0.1, 10_000: 0.4}, paired=False))
+    assert v == "holds" and "(unpaired)" in m
 
 
 def test_scaling_claims_combine_synthetic_and_real_runs():

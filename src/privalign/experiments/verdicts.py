@@ -44,6 +44,7 @@ __all__ = [
     "slope_rule",
     "mcnemar_rule",
     "order_rule",
+    "b1_rule",
 ]
 
 #: Significance level of every test in the claims table (one-sided unless stated).
@@ -102,13 +103,15 @@ EQUIVALENCE_MARGIN = 0.03
 
 
 def paired_tost(b: int, c: int, n: int, *, margin: float = EQUIVALENCE_MARGIN, alpha: float = ALPHA) -> dict:
-    """Paired TOST (two one-sided tests) that two classifiers' accuracies on the same ``n`` test pairs differ by
-    less than ``margin``: the per-pair differences are +1 (``b`` pairs only the first gets right), −1 (``c``
-    pairs only the second) and 0 otherwise; with their mean Δ̂ = (b − c)/n and standard error, equivalence
-    is shown at level ``alpha`` when both ``(Δ̂ + margin)/SE`` and ``(margin − Δ̂)/SE`` exceed the exact
-    Student-t quantile ``t_{1−α, n−1}`` (equivalently, the (1 − 2α) interval lies inside ±margin). The p-value
-    is the larger of the two one-sided p-values. With SE = 0 (no discordant pairs) equivalence holds iff
-    |Δ̂| < margin.
+    """Paired TOST (two one-sided tests) that two classifiers' accuracies on the same ``n`` test pairs
+    differ by less than ``margin``.
+
+    The per-pair differences are +1 (``b`` pairs only the first gets right), −1 (``c`` pairs only the
+    second) and 0 otherwise; D = (b − c)/n is their mean, SE its standard error. Equivalence is shown at
+    level ``alpha`` when both ``(D + margin)/SE`` and ``(margin − D)/SE`` exceed the exact Student-t
+    quantile ``t_{1−α, n−1}`` (equivalently, the (1 − 2α) interval lies inside ±margin). The p-value is the
+    larger of the two one-sided p-values. With SE = 0 (no discordant pairs) equivalence holds iff
+    |D| < margin.
     """
     mean = (b - c) / n
     var = ((b + c) - n * mean**2) / max(n - 1, 1)
@@ -698,9 +701,7 @@ def mcnemar_rule(
     head = (
         f"exact one-sided McNemar on shared test pairs, α={alpha:g} Bonferroni over {k}: sparse "
         f"significantly better in {wins}, dense in {losses}; equivalent within ±{margin:g} accuracy (paired "
-        f"TOST, α={alpha:g}/{k}) in {ties}"
-        + (f"; MISSING ε = {missing}" if missing else "")
-        + ". "
+        f"TOST, α={alpha:g}/{k}) in {ties}" + (f"; MISSING ε = {missing}" if missing else "") + ". "
     )
     if losses or ties:
         return "does not hold", head + "; ".join(parts)
@@ -742,4 +743,76 @@ def order_rule(gaps: list[dict], *, target: float = 0.05) -> tuple[str, str]:
         return "does not hold", head + "; ".join(parts)
     if n_sig == len(gaps):
         return "holds", head + "; ".join(parts)
+    return "inconclusive", head + "; ".join(parts)
+
+
+def _b1_diff(a: dict, b: dict) -> dict:
+    """DP-RM + BoN (``b``) − PrivBoN (``a``) at one T: paired over the evaluation queries when the records
+    carry ``value_pq`` (t critical values, df = queries − 1), else unpaired (combined SE, normal
+    quantiles)."""
+    d = paired_diff({"lift_pp": a.get("value_pq")}, {"lift_pp": b.get("value_pq")})
+    if d is not None:
+        return {**d, "paired": True}
+    return {
+        "mean": b["value"] - a["value"],
+        "se": math.sqrt(a["value_se"] ** 2 + b["value_se"] ** 2),
+        "df": None,
+        "paired": False,
+    }
+
+
+def _b1_z(d: dict) -> float:
+    if d["se"] > _TINY:
+        return float(d["mean"] / d["se"])
+    return math.inf if d["mean"] > _TINY else -math.inf if d["mean"] < -_TINY else 0.0
+
+
+def _b1_crit(d: dict, a: float) -> float:
+    return t_crit(d["df"], a) if d["paired"] else float(stats.norm.ppf(1.0 - a))
+
+
+def b1_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
+    """B-1: a DP-trained reward model + BoN beats per-query PrivBoN at the same total (ε, δ) once T is large.
+
+    Per T of the grid (k values), d(T) = value(DP-RM + BoN) − value(PrivBoN), one-sided tests at α/k
+    (Bonferroni: the rule scans the grid), paired over the evaluation queries when the records carry
+    ``value_pq`` (exact t quantiles), else unpaired with exact normal quantiles. The claim is decided at the
+    **smallest T where it is informative**: T* = the smallest T at which DP-RM is significantly ahead.
+
+    * ``does not hold`` if PrivBoN is significantly ahead at the largest T (no crossover in the grid;
+      one test, at α);
+    * ``holds`` if T* exists and DP-RM is not significantly behind at any T ≥ T* ("decided at T = T*";
+      T* = the grid's smallest T means it holds from the first query on);
+    * else ``inconclusive``.
+    """
+    ts = sorted({r["T"] for r in records if "T" in r})
+    rows = {t: {r["method"]: r for r in records if r.get("T") == t} for t in ts}
+    ts = [t for t in ts if "DP reward model + BoN" in rows[t] and "PrivBoN" in rows[t]]
+    if not ts:
+        return "inconclusive", "no T with both 'DP reward model + BoN' and 'PrivBoN' rows"
+    k = len(ts)
+    tests = {t: _b1_diff(rows[t]["PrivBoN"], rows[t]["DP reward model + BoN"]) for t in ts}
+    ahead = [t for t in ts if _b1_z(tests[t]) > _b1_crit(tests[t], alpha / k)]
+    behind = [t for t in ts if _b1_z(tests[t]) < -_b1_crit(tests[t], alpha / k)]
+    last = ts[-1]
+    parts = [
+        f"T={t}: DP-RM + BoN {rows[t]['DP reward model + BoN']['value']:.3f} vs PrivBoN "
+        f"{rows[t]['PrivBoN']['value']:.3f}, diff {tests[t]['mean']:+.3f} ± {tests[t]['se']:.3f}"
+        + (" (ahead)" if t in ahead else " (behind)" if t in behind else "")
+        for t in ts
+    ]
+    d_last = tests[last]
+    paired = all(d["paired"] for d in tests.values())
+    head = (
+        f"one-sided tests at α={alpha:g}, Bonferroni over the {k} values of T "
+        f"({'paired over the evaluation queries' if paired else 'unpaired'}); detectable difference at the "
+        f"largest T ≈ {(_b1_crit(d_last, alpha / k) + _Z80) * d_last['se']:.3f}. "
+    )
+    if _b1_z(d_last) < -_b1_crit(d_last, alpha):
+        return "does not hold", head + f"PrivBoN significantly ahead at the largest T={last}; " + "; ".join(
+            parts
+        )
+    if ahead and not [t for t in behind if t >= ahead[0]]:
+        when = "from the grid's first T on" if ahead[0] == ts[0] else "after the crossover"
+        return "holds", head + f"decided at T={ahead[0]} ({when}); " + "; ".join(parts)
     return "inconclusive", head + "; ".join(parts)

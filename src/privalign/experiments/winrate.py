@@ -523,9 +523,10 @@ def order_verdict(
     Symmetric rule (:func:`privalign.experiments.verdicts.order_rule`): ``holds`` only if every adjacent gap
     of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval
     above 0) on every data set; ``does not hold`` if any gap is significantly reversed (its (1 − 0.05/k)
-    interval below 0, Bonferroni over the k gaps); else ``inconclusive``. The measured text starts with the power statement (:func:`power_statement`:
-    ``powered`` or ``UNDERPOWERED``), then each interval's half-width and the number of prompts that would
-    give a ±0.05 half-width. ``details``, if given, receives ``{"gaps": [...], "power": {...}}``.
+    interval below 0, Bonferroni over the k gaps); else ``inconclusive``. The measured text starts with the
+    power statement (:func:`power_statement`: ``powered`` or ``UNDERPOWERED``), then each interval's
+    half-width and the number of prompts that would give a ±0.05 half-width. ``details``, if given, receives
+    ``{"gaps": [...], "power": {...}}``.
     """
     from privalign.experiments.verdicts import order_rule
 

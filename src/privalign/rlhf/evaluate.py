@@ -220,7 +220,11 @@ def sparse_vs_dense_verdict(
     mde = 2.8 * se
     msg = (
         f"gold(sparse) − gold(dense) = {diff:+.4f} [95% CI {lo:+.4f}, {hi:+.4f}"
-        + (f"; upper end of the {100 * (1 - 0.05 / k):.2f}% CI (Bonferroni over {k}) {hi_k:+.4f}" if k > 1 else "")
+        + (
+            f"; upper end of the {100 * (1 - 0.05 / k):.2f}% CI (Bonferroni over {k}) {hi_k:+.4f}"
+            if k > 1
+            else ""
+        )
         + f"] over {a.size} prompts; KL "
         f"sparse {ks:.3f} ± {sparse.get('kl_se', 0.0):.3f}, dense {kd:.3f} ± {dense.get('kl_se', 0.0):.3f} "
         f"nats; detectable difference at ≈80% power: {mde:.4f}"
