@@ -88,7 +88,8 @@ SECRET_PARAMS = ("random_state",)
 
 #: Fitted attributes a release may hold: DP outputs (``support_``) and functions of public configuration
 #: and n (``n_iter_`` of IHT, DP-SGD's ``steps_``, ``sampling_probability_`` and ``noise_multiplier_``,
-#: randomized response's ``flip_probability_``).
+#: randomized response's ``flip_probability_``; DP-SGD's ``clip_norm_``, ``batch_size_`` and
+#: ``learning_rate_``, its defaults' values: functions of d, the public feature bound, n, ε and δ only).
 REWARD_MODEL_FITTED = frozenset(
     {
         "support_",
@@ -98,6 +99,9 @@ REWARD_MODEL_FITTED = frozenset(
         "noise_multiplier_",
         "sampling_probability_",
         "steps_",
+        "clip_norm_",
+        "batch_size_",
+        "learning_rate_",
     }
 )
 

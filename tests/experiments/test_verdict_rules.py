@@ -328,7 +328,7 @@ def _rates(sweep, method, values, slope, *, noise=0.01, reps=3, zero_factor=10.0
 
 # claim, sweep, method, values, slope inside the admissible range, outside it, on its upper boundary
 RATE_CLAIMS = [
-    ("P2-1", "n", "SampleDPIHT", (1e3, 3e3, 1e4, 3e4), -1.5, 0.0, -0.5),
+    ("P2-1", "n", "SampleDPIHT", (1e3, 3e3, 1e4, 3e4), -1.5, 0.0, -0.8),
     ("P2-2", "s", "RRIHT", (2, 4, 8, 16), 1.0, 2.5, 1.5),
     ("P2-3", "d", "RRIHT", (1e2, 1e3, 1e4, 1e5), 0.0, 1.0, 0.35),
 ]
@@ -352,6 +352,27 @@ def test_rate_claims_three_outcomes_through_the_report(cid, sweep, method, value
     # inside the range, but the errors are no better than θ̂ = 0: not the rate's slope
     v, m, _ = claim(_rates(sweep, method, values, inside, zero_factor=1.5))
     assert v == "inconclusive" and "not in the learning regime" in m
+
+
+def test_p2_1_window_is_the_theory_range_and_rejects_the_quick_runs_wide_interval():
+    """Issue 27: the quick run's CI [−2.47, −0.74] "held" under the old window [−2.5, −0.5]; the window is now
+    [−2.2, −0.8] (slopes −1 to −2 of the rate, ± 0.2), under which that CI is inconclusive, a CI inside it
+    holds and one beyond it (a slope of −2.5, faster than the privacy term allows) does not hold."""
+    from privalign.experiments.report import CLAIMS, P2_1_WINDOW
+
+    low, high = P2_1_WINDOW
+    assert (low, high) == (-2.2, -0.8)
+    assert "[-2.2, -0.8]" in {c.id: c for c in CLAIMS}["P2-1"].rule
+    ci = lambda lo, hi: {"slope": (lo + hi) / 2, "slope_lo": lo, "slope_hi": hi, "points": 20, "values": 4}
+    quick = ci(-2.47, -0.74)
+    assert (
+        V.slope_rule(quick, low=-2.5, high=-0.5, regime=_regime(), what="x")[0] == "holds"
+    )  # the old window
+    v, m = V.slope_rule(quick, low=low, high=high, regime=_regime(), what="x")
+    assert v == "inconclusive" and "boundary" in m
+    assert V.slope_rule(ci(-1.6, -1.0), low=low, high=high, regime=_regime(), what="x")[0] == "holds"
+    assert V.slope_rule(ci(-2.7, -2.3), low=low, high=high, regime=_regime(), what="x")[0] == "does not hold"
+    assert V.slope_rule(ci(-0.7, -0.4), low=low, high=high, regime=_regime(), what="x")[0] == "does not hold"
 
 
 # --- P2-4 ----------------------------------------------------------------------------------------
@@ -431,18 +452,86 @@ def test_p2_4_three_outcomes_through_the_report():
     assert v == "inconclusive" and "lack per-pair outcomes" in m
 
 
+def test_paired_tost_exact_t_quantiles_and_the_motivating_tie():
+    # 30 / 30 discordant of 2,000: Δ̂ = 0, SE = √(60/1999/2000); equivalence within ±0.03 at α = 0.05
+    t = V.paired_tost(30, 30, 2000, margin=0.03, alpha=0.05)
+    se = math.sqrt(60 / 1999 / 2000)
+    assert t["se"] == pytest.approx(se) and t["equivalent"]
+    assert t["p"] == pytest.approx(stats_t_sf(0.03 / se, 1999))
+    # issue 27's powered tie (IMDb ε = 8, RR-IHT vs dense RR, 16 / 18 of 462): equivalent within ±0.03 at
+    # α = 0.05 for one comparison, not after Bonferroni over the 12 comparisons of P2-4 (TOST p = 0.021)
+    tie = V.paired_tost(16, 18, 462, margin=0.03, alpha=0.05)
+    assert tie["equivalent"] and tie["p"] == pytest.approx(0.0214, abs=5e-4)
+    assert not V.paired_tost(16, 18, 462, margin=0.03, alpha=0.05 / 12)["equivalent"]
+    assert not V.paired_tost(60, 10, 400)["equivalent"]  # a clear difference is not equivalence
+    assert V.paired_tost(0, 0, 100)["equivalent"]  # identical predictions: SE = 0, |Δ̂| = 0 < margin
+
+
+def stats_t_sf(x, df):
+    from scipy import stats
+
+    return float(stats.t.sf(x, df))
+
+
+def test_p2_4_equivalence_branch_does_not_hold():
+    """Issue 27: a powered tie read "inconclusive". A pair shown equivalent within ±0.03 accuracy (paired
+    TOST at α/k) now makes "sparse beats dense" not hold: a gain below 0.03, if any, is not beating."""
+
+    def p2_4(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p2-accuracy": recs})}["P2-4"]
+        return c["verdict"], c["measured"]
+
+    v, m = p2_4(_accuracy(30, 30, n=2000))  # the old rule: inconclusive (no significant difference)
+    assert v == "does not hold" and "equivalent within ±0.03 accuracy (paired TOST, α=0.05/4) in 4" in m
+    assert "EQUIVALENT" in m and "sparse significantly better in 0, dense in 0" in m
+    # RR-IHT wins, Sample-DP IHT ties within the margin: not every sparse method beats its dense one
+    v, m = p2_4(_accuracy(300, 10, second=(30, 30), n=2000))
+    assert v == "does not hold" and "sparse significantly better in 2, dense in 0; equivalent" in m
+    # an unpowered tie is still inconclusive, and a clear win still holds
+    assert p2_4(_accuracy(22, 18))[0] == "inconclusive"
+    assert p2_4(_accuracy(60, 10))[0] == "holds"
+    # a wider margin turns the 16 / 18 tie of 462 into equivalence even at α/12
+    cmp = [dict(c, b=16, c=18, n_test=462) for c in _cmp(0, 0)] * 6
+    assert V.mcnemar_rule(cmp)[0] == "inconclusive"
+    assert V.mcnemar_rule(cmp, margin=0.04)[0] == "does not hold"
+
+
 # --- P2-5 ----------------------------------------------------------------------------------------
 
 
+def _gap(d, hw, hw_bonf=None, prompts=24):
+    hb = hw if hw_bonf is None else hw_bonf
+    return {
+        "dataset": "imdb",
+        "a": "A",
+        "b": "B",
+        "diff": d,
+        "lo": d - hw,
+        "hi": d + hw,
+        "lo_bonf": d - hb,
+        "hi_bonf": d + hb,
+        "prompts": prompts,
+    }
+
+
 def test_order_rule_is_symmetric_and_states_the_prompts_needed():
-    g = lambda d, hw: [
-        {"dataset": "imdb", "a": "A", "b": "B", "diff": d, "lo": d - hw, "hi": d + hw, "prompts": 24}
-    ]
+    g = lambda d, hw: [_gap(d, hw)]
     assert V.order_rule(g(0.1, 0.05))[0] == "holds"
     assert V.order_rule(g(-0.1, 0.05))[0] == "does not hold"
     v, m = V.order_rule(g(0.05, 0.15))  # point estimate in the paper's order, but not significant
     assert v == "inconclusive"
     assert "≈ 216" in m  # 24 · (0.15 / 0.05)² prompts for a ±0.05 half-width
+
+
+def test_order_rule_does_not_hold_only_on_a_bonferroni_significant_reversal():
+    """Issue 27: with k gaps, "does not hold" fires on any one, so each reversal is tested at 0.05/k: a gap
+    whose 95% interval is below 0 but whose (1 − 0.05/k) interval is not reads "inconclusive" (the old rule
+    said "does not hold"); a reversal beyond the Bonferroni interval still does not hold."""
+    fine = [_gap(0.1, 0.05, 0.07), _gap(0.1, 0.05, 0.07)]
+    v, m = V.order_rule(fine + [_gap(-0.06, 0.05, 0.07)])
+    assert v == "inconclusive" and "0 significantly reversed ((1 − 0.05/3) interval, Bonferroni over 3)" in m
+    assert V.order_rule(fine + [_gap(-0.1, 0.05, 0.07)])[0] == "does not hold"
+    assert V.order_rule(fine + [_gap(0.1, 0.05, 0.07)])[0] == "holds"
 
 
 def _winrate(values, P=30):
@@ -473,30 +562,108 @@ def test_p2_5_inconclusive_through_the_report_when_a_gap_is_not_resolved():
         return c["verdict"], c["measured"]
 
     v, m = p2_5(_winrate({"RRIHT": 0.7, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
-    assert v == "inconclusive" and "2 of 3 adjacent gaps significantly in the paper's direction, 0 " in m
+    assert (
+        v == "inconclusive"
+        and "2 of 3 adjacent gaps significantly in the paper's direction (95% paired bootstrap), 0 " in m
+    )
     v, m = p2_5(_winrate({"RRIHT": 0.8, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
     assert v == "holds" and "3 of 3 adjacent gaps" in m
     v, m = p2_5(_winrate({"RRIHT": 0.6, "SampleDPIHT": 0.7, "DenseRR": 0.6, "DPSGDLinear": 0.5}))
-    assert v == "does not hold" and "1 significantly reversed" in m
+    assert v == "does not hold" and "1 significantly reversed ((1 − 0.05/3) interval, Bonferroni over 3)" in m
+
+
+# --- P2-6 ----------------------------------------------------------------------------------------
+
+
+def _policies(shift_rr, shift_dp, *, P=200, sd=0.1):
+    """p2-rlhf policy records at ε = 8: per-prompt gold of each sparse policy = the dense one's + a difference
+    with mean ``shift`` and standard deviation ``sd`` exactly (so the bootstrap's SE ≈ sd/√P)."""
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0.2, 0.8, P)
+    z = rng.standard_normal(P)
+    z = (z - z.mean()) / z.std(ddof=1)
+
+    def rec(method, gold):
+        return {
+            "kind": "policy",
+            "method": method,
+            "epsilon": 8.0,
+            "per_prompt_gold": list(gold),
+            "kl": 1.0,
+            "kl_se": 0.01,
+            "n_prompts": P,
+            "steps": 300,
+            "root_seed": 0,
+            "n_bootstrap": 4000,
+        }
+
+    return [
+        rec("RRIHT", base + shift_rr + sd * z),
+        rec("DenseRR", base),
+        rec("SampleDPIHT", base + shift_dp + sd * z),
+        rec("DPSGDLinear", base),
+    ]
+
+
+def test_p2_6_does_not_hold_needs_a_bonferroni_significant_reversal():
+    """Issue 27: two (sparse, dense) comparisons, "does not hold" on any one → each at 0.05/2. A reversal of
+    2.1 SE (95% interval below 0, 97.5% interval not) was "does not hold" and is now "inconclusive"."""
+
+    def p2_6(recs):
+        c = {c["id"]: c for c in evaluate_claims({"p2-rlhf": recs})}["P2-6"]
+        return c["verdict"], c["measured"]
+
+    se = 0.1 / math.sqrt(200)
+    v, m = p2_6(_policies(0.05, -2.1 * se))
+    assert v == "inconclusive" and "97.50% CI (Bonferroni over 2)" in m
+    assert p2_6(_policies(0.05, -4.0 * se))[0] == "does not hold"
+    assert p2_6(_policies(0.05, 0.05))[0] == "holds"
 
 
 # --- B-1 and the report wrapper ------------------------------------------------------------------
 
 
-def _tvi(diff):
-    return [
-        {"T": 100, "method": "PrivBoN", "value": 0.5, "value_se": 0.01},
-        {"T": 100, "method": "DP reward model + BoN", "value": 0.5 + diff, "value_se": 0.01},
-    ]
+def _tvi(diffs, *, Q=300, sd=0.2, paired=True):
+    """beyond-train-vs-inference records: at each T, DP-RM + BoN's per-query value = PrivBoN's + diffs[T] +
+    noise (sd); without ``paired`` the per-query values are left out (the unpaired fallback)."""
+    rng = np.random.default_rng(7)
+    base = rng.normal(0.5, 0.3, Q)
+    out = []
+    for t, diff in diffs.items():
+        for method, v in (("PrivBoN", base), ("DP reward model + BoN", base + diff + rng.normal(0, sd, Q))):
+            out.append(
+                {
+                    "T": t,
+                    "method": method,
+                    "value": float(v.mean()),
+                    "value_se": float(v.std(ddof=1) / math.sqrt(Q)),
+                    **({"value_pq": v.tolist()} if paired else {}),
+                }
+            )
+    return out
 
 
-def test_b1_three_outcomes_through_the_report():
-    def verdict(recs):
-        return {c["id"]: c["verdict"] for c in evaluate_claims({"beyond-train-vs-inference": recs})}["B-1"]
+def test_b1_three_outcomes_through_the_report_decided_at_the_smallest_informative_t():
+    """Issue 27: B-1 was decided at the largest T (10⁴) though it held at T = 1. Now it is decided at the
+    smallest T where DP-RM is significantly ahead (paired over the queries, Bonferroni over the T grid)."""
 
-    assert verdict(_tvi(0.1)) == "holds"
-    assert verdict(_tvi(-0.1)) == "does not hold"
-    assert verdict(_tvi(0.01)) == "inconclusive"
+    def b1(recs):
+        c = {c["id"]: c for c in evaluate_claims({"beyond-train-vs-inference": recs})}["B-1"]
+        return c["verdict"], c["measured"]
+
+    v, m = b1(_tvi({1: 0.1, 10: 0.2, 100: 0.3, 10_000: 0.4}))
+    assert v == "holds" and "decided at T=1 (from the grid's first T on)" in m
+    assert "Bonferroni over the 4 values of T (paired over the evaluation queries)" in m
+    v, m = b1(_tvi({1: -0.1, 10: 0.0, 100: 0.1, 10_000: 0.2}))  # a crossover between T = 10 and 100
+    assert v == "holds" and "decided at T=100 (after the crossover)" in m and "T=1: " in m and "(behind)" in m
+    v, m = b1(_tvi({1: -0.2, 10: -0.1, 100: -0.1, 10_000: -0.1}))
+    assert v == "does not hold" and "PrivBoN significantly ahead at the largest T=10000" in m
+    assert b1(_tvi({1: 0.0, 10: 0.005, 100: 0.0, 10_000: 0.005}))[0] == "inconclusive"
+    # ahead at T = 10 only, significantly behind later: not "once T is large"
+    assert b1(_tvi({1: 0.0, 10: 0.1, 100: -0.1, 10_000: 0.0}))[0] == "inconclusive"
+    # the records of older runs (no per-query values): unpaired, normal quantiles
+    v, m = b1(_tvi({1: 0.1, 10_000: 0.4}, paired=False))
+    assert v == "holds" and "(unpaired)" in m
 
 
 def test_scaling_claims_combine_synthetic_and_real_runs():

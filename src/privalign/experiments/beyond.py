@@ -365,6 +365,7 @@ def _tvi_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
                 "T": t,
                 "value": float(v.mean()),
                 "value_se": float(v.std(ddof=1) / math.sqrt(len(v))),
+                "value_pq": [float(x) for x in v],  # per evaluation query: B-1's paired test
                 "per_query_epsilon": eps_q if method == "PrivBoN" else None,
                 "privacy": note,
                 "oracle": float((true.max(axis=1) - base).mean()),

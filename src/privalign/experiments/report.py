@@ -9,10 +9,10 @@ from ``results.jsonl`` at report time, never typed in), and a verdict from a sta
 * ``not run``: no run directory of the testing experiment was given to ``privalign report``;
 * ``not testable here``: with the reason (e.g. 7B models, asymptotic statements without constants).
 
-Comparisons use a 2-standard-error margin: "A is below B" means ``B − A > 2·sqrt(se_A² + se_B²)``
-(one-sided false-positive rate ≈ 2.3% per comparison under a normal approximation; no multiplicity
-correction across the table, which is descriptive). A quick configuration's verdict is about that small
-run only, and the report says so.
+Each rule states its one-sided α (0.05 unless stated) and uses exact critical values
+(``privalign.experiments.verdicts``); a "does not hold" branch that fires on any one of k comparisons is
+Bonferroni-corrected over them. There is no correction across the table, which is descriptive. A quick
+configuration's verdict is about that small run only, and the report says so.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,13 +57,6 @@ class Claim:
     evaluate: Callable[..., Verdict] | None = None
     reason: str = ""
     also: tuple[str, ...] = ()
-
-
-def _z(a: float, se_a: float, b: float, se_b: float) -> float:
-    """(b − a) in units of the combined standard error (inf when both SE are 0 and b ≠ a)."""
-    se = math.sqrt((se_a or 0.0) ** 2 + (se_b or 0.0) ** 2)
-    d = b - a
-    return d / se if se > 0 else (math.inf if d > 0 else (-math.inf if d < 0 else 0.0))
 
 
 def _combine(results: list[tuple[str, Verdict]]) -> Verdict:
@@ -177,22 +169,9 @@ def _winrate_order(records: Records, runs=None) -> Verdict:
 
 
 def _train_vs_inference(records: Records, runs=None) -> Verdict:
-    recs = records["beyond-train-vs-inference"]
-    last = max((r["T"] for r in recs if "T" in r), default=None)
-    if last is None:
-        return "inconclusive", "no rows"
-    rows = {r["method"]: r for r in recs if r.get("T") == last}
-    if "DP reward model + BoN" not in rows or "PrivBoN" not in rows:
-        return "inconclusive", f"methods at T={last}: {sorted(rows)}"
-    a, b = rows["PrivBoN"], rows["DP reward model + BoN"]
-    z = _z(a["value"], a["value_se"], b["value"], b["value_se"])
-    verdict = "holds" if z > 2 else "does not hold" if z < -2 else "inconclusive"
-    se = math.sqrt(a["value_se"] ** 2 + b["value_se"] ** 2)
-    return verdict, (
-        f"T={last}: DP-trained RM + BoN {b['value']:.3f}±{b['value_se']:.3f} vs PrivBoN "
-        f"{a['value']:.3f}±{a['value_se']:.3f} at the same total (ε, δ): difference {z:.1f} combined SE "
-        f"(2-SE rule, unpaired); detectable difference ≈ {2.84 * se:.3f} (2 SE + z_0.8·SE)"
-    )
+    from privalign.experiments.verdicts import b1_rule
+
+    return b1_rule(records["beyond-train-vs-inference"])
 
 
 def _membership(records: Records, runs=None) -> Verdict:
@@ -233,6 +212,10 @@ def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
 
 
 _PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
+#: P2-1's admissible slope of the error vs n: the rate s*/n + s*²/(n²ε²) has slope −1 (statistical term) to
+#: −2 (privacy term); ± 0.2 for the finite grid. It was [−2.5, −0.5], which let a quick run with CI
+#: [−2.47, −0.74] "hold" (issue 27).
+P2_1_WINDOW = (-2.2, -0.8)
 
 CLAIMS: list[Claim] = [
     Claim(
@@ -348,10 +331,13 @@ CLAIMS: list[Claim] = [
         "Paper 2",
         "Sample-DP-IHT: error Õ(s*/n + s*²/(n²ε²)), decreasing in n. [paper]",
         "p2-rates",
-        "holds if the 95% CI of the log-log slope of the error vs n lies inside [-2.5, -0.5] and every "
-        "fitted point is in the learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside "
-        "(points in the regime); else inconclusive",
-        lambda R, runs=None: _rates_slope(R, sweep="n", method="SampleDPIHT", low=-2.5, high=-0.5),
+        f"holds if the 95% CI of the log-log slope of the error vs n lies inside [{P2_1_WINDOW[0]:g}, "
+        f"{P2_1_WINDOW[1]:g}] (the theory's slopes −1 to −2, ± 0.2) and every fitted point is in the "
+        "learning regime (error < ½‖θ*‖²); does not hold if the CI lies outside (points in the regime); else "
+        "inconclusive",
+        lambda R, runs=None: _rates_slope(
+            R, sweep="n", method="SampleDPIHT", low=P2_1_WINDOW[0], high=P2_1_WINDOW[1]
+        ),
     ),
     Claim(
         "P2-2",
@@ -417,8 +403,10 @@ CLAIMS: list[Claim] = [
         "A DP-trained reward model used without further noise (post-processing) beats per-query "
         "PrivBoN at the same total (ε, δ) once T is large. [our question]",
         "beyond-train-vs-inference",
-        "at the largest T: holds if the DP-RM + BoN value exceeds PrivBoN's by more than 2 SE; does not hold "
-        "if it is more than 2 SE below; else inconclusive",
+        "per T, DP-RM + BoN − PrivBoN paired over the evaluation queries, one-sided α = 0.05 Bonferroni over "
+        "the T grid; decided at the smallest T where DP-RM is significantly ahead: holds if it is and it is "
+        "not significantly behind at any larger T; does not hold if PrivBoN is significantly ahead at the "
+        "largest T; else inconclusive",
         _train_vs_inference,
     ),
     Claim(

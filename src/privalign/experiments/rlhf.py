@@ -449,9 +449,10 @@ def rlhf_verdict(
     """Claim P2-6 (analogue): sparse private reward models give policies with higher gold reward at no more KL
     than dense ones, at every ε and privacy unit present (pairs :data:`SPARSE_DENSE`).
 
-    Per (pair, ε) the rule of :func:`privalign.rlhf.evaluate.sparse_vs_dense_verdict`; overall
-    ``does not hold`` if any comparison does not hold, ``holds`` if all hold, else ``inconclusive`` (also when
-    no pair is present).
+    Per (pair, ε) the rule of :func:`privalign.rlhf.evaluate.sparse_vs_dense_verdict` with k = the number of
+    comparisons (its "does not hold" reads the (1 − 0.05/k) interval: Bonferroni, since the overall verdict
+    fires on any one); overall ``does not hold`` if any comparison does not hold, ``holds`` if all hold, else
+    ``inconclusive`` (also when no pair is present).
     """
     from privalign.rlhf.evaluate import sparse_vs_dense_verdict
 
@@ -466,13 +467,16 @@ def rlhf_verdict(
         )
     )
     verdicts, parts = [], []
-    for a, b in SPARSE_DENSE:
-        for eps in sorted({e for (m, e) in pol if m == a and e is not None}, reverse=True):
-            if (b, eps) not in pol:
-                continue
-            v, msg = sparse_vs_dense_verdict(pol[(a, eps)], pol[(b, eps)], n_boot=B, rng=rng)
-            verdicts.append(v)
-            parts.append(f"{a} vs {b} at ε = {eps:g}: {v} ({msg})")
+    todo = [
+        (a, b, eps)
+        for a, b in SPARSE_DENSE
+        for eps in sorted({e for (m, e) in pol if m == a and e is not None}, reverse=True)
+        if (b, eps) in pol
+    ]
+    for a, b, eps in todo:  # Bonferroni over the len(todo) comparisons on the "does not hold" branch
+        v, msg = sparse_vs_dense_verdict(pol[(a, eps)], pol[(b, eps)], n_boot=B, rng=rng, k=len(todo))
+        verdicts.append(v)
+        parts.append(f"{a} vs {b} at ε = {eps:g}: {v} ({msg})")
     if not verdicts:
         return "inconclusive", "no (sparse, dense) pair at a common ε among " + ", ".join(
             f"{m}@{e}" for m, e in pol

@@ -11,7 +11,10 @@ Statistics used (α stated with every verdict, exact critical values from scipy)
 * **Power** is reported as the *minimum detectable difference* ``(t_{1−α/k} + z_{0.8})·SE``: the true
   difference the test would detect with probability ≈ 0.8 at the measured SE.
 * **Exact McNemar** (:func:`mcnemar_exact`) for two classifiers on the same test pairs (binomial test on
-  the discordant pairs).
+  the discordant pairs); **equivalence** of two classifiers by a paired TOST (:func:`paired_tost`).
+* Every "does not hold" branch that fires on *any one* of k comparisons tests each at α/k (Bonferroni), so
+  that the branch's family-wise false-positive rate is at most α; a "holds" branch that needs *all* k is an
+  intersection-union test and is valid at α per comparison.
 
 Every rule returns ``(verdict, measured)``; ``measured`` names the numbers, α and the power.
 """
@@ -29,6 +32,8 @@ __all__ = [
     "t_crit",
     "mdd",
     "mcnemar_exact",
+    "paired_tost",
+    "EQUIVALENCE_MARGIN",
     "bon_degradation",
     "monotone_rule",
     "p1_1_rule",
@@ -39,6 +44,7 @@ __all__ = [
     "slope_rule",
     "mcnemar_rule",
     "order_rule",
+    "b1_rule",
 ]
 
 #: Significance level of every test in the claims table (one-sided unless stated).
@@ -90,6 +96,42 @@ def mcnemar_exact(b: int, c: int) -> float:
     if n == 0:
         return 1.0
     return float(stats.binom.sf(b - 1, n, 0.5))
+
+
+#: P2-4's equivalence margin (accuracy): a sparse gain smaller than 0.03 is not "beating" the dense method.
+EQUIVALENCE_MARGIN = 0.03
+
+
+def paired_tost(b: int, c: int, n: int, *, margin: float = EQUIVALENCE_MARGIN, alpha: float = ALPHA) -> dict:
+    """Paired TOST (two one-sided tests) that two classifiers' accuracies on the same ``n`` test pairs
+    differ by less than ``margin``.
+
+    The per-pair differences are +1 (``b`` pairs only the first gets right), −1 (``c`` pairs only the
+    second) and 0 otherwise; D = (b − c)/n is their mean, SE its standard error. Equivalence is shown at
+    level ``alpha`` when both ``(D + margin)/SE`` and ``(margin − D)/SE`` exceed the exact Student-t
+    quantile ``t_{1−α, n−1}`` (equivalently, the (1 − 2α) interval lies inside ±margin). The p-value is the
+    larger of the two one-sided p-values. With SE = 0 (no discordant pairs) equivalence holds iff
+    |D| < margin.
+    """
+    mean = (b - c) / n
+    var = ((b + c) - n * mean**2) / max(n - 1, 1)
+    se = math.sqrt(max(var, 0.0) / n)
+    df = max(n - 1, 1)
+    if se <= _TINY:
+        p = 0.0 if abs(mean) < margin else 1.0
+    else:
+        p = float(max(stats.t.sf((mean + margin) / se, df), stats.t.sf((margin - mean) / se, df)))
+    crit = t_crit(df, alpha)
+    return {
+        "diff": mean,
+        "se": se,
+        "p": p,
+        "equivalent": p < alpha,
+        "lo": mean - crit * se,
+        "hi": mean + crit * se,
+        "margin": margin,
+        "alpha": alpha,
+    }
 
 
 def _series(records: list[dict], method: str) -> dict[str, list[dict]]:
@@ -617,37 +659,51 @@ def slope_rule(
     return "inconclusive", text + "; CI overlaps the admissible range's boundary"
 
 
-def mcnemar_rule(comparisons: list[dict], *, epsilons=(2.0, 8.0), alpha: float = ALPHA) -> tuple[str, str]:
-    """P2-4: sparse beats dense at ε ∈ {2, 8}: one-sided exact McNemar tests on the shared test pairs,
-    Bonferroni over the comparisons. ``comparisons``: dicts with ``dataset, epsilon, sparse, dense, b, c,
-    n_test, acc_sparse, acc_dense`` (b = only sparse right, c = only dense right).
+def mcnemar_rule(
+    comparisons: list[dict],
+    *,
+    epsilons=(2.0, 8.0),
+    alpha: float = ALPHA,
+    margin: float = EQUIVALENCE_MARGIN,
+) -> tuple[str, str]:
+    """P2-4: sparse beats dense at ε ∈ {2, 8}, on the shared test pairs. ``comparisons``: dicts with
+    ``dataset, epsilon, sparse, dense, b, c, n_test, acc_sparse, acc_dense`` (b = only sparse right, c = only
+    dense right); k = the number of comparisons.
 
-    ``does not hold`` if some dense method is significantly more accurate; ``holds`` if every sparse method
-    is significantly more accurate at every ε and data set; else ``inconclusive``. Missing ε: inconclusive.
+    * ``does not hold`` if some dense method is significantly more accurate (one-sided exact McNemar at
+      α/k, Bonferroni), **or** some pair is shown equivalent within ±``margin`` accuracy (paired TOST,
+      :func:`paired_tost`, at α/k): a sparse gain, if any, below ``margin`` (0.03) is not "beating";
+    * ``holds`` if every sparse method is significantly more accurate (one-sided exact McNemar at α/k) at
+      every ε and data set (and none is shown equivalent);
+    * else ``inconclusive`` (also when an ε is missing).
     """
     have = {c["epsilon"] for c in comparisons}
     missing = [e for e in epsilons if e not in have]
     if not comparisons:
         return "inconclusive", f"no paired rows at ε ∈ {set(epsilons)}"
     k = len(comparisons)
-    parts, wins, losses = [], 0, 0
+    parts, wins, losses, ties = [], 0, 0, 0
     for c in comparisons:
         p_s = mcnemar_exact(c["b"], c["c"])
         p_d = mcnemar_exact(c["c"], c["b"])
+        eq = paired_tost(c["b"], c["c"], c["n_test"], margin=margin, alpha=alpha / k)
         wins += p_s < alpha / k
         losses += p_d < alpha / k
+        ties += eq["equivalent"]
         parts.append(
             f"{c['dataset']} ε={c['epsilon']:g}: {c['sparse']} {c['acc_sparse']:.3f} vs {c['dense']} "
             f"{c['acc_dense']:.3f} (discordant {c['b']}/{c['c']} of {c['n_test']}; p={min(p_s, p_d):.3g} "
-            f"{'sparse' if p_s <= p_d else 'dense'} better)"
+            f"{'sparse' if p_s <= p_d else 'dense'} better; diff {eq['diff']:+.3f}, "
+            f"{100 * (1 - 2 * alpha / k):.2f}% CI [{eq['lo']:+.3f}, {eq['hi']:+.3f}], TOST p={eq['p']:.3g}"
+            + (" EQUIVALENT" if eq["equivalent"] else "")
+            + ")"
         )
     head = (
         f"exact one-sided McNemar on shared test pairs, α={alpha:g} Bonferroni over {k}: sparse "
-        f"significantly better in {wins}, dense in {losses}"
-        + (f"; MISSING ε = {missing}" if missing else "")
-        + ". "
+        f"significantly better in {wins}, dense in {losses}; equivalent within ±{margin:g} accuracy (paired "
+        f"TOST, α={alpha:g}/{k}) in {ties}" + (f"; MISSING ε = {missing}" if missing else "") + ". "
     )
-    if losses:
+    if losses or ties:
         return "does not hold", head + "; ".join(parts)
     if wins == k and not missing:
         return "holds", head + "; ".join(parts)
@@ -655,33 +711,108 @@ def mcnemar_rule(comparisons: list[dict], *, epsilons=(2.0, 8.0), alpha: float =
 
 
 def order_rule(gaps: list[dict], *, target: float = 0.05) -> tuple[str, str]:
-    """P2-5 (symmetric): ``gaps`` = per data set and adjacent pair of the paper's order, the point gap and
-    its 95% paired interval (``dataset, a, b, diff, lo, hi, prompts``). ``holds`` if every gap is
-    significantly in the paper's direction (lo > 0); ``does not hold`` if any is significantly reversed
-    (hi < 0); else ``inconclusive``. States the CI half-width and the prompts needed for a ±``target``
-    half-width (resolves a 5-point gap), ∝ 1/√prompts.
+    """P2-5 (symmetric): ``gaps`` = per data set and adjacent pair of the paper's order, the point gap, its
+    95% paired interval and its (1 − 0.05/k) interval, k = the number of gaps (``dataset, a, b, diff, lo, hi,
+    lo_bonf, hi_bonf, prompts``). ``holds`` if every gap is significantly in the paper's direction (lo > 0:
+    all k must, so each at 95% is an intersection-union test at α = 0.025 one-sided); ``does not hold`` if
+    any is significantly reversed (hi_bonf < 0: one-sided α = 0.025/k per gap, Bonferroni, so the branch's
+    family-wise rate is ≤ 0.025); else ``inconclusive``. States the CI half-width and the prompts needed for a
+    ±``target`` half-width (resolves a 5-point gap), ∝ 1/√prompts.
     """
     if not gaps:
         return "inconclusive", "no win-rate gaps"
     parts = []
     need = 0
+    k = len(gaps)
     for g in gaps:
         hw = (g["hi"] - g["lo"]) / 2
         n_needed = math.ceil(g["prompts"] * (hw / target) ** 2) if hw > 0 else g["prompts"]
         need = max(need, n_needed)
         parts.append(
             f"{g['dataset']} {g['a']}−{g['b']} {g['diff']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}] (±{hw:.3f}, "
-            f"P={g['prompts']})"
+            f"{100 * (1 - 0.05 / k):.2f}% [{g['lo_bonf']:+.3f}, {g['hi_bonf']:+.3f}], P={g['prompts']})"
         )
     n_sig = sum(g["lo"] > 0 for g in gaps)
-    n_rev = sum(g["hi"] < 0 for g in gaps)
+    n_rev = sum(g["hi_bonf"] < 0 for g in gaps)
     head = (
-        f"{n_sig} of {len(gaps)} adjacent gaps significantly in the paper's direction, {n_rev} significantly "
-        f"reversed (95% paired bootstrap); prompts needed for a ±{target:g} half-width (to resolve a "
-        f"{100 * target:g}-point gap): ≈ {need}. "
+        f"{n_sig} of {k} adjacent gaps significantly in the paper's direction (95% paired bootstrap), "
+        f"{n_rev} significantly reversed ((1 − 0.05/{k}) interval, Bonferroni over {k}); prompts needed for "
+        f"a ±{target:g} half-width (to resolve a {100 * target:g}-point gap): ≈ {need}. "
     )
     if n_rev:
         return "does not hold", head + "; ".join(parts)
     if n_sig == len(gaps):
         return "holds", head + "; ".join(parts)
+    return "inconclusive", head + "; ".join(parts)
+
+
+def _b1_diff(a: dict, b: dict) -> dict:
+    """DP-RM + BoN (``b``) − PrivBoN (``a``) at one T: paired over the evaluation queries when the records
+    carry ``value_pq`` (t critical values, df = queries − 1), else unpaired (combined SE, normal
+    quantiles)."""
+    d = paired_diff({"lift_pp": a.get("value_pq")}, {"lift_pp": b.get("value_pq")})
+    if d is not None:
+        return {**d, "paired": True}
+    return {
+        "mean": b["value"] - a["value"],
+        "se": math.sqrt(a["value_se"] ** 2 + b["value_se"] ** 2),
+        "df": None,
+        "paired": False,
+    }
+
+
+def _b1_z(d: dict) -> float:
+    if d["se"] > _TINY:
+        return float(d["mean"] / d["se"])
+    return math.inf if d["mean"] > _TINY else -math.inf if d["mean"] < -_TINY else 0.0
+
+
+def _b1_crit(d: dict, a: float) -> float:
+    return t_crit(d["df"], a) if d["paired"] else float(stats.norm.ppf(1.0 - a))
+
+
+def b1_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
+    """B-1: a DP-trained reward model + BoN beats per-query PrivBoN at the same total (ε, δ) once T is large.
+
+    Per T of the grid (k values), d(T) = value(DP-RM + BoN) − value(PrivBoN), one-sided tests at α/k
+    (Bonferroni: the rule scans the grid), paired over the evaluation queries when the records carry
+    ``value_pq`` (exact t quantiles), else unpaired with exact normal quantiles. The claim is decided at the
+    **smallest T where it is informative**: T* = the smallest T at which DP-RM is significantly ahead.
+
+    * ``does not hold`` if PrivBoN is significantly ahead at the largest T (no crossover in the grid;
+      one test, at α);
+    * ``holds`` if T* exists and DP-RM is not significantly behind at any T ≥ T* ("decided at T = T*";
+      T* = the grid's smallest T means it holds from the first query on);
+    * else ``inconclusive``.
+    """
+    ts = sorted({r["T"] for r in records if "T" in r})
+    rows = {t: {r["method"]: r for r in records if r.get("T") == t} for t in ts}
+    ts = [t for t in ts if "DP reward model + BoN" in rows[t] and "PrivBoN" in rows[t]]
+    if not ts:
+        return "inconclusive", "no T with both 'DP reward model + BoN' and 'PrivBoN' rows"
+    k = len(ts)
+    tests = {t: _b1_diff(rows[t]["PrivBoN"], rows[t]["DP reward model + BoN"]) for t in ts}
+    ahead = [t for t in ts if _b1_z(tests[t]) > _b1_crit(tests[t], alpha / k)]
+    behind = [t for t in ts if _b1_z(tests[t]) < -_b1_crit(tests[t], alpha / k)]
+    last = ts[-1]
+    parts = [
+        f"T={t}: DP-RM + BoN {rows[t]['DP reward model + BoN']['value']:.3f} vs PrivBoN "
+        f"{rows[t]['PrivBoN']['value']:.3f}, diff {tests[t]['mean']:+.3f} ± {tests[t]['se']:.3f}"
+        + (" (ahead)" if t in ahead else " (behind)" if t in behind else "")
+        for t in ts
+    ]
+    d_last = tests[last]
+    paired = all(d["paired"] for d in tests.values())
+    head = (
+        f"one-sided tests at α={alpha:g}, Bonferroni over the {k} values of T "
+        f"({'paired over the evaluation queries' if paired else 'unpaired'}); detectable difference at the "
+        f"largest T ≈ {(_b1_crit(d_last, alpha / k) + _Z80) * d_last['se']:.3f}. "
+    )
+    if _b1_z(d_last) < -_b1_crit(d_last, alpha):
+        return "does not hold", head + f"PrivBoN significantly ahead at the largest T={last}; " + "; ".join(
+            parts
+        )
+    if ahead and not [t for t in behind if t >= ahead[0]]:
+        when = "from the grid's first T on" if ahead[0] == ts[0] else "after the crossover"
+        return "holds", head + f"decided at T={ahead[0]} ({when}); " + "; ".join(parts)
     return "inconclusive", head + "; ".join(parts)

@@ -522,10 +522,11 @@ def order_verdict(
 
     Symmetric rule (:func:`privalign.experiments.verdicts.order_rule`): ``holds`` only if every adjacent gap
     of the paper's order is significantly in the paper's direction (95% prompt-paired bootstrap interval
-    above 0) on every data set; ``does not hold`` if any gap is significantly reversed (interval below 0);
-    else ``inconclusive``. The measured text starts with the power statement (:func:`power_statement`:
-    ``powered`` or ``UNDERPOWERED``), then each interval's half-width and the number of prompts that would
-    give a ±0.05 half-width. ``details``, if given, receives ``{"gaps": [...], "power": {...}}``.
+    above 0) on every data set; ``does not hold`` if any gap is significantly reversed (its (1 − 0.05/k)
+    interval below 0, Bonferroni over the k gaps); else ``inconclusive``. The measured text starts with the
+    power statement (:func:`power_statement`: ``powered`` or ``UNDERPOWERED``), then each interval's
+    half-width and the number of prompts that would give a ±0.05 half-width. ``details``, if given, receives
+    ``{"gaps": [...], "power": {...}}``.
     """
     from privalign.experiments.verdicts import order_rule
 
@@ -535,6 +536,7 @@ def order_verdict(
     if not dss:
         return "inconclusive", f"no win-rate rows at ε = {epsilon:g}"
     gaps, parts = [], []
+    k = len(dss) * (len(PAPER_ORDER) - 1)  # the reversal branch fires on any one gap: Bonferroni over k
     for ds in dss:
         if not all((ds, m) in table for m in PAPER_ORDER):
             return (
@@ -542,7 +544,7 @@ def order_verdict(
                 f"{ds}: methods at ε = {epsilon:g}: {sorted(m for d, m in table if d == ds)}",
             )
         for a, b in zip(PAPER_ORDER, PAPER_ORDER[1:]):
-            lo, hi = _paired_diff_ci(rows, ds, a, b, epsilon)
+            lo, hi, lo_k, hi_k = _paired_diff_ci(rows, ds, a, b, epsilon, k=k)
             gaps.append(
                 {
                     "dataset": ds,
@@ -551,6 +553,9 @@ def order_verdict(
                     "diff": table[(ds, a)]["win_rate"] - table[(ds, b)]["win_rate"],
                     "lo": lo,
                     "hi": hi,
+                    "lo_bonf": lo_k,
+                    "hi_bonf": hi_k,
+                    "k": k,
                     "prompts": table[(ds, a)]["prompts"],
                 }
             )
@@ -607,9 +612,12 @@ def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
     }
 
 
-def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -> tuple[float, float]:
-    """95% bootstrap interval of win_rate(a) − win_rate(b): prompts resampled jointly, replicates
-    independently."""
+def _paired_diff_ci(
+    rows: list[dict], ds: str, a: str, b: str, epsilon: float, *, k: int = 1
+) -> tuple[float, float, float, float]:
+    """Bootstrap intervals of win_rate(a) − win_rate(b) (prompts resampled jointly, replicates
+    independently): the 95% interval and the (1 − 0.05/k) interval (Bonferroni over k gaps), as
+    ``(lo, hi, lo_k, hi_k)``."""
     ga = [r for r in rows if r["dataset"] == ds and r["method"] == a and r["epsilon"] == epsilon]
     gb = [r for r in rows if r["dataset"] == ds and r["method"] == b and r["epsilon"] == epsilon]
     Wa = np.array([r["per_prompt"] for r in ga], float)
@@ -625,7 +633,8 @@ def _paired_diff_ci(rows: list[dict], ds: str, a: str, b: str, epsilon: float) -
             - Wb[rng.integers(0, Wb.shape[0], Wb.shape[0])][:, p].mean()
         )
     lo, hi = np.quantile(diffs, [0.025, 0.975])
-    return float(lo), float(hi)
+    lo_k, hi_k = np.quantile(diffs, [0.025 / k, 1 - 0.025 / k])
+    return float(lo), float(hi), float(lo_k), float(hi_k)
 
 
 def _summarize(records: list[dict], cfg: dict) -> dict:

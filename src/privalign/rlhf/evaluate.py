@@ -180,7 +180,7 @@ def best_of_n_gold(selector: np.ndarray, gold: np.ndarray, ns: Sequence[int]) ->
 
 
 def sparse_vs_dense_verdict(
-    sparse: dict[str, Any], dense: dict[str, Any], *, n_boot: int, rng: np.random.Generator
+    sparse: dict[str, Any], dense: dict[str, Any], *, n_boot: int, rng: np.random.Generator, k: int = 1
 ) -> tuple[str, str]:
     """Is the sparse method's policy better by gold reward at no more KL than the dense method's?
 
@@ -189,7 +189,9 @@ def sparse_vs_dense_verdict(
     prompts of the gold difference sparse − dense; KL tolerance τ = 2·sqrt(se_s² + se_d²)):
 
     * ``holds``: interval above 0 and ``kl_sparse ≤ kl_dense + τ`` (higher gold reward at no more KL);
-    * ``does not hold``: interval below 0 and ``kl_dense ≤ kl_sparse + τ`` (the dense method dominates);
+    * ``does not hold``: the (1 − 0.05/k) interval below 0 and ``kl_dense ≤ kl_sparse + τ`` (the dense method
+      dominates), k = the number of comparisons the caller makes (Bonferroni: the caller's "does not hold"
+      fires on any one of them; k = 1 for a single comparison);
     * ``inconclusive`` otherwise (interval covers 0, or the higher-reward policy also moved further from the
       reference). Power is stated as the difference detectable with ≈80% power, 2.8 × bootstrap SE.
     """
@@ -197,19 +199,33 @@ def sparse_vs_dense_verdict(
     b = np.asarray(dense["per_prompt_gold"], float)
     if a.shape != b.shape:
         raise ValueError(f"per_prompt_gold shapes differ: {a.shape} vs {b.shape}")
+    state = rng.bit_generator.state
     lo, hi, se = paired_bootstrap_ci(a - b, n_boot=n_boot, rng=rng)
+    if k > 1:  # the same bootstrap draws, read at the Bonferroni level
+        after = rng.bit_generator.state
+        rng.bit_generator.state = state
+        _, hi_k, _ = paired_bootstrap_ci(a - b, n_boot=n_boot, rng=rng, alpha=0.05 / k)
+        rng.bit_generator.state = after
+    else:
+        hi_k = hi
     diff = float((a - b).mean())
     tau = 2.0 * math.sqrt(float(sparse.get("kl_se", 0.0)) ** 2 + float(dense.get("kl_se", 0.0)) ** 2)
     ks, kd = float(sparse["kl"]), float(dense["kl"])
     if lo > 0 and ks <= kd + tau:
         v = "holds"
-    elif hi < 0 and kd <= ks + tau:
+    elif hi_k < 0 and kd <= ks + tau:
         v = "does not hold"
     else:
         v = "inconclusive"
     mde = 2.8 * se
     msg = (
-        f"gold(sparse) − gold(dense) = {diff:+.4f} [95% CI {lo:+.4f}, {hi:+.4f}] over {a.size} prompts; KL "
+        f"gold(sparse) − gold(dense) = {diff:+.4f} [95% CI {lo:+.4f}, {hi:+.4f}"
+        + (
+            f"; upper end of the {100 * (1 - 0.05 / k):.2f}% CI (Bonferroni over {k}) {hi_k:+.4f}"
+            if k > 1
+            else ""
+        )
+        + f"] over {a.size} prompts; KL "
         f"sparse {ks:.3f} ± {sparse.get('kl_se', 0.0):.3f}, dense {kd:.3f} ± {dense.get('kl_se', 0.0):.3f} "
         f"nats; detectable difference at ≈80% power: {mde:.4f}"
         + (" (underpowered: |diff| < that)" if abs(diff) < mde else "")
