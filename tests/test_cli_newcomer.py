@@ -32,7 +32,7 @@ def _one_line_error(argv, needles, capsys):
     return lines[0]
 
 
-# --- simulate: size limits (were "internal error (MemoryError) ... a bug", exit 1) ---------------------------
+# --- simulate: size limits (were "internal error (MemoryError) ... a bug", exit 1) ---------------------
 
 
 @pytest.mark.parametrize(
@@ -96,3 +96,83 @@ def test_simulate_privitp_alone_is_calibrated_to_epsilon(work, capsys):
     assert main([*argv, "--replicates", "2", "--out", "o", "--no-progress", "--json"]) == 0
     (m,) = json.loads(capsys.readouterr().out)["methods"]
     assert m["privacy"]["epsilon_max"][-1] == pytest.approx(2.0, rel=1e-5)
+
+
+# --- build-pool: incompatible options refused before any dataset or model loads; a lock on --out -----------
+
+
+def _build_pool_argv(out="pool.jsonl", *extra):
+    return [
+        "build-pool", "--dataset", "imdb", "--n", "2", "--num-prompts", "1", "--proxy-reward", "vader",
+        "--true-reward", "vader", "--out", out, "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """build-pool with the dataset and the builder replaced: nothing loads; records what ran."""
+    import privalign.data.datasets as datasets
+    import privalign.pipeline.build_pool as pipeline
+
+    ran = []
+
+    def fail(*a, **k):
+        raise AssertionError("loaded a dataset or a model")
+
+    def build(cfg, examples, out, **kw):
+        ran.append(out)
+        assert Path(f"{out}.lock").read_text() == str(__import__("os").getpid())  # held while building
+        return {"num_prompts": 1, "candidates_per_prompt": 2, "counts": [2]}
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: [object()])
+    monkeypatch.setattr(pipeline, "build_pool", build)
+    return ran, fail, monkeypatch
+
+
+@pytest.mark.parametrize(
+    ("dataset", "flag", "reward"),
+    [
+        ("hh-rlhf", "--true-reward", "gsm8k"),
+        ("imdb", "--proxy-reward", "mmlu"),
+        ("gsm8k", "--true-reward", "math"),
+    ],
+)
+def test_build_pool_refuses_a_verifier_of_another_dataset_before_loading(
+    dataset, flag, reward, work, capsys, no_model
+):
+    ran, fail, mp = no_model
+    import privalign.data.datasets as datasets
+
+    mp.setattr(datasets, "load_dataset", fail)
+    argv = _build_pool_argv()
+    argv[argv.index("imdb")] = dataset
+    argv[argv.index(flag) + 1] = reward
+    _one_line_error(argv, [f"argument {flag}:", repr(reward), f"--dataset {dataset}"], capsys)
+    assert not ran and not list(work.glob("pool*"))
+
+
+def test_build_pool_refuses_a_second_run_on_the_same_out(work, capsys, no_model):
+    import fcntl
+    import os
+
+    ran, _, _ = no_model
+    fd = os.open("pool.jsonl.lock", os.O_RDWR | os.O_CREAT)  # a first run, alive, holds the lock
+    os.write(fd, b"4242")
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        line = _one_line_error(_build_pool_argv(), ["argument --out:", "pool.jsonl", "pid 4242"], capsys)
+        assert "another build-pool run" in line and not ran
+    finally:
+        os.close(fd)
+    assert main(_build_pool_argv()) == 0 and ran == ["pool.jsonl"]  # released: the next run goes ahead
+    assert not Path("pool.jsonl.lock").exists()
+
+
+def test_build_pool_takes_over_the_stale_lock_of_a_dead_run(work, capsys, no_model):
+    ran, _, _ = no_model
+    Path("sub").mkdir()
+    Path("sub/pool.jsonl.lock").write_text("999999999")  # left by a killed run: no process holds it
+    assert main(_build_pool_argv("sub/pool.jsonl")) == 0, capsys.readouterr().err
+    assert ran == ["sub/pool.jsonl"] and not Path("sub/pool.jsonl.lock").exists()
+    assert main(_build_pool_argv("new/dir/pool.jsonl")) == 0  # directories made for the lock only: removed
+    assert not Path("new").exists()
