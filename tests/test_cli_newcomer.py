@@ -176,3 +176,51 @@ def test_build_pool_takes_over_the_stale_lock_of_a_dead_run(work, capsys, no_mod
     assert ran == ["sub/pool.jsonl"] and not Path("sub/pool.jsonl.lock").exists()
     assert main(_build_pool_argv("new/dir/pool.jsonl")) == 0  # directories made for the lock only: removed
     assert not Path("new").exists()
+
+
+# --- fit-reward: options the method does not read are refused; --out is checked before any work ------------
+
+
+@pytest.mark.parametrize(
+    ("method", "extra", "needles"),
+    [
+        ("rr-iht", ["--delta", "1e-5"], ["argument --delta:", "--method rr-iht", "1e-05"]),  # = the default
+        ("mle", ["--epsilon", "2"], ["argument --epsilon:", "--method mle", "not private"]),
+        ("iht", ["--delta", "1e-6"], ["argument --delta:", "--method iht"]),
+        ("rr", ["--sparsity", "4"], ["argument --sparsity:", "--method rr"]),
+        ("mle", ["--n-iter", "5"], ["argument --n-iter:", "--method mle"]),
+        ("dp-sgd", ["--n-iter", "5"], ["argument --n-iter:", "--method dp-sgd"]),
+        ("rr-iht", ["--out", "afile/m.json"], ["argument --out:", "afile", "is a file"]),  # was after the fit
+        ("rr-iht", ["--audit-record", "afile/a.json"], ["argument --audit-record:", "afile"]),
+    ],
+)
+def test_fit_reward_refuses_unused_options_and_unwritable_outputs_before_loading_data(
+    method, extra, needles, work, capsys, monkeypatch
+):
+    import privalign.estimation.realdata as realdata
+
+    def no_loading(*a, **k):
+        raise AssertionError("data loaded before the options were checked")
+
+    monkeypatch.setattr(realdata, "load_preference_data", no_loading)
+    (work / "afile").write_text("x")
+    _one_line_error(["fit-reward", "--data", "pairs.jsonl", "--method", method, *extra], needles, capsys)
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("dp-iht", ["--epsilon", "2", "--delta", "1e-6", "--sparsity", "2", "--n-iter", "3"]),
+        ("dp-sgd", ["--epsilon", "2", "--delta", "1e-6", "--step-size", "0.1"]),
+        ("rr-iht", ["--epsilon", "2", "--sparsity", "2", "--step-size", "0.1", "--n-iter", "3"]),
+        ("mle", []),
+    ],
+)
+def test_fit_reward_accepts_the_options_each_method_reads(method, extra, work, capsys):
+    with open(work / "pairs.jsonl", "w") as fh:
+        for i in range(40):
+            fh.write(json.dumps({"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}"}) + "\n")
+    argv = ["fit-reward", "--data", "pairs.jsonl", "--method", method, "--n-features", "64", "--seed", "0"]
+    assert main([*argv, *extra, "--out", "m.json", "--json"]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    assert out["privacy_unit"] == ("none" if method == "mle" else "label" if "rr" in method else "sample")
