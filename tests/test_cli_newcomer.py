@@ -224,3 +224,80 @@ def test_fit_reward_accepts_the_options_each_method_reads(method, extra, work, c
     assert main([*argv, *extra, "--out", "m.json", "--json"]) == 0, capsys.readouterr().err
     out = json.loads(capsys.readouterr().out)
     assert out["privacy_unit"] == ("none" if method == "mle" else "label" if "rr" in method else "sample")
+
+
+# --- session: unused options refused; defaults that work on the shipped pools; a human summary -------------
+
+
+def _scored_pool(path: Path, prompts: int, candidates: int, low: float, high: float) -> Path:
+    with open(path, "w") as fh:
+        for p in range(prompts):
+            resp = [
+                {
+                    "text": f"t{i}",
+                    "proxy_reward": low + (high - low) * ((i * 7 + p) % 13) / 12,
+                    "true_reward": i % 2,
+                }
+                for i in range(candidates)
+            ]
+            fh.write(json.dumps({"prompt": f"p{p}", "responses": resp}) + "\n")
+    return path
+
+
+def _session(pool, *extra):
+    return ["session", "--pool", str(pool), "--budget-epsilon", "100", "--out", "s", "--no-progress", *extra]
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--method", "privbon", "--sigma-x", "2"], "--sigma-x"),
+        (["--method", "privbon", "--beta", "0.1"], "--beta"),
+        (["--method", "privbon", "--delta", "1e-5"], "--delta"),
+        (["--method", "privitp", "--epsilon", "2"], "--epsilon"),
+        (["--score-range", "0,1", "--r-max", "1"], "--r-max"),
+    ],
+)
+def test_session_refuses_options_its_method_does_not_read(extra, flag, work, capsys):
+    pool = _scored_pool(work / "p.jsonl", 3, 40, 0.0, 1.0)
+    _one_line_error(_session(pool, *extra), [f"argument {flag}:"], capsys)
+    assert not (work / "s").exists()
+
+
+def test_session_scores_outside_the_public_range_ask_for_one_and_score_range_runs(work, capsys):
+    hh = _scored_pool(work / "hh.jsonl", 3, 40, -3.0, 3.0)  # like the shipped HH pools' linear proxy
+    line = _one_line_error(_session(hh), ["--score-range", "--r-max", "--clip"], capsys)
+    assert "-3" not in line and "3.0" not in line  # the private scores are not shown
+    assert not (work / "s").exists()
+    assert main(_session(hh, "--score-range", "-4,4", "--sigma-x", "0.5", "--json")) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompts_served"] + out["prompts_refused"] == 3
+
+
+def test_session_defaults_run_on_a_small_pool_and_print_a_summary_for_a_person(work, capsys):
+    pool = _scored_pool(work / "gsm.jsonl", 3, 8, 0.3, 0.9)  # 8 candidates, as the shipped GSM8K pool
+    assert main(_session(pool)) == 0, capsys.readouterr().err  # n = 3 (2n + 1 = 7 ≤ 8); was n = 16: refused
+    out = capsys.readouterr().out
+    assert not out.lstrip().startswith("{") and "served" in out and "session.json" in out
+    assert json.loads((work / "s" / "session.json").read_text())["method"] == "privitp"
+
+
+def test_session_runs_on_the_shipped_pools(work, capsys):
+    root = Path(__file__).resolve().parents[1] / "pools"
+    for name, extra in (("winrate-imdb.jsonl.gz", []), ("gsm8k-smollm2.jsonl.gz", [])):
+        rc = main(
+            [
+                "session",
+                "--pool",
+                str(root / name),
+                "--budget-epsilon",
+                "20",
+                "--out",
+                "s",
+                "--no-progress",
+                *extra,
+            ]
+        )
+        assert rc == 0, (name, capsys.readouterr().err)
+    rc = main(_session(root / "hh-smollm2.jsonl.gz", "--score-range", "-4,4", "--max-prompts", "2"))
+    assert rc == 0, capsys.readouterr().err
