@@ -301,3 +301,51 @@ def test_session_runs_on_the_shipped_pools(work, capsys):
         assert rc == 0, (name, capsys.readouterr().err)
     rc = main(_session(root / "hh-smollm2.jsonl.gz", "--score-range", "-4,4", "--max-prompts", "2"))
     assert rc == 0, capsys.readouterr().err
+
+
+# --- rough edges ----------------------------------------------------------------------------------------
+
+
+def test_a_closed_stdout_is_not_an_error(work, capsys, monkeypatch):
+    import sys
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())  # 'privalign reproduce --list | head': head has exited
+    rc = main(["reproduce", "--list"])
+    monkeypatch.undo()
+    assert rc == 141 and "Broken pipe" not in capsys.readouterr().err  # was "[Errno 32] Broken pipe", exit 2
+
+
+def test_bon_curve_out_with_a_json_suffix_is_the_prefix(work, capsys, monkeypatch):
+    import privalign.pipeline.analysis as analysis
+
+    seen = []
+    monkeypatch.setattr(
+        analysis, "write_bon_report", lambda pools, out, **kw: seen.append(out) or {"series": []}
+    )
+    assert main(["bon-curve", "--pool", "p.jsonl", "--out", "curve.json"]) == 0
+    assert (
+        seen == ["curve"] and "wrote curve.json and curve.png" in capsys.readouterr().err
+    )  # not curve.json.json
+
+
+def test_audit_exits_1_on_a_violation_with_the_reason_on_stderr(capsys, monkeypatch):
+    import privalign.audit.worst_case as worst_case
+
+    report = {
+        "mechanism": "laplace", "pair": "0 vs 1", "claimed_epsilon": 1.0, "epsilon_lower_bound": 1.9,
+        "alpha": 1e-3, "samples": [10, 10], "verdict": "violation",
+    }  # fmt: skip
+    monkeypatch.setattr(worst_case, "audit_builtin", lambda *a, **k: dict(report))
+    assert main(["audit", "--mechanism", "laplace", "--epsilon", "1"]) == 1  # was 0
+    err = capsys.readouterr().err
+    assert "violation" in err and "1.9" in err
+    assert main(["audit", "--mechanism", "laplace", "--epsilon", "1", "--no-fail-on-violation"]) == 0
+    monkeypatch.setattr(worst_case, "audit_builtin", lambda *a, **k: {**report, "verdict": "consistent"})
+    assert main(["audit", "--mechanism", "laplace", "--epsilon", "1"]) == 0
