@@ -345,7 +345,7 @@ def test_session_sigma_z_zero_is_refused_not_replaced_by_sigma_x(work, capsys):
     ("argv", "flag"),
     [
         # were "The 'sigma-z' parameter ...": a hyphenated name the CLI did not turn into the flag
-        (["simulate", "--synthetic", "2,64", "--out", "o", "--sigma-z", ""], "--sigma-z"),
+        (["simulate", "--synthetic", "2,64", "--out", "o", "--sigma-x", "1", "--sigma-z", ""], "--sigma-z"),
         (["simulate", "--synthetic", "2,64", "--out", "o", "--score-range", "a,b"], "--score-range"),
         (["law", "--method", "itp", "--beta", "1", "--scores", "0.1", "--scores-b", ","], "--scores-b"),
     ],

@@ -89,10 +89,8 @@ def _fit(data: Path, out: Path, method: str, *, tune: bool = False, seed: int | 
         data.name,
         "--method",
         method,
-        "--epsilon",
-        "2",
-        "--sparsity",
-        "4",
+        *(["--epsilon", "2"] if method not in ("mle", "iht") else []),  # only the options the method reads
+        *(["--sparsity", "4"] if "iht" in method else []),
         "--n-features",
         "128",
         "--out",

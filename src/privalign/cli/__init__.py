@@ -6,7 +6,8 @@ Each subcommand lives in its own module ``privalign.cli.<name>`` exposing
 ``privalign --help`` is fast.
 
 Exit codes: 0 ok; 1 unexpected error; 2 usage / invalid parameter / bad data; 3 budget exhausted;
-4 unsupported privacy event. JSON goes to stdout, messages to stderr.
+4 unsupported privacy event; 141 stdout closed by its reader (``| head``), silently. JSON goes to stdout,
+messages to stderr.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from privalign.errors import (
 __all__ = ["main", "build_parser", "entrypoint"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_BUDGET, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a program killed by the closed pipe would report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,6 +242,17 @@ def _default_ledger(args: argparse.Namespace, cmd: str) -> None:
     )
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush must not fail on the closed pipe again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests capture it)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI in-process (tests call ``main([...])``); returns the exit code.
 
@@ -288,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{cmd}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed by its reader ('privalign reproduce --list | head'): not an error
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         if os.environ.get("PRIVALIGN_DEBUG"):
             raise

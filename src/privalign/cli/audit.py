@@ -4,8 +4,9 @@ Prints JSON with ``--json`` (the convention of every subcommand; text otherwise)
 δ), the empirical lower bound ε̂, α, the samples per side and the verdict. ε̂ > claimed ε refutes the claim
 with false-positive probability ≤ α; passing never proves privacy.
 
-Exit codes: 0 (audit ran; any verdict), or 1 with ``--fail-on-violation`` when a violation is found;
-2 for invalid parameters.
+Exit codes: 0 when the audit finds no violation; 1 on a violation (the claim is refuted; one line on stderr
+says so, also for a ``--broken`` negative control, where it is the expected finding), or 0 with
+``--no-fail-on-violation``; 2 for invalid parameters.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--json", action="store_true", help="Print JSON on stdout (as every subcommand: only with --json)."
     )
     p.add_argument(
-        "--fail-on-violation", action="store_true", help="Exit with code 1 when the audit finds a violation."
+        "--fail-on-violation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Exit with code 1 when the audit finds a violation (default); --no-fail-on-violation exits 0.",
     )
     p.set_defaults(func=_run)
 
@@ -106,6 +110,15 @@ def _run(args: argparse.Namespace) -> int:
             f"{report['epsilon_lower_bound']:.6g} (α = {report['alpha']:g}, {report['samples'][0]} samples "
             f"per side): {report['verdict']}"
         )
-    if args.fail_on_violation and report["verdict"] == "violation":
-        return 1
-    return 0
+    if report["verdict"] != "violation":
+        return 0
+    import sys
+
+    expected = " (expected: --broken audits a deliberately broken variant)" if args.broken else ""
+    print(
+        "privalign audit: violation: the empirical lower bound "
+        f"ε̂ = {report['epsilon_lower_bound']:.6g} exceeds the claimed ε = {report['claimed_epsilon']:.6g} "
+        f"(false-positive probability ≤ α = {report['alpha']:g}){expected}",
+        file=sys.stderr,
+    )
+    return 1 if args.fail_on_violation else 0

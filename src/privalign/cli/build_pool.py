@@ -4,7 +4,9 @@ a scored pool (resumable; rerun the same command to resume)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 
 from privalign.cli._args import emit_json
 
@@ -15,7 +17,8 @@ def register(subparsers) -> None:
         help="generate and score a candidate pool (scored-pool JSONL + manifest; resumable)",
         description="Generate n completions per prompt, score them with a proxy and a true/gold reward, and "
         "write the scored-pool format with a manifest. Interrupted runs resume when the same command is "
-        "rerun.",
+        "rerun. A verifier reward (gsm8k, mmlu, math) scores only its own --dataset: other pairings are "
+        "refused before anything loads.",
     )
     p.add_argument(
         "--dataset",
@@ -120,7 +123,12 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed, a non-negative integer (default 0)")
     p.add_argument("--max-chars", type=int, default=2000, help="texts longer than this are cut (and counted)")
     p.add_argument("--keep-work", action="store_true", help="keep OUT.partial.jsonl after finishing")
-    p.add_argument("--out", required=True, help="POOL.jsonl or POOL.jsonl.gz (manifest: POOL.manifest.json)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="POOL.jsonl or POOL.jsonl.gz (manifest: POOL.manifest.json); a run holds OUT.lock while it "
+        "writes, and a second run on the same --out is refused",
+    )
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_run)
@@ -150,7 +158,93 @@ def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
+#: The verifier rewards: each checks answers against the reference answers of its own dataset only.
+_VERIFIERS = ("gsm8k", "mmlu", "math")
+
+
+def _check_compatible(args: argparse.Namespace) -> None:
+    """Options that cannot work together are refused before any dataset or model is loaded (a verifier on
+    another dataset failed only while scoring, after the model had loaded and generated)."""
+    from privalign.errors import PrivacyParameterError
+
+    for flag, name in (("--proxy-reward", args.proxy_reward), ("--true-reward", args.true_reward)):
+        if name in _VERIFIERS and name != args.dataset:
+            raise PrivacyParameterError(
+                f"argument {flag}: {name!r} is the {name} answer verifier: it scores only --dataset {name} "
+                f"(it compares each answer with the dataset's reference answer, which --dataset "
+                f"{args.dataset} does not have); use --dataset {name}, or a reward that reads any text "
+                "(vader, clean, linear:PATH, hf:DIR, ...)"
+            )
+    if args.math_path is not None and args.dataset != "math":
+        raise PrivacyParameterError(
+            f"argument --math-path: used only with --dataset math, got --dataset {args.dataset}; drop "
+            "--math-path"
+        )
+
+
+@contextlib.contextmanager
+def out_lock(out: str) -> Iterator[None]:
+    """Hold ``OUT.lock`` while a run writes ``--out`` (its work file, the pool and the manifest): a second
+    run on the same ``--out`` is refused (exit 2) instead of failing mid-way on the first one's work file.
+
+    The lock is an advisory ``flock`` on the lock file, which also holds the owner's pid for the message:
+    the kernel releases it when its process ends, however it ends, so a lock file left by a killed run is
+    stale and simply taken over. The file is removed on release.
+    """
+    import os
+
+    from privalign.errors import PrivacyParameterError
+
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        yield
+        return
+    path = f"{out}.lock"
+    created = []  # the directories made for the lock file, removed again if the run left them empty
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        created.append(parent)
+        parent = os.path.dirname(parent)
+    for d in reversed(created):
+        os.mkdir(d)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise PrivacyParameterError(
+                f"argument --out: another build-pool run (pid {owner}) is writing {out} (it holds {path}); "
+                "wait for it to finish, or give another --out"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:  # removed by the owner as we opened it: take a fresh one
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.unlink(path)
+        os.close(fd)
+        for d in created:
+            with contextlib.suppress(OSError):  # not empty: the run wrote there
+                os.rmdir(d)
+
+
 def _run(args: argparse.Namespace) -> int:
+    _check_compatible(args)
+    with out_lock(args.out):
+        return _build(args)
+
+
+def _build(args: argparse.Namespace) -> int:
     from privalign.data.datasets import load_dataset
     from privalign.pipeline.build_pool import PoolConfig, build_pool
 

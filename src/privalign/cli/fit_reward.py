@@ -13,7 +13,9 @@ accuracy on private pairs; those go into the owner-only audit record of --audit-
 (docs/privacy/release.md).
 
 Privacy units differ: ``dp-iht`` and ``dp-sgd`` are sample-DP (ε, δ); ``rr-iht`` and ``rr`` are
-label-DP ε (features public); ``mle`` and ``iht`` are not private.
+label-DP ε (features public); ``mle`` and ``iht`` are not private. An option the method does not read
+is refused, not ignored: ``--epsilon`` with ``mle``/``iht``, ``--delta`` with the label-DP and non-private
+methods, ``--sparsity`` with ``mle``/``rr``/``dp-sgd``, ``--n-iter`` with ``mle``/``rr``/``dp-sgd``.
 
 ``--tune`` chooses the hyper-parameters (a small grid per method, ``privalign.estimation.tuning``) on a
 validation split of the *training* prompts (``--validation-fraction``), never the test prompts; the
@@ -32,6 +34,15 @@ from privalign.cli._args import emit_json, finite_float
 __all__ = ["register"]
 
 _METHODS = ("mle", "iht", "dp-iht", "rr-iht", "rr", "dp-sgd")
+
+
+class _Given(argparse.Action):
+    """Store the value and record that the option was given (``args.options_given``), so that an option with
+    a default that the chosen method does not read can be refused rather than ignored."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        setattr(namespace, self.dest, values)
+        namespace.options_given = (*getattr(namespace, "options_given", ()), self.dest)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,10 +64,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             if_infinite="ε = ∞ is no privacy at all: the non-private fits are --method mle / iht",
         ),
         default=1.0,
+        action=_Given,
         help="ε (private methods; default 1; finite).",
     )
-    p.add_argument("--delta", type=float, default=1e-5, help="δ (sample-DP methods; default 1e-5).")
-    p.add_argument("--sparsity", type=int, default=32, help="s for the IHT methods (default 32).")
+    p.add_argument(
+        "--delta", type=float, default=1e-5, action=_Given, help="δ (sample-DP methods; default 1e-5)."
+    )
+    p.add_argument(
+        "--sparsity", type=int, default=32, action=_Given, help="s for the IHT methods (default 32)."
+    )
     p.add_argument("--n-features", type=int, default=2**12, help="Hashed n-gram dimension d (default 4096).")
     p.add_argument("--n-pairs", type=int, default=None, help="Use at most this many pairs.")
     p.add_argument(
@@ -276,6 +292,7 @@ def _validate_params(est, args: argparse.Namespace) -> None:
     from privalign._validation import check_int, check_probability, check_real
     from privalign.errors import PrivacyParameterError
 
+    _refuse_unused(est, args)
     check_real(args.epsilon, "epsilon", low=0.0, closed="neither")  # ε = ∞ is not private: name mle/iht
     check_probability(args.delta, "delta")
     check_int(args.sparsity, "sparsity", low=1)
@@ -308,6 +325,9 @@ def _validate_params(est, args: argparse.Namespace) -> None:
                 "The 'audit_record' (--audit-record) parameter must differ from --out: the audit record is "
                 f"operator-private, the model is the release. Got {args.audit_record!r} for both."
             )
+    for flag, path in (("--out", args.out), ("--audit-record", args.audit_record)):
+        if path is not None:
+            _check_writable(flag, path)
     if not args.tune and args.validation_fraction is not None:
         raise PrivacyParameterError(
             "argument --validation-fraction: used only with --tune (without it nothing is selected on a "
@@ -323,6 +343,45 @@ def _validate_params(est, args: argparse.Namespace) -> None:
             high=1.0,
             closed="neither",
         )
+
+
+def _check_writable(flag: str, path: str) -> None:
+    """The file ``path`` can be created: its nearest existing ancestor is a writable directory (found after
+    the fit, it was '[Errno 2] .../.m.json.tmp' or 'afile exists and is not a directory')."""
+    import os
+
+    from privalign.errors import PrivacyParameterError
+
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise PrivacyParameterError(f"argument {flag}: {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK):
+        raise PrivacyParameterError(f"argument {flag}: {path}: cannot write into {parent}")
+
+
+def _refuse_unused(est, args: argparse.Namespace) -> None:
+    """An option the chosen estimator does not read is refused, not ignored, as ``select`` does: e.g.
+    ``--method rr-iht --delta 1e-6`` fitted a pure ε label-DP model, though δ was asked for."""
+    from privalign.errors import PrivacyParameterError
+
+    given = set(getattr(args, "options_given", ()))
+    given |= {k for k in ("step_size", "n_iter") if getattr(args, k) is not None}
+    params = est.get_params()
+    reads = {"step_size": "learning_rate" if args.method == "dp-sgd" else "step_size"}
+    for dest in ("epsilon", "delta", "sparsity", "step_size", "n_iter"):
+        if dest in given and reads.get(dest, dest) not in params:
+            flag = "--" + dest.replace("_", "-")
+            why = {
+                "epsilon": "it is not private: it adds no noise",
+                "delta": "its guarantee is pure ε-DP, with no δ",
+                "sparsity": "it is not sparse",
+            }.get(dest, "it has no such parameter")
+            raise PrivacyParameterError(
+                f"argument {flag}: not used by --method {args.method} ({why}); drop {flag} "
+                f"(got {getattr(args, dest)!r})"
+            )
 
 
 def _n_cands(search) -> list:

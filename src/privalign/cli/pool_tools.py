@@ -62,7 +62,12 @@ def register(subparsers) -> None:
         help="'does not hold' tolerates a fall smaller than this share of |gold(N_max) - gold(1)| "
         "(default 0.1)",
     )
-    b.add_argument("--out", required=True, help="output prefix (OUT.json, OUT.png)")
+    b.add_argument(
+        "--out",
+        required=True,
+        help="output prefix: writes OUT.json and OUT.png (a trailing .json or .png is dropped: --out X.json "
+        "writes X.json and X.png)",
+    )
     b.set_defaults(func=_bon)
 
     f = subparsers.add_parser(
@@ -155,6 +160,9 @@ def _bon(args: argparse.Namespace) -> int:
         )
         return 2
     margin = check_real(args.margin, "margin", low=0.0, high=1.0)
+    for suffix in (".json", ".png"):  # a prefix given as a file name: OUT.json, not OUT.json.json
+        if args.out.endswith(suffix) and len(args.out) > len(suffix):
+            args.out = args.out[: -len(suffix)]
     doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha, margin_fraction=margin)
     for res in doc.get("series", [doc]):
         t = (

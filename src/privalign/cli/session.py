@@ -7,6 +7,69 @@ from pathlib import Path
 
 __all__ = ["register"]
 
+#: The options (default ``None`` until filled in) each method reads, and their defaults: one given to a
+#: method that does not read it is refused, not ignored (as ``select`` and ``simulate`` do).
+_DEFAULTS = {"beta": 0.05, "sigma_x": 1.0, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}
+_READS = {"privitp": ("beta", "sigma_x", "sigma_z", "L", "delta"), "privbon": ("epsilon",)}
+
+
+def _check_options(args) -> None:
+    """Refuse the options the method does not read; fill in the defaults of the others."""
+    from privalign.errors import PrivacyParameterError
+
+    for name in ("beta", "sigma_x", "sigma_z", "L", "delta", "epsilon"):
+        if name not in _READS[args.method] and getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise PrivacyParameterError(
+                f"argument {flag}: not used by --method {args.method} (got {getattr(args, name)!r}); drop "
+                f"{flag}" + (" or use --method privitp" if args.method == "privbon" else "")
+            )
+    for name, value in _DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.score_range is not None and args.r_max is not None:
+        raise PrivacyParameterError(
+            "argument --r-max: not used with --score-range (the range is then [0, HIGH - LOW]); drop one"
+        )
+
+
+def _public_range(args, pool):
+    """The pool with its proxy scores in the public range the selectors assume, ``[0, R_max]``.
+
+    With ``--score-range LOW,HIGH`` (a public bound of the reward model, chosen without looking at the
+    scores): every score clipped into it and shifted by ``-LOW``, so ``R_max = HIGH - LOW``; a
+    data-independent map, which keeps the guarantee. Without it, ``--r-max`` (default 1) and scores outside
+    ``[0, R_max]`` are refused here (unless ``--clip``) in one line that says what to give, not after the
+    first prompts."""
+    import numpy as np
+
+    from privalign.cli.select import parse_floats
+    from privalign.data.pools import ScoredPool
+    from privalign.errors import PrivacyParameterError
+
+    if args.score_range is not None:
+        rng_ = parse_floats(args.score_range, "score_range")
+        if len(rng_) != 2 or not rng_[0] < rng_[1] or not all(np.isfinite(rng_)):
+            raise PrivacyParameterError(
+                f"argument --score-range: must be LOW,HIGH (finite, LOW < HIGH), got {args.score_range!r}"
+            )
+        lo, hi = rng_
+        args.r_max = hi - lo
+        proxy = np.clip(pool.proxy, lo, hi) - lo  # (NaN padding stays NaN)
+        return ScoredPool(proxy, pool.true, pool.counts, pool.prompts)
+    if args.r_max is None:
+        args.r_max = 1.0
+    vals = pool.proxy[np.isfinite(pool.proxy)]
+    if not args.clip and vals.size and (vals.min() < 0.0 or vals.max() > args.r_max):
+        raise PrivacyParameterError(
+            f"argument --r-max: the pool's proxy scores do not all lie in the public range "
+            f"[0, {args.r_max:g}] (the values are private: not shown). Give the reward model's public range, "
+            "chosen without looking at the scores: --score-range LOW,HIGH (scores clipped into it; for an "
+            "unbounded reward such as the linear Bradley-Terry proxy of the shipped HH pools), or --r-max "
+            "R_MAX for scores in [0, R_MAX], or --clip to clip into [0, R_MAX]"
+        )
+    return pool
+
 
 def _run(args) -> int:
     import sys
@@ -23,6 +86,7 @@ def _run(args) -> int:
     from privalign.rng import SecureNoise
 
     check_out_dir(args.out)
+    _check_options(args)
     # The budgets are checked here, under their own names: the filters would call them 'epsilon'/'delta',
     # which are other options of this command (the per-query ε, the per-prompt δ).
     check_real(args.budget_epsilon, "budget_epsilon", low=0.0, closed="neither")
@@ -41,6 +105,12 @@ def _run(args) -> int:
             pool.counts[order],
             tuple(pool.prompts[i] for i in order) if pool.prompts else (),
         )
+    pool = _public_range(args, pool)
+    if args.n is None:  # the largest n ≤ 16 that every prompt supports (2n + 1 candidates for privitp)
+        from privalign.alignment.selectors import pool_size
+
+        smallest = int(pool.counts.min()) if pool.counts.size else 0
+        args.n = max([1] + [n for n in range(1, 17) if pool_size(args.method, n) <= smallest])
     rng = SecureNoise() if args.secure else np.random.default_rng(args.seed)
     if args.method == "privitp":
         sel = make_selector(
@@ -105,7 +175,7 @@ def _run(args) -> int:
     if args.json:
         print(json.dumps(_clean(summary), allow_nan=False))
     else:
-        print(json.dumps(_clean(summary), indent=2, allow_nan=False))
+        _print_summary(out, outdir / "session.json", args)
     parts = [("", out)] + [
         (f" by the {name} filter", out[k]) for k, name in (("pure", "pure-ε"), ("zcdp", "zCDP")) if k in out
     ]
@@ -134,6 +204,28 @@ def _run(args) -> int:
     return 0
 
 
+def _print_summary(out: dict, path: Path, args) -> None:
+    """A few lines for a person (the full record is session.json; --json prints it without per_prompt)."""
+    parts = [(out.get("filter", ""), out)]
+    if "pure" in out:
+        parts = [("pure-ε filter", out["pure"]), ("zCDP filter", out["zcdp"])]
+    print(f"privalign session: {out['method']} on {args.pool}, budget ε = {args.budget_epsilon:g}")
+    for name, part in parts:
+        served, refused = part.get("prompts_served", 0), part.get("prompts_refused", 0)
+        got, base = part.get("mean_true_reward"), part.get("base_true_reward")
+        reward = (
+            f"; mean true reward {got:.4f} (base policy {base:.4f})"
+            if got is not None and base is not None and got == got
+            else ""
+        )
+        print(
+            f"  {name}: served {served} of {served + refused} prompts, spent ε = "
+            f"{part.get('realized_epsilon', float('nan')):.4g} (worst case per prompt "
+            f"{part.get('epsilon_max', float('nan')):.4g}){reward}"
+        )
+    print(f"  wrote {path} (add --json for the summary as JSON)")
+
+
 def register(subparsers) -> None:
     from privalign.cli._args import INFINITE_EPSILON, finite_float, pos_int
 
@@ -142,7 +234,8 @@ def register(subparsers) -> None:
         help="serve a pool's prompts under a privacy budget",
         description="Process a scored pool prompt by prompt through PrivITP (ex-post filter) "
         "or PrivBoN (pure-ε and zCDP filters): reserve the worst case, run, "
-        "settle the realized cost. Writes session.json into --out.",
+        "settle the realized cost. Writes session.json into --out. Options the method does not read are "
+        "refused; scores outside the public range are refused unless --clip or --score-range.",
     )
     p.add_argument("--pool", required=True, help="scored-pool JSONL(.gz) file")
     p.add_argument(
@@ -158,30 +251,47 @@ def register(subparsers) -> None:
         default=1e-3,
         help="total δ budget (and the zCDP conversion δ; default 1e-3)",
     )
-    p.add_argument("--n", type=int, default=16, help="candidates per pool (default 16)")
-    p.add_argument("--beta", type=float, default=0.05, help="PrivITP β > 0 (default 0.05)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="candidates per pool (default: 16, or the largest n the pool's smallest prompt supports: n "
+        "candidates for privbon, 2n + 1 for privitp)",
+    )
+    p.add_argument("--beta", type=float, default=None, help="PrivITP β > 0 (default 0.05)")
     p.add_argument(
         "--sigma-x",
         type=float,
-        default=1.0,
+        default=None,
         help="PrivITP phase-1 noise σ_X (default 1; with --r-max 1 this is heavy noise: raise "
         "--budget-epsilon or lower σ for useful selections)",
     )
     p.add_argument("--sigma-z", type=float, default=None, help="default: = σ_X")
     p.add_argument(
-        "--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)"
+        "--L", type=float, default=None, help="PrivITP envelope widening in units of σ_Z (default 3)"
     )
-    p.add_argument("--delta", type=float, default=1e-6, help="PrivITP per-prompt δ")
+    p.add_argument("--delta", type=float, default=None, help="PrivITP per-prompt δ (default 1e-6)")
     p.add_argument(
         "--epsilon",
         type=finite_float(
             "a finite ε > 0", if_infinite=f"{INFINITE_EPSILON}; a session serves private answers only"
         ),
-        default=1.0,
+        default=None,
         help="PrivBoN per-query ε, finite and > 0 (default 1)",
     )
     p.add_argument(
-        "--r-max", type=float, default=1.0, help="public upper end of the score range [0, R_max] (default 1)"
+        "--r-max",
+        type=float,
+        default=None,
+        help="public upper end of the score range [0, R_max] (default 1); scores outside it are refused "
+        "unless --clip",
+    )
+    p.add_argument(
+        "--score-range",
+        default=None,
+        metavar="LOW,HIGH",
+        help="public range of the reward model's scores, chosen without looking at them (e.g. -4,4 for an "
+        "unbounded linear reward): scores are clipped into it and shifted, R_max = HIGH - LOW",
     )
     p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
     p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max]")
@@ -210,6 +320,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output directory (session.json)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument(
-        "--json", action="store_true", help="print the summary as one JSON line (default: indented JSON)"
+        "--json",
+        action="store_true",
+        help="print the summary as one JSON line (default: a few lines of text)",
     )
     p.set_defaults(func=_run)

@@ -8,13 +8,131 @@ from privalign.cli._args import emit_json, nonneg_int
 __all__ = ["register"]
 
 
-def _specs(args):
-    from privalign.alignment.simulation import MethodSpec
-    from privalign.cli.select import parse_floats
+# Size limits: the engine holds one (replicates × candidates) permutation per prompt and the synthetic pool
+# two (prompts × candidates) float arrays; beyond these it failed with a MemoryError instead of a message.
+MAX_SYNTHETIC_SCORES = 2**26  # PROMPTS × CANDIDATES of --synthetic (67,108,864 scores, 0.5 GiB per array)
+MAX_REPLICATE_DRAWS = 2**25  # --replicates × the widest prompt's candidates (33,554,432; 256 MiB per prompt)
+
+#: The options (default ``None`` until filled in by :func:`_check_unused`) each method reads, and their
+#: defaults. PrivITP reads --epsilon only when its σ is calibrated to it (no --sigma-x).
+_DEFAULTS = {"beta": "0.05", "epsilon": "4", "L": 3.0, "delta": 1e-6}
+_USES = {
+    "bon": (),
+    "itp": ("beta",),
+    "privbon": ("epsilon", "sigma_gumbel"),
+    "privitp": ("beta", "sigma_x", "sigma_z", "L", "delta"),
+}
+
+
+def _methods(args) -> list[str]:
     from privalign.errors import PrivacyParameterError
 
+    methods = [x.strip() for x in args.methods.split(",") if x.strip()]
+    for m in methods:
+        if m not in _USES:
+            raise PrivacyParameterError(
+                f"The '--methods' option must list bon, itp, privbon, privitp. Got {m!r} instead."
+            )
+    if not methods:  # the engine would call it 'specs'
+        raise PrivacyParameterError(
+            f"The '--methods' option must list at least one of bon, itp, privbon, privitp. Got "
+            f"{args.methods!r} instead."
+        )
+    return methods
+
+
+def _check_unused(args) -> None:
+    """An option that no listed method reads is refused, not ignored (as ``select`` does): e.g. ``--methods
+    bon --epsilon 2`` would otherwise draw a non-private curve though ε = 2 was asked for. Then the defaults
+    of the options left out are filled in."""
+    from privalign.errors import PrivacyParameterError
+
+    methods = _methods(args)
+    used = {name for m in methods for name in _USES[m]}
+    if "privitp" in methods and args.sigma_x is None:
+        used.add("epsilon")  # PrivITP's σ is calibrated to the worst-case ε = --epsilon
+    if args.sigma_z is not None and args.sigma_x is None and "privitp" in methods:
+        raise PrivacyParameterError(
+            "argument --sigma-z: needs --sigma-x (without them PrivITP's σ_X = σ_Z is calibrated so that its "
+            "worst-case ε equals --epsilon); give --sigma-x too or drop --sigma-z"
+        )
+    if args.sigma_gumbel is not None and args.epsilon is not None and "privitp" not in methods:
+        raise PrivacyParameterError(
+            "argument --epsilon: not used with --sigma-gumbel (PrivBoN is then given by its Gumbel scale); "
+            "drop one of them"
+        )
+    for name in ("beta", "epsilon", "sigma_gumbel", "sigma_x", "sigma_z", "L", "delta"):
+        if name not in used and getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            readers = ", ".join(sorted(m for m, uses in _USES.items() if name in uses))
+            if name == "epsilon":
+                readers += "; privitp without --sigma-x"
+            raise PrivacyParameterError(
+                f"argument {flag}: not used by --methods {args.methods} (it is read by {readers}); "
+                f"drop {flag} or add a method that reads it"
+            )
+    for name, value in _DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def _check_sizes(args, pool=None) -> None:
+    """Refuse sizes the engine cannot hold in memory, naming the option (it failed with a MemoryError)."""
+    from privalign.errors import PrivacyParameterError
+
+    if pool is None:
+        p, c = _synthetic(args.synthetic)
+        if p * c > MAX_SYNTHETIC_SCORES:
+            raise PrivacyParameterError(
+                f"argument --synthetic: {args.synthetic} is {p * c:,} scores; at most "
+                f"{MAX_SYNTHETIC_SCORES:,} (PROMPTS × CANDIDATES) fit in memory"
+            )
+        return
+    widest = int(pool.counts.max()) if pool.counts.size else 0
+    if args.replicates * widest > MAX_REPLICATE_DRAWS:
+        raise PrivacyParameterError(
+            f"argument --replicates: {args.replicates:,} replicates × {widest:,} candidates per prompt is "
+            f"{args.replicates * widest:,} draws; at most {MAX_REPLICATE_DRAWS:,} fit in memory (at most "
+            f"{max(1, MAX_REPLICATE_DRAWS // max(1, widest)):,} replicates for this pool)"
+        )
+
+
+def _privitp_specs(args, k: int, r_max: float) -> list:
+    """PrivITP's curves: at the given --sigma-x/--sigma-z, or (the default) with σ_X = σ_Z calibrated so that
+    its worst-case ε_max(N) at --delta, at the largest N = 2^k, equals each --epsilon: the privacy of the
+    PrivBoN curve beside it (at smaller N it is lower). Equal σ is not equal privacy (docs/alignment.md)."""
+    from privalign.alignment.simulation import MethodSpec
+    from privalign.cli.select import parse_floats
+    from privalign.experiments.matching import calibrate_worst
+
     specs = []
-    for m in [x.strip() for x in args.methods.split(",") if x.strip()]:
+    for b in parse_floats(args.beta, "beta"):
+        if args.sigma_x is None:
+            for e in _epsilons(args.epsilon):
+                m = calibrate_worst(
+                    e, args.delta, 2**k, beta=b, r_max=r_max, sensitivity=r_max, L=args.L, rtol=1e-6
+                )
+                label = f"PrivITP β={b:g} ε_max={e:g} (σ={m['sigma_x']:.3g})"
+                specs.append(
+                    MethodSpec(
+                        "privitp", beta=b, sigma_x=m["sigma_x"], L=args.L, delta=args.delta, label=label
+                    )
+                )
+            continue
+        for sx in parse_floats(args.sigma_x, "sigma_x"):
+            for sz in parse_floats(args.sigma_x if args.sigma_z is None else args.sigma_z, "sigma_z"):
+                specs.append(
+                    MethodSpec("privitp", beta=b, sigma_x=sx, sigma_z=sz, L=args.L, delta=args.delta)
+                )
+    return specs
+
+
+def _specs(args, k: int, r_max: float):
+    from privalign.alignment.simulation import MethodSpec
+    from privalign.cli.select import parse_floats
+
+    specs = []
+    for m in _methods(args):
         if m == "bon":
             specs.append(MethodSpec("bon"))
         elif m == "itp":
@@ -27,22 +145,8 @@ def _specs(args):
                 ]
             else:
                 specs += [MethodSpec("privbon", epsilon=e) for e in _epsilons(args.epsilon)]
-        elif m == "privitp":
-            for b in parse_floats(args.beta, "beta"):
-                for sx in parse_floats(args.sigma_x, "sigma_x"):
-                    for sz in parse_floats(args.sigma_x if args.sigma_z is None else args.sigma_z, "sigma_z"):
-                        specs.append(
-                            MethodSpec("privitp", beta=b, sigma_x=sx, sigma_z=sz, L=args.L, delta=args.delta)
-                        )
         else:
-            raise PrivacyParameterError(
-                f"The '--methods' option must list bon, itp, privbon, privitp. Got {m!r} instead."
-            )
-    if not specs:  # the engine would call it 'specs'
-        raise PrivacyParameterError(
-            f"The '--methods' option must list at least one of bon, itp, privbon, privitp. Got "
-            f"{args.methods!r} instead."
-        )
+            specs += _privitp_specs(args, k, r_max)
     return specs
 
 
@@ -152,6 +256,7 @@ def _run(args) -> int:
     from privalign.errors import PrivacyParameterError
 
     check_out_dir(args.out)
+    _check_unused(args)
     if args.pdf and args.figure_backend == "pillow":
         raise PrivacyParameterError(
             "argument --figure-backend: 'pillow' draws PNG only; with --pdf use 'auto' or 'matplotlib'"
@@ -168,8 +273,10 @@ def _run(args) -> int:
     else:
         from privalign.alignment.synthetic import make_synthetic_pool
 
+        _check_sizes(args)
         p, c = _synthetic(args.synthetic)
         pool = make_synthetic_pool(p, c, random_state=args.seed)
+    _check_sizes(args, pool)
     rng_ = parse_floats(args.score_range, "score_range")
     if len(rng_) != 2 or not rng_[0] < rng_[1]:
         raise PrivacyParameterError(
@@ -189,7 +296,7 @@ def _run(args) -> int:
             "and are clipped for the bounded-score methods",
             file=sys.stderr,
         )
-    specs = _specs(args)
+    specs = _specs(args, k, hi - lo)
     _check_max_n(args, pool, specs, k)
     formats = ("png", "pdf") if args.pdf else ("png",)
     # matplotlib (PDF, or --figure-backend matplotlib) is imported in a thread while the engine runs
@@ -234,10 +341,29 @@ def _run(args) -> int:
     if args.json:
         emit_json(summary)
     else:
+        print(
+            f"true-reward lift at N={2**k} (mean true reward of the selection minus the base policy's, "
+            "in the pool's true-reward units) and privacy per query:"
+        )
         for m in summary["methods"]:
-            print(f"{m['name']:<40s} lift at N={2**k}: {100 * m['true_lift_at_max_n']:+.2f}")
+            print(f"  {m['name']:<44s} {m['true_lift_at_max_n']:+.4f}   {_privacy_words(m['privacy'])}")
         print(f"wrote {path} and {len(figs)} figure files")
     return 0
+
+
+def _privacy_words(privacy: dict) -> str:
+    """One method's privacy in words: "not private", "ε = 4 (pure DP)", "ε ≤ 4 (worst case at δ = 1e-06)"."""
+    import math
+
+    if privacy.get("guarantee") == "none":
+        return "not private"
+    if "epsilon_max" in privacy:  # PrivITP: worst case at the largest N (the realized cost is often lower)
+        eps = (
+            privacy["epsilon_max"][-1] if isinstance(privacy["epsilon_max"], list) else privacy["epsilon_max"]
+        )
+        return f"ε ≤ {eps:.3g} (worst case, at δ = {privacy['delta']:g})"
+    eps = privacy.get("epsilon", math.inf)
+    return f"ε = {eps:.3g} (pure DP)"
 
 
 def register(subparsers) -> None:
@@ -251,39 +377,59 @@ def register(subparsers) -> None:
         "authors' protocol (docs/alignment.md): rewards z-normalised over the whole "
         "pool, 50 replicates, N up to the largest power of two the pool supports "
         "(at most 2^12); scores outside --score-range are clipped for the "
-        "bounded-score methods and the count is printed.",
+        "bounded-score methods and the count is printed. By default PrivBoN (ε = 4) and PrivITP (σ "
+        "calibrated to the same worst-case ε) run at equal privacy; an option that no listed method reads is "
+        "refused. The printed lift is in the pool's true-reward units.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--pool", help="scored-pool JSONL(.gz) file")
-    src.add_argument("--synthetic", help="PROMPTS,CANDIDATES (e.g. 20,512): use a synthetic pool instead")
+    src.add_argument(
+        "--synthetic",
+        help="PROMPTS,CANDIDATES (e.g. 20,512; their product at most 2^26): use a synthetic pool instead",
+    )
     p.add_argument(
         "--methods",
         default="bon,itp,privbon,privitp",
         help="comma-separated methods (bon, itp, privbon, privitp)",
     )
-    p.add_argument("--beta", default="0.05", help="β values (comma-separated sweep) for itp/privitp")
+    p.add_argument(
+        "--beta", default=None, help="β values (comma-separated sweep) for itp/privitp (default 0.05)"
+    )
     p.add_argument(
         "--epsilon",
-        default="4",
-        help="PrivBoN ε values (comma-separated sweep), each finite and > 0 (the non-private reference is "
-        "--methods bon)",
+        default=None,
+        help="PrivBoN ε values (comma-separated sweep), each finite and > 0 (default 4; the non-private "
+        "reference is --methods bon); without --sigma-x, also PrivITP's worst-case ε, so that both run at "
+        "equal privacy",
     )
     p.add_argument(
         "--sigma-gumbel",
         default=None,
         help="PrivBoN Gumbel scales σ ≥ 0 instead of ε (sweep; σ = 0 is plain BoN, reported as non-private)",
     )
-    p.add_argument("--sigma-x", default="0.1", help="PrivITP σ_X values (sweep)")
-    p.add_argument("--sigma-z", default=None, help="PrivITP σ_Z values (default: = σ_X)")
-    p.add_argument("--L", type=float, default=3.0, help="PrivITP envelope widening (units of σ_Z)")
-    p.add_argument("--delta", type=float, default=1e-6, help="PrivITP δ")
+    p.add_argument(
+        "--sigma-x",
+        default=None,
+        help="PrivITP σ_X values (sweep); default: σ_X = σ_Z calibrated so that PrivITP's worst-case ε at "
+        "--delta and the largest N equals each --epsilon (equal privacy with PrivBoN)",
+    )
+    p.add_argument("--sigma-z", default=None, help="PrivITP σ_Z values (default: = σ_X; needs --sigma-x)")
+    p.add_argument(
+        "--L", type=float, default=None, help="PrivITP envelope widening (units of σ_Z; default 3)"
+    )
+    p.add_argument("--delta", type=float, default=None, help="PrivITP δ (default 1e-6)")
     p.add_argument(
         "--max-log2-n",
         type=nonneg_int,
         default=None,
         help="largest N is 2^k (default: the largest the pool supports, at most 12)",
     )
-    p.add_argument("--replicates", type=int, default=50, help="replicates per (prompt, N) (default 50)")
+    p.add_argument(
+        "--replicates",
+        type=int,
+        default=50,
+        help="replicates per (prompt, N) (default 50; replicates × candidates per prompt at most 2^25)",
+    )
     p.add_argument(
         "--transform",
         choices=["none", "global_z"],

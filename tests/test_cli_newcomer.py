@@ -1,0 +1,351 @@
+"""The newcomer list of issue 25 (item 3): each edge a new user hit, with the behaviour it has now. A user
+error is one line ``privalign CMD: error: ...`` naming the flag and the value, exit status 2, nothing
+written; no test here loads a model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from privalign.cli import main
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRIVALIGN_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _one_line_error(argv, needles, capsys):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert rc == 2, f"exit status {rc}: {err}"
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"privalign {argv[0]}: error: "), lines[0]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+# --- simulate: size limits (were "internal error (MemoryError) ... a bug", exit 1) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--synthetic", "20,99999999999"], ["argument --synthetic:", "20,99999999999", "at most"]),
+        (
+            ["--synthetic", "20,512", "--replicates", "1000000000000"],
+            ["argument --replicates:", "1,000,000,000,000", "at most"],
+        ),
+    ],
+)
+def test_simulate_sizes_beyond_memory_are_refused_naming_the_flag(extra, needles, work, capsys):
+    _one_line_error(["simulate", *extra, "--out", "o", "--no-progress"], needles, capsys)
+    assert not (work / "o").exists()
+
+
+# --- simulate: options no listed method reads are refused, as by select -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--methods", "bon", "--epsilon", "2", "--sigma-x", "3"], ["argument --epsilon:", "--methods bon"]),
+        (["--methods", "bon,privbon", "--sigma-x", "3"], ["argument --sigma-x:", "not used"]),
+        (["--methods", "bon,itp", "--delta", "1e-5"], ["argument --delta:", "not used"]),
+        (["--methods", "bon", "--beta", "0.1"], ["argument --beta:", "not used"]),
+        (["--methods", "privbon", "--sigma-gumbel", "1", "--epsilon", "2"], ["argument --epsilon:"]),
+        (["--methods", "privitp", "--sigma-z", "1"], ["argument --sigma-z:", "--sigma-x"]),
+    ],
+)
+def test_simulate_refuses_options_its_methods_do_not_read(extra, needles, work, capsys):
+    _one_line_error(
+        ["simulate", "--synthetic", "3,16", *extra, "--out", "o", "--no-progress"], needles, capsys
+    )
+    assert not (work / "o").exists()
+
+
+# --- simulate: the default methods at equal privacy, with units ---------------------------------------------
+
+
+def test_simulate_defaults_compare_privbon_and_privitp_at_equal_privacy_with_units(work, capsys):
+    argv = ["simulate", "--synthetic", "4,64", "--replicates", "2", "--out", "o", "--no-progress"]
+    assert main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    priv = {m["name"].split()[0]: m["privacy"] for m in summary["methods"]}
+    assert priv["PrivBoN"]["epsilon"] == 4.0
+    # PrivITP's worst case at the largest N is PrivBoN's ε (it was ε1 = 3.58e3 beside ε = 4)
+    assert priv["PrivITP"]["epsilon_max"][-1] == pytest.approx(4.0, rel=1e-5)
+    assert priv["PrivITP"]["epsilon_max"][-1] <= 4.0
+    assert main([*argv, "--out", "o2"]) == 0
+    out = capsys.readouterr().out
+    assert "true-reward units" in out and "ε = 4 (pure DP)" in out and "ε ≤ 4 (worst case" in out
+    bon = next(ln for ln in out.splitlines() if ln.strip().startswith("BoN"))
+    lift = next(m["true_lift_at_max_n"] for m in summary["methods"] if m["name"] == "BoN")
+    assert f"{lift:+.4f}" in bon  # the lift itself, not ×100 without a unit
+
+
+def test_simulate_privitp_alone_is_calibrated_to_epsilon(work, capsys):
+    argv = ["simulate", "--synthetic", "3,16", "--methods", "privitp", "--epsilon", "2"]
+    assert main([*argv, "--replicates", "2", "--out", "o", "--no-progress", "--json"]) == 0
+    (m,) = json.loads(capsys.readouterr().out)["methods"]
+    assert m["privacy"]["epsilon_max"][-1] == pytest.approx(2.0, rel=1e-5)
+
+
+# --- build-pool: incompatible options refused before any dataset or model loads; a lock on --out -----------
+
+
+def _build_pool_argv(out="pool.jsonl", *extra):
+    return [
+        "build-pool", "--dataset", "imdb", "--n", "2", "--num-prompts", "1", "--proxy-reward", "vader",
+        "--true-reward", "vader", "--out", out, "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """build-pool with the dataset and the builder replaced: nothing loads; records what ran."""
+    import privalign.data.datasets as datasets
+    import privalign.pipeline.build_pool as pipeline
+
+    ran = []
+
+    def fail(*a, **k):
+        raise AssertionError("loaded a dataset or a model")
+
+    def build(cfg, examples, out, **kw):
+        ran.append(out)
+        assert Path(f"{out}.lock").read_text() == str(__import__("os").getpid())  # held while building
+        return {"num_prompts": 1, "candidates_per_prompt": 2, "counts": [2]}
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: [object()])
+    monkeypatch.setattr(pipeline, "build_pool", build)
+    return ran, fail, monkeypatch
+
+
+@pytest.mark.parametrize(
+    ("dataset", "flag", "reward"),
+    [
+        ("hh-rlhf", "--true-reward", "gsm8k"),
+        ("imdb", "--proxy-reward", "mmlu"),
+        ("gsm8k", "--true-reward", "math"),
+    ],
+)
+def test_build_pool_refuses_a_verifier_of_another_dataset_before_loading(
+    dataset, flag, reward, work, capsys, no_model
+):
+    ran, fail, mp = no_model
+    import privalign.data.datasets as datasets
+
+    mp.setattr(datasets, "load_dataset", fail)
+    argv = _build_pool_argv()
+    argv[argv.index("imdb")] = dataset
+    argv[argv.index(flag) + 1] = reward
+    _one_line_error(argv, [f"argument {flag}:", repr(reward), f"--dataset {dataset}"], capsys)
+    assert not ran and not list(work.glob("pool*"))
+
+
+def test_build_pool_refuses_a_second_run_on_the_same_out(work, capsys, no_model):
+    import fcntl
+    import os
+
+    ran, _, _ = no_model
+    fd = os.open("pool.jsonl.lock", os.O_RDWR | os.O_CREAT)  # a first run, alive, holds the lock
+    os.write(fd, b"4242")
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        line = _one_line_error(_build_pool_argv(), ["argument --out:", "pool.jsonl", "pid 4242"], capsys)
+        assert "another build-pool run" in line and not ran
+    finally:
+        os.close(fd)
+    assert main(_build_pool_argv()) == 0 and ran == ["pool.jsonl"]  # released: the next run goes ahead
+    assert not Path("pool.jsonl.lock").exists()
+
+
+def test_build_pool_takes_over_the_stale_lock_of_a_dead_run(work, capsys, no_model):
+    ran, _, _ = no_model
+    Path("sub").mkdir()
+    Path("sub/pool.jsonl.lock").write_text("999999999")  # left by a killed run: no process holds it
+    assert main(_build_pool_argv("sub/pool.jsonl")) == 0, capsys.readouterr().err
+    assert ran == ["sub/pool.jsonl"] and not Path("sub/pool.jsonl.lock").exists()
+    assert main(_build_pool_argv("new/dir/pool.jsonl")) == 0  # directories made for the lock only: removed
+    assert not Path("new").exists()
+
+
+# --- fit-reward: options the method does not read are refused; --out is checked before any work ------------
+
+
+@pytest.mark.parametrize(
+    ("method", "extra", "needles"),
+    [
+        ("rr-iht", ["--delta", "1e-5"], ["argument --delta:", "--method rr-iht", "1e-05"]),  # = the default
+        ("mle", ["--epsilon", "2"], ["argument --epsilon:", "--method mle", "not private"]),
+        ("iht", ["--delta", "1e-6"], ["argument --delta:", "--method iht"]),
+        ("rr", ["--sparsity", "4"], ["argument --sparsity:", "--method rr"]),
+        ("mle", ["--n-iter", "5"], ["argument --n-iter:", "--method mle"]),
+        ("dp-sgd", ["--n-iter", "5"], ["argument --n-iter:", "--method dp-sgd"]),
+        ("rr-iht", ["--out", "afile/m.json"], ["argument --out:", "afile", "is a file"]),  # was after the fit
+        ("rr-iht", ["--audit-record", "afile/a.json"], ["argument --audit-record:", "afile"]),
+    ],
+)
+def test_fit_reward_refuses_unused_options_and_unwritable_outputs_before_loading_data(
+    method, extra, needles, work, capsys, monkeypatch
+):
+    import privalign.estimation.realdata as realdata
+
+    def no_loading(*a, **k):
+        raise AssertionError("data loaded before the options were checked")
+
+    monkeypatch.setattr(realdata, "load_preference_data", no_loading)
+    (work / "afile").write_text("x")
+    _one_line_error(["fit-reward", "--data", "pairs.jsonl", "--method", method, *extra], needles, capsys)
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("dp-iht", ["--epsilon", "2", "--delta", "1e-6", "--sparsity", "2", "--n-iter", "3"]),
+        ("dp-sgd", ["--epsilon", "2", "--delta", "1e-6", "--step-size", "0.1"]),
+        ("rr-iht", ["--epsilon", "2", "--sparsity", "2", "--step-size", "0.1", "--n-iter", "3"]),
+        ("mle", []),
+    ],
+)
+def test_fit_reward_accepts_the_options_each_method_reads(method, extra, work, capsys):
+    with open(work / "pairs.jsonl", "w") as fh:
+        for i in range(40):
+            fh.write(json.dumps({"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}"}) + "\n")
+    argv = ["fit-reward", "--data", "pairs.jsonl", "--method", method, "--n-features", "64", "--seed", "0"]
+    assert main([*argv, *extra, "--out", "m.json", "--json"]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    assert out["privacy_unit"] == ("none" if method == "mle" else "label" if "rr" in method else "sample")
+
+
+# --- session: unused options refused; defaults that work on the shipped pools; a human summary -------------
+
+
+def _scored_pool(path: Path, prompts: int, candidates: int, low: float, high: float) -> Path:
+    with open(path, "w") as fh:
+        for p in range(prompts):
+            resp = [
+                {
+                    "text": f"t{i}",
+                    "proxy_reward": low + (high - low) * ((i * 7 + p) % 13) / 12,
+                    "true_reward": i % 2,
+                }
+                for i in range(candidates)
+            ]
+            fh.write(json.dumps({"prompt": f"p{p}", "responses": resp}) + "\n")
+    return path
+
+
+def _session(pool, *extra):
+    return ["session", "--pool", str(pool), "--budget-epsilon", "100", "--out", "s", "--no-progress", *extra]
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--method", "privbon", "--sigma-x", "2"], "--sigma-x"),
+        (["--method", "privbon", "--beta", "0.1"], "--beta"),
+        (["--method", "privbon", "--delta", "1e-5"], "--delta"),
+        (["--method", "privitp", "--epsilon", "2"], "--epsilon"),
+        (["--score-range", "0,1", "--r-max", "1"], "--r-max"),
+    ],
+)
+def test_session_refuses_options_its_method_does_not_read(extra, flag, work, capsys):
+    pool = _scored_pool(work / "p.jsonl", 3, 40, 0.0, 1.0)
+    _one_line_error(_session(pool, *extra), [f"argument {flag}:"], capsys)
+    assert not (work / "s").exists()
+
+
+def test_session_scores_outside_the_public_range_ask_for_one_and_score_range_runs(work, capsys):
+    hh = _scored_pool(work / "hh.jsonl", 3, 40, -3.0, 3.0)  # like the shipped HH pools' linear proxy
+    line = _one_line_error(_session(hh), ["--score-range", "--r-max", "--clip"], capsys)
+    assert "-3" not in line and "3.0" not in line  # the private scores are not shown
+    assert not (work / "s").exists()
+    assert main(_session(hh, "--score-range", "-4,4", "--sigma-x", "0.5", "--json")) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompts_served"] + out["prompts_refused"] == 3
+
+
+def test_session_defaults_run_on_a_small_pool_and_print_a_summary_for_a_person(work, capsys):
+    pool = _scored_pool(work / "gsm.jsonl", 3, 8, 0.3, 0.9)  # 8 candidates, as the shipped GSM8K pool
+    assert main(_session(pool)) == 0, capsys.readouterr().err  # n = 3 (2n + 1 = 7 ≤ 8); was n = 16: refused
+    out = capsys.readouterr().out
+    assert not out.lstrip().startswith("{") and "served" in out and "session.json" in out
+    assert json.loads((work / "s" / "session.json").read_text())["method"] == "privitp"
+
+
+def test_session_runs_on_the_shipped_pools(work, capsys):
+    root = Path(__file__).resolve().parents[1] / "pools"
+    for name, extra in (("winrate-imdb.jsonl.gz", []), ("gsm8k-smollm2.jsonl.gz", [])):
+        rc = main(
+            [
+                "session",
+                "--pool",
+                str(root / name),
+                "--budget-epsilon",
+                "20",
+                "--out",
+                "s",
+                "--no-progress",
+                *extra,
+            ]
+        )
+        assert rc == 0, (name, capsys.readouterr().err)
+    rc = main(_session(root / "hh-smollm2.jsonl.gz", "--score-range", "-4,4", "--max-prompts", "2"))
+    assert rc == 0, capsys.readouterr().err
+
+
+# --- rough edges ----------------------------------------------------------------------------------------
+
+
+def test_a_closed_stdout_is_not_an_error(work, capsys, monkeypatch):
+    import sys
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())  # 'privalign reproduce --list | head': head has exited
+    rc = main(["reproduce", "--list"])
+    monkeypatch.undo()
+    assert rc == 141 and "Broken pipe" not in capsys.readouterr().err  # was "[Errno 32] Broken pipe", exit 2
+
+
+def test_bon_curve_out_with_a_json_suffix_is_the_prefix(work, capsys, monkeypatch):
+    import privalign.pipeline.analysis as analysis
+
+    seen = []
+    monkeypatch.setattr(
+        analysis, "write_bon_report", lambda pools, out, **kw: seen.append(out) or {"series": []}
+    )
+    assert main(["bon-curve", "--pool", "p.jsonl", "--out", "curve.json"]) == 0
+    assert (
+        seen == ["curve"] and "wrote curve.json and curve.png" in capsys.readouterr().err
+    )  # not curve.json.json
+
+
+def test_audit_exits_1_on_a_violation_with_the_reason_on_stderr(capsys, monkeypatch):
+    import privalign.audit.worst_case as worst_case
+
+    report = {
+        "mechanism": "laplace", "pair": "0 vs 1", "claimed_epsilon": 1.0, "epsilon_lower_bound": 1.9,
+        "alpha": 1e-3, "samples": [10, 10], "verdict": "violation",
+    }  # fmt: skip
+    monkeypatch.setattr(worst_case, "audit_builtin", lambda *a, **k: dict(report))
+    assert main(["audit", "--mechanism", "laplace", "--epsilon", "1"]) == 1  # was 0
+    err = capsys.readouterr().err
+    assert "violation" in err and "1.9" in err
+    assert main(["audit", "--mechanism", "laplace", "--epsilon", "1", "--no-fail-on-violation"]) == 0
+    monkeypatch.setattr(worst_case, "audit_builtin", lambda *a, **k: {**report, "verdict": "consistent"})
+    assert main(["audit", "--mechanism", "laplace", "--epsilon", "1"]) == 0
