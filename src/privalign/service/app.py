@@ -27,6 +27,7 @@ from privalign.errors import ReservationError
 from privalign.service.config import ServiceConfig
 from privalign.service.connections import InFlightLimit
 from privalign.service.errors import ApiError, error_body
+from privalign.service.fairness import KeyPrecheck
 from privalign.service.pipeline import ServiceState
 from privalign.service.routes import openai_router, ops_router, select_router
 
@@ -145,6 +146,8 @@ def create_app(
             allow_headers=["*"],
         )
     app.add_middleware(_BodyLimit, max_bytes=cfg.limits.max_body_bytes)
+    # a cached key over its limits is refused before its body is read (fairness.KeyPrecheck)
+    app.add_middleware(KeyPrecheck, state=state)
     # requests in flight, in total and per client address (outside the body limit: refused unread)
     app.add_middleware(
         InFlightLimit,

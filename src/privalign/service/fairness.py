@@ -20,12 +20,15 @@ from __future__ import annotations
 import math
 import threading
 import time
+from typing import Any
+
+from starlette.responses import JSONResponse
 
 from privalign.service.errors import ApiError
 from privalign.service.job import Job
 from privalign.service.plan import pool_size
 
-__all__ = ["KeyLimiter", "work_units", "CHARS_PER_TOKEN"]
+__all__ = ["KeyLimiter", "KeyPrecheck", "work_units", "CHARS_PER_TOKEN", "SELECTING_PATHS"]
 
 #: Characters a generated token is assumed to take (the upper end for English text).
 CHARS_PER_TOKEN = 4
@@ -50,6 +53,7 @@ class KeyLimiter:
         self._lock = threading.Lock()
         self._running: dict[str, int] = {}
         self._bucket: dict[str, tuple[float, float]] = {}  # key id -> (tokens, at)
+        self._need: dict[str, int] = {}  # key id -> units of its last request refused for its rate
 
     def _refused(self, message: str, code: str, retry_after: float) -> ApiError:
         return ApiError(
@@ -76,6 +80,7 @@ class KeyLimiter:
             )
         if tokens < units:
             self._bucket[key_id] = (tokens, now)
+            self._need[key_id] = units  # the precheck refuses the key's requests until this much is back
             raise self._refused(
                 f"This key's rate limit ({self.rate:g} work units/s, burst {self.burst:g}) is reached; "
                 f"this request costs {units} units.",
@@ -83,10 +88,37 @@ class KeyLimiter:
                 (units - tokens) / self.rate,
             )
         self._bucket[key_id] = (tokens - units, now)
+        self._need.pop(key_id, None)
         if len(self._bucket) > 100_000:  # forget full buckets (idle keys)
             full = [k for k, (t, a) in self._bucket.items() if t + (now - a) * self.rate >= self.burst]
             for k in full:
                 del self._bucket[k]
+                self._need.pop(k, None)
+
+    def precheck(self, key_id: str) -> ApiError | None:
+        """The 429 for a request of ``key_id`` whose body is not read yet: all its slots are taken, or its
+        bucket holds fewer units than its last request refused for its rate (1 if none), else ``None``.
+        A key refused for a heavy request is thus refused unread until that request would fit (at most
+        ``burst / rate`` seconds, the ``Retry-After`` it was told). Changes nothing."""
+        with self._lock:
+            if self.concurrency and self._running.get(key_id, 0) >= self.concurrency:
+                return self._refused(
+                    f"This key already has {self.concurrency} requests in flight (limits.key_concurrency).",
+                    "key_concurrency_exceeded",
+                    1,
+                )
+            if self.rate > 0 and self.burst > 0 and key_id in self._bucket:
+                tokens, at = self._bucket[key_id]
+                tokens = min(self.burst, tokens + (time.monotonic() - at) * self.rate)
+                need = self._need.get(key_id, 1)
+                if tokens < need:
+                    return self._refused(
+                        f"This key's rate limit ({self.rate:g} work units/s, burst {self.burst:g}) is "
+                        f"reached; its last refused request cost {need} units.",
+                        "key_rate_limit_exceeded",
+                        (need - tokens) / self.rate,
+                    )
+        return None
 
     def acquire(self, key_id: str, job: Job) -> None:
         """Take one of the key's slots and the job's units, or raise the 429 (the bucket is not charged
@@ -109,3 +141,32 @@ class KeyLimiter:
                 self._running[key_id] = left
             else:
                 del self._running[key_id]
+
+
+#: The selecting endpoints (the only ones the per-key limits apply to).
+SELECTING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/select"})
+
+
+class KeyPrecheck:
+    """Pure ASGI middleware: a selecting request whose bearer token matches a key of the key cache (a key
+    this process has authenticated, checked against its remembered hash) is refused with the key's 429
+    **before its body is read or parsed** when :meth:`KeyLimiter.precheck` says it would be. A flooding key
+    therefore costs the server little more than its bytes. Unknown tokens pass (they are checked after
+    validation, as always)."""
+
+    def __init__(self, app: Any, state: Any) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):  # noqa: ANN001
+        if scope["type"] == "http" and scope.get("path") in SELECTING_PATHS and self.state.private:
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+            token = auth[7:].strip().decode("latin-1") if auth[:7].lower() == b"bearer " else None
+            key = self.state.key_cache.verify(token) if token else None
+            refusal = self.state.limiter.precheck(key.key_id) if key is not None else None
+            if refusal is not None:
+                self.state.metrics.overload.labels(str(refusal.extra.get("code"))).inc()
+                body = {"error": {"message": refusal.message, "type": refusal.type, **refusal.extra}}
+                # close the connection: its unread body is dropped, not parsed by the server
+                resp = JSONResponse(body, status_code=429, headers={**refusal.headers, "connection": "close"})
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
