@@ -14,12 +14,13 @@ its own protocol class, :func:`guarded_protocol` (a subclass of uvicorn's ``H11P
 * a **body deadline**: the body must be complete within ``server.body_timeout_s`` of its headers; else the
   connection is closed (the app sees a disconnect before anything is reserved);
 * **per-address and total connection caps with idle eviction** (:class:`ConnectionGuard`): a new
-  connection beyond ``server.max_connections_per_ip`` (or ``server.max_connections``) closes the oldest
-  *idle* connection of that address (of any address), one that is waiting for headers or in keep-alive,
-  never one whose request is running. Only if every such connection is busy is the newcomer refused: its
-  request gets an OpenAI-shaped 429 (per address) or 503 (in total) with ``Retry-After`` and the
-  connection is closed. A client that holds hundreds of idle sockets therefore keeps at most the cap open
-  and cannot lock anyone out.
+  connection beyond ``server.max_connections_per_ip`` (or ``server.max_connections``) closes an *idle*
+  connection of that address (of any address), one that is waiting for headers or in keep-alive, never
+  one whose request is running: the oldest that never completed a request (silent and slowloris sockets)
+  before any keep-alive connection of a client that did. Only if every such connection is busy is the
+  newcomer refused: its request gets an OpenAI-shaped 429 (per address) or 503 (in total) with
+  ``Retry-After`` and the connection is closed. A client that holds hundreds of idle sockets therefore
+  keeps at most the cap open and cannot lock anyone out.
 
 Requests in flight are limited by the ASGI middleware :class:`InFlightLimit` (total and per address;
 ``/healthz``, ``/readyz`` and ``/metrics`` are exempt). Per-key limits are in :mod:`.fairness`.
@@ -113,12 +114,29 @@ class ConnectionGuard:
         return None
 
     def _evict(self, conns: OrderedDict[Any, None]) -> bool:
+        """Close one idle connection of ``conns``, in this order of preference: the oldest that has never
+        completed a request and is at least 1 s old (a silent or slowloris socket; a well-behaved client
+        sends its request at once), else the oldest that has never completed a request, else the oldest
+        idle one (a keep-alive connection)."""
+        now = asyncio.get_running_loop().time() if conns else 0.0
+        tiers: list[Any] = [None, None, None]
         for p in conns:  # oldest first
-            if p.idle():
-                self.release(p, p.client_ip)  # now: its connection_lost comes later
-                p.evict()
-                return True
-        return False
+            if not p.idle():
+                continue
+            fresh = p.served == 0
+            if fresh and now - p.opened >= 1.0:
+                tiers[0] = p
+                break
+            if fresh and tiers[1] is None:
+                tiers[1] = p
+            elif tiers[2] is None:
+                tiers[2] = p
+        victim = next((p for p in tiers if p is not None), None)
+        if victim is None:
+            return False
+        self.release(victim, victim.client_ip)  # now: its connection_lost comes later
+        victim.evict()
+        return True
 
     def release(self, proto: Any, ip: str) -> None:
         self.all.pop(proto, None)
@@ -161,6 +179,8 @@ class _GuardedH11(H11Protocol):
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
         self._got_bytes = False
+        self.opened = self.loop.time()
+        self.served = 0  # requests completed on this connection
         self.client_ip = self.client[0] if self.client else ""
         refused = self.guard.admit(self, self.client_ip)
         self._admitted = refused is None
@@ -243,6 +263,7 @@ class _GuardedH11(H11Protocol):
             self._disarm()  # the body is complete
 
     def on_response_complete(self) -> None:
+        self.served += 1
         super().on_response_complete()
         if self._admitted and not self.transport.is_closing():
             # the next request's headers are due within the header deadline (uvicorn's keep-alive timer
