@@ -18,6 +18,16 @@ Usage::
     python benchmarks/bench_service_soak.py [--requests 10000] [--clients 64] [--replicas 2] [--served 8000]
 
 Prints a markdown table and the audit; exits 1 if the audit fails.
+
+``--attack`` (issue 26): the soak under attack, on **both ledgers** (SQLite, PostgreSQL), one server
+each with the default limits (``privalign serve``'s connection defences and per-key limits). Well-behaved
+tenants: ``--clients`` (default 8 in this mode) keep-alive clients over 4 keys send ``--requests``
+(default 2,000) light ``/v1/select`` requests. Baseline, same run and server: the same load alone. Attack:
+the same load while (a) 900 sockets from one address stay idle or half-open (part of a header block,
+then one byte every 0.5 s: slowloris), reopened as the server closes them, and (b) one key floods from 12
+threads with the heaviest request the limits allow (64 × 8,000 characters), ignoring ``Retry-After``.
+Reported: the tenants' p50/p99 and their ratio to the baseline; exits 1 if a tenant request failed or a
+flood refusal was charged.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,14 +96,227 @@ def _load(urls: list[str], token: str | None, n: int, clients: int, epsilon: flo
     }
 
 
+def _tenants(url: str, tokens: list[str], n: int, clients: int) -> dict:
+    """``n`` light requests from ``clients`` keep-alive clients, client k on key k % len(tokens)."""
+    import httpx
+
+    per = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
+    lat: list[float] = []
+    codes: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        h = {"Authorization": f"Bearer {tokens[k % len(tokens)]}"}
+        with httpx.Client(timeout=60) as c:
+            for i in range(per[k]):
+                t0 = time.perf_counter()
+                try:
+                    code = c.post(url + "/v1/select", json=select_body(i, 1e-6), headers=h).status_code
+                except httpx.HTTPError:
+                    code = -1
+                with lock:
+                    lat.append((time.perf_counter() - t0) * 1000)
+                    codes[code] = codes.get(code, 0) + 1
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    a = np.asarray(lat)
+    return {
+        "requests": n,
+        "wall_s": wall,
+        "rps": n / wall,
+        "p50_ms": float(np.percentile(a, 50)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "codes": dict(sorted(codes.items())),
+    }
+
+
+class _Attack:
+    """900 idle/half-open (slowloris) sockets from one address, reopened when closed, and one key flooding
+    heavy requests from 12 threads, ignoring Retry-After; in a process of its own."""
+
+    def __init__(self, port: int, url: str, flood_token: str, sockets: int = 900, flooders: int = 12) -> None:
+        import json
+
+        self.port, self.url, self.token, self.n = port, url, flood_token, sockets
+        self.stop = threading.Event()
+        self.codes: dict[int, int] = {}
+        self.reopened = 0
+        self.heavy = json.dumps(
+            {"prompt": "q", "candidates": [("kind word " * 800)[:8000]] * 64, "privacy": {"epsilon": 1e-6}}
+        ).encode()
+        self.threads = [threading.Thread(target=self._sockets)] + [
+            threading.Thread(target=self._flood) for _ in range(flooders)
+        ]
+
+    def _open(self, i: int):
+        import socket
+
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            if i % 2:
+                s.sendall(b"POST /v1/select HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            s.setblocking(False)
+            return s
+        except OSError:
+            return None
+
+    def _sockets(self) -> None:
+        socks = [self._open(i) for i in range(self.n)]
+        while not self.stop.wait(0.5):
+            for i, s in enumerate(socks):
+                alive = s is not None
+                if alive and i % 2:
+                    try:
+                        s.send(b"x")  # slowloris: one byte every 0.5 s
+                    except OSError:
+                        alive = False
+                if alive:
+                    try:
+                        alive = s.recv(4096) != b""
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        alive = False
+                if not alive:
+                    if s is not None:
+                        s.close()
+                    socks[i] = self._open(i)
+                    self.reopened += 1
+        for s in socks:
+            if s is not None:
+                s.close()
+
+    def _flood(self) -> None:
+        import httpx
+
+        h = {"Authorization": f"Bearer {self.token}", "content-type": "application/json"}
+        with httpx.Client(timeout=60) as c:
+            while not self.stop.is_set():
+                try:
+                    code = c.post(self.url + "/v1/select", content=self.heavy, headers=h).status_code
+                except httpx.HTTPError:
+                    code = -1
+                self.codes[code] = self.codes.get(code, 0) + 1
+
+    def run(self, stop: Any, out: Any) -> None:
+        """In the attacker's own process (its GIL is not the tenants'): until ``stop`` is set."""
+        for t in self.threads:
+            t.start()
+        stop.wait()
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        out.put((self.codes, self.reopened))
+
+    def __enter__(self) -> _Attack:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        self._stop, self._out = ctx.Event(), ctx.Queue()
+        self._proc = ctx.Process(target=self.run, args=(self._stop, self._out))
+        self._proc.start()
+        time.sleep(2.0)  # sockets open, flood running
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.codes, self.reopened = self._out.get(timeout=120)
+        self._proc.join(30)
+
+
+def attack(args: argparse.Namespace) -> int:
+    """The ``--attack`` mode (see the module docstring)."""
+    import httpx
+
+    from privalign.service import db
+    from privalign.service.keys import create_key
+    from privalign.service.store import SQLBudgetStore
+
+    tmp = Path(tempfile.mkdtemp(prefix="privalign-soak-attack-"))
+    write_reward_model(tmp / "reward.json")
+    rows_out, ok = [], True
+    load0 = os.getloadavg()
+    for ledger in ("sqlite", "postgresql"):
+        schema = f"privalign_soak_{uuid.uuid4().hex[:8]}" if ledger == "postgresql" else ""
+        url = PG_URL if ledger == "postgresql" else f"sqlite:///{tmp / 'attack.db'}"
+        eng = db.make_engine(url, schema=schema or None)
+        db.create_schema(eng, schema=schema or None)
+        tokens = [create_key(eng, budget_epsilon=1.0)[1] for _ in range(4)]
+        flood_id, flood_tok = create_key(eng, budget_epsilon=1.0)
+        srv = Server(write_config(tmp, url, schema, "full", key_limits=True), True)
+        try:
+            base = _tenants(srv.url, tokens, args.requests, args.clients)
+            with _Attack(srv.port, srv.url, flood_tok) as att:
+                t0 = time.perf_counter()
+                try:
+                    hz = httpx.get(srv.url + "/healthz", timeout=30).status_code
+                except httpx.HTTPError:
+                    hz = -1
+                hz_ms = (time.perf_counter() - t0) * 1000
+                hit = _tenants(srv.url, tokens, args.requests, args.clients)
+            time.sleep(2.0)  # deferred settles
+            reserves = sum(
+                r["action"] == "reserve" for r in SQLBudgetStore(eng).ledger_rows(flood_id, limit=10**6)
+            )
+        finally:
+            srv.stop()
+            if schema:
+                with eng.begin() as conn:
+                    conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            eng.dispose()
+        fc = dict(sorted(att.codes.items()))
+        served = fc.get(200, 0)
+        ok &= set(base["codes"]) == set(hit["codes"]) == {200} and hz == 200
+        ok &= served <= reserves <= served + fc.get(-1, 0)
+        rows_out.append((ledger, base, hit, hz, hz_ms, fc, att.reopened, reserves))
+    load1 = os.getloadavg()
+    print(
+        f"cpus={os.cpu_count()} loadavg start={tuple(round(x, 1) for x in load0)} "
+        f"end={tuple(round(x, 1) for x in load1)}"
+    )
+    print(
+        "| ledger | run | tenant requests | clients | wall s | p50 ms | p99 ms | p99 vs baseline "
+        "| tenant codes | /healthz under attack | flood codes | idle sockets reopened |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for ledger, base, hit, hz, hz_ms, fc, reopened, _ in rows_out:
+        print(
+            f"| {ledger} | baseline (tenants alone) | {base['requests']} | {args.clients} | "
+            f"{base['wall_s']:.1f} | {base['p50_ms']:.1f} | {base['p99_ms']:.1f} | 1.00 | {base['codes']} "
+            "| | | |"
+        )
+        print(
+            f"| {ledger} | under attack | {hit['requests']} | {args.clients} | {hit['wall_s']:.1f} | "
+            f"{hit['p50_ms']:.1f} | {hit['p99_ms']:.1f} | {hit['p99_ms'] / base['p99_ms']:.2f} | "
+            f"{hit['codes']} | {hz} in {hz_ms:.0f} ms | {fc} | {reopened} |"
+        )
+    for ledger, *_, fc, _r, reserves in rows_out:
+        print(f"audit {ledger}: flood answers {fc.get(200, 0)}, flood reserve rows {reserves}")
+    print(f"audit: {'PASS' if ok else 'FAIL'}  every tenant request 200, /healthz 200, no refusal charged")
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=10_000)
-    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--clients", type=int, default=None)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--served", type=int, default=8_000)
     ap.add_argument("--epsilon", type=float, default=0.001)
+    ap.add_argument("--attack", action="store_true", help="the soak under attack, on SQLite and PostgreSQL")
     args = ap.parse_args(argv)
+    if args.attack:
+        args.requests = args.requests or 2_000
+        args.clients = args.clients or 8
+        return attack(args)
+    args.requests = args.requests or 10_000
+    args.clients = args.clients or 64
 
     from privalign.service import db
     from privalign.service.keys import create_key

@@ -70,9 +70,12 @@ def write_config(
     sync: str = "full",
     group_commit: bool = True,
     generate_ms: float = 0.0,
+    key_limits: bool = False,
 ) -> Path:
     """A server config in ``tmp`` (the reward model must be at ``tmp / "reward.json"``); no generator, or
-    with ``generate_ms > 0`` :func:`sleepy_generator`."""
+    with ``generate_ms > 0`` :func:`sleepy_generator`. ``key_limits=False`` turns the per-key concurrency
+    and rate limits off (the throughput benchmarks drive one key from 64 clients); ``True`` keeps the
+    defaults."""
     p = tmp / f"bench-{uuid.uuid4().hex[:6]}.toml"
     gen = (
         '[generator]\nkind = "python"\ntarget = "service_servers:sleepy_generator"\n'
@@ -83,8 +86,9 @@ def write_config(
     p.write_text(
         f'[database]\nurl = "{db_url}"\nschema = "{schema}"\nsync = "{sync}"\n'
         f"group_commit = {'true' if group_commit else 'false'}\n\n"
-        "[limits]\nmax_n = 64\nmax_epsilon = 10.0\n\n"
-        '[privacy]\nallowed_methods = ["privbon"]\ndefault_epsilon = 1e-6\n\n'
+        "[limits]\nmax_n = 64\nmax_epsilon = 10.0\n"
+        + ("\n" if key_limits else "key_concurrency = 0\nkey_units_per_s = 0.0\n\n")
+        + '[privacy]\nallowed_methods = ["privbon"]\ndefault_epsilon = 1e-6\n\n'
         f'[reward_model]\nkind = "linear"\npath = "{tmp / "reward.json"}"\n\n' + gen
     )
     return p
@@ -161,9 +165,13 @@ def _serve(config: str, port: int, private: bool) -> None:
 
     from privalign.service.app import create_app
     from privalign.service.config import load_config
+    from privalign.service.server import uvicorn_config
 
-    app = create_app(load_config(config), private=private)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+    cfg = load_config(config)
+    app = create_app(cfg, private=private)
+    conf = uvicorn_config(cfg, app, host="127.0.0.1", port=port)  # the connection defences of serve
+    conf.log_level, conf.access_log = "error", False
+    uvicorn.Server(conf).run()
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def _config(
         tmp_path / name,
         {
             "database": database,
-            "limits": {"max_n": 16, "request_timeout_s": timeout},
+            # 64 concurrent requests on one key test the ledger's locks: no per-key concurrency limit
+            "limits": {"max_n": 16, "request_timeout_s": timeout, "key_concurrency": 0},
             "privacy": {
                 "allowed_methods": ["privbon"],
                 "default_epsilon": 0.0625,

@@ -6,9 +6,9 @@ in :mod:`privalign.service.schemas`, the privacy-parameter checks in :mod:`priva
 module assembles them: middleware (body limit, metrics), error handlers (no stack traces; database errors
 → 503 before anything is released), and the routers.
 
-Order of refusals (nothing is charged by any of them): body size 413 → schema 400 (strict types,
-encodable text) → parameters 400 (ranges, methods, seeds) → authentication 401 → idempotency 409/422 →
-budget 429.
+Order of refusals (nothing is charged by any of them): requests in flight 503/429 → body size 413 →
+schema 400 (strict types, encodable text) → parameters 400 (ranges, methods, seeds) → authentication
+401 → idempotency 409/422 → the key's concurrency and rate 429 → budget 429.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from privalign.errors import ReservationError
 from privalign.service.config import ServiceConfig
+from privalign.service.connections import InFlightLimit
 from privalign.service.errors import ApiError, error_body
+from privalign.service.fairness import KeyPrecheck
 from privalign.service.pipeline import ServiceState
 from privalign.service.routes import openai_router, ops_router, select_router
 
@@ -144,6 +146,15 @@ def create_app(
             allow_headers=["*"],
         )
     app.add_middleware(_BodyLimit, max_bytes=cfg.limits.max_body_bytes)
+    # a cached key over its limits is refused before its body is read (fairness.KeyPrecheck)
+    app.add_middleware(KeyPrecheck, state=state)
+    # requests in flight, in total and per client address (outside the body limit: refused unread)
+    app.add_middleware(
+        InFlightLimit,
+        total=cfg.server.max_in_flight,
+        per_ip=cfg.server.max_in_flight_per_ip,
+        counter=lambda reason: state.metrics.overload.labels(reason).inc(),
+    )
 
     @app.middleware("http")
     async def _observe(request: Request, call_next):  # noqa: ANN001

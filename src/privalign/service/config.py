@@ -20,6 +20,16 @@ Sections (every key optional; defaults are the secure ones):
     host = "127.0.0.1"
     port = 8000
     cors_origins = []                         # CORS off unless origins are listed
+    header_timeout_s = 10.0                   # a request's headers must arrive within this long of the
+                                              # connection opening or the previous response, else closed
+    body_timeout_s = 30.0                     # its body within this long of its headers, else closed
+    keep_alive_s = 5.0                        # idle keep-alive connections are closed after this long
+    max_connections = 4096                    # open connections in total (lowered to the file limit);
+                                              # beyond: the oldest idle connection is closed
+    max_connections_per_ip = 128              # per client address, same rule; 0 = no cap
+    max_in_flight = 256                       # requests running (503 beyond; /healthz, /readyz and
+                                              # /metrics exempt); 0 = no cap
+    max_in_flight_per_ip = 64                 # per client address (429 beyond); 0 = no cap
 
     [limits]
     max_n = 64                                # candidates generated / brought per request, for every
@@ -33,6 +43,10 @@ Sections (every key optional; defaults are the secure ones):
     request_timeout_s = 60.0                  # generation + scoring wall-clock limit; default sized to the
                                               # generator: transformers 900, upstream timeout_s + 30, else 60
     idempotency_ttl_s = 86400.0               # stored answers of Idempotency-Key requests expire after this
+    key_concurrency = 8                       # requests of one key in flight per process (429 beyond)
+    key_units_per_s = 2000.0                  # work units one key may use per second (429 beyond); a
+                                              # request costs 1 + ceil(Σ (prompt + candidate chars) / 1000)
+    key_burst_units = 4000.0                  # the most one key may use at once; 0 (either) = no limit
 
     [privacy]
     allowed_methods = ["privbon"]             # privbon | privitp | bon
@@ -132,6 +146,13 @@ class ServerConfig:
     port: int = 8000
     cors_origins: tuple[str, ...] = ()
     log_level: str = "warning"
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 4096
+    max_connections_per_ip: int = 128
+    max_in_flight: int = 256
+    max_in_flight_per_ip: int = 64
 
 
 @dataclass(frozen=True)
@@ -144,6 +165,9 @@ class LimitsConfig:
     max_tokens: int = 512
     request_timeout_s: float = 60.0
     idempotency_ttl_s: float = 86400.0
+    key_concurrency: int = 8
+    key_units_per_s: float = 2000.0
+    key_burst_units: float = 4000.0
 
 
 @dataclass(frozen=True)
@@ -247,6 +271,7 @@ class ServiceConfig:
             check_real(pv.privitp[k], f"privacy.privitp.{k}", low=0.0)
         check_real(pv.privitp["envelope_l"], "privacy.privitp.envelope_l", low=0.0, closed="left")
         check_int(self.server.port, "server.port", low=0, high=65535)
+        self._validate_overload()
         check_choice(self.reward_model.kind, "reward_model.kind", ("linear", "python", "none"))
         check_choice(
             self.generator.kind,
@@ -254,6 +279,16 @@ class ServiceConfig:
             ("upstream", "transformers", "ctranslate2", "python", "none"),
         )
         return self
+
+    def _validate_overload(self) -> None:
+        srv, lim = self.server, self.limits
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            check_real(getattr(srv, name), f"server.{name}", low=0.0, high=3600.0, closed="right")
+        for name in ("max_connections", "max_connections_per_ip", "max_in_flight", "max_in_flight_per_ip"):
+            check_int(getattr(srv, name), f"server.{name}", low=0, high=1_000_000)
+        check_int(lim.key_concurrency, "limits.key_concurrency", low=0, high=1_000_000)
+        check_real(lim.key_units_per_s, "limits.key_units_per_s", low=0.0, high=1e12, closed="both")
+        check_real(lim.key_burst_units, "limits.key_burst_units", low=0.0, high=1e12, closed="both")
 
 
 def _check_bools(pv: PrivacyConfig) -> None:

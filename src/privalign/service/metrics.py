@@ -57,6 +57,12 @@ class ServiceMetrics:
         self.db_errors = Counter(
             "privalign_database_errors", "Requests answered 503 because the database failed", registry=r
         )
+        self.overload = Counter(
+            "privalign_overload",
+            "Connections closed or requests refused by the overload limits, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.latency = Histogram(
             "privalign_request_latency_seconds", "Request latency", ["endpoint"], buckets=_BUCKETS, registry=r
         )

@@ -65,8 +65,29 @@ def run(
 ) -> Outcome:
     """The straight path: reserve → generate → score → select → charge → respond. The settle is left
     to the caller (``Outcome.settle``): written after the answer is sent, or before it is stored.
-    ``reservation_id``: the id to reserve under (an ``Idempotency-Key`` attempt records it first)."""
+    ``reservation_id``: the id to reserve under (an ``Idempotency-Key`` attempt records it first).
+
+    The key's fairness limits (:mod:`privalign.service.fairness`) are checked before the reservation:
+    a refusal is a 429 with ``Retry-After``, never charged."""
     deadline = time.monotonic() + state.cfg.limits.request_timeout_s
+    _preconditions(state, job, reauth)
+    if not state.private:
+        return _run(state, key, job, reauth, deadline, reservation_id)
+    try:
+        state.limiter.acquire(key.key_id, job)
+    except ApiError as exc:
+        if reauth is not None:
+            reauth()  # a revoked key hears 401, as without the key cache
+        state.metrics.overload.labels(str(exc.extra.get("code"))).inc()
+        raise
+    try:
+        return _run(state, key, job, reauth, deadline, reservation_id)
+    finally:
+        state.limiter.release(key.key_id)
+
+
+def _preconditions(state: ServiceState, job: Job, reauth: Callable[[], KeyInfo] | None) -> None:
+    """503 (never charged) when a component is missing or the generator is still loading."""
     if state.scorer is None or (job.candidates is None and state.generator is None):
         if reauth is not None:
             reauth()  # a 401 comes before a 503, as without the key cache
@@ -84,6 +105,16 @@ def run(
             "The generator is still loading (see GET /readyz); nothing was charged. Retry in a few seconds.",
             headers={"Retry-After": "5"},
         )
+
+
+def _run(
+    state: ServiceState,
+    key: KeyInfo,
+    job: Job,
+    reauth: Callable[[], KeyInfo] | None,
+    deadline: float,
+    reservation_id: str | None,
+) -> Outcome:
     # With group commit the reservation's flush overlaps generation (I/O-bound: the flusher's thread gets
     # the GIL at once); with client-given candidates it runs at the gate, in this thread (scoring is
     # CPU-bound and would delay the flusher's thread by up to the GIL switch interval).

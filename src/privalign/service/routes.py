@@ -489,20 +489,27 @@ def budget(request: Request, authorization: str | None = Header(None)) -> JSONRe
 # ------------------------------------------------------------------------------------------------
 
 
+async def _ping(state: pipeline.ServiceState) -> Any:
+    """The database ping on the operations pool: never queued behind the request thread pool."""
+    import asyncio
+
+    return await asyncio.get_running_loop().run_in_executor(state.ops_pool, state.store.ping)
+
+
 @ops_router.get("/healthz", summary="Liveness and database reachability")
-def healthz(request: Request) -> JSONResponse:
+async def healthz(request: Request) -> JSONResponse:
     state = _state(request)
     return JSONResponse(
-        {"status": "ok", "database": state.store.ping(), "private": state.private, "ready": state.ready}
+        {"status": "ok", "database": await _ping(state), "private": state.private, "ready": state.ready}
     )
 
 
 @ops_router.get(
     "/readyz", summary="Readiness: 200 once the database answers and the generator is warm, else 503"
 )
-def readyz(request: Request) -> JSONResponse:
+async def readyz(request: Request) -> JSONResponse:
     state = _state(request)
-    state.store.ping()
+    await _ping(state)
     if not state.ready:
         reason = (
             f"the generator failed to load ({state.warm_error})"

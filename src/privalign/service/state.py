@@ -14,6 +14,7 @@ from privalign.errors import ReservationError
 from privalign.service import db
 from privalign.service.components import build_generator, build_scorer
 from privalign.service.config import ServiceConfig
+from privalign.service.fairness import KeyLimiter
 from privalign.service.keys import KeyCache
 from privalign.service.metrics import ServiceMetrics
 from privalign.service.store import SQLBudgetStore
@@ -46,6 +47,10 @@ class ServiceState:
         self.noise = SecureNoise()
         self.metrics = ServiceMetrics()
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="privalign-work")
+        # /healthz and /readyz ping the database here, not in the request thread pool that a flood fills
+        self.ops_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="privalign-ops")
+        lim = cfg.limits
+        self.limiter = KeyLimiter(lim.key_concurrency, lim.key_units_per_s, lim.key_burst_units)
         # Deferred settles: the worker threads are joined at interpreter exit, so the settles queued
         # before a graceful shutdown are written. Not yet written: {key id: {reservation id: give-up time}}.
         self.settler = ThreadPoolExecutor(max_workers=2, thread_name_prefix="privalign-settle")
