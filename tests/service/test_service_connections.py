@@ -89,7 +89,11 @@ def test_900_idle_and_half_open_sockets_leave_healthz_and_tenants_answering(
                     lambda: c.post(
                         srv.url + "/v1/select",
                         headers={"Authorization": f"Bearer {tok}"},
-                        json={"prompt": "q", "candidates": ["a kind reply", "a rude reply"]},
+                        json={
+                            "prompt": "q",
+                            "candidates": ["a kind reply", "a rude reply"],
+                            "privacy": {"method": "privbon", "epsilon": 0.01},
+                        },
                     )
                 )
                 assert r.status_code == 200, (r.status_code, r.text[:200])
