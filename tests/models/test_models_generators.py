@@ -194,3 +194,34 @@ def test_openai_client_unreachable_server_is_one_line():
         OpenAICompatibleClient("127.0.0.1:8000")
     with pytest.raises(PrivacyParameterError, match="max_retries"):
         OpenAICompatibleClient(url, max_retries=-1)
+
+
+def test_gguf_progress_silences_the_gguf_loaders_own_bar():
+    """--no-progress reaches transformers' GGUF tensor-conversion bar (a tqdm the HF switch does not
+    govern); the bar is restored afterwards, and left alone when progress is on (issue 25)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from privalign.models.generators import gguf_progress
+
+    bar = gguf_utils.tqdm
+    with gguf_progress(False):
+        assert gguf_utils.tqdm([1, 2]).disable
+    assert gguf_utils.tqdm is bar
+    with gguf_progress(True):
+        assert gguf_utils.tqdm is bar
+
+
+def test_align_keeps_the_bar_but_not_the_per_step_dicts(capsys):
+    """align's bar stays; the per-step log dicts that TRL logs at every step are not written under it."""
+    from transformers.trainer_callback import ProgressCallback, TrainerControl, TrainerState
+
+    from privalign.rlhf.train import quiet_progress_callback
+
+    cb = quiet_progress_callback()()
+    assert isinstance(cb, ProgressCallback)
+    state = TrainerState()
+    cb.training_bar = type("Bar", (), {"write": lambda self, s: print(s)})()
+    cb.on_log(None, state, TrainerControl(), logs={"loss": 0.5, "reward": 1.0})
+    assert capsys.readouterr().out == ""
+    ProgressCallback.on_log(cb, None, state, TrainerControl(), logs={"loss": 0.5})
+    assert "loss" in capsys.readouterr().out  # the negative control: the stock callback writes it

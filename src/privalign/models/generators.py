@@ -23,8 +23,10 @@ different batch size gives the same text in the vast majority of candidates (see
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -47,6 +49,27 @@ __all__ = [
     "GenerationError",
     "candidate_seed",
 ]
+
+
+@contextlib.contextmanager
+def gguf_progress(enabled: bool) -> Iterator[None]:
+    """transformers' GGUF loader draws its own tqdm bar ("Converting and de-quantizing GGUF tensors"),
+    which ``hf_logging.disable_progress_bar()`` does not reach; without ``enabled`` it is silenced for the
+    duration of the block (``--no-progress``)."""
+    if enabled:
+        yield
+        return
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no GGUF support installed: no bar to silence
+        yield
+        return
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 class GenerationError(RuntimeError):
@@ -272,7 +295,8 @@ class TransformersGenerator:
 
         hf_logging.disable_progress_bar()
         self.tokenizer = tr.AutoTokenizer.from_pretrained(src, **kw)
-        self.model = tr.AutoModelForCausalLM.from_pretrained(src, dtype=tdtype, **kw).to(device).eval()
+        with gguf_progress(self.progress):
+            self.model = tr.AutoModelForCausalLM.from_pretrained(src, dtype=tdtype, **kw).to(device).eval()
         self.eos_token_id = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = (
@@ -457,7 +481,8 @@ def ct2_model_dir(
     with tempfile.TemporaryDirectory(dir=root, prefix=".convert-") as tmp:
         hf_dir, out_dir = Path(tmp) / "hf", Path(tmp) / "ct2"
         tok = tr.AutoTokenizer.from_pretrained(src, **kw)
-        m = tr.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw)
+        with gguf_progress(False):  # a one-off conversion; its per-tensor bar said nothing useful
+            m = tr.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw)
         if "gguf_file" in kw:  # the weights are de-quantised fp32 tensors now; save them as a plain HF model
             m.hf_quantizer = None
             if hasattr(m.config, "quantization_config"):

@@ -216,6 +216,30 @@ def event_guarantee(event: dict[str, Any], *, delta: float | None = None) -> tup
     return walk(event_from_dict(event))
 
 
+def quiet_progress_callback() -> Any:
+    """transformers' ``ProgressCallback`` without its per-step log lines: the bar (with ETA) stays, the
+    step's log dict (loss, reward, KL...) goes only to the manifest's training log, not the terminal."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class QuietProgressCallback(ProgressCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            return None
+
+    return QuietProgressCallback
+
+
+def _quiet_trainer_logs(trainer: Any, progress: bool) -> None:
+    """No per-step dict on the terminal: without a bar transformers prints each one to stdout (which would
+    break ``--json``), with one it writes each under the bar (a flood at ``logging_steps=1``)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    if progress:
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(quiet_progress_callback())
+    else:
+        trainer.remove_callback(PrinterCallback)
+
+
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -423,10 +447,7 @@ def align_policy(
         trainer = GRPOTrainer(
             model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds, processing_class=tok
         )
-        if not progress:  # without tqdm, transformers prints every log dict to stdout (it would break --json)
-            from transformers.trainer_callback import PrinterCallback
-
-            trainer.remove_callback(PrinterCallback)
+        _quiet_trainer_logs(trainer, progress)
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
     except BaseException as exc:
         manifest["status"] = "incomplete"
