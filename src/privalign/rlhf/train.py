@@ -35,12 +35,15 @@ as the reward model: same (ε, δ), same privacy unit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import random
 import shutil
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -214,6 +217,18 @@ def event_guarantee(event: dict[str, Any], *, delta: float | None = None) -> tup
         return float(pld.get_epsilon(target)), target, "PLD accountant (replace-one)"
 
     return walk(event_from_dict(event))
+
+
+@contextlib.contextmanager
+def _third_party_quiet() -> Iterator[None]:
+    """transformers/TRL/peft/accelerate deprecation notices, and peft's note that the GGUF-backed base has no
+    config file, repeat at every checkpoint and say nothing about the run (they flooded the terminal)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", category=FutureWarning, module=r"(transformers|trl|peft|accelerate)(\.|$)"
+        )
+        warnings.filterwarnings("ignore", message="Could not find a config file", module=r"peft(\.|$)")
+        yield
 
 
 def quiet_progress_callback() -> Any:
@@ -430,34 +445,39 @@ def align_policy(
     # Trainer re-seeds the legacy global RNGs; save and restore them (we never draw from them ourselves)
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state())  # noqa: NPY002
     t0 = time.perf_counter()
-    try:
-        from peft import get_peft_model
+    with _third_party_quiet():
+        try:
+            from peft import get_peft_model
 
-        # peft initialises the adapter from the global torch RNG; draw that (throw-away) initialisation inside
-        # a forked RNG, then re-initialise every LoRA A matrix from an explicit Generator seeded by `seed`
-        # (peft's own law: Kaiming-uniform with a = √5; B stays zero), so the run is reproducible without
-        # seeding globals.
-        with torch.random.fork_rng(devices=[]):
-            model = get_peft_model(model, LoraConfig(**lora))
-        lora_gen = torch.Generator().manual_seed(int(config.seed))
-        with torch.no_grad():
-            for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-                if ".lora_A." in name:
-                    torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=lora_gen)
-        trainer = GRPOTrainer(
-            model=model, reward_funcs=reward, args=GRPOConfig(**targs), train_dataset=ds, processing_class=tok
-        )
-        _quiet_trainer_logs(trainer, progress)
-        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-    except BaseException as exc:
-        manifest["status"] = "incomplete"
-        manifest["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        _write_json(man_path, manifest)
-        raise
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])  # noqa: NPY002
-        torch.set_rng_state(states[2])
+            # peft initialises the adapter from the global torch RNG; draw that (throw-away) initialisation
+            # inside a forked RNG, then re-initialise every LoRA A matrix from an explicit Generator seeded by
+            # `seed` (peft's own law: Kaiming-uniform with a = √5; B stays zero), so the run is reproducible
+            # without seeding globals.
+            with torch.random.fork_rng(devices=[]):
+                model = get_peft_model(model, LoraConfig(**lora))
+            lora_gen = torch.Generator().manual_seed(int(config.seed))
+            with torch.no_grad():
+                for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+                    if ".lora_A." in name:
+                        torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=lora_gen)
+            trainer = GRPOTrainer(
+                model=model,
+                reward_funcs=reward,
+                args=GRPOConfig(**targs),
+                train_dataset=ds,
+                processing_class=tok,
+            )
+            _quiet_trainer_logs(trainer, progress)
+            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        except BaseException as exc:
+            manifest["status"] = "incomplete"
+            manifest["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            _write_json(man_path, manifest)
+            raise
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])  # noqa: NPY002
+            torch.set_rng_state(states[2])
     seconds = time.perf_counter() - t0
     log = [
         {
