@@ -272,17 +272,13 @@ def _run(args: argparse.Namespace) -> int:
 
 def _data_sha256(data: str) -> str | None:
     """SHA-256 of the preference file (audit record only: a hash of private data is never released)."""
-    import hashlib
     from pathlib import Path
 
-    p = Path(data)
-    if data in ("hh-rlhf", "imdb") or not p.is_file():
+    from privalign.rlhf.rewards import file_sha256
+
+    if data in ("hh-rlhf", "imdb") or not Path(data).is_file():
         return None
-    h = hashlib.sha256()
-    with p.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(data)
 
 
 def _validate_params(est, args: argparse.Namespace) -> None:
