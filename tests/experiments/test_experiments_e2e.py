@@ -82,6 +82,7 @@ TINY: dict[str, dict] = {
         "n_curve_check": True,
         "n_curve": [40, 80],
         "n_curve_pairs": 200,
+        "replicates": 2,
     },
     "p2-winrate": {
         "epsilons": [8.0],
@@ -193,6 +194,31 @@ def test_experiment_outputs(runs, name):
         png, pdf = d / "figures" / f"{stem}.png", d / "figures" / f"{stem}.pdf"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert pdf.read_bytes()[:4] == b"%PDF"
+
+
+def test_p2_accuracy_replicates_every_cell_with_its_own_noise(runs):
+    """Issue 27: every accuracy cell is fitted with `replicates` seeds, tuned and untuned; the seeds differ
+    (the DP noise is redrawn), the tuned searches all have the same number of candidates."""
+    recs = [json.loads(x) for x in (runs["p2-accuracy"] / "results.jsonl").read_text().splitlines()]
+    acc = [r for r in recs if r.get("kind") == "accuracy"]
+    keys = {(r["dataset"], r["features"], r["method"], r["epsilon"], r["variant"]) for r in acc}
+    for k in keys:
+        assert sorted(
+            r["rep"]
+            for r in acc
+            if (r["dataset"], r["features"], r["method"], r["epsilon"], r["variant"]) == k
+        ) == [0, 1], k
+    assert {r["variant"] for r in acc} == {"tuned", "untuned"}
+    assert {r["candidates"] for r in acc if r["variant"] == "tuned"} == {2}
+    dp = [r for r in acc if r["method"] == "DPSGDLinear" and r["variant"] == "untuned"]
+    by = {}
+    for r in dp:
+        by.setdefault((r["dataset"], r["features"], r["epsilon"]), []).append(r["correct"])
+    assert any(len(set(v)) > 1 for v in by.values()), "fit seeds must redraw DP-SGD's noise"
+    summary = json.loads((runs["p2-accuracy"] / "summary.json").read_text())
+    rows = next(v for k, v in summary["tables"].items() if k.startswith("sparse vs dense"))
+    assert {r["variant"] for r in rows} == {"tuned", "untuned"} and {r["seeds"] for r in rows} == {2}
+    assert "sparse_vs_dense_verdict_tuned" in summary and "(ε/2, δ/2)" in summary["protocol"]
 
 
 def test_report_renders_with_claims_table(runs, tmp_path):

@@ -1,5 +1,6 @@
-"""p2-accuracy's sparsity check (issue 13): the power of the paired exact McNemar test, the sparse-vs-dense
-table and its verdicts, the Peeling signal-to-noise diagnostic, and the d-aware default T of Sample-DP IHT."""
+"""p2-accuracy's sparsity check (issue 13): the replicated sparse-vs-dense table and its verdicts (issue 27),
+the equal tuning protocol, the Peeling signal-to-noise diagnostic, and the d-aware default T of Sample-DP
+IHT."""
 
 from __future__ import annotations
 
@@ -9,59 +10,97 @@ import numpy as np
 import pytest
 
 from privalign.estimation.iht import NOISE_SCALE_TARGET, _peeling, default_n_iter
-from privalign.experiments.paper2 import mcnemar_power, peeling_snr, sparse_dense_pairs, sparse_dense_table
+from privalign.experiments.paper2 import peeling_snr, replicated_comparisons, sparse_dense_table
 
 
-def test_mcnemar_power_exact_small_case():
-    # D = 10 discordant of n = 100; a +0.05 gain means b ~ Binomial(10, 0.75). Exact one-sided critical value
-    # at α = 0.05: P(X ≥ 9 | ½) = 11/1024 ≤ 0.05 < P(X ≥ 8 | ½) = 56/1024,
-    # so power = P(Binomial(10, 0.75) ≥ 9).
-    want = 10 * 0.75**9 * 0.25 + 0.75**10
-    assert mcnemar_power(6, 4, 100, gain=0.05, alpha=0.05) == pytest.approx(want, rel=1e-12)
-    assert mcnemar_power(0, 0, 100) == 0.0
-    # more discordant pairs at the same gain and n: the alternative is closer to ½, power falls
-    assert mcnemar_power(60, 40, 400) < mcnemar_power(15, 10, 400)
-    # a large gain relative to D saturates at p1 = 1
-    assert mcnemar_power(5, 5, 1000, gain=0.5) == pytest.approx(1.0)
-
-
-def _rec(ds, fm, method, eps, correct):
+def _rec(ds, fm, method, eps, correct, rep=0, variant="tuned"):
     return {
         "kind": "accuracy",
         "dataset": ds,
         "features": fm,
         "method": method,
         "epsilon": eps,
+        "variant": variant,
+        "rep": rep,
         "accuracy": correct.count("1") / len(correct),
         "correct": correct,
     }
 
 
-def test_sparse_dense_table_verdicts_follow_the_discordant_pairs():
+def test_sparse_dense_table_replicated_verdicts():
     n = 200
-    strong = "1" * 150 + "0" * 50  # sparse right on 150
-    weak = "0" * 60 + "1" * 90 + "0" * 50  # dense right on 90 of the same
-    recs = [
-        _rec("hh-rlhf", "harm-lexicon", "RRIHT", 8.0, strong),
-        _rec("hh-rlhf", "harm-lexicon", "DenseRR", 8.0, weak),
-        _rec("hh-rlhf", "harm-lexicon", "SampleDPIHT", 8.0, weak),
-        _rec("hh-rlhf", "harm-lexicon", "DPSGDLinear", 8.0, strong),
-        _rec("hh-rlhf", "hashed-ngram", "RRIHT", 8.0, strong),
-        _rec("hh-rlhf", "hashed-ngram", "DenseRR", 8.0, strong),
-    ]
-    pairs = sparse_dense_pairs(recs, epsilons=(8.0,))
-    assert {p["dataset"] for p in pairs} == {"hh-rlhf", "hh-rlhf[harm-lexicon]"}
+    strong = ["1" * (150 - r) + "0" * (50 + r) for r in range(5)]  # sparse right on 150, 149, … (seeds)
+    weak = ["0" * 60 + "1" * (90 - r) + "0" * (50 + r) for r in range(5)]  # dense right on 90, 89, …
+    recs = []
+    for r in range(5):
+        recs += [
+            _rec("hh-rlhf", "harm-lexicon", "RRIHT", 8.0, strong[r], r),
+            _rec("hh-rlhf", "harm-lexicon", "DenseRR", 8.0, weak[r], r),
+            _rec("hh-rlhf", "harm-lexicon", "SampleDPIHT", 8.0, weak[r], r),
+            _rec("hh-rlhf", "harm-lexicon", "DPSGDLinear", 8.0, strong[r], r),
+            _rec("hh-rlhf", "hashed-ngram", "RRIHT", 8.0, strong[0], r),
+            _rec("hh-rlhf", "hashed-ngram", "DenseRR", 8.0, strong[0], r),
+            _rec("hh-rlhf", "hashed-ngram", "RRIHT", 8.0, strong[0], r, "untuned"),
+        ]
+    comps = replicated_comparisons(recs)
+    assert {c["dataset"] for c in comps} == {"hh-rlhf", "hh-rlhf[harm-lexicon]"} and len(comps) == 3
+    assert all(c["R"] == 5 for c in comps)
+    assert replicated_comparisons(recs, variant="untuned") == []  # DenseRR has no untuned cells
     rows = {(r["dataset"], r["sparse"]): r for r in sparse_dense_table(recs)}
-    assert len(rows) == 3
     r = rows[("hh-rlhf[harm-lexicon]", "RRIHT")]
-    assert (r["only_sparse_right"], r["only_dense_right"]) == (60, 0) and r["verdict"] == "sparse better"
-    assert r["diff"] == pytest.approx(60 / n) and r["diff_ci95"][0] > 0
-    assert r["alpha_per_test"] == pytest.approx(0.05 / 3)
+    assert r["diff"] == pytest.approx(60 / n) and r["verdict"] == "sparse better" and r["diff_ci95"][0] > 0
+    assert r["seeds"] == 5 and r["alpha_per_test"] == pytest.approx(0.05 / 3)
+    assert r["se"] == pytest.approx(math.hypot(r["se_seeds"], r["se_test_pairs"]), abs=2e-4)
     assert rows[("hh-rlhf[harm-lexicon]", "SampleDPIHT")]["verdict"] == "dense better"
-    tie = rows[("hh-rlhf", "RRIHT")]
-    assert tie["p_sparse_better"] == 1.0 and tie["verdict"].startswith(
-        "no significant difference (power 0.00"
-    )
+    # identical predictions on 200 pairs: SE 0, difference 0 → equivalent within the margin
+    assert rows[("hh-rlhf", "RRIHT")]["verdict"] == "equivalent within ±0.03"
+    # one fit seed: the table says the comparison is unreplicated instead of testing it
+    one = [x for x in recs if x["rep"] == 0]
+    assert all(row["verdict"].startswith("unreplicated") for row in sparse_dense_table(one))
+
+
+def test_experiment_grids_give_every_method_the_same_protocol():
+    """Issue 27: DP-SGD searched 4 candidates at ε/4 while Sample-DP IHT searched 2 at ε/2. Every method now
+    searches EXPERIMENT_CANDIDATES candidates, so a compared pair splits its budget alike."""
+    from privalign.estimation.tuning import EXPERIMENT_CANDIDATES, expand_grid, experiment_param_grid
+    from privalign.experiments.paper2 import ESTIMATORS, _fit, make_estimator
+
+    for s in (4, 32, 64):
+        sizes = {m: len(expand_grid(experiment_param_grid(m, sparsity=s))) for m in ESTIMATORS}
+        assert set(sizes.values()) == {EXPERIMENT_CANDIDATES}, sizes
+    # the candidates actually run at (ε/2, δ/2) for both sample-DP methods of P2-4
+    from privalign.estimation.preferences import PreferenceData
+
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 2, size=(400, 64)).astype(float) - rng.integers(0, 2, size=(400, 64))
+    y = (X[:, 0] + 0.3 * rng.standard_normal(400) > 0).astype(int)
+    data = PreferenceData(X=X, y=y, prompt_ids=np.arange(400))
+    cfg = {
+        "step_size": 4.0,
+        "radius": 5.0,
+        "alpha": 1e-3,
+        "tune": True,
+        "dpsgd_epochs": 1.0,
+        "dpsgd_batch": 64,
+        "dpsgd_clip": 1.0,
+        "dpsgd_lr": 1.0,
+    }
+    for name in ("SampleDPIHT", "DPSGDLinear"):
+        est = make_estimator(
+            name,
+            epsilon=4.0,
+            delta=1e-5,
+            sparsity=16,
+            feature_bound=1.0,
+            random_state=np.random.default_rng(1),
+            cfg=cfg,
+            n_train=400,
+        )
+        _fit(est, data)
+        eps = [c.epsilon for c in (est.best_estimator_,)]
+        assert eps == [pytest.approx(2.0)] and len(est.candidates_) == 2
+        assert est.privacy_budget_["epsilon"] == pytest.approx(4.0)
+        assert est.privacy_budget_["delta"] == pytest.approx(1e-5)
 
 
 def test_peeling_snr_matches_its_formula():

@@ -432,24 +432,129 @@ def _accuracy(b, c, *, second=None, n=200, eps=(2.0, 8.0), correct=True):
     ]
 
 
-def test_p2_4_three_outcomes_through_the_report():
-    def p2_4(recs):
-        c = {c["id"]: c for c in evaluate_claims({"p2-accuracy": recs})}["P2-4"]
-        return c["verdict"], c["measured"]
+def _replicated(per_seed, *, n=400, eps=(2.0, 8.0), variant="tuned", second=None, correct=True):
+    """Replicated p2-accuracy records: fit seed r has ``per_seed[r] = (b, c)``: b test pairs only the sparse
+    method gets right, c only the dense one, the rest right for both; for both compared pairs (``second``:
+    the Sample-DP IHT / DP-SGD seeds when they differ)."""
 
-    v, m = p2_4(_accuracy(60, 10))
+    def outcomes(b, c):
+        rest = n - b - c
+        return {"sparse": "1" * b + "0" * c + "1" * rest, "dense": "0" * b + "1" * c + "1" * rest}
+
+    out = []
+    for e in eps:
+        for ms, md, seeds in (
+            ("RRIHT", "DenseRR", per_seed),
+            ("SampleDPIHT", "DPSGDLinear", second or per_seed),
+        ):
+            for rep, (b, c) in enumerate(seeds):
+                o = outcomes(b, c)
+                for m, side in ((ms, "sparse"), (md, "dense")):
+                    out.append(
+                        {
+                            "kind": "accuracy",
+                            "dataset": "imdb",
+                            "method": m,
+                            "epsilon": e,
+                            "variant": variant,
+                            "rep": rep,
+                            "accuracy": o[side].count("1") / n,
+                            **({"correct": o[side]} if correct else {}),
+                        }
+                    )
+    return out
+
+
+def _p2_4(recs):
+    c = {c["id"]: c for c in evaluate_claims({"p2-accuracy": recs})}["P2-4"]
+    return c["verdict"], c["measured"]
+
+
+WIN = [(60, 10), (58, 12), (62, 9), (59, 11), (61, 10)]
+LOSS = [(c, b) for b, c in WIN]
+
+
+def test_seed_paired_diff_exact_values():
+    # 2 seeds × 4 pairs; differences per seed (1,0,0,0) and (1,1,0,-1): d_r = 0.25, 0.25
+    a = np.array([[1, 1, 0, 1], [1, 1, 0, 0]])
+    b = np.array([[0, 1, 0, 1], [0, 0, 0, 1]])
+    r = V.seed_paired_diff(a, b)
+    assert r["mean"] == pytest.approx(0.25) and r["R"] == 2 and r["n"] == 4
+    assert r["se_seed"] == pytest.approx(0.0)  # both seeds differ by 0.25: no between-seed spread
+    D = np.array([1.0, 0.5, 0.0, -0.5])  # seed-averaged per-pair differences
+    assert r["se_pair"] == pytest.approx(math.sqrt(D.var(ddof=1) / 4))
+    assert r["df"] == pytest.approx(3.0)  # Welch–Satterthwaite with the seed part 0: the pairs' n − 1
+    # the seed part is the variance of the per-seed differences over R
+    a2 = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]])
+    b2 = np.zeros((3, 4))
+    r2 = V.seed_paired_diff(a2, b2)
+    assert r2["se_seed"] == pytest.approx(math.sqrt(np.var([1.0, 0.0, 0.5], ddof=1) / 3))
+    assert r2["se"] == pytest.approx(math.hypot(r2["se_seed"], r2["se_pair"]))
+    assert V.seed_paired_diff(a[:1], b[:1])["se"] is None  # one seed: the DP-noise variance is unmeasured
+
+
+def test_p2_4_replicated_three_outcomes_through_the_report():
+    v, m = _p2_4(_replicated(WIN))
     assert v == "holds" and "Bonferroni over 4: sparse significantly better in 4, dense in 0" in m
-    v, m = p2_4(_accuracy(10, 60))
-    assert v == "does not hold" and "dense in 4" in m and "discordant 10/60 of 200" in m
-    v, m = p2_4(_accuracy(22, 18))
-    assert v == "inconclusive" and "sparse significantly better in 0, dense in 0" in m
-    # RR-IHT wins, Sample-DP IHT does not: not every sparse method is better
-    v, m = p2_4(_accuracy(60, 10, second=(22, 18)))
+    assert "5 seeds" in m and "MDD" in m and "α=0.05" in m
+    v, m = _p2_4(_replicated(LOSS))
+    assert v == "does not hold" and "dense in 4" in m
+    # a powered tie: equivalent within ±0.03 → does not hold
+    v, m = _p2_4(_replicated([(30, 30)] * 5, n=2000))
+    assert v == "does not hold" and "equivalent within ±0.03 accuracy (TOST, α=0.05/4) in 4" in m
+    # RR-IHT wins, Sample-DP IHT does not: not every sparse method beats its dense one
+    noisy = [(22, 18), (18, 22), (25, 15), (15, 25), (20, 20)]
+    v, m = _p2_4(_replicated(WIN, second=noisy))
     assert v == "inconclusive" and "sparse significantly better in 2, dense in 0" in m
-    v, m = p2_4(_accuracy(60, 10, eps=(8.0,)))
+    v, m = _p2_4(_replicated(WIN, eps=(8.0,)))
     assert v == "inconclusive" and "MISSING ε = [2.0]" in m
-    v, m = p2_4(_accuracy(60, 10, correct=False))
+    v, m = _p2_4(_replicated(WIN, correct=False))
     assert v == "inconclusive" and "lack per-pair outcomes" in m
+
+
+def test_p2_4_one_noise_draw_is_not_a_result():
+    """Issue 27: the single-fit rule called a one-seed sparse win significant (IMDb ε = 4, 117 / 71
+    discordant of 462, McNemar p = 0.0005). Unreplicated comparisons are now inconclusive, and a win of one
+    seed that the other seeds do not repeat is absorbed by the between-seed variance."""
+    one = _replicated([(117, 71)], n=462)
+    for r in one:  # records from before replication: no variant, no rep
+        r.pop("variant"), r.pop("rep")
+        r["tuned_params"] = {"sparsity": 4}
+    assert (
+        V.mcnemar_rule(
+            [
+                {
+                    "dataset": "imdb",
+                    "epsilon": e,
+                    "sparse": s,
+                    "dense": d,
+                    "b": 117,
+                    "c": 71,
+                    "n_test": 462,
+                    "acc_sparse": 0.7,
+                    "acc_dense": 0.6,
+                }
+                for e in (2.0, 8.0)
+                for s, d in (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear"))
+            ]
+        )[0]
+        == "holds"
+    )  # what the old rule said on these outcomes
+    v, m = _p2_4(one)
+    assert v == "inconclusive" and "4 unreplicated" in m and "DP-noise variance unmeasured" in m
+    # five seeds: the first repeats the artefact, the others do not
+    v, m = _p2_4(_replicated([(117, 71), (60, 90), (70, 80), (95, 70), (75, 85)], n=462))
+    assert v == "inconclusive" and "sparse significantly better in 0, dense in 0" in m
+
+
+def test_p2_4_untuned_is_printed_beside_and_does_not_decide():
+    recs = _replicated(WIN, variant="tuned") + _replicated(LOSS, variant="untuned")
+    v, m = _p2_4(recs)
+    assert v == "holds" and m.startswith("tuned (decides)")
+    assert "beside it, untuned at the full ε (does not decide): does not hold" in m
+    # a run without tuning is decided by its untuned cells
+    v, m = _p2_4(_replicated(LOSS, variant="untuned"))
+    assert v == "does not hold" and m.startswith("untuned (decides)")
 
 
 def test_paired_tost_exact_t_quantiles_and_the_motivating_tie():
@@ -474,23 +579,14 @@ def stats_t_sf(x, df):
 
 
 def test_p2_4_equivalence_branch_does_not_hold():
-    """Issue 27: a powered tie read "inconclusive". A pair shown equivalent within ±0.03 accuracy (paired
-    TOST at α/k) now makes "sparse beats dense" not hold: a gain below 0.03, if any, is not beating."""
-
-    def p2_4(recs):
-        c = {c["id"]: c for c in evaluate_claims({"p2-accuracy": recs})}["P2-4"]
-        return c["verdict"], c["measured"]
-
-    v, m = p2_4(_accuracy(30, 30, n=2000))  # the old rule: inconclusive (no significant difference)
-    assert v == "does not hold" and "equivalent within ±0.03 accuracy (paired TOST, α=0.05/4) in 4" in m
-    assert "EQUIVALENT" in m and "sparse significantly better in 0, dense in 0" in m
+    """Issue 27: a powered tie read "inconclusive". A pair shown equivalent within ±0.03 accuracy (TOST at
+    α/k on the seed-averaged difference) makes "sparse beats dense" not hold."""
+    v, m = _p2_4(_replicated([(30, 30)] * 5, n=2000))
+    assert v == "does not hold" and "EQUIVALENT" in m and "sparse significantly better in 0, dense in 0" in m
     # RR-IHT wins, Sample-DP IHT ties within the margin: not every sparse method beats its dense one
-    v, m = p2_4(_accuracy(300, 10, second=(30, 30), n=2000))
+    v, m = _p2_4(_replicated([(300, 10)] * 5, second=[(30, 30)] * 5, n=2000))
     assert v == "does not hold" and "sparse significantly better in 2, dense in 0; equivalent" in m
-    # an unpowered tie is still inconclusive, and a clear win still holds
-    assert p2_4(_accuracy(22, 18))[0] == "inconclusive"
-    assert p2_4(_accuracy(60, 10))[0] == "holds"
-    # a wider margin turns the 16 / 18 tie of 462 into equivalence even at α/12
+    # the single-fit rule keeps its own tests: a wider margin turns the 16 / 18 tie of 462 into equivalence
     cmp = [dict(c, b=16, c=18, n_test=462) for c in _cmp(0, 0)] * 6
     assert V.mcnemar_rule(cmp)[0] == "inconclusive"
     assert V.mcnemar_rule(cmp, margin=0.04)[0] == "does not hold"

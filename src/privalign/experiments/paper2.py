@@ -23,6 +23,7 @@ Sample-DP IHT and DP-SGD are (ε, δ)-DP on whole comparisons. Figures say so in
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,13 @@ __all__ = [
     "fit_slope",
     "learning_regime",
     "make_estimator",
-    "sparse_dense_pairs",
+    "record_variant",
+    "replicated_comparisons",
+    "sparse_beats_dense_verdict",
     "sparse_dense_table",
-    "mcnemar_power",
     "peeling_snr",
+    "SPARSE_DENSE",
+    "TUNING_PROTOCOL",
     "FEATURE_MAPS",
 ]
 
@@ -436,9 +440,32 @@ def _acc_schema() -> dict[str, Field]:
                 "int", 12500, "IMDb pairs loaded for the n curve (80% train by prompt)", low=20
             ),
             "n_curve_epsilon": Field("float", 8.0, "ε of the n curve", low=1e-12),
+            "replicates": Field(
+                "int",
+                5,
+                "fit seeds per cell: each redraws the DP noise, the tuning split and the selection noise "
+                "(the data and its test split stay fixed)",
+                low=1,
+            ),
+            "untuned": Field(
+                "bool",
+                True,
+                "with tune = true, also fit every method untuned at the full ε (config hyper-parameters), "
+                "reported beside the tuned cells",
+                low=None,
+            ),
         }
     )
     return s
+
+
+def _variants(cfg: dict) -> list[str]:
+    """The fitting protocols of the accuracy cells: ``tuned`` (the accounted search, every method with the
+    same number of candidates and the same budget split) and, beside it, ``untuned`` (one fit at the full
+    ε with the configuration's hyper-parameters)."""
+    if not cfg.get("tune", False):
+        return ["untuned"]
+    return ["tuned", "untuned"] if cfg.get("untuned", True) else ["tuned"]
 
 
 def _maps_for(ds: str, cfg: dict) -> list[str]:
@@ -501,15 +528,17 @@ def _acc_cells(cfg: dict, ctx: RunContext) -> list[dict]:
             tag = _tag(ds, fm)
             for m in cfg["methods"]:
                 eps_list = [None] if m in ("IHT", "MLE") else cfg["epsilons"]
-                for e in eps_list:
+                for e, v, r in itertools.product(eps_list, _variants(cfg), range(cfg["replicates"])):
                     cells.append(
                         {
-                            "cell": f"{tag} {m} eps={e}",
+                            "cell": f"{tag} {m} eps={e} {v} rep={r}",
                             "kind": "accuracy",
                             "dataset": ds,
                             "features": fm,
                             "method": m,
                             "epsilon": e,
+                            "variant": v,
+                            "rep": r,
                         }
                     )
             if cfg["sparsity_check"]:
@@ -518,14 +547,15 @@ def _acc_cells(cfg: dict, ctx: RunContext) -> list[dict]:
                     {"cell": f"{tag} peeling-snr", "kind": "peeling_snr", "dataset": ds, "features": fm}
                 )
     if cfg["n_curve_check"] and "imdb" in cfg["datasets"]:
-        for n in cfg["n_curve"]:
+        for n, r in itertools.product(cfg["n_curve"], range(cfg["replicates"])):
             cells.append(
                 {
-                    "cell": f"imdb n-curve n={n}",
+                    "cell": f"imdb n-curve n={n} rep={r}",
                     "kind": "n_curve",
                     "dataset": "imdb",
                     "features": "hashed-ngram",
                     "n": n,
+                    "rep": r,
                 }
             )
     return cells
@@ -587,7 +617,10 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     fm = cell.get("features", "hashed-ngram")
     train, test = _acc_data(cell["dataset"], cfg, ctx, fm)
     eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
-    # Binary presence features: |φ| ≤ 1, so comparison features satisfy |x| ≤ c_x = 1 (public bound).
+    variant = cell.get("variant", _variants(cfg)[0])
+    # Binary presence features: |φ| ≤ 1, so comparison features satisfy |x| ≤ c_x = 1 (public bound). The
+    # cell's seed (a child of the config seed, distinct per fit seed `rep`) drives every random draw of the
+    # fit: the DP noise, the tuning split, the candidates' seeds and the selection noise.
     est = make_estimator(
         cell["method"],
         epsilon=eps,
@@ -595,7 +628,7 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
         sparsity=cfg["sparsity"],
         feature_bound=1.0,
         random_state=np.random.default_rng(ss),
-        cfg=cfg,
+        cfg=cfg if variant == "tuned" else {**cfg, "tune": False},
         n_train=int(train.y.shape[0]),
     )
     _fit(est, train)
@@ -615,6 +648,8 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
         "method": cell["method"],
         "unit": UNIT[cell["method"]],
         "epsilon": cell["epsilon"],
+        "variant": variant,
+        "rep": int(cell.get("rep", 0)),
         "accuracy": acc,
         "accuracy_se": math.sqrt(max(acc * (1 - acc), 0.0) / n_test),
         "n_train": int(train.y.shape[0]),
@@ -626,6 +661,12 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     if hasattr(est, "best_params_"):
         rec["tuned_params"] = {
             k: (v if isinstance(v, int | float | str) else str(v)) for k, v in est.best_params_.items()
+        }
+        rec["candidates"] = len(est.candidates_)
+        # the search's total cost (ε, δ) by its accounting; None where it is not private (IHT, MLE)
+        rec["budget"] = {
+            k: (float(v) if math.isfinite(float(v)) else None)
+            for k, v in ((k, est.privacy_budget_[k]) for k in ("epsilon", "delta"))
         }
     return [rec]
 
@@ -812,6 +853,7 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
                 "variant": label,
                 "epsilon": None if name == "IHT" else eps,
                 "n": int(cell["n"]),
+                "rep": int(cell.get("rep", 0)),
                 "d": int(sub.X.shape[1]),
                 "n_test": int(test.y.shape[0]),
                 "accuracy": acc,
@@ -823,110 +865,192 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     return out
 
 
-def sparse_dense_pairs(records: list[dict], epsilons=(2.0, 8.0)) -> list[dict]:
-    """For P2-4: per data set, feature map and ε, each sparse method vs its dense counterpart on the same test
-    pairs: ``b`` = pairs only the sparse one gets right, ``c`` = only the dense one. ``dataset`` names the
-    feature map when it is not hashed n-grams (``hh-rlhf[harm-lexicon]``)."""
-    out = []
-    acc = [r for r in records if r.get("kind", "accuracy") == "accuracy"]
-    for eps in epsilons:
-        for ds, fm in sorted({(r["dataset"], r.get("features", "hashed-ngram")) for r in acc}):
-            row = {
-                r["method"]: r
-                for r in acc
-                if r.get("epsilon") == eps
-                and r.get("dataset") == ds
-                and r.get("features", "hashed-ngram") == fm
-            }
-            for sparse, dense in (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear")):
-                if (
-                    sparse in row
-                    and dense in row
-                    and row[sparse].get("correct")
-                    and row[dense].get("correct")
-                ):
-                    a, b = row[sparse]["correct"], row[dense]["correct"]
-                    out.append(
-                        {
-                            "dataset": _tag(ds, fm),
-                            "features": fm,
-                            "epsilon": eps,
-                            "sparse": sparse,
-                            "dense": dense,
-                            "b": sum(x == "1" and y == "0" for x, y in zip(a, b)),
-                            "c": sum(x == "0" and y == "1" for x, y in zip(a, b)),
-                            "n_test": len(a),
-                            "acc_sparse": row[sparse]["accuracy"],
-                            "acc_dense": row[dense]["accuracy"],
-                        }
-                    )
+#: The compared (sparse, dense) pairs of P2-4: each sparse method against the dense one of its privacy unit.
+SPARSE_DENSE = (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear"))
+
+
+def record_variant(r: dict) -> str:
+    """A record's fitting protocol: ``tuned`` (accounted search) or ``untuned`` (one fit at the full ε).
+    Records from before replication carry no ``variant``: tuned iff they name tuned parameters."""
+    return r.get("variant") or ("tuned" if r.get("tuned_params") is not None else "untuned")
+
+
+def _outcomes(correct: str) -> np.ndarray:
+    return np.frombuffer(correct.encode("ascii"), dtype=np.uint8).astype(float) - 48.0
+
+
+def _by_rep(records: list[dict]) -> dict[tuple, dict[int, dict]]:
+    """Accuracy records keyed by (data set, feature map, method, ε, variant), then by fit seed ``rep``."""
+    out: dict[tuple, dict[int, dict]] = {}
+    for r in records:
+        if r.get("kind", "accuracy") != "accuracy":
+            continue
+        key = (
+            r["dataset"],
+            r.get("features", "hashed-ngram"),
+            r["method"],
+            r.get("epsilon"),
+            record_variant(r),
+        )
+        out.setdefault(key, {})[int(r.get("rep", 0))] = r
     return out
 
 
-def mcnemar_power(b: int, c: int, n: int, *, gain: float = 0.05, alpha: float = 0.05) -> float:
-    """Power of the one-sided exact McNemar test (level ``alpha``) to detect a true accuracy gain ``gain`` of
-    the first classifier, at the observed number of discordant pairs D = b + c out of n: under the alternative
-    b ~ Binomial(D, ½ + gain·n/(2D)) (capped at 1); the critical value is the exact binomial one under H0."""
-    from scipy import stats
+def replicated_comparisons(records: list[dict], *, epsilons=None, variant: str = "tuned") -> list[dict]:
+    """Every sparse-vs-dense comparison of the run (at ``epsilons``, all if ``None``) for one fitting
+    ``variant``: the fit seeds both methods share, their per-pair outcomes on the same test pairs, and
+    :func:`privalign.experiments.verdicts.seed_paired_diff` of them (the seed-averaged paired difference, SE
+    over fit seeds and test pairs). ``dataset`` names the feature map when it is not hashed n-grams
+    (``hh-rlhf[harm-lexicon]``). Comparisons whose records lack per-pair outcomes are left out."""
+    from privalign.experiments.verdicts import seed_paired_diff
 
-    D = int(b + c)
-    if D == 0:
-        return 0.0
-    xs = np.arange(D + 1)
-    ok = xs[stats.binom.sf(xs - 1, D, 0.5) <= alpha]  # P(X ≥ x) ≤ α under H0
-    if ok.size == 0:
-        return 0.0
-    crit = int(ok.min())
-    p1 = min(1.0, 0.5 + gain * n / (2.0 * D))
-    return float(stats.binom.sf(crit - 1, D, p1))
+    groups = _by_rep(records)
+    out = []
+    for ds, fm, e in sorted(
+        {(k[0], k[1], k[3]) for k in groups if k[3] is not None and k[4] == variant},
+        key=lambda k: (k[2], k[0], k[1]),
+    ):
+        if epsilons is not None and e not in epsilons:
+            continue
+        for sparse, dense in SPARSE_DENSE:
+            gs, gd = groups.get((ds, fm, sparse, e, variant)), groups.get((ds, fm, dense, e, variant))
+            if not gs or not gd:
+                continue
+            reps = sorted(set(gs) & set(gd))
+            if not reps or not all(gs[r].get("correct") and gd[r].get("correct") for r in reps):
+                continue
+            A = np.array([_outcomes(gs[r]["correct"]) for r in reps])
+            B = np.array([_outcomes(gd[r]["correct"]) for r in reps])
+            out.append(
+                {
+                    "dataset": _tag(ds, fm),
+                    "features": fm,
+                    "epsilon": e,
+                    "variant": variant,
+                    "sparse": sparse,
+                    "dense": dense,
+                    "n_test": int(A.shape[1]),
+                    **seed_paired_diff(A, B),
+                }
+            )
+    return out
 
 
-def sparse_dense_table(records: list[dict], *, gain: float = 0.05) -> list[dict]:
-    """Every sparse-vs-dense comparison of the run (all ε, all feature maps): accuracies, discordant pairs,
-    one-sided exact McNemar p-values in both directions (α = 0.05, Bonferroni over the rows, as P2-4), the
-    paired 95% interval of the accuracy difference (t critical value) and the power to detect a ``gain``."""
-    from scipy import stats
+def sparse_dense_table(records: list[dict], *, variant: str = "tuned") -> list[dict]:
+    """Every replicated sparse-vs-dense comparison of the run (all ε, all feature maps) for one variant:
+    seed-mean accuracies (± SD over fit seeds), the seed-averaged paired difference with its SE split into
+    the fit-seed (DP noise) and test-pair parts, the two-sided 95% interval (exact t quantile), one-sided
+    p-values both ways and the per-row verdict at α = 0.05 Bonferroni over the rows, with the minimal
+    detectable difference (power ≈ 0.8) at that level."""
+    from privalign.experiments.verdicts import ALPHA, EQUIVALENCE_MARGIN, _t_q, replicated_test
 
-    from privalign.experiments.verdicts import ALPHA, mcnemar_exact
-
-    eps_all = sorted(
-        {r["epsilon"] for r in records if r.get("kind", "accuracy") == "accuracy" and r.get("epsilon")}
-    )
-    rows = sparse_dense_pairs(records, epsilons=tuple(eps_all))
+    rows = replicated_comparisons(records, variant=variant)
     k = max(1, len(rows))
     out = []
-    for r in rows:
-        n, b, c = r["n_test"], r["b"], r["c"]
-        diff = (b - c) / n
-        var = max((b + c) / n - diff**2, 0.0)
-        hw = float(stats.t.ppf(0.975, n - 1)) * math.sqrt(var / (n - 1)) if n > 1 else 1.0
-        p_s, p_d = mcnemar_exact(b, c), mcnemar_exact(c, b)
-        power = mcnemar_power(b, c, n, gain=gain, alpha=ALPHA / k)
-        verdict = (
-            "sparse better"
-            if p_s < ALPHA / k
-            else "dense better"
-            if p_d < ALPHA / k
-            else f"no significant difference (power {power:.2f} to detect +{gain:g})"
-        )
+    for c in rows:
+        t = replicated_test(c, alpha=ALPHA / k, margin=EQUIVALENCE_MARGIN)
+        row = {
+            "dataset": c["dataset"],
+            "epsilon": c["epsilon"],
+            "variant": variant,
+            "sparse": c["sparse"],
+            "dense": c["dense"],
+            "seeds": c["R"],
+            "n_test": c["n_test"],
+            "acc_sparse": round(c["acc_a"], 4),
+            "acc_sparse_sd": None if c["acc_a_sd"] is None else round(c["acc_a_sd"], 4),
+            "acc_dense": round(c["acc_b"], 4),
+            "acc_dense_sd": None if c["acc_b_sd"] is None else round(c["acc_b_sd"], 4),
+            "diff": round(c["mean"], 4),
+        }
+        if not t["ok"]:
+            out.append({**row, "verdict": f"unreplicated ({c['R']} fit seed): DP-noise variance unmeasured"})
+            continue
+        hw = _t_q(0.975, c["df"]) * c["se"]
         out.append(
             {
-                "dataset": r["dataset"],
-                "epsilon": r["epsilon"],
-                "sparse": r["sparse"],
-                "dense": r["dense"],
-                "acc_sparse": r["acc_sparse"],
-                "acc_dense": r["acc_dense"],
-                "only_sparse_right": b,
-                "only_dense_right": c,
-                "n_test": n,
-                "diff": diff,
-                "diff_ci95": [diff - hw, diff + hw],
-                "p_sparse_better": p_s,
-                "p_dense_better": p_d,
+                **row,
+                "se": round(c["se"], 4),
+                "se_seeds": round(c["se_seed"], 4),
+                "se_test_pairs": round(c["se_pair"], 4),
+                "df": round(c["df"], 1),
+                "diff_ci95": [round(c["mean"] - hw, 4), round(c["mean"] + hw, 4)],
+                "p_sparse_better": t["p_better"],
+                "p_dense_better": t["p_worse"],
+                "p_equivalent": t["p_equivalent"],
                 "alpha_per_test": ALPHA / k,
-                f"power_gain_{gain:g}": power,
-                "verdict": verdict,
+                "mdd": round(t["mdd"], 4),
+                "verdict": "sparse better"
+                if t["better"]
+                else "dense better"
+                if t["worse"]
+                else f"equivalent within ±{EQUIVALENCE_MARGIN:g}"
+                if t["equivalent"]
+                else f"no significant difference (MDD {t['mdd']:.3f})",
+            }
+        )
+    return out
+
+
+def sparse_beats_dense_verdict(records: list[dict], *, epsilons=(2.0, 8.0)) -> tuple[str, str]:
+    """P2-4 from p2-accuracy records: :func:`privalign.experiments.verdicts.replicated_rule` on the **tuned**
+    comparisons at ``epsilons`` (every method tuned by the same protocol; the untuned variant decides only
+    in a run without tuning); the untuned-at-full-ε comparisons are tested the same way and printed beside,
+    without deciding."""
+    from privalign.experiments.verdicts import replicated_rule
+
+    acc = [r for r in records if r.get("kind", "accuracy") == "accuracy" and r.get("epsilon") in epsilons]
+    variants = {record_variant(r) for r in acc}
+    decide = "tuned" if "tuned" in variants else "untuned"
+    comps = replicated_comparisons(records, epsilons=epsilons, variant=decide)
+    if not comps and acc and not any(r.get("correct") for r in acc):
+        return (
+            "inconclusive",
+            f"rows at ε ∈ {set(epsilons)} lack per-pair outcomes ('correct'): rerun p2-accuracy",
+        )
+    v, m = replicated_rule(comps, epsilons=epsilons)
+    text = f"{decide} (decides): {m}"
+    if decide == "tuned" and "untuned" in variants:
+        v2, m2 = replicated_rule(
+            replicated_comparisons(records, epsilons=epsilons, variant="untuned"), epsilons=epsilons
+        )
+        text += f" || beside it, untuned at the full ε (does not decide): {v2}: {m2}"
+    return v, text
+
+
+def _acc_means(records: list[dict]) -> list[dict]:
+    """Per (data set, feature map, method, ε, variant): the mean accuracy over fit seeds, its SD, and the SE
+    of that mean on this test set, ``√(binomial SE² + SD²/R)`` (test-pair sampling plus the seeds' spread)."""
+    out = []
+    for (ds, fm, m, e, v), g in sorted(
+        _by_rep(records).items(),
+        key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][4], kv[0][3] or math.inf),
+    ):
+        accs = np.array([r["accuracy"] for r in g.values()], dtype=float)
+        first = next(iter(g.values()))
+        mean = float(accs.mean())
+        sd = float(accs.std(ddof=1)) if accs.size > 1 else 0.0
+        binom = math.sqrt(max(mean * (1 - mean), 0.0) / first["n_test"])
+        choices: dict[str, int] = {}
+        for r in g.values():
+            if r.get("tuned_params") is not None:
+                key = ", ".join(f"{k}={r['tuned_params'][k]}" for k in sorted(r["tuned_params"]))
+                choices[key] = choices.get(key, 0) + 1
+        out.append(
+            {
+                "dataset": ds,
+                "features": fm,
+                "method": m,
+                "variant": v,
+                "epsilon": e,
+                "accuracy": mean,
+                "sd_seeds": sd,
+                "seeds": int(accs.size),
+                "accuracy_se": math.sqrt(binom**2 + sd**2 / accs.size),
+                "n_test": first["n_test"],
+                "d": first["d"],
+                "unit": first["unit"],
+                "tuned": choices or None,
             }
         )
     return out
@@ -973,19 +1097,33 @@ def _sparsity_reading(srows: list[dict], svd: list[dict]) -> str:
             f"s={r['s_within_1se_of_best']}; dense MLE {r['dense_mle']:.3f}"
             + (" (all within 2 SE of chance)" if chance else "")
         )
-    n_s = sum(v["verdict"] == "sparse better" for v in svd)
-    n_d = sum(v["verdict"] == "dense better" for v in svd)
-    parts.append(
-        f"sparse vs dense, tuned, same test pairs: {len(svd)} comparisons, sparse significantly better in "
-        f"{n_s}, dense in {n_d} (one-sided exact McNemar, α = 0.05 Bonferroni over {len(svd)})"
-    )
+    for variant in ("tuned", "untuned"):
+        rows = [v for v in svd if v["variant"] == variant]
+        if not rows:
+            continue
+        n_s = sum(v["verdict"] == "sparse better" for v in rows)
+        n_d = sum(v["verdict"] == "dense better" for v in rows)
+        n_e = sum(v["verdict"].startswith("equivalent") for v in rows)
+        seeds = sorted({v["seeds"] for v in rows})
+        parts.append(
+            f"sparse vs dense, {variant}, same test pairs, {'/'.join(map(str, seeds))} fit seeds: "
+            f"{len(rows)} "
+            f"comparisons, sparse significantly better in {n_s}, dense in {n_d}, equivalent within ±0.03 in "
+            f"{n_e} (seed-averaged paired difference, SE over fit seeds and test pairs, one-sided t, "
+            "α = 0.05 "
+            f"Bonferroni over {len(rows)})"
+        )
     return "; ".join(parts)
 
 
 def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> str:
     """Where Peeling's first-step need (``n_needed_top_s``, the smallest over the tuned s) is met, and
-    Sample-DP IHT's accuracy there and elsewhere (within 2 SE of chance or not); the n curve's endpoints."""
+    Sample-DP IHT's accuracy there and elsewhere (within 2 SE of chance or not); the n curve's endpoints.
+    ``acc`` and ``curve`` rows are seed means (:func:`_acc_means`, :func:`_curve_means`); ``acc`` rows of
+    the tuned variant are read when there are any."""
     parts = []
+    tuned = [r for r in acc if r.get("variant", "tuned") == "tuned"]
+    acc = tuned or acc
     for ds, fm in sorted({(r["dataset"], r["features"]) for r in snr}):
         rows = [r for r in snr if r["dataset"] == ds and r["features"] == fm]
         n_fit = rows[0]["n_fit"]
@@ -1032,39 +1170,94 @@ def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> s
     return text
 
 
+def _curve_means(records: list[dict]) -> list[dict]:
+    """n-curve rows averaged over fit seeds, per (method, variant, n); SE as :func:`_acc_means`."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("kind") == "n_curve":
+            groups.setdefault((r["method"], r["variant"], r["n"]), []).append(r)
+    out = []
+    for (m, v, n), g in sorted(groups.items()):
+        accs = np.array([r["accuracy"] for r in g], dtype=float)
+        mean = float(accs.mean())
+        sd = float(accs.std(ddof=1)) if accs.size > 1 else 0.0
+        binom = math.sqrt(max(mean * (1 - mean), 0.0) / g[0]["n_test"])
+        out.append(
+            {
+                "method": m,
+                "variant": v,
+                "epsilon": g[0]["epsilon"],
+                "n": n,
+                "d": g[0]["d"],
+                "n_test": g[0]["n_test"],
+                "sparsity": g[0]["sparsity"],
+                "n_iter": g[0]["n_iter"],
+                "seeds": int(accs.size),
+                "accuracy": mean,
+                "sd_seeds": sd,
+                "accuracy_se": math.sqrt(binom**2 + sd**2 / accs.size),
+            }
+        )
+    return out
+
+
+#: The tuning protocol, stated in every p2-accuracy summary.
+TUNING_PROTOCOL = (
+    "tuned: every method searches the same number of candidates (experiment_param_grid: 2 each) on an 80/20 "
+    "split of the training pairs, and the exponential mechanism selects one on the validation part at ε "
+    "(parallel composition: the parts are disjoint); a sample-DP candidate runs at (ε/2, δ/2), a label-DP "
+    "one "
+    "at ε on one shared randomized-response draw (post-processing), so both methods of a compared pair split "
+    "the budget alike and each search costs (ε, δ) in total; untuned: one fit on all training pairs at the "
+    "full ε with the configuration's hyper-parameters. Every cell is fitted with `replicates` seeds "
+    "(children of the config seed): each redraws the DP noise, the split and the selection noise"
+)
+
+
 def _acc_summarize(records: list[dict], cfg: dict) -> dict:
-    from privalign.experiments.verdicts import mcnemar_rule
+    from privalign.experiments.verdicts import replicated_rule
 
     acc = [r for r in records if r.get("kind", "accuracy") == "accuracy"]
+    means = _acc_means(acc)
     table = [
         {
-            "dataset": r["dataset"],
-            "features": r.get("features", "hashed-ngram"),
-            "method": r["method"],
-            "epsilon": r["epsilon"],
-            "accuracy": r["accuracy"],
-            "se": r["accuracy_se"],
-            "unit": r["unit"],
-            "tuned": r.get("tuned_params"),
+            k: r[k]
+            for k in (
+                "dataset",
+                "features",
+                "method",
+                "variant",
+                "epsilon",
+                "accuracy",
+                "sd_seeds",
+                "seeds",
+                "accuracy_se",
+                "unit",
+                "tuned",
+            )
         }
-        for r in acc
+        for r in means
     ]
-    table.sort(key=lambda r: (r["dataset"], r["features"], r["method"], r["epsilon"] or math.inf))
-    out: dict = {"table": table}
-    svd = sparse_dense_table(records)
+    out: dict = {"table": table, "protocol": TUNING_PROTOCOL}
+    variants = sorted({record_variant(r) for r in acc}, key=lambda v: v != "tuned")
+    svd = [row for v in variants for row in sparse_dense_table(records, variant=v)]
     tables: dict[str, list[dict]] = {}
     srows = _sparsity_rows(records)
     if srows:
         tables["sparsity check: non-private IHT held-out accuracy vs s (dense MLE: all d)"] = srows
     if svd:
         tables[
-            "sparse vs dense at equal ε (tuned on a validation split of the training pairs; exact McNemar on "
-            "the shared test pairs)"
+            "sparse vs dense at equal ε, replicated over fit seeds (seed-averaged paired difference on the "
+            "shared test pairs; tuned by the same protocol, and untuned at the full ε)"
         ] = svd
-        eps_all = tuple(sorted({v["epsilon"] for v in svd}))
-        v, m = mcnemar_rule(sparse_dense_pairs(records, epsilons=eps_all), epsilons=eps_all)
-        out["sparse_vs_dense_verdict"] = v
-        out["sparse_vs_dense_measured"] = m
+        for v in variants:
+            comps = replicated_comparisons(records, variant=v)
+            if comps:
+                verdict, measured = replicated_rule(
+                    comps, epsilons=tuple(sorted({c["epsilon"] for c in comps}))
+                )
+                out[f"sparse_vs_dense_verdict_{v}"] = verdict
+                out[f"sparse_vs_dense_measured_{v}"] = measured
     snr = [r for r in records if r.get("kind") == "peeling_snr"]
     if snr:
         tables["Sample-DP IHT: Peeling signal vs noise in the first step (non-private diagnostic)"] = [
@@ -1090,28 +1283,15 @@ def _acc_summarize(records: list[dict], cfg: dict) -> dict:
             }
             for r in snr
         ]
-    curve = [r for r in records if r.get("kind") == "n_curve"]
+    curve = _curve_means(records)
     if curve:
-        tables["Sample-DP IHT accuracy vs training pairs n (IMDb, hashed n-grams)"] = [
-            {
-                k: r[k]
-                for k in (
-                    "method",
-                    "variant",
-                    "epsilon",
-                    "n",
-                    "sparsity",
-                    "n_iter",
-                    "accuracy",
-                    "accuracy_se",
-                )
-            }
-            for r in sorted(curve, key=lambda r: (r["method"], r["variant"], r["n"]))
-        ]
+        tables["Sample-DP IHT accuracy vs training pairs n (IMDb, hashed n-grams; mean over fit seeds)"] = (
+            curve
+        )
     if srows or svd:
         out["sparsity_reading"] = _sparsity_reading(srows, svd)
     if snr:
-        out["sample_dp_reading"] = _sample_dp_reading(snr, acc, curve)
+        out["sample_dp_reading"] = _sample_dp_reading(snr, means, curve)
     if tables:
         out["tables"] = tables
     return out
@@ -1126,32 +1306,35 @@ def _acc_plot(run_dir: Path) -> list[str]:
         return []
     from matplotlib.ticker import NullFormatter
 
-    keys = sorted({(r["dataset"], r.get("features", "hashed-ngram")) for r in acc})
+    means = _acc_means(acc)
+    keys = sorted({(r["dataset"], r["features"]) for r in means})
     fig, axes = new_figure(len(keys), 1, width=5.6, height=4.2)
     for ax, (ds, fm) in zip(axes, keys):
-        rows = [r for r in acc if r["dataset"] == ds and r.get("features", "hashed-ngram") == fm]
+        rows = [r for r in means if r["dataset"] == ds and r["features"] == fm]
         for m in sorted({r["method"] for r in rows}):
-            pts = sorted(
-                [r for r in rows if r["method"] == m and r["epsilon"] is not None], key=lambda r: r["epsilon"]
-            )
-            if pts:
-                ax.errorbar(
-                    [r["epsilon"] for r in pts],
-                    [r["accuracy"] for r in pts],
-                    yerr=[r["accuracy_se"] for r in pts],
-                    capsize=3,
-                    label=f"{m} [{UNIT[m]}]",
-                    **STYLE.get(m, {}),
+            for v, ls, alpha in (("tuned", "-", 1.0), ("untuned", "--", 0.55)):
+                pts = sorted(
+                    [r for r in rows if r["method"] == m and r["variant"] == v and r["epsilon"] is not None],
+                    key=lambda r: r["epsilon"],
                 )
-            else:
-                ref = [r for r in rows if r["method"] == m]
-                if ref:
-                    ax.axhline(
-                        ref[0]["accuracy"],
-                        linestyle=":",
-                        color=STYLE.get(m, {}).get("color", "k"),
-                        label=f"{m} [non-private] = {ref[0]['accuracy']:.3f}",
+                if pts:
+                    style = {**STYLE.get(m, {}), "linestyle": ls, "alpha": alpha}
+                    ax.errorbar(
+                        [r["epsilon"] for r in pts],
+                        [r["accuracy"] for r in pts],
+                        yerr=[r["accuracy_se"] for r in pts],
+                        capsize=3,
+                        label=f"{m} {v} [{UNIT[m]}]",
+                        **style,
                     )
+            ref = [r for r in rows if r["method"] == m and r["epsilon"] is None]
+            if ref:
+                ax.axhline(
+                    ref[0]["accuracy"],
+                    linestyle=":",
+                    color=STYLE.get(m, {}).get("color", "k"),
+                    label=f"{m} [non-private, {ref[0]['variant']}] = {ref[0]['accuracy']:.3f}",
+                )
         ax.axhline(0.5, color="grey", linewidth=0.8, linestyle="--", label="chance")
         ax.set_xscale("log")
         eps = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None})
@@ -1159,13 +1342,17 @@ def _acc_plot(run_dir: Path) -> list[str]:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("ε (log scale)")
         ax.set_ylabel("held-out preference accuracy")
-        ax.set_title(f"{ds} ({fm}): n_test = {rows[0]['n_test']}, d = {rows[0]['d']}", fontsize=11)
+        ax.set_title(
+            f"{ds} ({fm}): n_test = {rows[0]['n_test']}, d = {rows[0]['d']}, "
+            f"{max(r['seeds'] for r in rows)} fit seeds",
+            fontsize=10,
+        )
         ax.legend(
             loc="best",
-            fontsize=7,
+            fontsize=6,
             framealpha=0.7,
-            title="±1 binomial SE; label-DP ε and sample-DP (ε, δ) differ",
-            title_fontsize=7,
+            title="mean over fit seeds ± √(binomial SE² + SD²/seeds); label-DP ε and sample-DP (ε, δ) differ",
+            title_fontsize=6,
         )
     files = [save_figure(fig, run_dir, "accuracy")]
     sp = [r for r in recs if r.get("kind") == "sparsity"]
@@ -1207,7 +1394,7 @@ def _acc_plot(run_dir: Path) -> list[str]:
             loc="best", fontsize=7, framealpha=0.8, title="±1 binomial SE (one split)", title_fontsize=7
         )
         files.append(save_figure(fig, run_dir, "sparsity"))
-    cv = [r for r in recs if r.get("kind") == "n_curve"]
+    cv = _curve_means(recs)
     if cv:
         fig, axes = new_figure(1, 1, width=6.0, height=4.2)
         ax = axes[0]
@@ -1236,7 +1423,13 @@ def _acc_plot(run_dir: Path) -> list[str]:
             f"IMDb, hashed n-grams (d = {cv[0]['d']}): Sample-DP IHT vs n; n_test = {cv[0]['n_test']}",
             fontsize=10,
         )
-        ax.legend(loc="best", fontsize=7, framealpha=0.8, title="±1 binomial SE", title_fontsize=7)
+        ax.legend(
+            loc="best",
+            fontsize=7,
+            framealpha=0.8,
+            title=f"mean over {max(r['seeds'] for r in cv)} fit seeds ± SE",
+            title_fontsize=7,
+        )
         files.append(save_figure(fig, run_dir, "n_curve"))
     return files
 

@@ -43,6 +43,9 @@ __all__ = [
     "p1_8_rule",
     "slope_rule",
     "mcnemar_rule",
+    "seed_paired_diff",
+    "replicated_rule",
+    "MIN_FIT_SEEDS",
     "order_rule",
     "b1_rule",
 ]
@@ -703,6 +706,169 @@ def mcnemar_rule(
         f"significantly better in {wins}, dense in {losses}; equivalent within ±{margin:g} accuracy (paired "
         f"TOST, α={alpha:g}/{k}) in {ties}" + (f"; MISSING ε = {missing}" if missing else "") + ". "
     )
+    if losses or ties:
+        return "does not hold", head + "; ".join(parts)
+    if wins == k and not missing:
+        return "holds", head + "; ".join(parts)
+    return "inconclusive", head + "; ".join(parts)
+
+
+#: Fit seeds a replicated comparison needs before it may decide (the DP-noise variance needs two; the
+#: experiments run five or more): with one seed the spread of the DP noise is unmeasured.
+MIN_FIT_SEEDS = 2
+
+
+def seed_paired_diff(correct_a, correct_b) -> dict:
+    """Seed-averaged paired accuracy difference of two methods on the same test pairs, with a standard error
+    that includes the variance of the DP noise.
+
+    ``correct_a``, ``correct_b``: arrays ``(R, n)`` of per-pair outcomes (1 right, 0 wrong) of R independent
+    fits (fit seeds; seed r of A is matched with seed r of B) on the same n test pairs. The estimate is the
+    mean over seeds of the per-seed accuracy differences ``d_r``. Its variance has two parts, both estimated:
+
+    * **between fit seeds**, ``var(d_r)/R``: each seed redraws the DP noise (and the tuning split and
+      selection noise), so this is the variance a single fit's "significant" difference ignores;
+    * **between test pairs**, ``var(D_i)/n`` with ``D_i`` the seed-averaged difference on pair i: the
+      sampling of the test set (what a paired test on one fit measures).
+
+    Their sum counts the pair-by-seed interaction twice, so the SE is conservative. Degrees of freedom by
+    Welch–Satterthwaite; critical values are exact Student-t quantiles at that df. ``R < 2``: the seed part
+    is unmeasured and ``se`` is ``None``.
+    """
+    a = np.atleast_2d(np.asarray(correct_a, dtype=float))
+    b = np.atleast_2d(np.asarray(correct_b, dtype=float))
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"per-pair outcomes must have one shape (R, n); got {a.shape} and {b.shape}")
+    R, n = a.shape
+    diff = a - b
+    d_r = diff.mean(axis=1)
+    out = {
+        "mean": float(d_r.mean()),
+        "R": int(R),
+        "n": int(n),
+        "diff_by_seed": [float(v) for v in d_r],
+        "acc_a": float(a.mean()),
+        "acc_b": float(b.mean()),
+        "acc_a_sd": float(a.mean(axis=1).std(ddof=1)) if R > 1 else None,
+        "acc_b_sd": float(b.mean(axis=1).std(ddof=1)) if R > 1 else None,
+    }
+    if R < 2:
+        return {**out, "se": None, "se_seed": None, "se_pair": None, "df": None}
+    v_seed = float(d_r.var(ddof=1)) / R
+    v_pair = float(diff.mean(axis=0).var(ddof=1)) / n if n > 1 else 0.0
+    v = v_seed + v_pair
+    den = (v_seed**2 / (R - 1) if R > 1 else 0.0) + (v_pair**2 / (n - 1) if n > 1 else 0.0)
+    df = v**2 / den if den > 0 else float(R - 1)
+    return {
+        **out,
+        "se": math.sqrt(v),
+        "se_seed": math.sqrt(v_seed),
+        "se_pair": math.sqrt(v_pair),
+        "df": float(df),
+    }
+
+
+def _t_q(p: float, df: float) -> float:
+    """Exact Student-t quantile at a (possibly fractional, Welch–Satterthwaite) df."""
+    return float(stats.t.ppf(p, max(df, 1.0)))
+
+
+def replicated_test(c: dict, *, alpha: float, margin: float) -> dict:
+    """One replicated comparison (:func:`seed_paired_diff` fields ``mean``, ``se``, ``df``, ``R``) at level
+    ``alpha``: one-sided t-tests both ways, TOST within ±``margin``, the (1 − 2α) interval and the minimal
+    detectable difference ``(t_{1−α, df} + z_0.8)·SE`` (power ≈ 0.8)."""
+    if c.get("se") is None or (c.get("R") or 0) < MIN_FIT_SEEDS:
+        return {"ok": False}
+    m, se, df = float(c["mean"]), float(c["se"]), float(c["df"])
+    tq = _t_q(1.0 - alpha, df)
+    if se <= _TINY:
+        better, worse, equiv = m > _TINY, m < -_TINY, abs(m) < margin
+        p_b = 0.0 if better else 1.0
+        p_w = 0.0 if worse else 1.0
+        p_eq = 0.0 if equiv else 1.0
+    else:
+        p_b = float(stats.t.sf(m / se, df))
+        p_w = float(stats.t.sf(-m / se, df))
+        p_eq = float(max(stats.t.sf((m + margin) / se, df), stats.t.sf((margin - m) / se, df)))
+        better, worse, equiv = p_b < alpha, p_w < alpha, p_eq < alpha
+    return {
+        "ok": True,
+        "better": bool(better),
+        "worse": bool(worse),
+        "equivalent": bool(equiv),
+        "p_better": p_b,
+        "p_worse": p_w,
+        "p_equivalent": p_eq,
+        "lo": m - tq * se,
+        "hi": m + tq * se,
+        "mdd": (tq + _Z80) * se,
+    }
+
+
+def replicated_rule(
+    comparisons: list[dict],
+    *,
+    epsilons=(2.0, 8.0),
+    alpha: float = ALPHA,
+    margin: float = EQUIVALENCE_MARGIN,
+    what: str = "sparse",
+) -> tuple[str, str]:
+    """P2-4 on replicated fits: sparse beats dense at ε ∈ ``epsilons``.
+
+    ``comparisons``: dicts with ``dataset, epsilon, sparse, dense`` and the fields of
+    :func:`seed_paired_diff` (``mean, se, df, R, n, acc_a, acc_b``); k = their number. Each is tested at
+    α/k (Bonferroni) with exact t quantiles on the seed-averaged paired difference, whose SE includes the
+    between-seed (DP-noise) variance:
+
+    * ``does not hold`` if some dense method is significantly more accurate, **or** some pair is shown
+      equivalent within ±``margin`` (TOST): a gain below ``margin``, if any, is not "beating";
+    * ``holds`` if every sparse method is significantly more accurate, at every ε of ``epsilons``;
+    * ``inconclusive`` otherwise, when an ε is missing, or when a comparison has fewer than
+      :data:`MIN_FIT_SEEDS` fit seeds (one fit says nothing about the DP noise: a single-seed "significant"
+      result can be an artefact of one noise draw).
+    """
+    if not comparisons:
+        return "inconclusive", f"no replicated comparisons at ε ∈ {sorted(epsilons)}"
+    have = {c["epsilon"] for c in comparisons}
+    missing = [e for e in epsilons if e not in have]
+    k = len(comparisons)
+    a = alpha / k
+    parts, wins, losses, ties, unrep = [], 0, 0, 0, 0
+    for c in comparisons:
+        t = replicated_test(c, alpha=a, margin=margin)
+        head = (
+            f"{c['dataset']} ε={c['epsilon']:g}: {c['sparse']} {c['acc_a']:.3f} vs {c['dense']} "
+            f"{c['acc_b']:.3f} ({c['R']} seed{'s' if c['R'] != 1 else ''}"
+        )
+        if not t["ok"]:
+            unrep += 1
+            parts.append(head + "; unreplicated: DP-noise variance unmeasured)")
+            continue
+        wins += t["better"]
+        losses += t["worse"]
+        ties += t["equivalent"]
+        parts.append(
+            head + f"; diff {c['mean']:+.3f} ± {c['se']:.3f} (seeds {c['se_seed']:.3f}, test pairs "
+            f"{c['se_pair']:.3f}), df {c['df']:.1f}, {100 * (1 - 2 * a):.2f}% CI [{t['lo']:+.3f}, "
+            f"{t['hi']:+.3f}], p {min(t['p_better'], t['p_worse']):.3g} "
+            f"{what if t['p_better'] <= t['p_worse'] else 'dense'} better, TOST p {t['p_equivalent']:.3g}, "
+            f"MDD {t['mdd']:.3f}"
+            + (" SPARSE BETTER" if t["better"] else " DENSE BETTER" if t["worse"] else "")
+            + (" EQUIVALENT" if t["equivalent"] else "")
+            + ")"
+        )
+    head = (
+        f"seed-averaged paired accuracy difference (SE over fit seeds, which redraw the DP noise, and over "
+        f"test pairs; exact t quantiles, Welch–Satterthwaite df), α={alpha:g} one-sided, Bonferroni over "
+        f"{k}: "
+        f"{what} significantly better in {wins}, dense in {losses}; equivalent within ±{margin:g} accuracy "
+        f"(TOST, α={alpha:g}/{k}) in {ties}"
+        + (f"; {unrep} unreplicated (< {MIN_FIT_SEEDS} fit seeds)" if unrep else "")
+        + (f"; MISSING ε = {missing}" if missing else "")
+        + "; MDD = (t + z_0.8)·SE, the true difference detected with power ≈ 0.8. "
+    )
+    if unrep:
+        return "inconclusive", head + "; ".join(parts)
     if losses or ties:
         return "does not hold", head + "; ".join(parts)
     if wins == k and not missing:

@@ -43,6 +43,7 @@ __all__ = [
     "bon_win_probability",
     "winrate_table",
     "order_verdict",
+    "regime_mismatch",
     "power_statement",
     "pool_build_command",
     "POWER_TARGET",
@@ -178,6 +179,13 @@ def _schema() -> dict[str, Field]:
             "n_features": Field("int", 2**14, "hashed n-gram dimension d", low=2),
             "ngram_max": Field("int", 2, "largest word n-gram", low=1),
             "sparsity": Field("int", 64, "s for the IHT methods", low=1),
+            "sample_dp_sparsity": Field(
+                "int",
+                0,
+                "s for Sample-DP IHT (0: sparsity); Peeling needs far more pairs at large s, so the "
+                "verdict checks that this s can learn at the available n (regime cells)",
+                low=0,
+            ),
             "hh_n_pairs": Field(
                 "int", 2312, "HH-RLHF pairs read (before removing pairs that share a win-rate prompt)", low=10
             ),
@@ -377,9 +385,18 @@ def _data(ds: str, cfg: dict, ctx: RunContext) -> dict:
     return ctx.cache[key]
 
 
+def _sparsity_of(method: str, cfg: dict) -> int:
+    """The s a method is fitted with: ``sample_dp_sparsity`` for Sample-DP IHT when set, else ``sparsity``."""
+    return (
+        int(cfg.get("sample_dp_sparsity") or cfg["sparsity"]) if method == "SampleDPIHT" else cfg["sparsity"]
+    )
+
+
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
     cells = []
     for ds in cfg["datasets"]:
+        if "SampleDPIHT" in cfg["methods"]:
+            cells.append({"cell": f"{ds} regime", "kind": "regime", "dataset": ds, "method": "SampleDPIHT"})
         for ref in REFERENCES:
             cells.append({"cell": f"{ds} {ref}", "dataset": ds, "method": ref, "epsilon": None, "rep": 0})
         for m in cfg["methods"]:
@@ -408,9 +425,62 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
     return cells
 
 
+def _regime_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    """Can Sample-DP IHT learn at this n? Per ε, Peeling's first-step need
+    (:func:`privalign.experiments.paper2.peeling_snr`: the training pairs needed for the top-s gradient
+    coordinates to beat the expected largest noise draw) against the available training pairs. A
+    non-private diagnostic on the training pairs: it explains a result; nothing is chosen with it."""
+    from privalign.experiments.paper2 import peeling_snr
+
+    d = _data(cell["dataset"], cfg, ctx)
+    train = d["train"]
+    n = int(train.y.shape[0])
+    s = _sparsity_of("SampleDPIHT", cfg)
+    out = []
+    for e in cfg["epsilons"]:
+        r = peeling_snr(
+            train.X,
+            train.y,
+            epsilon=e,
+            delta=cfg["delta"],
+            sparsity=min(s, int(train.X.shape[1])),
+            step_size=cfg["step_size"],
+            feature_bound=1.0,
+            n_fit=n,
+        )
+        need = r["n_needed_top_s"]
+        out.append(
+            {
+                "kind": "regime",
+                "dataset": cell["dataset"],
+                "method": "SampleDPIHT",
+                "epsilon": float(e),
+                "sparsity": int(s),
+                "n_train": n,
+                "d": int(train.X.shape[1]),
+                "n_needed_top_s": need,
+                "n_needed_top1": r["n_needed_top1"],
+                "in_regime": bool(need is not None and need <= n),
+            }
+        )
+    return out
+
+
+def regime_mismatch(records: list[dict], epsilon: float) -> list[dict]:
+    """The regime rows at ``epsilon`` whose method cannot learn at the available n (Peeling's need above
+    the training pairs, or no signal at all)."""
+    return [
+        r
+        for r in records
+        if r.get("kind") == "regime" and r.get("epsilon") == epsilon and not r.get("in_regime", False)
+    ]
+
+
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
     from privalign.experiments.paper2 import UNIT, make_estimator
 
+    if cell.get("kind") == "regime":
+        return _regime_cell(cell, cfg, ctx)
     d = _data(cell["dataset"], cfg, ctx)
     pool = d["pool"]
     out = {
@@ -438,7 +508,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
             cell["method"],
             epsilon=eps,
             delta=cfg["delta"],
-            sparsity=cfg["sparsity"],
+            sparsity=_sparsity_of(cell["method"], cfg),
             feature_bound=1.0,
             random_state=np.random.default_rng(ss),
             cfg=cfg,
@@ -525,8 +595,11 @@ def order_verdict(
     above 0) on every data set; ``does not hold`` if any gap is significantly reversed (its (1 − 0.05/k)
     interval below 0, Bonferroni over the k gaps); else ``inconclusive``. The measured text starts with the
     power statement (:func:`power_statement`: ``powered`` or ``UNDERPOWERED``), then each interval's
-    half-width and the number of prompts that would give a ±0.05 half-width. ``details``, if given, receives
-    ``{"gaps": [...], "power": {...}}``.
+    half-width and the number of prompts that would give a ±0.05 half-width. **Regime check**: when the
+    records' ``regime`` rows say Sample-DP IHT cannot learn at the available n at ``epsilon`` (Peeling's
+    computed need above the training pairs), the verdict is ``inconclusive`` and the text starts with
+    "regime mismatch", the need and the n (the order test's own verdict follows in parentheses).
+    ``details``, if given, receives ``{"gaps": [...], "power": {...}}``.
     """
     from privalign.experiments.verdicts import order_rule
 
@@ -572,7 +645,22 @@ def order_verdict(
     power = power_statement(gaps)
     if details is not None:
         details.update(gaps=gaps, power=power)
-    return verdict, power["text"] + "; " + measured + " | " + " | ".join(parts)
+    text = power["text"] + "; " + measured + " | " + " | ".join(parts)
+    bad = [r for r in regime_mismatch(records, epsilon) if r["dataset"] in dss]
+    if bad:
+        # A method that cannot learn at this n ranks last for that reason alone: the order says nothing
+        # about the claim, whatever the intervals say.
+        need = "; ".join(
+            f"{r['dataset']}: {r['method']} at s = {r['sparsity']} needs n ≥ "
+            + ("∞ (no signal)" if r["n_needed_top_s"] is None else f"{r['n_needed_top_s']:,.0f}")
+            + f" training pairs for Peeling to select its top-s coordinates, has {r['n_train']:,}"
+            for r in bad
+        )
+        return (
+            "inconclusive",
+            f"regime mismatch at ε = {epsilon:g}: {need} (the order test alone: {verdict}) | {text}",
+        )
+    return verdict, text
 
 
 def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
@@ -672,6 +760,23 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
             for t in table
         ],
         "paper_order_by_epsilon": verdicts,
+        "regime": [
+            {
+                k: r[k]
+                for k in (
+                    "dataset",
+                    "method",
+                    "epsilon",
+                    "sparsity",
+                    "d",
+                    "n_train",
+                    "n_needed_top_s",
+                    "in_regime",
+                )
+            }
+            for r in records
+            if r.get("kind") == "regime"
+        ],
         "private_pairs": {
             ds: {"n_train": r["n_train"], "excluded": r["n_excluded"]} for ds, r in first.items()
         },
@@ -687,7 +792,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
 def _plot(run_dir: Path) -> list[str]:
     from privalign.experiments.plotting import STYLE, new_figure, save_figure
 
-    recs = read_results(run_dir)
+    recs = [r for r in read_results(run_dir) if r.get("kind") == "winrate"]
     table = winrate_table(recs)
     if not table:
         return []
