@@ -7,14 +7,19 @@ accuracy on real pairs, for the estimators of :mod:`privalign.estimation` (engin
   directly from ``results.jsonl``.
 * ``p2-accuracy``: held-out preference accuracy on HH-RLHF harmless-base pairs (real human labels) and
   IMDb (positive, negative) review pairs, with a public hashed n-gram feature map, for all six
-  estimators at ε ∈ {0.5, 1, 2, 4, 8}; split by prompt; standard errors are binomial
-  (``sqrt(acc(1−acc)/n_test)``) for one split. With ``feature_maps`` including ``"harm-lexicon"``, the same
+  estimators at ε ∈ {0.5, 1, 2, 4, 8}; split by prompt (one data split; its test pairs are shared by every
+  method). **Replicated** (issue 27): every cell is fitted with ``replicates`` fit seeds (each redraws the DP
+  noise, the tuning split and the selection noise), **tuned** by one protocol for every method
+  (:data:`TUNING_PROTOCOL`) and, beside it, **untuned** at the full ε. Sparse-vs-dense comparisons test the
+  seed-averaged paired difference with an SE over fit seeds and test pairs
+  (:func:`privalign.experiments.verdicts.seed_paired_diff`). With ``feature_maps`` including
+  ``"harm-lexicon"``, the same
   cells run on HH-RLHF with the harm lexicon map (:func:`privalign.estimation.features.harm_lexicon`). The
   **sparsity check** (issue 13, ``sparsity_check = true``) adds, per data set and feature map, non-private
   IHT held-out accuracy against s (kind ``"sparsity"``) and a non-private diagnostic of Peeling's signal to
   noise (kind ``"peeling_snr"``); ``n_curve_check`` adds Sample-DP IHT accuracy against the number of
   training pairs on a larger IMDb sample (kind ``"n_curve"``). The summary's ``tables`` hold the sparsity
-  curve, the sparse-vs-dense comparison (exact McNemar on the shared test pairs, with power) and both
+  curve, the replicated sparse-vs-dense comparison (with the minimal detectable difference) and both
   diagnostics.
 
 Privacy units differ (spec-reward-estimation §10): RR, RR-IHT are ε-label-DP (features public);
