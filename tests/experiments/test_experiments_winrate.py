@@ -67,7 +67,7 @@ def test_order_verdict_follows_the_numbers():
     assert order_verdict(ordered[:3])[0] == "inconclusive"  # a method missing
 
 
-def _regime(ds, need, n, eps=8.0, s=64):
+def _regime(ds, need, n, eps=8.0, s=64, T=1):
     return {
         "kind": "regime",
         "dataset": ds,
@@ -76,8 +76,9 @@ def _regime(ds, need, n, eps=8.0, s=64):
         "sparsity": s,
         "d": 16384,
         "n_train": n,
+        "T": T,
+        "n_needed_one_batch": None if need is None else need / T,
         "n_needed_top_s": need,
-        "n_needed_top1": None if need is None else need / 10,
         "in_regime": need is not None and need <= n,
     }
 
@@ -90,6 +91,9 @@ def test_order_verdict_regime_mismatch_names_the_need():
     v, m = order_verdict(ordered + [_regime("imdb", 37976.0, 1872)])
     assert v == "inconclusive" and m.startswith("regime mismatch at ε = 8")
     assert "SampleDPIHT at s = 64 needs n ≥ 37,976 training pairs" in m and "has 1,872" in m
+    # with T disjoint batches each holds n/T pairs: 8 × 462 = 3,695 > 1,872 (as HH-RLHF at s = 2, ε = 8)
+    v, m = order_verdict(ordered + [_regime("imdb", 3695.0, 1872, s=2, T=8)])
+    assert v == "inconclusive" and "needs n ≥ 3,695 training pairs" in m and "(T = 8 disjoint batches)" in m
     assert "(the order test alone: holds)" in m
     v, m = order_verdict(ordered + [_regime("imdb", None, 1872)])
     assert v == "inconclusive" and "needs n ≥ ∞ (no signal)" in m
@@ -129,6 +133,7 @@ def test_quick_end_to_end_and_claim_reads_results(tmp_path, capsys):
         ("hh-rlhf", 2, True),
     }
     assert all(r["n_needed_top_s"] <= r["n_train"] for r in regime) and summary_regime_ok(out)
+    assert all(r["n_needed_top_s"] == pytest.approx(r["T"] * r["n_needed_one_batch"]) for r in regime)
     for r in (r for r in recs if r.get("kind") == "winrate"):
         assert 0.0 <= r["win_rate"] <= 1.0 and len(r["per_prompt"]) == r["n_prompts"] >= 2
         assert r["best_of"] == 16 and math.isclose(r["win_rate"], float(np.mean(r["per_prompt"])))

@@ -428,8 +428,11 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
 def _regime_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     """Can Sample-DP IHT learn at this n? Per ε, Peeling's first-step need
     (:func:`privalign.experiments.paper2.peeling_snr`: the training pairs needed for the top-s gradient
-    coordinates to beat the expected largest noise draw) against the available training pairs. A
-    non-private diagnostic on the training pairs: it explains a result; nothing is chosen with it."""
+    coordinates to beat the expected largest noise draw) against the available training pairs, at the
+    estimator's default T: each of its T disjoint batches holds n/T pairs, so the need is T times the
+    one-batch need, and the regime holds iff the top-s coordinates are selectable at this n
+    (``selectable_top_s``). A non-private diagnostic on the training pairs: it explains a result; nothing
+    is chosen with it."""
     from privalign.experiments.paper2 import peeling_snr
 
     d = _data(cell["dataset"], cfg, ctx)
@@ -448,7 +451,7 @@ def _regime_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
             feature_bound=1.0,
             n_fit=n,
         )
-        need = r["n_needed_top_s"]
+        one = r["n_needed_top_s"]
         out.append(
             {
                 "kind": "regime",
@@ -458,9 +461,10 @@ def _regime_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
                 "sparsity": int(s),
                 "n_train": n,
                 "d": int(train.X.shape[1]),
-                "n_needed_top_s": need,
-                "n_needed_top1": r["n_needed_top1"],
-                "in_regime": bool(need is not None and need <= n),
+                "T": int(r["T"]),
+                "n_needed_one_batch": one,
+                "n_needed_top_s": None if one is None else one * int(r["T"]),
+                "in_regime": bool(one is not None and r["selectable_top_s"]),
             }
         )
     return out
@@ -653,7 +657,9 @@ def order_verdict(
         need = "; ".join(
             f"{r['dataset']}: {r['method']} at s = {r['sparsity']} needs n ≥ "
             + ("∞ (no signal)" if r["n_needed_top_s"] is None else f"{r['n_needed_top_s']:,.0f}")
-            + f" training pairs for Peeling to select its top-s coordinates, has {r['n_train']:,}"
+            + " training pairs for Peeling to select its top-s coordinates"
+            + (f" (T = {r['T']} disjoint batches)" if r.get("T") else "")
+            + f", has {r['n_train']:,}"
             for r in bad
         )
         return (
@@ -762,7 +768,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
         "paper_order_by_epsilon": verdicts,
         "regime": [
             {
-                k: r[k]
+                k: r.get(k)
                 for k in (
                     "dataset",
                     "method",
@@ -770,6 +776,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
                     "sparsity",
                     "d",
                     "n_train",
+                    "T",
                     "n_needed_top_s",
                     "in_regime",
                 )
