@@ -658,7 +658,7 @@ def order_verdict(
             f"{r['dataset']}: {r['method']} at s = {r['sparsity']} needs n ≥ "
             + ("∞ (no signal)" if r["n_needed_top_s"] is None else f"{r['n_needed_top_s']:,.0f}")
             + " training pairs for Peeling to select its top-s coordinates"
-            + (f" (T = {r['T']} disjoint batches)" if r.get("T") else "")
+            + (f" (T = {r['T']} disjoint batch{'es' if r['T'] != 1 else ''})" if r.get("T") else "")
             + f", has {r['n_train']:,}"
             for r in bad
         )
