@@ -136,9 +136,19 @@ class DPOConfig:
                 raise _fail("delta", f"must be a number in (0, 1). Got {self.delta!r}.")
 
     @property
+    def eps(self) -> float:
+        """ε as a float (label/sample; validated non-None there)."""
+        return float(self.epsilon) if self.epsilon is not None else math.inf
+
+    @property
+    def dlt(self) -> float:
+        """δ as a float (0 where not given)."""
+        return float(self.delta) if self.delta is not None else 0.0
+
+    @property
     def flip_rate(self) -> float:
         """ρ = 1/(1 + e^ε) for ``label`` (0 otherwise)."""
-        return 1.0 / (1.0 + math.exp(float(self.epsilon))) if self.privacy == "label" else 0.0
+        return 1.0 / (1.0 + math.exp(self.eps)) if self.privacy == "label" else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -316,7 +326,7 @@ def opacus_cross_check(
     ε_opacus > (1 + rtol)·ε_privalign. Opacus below privalign only means privalign is conservative: recorded,
     not refused.
     """
-    from opacus.accountants import RDPAccountant as OpacusRDP
+    from opacus.accountants import RDPAccountant as OpacusRDP  # type: ignore[import-untyped]
 
     from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
     from privalign.accounting.rdp import RDPAccountant
@@ -374,7 +384,7 @@ def _add_lora(model: Any, config: DPOConfig, gen: Any) -> Any:
 
     lora = LoraConfig(
         r=config.lora_rank,
-        lora_alpha=2.0 * config.lora_rank,
+        lora_alpha=2 * config.lora_rank,
         lora_dropout=0.0,
         target_modules=list(LORA_TARGETS),
         task_type="CAUSAL_LM",
@@ -463,12 +473,12 @@ def train_dpo(
     steps = check_schedule(config, n)
     acct = accounting
     if config.privacy == "sample" and acct is None:
-        acct = sample_dp_accounting(float(config.epsilon), float(config.delta), n, config.batch_size, steps)
+        acct = sample_dp_accounting(config.eps, config.dlt, n, config.batch_size, steps)
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
     data = _encode_pairs(tokenizer, pairs, config.max_length)
     labels, event = np.ones(n, dtype=np.int64), None
     if config.privacy == "label":
-        labels, _, event = privatize_preferences(labels, float(config.epsilon), rng)
+        labels, _, event = privatize_preferences(labels, config.eps, rng)
     swap = torch.as_tensor(labels == 0)  # ỹ = 0: the pair is used as (rejected, chosen)
     for k in ("ids", "attn", "resp"):  # post-processing of ỹ: reorder the rows of swapped pairs
         t = data[k]
@@ -491,7 +501,7 @@ def train_dpo(
     batches = _batches(config, n, rng)
     losses: list[float] = []
     if config.privacy == "sample":
-        from opacus import GradSampleModule
+        from opacus import GradSampleModule  # type: ignore[import-untyped]
 
         gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
         with warnings.catch_warnings():  # Opacus's hooks on the frozen embedding input: harmless, noisy
@@ -550,7 +560,7 @@ def _privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None, n: int)
     from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 
     if config.privacy == "label":
-        eps = float(config.epsilon)
+        eps = config.eps
         return {
             "route": "label",
             "statement": (
@@ -580,7 +590,7 @@ def _privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None, n: int)
         return {
             "route": "sample",
             "statement": (
-                f"(ε={acct['epsilon']:.6g}, δ={acct['delta']:.3g})-DP (target ε={float(config.epsilon):.6g})"
+                f"(ε={acct['epsilon']:.6g}, δ={acct['delta']:.3g})-DP (target ε={config.eps:.6g})"
                 ": DP-SGD on the LoRA parameters, Poisson sampling, per-comparison clipping and Gaussian "
                 "noise, accounted by the PLD accountant under replace-one and cross-checked against Opacus. "
                 "Privacy unit: one comparison (prompt, chosen, rejected); relation: replace-one."
@@ -645,9 +655,7 @@ def dpo_policy(
     pairs = read_dpo_pairs(data)
     steps = check_schedule(config, len(pairs.prompts))
     acct = (  # before the model loads: a failed cross-check costs nothing
-        sample_dp_accounting(
-            float(config.epsilon), float(config.delta), len(pairs.prompts), config.batch_size, steps
-        )
+        sample_dp_accounting(config.eps, config.dlt, len(pairs.prompts), config.batch_size, steps)
         if config.privacy == "sample"
         else None
     )
