@@ -206,7 +206,9 @@ def _encode_pairs(tok: Any, pairs: Any, max_length: int) -> dict[str, Any]:
                 p_ids = [eos if eos is not None else 0]
                 r_ids = r_ids[: max_length - 1]
             rows.append((p_ids + r_ids, len(p_ids)))
-    width = max(len(ids) for ids, _ in rows)
+    # a public width: padding to the longest pair would let one pair's length change the shapes (and so the
+    # floating-point arithmetic) of every other pair's gradient
+    width = max_length
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos or 0)
     ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -648,10 +650,14 @@ def dpo_policy(
     """
     import copy
 
+    from privalign.models._resources import require
     from privalign.release import RELEASE_RULE, check_dpo_manifest
 
     out = Path(out_dir)
     _check_out(out)
+    require("peft", purpose="privalign dpo (pip install 'privalign[rlhf]')")
+    if config.privacy == "sample":
+        require("opacus", purpose="privalign dpo --privacy sample (pip install 'privalign[rlhf]')")
     pairs = read_dpo_pairs(data)
     steps = check_schedule(config, len(pairs.prompts))
     acct = (  # before the model loads: a failed cross-check costs nothing
