@@ -148,6 +148,15 @@ def _build(args: argparse.Namespace) -> tuple[object, object, str | None]:
     err = _check_backbone(args.base_model)
     if err:
         return None, None, err
+    from privalign.errors import MissingDependencyError
+    from privalign.models._resources import require
+
+    try:
+        require("peft", purpose="privalign dpo (pip install 'privalign[rlhf]')")
+        if cfg.privacy == "sample":
+            require("opacus", purpose="privalign dpo --privacy sample (pip install 'privalign[rlhf]')")
+    except MissingDependencyError as exc:
+        return None, None, str(exc)
     try:
         _check_out(Path(args.out))
         pairs = read_dpo_pairs(args.data)
