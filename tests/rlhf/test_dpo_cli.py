@@ -3,6 +3,7 @@ output directory on a tiny local model, and the release boundary on neighbouring
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -165,7 +166,11 @@ def test_dpo_cli_writes_a_policy_dir_and_a_release_on_neighbouring_data(
         keys = " ".join(_walk_keys(on_disk)).lower()
         for bad in ("seed", "sha256", "hash", "loss", "entropy"):
             assert bad not in keys, bad
-        assert "1234" not in json.dumps(on_disk)
+        text = json.dumps(on_disk)
+        assert "1234" not in text
+        for f in (d, dp):
+            for h in (hashlib.sha256, hashlib.sha1, hashlib.md5):
+                assert h(f.read_bytes()).hexdigest() not in text
         m = AutoModelForCausalLM.from_pretrained(out / "policy")
         assert not any("lora" in n for n, _ in m.named_parameters())
         assert not (tmp_path / f"o{k + 1}.partial").exists()
