@@ -185,7 +185,7 @@ def test_opacus_per_pair_gradients_equal_per_pair_autograd(base):
     model.zero_grad(set_to_none=True)
     dpo.robust_dpo_loss(dpo._pair_margins(gsm, data, idx, ref), 0.1, 0.0).sum().backward()
     got = dpo._per_pair_grads(params, len(idx))
-    gsm._close()
+    gsm.cleanup()
     for k in range(len(params)):
         for j in range(len(idx)):
             assert torch.allclose(got[k][j], expected[j][k], rtol=1e-4, atol=1e-7)
@@ -330,7 +330,7 @@ def _per_pair_at_init(base, pairs):
     idx = np.arange(len(pairs.prompts))
     dpo.robust_dpo_loss(dpo._pair_margins(gsm, data, idx, ref), 0.1, 0.0).sum().backward()
     out = [g.detach() for g in dpo._per_pair_grads(params, len(idx))]
-    gsm._close()
+    gsm.cleanup()
     return out
 
 

@@ -474,7 +474,12 @@ def train_dpo(
     n = len(pairs.prompts)
     steps = check_schedule(config, n)
     acct = accounting
-    if config.privacy == "sample" and acct is None:
+    if config.privacy == "sample" and (
+        acct is None
+        or acct.get("steps") != steps
+        or acct.get("sampling_probability") != config.batch_size / n
+        or acct.get("delta") != config.dlt
+    ):  # an accounting computed for another schedule is not used
         acct = sample_dp_accounting(config.eps, config.dlt, n, config.batch_size, steps)
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
     data = _encode_pairs(tokenizer, pairs, config.max_length)
@@ -512,7 +517,7 @@ def train_dpo(
                 losses.append(_sample_dp_step(gsm, params, opt, data, idx, ref, config, acct, gen))
                 if progress is not None:
                     progress(t + 1, steps)
-        gsm._close()
+        gsm.cleanup()  # remove the hooks and the attributes Opacus added to the parameters
     else:
         for t, idx in enumerate(batches):
             opt.zero_grad(set_to_none=True)
