@@ -83,10 +83,10 @@ def test_robust_loss_is_plain_dpo_at_zero_flip_rate_and_unbiased_under_flips():
     assert torch.allclose(dpo.robust_dpo_loss(h, beta, 0.0), plain)
     for eps in (0.5, 1.0, 4.0):
         rho = 1.0 / (1.0 + math.exp(eps))
-        # the defining property (Chowdhury et al. 2024, Lemma 3.1): the mean over the flip is the clean loss
+        # the defining property (Chowdhury et al. 2024): the mean over the flip is the clean loss
         avg = (1 - rho) * dpo.robust_dpo_loss(h, beta, rho) + rho * dpo.robust_dpo_loss(-h, beta, rho)
         assert torch.allclose(avg, plain, rtol=1e-12, atol=1e-12)
-        # eq. (8), written out, and TRL 1.16's loss_type="robust" with label_smoothing = ρ (dpo_trainer.py)
+        # the rDPO loss written out = TRL 1.16's loss_type="robust" with label_smoothing = ρ (dpo_trainer.py)
         clean = -(1 - rho) * torch.nn.functional.logsigmoid(beta * h)
         flipped = -rho * torch.nn.functional.logsigmoid(-beta * h)
         trl = (clean - flipped) / (1 - 2 * rho)

@@ -6,9 +6,9 @@ Three routes, the same loop (``train_dpo``), the same task and the same ε:
   probability e^ε/(1+e^ε), else swap chosen and rejected; the mechanism of RR-IHT,
   :func:`privalign.estimation.labels.privatize_labels`), then DPO with the *debiased* ("robust") loss for the
   known flip rate ρ = 1/(1+e^ε) (Chowdhury, Kini & Natarajan, "Provably Robust DPO", ICML 2024,
-  arXiv:2403.00409v2, eq. (8); TRL's ``DPOTrainer(loss_type="robust", label_smoothing=ρ)`` computes the same
-  per-pair loss, checked against trl 1.16.0). Everything after randomized response reads the labels only
-  through ỹ, so training is post-processing.
+  arXiv:2403.00409, the rDPO loss; equation numbers unverified). TRL's ``DPOTrainer(loss_type="robust",
+  label_smoothing=ρ)`` computes the same per-pair loss (checked against trl 1.16.0). Everything after
+  randomized response reads the labels only through ỹ, so training is post-processing.
   Unit: one preference label (the texts are public). Relation: replace-one (one label changed).
   Guarantee: ε-DP (pure). Event: ``RandomizedResponseEvent(ε, unit="label")``.
 * ``privacy="sample"`` — **(ε, δ)-DP, one comparison.** DP-SGD over the LoRA parameters: Poisson sampling
@@ -239,7 +239,7 @@ def robust_dpo_loss(margin: Any, beta: float, flip_rate: float) -> Any:
     """Per-pair debiased DPO loss for labels flipped independently with known probability ρ = ``flip_rate``.
 
     With h = (log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l)) (the ``margin``) and
-    ℓ(h) = −log σ(βh):  L̂(h) = [(1 − ρ)·ℓ(h) − ρ·ℓ(−h)] / (1 − 2ρ)  (Chowdhury et al. 2024, eq. (8)), so that
+    ℓ(h) = −log σ(βh):  L̂(h) = [(1 − ρ)·ℓ(h) − ρ·ℓ(−h)] / (1 − 2ρ)  (Chowdhury et al. 2024, rDPO), so that
     E over the flip of L̂ equals ℓ on the true label: (1 − ρ)·L̂(h) + ρ·L̂(−h) = ℓ(h). ρ = 0 is plain DPO.
 
     Raises:
