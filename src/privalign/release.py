@@ -48,6 +48,8 @@ __all__ = [
     "audit_record_path",
     "public_overlap_check",
     "warn_if_not_releasable",
+    "DPO_MANIFEST_FIELDS",
+    "check_dpo_manifest",
 ]
 
 
@@ -329,3 +331,73 @@ def write_audit_record(
     text = json.dumps(doc, indent=2, sort_keys=False, default=str)
     write_text_atomic(path, text + "\n", mode=0o600)
     return path
+
+
+#: Top-level fields of a ``privalign dpo`` manifest (``privalign.dpo/1``): public configuration (the route,
+#: ε, δ, β, batch size, LoRA rank, clipping norm, the data path given on the command line and n, which the
+#: replace-one relation keeps public), the privacy record (statement, event, calibrated σ, q, steps, the
+#: accountants' ε) and versions. Never the seed (it drives randomized response, the Poisson samples and the
+#: gradient noise), a hash of the pairs, or the training loss (an exact statistic of the private pairs).
+DPO_MANIFEST_FIELDS = frozenset(
+    {
+        "format",
+        "status",
+        "created_at",
+        "privacy",
+        "data",
+        "base_model",
+        "algorithm",
+        "config",
+        "steps",
+        "versions",
+        "policy_dir",
+        "release",
+    }
+)
+_DPO_NESTED = {
+    "data": frozenset({"path", "n_pairs"}),
+    "config": frozenset(
+        {
+            "privacy",
+            "epsilon",
+            "delta",
+            "beta",
+            "learning_rate",
+            "batch_size",
+            "epochs",
+            "max_length",
+            "lora_rank",
+            "clip_norm",
+        }
+    ),
+    "privacy": frozenset(
+        {
+            "route",
+            "statement",
+            "privacy_event",
+            "guarantee",
+            "privacy_unit",
+            "relation",
+            "flip_rate",
+            "accounting",
+        }
+    ),
+}
+
+
+def check_dpo_manifest(doc: Mapping[str, Any]) -> None:
+    """Refuse a ``privalign dpo`` manifest holding a field outside :data:`DPO_MANIFEST_FIELDS` (and the
+    allow-lists of its ``data``, ``config`` and ``privacy`` parts).
+
+    Raises:
+      ReleaseBoundaryError: naming the first offending field.
+    """
+    for k in doc:
+        if k not in DPO_MANIFEST_FIELDS:
+            raise _refuse(k)
+    for part, allowed in _DPO_NESTED.items():
+        sub = doc.get(part)
+        if isinstance(sub, Mapping):
+            for k in sub:
+                if k not in allowed:
+                    raise _refuse(f"{part}.{k}")

