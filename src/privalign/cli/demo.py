@@ -23,6 +23,23 @@ def register(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
+def claims_table(claims: list[dict], width: int | None = None) -> str:
+    """The claims as a person reads them: id, verdict and the one-line reading in plain words, wrapped to
+    the terminal (never cut; the rule and every number are in the report)."""
+    import shutil
+    import textwrap
+
+    width = width or max(shutil.get_terminal_size((110, 24)).columns, 80)
+    lines = [f"{'claim':<6} {'verdict':<17} in plain words (numbers, rules and α: report.html)"]
+    indent = " " * 25
+    for c in claims:
+        text = c.get("plain") or c["measured"]
+        body = textwrap.wrap(text, width=width - len(indent), break_on_hyphens=False) or [""]
+        lines.append(f"{c['id']:<6} {c['verdict']:<17} {body[0]}")
+        lines += [indent + b for b in body[1:]]
+    return "\n".join(lines)
+
+
 def _run(args: argparse.Namespace) -> int:
     from privalign.experiments.config import ConfigError
     from privalign.experiments.demo import run_demo
@@ -36,12 +53,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(res, indent=2)
         return 0
-    print(f"\n{'claim':<6} {'experiment':<26} {'verdict':<18} measured")
-    for c in res["claims"]:
-        measured = c["measured"] if len(c["measured"]) <= 90 else c["measured"][:87] + "..."
-        exps = c["experiment"].split(" + ")
-        exp = exps[0] + (f" +{len(exps) - 1}" if len(exps) > 1 else "")  # the full list is in the report
-        print(f"{c['id']:<6} {exp:<26} {c['verdict']:<18} {measured}")
+    print("\n" + claims_table(res["claims"]))
     print("\nper experiment (s): " + ", ".join(f"{k} {v:.1f}" for k, v in res["timings"].items()))
     print(f"total {res['seconds']:.1f} s")
     print(f"report: {res['report']}")

@@ -568,11 +568,18 @@ def order_verdict(
                 for m in PAPER_ORDER
             )
         )
-    verdict, measured = order_rule(gaps, target=POWER_TARGET)
+    from privalign.experiments.verdicts import Outcome, facts_of
+
+    result = order_rule(gaps, target=POWER_TARGET)
+    verdict, measured = result
     power = power_statement(gaps)
     if details is not None:
         details.update(gaps=gaps, power=power)
-    return verdict, power["text"] + "; " + measured + " | " + " | ".join(parts)
+    return Outcome(
+        verdict,
+        power["text"] + "; " + measured + " | " + " | ".join(parts),
+        {**facts_of(result), "datasets": dss},
+    )
 
 
 def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
