@@ -197,8 +197,8 @@ def test_a_claim_decided_on_two_pools_reads_pool_by_pool():
     syn = _curve("BoN", BON_DEGRADES) + _curve("ITP", [0, 10, 20, 25, 25, 25], seed=1)
     real = _curve("BoN", BON_RISES, pool=REAL) + _curve("ITP", [0, 10, 20, 25, 25, 25], seed=1, pool=REAL)
     line = _claim("P1-1", {"p1-scaling": syn, "p1-scaling-imdb": real})["plain"]
-    first, second = line.split(" Real: ")
-    assert first.startswith("Synthetic: BoN over-optimised") and second.startswith("Could not tell")
+    first, second = line.split(" Real pool imdb-smollm2: ")
+    assert first.startswith("Synthetic pool: BoN over-optimised") and second.startswith("Could not tell")
 
 
 def test_not_run_and_not_testable_say_so():

@@ -33,8 +33,9 @@ def claims_table(claims: list[dict], width: int | None = None) -> str:
     lines = [f"{'claim':<6} {'verdict':<17} in plain words (numbers, rules and α: report.html)"]
     indent = " " * 25
     for c in claims:
-        text = c.get("plain") or c["measured"]
+        text = (c.get("plain") or c["measured"]).replace(" = ", "\xa0=\xa0")  # keep "N = 16" on one line
         body = textwrap.wrap(text, width=width - len(indent), break_on_hyphens=False) or [""]
+        body = [b.replace("\xa0", " ") for b in body]
         lines.append(f"{c['id']:<6} {c['verdict']:<17} {body[0]}")
         lines += [indent + b for b in body[1:]]
     return "\n".join(lines)

@@ -68,35 +68,37 @@ def _method(m: str) -> str:
 
 
 def p1_1(verdict: str, f: dict) -> str:
+    w, u = f.get("what", "true reward"), f.get("unit", "")
     if verdict == "holds":
         return (
-            f"BoN over-optimised (reward hacking): its true reward fell by {num(f['bon_drop'])} from "
+            f"BoN over-optimised (reward hacking): its {w} fell by {num(f['bon_drop'])}{u} from "
             f"N = {num(f['bon_from_N'])} to N = {num(f['n_max'])} ({_SIG})."
         )
     if verdict == "does not hold":
         return (
-            f"BoN did not over-optimise although planted hacks were within reach: its true reward did not "
+            f"BoN did not over-optimise although planted hacks were within reach: its {w} did not "
             f"fall up to N = {num(f['n_max'])}."
         )
     if "bon_drop" not in f:
         return "Could not tell whether BoN over-optimises: too few values of N to see a fall."
     return (
-        f"Could not tell whether BoN over-optimises: no significant fall in true reward up to N = "
-        f"{num(f['n_max'])} (a fall below {num(f['bon_detectable'])} would go unseen)."
+        f"Could not tell whether BoN over-optimises: no significant fall in {w} up to N = "
+        f"{num(f['n_max'])} (a fall below {num(f['bon_detectable'])}{u} would go unseen)."
     )
 
 
 def monotone(verdict: str, f: dict) -> str:
     """P1-2..P1-4: a method resists over-optimisation where BoN does not."""
     m = _method(f["method"])
+    w, u = f.get("what", "true reward"), f.get("unit", "")
     if verdict == "holds":
         return (
-            f"{m} did not over-optimise where BoN did: its true reward did not fall up to N = "
-            f"{num(f['n_max'])} (any fall is below {num(f['upper_drop'])})."
+            f"{m} did not over-optimise where BoN did: its {w} did not fall up to N = "
+            f"{num(f['n_max'])} (any fall is below {num(f['upper_drop'])}{u})."
         )
     if verdict == "does not hold":
         return (
-            f"{m} over-optimised: its true reward fell by {num(f['drop'])} from N = {num(f['from_N'])} to "
+            f"{m} over-optimised: its {w} fell by {num(f['drop'])}{u} from N = {num(f['from_N'])} to "
             f"N = {num(f['n_max'])} ({_SIG})."
         )
     why = f.get("why", "")
@@ -113,17 +115,18 @@ def monotone(verdict: str, f: dict) -> str:
     if why == "underpowered":
         return (
             f"Could not tell whether {m} resists over-optimisation: no significant fall up to N = "
-            f"{num(f['n_max'])}, but one up to {num(f['upper_drop'])} cannot be ruled out (underpowered)."
+            f"{num(f['n_max'])}, but one up to {num(f['upper_drop'])}{u} cannot be ruled out (underpowered)."
         )
     return f"Could not tell whether {m} resists over-optimisation ({why or 'no results'})."
 
 
 def p1_5(verdict: str, f: dict) -> str:
+    w, u = f.get("what", "true reward"), f.get("unit", "")
     eps = f"ε = {_list(f['epsilons'])}"
     if verdict == "does not hold":
         return (
-            f"PrivBoN gave higher true reward than PrivITP at equal privacy ({eps}): ahead at "
-            f"{num(f['privbon_ahead'])} of {num(f['points'])} (N, ε) points, by up to {num(f['gap'])} at "
+            f"PrivBoN gave higher {w} than PrivITP at equal privacy ({eps}): ahead at "
+            f"{num(f['privbon_ahead'])} of {num(f['points'])} (N, ε) points, by up to {num(f['gap'])}{u} at "
             f"N = {num(f['gap_N'])}, ε = {num(f['gap_epsilon'])} ({_SIG})."
         )
     if verdict == "holds":
@@ -138,25 +141,35 @@ def p1_5(verdict: str, f: dict) -> str:
     )
 
 
+def _served(sessions: list[dict]) -> str:
+    """``4 vs 3 at σ = 0.5; 53–55 vs 25 at σ = 4``: prompts served, ex-post filter vs basic composition."""
+    out = []
+    for x in sessions:
+        served = num(x["served_min"]) + (
+            f"–{num(x['served_max'])}" if x["served_max"] != x["served_min"] else ""
+        )
+        out.append(f"{served} vs {num(x['t_basic'])} at σ = {num(x['sigma'])}")
+    return "; ".join(out)
+
+
 def p1_6(verdict: str, f: dict) -> str:
-    served = num(f["served_min"]) + (f"–{num(f['served_max'])}" if f["served_max"] != f["served_min"] else "")
     budget = f" (ε = {num(f['budget_epsilon'])})" if f.get("budget_epsilon") is not None else ""
+    served = _served(f["sessions"])
     if verdict == "holds":
         return (
-            f"Under one budget{budget}, the ex-post filter served {served} prompts against "
-            f"{num(f['t_basic'])} with basic composition, and the answers served were measurably better "
+            f"Under one budget{budget}, the ex-post filter served more prompts than basic composition "
+            f"({served}), and the answers served were measurably better at σ = {_list(f['lift_sigmas'])} "
             f"({_SIG})."
         )
     if verdict == "does not hold":
         if f["overshoots"]:
             return f"A privacy filter spent more than its budget ({num(f['overshoots'])} time(s))."
         return (
-            f"The ex-post filter served no more prompts than basic composition ({num(f['served_min'])} vs "
-            f"{num(f['t_basic'])}){budget}."
+            f"The ex-post filter did not always serve more prompts than basic composition ({served}){budget}."
         )
     return (
-        f"Under one budget{budget}, the ex-post filter served more prompts ({served} vs {num(f['t_basic'])} "
-        "with basic composition), but could not tell whether the answers served beat no alignment at all."
+        f"Under one budget{budget}, the ex-post filter served more prompts than basic composition "
+        f"({served}), but could not tell whether the answers served beat no alignment at all."
     )
 
 
@@ -325,8 +338,13 @@ READERS: dict[str, Reader] = {
 
 
 def _short_pool(label: str) -> str:
-    """``synthetic (planted hacks …)`` → ``synthetic``: the pool's name before its details."""
-    return re.split(r"[(;:,]", str(label), maxsplit=1)[0].strip() or str(label)
+    """``synthetic (planted reward hacking)`` → ``Synthetic pool``; ``real: imdb-smollm2.jsonl.gz`` → ``Real
+    pool imdb-smollm2``: the pool's name without its details."""
+    label = str(label)
+    if label.startswith("real:"):
+        return "Real pool " + label.split(":", 1)[1].strip().split(".")[0]
+    head = re.split(r"[(;:,\[]", label, maxsplit=1)[0].strip() or label
+    return head[:1].upper() + head[1:] + ("" if " " in head or not head.isalpha() else " pool")
 
 
 def _one(reader: Reader | None, claim_text: str, verdict: str, facts: dict) -> str:
@@ -355,8 +373,7 @@ def reading(
     runs = facts.get("runs")
     if runs and len(runs) > 1:
         return " ".join(
-            f"{_short_pool(r.get('pool') or r['experiment']).capitalize()}: "
-            f"{_one(reader, claim_text, r['verdict'], r)}"
+            f"{_short_pool(r.get('pool') or r['experiment'])}: {_one(reader, claim_text, r['verdict'], r)}"
             for r in runs
         )
     if runs:

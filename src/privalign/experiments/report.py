@@ -613,12 +613,12 @@ def _scalar_items(summary: dict) -> list[tuple[str, object]]:
     return [(k, v) for k, v in summary.items() if k not in skip and not isinstance(v, list | dict)]
 
 
-_ORDER = {"holds": 0, "does not hold": 1, "inconclusive": 2}
+_ORDER = {"holds": 0, "does not hold": 0, "inconclusive": 1}  # decided first, in the table's order
 
 
 def _plain_section(claims: list[dict], runs: dict[str, dict]) -> tuple[str, list[str]]:
     """The report's first section: every decided or undecided claim as one line in plain words (decided
-    first), the claims not run or not testable named in one line; HTML and Markdown."""
+    first, in the table's order), the claims not run or not testable named in one line; HTML and Markdown."""
     shown = sorted((c for c in claims if c["verdict"] in _ORDER), key=lambda c: _ORDER[c["verdict"]])
     rest: dict[str, list[str]] = {}
     for c in claims:

@@ -247,6 +247,13 @@ def _pool_of(records: list[dict]) -> str:
     return str(next((r.get("pool_label") for r in records if r.get("pool_label")), "pool unknown"))
 
 
+def _truth(records: list[dict]) -> dict:
+    """What the lifts measure, for the plain reading: accuracy (in percentage points) on a pool with a 0/1
+    truth, else the true reward (in its own units)."""
+    acc = any(r.get("truth_kind") == "accuracy" for r in records)
+    return {"what": "accuracy" if acc else "true reward", "unit": " points" if acc else ""}
+
+
 def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> tuple[str, str]:
     """P1-2..P1-4 on one run: ``method`` is scaling-monotonic.
 
@@ -271,7 +278,7 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         return Outcome(
             "inconclusive",
             f"[{pool}] {why}: {ctrl['text']}",
-            {"pool": pool, "method": method, "why": why, **ctrl.get("facts", {})},
+            {"pool": pool, "method": method, "why": why, **_truth(records), **ctrl.get("facts", {})},
         )
     series = _series(records, method)
     if not series:
@@ -347,7 +354,7 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
     return Outcome(
         verdict,
         f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts),
-        {"pool": pool, "method": method, **ctrl["facts"], **decisive},
+        {"pool": pool, "method": method, **_truth(records), **ctrl["facts"], **decisive},
     )
 
 
@@ -364,7 +371,7 @@ def p1_1_rule(
     """
     pool = _pool_of(records)
     ctrl = bon_degradation(records, alpha=alpha)
-    facts = {"pool": pool, **ctrl.get("facts", {})}
+    facts = {"pool": pool, **_truth(records), **ctrl.get("facts", {})}
     if ctrl["status"] == "degrades":
         return Outcome("holds", f"[{pool}] {ctrl['text']}", facts)
     if ctrl["status"] in ("missing", "too small"):
@@ -459,6 +466,7 @@ def p1_5_rule(
     gap_a, gap_b, gap, _ = min(pairs, key=lambda x: x[2]["mean"])  # PrivBoN's largest lead (or smallest lag)
     facts = {
         "pool": pool,
+        **_truth(records),
         "epsilons": sorted({float(eps_of(a)) for a, *_ in pairs}),
         "ns": sorted({int(a["N"]) for a, *_ in pairs}),
         "points": k,
@@ -501,7 +509,7 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     for r in recs:
         by_sigma.setdefault(r["sigma"], []).append(r)
     k = len(by_sigma)
-    parts, lift_sig = [], []
+    parts, lift_sig, sig_sigmas = [], [], []
     for s, rows in sorted(by_sigma.items()):
         lifts = [v for r in rows for v in (r.get("served_lifts") or [])]
         txt = (
@@ -515,6 +523,8 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
             crit = t_crit(x.size - 1, alpha, k)
             sig = se > 0 and m / se > crit
             lift_sig.append(sig)
+            if sig:
+                sig_sigmas.append(s)
             txt += (
                 f"; lift per served prompt {m:+.4f} ± {se:.4f} over {x.size} prompts "
                 f"({'significant' if sig else 'not significant'} at one-sided α={alpha:g}/{k}; detectable ≈ "
@@ -536,9 +546,16 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
             "policy"
         )
     facts = {
-        "served_min": min(r["served"] for r in recs),
-        "served_max": max(r["served"] for r in recs),
-        "t_basic": max(r["t_basic"] for r in recs),
+        "sessions": [
+            {
+                "sigma": sg,
+                "served_min": min(r["served"] for r in rows),
+                "served_max": max(r["served"] for r in rows),
+                "t_basic": rows[0]["t_basic"],
+            }
+            for sg, rows in sorted(by_sigma.items())
+        ],
+        "lift_sigmas": sig_sigmas,
         "budget_epsilon": recs[0].get("budget_epsilon"),
         "overshoots": len(over),
         "fewer": not count_ok,
@@ -710,6 +727,7 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
         f"{d['n']} prompts; one-sided α={alpha:g} bounds [{lo:.3g}, {up:.3g}])"
     )
     facts = {
+        "pool": _pool_of(records),
         "n_from": q["N"],
         "n_max": last["N"],
         "eps_max_from": q["epsilon_max"],
