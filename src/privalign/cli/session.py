@@ -9,7 +9,7 @@ __all__ = ["register"]
 
 #: The options (default ``None`` until filled in) each method reads, and their defaults: one given to a
 #: method that does not read it is refused, not ignored (as ``select`` and ``simulate`` do).
-_DEFAULTS = {"beta": 0.05, "sigma_x": 1.0, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}
+_DEFAULTS = {"beta": 0.05, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}  # σ_X: R_max, once the range is known
 _READS = {"privitp": ("beta", "sigma_x", "sigma_z", "L", "delta"), "privbon": ("epsilon",)}
 
 
@@ -137,6 +137,8 @@ def _run(args) -> int:
         args.n = max([1] + [n for n in range(1, 17) if pool_size(args.method, n) <= smallest])
     rng = SecureNoise() if args.secure else np.random.default_rng(args.seed)
     if args.method == "privitp":
+        if args.sigma_x is None:  # 1 in units of the public score range, whatever the range
+            args.sigma_x = args.r_max
         sel = make_selector(
             "privitp",
             beta=args.beta,
@@ -290,8 +292,8 @@ def register(subparsers) -> None:
         "--sigma-x",
         type=float,
         default=None,
-        help="PrivITP phase-1 noise σ_X (default 1; with --r-max 1 this is heavy noise: raise "
-        "--budget-epsilon or lower σ for useful selections)",
+        help="PrivITP phase-1 noise σ_X (default R_max: 1 with the default range [0, 1], 8 with the shipped "
+        "HH pools' declared [-4, 4]; heavy noise: raise --budget-epsilon or lower σ for useful selections)",
     )
     p.add_argument("--sigma-z", type=float, default=None, help="default: = σ_X")
     p.add_argument(
