@@ -15,7 +15,8 @@ def register(subparsers) -> None:
         "demo",
         help="run the quick headline experiments and write the report (the main job)",
         description="Run the quick configurations of the headline experiments of both papers into --out, "
-        "write OUT/report/report.html, and print a summary of the claims table.",
+        "write OUT/report/report.html, and print the claims table: each claim's verdict and one line in "
+        "plain words (the report opens with the same lines; its claims table has the numbers and rules).",
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
