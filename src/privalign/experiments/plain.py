@@ -285,7 +285,7 @@ def b_1(verdict: str, f: dict) -> str:
     if verdict == "holds":
         return (
             f"Training a private reward model once beat per-query PrivBoN at the same total privacy from "
-            f"T = {num(f['crossover_T'])} queries on ({_SIG})."
+            f"T = {num(f['crossover_T'])} quer{'y' if f['crossover_T'] == 1 else 'ies'} on ({_SIG})."
         )
     if verdict == "does not hold":
         return (
