@@ -352,7 +352,7 @@ def _one(reader: Reader | None, claim_text: str, verdict: str, facts: dict) -> s
         return generic(claim_text, verdict, facts)
     try:
         return reader(verdict, facts)
-    except (KeyError, TypeError, ValueError):  # a result without the numbers this reader needs
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # facts lack what the reader needs
         return generic(claim_text, verdict, facts)
 
 
