@@ -151,7 +151,7 @@ def test_select_fallback_says_why(capsys):
     cap = capsys.readouterr()
     out = _strict(cap.out)
     if not out["fallback"]:
-        pytest.fail("the README example is expected to fall back with seed 0 (probability 0.674)")
+        pytest.fail("the docs/tour.md example is expected to fall back with seed 0 (probability 0.674)")
     assert "no candidate of pool B passed" in out["fallback_reason"]
     # the exact probability is computed from the scores: a note on stderr, not in the private answer
     assert "0.674" not in cap.out and "probability 0.674" in cap.err
@@ -169,7 +169,7 @@ def test_select_answer_on_neighbouring_scores_differs_only_in_dp_outputs(capsys)
     for b in ("0.2,0.8,0.4", "0.2,0.75,0.4"):
         assert main([*base, "--scores", "0.1,0.5,0.9", "--scores-b", b, "--seed", "0", "--json"]) == 0
         outs.append(_strict(capsys.readouterr().out))
-    assert outs[0]["fallback"] and outs[1]["fallback"]  # the README example falls back with seed 0
+    assert outs[0]["fallback"] and outs[1]["fallback"]  # the docs/tour.md example falls back with seed 0
     assert outs[0] == outs[1]
     for o in outs:
         assert "seed" not in json.dumps(o)

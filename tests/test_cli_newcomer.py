@@ -303,6 +303,41 @@ def test_session_runs_on_the_shipped_pools(work, capsys):
     assert rc == 0, capsys.readouterr().err
 
 
+def test_session_defaults_run_on_the_shipped_hh_pools_with_their_declared_range(work, capsys):
+    """The shipped HH pools' proxy is an unbounded Bradley-Terry logit (scores outside [0, 1]): with no range
+    option, session takes the public range their manifests declare ([-4, 4]) and says so on stderr; it was a
+    refusal asking for --score-range. PrivITP's default σ_X is R_max, so the prompts are served."""
+    root = Path(__file__).resolve().parents[1] / "pools"
+    for name in ("hh-smollm2.jsonl.gz", "hh-smollm2-2048-p1000.jsonl.gz"):
+        rc = main(_session(root / name, "--max-prompts", "2"))
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        assert "public score range [-4, 4] declared in" in err and "manifest.json" in err
+        rec = json.loads((work / "s" / "session.json").read_text())
+        assert rec["score_range"] == {
+            "range": "-4.0,4.0",
+            "declared_in": str(root / name.replace(".jsonl.gz", ".manifest.json")),
+        }
+        # σ_X defaults to R_max = 8 (1 in units of the range): a prompt's worst case (≈ 9) fits ε = 100
+        assert rec["prompts_served"] == 2, rec
+        (work / "s" / "session.json").unlink()
+        (work / "s").rmdir()
+    # a range option given is used as given (no note, no manifest range)
+    assert main(_session(root / "hh-smollm2.jsonl.gz", "--max-prompts", "1", "--clip", "--r-max", "8")) == 0
+    assert "declared in" not in capsys.readouterr().err
+
+
+def test_session_refuses_a_malformed_declared_range_in_one_line(work, capsys):
+    pool = _scored_pool(work / "hh.jsonl", 3, 40, -3.0, 3.0)
+    (work / "hh.manifest.json").write_text(json.dumps({"proxy_score_range": {"low": 4, "high": -4}}))
+    _one_line_error(_session(pool), ["proxy_score_range", "hh.manifest.json"], capsys)
+    assert not (work / "s").exists()
+    (work / "hh.manifest.json").write_text(
+        json.dumps({"proxy_score_range": {"low": -4, "high": 4, "why": "x"}})
+    )
+    assert main(_session(pool, "--json")) == 0, capsys.readouterr().err
+
+
 # --- rough edges ----------------------------------------------------------------------------------------
 
 

@@ -140,6 +140,46 @@ def test_report_renders_in_chromium(report):
     assert not broken, broken
 
 
+PLAIN_JS = """
+const sec = document.getElementById('plain');
+if (!sec) return null;
+const h2s = Array.from(document.querySelectorAll('h2')).map(h => h.textContent);
+const claims = document.querySelector('tr[id^="claim-"]');
+const items = Array.from(sec.querySelectorAll('li')).map(li => {
+  const r = li.getBoundingClientRect(); const st = getComputedStyle(li);
+  return {text: li.textContent, h: r.height, w: r.width,
+          visible: st.visibility !== 'hidden' && st.display !== 'none'};
+});
+return {top: sec.getBoundingClientRect().top, bottom: sec.getBoundingClientRect().bottom,
+        viewport: window.innerHeight, firstH2: h2s[0], items: items,
+        claimsTop: claims ? claims.getBoundingClientRect().top : null,
+        page: document.documentElement.clientWidth};
+"""
+
+
+def test_report_opens_with_the_key_findings_in_plain_words(report):
+    """The first thing on the page, in the first screen: one visible line per decided or undecided claim,
+    before the claims table's statistics."""
+    drv = browser()
+    try:
+        drv.get(report.resolve().as_uri())
+        res = drv.execute_script(PLAIN_JS)
+    finally:
+        drv.quit()
+    assert res is not None, "no 'Key findings in plain words' section"
+    assert res["firstH2"] == "Key findings in plain words", res["firstH2"]
+    assert 0 <= res["top"] < res["viewport"] / 3, res  # starts in the top third of the first screen
+    assert res["claimsTop"] is not None and res["bottom"] <= res["claimsTop"]
+    claims = json.loads((report.parent / "claims.json").read_text())
+    shown = [c for c in claims if c["verdict"] in ("holds", "does not hold", "inconclusive")]
+    assert len(res["items"]) == len(shown) > 0
+    for item in res["items"]:
+        assert item["visible"] and item["h"] > 0 and 0 < item["w"] <= res["page"], item
+    texts = " ".join(i["text"] for i in res["items"])
+    for c in shown:
+        assert c["plain"] in texts
+
+
 def test_legends_never_cover_data():
     from privalign.experiments.plotting import legends_outside, new_figure
 

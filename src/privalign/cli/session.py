@@ -9,7 +9,7 @@ __all__ = ["register"]
 
 #: The options (default ``None`` until filled in) each method reads, and their defaults: one given to a
 #: method that does not read it is refused, not ignored (as ``select`` and ``simulate`` do).
-_DEFAULTS = {"beta": 0.05, "sigma_x": 1.0, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}
+_DEFAULTS = {"beta": 0.05, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}  # σ_X: R_max, once the range is known
 _READS = {"privitp": ("beta", "sigma_x", "sigma_z", "L", "delta"), "privbon": ("epsilon",)}
 
 
@@ -33,6 +33,29 @@ def _check_options(args) -> None:
         )
 
 
+def _use_declared_range(args) -> None:
+    """No --score-range, --r-max or --clip: take the public score range the pool's manifest declares
+    (``proxy_score_range``, e.g. [-4, 4] for the shipped HH pools' unbounded Bradley-Terry proxy), and say
+    so on stderr."""
+    import sys
+
+    from privalign.data.pools import declared_score_range, pool_manifest_path
+
+    if args.score_range is not None or args.r_max is not None or args.clip:
+        return
+    declared = declared_score_range(args.pool)
+    if declared is not None:
+        low, high, _why = declared
+        args.score_range = f"{low!r},{high!r}"
+        args.score_range_source = str(pool_manifest_path(args.pool))
+        print(
+            f"privalign session: note: public score range [{low:g}, {high:g}] declared in "
+            f"{args.score_range_source}: scores clipped into it, R_max = {high - low:g} (--score-range to "
+            "choose another)",
+            file=sys.stderr,
+        )
+
+
 def _public_range(args, pool):
     """The pool with its proxy scores in the public range the selectors assume, ``[0, R_max]``.
 
@@ -47,6 +70,7 @@ def _public_range(args, pool):
     from privalign.data.pools import ScoredPool
     from privalign.errors import PrivacyParameterError
 
+    _use_declared_range(args)
     if args.score_range is not None:
         rng_ = parse_floats(args.score_range, "score_range")
         if len(rng_) != 2 or not rng_[0] < rng_[1] or not all(np.isfinite(rng_)):
@@ -113,6 +137,8 @@ def _run(args) -> int:
         args.n = max([1] + [n for n in range(1, 17) if pool_size(args.method, n) <= smallest])
     rng = SecureNoise() if args.secure else np.random.default_rng(args.seed)
     if args.method == "privitp":
+        if args.sigma_x is None:  # 1 in units of the public score range, whatever the range
+            args.sigma_x = args.r_max
         sel = make_selector(
             "privitp",
             beta=args.beta,
@@ -165,6 +191,8 @@ def _run(args) -> int:
                 ),
             }
     out["pool_read"] = stats.to_dict()
+    if getattr(args, "score_range_source", None):  # the range came from the pool's manifest
+        out["score_range"] = {"range": args.score_range, "declared_in": args.score_range_source}
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "session.json").write_text(json.dumps(_clean(out), indent=2, allow_nan=False))
@@ -235,7 +263,8 @@ def register(subparsers) -> None:
         description="Process a scored pool prompt by prompt through PrivITP (ex-post filter) "
         "or PrivBoN (pure-ε and zCDP filters): reserve the worst case, run, "
         "settle the realized cost. Writes session.json into --out. Options the method does not read are "
-        "refused; scores outside the public range are refused unless --clip or --score-range.",
+        "refused; scores outside the public range are refused unless --clip or --score-range (default: the "
+        "range the pool's manifest declares, if any: the shipped HH pools declare -4,4).",
     )
     p.add_argument("--pool", required=True, help="scored-pool JSONL(.gz) file")
     p.add_argument(
@@ -263,8 +292,8 @@ def register(subparsers) -> None:
         "--sigma-x",
         type=float,
         default=None,
-        help="PrivITP phase-1 noise σ_X (default 1; with --r-max 1 this is heavy noise: raise "
-        "--budget-epsilon or lower σ for useful selections)",
+        help="PrivITP phase-1 noise σ_X (default R_max: 1 with the default range [0, 1], 8 with the shipped "
+        "HH pools' declared [-4, 4]; heavy noise: raise --budget-epsilon or lower σ for useful selections)",
     )
     p.add_argument("--sigma-z", type=float, default=None, help="default: = σ_X")
     p.add_argument(
@@ -291,7 +320,8 @@ def register(subparsers) -> None:
         default=None,
         metavar="LOW,HIGH",
         help="public range of the reward model's scores, chosen without looking at them (e.g. -4,4 for an "
-        "unbounded linear reward): scores are clipped into it and shifted, R_max = HIGH - LOW",
+        "unbounded linear reward): scores are clipped into it and shifted, R_max = HIGH - LOW (default, "
+        "without --r-max or --clip: the range POOL.manifest.json declares as proxy_score_range, if any)",
     )
     p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
     p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max]")

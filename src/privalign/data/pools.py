@@ -48,6 +48,8 @@ __all__ = [
     "iter_pool",
     "read_pool",
     "write_pool",
+    "pool_manifest_path",
+    "declared_score_range",
 ]
 
 FORMAT_VERSION = "privalign-pool/1"
@@ -347,6 +349,49 @@ def write_pool(
         Path(tmp).unlink(missing_ok=True)
         raise
     return n
+
+
+def pool_manifest_path(pool: str | os.PathLike) -> Path:
+    """``POOL.jsonl.gz`` → ``POOL.manifest.json`` (beside it; what ``build-pool`` writes)."""
+    pool = Path(pool)
+    name = pool.name
+    for suf in (".jsonl.gz", ".jsonl", ".json.gz", ".json", ".gz"):
+        if name.endswith(suf):
+            name = name[: -len(suf)]
+            break
+    return pool.with_name(name + ".manifest.json")
+
+
+def declared_score_range(pool: str | os.PathLike) -> tuple[float, float, str] | None:
+    """The public range of the pool's proxy scores that its manifest declares, ``(low, high, why)``, or
+    ``None`` (no manifest, or none declared).
+
+    The key is ``proxy_score_range``: ``{"low": L, "high": H, "why": "…"}``, a bound of the *reward model*
+    chosen without looking at the pool's scores (e.g. for an unbounded Bradley–Terry logit), so clipping
+    the scores into it is a data-independent map. The shipped HH pools declare ``[-4, 4]``.
+
+    Raises:
+      DataFormatError: the manifest declares a malformed range (not finite, or low ≥ high).
+    """
+    path = pool_manifest_path(pool)
+    if not path.is_file():
+        return None
+    try:
+        declared = json.loads(path.read_text(encoding="utf-8")).get("proxy_score_range")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if declared is None:
+        return None
+    try:
+        low, high = float(declared["low"]), float(declared["high"])
+    except (KeyError, TypeError, ValueError):
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise DataFormatError(
+            f'{path}: field \'proxy_score_range\' must be {{"low": L, "high": H}} with finite L < H; '
+            f"got {declared!r}"
+        )
+    return low, high, str(declared.get("why", ""))
 
 
 @dataclass(frozen=True)

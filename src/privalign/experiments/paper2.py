@@ -997,12 +997,12 @@ def sparse_dense_table(records: list[dict], *, variant: str = "tuned") -> list[d
     return out
 
 
-def sparse_beats_dense_verdict(records: list[dict], *, epsilons=(2.0, 8.0)) -> tuple[str, str]:
+def sparse_beats_dense_verdict(records: list[dict], *, epsilons=(2.0, 8.0)) -> tuple:
     """P2-4 from p2-accuracy records: :func:`privalign.experiments.verdicts.replicated_rule` on the **tuned**
     comparisons at ``epsilons`` (every method tuned by the same protocol; the untuned variant decides only
     in a run without tuning); the untuned-at-full-ε comparisons are tested the same way and printed beside,
     without deciding."""
-    from privalign.experiments.verdicts import replicated_rule
+    from privalign.experiments.verdicts import Outcome, facts_of, replicated_rule
 
     acc = [r for r in records if r.get("kind", "accuracy") == "accuracy" and r.get("epsilon") in epsilons]
     variants = {record_variant(r) for r in acc}
@@ -1013,14 +1013,15 @@ def sparse_beats_dense_verdict(records: list[dict], *, epsilons=(2.0, 8.0)) -> t
             "inconclusive",
             f"rows at ε ∈ {set(epsilons)} lack per-pair outcomes ('correct'): rerun p2-accuracy",
         )
-    v, m = replicated_rule(comps, epsilons=epsilons)
+    result = replicated_rule(comps, epsilons=epsilons)
+    v, m = result
     text = f"{decide} (decides): {m}"
     if decide == "tuned" and "untuned" in variants:
         v2, m2 = replicated_rule(
             replicated_comparisons(records, epsilons=epsilons, variant="untuned"), epsilons=epsilons
         )
         text += f" || beside it, untuned at the full ε (does not decide): {v2}: {m2}"
-    return v, text
+    return Outcome(v, text, {**facts_of(result), "variant": decide})
 
 
 def _acc_means(records: list[dict]) -> list[dict]:

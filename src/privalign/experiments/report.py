@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from privalign.experiments.manifest import read_manifest, utc_now, write_json_atomic
+from privalign.experiments.plain import READERS, Reader, reading
 from privalign.experiments.runner import ExperimentError, read_results, read_summary
 
 __all__ = ["Claim", "CLAIMS", "evaluate_claims", "write_report"]
@@ -47,6 +48,9 @@ class Claim:
       evaluate: ``(records_by_experiment, runs) -> (verdict, measured)``; ``None`` when not testable.
       reason: Why it is not testable here (when ``evaluate`` is ``None``).
       also: Further experiments the rule reads when their runs are given (e.g. the real-pool twin).
+      plain: ``(verdict, facts) -> str``: the claim's one line in plain words, from the facts its rule
+        returned (:mod:`privalign.experiments.plain`); ``None``: the reader registered for ``id`` in
+        :data:`privalign.experiments.plain.READERS`, else the claim restated with its verdict.
     """
 
     id: str
@@ -57,18 +61,23 @@ class Claim:
     evaluate: Callable[..., Verdict] | None = None
     reason: str = ""
     also: tuple[str, ...] = ()
+    plain: Reader | None = None
 
 
 def _combine(results: list[tuple[str, Verdict]]) -> Verdict:
     """One verdict from several runs (pools): ``does not hold`` if any run says so, else ``holds`` if any
-    does, else ``inconclusive``; the measured text lists every run's verdict."""
+    does, else ``inconclusive``; the measured text lists every run's verdict, the facts every run's facts
+    (``facts["runs"]``, for the plain reading)."""
+    from privalign.experiments.verdicts import Outcome, facts_of
+
     if not results:
         return "inconclusive", "no runs with results"
     vs = [v for _, (v, _) in results]
     verdict = "does not hold" if "does not hold" in vs else "holds" if "holds" in vs else "inconclusive"
+    runs = [{**facts_of(res), "experiment": exp, "verdict": res[0]} for exp, res in results]
     if len(results) == 1:
-        return verdict, results[0][1][1]
-    return verdict, " || ".join(f"{exp} → {v}: {m}" for exp, (v, m) in results)
+        return Outcome(verdict, results[0][1][1], {"runs": runs})
+    return Outcome(verdict, " || ".join(f"{exp} → {v}: {m}" for exp, (v, m) in results), {"runs": runs})
 
 
 _SCALING = ("p1-scaling", "p1-scaling-imdb")
@@ -92,19 +101,20 @@ def _p1_1(R: Records, runs=None) -> Verdict:
 
 def _mono(method: str, fallback: str | None = None):
     def f(R: Records, runs=None) -> Verdict:
-        from privalign.experiments.verdicts import monotone_rule
+        from privalign.experiments.verdicts import Outcome, facts_of, monotone_rule
 
-        out = []
+        out: list[tuple[str, Verdict]] = []
         for e in _SCALING:
             if not R.get(e):
                 continue
             recs = R[e]
             m = method if any(r.get("method") == method for r in recs) or fallback is None else fallback
-            v, txt = monotone_rule(recs, m)
+            res = monotone_rule(recs, m)
+            v, txt = res
             if m == "PrivITP-fixed":  # the paper's setting is a fixed noise level; also report equal-ε curves
                 v2, t2 = monotone_rule(recs, "PrivITP")
                 txt += f" | for contrast, PrivITP re-matched to ε at every N (ε_max(N) = ε): {v2}"
-            out.append((e, (v, txt)))
+            out.append((e, Outcome(v, txt, facts_of(res))))
         return _combine(out)
 
     return f
@@ -170,6 +180,8 @@ def _train_vs_inference(records: Records, runs=None) -> Verdict:
 
 
 def _membership(records: Records, runs=None) -> Verdict:
+    from privalign.experiments.verdicts import Outcome
+
     recs = [r for r in records["beyond-membership"] if r.get("kind") == "attack"]
     priv = sorted([r for r in recs if r["service"] == "PrivBoN"], key=lambda r: r["epsilon_claimed"])
     bon = [r for r in recs if r["service"] == "BoN"]
@@ -191,13 +203,24 @@ def _membership(records: Records, runs=None) -> Verdict:
         f"{r['advantage']:.3f} at Q={r['Q_max']}"
         for r in priv
     ]
+    worst = max(priv, key=lambda r: r["eps_lower_bound"] - r["epsilon_claimed"])
+    facts = {
+        "epsilons": [r["epsilon_claimed"] for r in priv],
+        "bon_lower_bound": bon[0]["eps_lower_bound"] if bon else None,
+        "worst_lower_bound": worst["eps_lower_bound"],
+        "worst_claimed": worst["epsilon_claimed"],
+    }
     if not ok:
-        return "does not hold", "; ".join(parts)
+        return Outcome("does not hold", "; ".join(parts), facts)
     if not powered:
-        return "inconclusive", "; ".join(
-            parts
-        ) + "; the audit finds no leak against plain BoN either: no power"
-    return "holds", "; ".join(parts) + "; the audit detects plain BoN's leak (positive control)"
+        return Outcome(
+            "inconclusive",
+            "; ".join(parts) + "; the audit finds no leak against plain BoN either: no power",
+            facts,
+        )
+    return Outcome(
+        "holds", "; ".join(parts) + "; the audit detects plain BoN's leak (positive control)", facts
+    )
 
 
 def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
@@ -457,12 +480,16 @@ def _config_tag(name: str, man: dict) -> str:
 def evaluate_claims(records: Records, runs: dict[str, dict] | None = None) -> list[dict]:
     """Apply every claim's rule to the records (``experiment name -> results.jsonl records``).
 
+    Each row has ``plain``, the claim's one line in plain words (:mod:`privalign.experiments.plain`).
     Each computed verdict's text ends with the configuration of every run it read (``[p1-scaling: quick
     configuration]``, full or custom), incomplete runs and synthetic fallbacks; the rules themselves state
     the pool (real or synthetic with planted reward hacking), how privacy was matched, α and the power.
     """
+    from privalign.experiments.verdicts import facts_of
+
     out = []
     for c in CLAIMS:
+        facts: dict = {}
         exps = [e for e in (c.experiment, *c.also) if e]
         row = {
             "id": c.id,
@@ -489,7 +516,9 @@ def evaluate_claims(records: Records, runs: dict[str, dict] | None = None) -> li
             full = {e: records.get(e, []) for e in exps}
             full.update(records)
             try:
-                verdict, measured = c.evaluate(full, runs)
+                result = c.evaluate(full, runs)
+                verdict, measured = result
+                facts = facts_of(result)
             except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
                 verdict, measured = (
                     "inconclusive",
@@ -508,6 +537,9 @@ def evaluate_claims(records: Records, runs: dict[str, dict] | None = None) -> li
                     tag += ", synthetic pool: the shipped pool was absent"
                 tags.append(f"[{tag}]")
             row.update(verdict=verdict, measured=measured + (" " + " ".join(tags) if tags else ""))
+        row["plain"] = reading(
+            c.text, row["verdict"], facts, c.plain or READERS.get(c.id), measured=row["measured"]
+        )
         out.append(row)
     return out
 
@@ -580,6 +612,50 @@ def _scalar_items(summary: dict) -> list[tuple[str, object]]:
     return [(k, v) for k, v in summary.items() if k not in skip and not isinstance(v, list | dict)]
 
 
+_ORDER = {"holds": 0, "does not hold": 0, "inconclusive": 1}  # decided first, in the table's order
+
+
+def _plain_section(claims: list[dict], runs: dict[str, dict]) -> tuple[str, list[str]]:
+    """The report's first section: every decided or undecided claim as one line in plain words (decided
+    first, in the table's order), the claims not run or not testable named in one line; HTML and Markdown."""
+    shown = sorted((c for c in claims if c["verdict"] in _ORDER), key=lambda c: _ORDER[c["verdict"]])
+    rest: dict[str, list[str]] = {}
+    for c in claims:
+        if c["verdict"] not in _ORDER:
+            rest.setdefault(c["verdict"], []).append(c["id"])
+    quick = [n for n, r in runs.items() if (r.get("manifest") or {}).get("quick")]
+    note = (
+        "Each line is written from the claim's verdict and the numbers measured below (one-sided α = 0.05; "
+        "“significant” means the test rejected at that level; “could not tell” means the run could not "
+        "decide, and says why)."
+        + (
+            f" {len(quick)} of {len(runs)} runs used the quick configuration: small runs, about themselves "
+            "only; <code>privalign reproduce all</code> runs the full ones."
+            if quick
+            else ""
+        )
+    )
+    h = [
+        "<section id='plain'><h2>Key findings in plain words</h2>",
+        f"<p class='note'>{note}</p><ul class='plain'>",
+    ]
+    md = ["## Key findings in plain words", ""]
+    for c in shown:
+        h.append(
+            f"<li><span class='v' style='background:{_COLORS[c['verdict']]}'>{html.escape(c['verdict'])}"
+            f"</span> <a href='#claim-{html.escape(c['id'])}'>{html.escape(c['id'])}</a> "
+            f"{html.escape(c['plain'])}</li>"
+        )
+        md.append(f"- **{c['id']}** ({c['verdict']}): {c['plain']}")
+    h.append("</ul>")
+    if rest:
+        tail = "; ".join(f"{v}: {', '.join(ids)}" for v, ids in rest.items()) + " (reasons in the table)."
+        h.append(f"<p class='note'>{html.escape(tail)}</p>")
+        md += ["", tail]
+    h.append("</section>")
+    return "\n".join(h), md + [""]
+
+
 def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Write ``OUT/report.html``, ``OUT/report.md``, ``OUT/claims.json`` and ``OUT/figures/``.
 
@@ -594,6 +670,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     (out / "figures").mkdir(exist_ok=True)
     write_json_atomic(out / "claims.json", claims)
 
+    plain_html, plain_md = _plain_section(claims, runs)
     counts: dict[str, int] = {}
     for c in claims:
         counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
@@ -611,8 +688,10 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
         "summary{cursor:pointer;color:#245}figure{display:inline-block;margin:0.5em;max-width:100%}"
         "img{max-width:100%;border:1px solid "
         "#ddd}figcaption{font-size:0.8em;color:#555}.v{font-weight:600;white-space:nowrap}"
-        "code{background:#f4f4f4;padding:0 3px}</style></head><body>",
+        "code{background:#f4f4f4;padding:0 3px}ul.plain{padding-left:1.2em;line-height:1.5}ul.plain li{"
+        "margin:0.25em 0}.note{color:#555;font-size:0.92em}</style></head><body>",
         "<h1>privalign: reproduction report</h1>",
+        plain_html,
         f"<p>Generated {utc_now()} from {len(dirs)} run director{'y' if len(dirs) == 1 else 'ies'}. "
         "Verdicts are computed from each run's <code>results.jsonl</code> with the stated rule; "
         "comparisons use a 2-standard-error margin. "
@@ -624,7 +703,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     ]
     for c in claims:
         h.append(
-            f"<tr><td>{c['id']}</td><td>{html.escape(c['claim'])}</td><td><code>{html.escape(c['experiment'])}</code></td>"
+            f"<tr id='claim-{html.escape(c['id'])}'><td>{c['id']}</td><td>{html.escape(c['claim'])}</td>"
+            f"<td><code>{html.escape(c['experiment'])}</code></td>"
             f"<td>{html.escape(c['rule'])}</td><td>{html.escape(c['measured'])}</td><td class='v' "
             f"style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>"
         )
@@ -636,6 +716,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     md: list[str] = [
         "# privalign: reproduction report",
         "",
+        *plain_md,
         f"Generated {utc_now()}. Verdicts are computed from "
         "each run's `results.jsonl` with the stated rule (2-standard-error margins).",
         "",

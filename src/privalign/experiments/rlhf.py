@@ -487,7 +487,20 @@ def rlhf_verdict(
         if "does not hold" in verdicts
         else ("holds" if all(x == "holds" for x in verdicts) else "inconclusive")
     )
-    return v, f"{steps} GRPO steps per policy, {first.get('n_prompts')} eval prompts | " + " | ".join(parts)
+    from privalign.experiments.verdicts import Outcome
+
+    facts = {
+        "comparisons": len(verdicts),
+        "sparse_better": verdicts.count("holds"),
+        "dense_better": verdicts.count("does not hold"),
+        "steps": steps,
+        "why": "underpowered",
+    }
+    return Outcome(
+        v,
+        f"{steps} GRPO steps per policy, {first.get('n_prompts')} eval prompts | " + " | ".join(parts),
+        facts,
+    )
 
 
 def _summarize(records: list[dict], cfg: dict) -> dict:

@@ -16,7 +16,9 @@ Statistics used (α stated with every verdict, exact critical values from scipy)
   that the branch's family-wise false-positive rate is at most α; a "holds" branch that needs *all* k is an
   intersection-union test and is valid at α per comparison.
 
-Every rule returns ``(verdict, measured)``; ``measured`` names the numbers, α and the power.
+Every rule returns an :class:`Outcome`, which unpacks as ``(verdict, measured)``: ``measured`` names the
+numbers, α and the power; ``outcome.facts`` holds the same numbers by name, from which each claim writes its
+one-line reading in plain words (:mod:`privalign.experiments.plain`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from scipy import stats
 
 __all__ = [
     "ALPHA",
+    "Outcome",
     "paired_diff",
     "t_crit",
     "mdd",
@@ -55,6 +58,28 @@ ALPHA = 0.05
 _Z80 = float(stats.norm.ppf(0.8))
 #: Differences and standard errors below this are rounding (e.g. two curves with the same σ and seed).
 _TINY = 1e-12
+
+
+class Outcome(tuple):
+    """A rule's result: a ``(verdict, measured)`` pair (it unpacks and compares as one) that also carries
+    ``facts``, the decisive numbers by name (pool, methods, N, ε, differences, whether significant, why
+    undecided), for the claim's plain-language reading. A rule that returns a bare pair has no facts: its
+    claim gets a reading from the verdict alone."""
+
+    facts: dict
+
+    def __new__(cls, verdict: str, measured: str, facts: dict | None = None) -> Outcome:
+        self = super().__new__(cls, (verdict, measured))
+        self.facts = dict(facts or {})
+        return self
+
+    def __getnewargs__(self) -> tuple:  # (copy/pickle: rebuild with the facts)
+        return (self[0], self[1], self.facts)
+
+
+def facts_of(result: tuple) -> dict:
+    """The facts of a rule's result (``{}`` for a bare ``(verdict, measured)`` pair)."""
+    return dict(getattr(result, "facts", None) or {})
 
 
 def t_crit(df: int, alpha: float = ALPHA, k: int = 1) -> float:
@@ -209,13 +234,27 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
         f"drop {-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni "
         f"over {t['k']} N, t_crit={t['crit']:.3g}; detectable drop at 80% power ≈ {power:.3g})"
     )
+    facts = {
+        "bon_drop": -w["mean"],
+        "bon_from_N": wr["N"],
+        "n_max": t["last"]["N"],
+        "bon_upper_drop": t["upper_drop"],
+        "bon_detectable": power,
+    }
     if t["significant"]:
-        return {"status": "degrades", "text": text, "drop": -w["mean"], "info": t}
-    return {"status": "no", "text": text, "drop": -w["mean"], "info": t}
+        return {"status": "degrades", "text": text, "drop": -w["mean"], "info": t, "facts": facts}
+    return {"status": "no", "text": text, "drop": -w["mean"], "info": t, "facts": facts}
 
 
 def _pool_of(records: list[dict]) -> str:
     return str(next((r.get("pool_label") for r in records if r.get("pool_label")), "pool unknown"))
+
+
+def _truth(records: list[dict]) -> dict:
+    """What the lifts measure, for the plain reading: accuracy (in percentage points) on a pool with a 0/1
+    truth, else the true reward (in its own units)."""
+    acc = any(r.get("truth_kind") == "accuracy" for r in records)
+    return {"what": "accuracy" if acc else "true reward", "unit": " points" if acc else ""}
 
 
 def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> tuple[str, str]:
@@ -239,11 +278,15 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
             if ctrl["status"] == "no"
             else "no positive control"
         )
-        return "inconclusive", f"[{pool}] {why}: {ctrl['text']}"
+        return Outcome(
+            "inconclusive",
+            f"[{pool}] {why}: {ctrl['text']}",
+            {"pool": pool, "method": method, "why": why, **_truth(records), **ctrl.get("facts", {})},
+        )
     series = _series(records, method)
     if not series:
-        return "inconclusive", f"[{pool}] no {method} results"
-    parts, verdicts = [], []
+        return Outcome("inconclusive", f"[{pool}] no {method} results", {"pool": pool, "method": method})
+    parts, verdicts, facts = [], [], []
     for name, rows in sorted(series.items()):
         if len(rows) < 3:
             verdicts.append("inconclusive")
@@ -267,6 +310,21 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         else:
             v = "inconclusive"
         verdicts.append(v)
+        facts.append(
+            {
+                "verdict": v,
+                "drop": -w["mean"],
+                "from_N": wr["N"],
+                "n_max": t["last"]["N"],
+                "upper_drop": t["upper_drop"],
+                "margin": margin,
+                "why": "no significant lift"
+                if not has_lift
+                else "underpowered"
+                if v == "inconclusive"
+                else "",
+            }
+        )
         last = t["last"]
         priv = (
             f" [ε={last['epsilon']:.3g}]"
@@ -295,7 +353,12 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         if all(v == "holds" for v in verdicts)
         else "inconclusive"
     )
-    return verdict, f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts)
+    decisive = next((f for f in facts if f["verdict"] == verdict), {"why": "too few N values"})
+    return Outcome(
+        verdict,
+        f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts),
+        {"pool": pool, "method": method, **_truth(records), **ctrl["facts"], **decisive},
+    )
 
 
 def p1_1_rule(
@@ -311,22 +374,26 @@ def p1_1_rule(
     """
     pool = _pool_of(records)
     ctrl = bon_degradation(records, alpha=alpha)
+    facts = {"pool": pool, **_truth(records), **ctrl.get("facts", {})}
     if ctrl["status"] == "degrades":
-        return "holds", f"[{pool}] {ctrl['text']}"
+        return Outcome("holds", f"[{pool}] {ctrl['text']}", facts)
     if ctrl["status"] in ("missing", "too small"):
-        return "inconclusive", f"[{pool}] {ctrl['text']}"
+        return Outcome("inconclusive", f"[{pool}] {ctrl['text']}", {**facts, "why": ctrl["text"]})
     info = ctrl["info"]
     best = max(r["lift"] for r in next(iter(_series(records, "BoN").values())))
     n_max = info["last"]["N"]
     if planted_hack_rate and n_max * planted_hack_rate >= 2 and best > 0 and info["upper_drop"] < 0.1 * best:
-        return "does not hold", (
+        return Outcome(
+            "does not hold",
             f"[{pool}] planted hacks reachable (N_max·hack_rate = {n_max * planted_hack_rate:.1f}) "
             f"but no drop: upper bound {info['upper_drop']:.3g} < 10% of best lift {best:.3g}; "
-            + ctrl["text"]
+            + ctrl["text"],
+            {**facts, "planted_hacks": n_max * planted_hack_rate},
         )
-    return (
+    return Outcome(
         "inconclusive",
         f"[{pool}] inconclusive on this pool: BoN does not degrade significantly; {ctrl['text']}",
+        {**facts, "why": "no significant fall"},
     )
 
 
@@ -399,7 +466,21 @@ def p1_5_rule(
         f"PrivBoN significantly ahead at {len(worse)}, PrivITP significantly ahead at {ahead}. "
     )
     verdict = "does not hold" if worse else ("holds" if noninf else "inconclusive")
-    return verdict, head + "; ".join(lines)
+    gap_a, gap_b, gap, _ = min(pairs, key=lambda x: x[2]["mean"])  # PrivBoN's largest lead (or smallest lag)
+    facts = {
+        "pool": pool,
+        **_truth(records),
+        "epsilons": sorted({float(eps_of(a)) for a, *_ in pairs}),
+        "ns": sorted({int(a["N"]) for a, *_ in pairs}),
+        "points": k,
+        "privbon_ahead": len(worse),
+        "privitp_ahead": ahead,
+        "gap": -gap["mean"],  # PrivBoN − PrivITP at the point where PrivBoN leads most
+        "gap_N": gap_a["N"],
+        "gap_epsilon": float(eps_of(gap_a)),
+        "why": "" if verdict != "inconclusive" else "underpowered",
+    }
+    return Outcome(verdict, head + "; ".join(lines), facts)
 
 
 def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
@@ -431,7 +512,7 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     for r in recs:
         by_sigma.setdefault(r["sigma"], []).append(r)
     k = len(by_sigma)
-    parts, lift_sig = [], []
+    parts, lift_sig, sig_sigmas = [], [], []
     for s, rows in sorted(by_sigma.items()):
         lifts = [v for r in rows for v in (r.get("served_lifts") or [])]
         txt = (
@@ -445,6 +526,8 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
             crit = t_crit(x.size - 1, alpha, k)
             sig = se > 0 and m / se > crit
             lift_sig.append(sig)
+            if sig:
+                sig_sigmas.append(s)
             txt += (
                 f"; lift per served prompt {m:+.4f} ± {se:.4f} over {x.size} prompts "
                 f"({'significant' if sig else 'not significant'} at one-sided α={alpha:g}/{k}; detectable ≈ "
@@ -465,7 +548,23 @@ def p1_6_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
             "; more prompts served, but at no σ do the served answers have a measurable lift over the base "
             "policy"
         )
-    return verdict, "; ".join(parts) + tail
+    facts = {
+        "sessions": [
+            {
+                "sigma": sg,
+                "served_min": min(r["served"] for r in rows),
+                "served_max": max(r["served"] for r in rows),
+                "t_basic": rows[0]["t_basic"],
+            }
+            for sg, rows in sorted(by_sigma.items())
+        ],
+        "lift_sigmas": sig_sigmas,
+        "budget_epsilon": recs[0].get("budget_epsilon"),
+        "overshoots": len(over),
+        "fewer": not count_ok,
+        "lift_significant": any(lift_sig),
+    }
+    return Outcome(verdict, "; ".join(parts) + tail, facts)
 
 
 def p1_7_rule(
@@ -512,9 +611,11 @@ def p1_7_rule(
     above = [r for r in rule if r["epsilon"] >= e_star]
     low = [r for r in plain if r["epsilon"] <= below * e_star]
     if not above or not low:
-        return "inconclusive", (
+        return Outcome(
+            "inconclusive",
             f"ε* = {e_star:.3g}: the ε grid {[r['epsilon'] for r in plain]} does not bracket it "
-            f"(needs a point ≥ ε* and one ≤ {below:g}·ε*)"
+            f"(needs a point ≥ ε* and one ≤ {below:g}·ε*)",
+            {"eps_star": e_star, "why": "the ε grid does not bracket ε*"},
         )
     k = len(above) + len(low)
 
@@ -556,13 +657,22 @@ def p1_7_rule(
         f"{rel_tol:g}×best = {tol:.3g}; detectable excess ≈ {tol:.3g} + "
         f"{mdd(max(d['se'] for _, d in tests), min(d['df'] for _, d in tests), alpha, k):.3f}",
     ]
+    facts = {
+        "eps_star": e_star,
+        "worst_excess": worst_above[1]["mean"],
+        "worst_excess_epsilon": worst_above[0]["epsilon"],
+        "costly_above": len(bad),
+        "why": "" if ctrl else "no visible privacy cost even far below ε* (no power)",
+    }
     if bad:
-        return "does not hold", "; ".join(lines)
+        return Outcome("does not hold", "; ".join(lines), facts)
     if not ctrl:
-        return "inconclusive", "; ".join(
-            lines
-        ) + "; control failed: no significant privacy cost even well below ε*"
-    return "holds", "; ".join(lines)
+        return Outcome(
+            "inconclusive",
+            "; ".join(lines) + "; control failed: no significant privacy cost even well below ε*",
+            facts,
+        )
+    return Outcome("holds", "; ".join(lines), facts)
 
 
 def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
@@ -619,13 +729,34 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
         f"{last['expected_epsilon_realized']:.3g} (paired growth {d['mean']:+.3g} ± {d['se']:.2g} over "
         f"{d['n']} prompts; one-sided α={alpha:g} bounds [{lo:.3g}, {up:.3g}])"
     )
+    facts = {
+        "pool": _pool_of(records),
+        "n_from": q["N"],
+        "n_max": last["N"],
+        "eps_max_from": q["epsilon_max"],
+        "eps_max_to": last["epsilon_max"],
+        "e_from": q["expected_epsilon_realized"],
+        "e_to": last["expected_epsilon_realized"],
+    }
     if g_max < 0.1 * max(q["epsilon_max"], 1e-12):
-        return "inconclusive", text + "; ε_max hardly grows over this N range: no n-dependence to contrast"
+        return Outcome(
+            "inconclusive",
+            text + "; ε_max hardly grows over this N range: no n-dependence to contrast",
+            {**facts, "why": "the worst case hardly grows over this N range"},
+        )
     if up < 0.1 * g_max:
-        return "holds", text + f"; saturates: upper bound < 10% of the ε_max growth ({0.1 * g_max:.3g})"
+        return Outcome(
+            "holds", text + f"; saturates: upper bound < 10% of the ε_max growth ({0.1 * g_max:.3g})", facts
+        )
     if lo > 0.5 * g_max:
-        return "does not hold", text + "; the realised cost tracks n: lower bound > 50% of the ε_max growth"
-    return "inconclusive", text + "; between the 10% and 50% thresholds"
+        return Outcome(
+            "does not hold",
+            text + "; the realised cost tracks n: lower bound > 50% of the ε_max growth",
+            facts,
+        )
+    return Outcome(
+        "inconclusive", text + "; between the 10% and 50% thresholds", {**facts, "why": "underpowered"}
+    )
 
 
 def slope_rule(
@@ -653,13 +784,28 @@ def slope_rule(
     text += "; learning regime (error < ½‖θ*‖²): " + ", ".join(
         f"{p['value']:g}: {p['mean_error']:.3g}" + ("✗" if p in outside else "") for p in regime
     )
+    facts = {
+        "slope": fit["slope"],
+        "slope_lo": fit["slope_lo"],
+        "slope_hi": fit["slope_hi"],
+        "low": low,
+        "high": high,
+    }
     if outside:
-        return "inconclusive", text + f"; {len(outside)} point(s) not in the learning regime"
+        return Outcome(
+            "inconclusive",
+            text + f"; {len(outside)} point(s) not in the learning regime",
+            {**facts, "why": f"{len(outside)} point(s) where the estimator has not started to learn"},
+        )
     if low <= fit["slope_lo"] and fit["slope_hi"] <= high:
-        return "holds", text
+        return Outcome("holds", text, facts)
     if fit["slope_hi"] < low or fit["slope_lo"] > high:
-        return "does not hold", text
-    return "inconclusive", text + "; CI overlaps the admissible range's boundary"
+        return Outcome("does not hold", text, facts)
+    return Outcome(
+        "inconclusive",
+        text + "; CI overlaps the admissible range's boundary",
+        {**facts, "why": "the slope's interval straddles the edge of the expected range (too little data)"},
+    )
 
 
 def mcnemar_rule(
@@ -706,11 +852,20 @@ def mcnemar_rule(
         f"significantly better in {wins}, dense in {losses}; equivalent within ±{margin:g} accuracy (paired "
         f"TOST, α={alpha:g}/{k}) in {ties}" + (f"; MISSING ε = {missing}" if missing else "") + ". "
     )
+    facts = {
+        "comparisons": k,
+        "sparse_wins": int(wins),
+        "dense_wins": int(losses),
+        "ties": int(ties),
+        "epsilons": sorted(have),
+        "missing": missing,
+        "why": "some ε is missing" if missing else "underpowered",
+    }
     if losses or ties:
-        return "does not hold", head + "; ".join(parts)
+        return Outcome("does not hold", head + "; ".join(parts), facts)
     if wins == k and not missing:
-        return "holds", head + "; ".join(parts)
-    return "inconclusive", head + "; ".join(parts)
+        return Outcome("holds", head + "; ".join(parts), facts)
+    return Outcome("inconclusive", head + "; ".join(parts), facts)
 
 
 #: Fit seeds a replicated comparison needs before it may decide (the DP-noise variance needs two; the
@@ -812,7 +967,7 @@ def replicated_rule(
     alpha: float = ALPHA,
     margin: float = EQUIVALENCE_MARGIN,
     what: str = "sparse",
-) -> tuple[str, str]:
+) -> Outcome:
     """P2-4 on replicated fits: sparse beats dense at ε ∈ ``epsilons``.
 
     ``comparisons``: dicts with ``dataset, epsilon, sparse, dense`` and the fields of
@@ -828,7 +983,19 @@ def replicated_rule(
       result can be an artefact of one noise draw).
     """
     if not comparisons:
-        return "inconclusive", f"no replicated comparisons at ε ∈ {sorted(epsilons)}"
+        return Outcome(
+            "inconclusive",
+            f"no replicated comparisons at ε ∈ {sorted(epsilons)}",
+            {
+                "comparisons": 0,
+                "sparse_wins": 0,
+                "dense_wins": 0,
+                "ties": 0,
+                "epsilons": sorted(epsilons),
+                "missing": sorted(epsilons),
+                "why": "no replicated comparisons",
+            },
+        )
     have = {c["epsilon"] for c in comparisons}
     missing = [e for e in epsilons if e not in have]
     k = len(comparisons)
@@ -867,13 +1034,29 @@ def replicated_rule(
         + (f"; MISSING ε = {missing}" if missing else "")
         + "; MDD = (t + z_0.8)·SE, the true difference detected with power ≈ 0.8. "
     )
+    facts = {
+        "comparisons": k,
+        "sparse_wins": int(wins),
+        "dense_wins": int(losses),
+        "ties": int(ties),
+        "epsilons": sorted(have),
+        "missing": missing,
+        "why": (
+            f"{unrep} comparison(s) with fewer than {MIN_FIT_SEEDS} fit seeds"
+            if unrep
+            else "some ε is missing"
+            if missing
+            else "underpowered"
+        ),
+    }
+    text = head + "; ".join(parts)
     if unrep:
-        return "inconclusive", head + "; ".join(parts)
+        return Outcome("inconclusive", text, facts)
     if losses or ties:
-        return "does not hold", head + "; ".join(parts)
+        return Outcome("does not hold", text, facts)
     if wins == k and not missing:
-        return "holds", head + "; ".join(parts)
-    return "inconclusive", head + "; ".join(parts)
+        return Outcome("holds", text, facts)
+    return Outcome("inconclusive", text, facts)
 
 
 def order_rule(gaps: list[dict], *, target: float = 0.05) -> tuple[str, str]:
@@ -905,11 +1088,12 @@ def order_rule(gaps: list[dict], *, target: float = 0.05) -> tuple[str, str]:
         f"{n_rev} significantly reversed ((1 − 0.05/{k}) interval, Bonferroni over {k}); prompts needed for "
         f"a ±{target:g} half-width (to resolve a {100 * target:g}-point gap): ≈ {need}. "
     )
+    facts = {"gaps": k, "in_order": int(n_sig), "reversed": int(n_rev), "prompts_needed": need}
     if n_rev:
-        return "does not hold", head + "; ".join(parts)
+        return Outcome("does not hold", head + "; ".join(parts), facts)
     if n_sig == len(gaps):
-        return "holds", head + "; ".join(parts)
-    return "inconclusive", head + "; ".join(parts)
+        return Outcome("holds", head + "; ".join(parts), facts)
+    return Outcome("inconclusive", head + "; ".join(parts), {**facts, "why": "underpowered"})
 
 
 def _b1_diff(a: dict, b: dict) -> dict:
@@ -974,11 +1158,14 @@ def b1_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
         f"({'paired over the evaluation queries' if paired else 'unpaired'}); detectable difference at the "
         f"largest T ≈ {(_b1_crit(d_last, alpha / k) + _Z80) * d_last['se']:.3f}. "
     )
+    facts = {"t_max": last, "diff_at_t_max": d_last["mean"], "crossover_T": ahead[0] if ahead else None}
     if _b1_z(d_last) < -_b1_crit(d_last, alpha):
-        return "does not hold", head + f"PrivBoN significantly ahead at the largest T={last}; " + "; ".join(
-            parts
+        return Outcome(
+            "does not hold",
+            head + f"PrivBoN significantly ahead at the largest T={last}; " + "; ".join(parts),
+            facts,
         )
     if ahead and not [t for t in behind if t >= ahead[0]]:
         when = "from the grid's first T on" if ahead[0] == ts[0] else "after the crossover"
-        return "holds", head + f"decided at T={ahead[0]} ({when}); " + "; ".join(parts)
-    return "inconclusive", head + "; ".join(parts)
+        return Outcome("holds", head + f"decided at T={ahead[0]} ({when}); " + "; ".join(parts), facts)
+    return Outcome("inconclusive", head + "; ".join(parts), {**facts, "why": "underpowered"})

@@ -645,11 +645,15 @@ def order_verdict(
                 for m in PAPER_ORDER
             )
         )
-    verdict, measured = order_rule(gaps, target=POWER_TARGET)
+    from privalign.experiments.verdicts import Outcome, facts_of
+
+    result = order_rule(gaps, target=POWER_TARGET)
+    verdict, measured = result
     power = power_statement(gaps)
     if details is not None:
         details.update(gaps=gaps, power=power)
     text = power["text"] + "; " + measured + " | " + " | ".join(parts)
+    facts = {**facts_of(result), "datasets": dss}
     bad = [r for r in regime_mismatch(records, epsilon) if r["dataset"] in dss]
     if bad:
         # A method that cannot learn at this n ranks last for that reason alone: the order says nothing
@@ -662,11 +666,12 @@ def order_verdict(
             + f", has {r['n_train']:,}"
             for r in bad
         )
-        return (
+        return Outcome(
             "inconclusive",
             f"regime mismatch at ε = {epsilon:g}: {need} (the order test alone: {verdict}) | {text}",
+            {**facts, "why": f"regime mismatch: {need}"},
         )
-    return verdict, text
+    return Outcome(verdict, text, facts)
 
 
 def power_statement(gaps: list[dict], target: float = POWER_TARGET) -> dict:
