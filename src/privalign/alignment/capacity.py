@@ -60,6 +60,7 @@ POOL_KINDS: dict[str, str] = {
     "planted-synthetic": "planted synthetic",
     "planted-real": "planted real text",
     "natural": "natural real text",
+    "synthetic": "synthetic (no planted hacks)",
 }
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "EQUIVALENCE_MARGIN",
     "bon_degradation",
     "monotone_rule",
+    "monotone_across_epsilon",
     "p1_1_rule",
     "p1_5_rule",
     "p1_6_rule",
@@ -293,6 +294,41 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         else "inconclusive"
     )
     return verdict, f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts)
+
+
+def monotone_across_epsilon(
+    records: list[dict], method: str = "PrivBoN", *, alpha: float = ALPHA
+) -> tuple[str, str]:
+    """P1-2 at every ε of a privacy sweep: :func:`monotone_rule` on BoN (the positive control) and the
+    ``method`` curve of each ε separately, so the verdict says at which ε the claim holds.
+
+    ``holds`` if it holds at every ε; ``does not hold`` if it does not hold at some ε (the claim is stated
+    for PrivBoN without a range of ε; the text names the ε where it holds, e.g. only at strong privacy);
+    ``inconclusive`` otherwise. Each ε is decided by its own paired tests at ``alpha`` (Bonferroni over the
+    N of that ε's curve); there is no correction across ε, which the text lists one by one.
+    """
+    eps = sorted(
+        {r["epsilon"] for r in records if r.get("method") == method and r.get("epsilon") is not None}
+    )
+    if not eps:
+        return "inconclusive", f"[{_pool_of(records)}] no {method} results with an ε"
+    base = [r for r in records if r.get("method") == "BoN"]
+    by: dict[str, list[float]] = {}
+    details = []
+    for e in eps:
+        v, m = monotone_rule(
+            base + [r for r in records if r.get("method") == method and r.get("epsilon") == e],
+            method,
+            alpha=alpha,
+        )
+        by.setdefault(v, []).append(e)
+        details.append(f"ε={e:g}: {v}")
+    summary = "; ".join(f"{v} at ε ∈ {{{', '.join(f'{e:g}' for e in es)}}}" for v, es in by.items())
+    verdict = (
+        "does not hold" if "does not hold" in by else "holds" if set(by) == {"holds"} else "inconclusive"
+    )
+    ctrl = bon_degradation(records, alpha=alpha)
+    return verdict, f"[{_pool_of(records)}] {method} across ε: {summary} (positive control: {ctrl['text']})"
 
 
 def p1_1_rule(
