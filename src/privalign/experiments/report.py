@@ -247,7 +247,10 @@ def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
     return rlhf_verdict(records["p2-rlhf"])
 
 
-_PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
+_PAIRED = (
+    "paired per-prompt one-sided t-tests at family-wise α = 0.05 over the N compared (the joint sign-flip "
+    "max-t critical value; Bonferroni when the results lack per-prompt values)"
+)
 #: P2-1's admissible slope of the error vs n: the rate s*/n + s*²/(n²ε²) has slope −1 (statistical term) to
 #: −2 (privacy term); ± 0.2 for the finite grid. It was [−2.5, −0.5], which let a quick run with CI
 #: [−2.47, −0.74] "hold" (issue 27).
