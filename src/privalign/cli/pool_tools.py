@@ -251,6 +251,12 @@ def _bon(args: argparse.Namespace) -> int:
             f"{res['verdict'].upper()}{kind} (family-wise alpha={alpha}, margin {res['margin']:.3g}); "
             f"{joint}{wil}; sign test{extra.removeprefix(';')}{power}"
         )
+        if res["verdict"] == "does not hold":
+            print(
+                "  ('does not hold' is about this pool: best-of-N on this proxy does not lower this gold at "
+                f"the N it holds; {res['capacity']['reading']} show over-optimisation by the capacity "
+                "reading below; it says nothing against reward hacking in general or against paper 1)"
+            )
         for line in capacity_lines(res["capacity"]):
             print(line)
     print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
