@@ -254,8 +254,12 @@ def _bon(args: argparse.Namespace) -> int:
         if res["verdict"] == "does not hold":
             print(
                 "  ('does not hold' is about this pool: best-of-N on this proxy does not lower this gold at "
-                f"the N it holds; {res['capacity']['reading']} show over-optimisation by the capacity "
-                "reading below; it says nothing against reward hacking in general or against paper 1)"
+                "the N it holds; "
+                + {"can": "it can", "cannot": "it cannot", "unclear": "it is unclear whether it can"}[
+                    res["capacity"]["reading"]
+                ]
+                + " show over-optimisation by the capacity reading below; it says nothing against reward "
+                "hacking in general or against paper 1)"
             )
         for line in capacity_lines(res["capacity"]):
             print(line)
