@@ -381,9 +381,11 @@ def _build(args: argparse.Namespace) -> int:
 def _print_capacity(args: argparse.Namespace) -> None:
     """The pool's capacity diagnostic (can it show over-optimisation at the N it holds?) on the terminal,
     when it has both rewards. Printed only: a manifest holds configuration, not statistics of the scores."""
-    if "none" in (args.proxy_reward, args.true_reward):
-        return
     import math
+    import os
+
+    if "none" in (args.proxy_reward, args.true_reward) or not os.path.isfile(args.out):
+        return
 
     from privalign.alignment.capacity import capacity_diagnostic, capacity_lines
     from privalign.data.pools import read_pool
