@@ -742,6 +742,9 @@ def test_p1_verdicts_are_listed_per_pool_kind():
     natural = _curve("BoN", BON_RISES, pool=REAL)
     claims = {c["id"]: c for c in evaluate_claims({"p1-scaling": syn + [], "p1-scaling-imdb": natural})}
     m = claims["P1-1"]["measured"]
-    assert "holds on planted synthetic" in m and "inconclusive on natural real text" in m
+    assert (
+        "planted synthetic: holds (p1-scaling)" in m
+        and "natural real text: inconclusive (p1-scaling-imdb)" in m
+    )
     claims = {c["id"]: c for c in evaluate_claims({"p1-scaling-imdb": planted})}
-    assert claims["P1-1"]["verdict"] == "holds" and "holds on planted real text" in claims["P1-1"]["measured"]
+    assert claims["P1-1"]["verdict"] == "holds" and "planted real text: holds" in claims["P1-1"]["measured"]

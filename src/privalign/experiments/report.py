@@ -91,8 +91,10 @@ def _combine(results: list[tuple[str, Verdict]], kinds: dict[str, str] | None = 
     if kinds:
         per: dict[str, list[str]] = {}
         for exp, (v, _) in results:
-            per.setdefault(kinds.get(exp, "natural real text"), []).append(v)
-        head = "per pool kind: " + "; ".join(f"{v} on {k}" for k, vv in per.items() for v in vv) + " || "
+            per.setdefault(kinds.get(exp, "natural real text"), []).append(
+                v if len(results) == 1 else f"{v} ({exp})"
+            )
+        head = "per pool kind: " + "; ".join(f"{k}: {', '.join(vv)}" for k, vv in per.items()) + " || "
     if len(results) == 1:
         return verdict, head + results[0][1][1]
     return verdict, head + " || ".join(f"{exp} → {v}: {m}" for exp, (v, m) in results)
