@@ -185,6 +185,21 @@ def _cases(t: Path):
             ["no_pool.jsonl"],
         ),
         (
+            "plant-hack",
+            [
+                "plant-hack",
+                "--pool",
+                pool,
+                "--feature",
+                "hashtag",
+                "--bonus",
+                "8",
+                "--out",
+                str(t / "h.jsonl"),
+            ],
+            ["no_pool.jsonl"],
+        ),
+        (
             "upgrade-reward-model",
             ["upgrade-reward-model", str(t / "old.json"), "--out", str(t / "new.json")],
             ["old.json"],

@@ -281,3 +281,18 @@ def test_report_starts_with_the_key_findings_in_plain_words(tmp_path):
     assert page.index(line.split(" (")[0]) < page.index("<h2>Claims</h2>")
     assert md.index("## Key findings in plain words") < md.index("## Claims") and line in md
     assert "quick configuration" in page
+
+
+def test_p1_2_across_epsilon_reads_where_it_holds_and_where_not():
+    """P1-2 decided at each ε of a privacy sweep reads which ε it holds at, not one blanket verdict."""
+    from privalign.experiments.plain import monotone
+    from privalign.experiments.verdicts import monotone_across_epsilon
+
+    line = monotone(
+        "does not hold",
+        {"method": "PrivBoN", "across_epsilon": {"holds": [1.0, 2.0, 20.0], "does not hold": [50.0, 100.0]}},
+    )
+    expected = "Across the privacy sweep, PrivBoN resisted over-optimisation at ε = 1, 2, 20; "
+    assert line == expected + "over-optimised at ε = 50, 100."
+    out = monotone_across_epsilon([], "PrivBoN")
+    assert out[0] == "inconclusive"

@@ -808,3 +808,39 @@ def test_b2_three_outcomes_through_the_report():
     assert v == "inconclusive" and "no power" in m and "audit ε ≥ 0.00" in m
     v, m = b2([r for r in _audit(1.5, {2.0: 0.4}) if r["service"] == "PrivBoN"])
     assert v == "inconclusive" and "no power" in m
+
+
+# --- P1-2 across ε and verdicts per pool kind ---------------------------------------------------------
+
+
+def test_p1_2_across_epsilon_names_the_epsilons_where_it_holds():
+    ctrl = _curve("BoN", BON_DEGRADES)
+    flat = [0, 20, 30, 32, 33, 33]
+    falls = [0, 30, 55, 58, 40, 5]
+    strong = _curve("PrivBoN", flat, seed=1, epsilon=2.0)
+    weak = _curve("PrivBoN", falls, seed=2, epsilon=50.0)
+    v, m = V.monotone_across_epsilon(ctrl + strong + weak)
+    assert v == "does not hold" and "holds at ε ∈ {2}" in m and "does not hold at ε ∈ {50}" in m
+    assert V.monotone_across_epsilon(ctrl + strong)[0] == "holds"
+    noisy = _curve("PrivBoN", [0] * 6, noise=0.5, prompt_sd=0.5, seed=3, epsilon=5.0)
+    assert V.monotone_across_epsilon(ctrl + strong + noisy)[0] == "inconclusive"
+    # without the positive control no ε is decided
+    assert V.monotone_across_epsilon(_curve("BoN", BON_RISES) + strong)[0] == "inconclusive"
+    # through the report: P1-2 reads the sweep and says where it holds
+    sweep = ctrl + strong + weak
+    c = {c["id"]: c for c in evaluate_claims({"p1-privacy-sweep": sweep})}["P1-2"]
+    assert c["verdict"] == "does not hold" and "holds at ε ∈ {2}" in c["measured"]
+
+
+def test_p1_verdicts_are_listed_per_pool_kind():
+    syn = _curve("BoN", BON_DEGRADES)
+    planted = _curve("BoN", BON_DEGRADES, pool="real: hh-planted.jsonl.gz", pool_kind="planted-real")
+    natural = _curve("BoN", BON_RISES, pool=REAL)
+    claims = {c["id"]: c for c in evaluate_claims({"p1-scaling": syn + [], "p1-scaling-imdb": natural})}
+    m = claims["P1-1"]["measured"]
+    assert (
+        "planted synthetic: holds (p1-scaling)" in m
+        and "natural real text: inconclusive (p1-scaling-imdb)" in m
+    )
+    claims = {c["id"]: c for c in evaluate_claims({"p1-scaling-imdb": planted})}
+    assert claims["P1-1"]["verdict"] == "holds" and "planted real text: holds" in claims["P1-1"]["measured"]

@@ -79,7 +79,11 @@ def test_cli_end_to_end_tiny(tiny_lm, tmp_path, capsys):
     assert not work_path(out).exists()
     # deterministic: the same command again gives the same pool, and a shorter pool is a prefix
     out2 = tmp_path / "again.jsonl.gz"
+    capsys.readouterr()
     assert cli_main(_cli_args(tiny_lm, out2, num_prompts=2)) == 0
+    assert (
+        "capacity reading:" in capsys.readouterr().err
+    )  # the build's report says whether it can show hacking
     a, b = _lines(out), _lines(out2)
     assert [r["responses"] for r in a[:2]] == [r["responses"] for r in b]
 

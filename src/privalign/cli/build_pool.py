@@ -374,4 +374,26 @@ def _build(args: argparse.Namespace) -> int:
             f"{manifest['candidates_per_prompt']} candidates; counts {manifest['counts']}",
             file=sys.stderr,
         )
+    _print_capacity(args)
     return 0
+
+
+def _print_capacity(args: argparse.Namespace) -> None:
+    """The pool's capacity diagnostic (can it show over-optimisation at the N it holds?) on the terminal,
+    when it has both rewards. Printed only: a manifest holds configuration, not statistics of the scores."""
+    import math
+    import os
+
+    if "none" in (args.proxy_reward, args.true_reward) or not os.path.isfile(args.out):
+        return
+
+    from privalign.alignment.capacity import capacity_diagnostic, capacity_lines
+    from privalign.data.pools import read_pool
+
+    recs = read_pool(args.out)
+    proxies = [[r.proxy_reward for r in rec.responses] for rec in recs]
+    golds = [[r.true_value for r in rec.responses] for rec in recs]
+    if any(len(p) < 2 or not all(math.isfinite(v) for v in p + g) for p, g in zip(proxies, golds)):
+        return
+    for line in capacity_lines(capacity_diagnostic(proxies, golds)):
+        print(line.strip(), file=sys.stderr)

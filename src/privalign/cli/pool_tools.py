@@ -30,15 +30,46 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=_rescore)
 
+    ph = subparsers.add_parser(
+        "plant-hack",
+        help="a planted reward-hacking control on real text: proxy + BONUS on a rare textual feature",
+        description="Write a copy of POOL whose proxy reward is proxy + BONUS on every candidate with "
+        "FEATURE (a rare real textual feature the gold reward does not reward); texts and gold rewards are "
+        "unchanged. The manifest says pool_kind planted-real, and every bon-curve or paper-1 verdict on the "
+        "pool says 'planted real text': it shows that the pipeline and the rules detect hacking, not that "
+        "best-of-N over-optimises a natural proxy.",
+    )
+    ph.add_argument("--pool", required=True, help="source pool (.jsonl or .jsonl.gz)")
+    ph.add_argument(
+        "--feature",
+        required=True,
+        choices=["repeated-word", "allcaps-word", "semicolon", "hashtag"],
+        help="the planted feature (privalign.pipeline.planted.PLANTED_FEATURES)",
+    )
+    ph.add_argument(
+        "--bonus",
+        type=float,
+        required=True,
+        help="added to the proxy of every candidate with the feature (public; larger than the proxy's "
+        "spread makes every such candidate top its prompt)",
+    )
+    ph.add_argument("--out", required=True, help="destination pool (must differ from --pool)")
+    ph.set_defaults(func=_plant)
+
     b = subparsers.add_parser(
         "bon-curve",
         help="exact BoN curves of proxy and gold reward; paired test of over-optimisation",
         description="For each pool: the exact expected proxy and gold reward of best-of-N on the proxy, N = "
-        "1, 2, 4, ... up to the candidates per prompt, and an exact one-sided sign test (Bonferroni over N, "
-        "level --alpha) of whether the largest N picks texts with lower gold reward than some smaller N. "
-        "Verdict on 'the gold falls at large N': holds (that test rejects), does not hold (at every smaller "
+        "1, 2, 4, ... up to the candidates per prompt, and a one-sided paired max-t test over all N jointly "
+        "(sign flips of whole prompts, family-wise level --alpha) of whether the largest N picks texts with "
+        "lower gold reward than some smaller N (per-N Wilcoxon signed-rank and exact sign tests, Bonferroni, "
+        "beside it). Verdict on 'the gold falls at large N': holds (the max-t test rejects), does not hold "
+        "(at every smaller "
         "N, the one-sided t lower bound of gold(N_max) - gold(N) is above -MARGIN x the BoN gold lift), or "
-        "inconclusive; printed with the sign test's exact power. Writes OUT.json and OUT.png.",
+        "inconclusive; printed with the tests' power, the pool kind (natural real text, or planted real text "
+        "for a plant-hack control) and the pool's capacity diagnostic (gold by proxy-rank band, tail vs bulk "
+        "slope, BoN's gold vs the linear prediction, and whether the pool can show over-optimisation at the "
+        "N it holds). Writes OUT.json and OUT.png.",
     )
     b.add_argument(
         "--pool", action="append", required=True, help="pool file (repeat to compare several in one figure)"
@@ -147,8 +178,22 @@ def _rescore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plant(args: argparse.Namespace) -> int:
+    from privalign.pipeline.planted import plant_hack
+
+    man = plant_hack(args.pool, args.out, feature=args.feature, bonus=args.bonus)
+    pl = man["planted"]
+    print(
+        f"wrote {args.out} (planted real text): {pl['candidates_with_feature']} of {man['num_candidates']} "
+        f"candidates have {pl['description']} (1 in {1 / pl['rate']:.0f}); their proxy + {pl['bonus']:g}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _bon(args: argparse.Namespace) -> int:
     from privalign._validation import check_real
+    from privalign.alignment.capacity import capacity_lines
     from privalign.pipeline.analysis import write_bon_report
 
     alpha = check_real(args.alpha, "alpha", low=0.0, high=1.0, closed="neither")
@@ -179,11 +224,45 @@ def _bon(args: argparse.Namespace) -> int:
             if pw["k_crit"] is not None
             else f"; the sign test cannot reject with {pw['n']} prompts (power 0)"
         )
+        wt = (
+            min(res["paired_tests_vs_max_N"], key=lambda r: r["wilcoxon_p"])
+            if res["paired_tests_vs_max_N"]
+            else None
+        )
+        wpw = res["wilcoxon_power"]
+        wil = (
+            f"; Wilcoxon signed-rank: smallest p = {wt['wilcoxon_p']:.3g} (N_max vs N={wt['N']}), power "
+            + ", ".join(f"{v:.2f} if {float(q):.0%} fall" for q, v in wpw["power_if_fraction_falls"].items())
+            if wt
+            else ""
+        )
+        kind = f" on {res['pool_kind']}" if res.get("pool_kind") else ""
+        jt = res["joint_test"]
+        joint = (
+            f"paired max-t over all N: p = {jt['p']:.3g} (critical t {jt['t_crit']:.3g}; detectable mean "
+            "fall "
+            f"at 80% power ≈ {max(jt['detectable_fall']):.3g})"
+            if jt["t_crit"] is not None
+            else "paired max-t over all N: too few prompts"
+        )
         print(
             f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at "
             f"N={res['curve'][-1]['N']}: {res['true_at_max_N']:.4f}; over-optimisation "
-            f"{res['verdict'].upper()} (family-wise alpha={alpha}, margin {res['margin']:.3g}){extra}{power}"
+            f"{res['verdict'].upper()}{kind} (family-wise alpha={alpha}, margin {res['margin']:.3g}); "
+            f"{joint}{wil}; sign test{extra.removeprefix(';')}{power}"
         )
+        if res["verdict"] == "does not hold":
+            print(
+                "  ('does not hold' is about this pool: best-of-N on this proxy does not lower this gold at "
+                "the N it holds; "
+                + {"can": "it can", "cannot": "it cannot", "unclear": "it is unclear whether it can"}[
+                    res["capacity"]["reading"]
+                ]
+                + " show over-optimisation by the capacity reading below; it says nothing against reward "
+                "hacking in general or against paper 1)"
+            )
+        for line in capacity_lines(res["capacity"]):
+            print(line)
     print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
     return 0
 

@@ -249,6 +249,22 @@ def pool_label(cfg: dict, ctx_inputs: dict | None = None) -> str:
     return f"synthetic{note}" + (" [the shipped pool was absent]" if kind == "synthetic-fallback" else "")
 
 
+def pool_kind(cfg: dict) -> str:
+    """The pool's kind, a key of :data:`privalign.alignment.capacity.POOL_KINDS`: a pool file's manifest may
+    declare it (``plant-hack`` writes ``planted-real``), else a file is ``natural``; the synthetic pool is
+    ``planted-synthetic`` when it plants hacks (``syn_hack_rate > 0``)."""
+    import json
+
+    from privalign.pipeline.build_pool import manifest_path
+
+    kind, path = _resolve_pool(cfg["pool"])
+    if kind == "file" and path is not None:
+        mp = manifest_path(path)
+        declared = json.loads(mp.read_text(encoding="utf-8")).get("pool_kind") if mp.is_file() else None
+        return str(declared or "natural")
+    return "planted-synthetic" if cfg.get("syn_hack_rate", 0.0) > 0 else "synthetic"
+
+
 def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
     """Check the pool before any work: it exists, parses, has true rewards, and is large enough."""
     from privalign.data.pools import ScoredPool
@@ -577,7 +593,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     truth_binary = bool(np.all(np.isin(pool.true[np.isfinite(pool.proxy)], (0.0, 1.0))))
     scale = 100.0 if truth_binary else 1.0
     kind = "accuracy" if truth_binary else "true_reward"
-    label = pool_label(cfg)
+    label, kind = pool_label(cfg), pool_kind(cfg)
     out: list[dict] = []
     c_specs = [(m, s, info) for m, s, info in specs if m != "PrivBoN-Gaussian"]
     if c_specs:
@@ -598,6 +614,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
                 "n_prompts": res["n_prompts"],
                 "truth_kind": kind,
                 "pool_label": label,
+                "pool_kind": kind,
                 "replicates": cfg["replicates"],
                 "lift": scale * m["true_lift"][0],
                 "lift_se": scale * m["true_lift_se"][0],
@@ -632,6 +649,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
                 "n_prompts": k,
                 "truth_kind": kind,
                 "pool_label": label,
+                "pool_kind": kind,
                 "lift": scale * float(lifts.mean()) if k else None,
                 "lift_se": scale * float(lifts.std(ddof=1) / math.sqrt(k)) if k > 1 else None,
                 "proxy": float(proxies.mean()) if k else None,

@@ -90,6 +90,14 @@ def p1_1(verdict: str, f: dict) -> str:
 def monotone(verdict: str, f: dict) -> str:
     """P1-2..P1-4: a method resists over-optimisation where BoN does not."""
     m = _method(f["method"])
+    if f.get("across_epsilon"):
+        words = {
+            "holds": "resisted over-optimisation",
+            "does not hold": "over-optimised",
+            "inconclusive": "could not tell",
+        }
+        parts = [f"{words.get(v, v)} at ε = {_list(es)}" for v, es in f["across_epsilon"].items()]
+        return f"Across the privacy sweep, {m} " + "; ".join(parts) + "."
     w, u = f.get("what", "true reward"), f.get("unit", "")
     if verdict == "holds":
         return (

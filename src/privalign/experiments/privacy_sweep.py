@@ -31,6 +31,7 @@ from privalign.experiments.paper1 import (
     CellProtocol,
     _privitp_for,
     load_scored_pool,
+    pool_kind,
     pool_label,
     pool_preflight,
     split_pool,
@@ -140,7 +141,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     )
     n = cell["N"]
     ss_sim, ss_tune, ss_cal = ss.spawn(3)
-    label = pool_label(cfg)
+    label, kind = pool_label(cfg), pool_kind(cfg)
     delta = cfg["privitp_delta"]
     curves: list[tuple[str, str, MethodSpec, dict]] = [
         ("BoN", "BoN", MethodSpec("bon"), {"epsilon": None}),
@@ -208,6 +209,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
             "N": n,
             "n_prompts": res["n_prompts"],
             "pool_label": label,
+            "pool_kind": kind,
             "truth_kind": "accuracy" if truth_binary else "true_reward",
             "replicates": cfg["replicates"],
             "lift": scale * m["true_lift"][0],

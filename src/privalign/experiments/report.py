@@ -64,10 +64,31 @@ class Claim:
     plain: Reader | None = None
 
 
-def _combine(results: list[tuple[str, Verdict]]) -> Verdict:
+def _pool_kind(records: list[dict]) -> str:
+    """The words for the kind of pool a run used (planted synthetic, planted real text, natural real text;
+    :data:`privalign.alignment.capacity.POOL_KINDS`): the records' ``pool_kind``, else read off the label of
+    runs made before records carried it."""
+    from privalign.alignment.capacity import pool_kind_words
+
+    kind = next((r.get("pool_kind") for r in records if r.get("pool_kind")), None)
+    if kind is None:
+        label = str(next((r.get("pool_label") for r in records if r.get("pool_label")), ""))
+        kind = (
+            "planted-synthetic"
+            if label.startswith("synthetic (planted")
+            else "synthetic"
+            if label.startswith("synthetic")
+            else "natural"
+        )
+    return pool_kind_words(kind)
+
+
+def _combine(results: list[tuple[str, Verdict]], kinds: dict[str, str] | None = None) -> Verdict:
     """One verdict from several runs (pools): ``does not hold`` if any run says so, else ``holds`` if any
-    does, else ``inconclusive``; the measured text lists every run's verdict, the facts every run's facts
-    (``facts["runs"]``, for the plain reading)."""
+    does, else ``inconclusive``; the measured text lists every run's verdict, first per pool kind (a verdict
+    on a pool with planted hacks shows that the rules detect hacking; only natural real text says whether
+    best-of-N over-optimises a natural proxy); the facts list every run's facts (``facts["runs"]``, for the
+    plain reading)."""
     from privalign.experiments.verdicts import Outcome, facts_of
 
     if not results:
@@ -75,9 +96,21 @@ def _combine(results: list[tuple[str, Verdict]]) -> Verdict:
     vs = [v for _, (v, _) in results]
     verdict = "does not hold" if "does not hold" in vs else "holds" if "holds" in vs else "inconclusive"
     runs = [{**facts_of(res), "experiment": exp, "verdict": res[0]} for exp, res in results]
+    head = ""
+    if kinds:
+        per: dict[str, list[str]] = {}
+        for exp, (v, _) in results:
+            per.setdefault(kinds.get(exp, "natural real text"), []).append(
+                v if len(results) == 1 else f"{v} ({exp})"
+            )
+        head = "per pool kind: " + "; ".join(f"{k}: {', '.join(vv)}" for k, vv in per.items()) + " || "
+        for r in runs:
+            r["pool_kind"] = kinds.get(r["experiment"], "natural real text")
     if len(results) == 1:
-        return Outcome(verdict, results[0][1][1], {"runs": runs})
-    return Outcome(verdict, " || ".join(f"{exp} → {v}: {m}" for exp, (v, m) in results), {"runs": runs})
+        return Outcome(verdict, head + results[0][1][1], {"runs": runs})
+    return Outcome(
+        verdict, head + " || ".join(f"{exp} → {v}: {m}" for exp, (v, m) in results), {"runs": runs}
+    )
 
 
 _SCALING = ("p1-scaling", "p1-scaling-imdb")
@@ -95,11 +128,12 @@ def _p1_1(R: Records, runs=None) -> Verdict:
     from privalign.experiments.verdicts import p1_1_rule
 
     return _combine(
-        [(e, p1_1_rule(R[e], planted_hack_rate=_hack_rate(R[e], runs, e))) for e in _SCALING if R.get(e)]
+        [(e, p1_1_rule(R[e], planted_hack_rate=_hack_rate(R[e], runs, e))) for e in _SCALING if R.get(e)],
+        {e: _pool_kind(R[e]) for e in _SCALING if R.get(e)},
     )
 
 
-def _mono(method: str, fallback: str | None = None):
+def _mono(method: str, fallback: str | None = None, *, across_epsilon: bool = False):
     def f(R: Records, runs=None) -> Verdict:
         from privalign.experiments.verdicts import Outcome, facts_of, monotone_rule
 
@@ -115,7 +149,15 @@ def _mono(method: str, fallback: str | None = None):
                 v2, t2 = monotone_rule(recs, "PrivITP")
                 txt += f" | for contrast, PrivITP re-matched to ε at every N (ε_max(N) = ε): {v2}"
             out.append((e, Outcome(v, txt, facts_of(res))))
-        return _combine(out)
+        kinds = {e: _pool_kind(R[e]) for e in _SCALING if R.get(e)}
+        if across_epsilon:
+            from privalign.experiments.verdicts import monotone_across_epsilon
+
+            for e in _SWEEP:
+                if R.get(e):
+                    out.append((e, monotone_across_epsilon(R[e], method)))
+                    kinds[e] = _pool_kind(R[e])
+        return _combine(out, kinds)
 
     return f
 
@@ -229,7 +271,10 @@ def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
     return rlhf_verdict(records["p2-rlhf"])
 
 
-_PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
+_PAIRED = (
+    "paired per-prompt one-sided t-tests at family-wise α = 0.05 over the N compared (the joint sign-flip "
+    "max-t critical value; Bonferroni when the results lack per-prompt values)"
+)
 #: P2-1's admissible slope of the error vs n: the rate s*/n + s*²/(n²ε²) has slope −1 (statistical term) to
 #: −2 (privacy term); ± 0.2 for the finite grid. It was [−2.5, −0.5], which let a quick run with CI
 #: [−2.47, −0.74] "hold" (issue 27).
@@ -257,9 +302,10 @@ CLAIMS: list[Claim] = [
         "decided only with a positive control (BoN degrades significantly in the same run); then: does not "
         f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the "
         "drop's upper 95% bound is below min(½·BoN's drop, ¼·the curve's best lift) and the curve has a "
-        "significant lift; else inconclusive",
-        _mono("PrivBoN"),
-        also=("p1-scaling-imdb",),
+        "significant lift; else inconclusive. With a privacy-sweep run, the same rule at every ε of the "
+        "sweep (BoN + PrivBoN at that ε), saying at which ε it holds: does not hold if it fails at some ε",
+        _mono("PrivBoN", across_epsilon=True),
+        also=("p1-scaling-imdb", "p1-privacy-sweep", "p1-privacy-sweep-imdb"),
     ),
     Claim(
         "P1-3",

@@ -13,7 +13,11 @@ Statistics used (α stated with every verdict, exact critical values from scipy)
 * **Exact McNemar** (:func:`mcnemar_exact`) for two classifiers on the same test pairs (binomial test on
   the discordant pairs); **equivalence** of two classifiers by a paired TOST (:func:`paired_tost`).
 * Every "does not hold" branch that fires on *any one* of k comparisons tests each at α/k (Bonferroni), so
-  that the branch's family-wise false-positive rate is at most α; a "holds" branch that needs *all* k is an
+  that the branch's family-wise false-positive rate is at most α; the comparisons of one curve's lift at
+  N_max against every smaller N (P1-1..P1-4) use instead the joint critical value of the smallest paired t
+  over those N under random sign flips of whole prompts (max-t; same family-wise α, but it uses the strong
+  correlation between neighbouring N, which Bonferroni ignores, and assumes each prompt's differences are
+  symmetric about zero under the null); a "holds" branch that needs *all* k is an
   intersection-union test and is valid at α per comparison.
 
 Every rule returns an :class:`Outcome`, which unpacks as ``(verdict, measured)``: ``measured`` names the
@@ -39,6 +43,7 @@ __all__ = [
     "EQUIVALENCE_MARGIN",
     "bon_degradation",
     "monotone_rule",
+    "monotone_across_epsilon",
     "p1_1_rule",
     "p1_5_rule",
     "p1_6_rule",
@@ -172,8 +177,43 @@ def _series(records: list[dict], method: str) -> dict[str, list[dict]]:
     return out
 
 
+def _diff_matrix(rows: list[dict]) -> np.ndarray | None:
+    """Per-prompt differences ``lift(N_max) − lift(N)`` (prompts × smaller N) on the prompts every row
+    shares, or None when a row has no per-prompt values."""
+    if not all(r.get("lift_pp") for r in rows):
+        return None
+    maps = [dict(zip(r.get("prompts") or range(len(r["lift_pp"])), r["lift_pp"])) for r in rows]
+    common = sorted(set.intersection(*(set(m) for m in maps)))
+    if len(common) < 2:
+        return None
+    last = np.array([maps[-1][p] for p in common], dtype=float)
+    return np.array([[last[i] - m[p] for m in maps[:-1]] for i, p in enumerate(common)], dtype=float)
+
+
+#: Fewest prompts for the sign-flip max-t critical value (2^6 = 64 flips resolve α = 0.05); below it,
+#: Bonferroni over N.
+_MIN_FLIP_PROMPTS = 6
+
+
+def _joint_crit(rows: list[dict], alpha: float, k: int, df: int) -> tuple[float, str]:
+    """The one-sided critical value of the paired t statistics of all N jointly: the sign-flip max-t
+    value (:func:`privalign.pipeline.analysis.max_t_signflip`, family-wise α over the N, using their strong
+    correlation) when every row has per-prompt values on ≥ ``_MIN_FLIP_PROMPTS`` shared prompts, else the
+    Bonferroni value ``t_{1−α/k, df}``."""
+    D = _diff_matrix(rows)
+    if D is None or D.shape[0] < _MIN_FLIP_PROMPTS or k < 2:
+        return t_crit(df, alpha, k), "Bonferroni"
+    from privalign.pipeline.analysis import max_t_signflip
+
+    res = max_t_signflip(D, alpha=alpha, random_state=np.random.default_rng(0))
+    if res["t_crit"] is None:
+        return t_crit(df, alpha, k), "Bonferroni"
+    return float(-res["t_crit"]), "joint max-t (sign flips of prompts)"
+
+
 def _drop_tests(rows: list[dict], alpha: float = ALPHA) -> dict:
-    """Paired tests of ``lift(N_max) < lift(N)`` for every smaller N (Bonferroni over them)."""
+    """Paired tests of ``lift(N_max) < lift(N)`` for every smaller N, family-wise α over them (the joint
+    sign-flip max-t critical value when the rows carry per-prompt values, else Bonferroni)."""
     last = rows[-1]
     k = max(len(rows) - 1, 1)
     tests = []
@@ -188,7 +228,10 @@ def _drop_tests(rows: list[dict], alpha: float = ALPHA) -> dict:
                 "unpaired": True,
             }
         tests.append((r, d))
-    crit = t_crit(min(d["df"] for _, d in tests), alpha, k)
+    if any(d.get("unpaired") for _, d in tests):
+        crit, how = t_crit(min(d["df"] for _, d in tests), alpha, k), "Bonferroni"
+    else:
+        crit, how = _joint_crit(rows, alpha, k, min(d["df"] for _, d in tests))
     sig = [
         (r, d)
         for r, d in tests
@@ -201,6 +244,7 @@ def _drop_tests(rows: list[dict], alpha: float = ALPHA) -> dict:
         "last": last,
         "tests": tests,
         "crit": crit,
+        "how": how,
         "k": k,
         "significant": sig,
         "worst_r": worst_r,
@@ -212,7 +256,7 @@ def _drop_tests(rows: list[dict], alpha: float = ALPHA) -> dict:
 
 def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPHA) -> dict:
     """The positive control: does BoN's lift at the largest N fall significantly below its lift at some
-    smaller N (paired per-prompt one-sided t-tests, Bonferroni over the smaller N)?
+    smaller N (paired per-prompt one-sided t-tests, family-wise α over the smaller N: :func:`_drop_tests`)?
 
     Returns ``{"status": "degrades" | "no" | "too small" | "missing", "text", "drop", "info"}``.
     """
@@ -228,10 +272,10 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
         }
     t = _drop_tests(rows, alpha)
     w, wr = t["worst"], t["worst_r"]
-    power = mdd(w["se"], w["df"], alpha, t["k"])
+    power = (t["crit"] + _Z80) * w["se"]
     text = (
         f"BoN lift {t['last']['lift']:.3g} at N={t['last']['N']} vs {wr['lift']:.3g} at N={wr['N']}: paired "
-        f"drop {-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, Bonferroni "
+        f"drop {-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, {t['how']} "
         f"over {t['k']} N, t_crit={t['crit']:.3g}; detectable drop at 80% power ≈ {power:.3g})"
     )
     facts = {
@@ -358,6 +402,48 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
         verdict,
         f"[{pool}] positive control: {ctrl['text']}. " + "; ".join(parts),
         {"pool": pool, "method": method, **_truth(records), **ctrl["facts"], **decisive},
+    )
+
+
+def monotone_across_epsilon(records: list[dict], method: str = "PrivBoN", *, alpha: float = ALPHA) -> Outcome:
+    """P1-2 at every ε of a privacy sweep: :func:`monotone_rule` on BoN (the positive control) and the
+    ``method`` curve of each ε separately, so the verdict says at which ε the claim holds.
+
+    ``holds`` if it holds at every ε; ``does not hold`` if it does not hold at some ε (the claim is stated
+    for PrivBoN without a range of ε; the text names the ε where it holds, e.g. only at strong privacy);
+    ``inconclusive`` otherwise. Each ε is decided by its own paired tests at ``alpha`` (Bonferroni over the
+    N of that ε's curve); there is no correction across ε, which the text lists one by one.
+    """
+    eps = sorted(
+        {r["epsilon"] for r in records if r.get("method") == method and r.get("epsilon") is not None}
+    )
+    if not eps:
+        return "inconclusive", f"[{_pool_of(records)}] no {method} results with an ε"
+    base = [r for r in records if r.get("method") == "BoN"]
+    by: dict[str, list[float]] = {}
+    details = []
+    for e in eps:
+        v, m = monotone_rule(
+            base + [r for r in records if r.get("method") == method and r.get("epsilon") == e],
+            method,
+            alpha=alpha,
+        )
+        by.setdefault(v, []).append(e)
+        details.append(f"ε={e:g}: {v}")
+    summary = "; ".join(f"{v} at ε ∈ {{{', '.join(f'{e:g}' for e in es)}}}" for v, es in by.items())
+    verdict = (
+        "does not hold" if "does not hold" in by else "holds" if set(by) == {"holds"} else "inconclusive"
+    )
+    ctrl = bon_degradation(records, alpha=alpha)
+    facts = {
+        "method": method,
+        "across_epsilon": {v: [float(e) for e in es] for v, es in by.items()},
+        "pool_label": _pool_of(records),
+    }
+    return Outcome(
+        verdict,
+        f"[{_pool_of(records)}] {method} across ε: {summary} (positive control: {ctrl['text']})",
+        facts,
     )
 
 

@@ -6,8 +6,10 @@ probability ``C(i, N−1) / C(m, N)``. The expected gold (true) reward of the se
 from that law, per prompt, and averaged over prompts (with the standard error across prompts).
 
 Whether the gold reward *falls* at large N is decided per prompt, paired: the exact per-prompt differences
-between the largest N and each smaller N go through an exact one-sided sign test, Bonferroni-corrected over
-the compared Ns (:func:`bon_curve`). The verdict is three-way ("holds": the gold falls; "does not hold": at
+between the largest N and each smaller N go through a one-sided paired max-t test over all N jointly (sign
+flips of whole prompts; per-N Wilcoxon signed-rank and exact sign tests, Bonferroni-corrected over the
+compared Ns, are reported beside it) (:func:`bon_curve`). The verdict is three-way ("holds": the gold falls;
+"does not hold": at
 every smaller N the gold at N_max is non-inferior within a margin; else "inconclusive"), with the sign
 test's exact power. ``privalign bon-curve`` runs it on one or more pools.
 """
@@ -21,11 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln
 
 from privalign.errors import DataFormatError
 
-__all__ = ["bon_selection_law", "bon_curve", "write_bon_report", "kl_bon", "sign_test_power"]
+__all__ = [
+    "bon_selection_law",
+    "bon_curve",
+    "write_bon_report",
+    "kl_bon",
+    "sign_test_power",
+    "wilcoxon_power",
+    "max_t_signflip",
+]
 
 
 def kl_bon(N: int) -> float:
@@ -39,20 +48,9 @@ def kl_bon(N: int) -> float:
 
 def bon_selection_law(m: int, N: int) -> np.ndarray:
     """P(BoN over N of m selects ascending rank i), i = 0..m−1 (no ties)."""
-    if not 1 <= N <= m:
-        raise ValueError(f"N must be in [1, {m}]; got {N}")
-    i = np.arange(m)
-    with np.errstate(invalid="ignore"):
-        logp = np.where(
-            i >= N - 1,
-            gammaln(i + 1)
-            - gammaln(N)
-            - gammaln(i - N + 2)
-            - (gammaln(m + 1) - gammaln(N + 1) - gammaln(m - N + 1)),
-            -np.inf,
-        )
-    p = np.exp(logp)
-    return p / p.sum()
+    from privalign.alignment.capacity import rank_selection_law
+
+    return rank_selection_law(m, N)
 
 
 def _expected_true(proxy: np.ndarray, true: np.ndarray, N: int) -> float:
@@ -90,9 +88,120 @@ def sign_test_power(n: int, level: float, fractions: tuple[float, ...] = (0.75, 
     return {"n": n, "level": level, "k_crit": k_crit, "power_if_fraction_falls": power}
 
 
-def _verdict(tests: list[dict[str, Any]], level: float, margin: float, alpha: float, n: int) -> str:
+def _wilcoxon_p(diffs: np.ndarray) -> float:
+    """One-sided Wilcoxon signed-rank p-value for H1 "the differences tend to be negative" (zeros dropped;
+    scipy's exact null distribution when it applies, else its normal approximation)."""
+    from scipy.stats import wilcoxon
+
+    nz = diffs[diffs != 0]
+    if nz.size == 0:
+        return 1.0
+    return float(wilcoxon(nz, alternative="less").pvalue)
+
+
+def _signed_rank_null(n: int) -> np.ndarray:
+    """Exact null law of the Wilcoxon statistic W+ (sum of the ranks of positive differences), n no ties."""
+    law = np.zeros(n * (n + 1) // 2 + 1)
+    law[0] = 1.0
+    for k in range(1, n + 1):
+        law[k:] = 0.5 * law[k:] + 0.5 * law[:-k].copy()
+        law[:k] *= 0.5
+    return law
+
+
+def wilcoxon_power(
+    n: int, level: float, fractions: tuple[float, ...] = (0.75, 0.9), *, reps: int = 4000, seed: int = 0
+) -> dict[str, Any]:
+    """Power of the one-sided Wilcoxon signed-rank test (exact critical value) on ``n`` paired differences.
+
+    The critical value ``w_crit`` is the largest W+ whose exact lower-tail probability is ≤ ``level`` (None:
+    the test can never reject). The power against "a fraction q of prompts fall" is estimated by Monte Carlo
+    (``reps`` draws, seeded ``numpy.random.Generator(seed)``) under a normal location shift with that
+    fraction below zero: D ~ N(−Φ⁻¹(q), 1). It is an estimate (Monte Carlo s.e. ≤ 0.5/√reps).
+    """
+    from scipy.stats import norm, rankdata
+
+    if n < 1:
+        return {
+            "n": n,
+            "level": level,
+            "w_crit": None,
+            "power_if_fraction_falls": {f"{q:g}": 0.0 for q in fractions},
+        }
+    cdf = np.cumsum(_signed_rank_null(n))
+    ok = np.nonzero(cdf <= level)[0]
+    w_crit = int(ok[-1]) if ok.size else None
+    rng = np.random.default_rng(seed)
+    power = {}
+    for q in fractions:
+        if w_crit is None:
+            power[f"{q:g}"] = 0.0
+            continue
+        d = rng.normal(-float(norm.ppf(q)), 1.0, size=(reps, n))
+        r = rankdata(np.abs(d), axis=1)
+        w_plus = (r * (d > 0)).sum(axis=1)
+        power[f"{q:g}"] = float(np.mean(w_plus <= w_crit))
+    return {"n": n, "level": level, "w_crit": w_crit, "power_if_fraction_falls": power, "reps": reps}
+
+
+def _flip_t(D: np.ndarray, signs: np.ndarray) -> np.ndarray:
+    """Paired t statistics of every column of ``D`` (prompts × comparisons) under each row of sign flips."""
+    n = D.shape[0]
+    means = signs @ D / n  # (B, k)
+    ss = (D**2).sum(axis=0)  # a sign flip leaves every square unchanged
+    var = np.maximum(ss - n * means**2, 0.0) / (n - 1)
+    se = np.sqrt(var / n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(se > 0, means / np.where(se > 0, se, 1.0), 0.0)
+
+
+def max_t_signflip(
+    D: np.ndarray, *, alpha: float = 0.05, reps: int = 10_000, random_state: np.random.Generator | None = None
+) -> dict[str, Any]:
+    """One-sided paired test that *some* column of ``D`` (prompts × comparisons, the per-prompt
+    differences gold(N_max) − gold(N) for each smaller N) has a negative mean, controlling the family-wise
+    error rate over the columns jointly: the statistic is the smallest paired t over the columns, its null
+    law is that of random sign flips of whole prompts (each prompt's row of differences is symmetric about
+    zero under the null: an exchangeability assumption, the same as the Wilcoxon test's), estimated with
+    ``reps`` flips drawn from ``random_state`` (default ``numpy.random.default_rng(0)``). The p-value
+    ``(1 + #{flips at least as extreme}) / (1 + reps)`` is valid at any ``reps``. Unlike Bonferroni over
+    the columns it uses their strong correlation (the same prompts at neighbouring N), so it loses little
+    power to the number of Ns compared.
+
+    Returns ``p``, the observed ``t`` per column, the critical value ``t_crit`` (the α-quantile of the
+    flipped minima) and ``detectable_fall`` (per column, ``(|t_crit| + z_0.8)·SE``: the mean fall the test
+    detects with probability ≈ 0.8 at that SE).
+    """
+    from scipy.stats import norm
+
+    D = np.asarray(D, dtype=float)
+    n, k = D.shape
+    if n < 2 or k < 1:
+        return {"p": 1.0, "t": [], "t_crit": None, "detectable_fall": [], "reps": 0}
+    rng = random_state if random_state is not None else np.random.default_rng(0)
+    t_obs = _flip_t(D, np.ones((1, n)))[0]
+    mins = np.concatenate(
+        [
+            _flip_t(D, rng.choice([-1.0, 1.0], size=(min(2000, reps - b), n))).min(axis=1)
+            for b in range(0, reps, 2000)
+        ]
+    )
+    p = (1 + int((mins <= t_obs.min() + 1e-12).sum())) / (1 + reps)
+    t_crit = float(np.quantile(mins, alpha))
+    se = D.std(axis=0, ddof=1) / np.sqrt(n)
+    z80 = float(norm.ppf(0.8))
+    return {
+        "p": float(p),
+        "t": [float(x) for x in t_obs],
+        "t_crit": t_crit,
+        "detectable_fall": [float((abs(t_crit) + z80) * x) for x in se],
+        "reps": reps,
+    }
+
+
+def _verdict(tests: list[dict[str, Any]], joint_p: float, margin: float, alpha: float, n: int) -> str:
     """Three-way verdict on "the gold reward falls at the largest N" (see :func:`bon_curve`)."""
-    if any(t["sign_test_p"] <= level for t in tests):
+    if joint_p <= alpha:
         return "holds"
     if n >= 2 and tests and all(t["lower_bound"] > -margin for t in tests):
         return "does not hold"
@@ -113,13 +222,16 @@ def bon_curve(
 
     Over-optimisation test (paired, per prompt): for every N below the largest ``N_max``, the difference
     ``D_p = E[true | BoN(N_max)] − E[true | BoN(N)]`` is computed exactly for each prompt p; an exact
-    one-sided sign test asks whether the D_p tend to be negative (the largest N picks *worse* texts by the
-    gold reward). ``overoptimized`` is true iff some N passes at level ``alpha`` after a Bonferroni
-    correction over the compared Ns (family-wise false-positive rate ≤ ``alpha``).
+    one-sided test asks whether the D_p tend to be negative at *some* N (the largest N picks *worse* texts by
+    the gold reward): the paired max-t test over all N jointly (:func:`max_t_signflip`: sign flips of whole
+    prompts, family-wise false-positive rate ≤ ``alpha``, assuming each prompt's differences are symmetric
+    about zero under the null). ``overoptimized`` is true iff it rejects. Beside it, per N, an exact sign
+    test (no symmetry needed, little power on a few dozen prompts) and a Wilcoxon signed-rank test, each at
+    ``alpha`` / (number of Ns) (Bonferroni), are reported.
 
     ``verdict`` on the claim "the gold reward falls at large N" (over-optimisation):
 
-    * ``"holds"``: ``overoptimized`` (the sign test above; false-positive rate ≤ ``alpha``).
+    * ``"holds"``: ``overoptimized`` (the max-t test above; false-positive rate ≤ ``alpha``).
     * ``"does not hold"``: for *every* smaller N, the one-sided (1 − ``alpha``) lower confidence bound of the
       mean paired difference (Student t with exact critical value, n − 1 degrees of freedom) is above
       ``−margin``, where ``margin = margin_fraction × |E[gold | BoN(N_max)] − E[gold | BoN(1)]|`` (a fall
@@ -128,8 +240,14 @@ def bon_curve(
       does fall by more than the margin at some N is ≤ ``alpha`` (up to the t approximation of the mean).
     * ``"inconclusive"`` otherwise.
 
-    ``power`` is the sign test's exact power at the Bonferroni level (:func:`sign_test_power`).
+    ``joint_test`` holds the max-t test (p, t per N, critical value, detectable fall at 80% power).
+    ``power`` is the sign test's exact power at the Bonferroni level (:func:`sign_test_power`),
+    ``wilcoxon_power`` the Wilcoxon test's (:func:`wilcoxon_power`). ``capacity`` is the pool's capacity
+    diagnostic (:func:`privalign.alignment.capacity.capacity_diagnostic`): whether the pool *can* show a fall
+    at the N it holds at all.
     """
+    from privalign.alignment.capacity import capacity_diagnostic
+
     proxies = [np.asarray([r.proxy_reward for r in rec.responses], dtype=float) for rec in records]
     trues = [np.asarray([r.true_value for r in rec.responses], dtype=float) for rec in records]
     m = min(len(p) for p in proxies)
@@ -167,10 +285,16 @@ def bon_curve(
                 "prompts_lower": int((D < 0).sum()),
                 "prompts_higher": int((D > 0).sum()),
                 "sign_test_p": _sign_test_p(D),
+                "wilcoxon_p": _wilcoxon_p(D),
             }
         )
     level = alpha / max(len(tests), 1)
     margin = margin_fraction * abs(last["true_mean"] - rows[0]["true_mean"])
+    joint = max_t_signflip(
+        np.array([per_prompt[-1] - per_prompt[k] for k in range(len(Ns) - 1)]).T.reshape(n, len(Ns) - 1),
+        alpha=alpha,
+        random_state=np.random.default_rng(0),
+    )
     return {
         "num_prompts": len(records),
         "candidates_used": m,
@@ -185,11 +309,14 @@ def bon_curve(
         "paired_tests_vs_max_N": tests,
         "alpha": alpha,
         "bonferroni_level": level,
-        "overoptimized": any(t["sign_test_p"] <= level for t in tests),
-        "verdict": _verdict(tests, level, margin, alpha, n),
+        "joint_test": joint,
+        "overoptimized": bool(tests) and joint["p"] <= alpha,
+        "verdict": _verdict(tests, joint["p"] if tests else 1.0, margin, alpha, n),
         "verdict_rule": (
-            f"holds if some N < N_max has gold(N_max) < gold(N) by the exact one-sided sign test at "
-            f"{alpha:g}/{len(tests)} (Bonferroni); does not hold if at every N < N_max the one-sided "
+            f"holds if some N < N_max has gold(N_max) < gold(N) by the one-sided paired max-t test over all "
+            f"{len(tests)} N jointly (sign flips of whole prompts, family-wise α = {alpha:g}; per-N Wilcoxon "
+            f"signed-rank and exact sign tests at {alpha:g}/{len(tests)} are reported beside it); does not "
+            "hold if at every N < N_max the one-sided "
             f"{1 - alpha:g} t lower bound of the paired mean of gold(N_max) − gold(N) "
             f"(t_crit = {t_crit:.3g}, {n - 1} df) exceeds −{margin_fraction:g} × |gold(N_max) − gold(1)| "
             f"= −{margin:.3g}; else inconclusive"
@@ -197,6 +324,10 @@ def bon_curve(
         "margin": margin,
         "t_crit": t_crit,
         "power": sign_test_power(n, level),
+        "wilcoxon_power": wilcoxon_power(n, level),
+        "capacity": capacity_diagnostic(
+            [p[:m] for p in proxies], [t[:m] for t in trues], n_max=Ns[-1], alpha=alpha
+        ),
     }
 
 
@@ -209,6 +340,17 @@ def _label(pool: Path) -> str:
         name = lambda s: Path(str(s)[7:]).stem if str(s).startswith("linear:") else str(s)  # noqa: E731
         return f"proxy {name(man.get('proxy_reward'))} / gold {name(man.get('true_reward'))}"
     return pool.name
+
+
+def _manifest_kind(pool: Path) -> str | None:
+    """The ``pool_kind`` a pool's manifest declares (a planted control says ``planted-real``), else None."""
+    from privalign.pipeline.build_pool import manifest_path
+
+    mp = manifest_path(pool)
+    if not mp.is_file():
+        return None
+    kind = json.loads(mp.read_text(encoding="utf-8")).get("pool_kind")
+    return str(kind) if kind else None
 
 
 def _require_gold(records: list, path: Path) -> None:
@@ -242,6 +384,7 @@ def write_bon_report(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from privalign.alignment.capacity import pool_kind_words
     from privalign.data.pools import read_pool
 
     paths = [Path(pools)] if isinstance(pools, (str, os.PathLike)) else [Path(p) for p in pools]
@@ -254,6 +397,7 @@ def write_bon_report(
         res = bon_curve(records, alpha=alpha, margin_fraction=margin_fraction)
         res["pool"] = p.name
         res["label"] = labels[i] if labels else _label(p)
+        res["pool_kind"] = pool_kind_words(_manifest_kind(p))
         series.append(res)
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
