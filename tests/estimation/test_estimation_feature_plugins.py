@@ -83,8 +83,9 @@ def test_embedding_features_with_an_injected_embedder():
     f = EmbeddingFeatures(embedder=emb)
     X = f.transform(["good good movie", "bad"])
     assert X.dtype == np.float64 and X.shape == (2, 8)
-    assert X.max() == 1.0 and np.abs(X).max() <= 1.0  # "good good" gives 1.5, clipped
-    assert f.feature_bound == 2.0 and f.load_embedder() is emb
+    # "good good movie" gives a row of norm > 1: projected onto the unit ball (norm_bound = 2 then holds)
+    assert np.linalg.norm(X, axis=1) == pytest.approx([1.0, 0.75]) and np.abs(X).max() <= 1.0
+    assert f.feature_bound == 2.0 and f.norm_bound == 2.0 and f.load_embedder() is emb
     Xp = EmbeddingFeatures(use_prompt=True, embedder=emb).transform_pairs(["k"], ["a"])
     assert emb.calls[-1] == ["k\na"] and Xp.shape == (1, 8)
     assert f.get_config() == {"kind": "minilm", "backend": "onnx", "use_prompt": False, "batch_size": 64}

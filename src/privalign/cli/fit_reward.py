@@ -163,6 +163,8 @@ def _run(args: argparse.Namespace) -> int:
         data, unit=unit, test_size=args.test_size, random_state=np.random.default_rng(split_seed)
     )
     est.set_params(feature_bound=fmap.feature_bound)
+    if "feature_norm_bound" in est.get_params():  # DP-SGD: the map's public ℓ2 bound caps the default C
+        est.set_params(feature_norm_bound=getattr(fmap, "norm_bound", None))
     tuning = audit_tuning = None
     if args.tune:
         from privalign.estimation.tuning import PrivateGridSearch, default_param_grid, validation_groups

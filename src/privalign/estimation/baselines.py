@@ -289,17 +289,24 @@ def auto_learning_rate(noise_multiplier: float, batch_size: int, d: int) -> floa
     return float(min(1.0, 0.03 * batch_size / (noise_multiplier * math.sqrt(d))))
 
 
-def default_clip_norm(d: int, feature_bound: float | None = None) -> float:
-    """DP-SGD's default clip norm ``C = c_x·√(d/3)`` (``clip_norm=None``; ``c_x`` = ``feature_bound``, 1 if
-    not given): the ℓ2 norm of a row whose coordinates have the root mean square ``c_x/√3`` of the uniform
-    design on [−c_x, c_x]. A per-example gradient is ``(σ(xᵀθ) − y)·x``, so C at the typical ‖x‖ clips few
-    gradients; ``C = 1`` clipped all of them at d = 200 (‖x‖ ≈ 8) and biased the fixed point, so that the
-    error did not fall with n (issue 27). d and c_x are public: C is data-independent, and the accounting
-    uses whatever C is used (the noise is ``N(0, (ν·C)²)``, sensitivity 2C under replace-one).
-    For sparse features (hashed n-grams, ‖x‖₂ ≪ c_x·√d) a smaller C may be better; pass it explicitly.
+def default_clip_norm(d: int, feature_bound: float | None = None, norm_bound: float | None = None) -> float:
+    """DP-SGD's default clip norm ``C = min(c_x·√(d/3), B)`` (``clip_norm=None``; ``c_x`` = ``feature_bound``,
+    1 if not given; ``B`` = ``norm_bound``, a public ℓ2 bound of a comparison difference, ∞ if not given).
+
+    ``c_x·√(d/3)`` is the ℓ2 norm of a row whose coordinates have the root mean square ``c_x/√3`` of the
+    uniform design on [−c_x, c_x]. A per-example gradient is ``(σ(xᵀθ) − y)·x``, so C at the typical ‖x‖
+    clips few gradients; ``C = 1`` clipped all of them at d = 200 (‖x‖ ≈ 8) and biased the fixed point, so
+    that the error did not fall with n (issue 27). Where the feature map guarantees ``‖x‖₂ ≤ B`` (MiniLM
+    differences: B = 2, :attr:`~privalign.estimation.features.PairFeatures.norm_bound`), no gradient exceeds
+    B, so ``C > B`` only adds noise ``σ·C`` without clipping less; the cap removes that waste (C = 22.6 → 2
+    on MiniLM, d = 384, c_x = 2). d, c_x and B are public: C is data-independent, and the accounting uses
+    whatever C is used (the noise is ``N(0, (ν·C)²)``, sensitivity 2C under replace-one).
+    For sparse features without a useful public ℓ2 bound (hashed n-grams: ‖x‖₂ ≪ c_x·√d) a smaller C may
+    be better; pass it explicitly (``LIMITATIONS.md``).
     """
     c = 1.0 if feature_bound is None else float(feature_bound)
-    return float(c * math.sqrt(d / 3.0))
+    C = float(c * math.sqrt(d / 3.0))
+    return C if norm_bound is None else float(min(C, float(norm_bound)))
 
 
 def default_batch_size(n: int) -> int:
@@ -353,8 +360,9 @@ class DPSGDLinear(RewardEstimator):
     Args:
       epsilon: ε in (0, ∞] (``inf``: no noise, no clipping: plain Poisson-sampled SGD, non-private).
       delta: δ in (0, 1).
-      clip_norm: C > 0; ``None`` (default): :func:`default_clip_norm` ``= c_x·√(d/3)`` (c_x =
-        ``feature_bound``, 1 if not given). The C used is ``clip_norm_``.
+      clip_norm: C > 0; ``None`` (default): :func:`default_clip_norm` ``= min(c_x·√(d/3), B)`` (c_x =
+        ``feature_bound``, 1 if not given; B = ``feature_norm_bound``, ∞ if not given). The C used is
+        ``clip_norm_``.
       batch_size: expected batch size b (q = b/n); ``None`` (default): :func:`default_batch_size`
         ``= min(n, max(256, ⌊8√n⌋))`` (n is public under replace-one).
       epochs: passes over the data (default 10); steps = ⌈epochs·n/b⌉.
@@ -365,6 +373,9 @@ class DPSGDLinear(RewardEstimator):
         post-processing of the released iterates, free).
       accountant: ``"pld"`` (default) or ``"rdp"``.
       feature_bound: optional public c_x checked on the features; clip: clip instead of raising.
+      feature_norm_bound: optional public ℓ2 bound B of a comparison difference, from the feature map
+        (``PairFeatures.norm_bound``: 2 for MiniLM), used only to cap the default C; not checked on the data
+        (the guarantee never relies on it: every gradient is clipped to C whatever ‖x‖ is).
       random_state: seed of the sampling and the Gaussian noise.
 
     Attributes:
@@ -404,6 +415,7 @@ class DPSGDLinear(RewardEstimator):
         feature_bound: float | None = None,
         clip: bool = False,
         averaging: float = 0.5,
+        feature_norm_bound: float | None = None,
         random_state: Any = None,
     ) -> None:
         self.epsilon = epsilon
@@ -417,6 +429,7 @@ class DPSGDLinear(RewardEstimator):
         self.accountant = accountant
         self.feature_bound = feature_bound
         self.clip = clip
+        self.feature_norm_bound = feature_norm_bound
         self.random_state = random_state
 
     def fit(self, X: Any, y: Any) -> DPSGDLinear:
@@ -429,9 +442,14 @@ class DPSGDLinear(RewardEstimator):
             if self.feature_bound is None
             else check_real(self.feature_bound, "feature_bound", low=0.0, closed="neither")
         )
+        nb = (
+            None
+            if self.feature_norm_bound is None
+            else check_real(self.feature_norm_bound, "feature_norm_bound", low=0.0, closed="neither")
+        )
         Xv, yv = check_Xy(X, y, feature_bound=fb, clip=bool(self.clip))
         n, d = Xv.shape
-        C = default_clip_norm(d, fb) if self.clip_norm is None else float(self.clip_norm)
+        C = default_clip_norm(d, fb, nb) if self.clip_norm is None else float(self.clip_norm)
         b = (
             default_batch_size(n)
             if self.batch_size is None

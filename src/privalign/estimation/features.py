@@ -59,6 +59,7 @@ class PairFeatures:
     φ(k, a) is the map of ``"k\na"`` when ``use_prompt`` is set, else of the response alone. A subclass sets
     ``kind`` (the key of its ``get_config()``) and implements ``transform``, ``feature_bound`` (coordinate
     bound of a comparison difference φ(a¹) − φ(a⁰)) and ``get_config``; :meth:`from_config` rebuilds it.
+    It may override :attr:`norm_bound` (a public ℓ2 bound of a comparison difference; ``None`` here).
     """
 
     kind: ClassVar[str]
@@ -67,6 +68,15 @@ class PairFeatures:
     @property
     def feature_bound(self) -> float:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
+
+    @property
+    def norm_bound(self) -> float | None:
+        """A public bound on ``‖φ(a¹) − φ(a⁰)‖₂`` that the map guarantees by construction (fixed before any
+        data is seen), or ``None`` where the only one is the useless ``feature_bound·√d``. DP-SGD takes it
+        as ``feature_norm_bound`` to cap its default clip norm; it is public configuration, not a statistic
+        of the data. Hashed n-grams and lexicon indicators have none (a long text can set every
+        coordinate), so the base class returns ``None``."""
+        return None
 
     def transform(self, texts: Sequence[str]) -> Any:  # pragma: no cover - provided by subclasses
         raise NotImplementedError

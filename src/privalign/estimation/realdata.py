@@ -57,7 +57,7 @@ def load_preference_data(
 
     Returns:
       ``(PreferenceData, feature_map)``; ``feature_bound`` of the comparisons is
-      ``feature_map.feature_bound``.
+      ``feature_map.feature_bound`` and their public ℓ2 bound (or ``None``) ``feature_map.norm_bound``.
     """
     from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
     from privalign.estimation.features import HashedNgramFeatures, PairFeatures, feature_map_class
@@ -171,6 +171,7 @@ def real_data_accuracy(
                 sparsity=sparsity,
                 feature_bound=fmap.feature_bound,
                 random_state=np.random.default_rng(es),
+                feature_norm_bound=getattr(fmap, "norm_bound", None),  # public; caps DP-SGD's default C
             )
             est.fit(train.X, train.y)
             accs[(m, eps)].append(est.score(test.X, test.y))

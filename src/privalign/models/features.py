@@ -2,8 +2,9 @@
 
 * :class:`EmbeddingFeatures` (kind ``"minilm"``): MiniLM sentence embeddings from
   :class:`privalign.models.embeddings.MiniLMEmbedder` (loaded offline, imported lazily), or from any injected
-  embedder. Embeddings are L2-normalised, so each coordinate lies in [−1, 1] and a difference in [−2, 2]
-  (``feature_bound = 2``); the map clips to [−1, 1] anyway, data-independently.
+  embedder. Embeddings are L2-normalised; the map projects each row onto the unit ℓ2 ball anyway
+  (data-independently; a no-op on unit-norm rows), so each coordinate lies in [−1, 1], a difference in
+  [−2, 2] (``feature_bound = 2``) and its ℓ2 norm is at most 2 (``norm_bound = 2``).
 
 The estimation layer (below this one) never imports this module: it finds ``"minilm"`` through the
 entry point ``minilm = "privalign.models.features:EmbeddingFeatures"`` of the group
@@ -46,8 +47,9 @@ class EmbeddingFeatures(PairFeatures):
         (e.g. a fake in tests, or an embedder shared between maps). It is not part of ``get_config()``,
         which describes the MiniLM map of ``backend``: a map rebuilt from the config uses MiniLM.
 
-    Each coordinate is clipped to [−1, 1] (a fixed map; unit-norm rows already satisfy it), so
-    comparison differences lie in [−2, 2]: ``feature_bound = 2``.
+    Each row is projected onto the unit ℓ2 ball, ``e ↦ e / max(1, ‖e‖₂)`` (a fixed map; unit-norm rows
+    already satisfy it), so comparison differences lie in [−2, 2] (``feature_bound = 2``) and have
+    ``‖φ(a¹) − φ(a⁰)‖₂ ≤ 2`` (``norm_bound = 2``, by the triangle inequality).
     """
 
     kind = "minilm"
@@ -73,6 +75,11 @@ class EmbeddingFeatures(PairFeatures):
     def feature_bound(self) -> float:
         return 2.0
 
+    @property
+    def norm_bound(self) -> float:
+        """2: rows lie in the unit ℓ2 ball (enforced by :meth:`transform`), so a difference has norm ≤ 2."""
+        return 2.0
+
     def load_embedder(self) -> Any:
         """The embedder: the injected one, else a ``MiniLMEmbedder(backend, batch_size=...)`` built on first
         use and kept.
@@ -93,12 +100,17 @@ class EmbeddingFeatures(PairFeatures):
         return self._embedder_cache
 
     def transform(self, texts: Sequence[str]) -> np.ndarray:
-        """φ of each text: a dense ``(len(texts), 384)`` float64 matrix with entries in [−1, 1]."""
+        """φ of each text: a dense ``(len(texts), 384)`` float64 matrix whose rows lie in the unit ℓ2 ball."""
         if isinstance(texts, str):
             raise PrivacyParameterError(
                 "The 'texts' parameter must be a sequence of strings, not a single string."
             )
         X = np.asarray(self.load_embedder().embed(list(texts)), dtype=np.float64)
+        if X.ndim == 2 and X.shape[0]:
+            # Projection onto the unit ball (not normalisation): a fixed map that makes norm_bound hold for
+            # any embedder, and leaves the unit-norm MiniLM rows as they are (up to rounding).
+            norms = np.sqrt(np.einsum("ij,ij->i", X, X))
+            X = X / np.maximum(1.0, norms)[:, None]
         return np.clip(X, -1.0, 1.0)
 
     def get_config(self) -> dict[str, Any]:
