@@ -38,6 +38,7 @@ Proof notes: ``docs/privacy/transformer-reward.md``.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import importlib
 import math
@@ -100,6 +101,7 @@ def _minilm_dir() -> Any:
     return d
 
 
+@functools.lru_cache(maxsize=4)
 def _tokenizer(max_length: int) -> Any:
     tk = _import("tokenizers", "the transformer reward model")
     tok = tk.Tokenizer.from_file(str(_minilm_dir() / "tokenizer.json"))
@@ -108,8 +110,10 @@ def _tokenizer(max_length: int) -> Any:
     return tok
 
 
+@functools.lru_cache(maxsize=2)
 def _load_backbone(name: str) -> Any:
-    """The backbone as a ``transformers`` ``BertModel`` (eval mode, dropout 0, every weight frozen)."""
+    """The backbone as a ``transformers`` ``BertModel`` (eval mode, dropout 0, every weight frozen). Kept per
+    process: nothing modifies it (the trained upper layers are copies)."""
     import os
 
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # never a hub download
@@ -118,14 +122,24 @@ def _load_backbone(name: str) -> Any:
     tr = _import("transformers", "the transformer reward model")
     name = check_choice(name, "backbone", BACKBONES)
     if name == "minilm":
-        model = tr.BertModel.from_pretrained(
-            str(_minilm_dir()),
-            local_files_only=True,
-            add_pooling_layer=False,
-            attn_implementation="eager",
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
+        # quiet: the load report lists the sentence-transformers pooler, which is not used, and a progress bar
+        tlog = tr.utils.logging
+        level, bars = tlog.get_verbosity(), tlog.is_progress_bar_enabled()
+        tlog.set_verbosity_error()
+        tlog.disable_progress_bar()
+        try:
+            model = tr.BertModel.from_pretrained(
+                str(_minilm_dir()),
+                local_files_only=True,
+                add_pooling_layer=False,
+                attn_implementation="eager",
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
+        finally:
+            tlog.set_verbosity(level)
+            if bars:
+                tlog.enable_progress_bar()
     else:
         cfg = tr.BertConfig(
             vocab_size=30522,
@@ -420,6 +434,11 @@ def pair_grad_samples(params: Sequence[Any], n_pairs: int) -> None:
         p.grad_sample = gs[:n_pairs] + gs[n_pairs:]
 
 
+def _optimizer(torch: Any, p: dict, params: list) -> Any:
+    cls = torch.optim.Adam if p["optimizer"] == "adam" else torch.optim.SGD
+    return cls(params, lr=p["learning_rate"])
+
+
 def _bt_loss(torch: Any, z: Any, t: Any) -> Any:
     """Σ softplus(z) − t·z: the BT negative log-likelihood for t ∈ {0, 1}, the debiased loss for t = ŷ."""
     return (torch.nn.functional.softplus(z) - t * z).sum()
@@ -442,6 +461,7 @@ class DPTransformerRM(RewardEstimator):
       batch_size: expected batch size b (Poisson rate q = b/n for ``"sample"``); at most n.
       epochs: passes over the data; steps = ⌈epochs·n/b⌉. learning_rate: Adam's step size.
       clip_norm: C, the per-comparison gradient norm bound (``"sample"``).
+      optimizer: ``"adam"`` (default) or ``"sgd"``, applied to the privatised gradient (post-processing).
       random_state: seed of the sampling, the noise and RR (never written into a release).
 
     Privacy: see the module docstring (unit, relation and guarantee of each mode).
@@ -466,6 +486,7 @@ class DPTransformerRM(RewardEstimator):
         epochs: float = 2.0,
         learning_rate: float = 1e-3,
         clip_norm: float = 1.0,
+        optimizer: str = "adam",
         random_state: Any = None,
     ) -> None:
         self.privacy = privacy
@@ -479,6 +500,7 @@ class DPTransformerRM(RewardEstimator):
         self.epochs = epochs
         self.learning_rate = learning_rate
         self.clip_norm = clip_norm
+        self.optimizer = optimizer
         self.random_state = random_state
 
     # -- input ---------------------------------------------------------------------------------
@@ -523,6 +545,7 @@ class DPTransformerRM(RewardEstimator):
             )
         p["epochs"] = check_real(self.epochs, "epochs", low=0.0, closed="neither")
         p["learning_rate"] = check_real(self.learning_rate, "learning_rate", low=0.0, closed="neither")
+        p["optimizer"] = check_choice(self.optimizer, "optimizer", ("adam", "sgd"))
         p["steps"] = int(math.ceil(p["epochs"] * n / p["batch_size"]))
         return p
 
@@ -585,7 +608,7 @@ class DPTransformerRM(RewardEstimator):
         params = [q_ for q_ in module.parameters() if q_.requires_grad]
         gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
         opt = DPOptimizer(
-            torch.optim.Adam(params, lr=p["learning_rate"]),
+            _optimizer(torch, p, params),
             noise_multiplier=nm,
             max_grad_norm=C,
             expected_batch_size=b,
@@ -631,7 +654,7 @@ class DPTransformerRM(RewardEstimator):
         torch = net.torch
         n = len(cache0)
         b = p["batch_size"]
-        opt = torch.optim.Adam([q for q in net.top.parameters() if q.requires_grad], lr=p["learning_rate"])
+        opt = _optimizer(torch, p, [q for q in net.top.parameters() if q.requires_grad])
         order = np.zeros(0, dtype=np.int64)
         for _ in range(p["steps"]):
             if order.size < b:
