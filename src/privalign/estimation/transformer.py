@@ -434,6 +434,15 @@ def pair_grad_samples(params: Sequence[Any], n_pairs: int) -> None:
         p.grad_sample = gs[:n_pairs] + gs[n_pairs:]
 
 
+@functools.lru_cache(maxsize=64)
+def _calibrated_noise(epsilon: float, delta: float, q: float, steps: int) -> float:
+    """σ for the schedule: ``calibrate_dpsgd_noise`` (PLD, replace-one, rounded up), a pure function of public
+    values, kept per process."""
+    from privalign.estimation.baselines import calibrate_dpsgd_noise
+
+    return calibrate_dpsgd_noise(epsilon, delta, q, steps)
+
+
 def _optimizer(torch: Any, p: dict, params: list) -> Any:
     cls = torch.optim.Adam if p["optimizer"] == "adam" else torch.optim.SGD
     return cls(params, lr=p["learning_rate"])
@@ -594,8 +603,6 @@ class DPTransformerRM(RewardEstimator):
         self, net: _Backbone, cache0: list, cache1: list, y: np.ndarray, p: dict, rng: np.random.Generator
     ) -> None:
         """Opacus DP-SGD with Poisson sampling; per-comparison clipping (:func:`pair_grad_samples`)."""
-        from privalign.estimation.baselines import calibrate_dpsgd_noise
-
         torch = net.torch
         gsm_mod = _import("opacus", "sample-DP training of the transformer reward model")
         from opacus.optimizers import DPOptimizer
@@ -603,7 +610,7 @@ class DPTransformerRM(RewardEstimator):
         n = len(cache0)
         b, steps, C = p["batch_size"], p["steps"], p["clip_norm"]
         q = b / n
-        nm = calibrate_dpsgd_noise(p["epsilon"], p["delta"], q, steps)
+        nm = _calibrated_noise(p["epsilon"], p["delta"], q, steps)
         module = gsm_mod.GradSampleModule(net.top, batch_first=True, loss_reduction="sum")
         params = [q_ for q_ in module.parameters() if q_.requires_grad]
         gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
