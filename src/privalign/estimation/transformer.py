@@ -176,7 +176,7 @@ def _make_top(torch: Any, layers: Sequence[Any], hidden: int) -> Any:
     """The trainable part: the upper encoder layers, masked mean pooling and the scalar head."""
     nn = torch.nn
 
-    class _Top(nn.Module):
+    class _Top(nn.Module):  # type: ignore[name-defined]  # torch is imported lazily
         def __init__(self) -> None:
             super().__init__()
             self.layers = nn.ModuleList(layers)
