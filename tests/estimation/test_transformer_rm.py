@@ -209,3 +209,67 @@ def test_minilm_backbone_trains_a_few_steps_and_scores(tmp_path):
     np.testing.assert_allclose(
         sc.score(["a fine film"]), fm.transform(["a fine film"]) @ est.coef_, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--method", "dp-sgd", "--epsilon", "0"], "epsilon"),
+        (["--method", "dp-sgd", "--delta", "1.5"], "delta"),
+        (["--method", "rr", "--delta", "1e-6"], "--delta"),
+        (["--method", "dp-iht"], "--method"),
+        (["--method", "dp-sgd", "--batch-size", "1000"], "--batch-size"),
+        (["--method", "dp-sgd", "--top-layers", "3"], "--top-layers"),
+        (["--method", "dp-sgd", "--sparsity", "4"], "--sparsity"),
+        (["--method", "mle", "--epsilon", "1"], "--epsilon"),
+    ],
+)
+def test_fit_reward_model_bad_options_exit_2_and_write_nothing(tmp_path, capsys, argv, flag):
+    from privalign.cli import main
+
+    X, _ = _pairs(20)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": k, "chosen": a, "rejected": b}) + "\n" for k, a, b in X))
+    out = tmp_path / "rm.json"
+    rc = main(["fit-reward", "--data", str(data), "--model", "tiny-random", *argv, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and flag in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "what"),
+    [
+        ([], "no preference pairs"),
+        ([{"chosen": "a good answer", "rejected": "a good answer"}], "identical"),
+        ([{"chosen": "only one side"}], "rejected"),
+    ],
+)
+def test_fit_reward_model_bad_data_exit_2_and_write_nothing(tmp_path, capsys, lines, what):
+    from privalign.cli import main
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rc = main(
+        [
+            "fit-reward",
+            "--data",
+            str(data),
+            "--model",
+            "tiny-random",
+            "--method",
+            "mle",
+            "--out",
+            str(tmp_path / "rm.json"),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and what in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+
+
+def test_fit_reward_unshipped_backbone_is_a_usage_error(capsys):
+    from privalign.cli import main
+
+    assert main(["fit-reward", "--data", "x.jsonl", "--model", "gpt2", "--method", "dp-sgd"]) == 2
+    assert "--model" in capsys.readouterr().err

@@ -42,8 +42,6 @@ __all__ = ["register"]
 
 _METHODS = ("mle", "iht", "dp-iht", "rr-iht", "rr", "dp-sgd")
 _BACKBONES = ("minilm", "tiny-random")  # privalign.estimation.transformer.BACKBONES (imported lazily)
-#: --method → the transformer model's privacy mode
-_TRANSFORMER_PRIVACY = {"dp-sgd": "sample", "rr": "label", "mle": "none"}
 
 
 class _Given(argparse.Action):
@@ -156,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.model != "linear":
         from privalign.cli.fit_reward_transformer import run_transformer
 
-        return run_transformer(args)
+        return run_transformer(args, check_writable=_check_writable, data_sha256=_data_sha256)
     _refuse_transformer_options(args)
     return _run_linear(args)
 

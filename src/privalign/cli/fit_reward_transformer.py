@@ -53,12 +53,11 @@ def _refuse_unused(args: argparse.Namespace, privacy: str | None) -> None:
         )
 
 
-def _validate(args: argparse.Namespace, privacy: str) -> None:
+def _validate(args: argparse.Namespace, privacy: str, check_writable: Any) -> None:
     """Every option's range, before any data is loaded."""
     from pathlib import Path
 
     from privalign._validation import check_int, check_probability, check_real
-    from privalign.cli.fit_reward import _check_writable
 
     if privacy != "none":
         check_real(args.epsilon, "epsilon", low=0.0, closed="neither")
@@ -80,7 +79,7 @@ def _validate(args: argparse.Namespace, privacy: str) -> None:
         if path is not None:
             if Path(path).is_dir():
                 raise _refuse(flag, "must name a file to write, not a directory", path)
-            _check_writable(flag, path)
+            check_writable(flag, path)
     if args.out and args.audit_record and Path(args.out).resolve() == Path(args.audit_record).resolve():
         raise _refuse(
             "--audit-record", "must differ from --out (the audit record is operator-private)", args.out
@@ -115,19 +114,24 @@ def _load_pairs(args: argparse.Namespace, rng: Any) -> Any:
     return pairs
 
 
-def run_transformer(args: argparse.Namespace) -> int:
+#: --method → the transformer model's privacy mode
+TRANSFORMER_PRIVACY = {"dp-sgd": "sample", "rr": "label", "mle": "none"}
+
+
+def run_transformer(args: argparse.Namespace, *, check_writable: Any, data_sha256: Any) -> int:
+    """``fit-reward`` with a transformer ``--model``; ``check_writable(flag, path)`` and ``data_sha256(data)``
+    are ``fit-reward``'s (passed in, so that this module does not import that one)."""
     import numpy as np
 
-    from privalign.cli.fit_reward import _TRANSFORMER_PRIVACY, _data_sha256
     from privalign.estimation.persistence import save_model
     from privalign.estimation.preferences import PreferenceData, train_test_split
     from privalign.estimation.transformer import DPTransformerRM
     from privalign.release import audit_record_path, public_metadata, write_audit_record
 
-    privacy = _TRANSFORMER_PRIVACY.get(args.method)
+    privacy = TRANSFORMER_PRIVACY.get(args.method)
     _refuse_unused(args, privacy)
     assert privacy is not None
-    _validate(args, privacy)
+    _validate(args, privacy, check_writable)
     unit = privacy
     noise = np.random.SeedSequence(args.seed)  # never written into the release
     (est_seed,) = noise.spawn(1)
@@ -204,7 +208,7 @@ def run_transformer(args: argparse.Namespace) -> int:
             args.audit_record,
             {
                 "noise_seed_entropy": str(noise.entropy) if args.seed is None else str(args.seed),
-                "data_sha256": _data_sha256(args.data),
+                "data_sha256": data_sha256(args.data),
                 "heldout_accuracy": acc,
                 "command": "privalign fit-reward",
                 "arguments": {k: v for k, v in vars(args).items() if k != "func"},

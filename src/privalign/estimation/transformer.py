@@ -57,7 +57,6 @@ from privalign.accounting.events import (
 )
 from privalign.errors import DataFormatError, MissingDependencyError, PrivacyParameterError
 from privalign.estimation.base import RewardEstimator, check_epsilon, check_labels, preference_accuracy
-from privalign.estimation.features import PairFeatures
 from privalign.rng import as_generator
 
 __all__ = [
@@ -321,7 +320,7 @@ def describe_feature_config(config: Any) -> Any:
     return {**config, "weights": {"n_tensors": len(w), "n_values": n, "sha256": h.hexdigest()}}
 
 
-class TransformerFeatures(PairFeatures):
+class TransformerFeatures:
     """φ(a) = the pooled output of a backbone whose upper layers carry the given (DP-trained) weights.
 
     Args:
@@ -334,6 +333,10 @@ class TransformerFeatures(PairFeatures):
 
     No coordinate bound is claimed (``feature_bound = inf``): the map is used to score, not to fit a linear
     estimator with a feature-bound-based guarantee.
+
+    It has the interface of :class:`privalign.estimation.features.PairFeatures` (``kind``, ``transform``,
+    ``transform_pairs``, ``get_config``, ``from_config``) without subclassing it: ``features`` finds this map
+    by its kind, so this module does not import that one.
     """
 
     kind = "transformer"
@@ -395,6 +398,21 @@ class TransformerFeatures(PairFeatures):
                 pooled = net.top.pooled(net.bottom(ids, mask), mask)
             out[s : s + len(ids)] = pooled.double().numpy()
         return out
+
+    def transform_pairs(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
+        """φ(k, a) for aligned prompts and responses (``"k\na"`` when ``use_prompt``, as ``PairFeatures``)."""
+        if len(prompts) != len(responses):
+            raise PrivacyParameterError(
+                f"The 'prompts' and 'responses' parameters must have equal lengths. Got {len(prompts)} and "
+                f"{len(responses)}."
+            )
+        if self.use_prompt:
+            return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
+        return self.transform(list(responses))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TransformerFeatures:
+        return cls(**{k: v for k, v in config.items() if k != "kind"})
 
     def get_config(self) -> dict[str, Any]:
         return {
