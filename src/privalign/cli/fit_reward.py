@@ -56,7 +56,7 @@ class _Given(argparse.Action):
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fit-reward",
-        help="Fit a (private) sparse linear BTL reward model on preference pairs.",
+        help="Fit a (private) sparse linear BTL reward model, or a transformer one, on preference pairs.",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
