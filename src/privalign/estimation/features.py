@@ -329,7 +329,7 @@ def _entry_points() -> Any:
 
 def feature_map_kinds() -> list[str]:
     """Every kind :func:`feature_map_from_config` knows now: built in, registered, or from an entry point."""
-    return sorted({*_BUILTIN, "transformer", *_REGISTERED, *(ep.name for ep in _entry_points())})
+    return sorted({*_BUILTIN, *_REGISTERED, *(ep.name for ep in _entry_points())})
 
 
 def _load_entry_point(kind: str, ep: Any) -> type[PairFeatures]:
