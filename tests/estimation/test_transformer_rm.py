@@ -273,3 +273,18 @@ def test_fit_reward_unshipped_backbone_is_a_usage_error(capsys):
 
     assert main(["fit-reward", "--data", "x.jsonl", "--model", "gpt2", "--method", "dp-sgd"]) == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_malformed_weights_fail_at_load_naming_the_file(tmp_path):
+    from privalign.errors import DataFormatError
+    from privalign.estimation.persistence import save_model
+    from privalign.models.scorers import LinearRewardScorer
+
+    est, _, _ = _fit("none", epochs=1)
+    path = save_model(est, tmp_path / "rm.json", feature_config=est.feature_map().get_config())
+    doc = json.loads(path.read_text())
+    first = next(iter(doc["feature_config"]["weights"]))
+    doc["feature_config"]["weights"][first]["b64"] = "not base64!"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DataFormatError, match=r"rm\.json.*weights"):
+        LinearRewardScorer.load(path)

@@ -356,17 +356,14 @@ class TransformerFeatures:
         self.use_prompt = bool(use_prompt)
         self.batch_size = check_int(batch_size, "batch_size", low=1)
         self._weights_doc = weights
+        # decoded now, so that a malformed file fails when it is loaded, not at its first request
+        self._weights = None if weights is None else _decode_weights(weights)
         self._net: _Backbone | None = None
 
     @classmethod
     def from_trained(cls, net: _Backbone, *, backbone: str, max_length: int, use_prompt: bool) -> Any:
-        fm = cls(
-            backbone,
-            net.top_layers,
-            max_length,
-            use_prompt,
-            weights=_encode_weights(net.top_state()),
-        )
+        fm = cls(backbone, net.top_layers, max_length, use_prompt)
+        fm._weights_doc = _encode_weights(net.top_state())
         fm._net = net
         return fm
 
@@ -377,8 +374,8 @@ class TransformerFeatures:
     def _model(self) -> _Backbone:
         if self._net is None:
             net = _Backbone(self.backbone, self.top_layers, self.max_length)
-            if self._weights_doc is not None:
-                net.load_top_state(_decode_weights(self._weights_doc))
+            if self._weights is not None:
+                net.load_top_state(self._weights)
             self._net = net
         return self._net
 
