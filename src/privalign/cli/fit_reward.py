@@ -109,7 +109,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-features", type=int, default=2**12, help="Hashed n-gram dimension d (default 4096).")
     p.add_argument("--n-pairs", type=int, default=None, help="Use at most this many pairs.")
     p.add_argument(
-        "--step-size", type=float, default=None, help="η for the IHT methods / learning rate for dp-sgd."
+        "--step-size",
+        type=float,
+        default=None,
+        help="η for the IHT methods / learning rate for dp-sgd (Adam's step size with a transformer --model, "
+        "default 1e-3).",
     )
     p.add_argument("--n-iter", type=int, default=None, help="T for the IHT methods.")
     p.add_argument("--test-size", type=float, default=0.2, help="Fraction of prompts held out (default 0.2).")

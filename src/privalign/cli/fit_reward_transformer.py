@@ -39,6 +39,10 @@ def _refuse_unused(args: argparse.Namespace, privacy: str | None) -> None:
         raise _refuse("--n-iter", f"not used by --model {args.model}; use --epochs", args.n_iter)
     if args.tune:
         raise _refuse("--tune", f"not available with --model {args.model}; drop --tune", True)
+    if args.n_features != 2**12:
+        raise _refuse(
+            "--n-features", f"not used by --model {args.model} (no hashed n-grams)", args.n_features
+        )
     if args.features != "ngram":
         raise _refuse(
             "--features", f"not used by --model {args.model} (the backbone is the feature map)", args.features
