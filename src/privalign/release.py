@@ -39,6 +39,7 @@ __all__ = [
     "REWARD_MODEL_FITTED",
     "REWARD_MODEL_METADATA",
     "REWARD_MODEL_TUNING",
+    "REWARD_MODEL_TRANSFORMER_CONFIG",
     "SECRET_PARAMS",
     "check_reward_model",
     "claims_privacy",
@@ -142,6 +143,14 @@ REWARD_MODEL_TUNING = frozenset(
     }
 )
 
+#: ``feature_config`` keys of a transformer reward model (kind ``"transformer"``,
+#: :mod:`privalign.estimation.transformer`): the public architecture (backbone, how many upper layers were
+#: trained, truncation, prompt use, batch size of scoring) and ``weights``, the trained upper layers: a DP
+#: output (sample-DP: the DP-SGD iterate; label-DP: a function of the public texts and the RR labels).
+REWARD_MODEL_TRANSFORMER_CONFIG = frozenset(
+    {"kind", "backbone", "top_layers", "max_length", "use_prompt", "batch_size", "weights"}
+)
+
 #: The line every release-boundary-checked reward-model file carries in ``metadata["release"]``.
 RELEASE_RULE = (
     "public configuration, DP outputs and values computed from them only: no noise seed, no hash and no "
@@ -195,6 +204,18 @@ def check_reward_model(doc: Mapping[str, Any]) -> None:
         for k in tuning:
             if k not in REWARD_MODEL_TUNING:
                 raise _refuse(f"metadata.tuning.{k}")
+    _check_transformer_config(doc.get("feature_config"))
+
+
+def _check_transformer_config(fc: Any) -> None:
+    if isinstance(fc, Mapping) and fc.get("kind") == "transformer":
+        for k in fc:
+            if k not in REWARD_MODEL_TRANSFORMER_CONFIG:
+                raise _refuse(f"feature_config.{k}")
+        for name, t in (fc.get("weights") or {}).items():
+            for k in t if isinstance(t, Mapping) else ():
+                if k not in ("dtype", "shape", "b64"):
+                    raise _refuse(f"feature_config.weights.{name}.{k}")
 
 
 def _refuse(path: str) -> ReleaseBoundaryError:

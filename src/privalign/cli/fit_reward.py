@@ -17,6 +17,13 @@ label-DP ε (features public); ``mle`` and ``iht`` are not private. An option th
 is refused, not ignored: ``--epsilon`` with ``mle``/``iht``, ``--delta`` with the label-DP and non-private
 methods, ``--sparsity`` with ``mle``/``rr``/``dp-sgd``, ``--n-iter`` with ``mle``/``rr``/``dp-sgd``.
 
+``--model minilm`` fits a transformer reward model instead (``privalign.estimation.transformer``): the upper
+``--top-layers`` of all-MiniLM-L6-v2 and a scalar head, trained on the pairs with the Bradley–Terry loss under
+Opacus DP-SGD (``--method dp-sgd``, sample-DP ε, δ), on randomized-response labels with the debiased loss
+(``--method rr``, label-DP ε) or without privacy (``--method mle``). It is saved in the same reward-model
+format (the trained layers inside the file's feature map), so ``serve --reward-model``, ``build-pool
+--proxy-reward linear:PATH`` and ``align`` read it unchanged.
+
 ``--tune`` chooses the hyper-parameters (a small grid per method, ``privalign.estimation.tuning``) on a
 validation split of the *training* prompts (``--validation-fraction``), never the test prompts; the
 selection is the exponential mechanism on validation accuracy and the whole search, selection included,
@@ -34,6 +41,7 @@ from privalign.cli._args import emit_json, finite_float
 __all__ = ["register"]
 
 _METHODS = ("mle", "iht", "dp-iht", "rr-iht", "rr", "dp-sgd")
+_BACKBONES = ("minilm", "tiny-random")  # privalign.estimation.transformer.BACKBONES (imported lazily)
 
 
 class _Given(argparse.Action):
@@ -48,7 +56,7 @@ class _Given(argparse.Action):
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fit-reward",
-        help="Fit a (private) sparse linear BTL reward model on preference pairs.",
+        help="Fit a (private) sparse linear BTL reward model, or a transformer one, on preference pairs.",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -57,6 +65,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--features", default="ngram", choices=("ngram", "minilm"), help="Public feature map (default ngram)."
     )
     p.add_argument("--method", required=True, choices=_METHODS, help="Estimator.")
+    p.add_argument(
+        "--model",
+        default="linear",
+        choices=("linear",) + _BACKBONES,
+        help="'linear' (default: a linear reward over --features) or a transformer reward model on a shipped "
+        "backbone: 'minilm' (all-MiniLM-L6-v2, its upper --top-layers trained with a scalar head) or "
+        "'tiny-random' (a 2-layer test backbone); with --method dp-sgd (Opacus DP-SGD, sample-DP), rr (RR "
+        "labels and the debiased BT loss, label-DP) or mle (not private).",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="Transformer model: expected batch size b (Poisson rate b/n for dp-sgd; default 64, at most the "
+        "number of training pairs).",
+    )
+    p.add_argument(
+        "--epochs", type=float, default=None, help="Transformer model: passes over the data (default 2)."
+    )
+    p.add_argument(
+        "--top-layers",
+        type=int,
+        default=None,
+        help="Transformer model: upper encoder layers trained (default 1; the rest are frozen).",
+    )
     p.add_argument(
         "--epsilon",
         type=finite_float(
@@ -76,7 +109,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-features", type=int, default=2**12, help="Hashed n-gram dimension d (default 4096).")
     p.add_argument("--n-pairs", type=int, default=None, help="Use at most this many pairs.")
     p.add_argument(
-        "--step-size", type=float, default=None, help="η for the IHT methods / learning rate for dp-sgd."
+        "--step-size",
+        type=float,
+        default=None,
+        help="η for the IHT methods / learning rate for dp-sgd (Adam's step size with a transformer --model, "
+        "default 1e-3).",
     )
     p.add_argument("--n-iter", type=int, default=None, help="T for the IHT methods.")
     p.add_argument("--test-size", type=float, default=0.2, help="Fraction of prompts held out (default 0.2).")
@@ -118,6 +155,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.model != "linear":
+        from privalign.cli.fit_reward_transformer import run_transformer
+
+        return run_transformer(args, check_writable=_check_writable, data_sha256=_data_sha256)
+    _refuse_transformer_options(args)
+    return _run_linear(args)
+
+
+def _refuse_transformer_options(args: argparse.Namespace) -> None:
+    from privalign.errors import PrivacyParameterError
+
+    for dest in ("batch_size", "epochs", "top_layers"):
+        if getattr(args, dest) is not None:
+            flag = "--" + dest.replace("_", "-")
+            raise PrivacyParameterError(
+                f"argument {flag}: used only with a transformer --model (minilm, tiny-random); drop {flag} "
+                f"or add --model minilm (got {getattr(args, dest)!r})"
+            )
+
+
+def _run_linear(args: argparse.Namespace) -> int:
     import numpy as np
 
     from privalign.estimation.persistence import save_model

@@ -7,6 +7,9 @@ preference accuracy) and ``privacy_event_`` (with the privacy unit: ``"sample"``
 * non-private references: :class:`MLE`, :class:`IHT`;
 * sample-DP (ε, δ): :class:`SampleDPIHT` (Peeling), :class:`DPSGDLinear`;
 * label-DP ε: :class:`RRIHT`, :class:`DenseRR` (randomized response; features public);
+* a transformer reward model: :class:`DPTransformerRM` (MiniLM's upper layers + a scalar head; Opacus DP-SGD
+  per comparison, or RR labels with the debiased loss; ``fit`` takes ``(prompt, a0, a1)`` text triples;
+  :mod:`privalign.estimation.transformer`);
 * tuning: :class:`PrivateGridSearch` / :func:`tune` (validation split of the training data, selection by
   the exponential mechanism, cost composed into ``privacy_event_``; ``docs/estimation.md``);
 * public feature maps: :class:`HashedNgramFeatures`, :class:`LexiconFeatures` (base :class:`PairFeatures`);
@@ -42,6 +45,7 @@ from privalign.estimation.preferences import (
     train_test_split_by_row,
 )
 from privalign.estimation.synthetic import SyntheticBTL, make_btl
+from privalign.estimation.transformer import DPTransformerRM
 from privalign.estimation.tuning import PrivateGridSearch, tune
 
 __all__ = [
@@ -51,6 +55,7 @@ __all__ = [
     "RRIHT",
     "DenseRR",
     "DPSGDLinear",
+    "DPTransformerRM",
     "PairFeatures",
     "HashedNgramFeatures",
     "LexiconFeatures",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib.metadata
 import warnings
 from collections.abc import Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -361,6 +361,10 @@ def _load_entry_point(kind: str, ep: Any) -> type[PairFeatures]:
 
 
 def _feature_map_class(kind: Any, name: str) -> type[PairFeatures]:
+    if kind == "transformer":  # built in; a PairFeatures by interface (its module does not import this one)
+        from privalign.estimation.transformer import TransformerFeatures
+
+        return cast(type[PairFeatures], TransformerFeatures)
     if isinstance(kind, str):
         cls = _BUILTIN.get(kind) or _REGISTERED.get(kind)
         if cls is not None:

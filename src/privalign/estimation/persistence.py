@@ -48,11 +48,15 @@ READABLE_VERSIONS = (1, 2)
 def _estimators() -> dict[str, type]:
     from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
     from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
+    from privalign.estimation.transformer import DPTransformerRM
 
-    return {c.__name__: c for c in (IHT, SampleDPIHT, RRIHT, MLE, DenseRR, DPSGDLinear)}
+    return {c.__name__: c for c in (IHT, SampleDPIHT, RRIHT, MLE, DenseRR, DPSGDLinear, DPTransformerRM)}
 
 
-ESTIMATORS = ("IHT", "SampleDPIHT", "RRIHT", "MLE", "DenseRR", "DPSGDLinear")
+#: ``DPTransformerRM`` is a transformer reward model saved as a linear head over its feature map (kind
+#: ``"transformer"``, whose ``feature_config`` holds the DP-trained upper layers): see
+#: :mod:`privalign.estimation.transformer`.
+ESTIMATORS = ("IHT", "SampleDPIHT", "RRIHT", "MLE", "DenseRR", "DPSGDLinear", "DPTransformerRM")
 
 
 def _jsonable(v: Any) -> Any:

@@ -179,6 +179,9 @@ class LinearRewardScorer:
             if hasattr(self.feature_map, "get_config")
             else repr(self.feature_map)
         )
+        from privalign.estimation.transformer import describe_feature_config
+
+        fm = describe_feature_config(fm)  # a transformer map's weights: summarised, not copied
         from privalign.release import public_metadata
 
         meta = self.metadata if self.privacy_event is None else public_metadata(self.metadata)

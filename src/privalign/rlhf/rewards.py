@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from privalign.errors import DataFormatError, PrivacyParameterError
+from privalign.estimation.transformer import describe_feature_config
 from privalign.release import public_metadata
 
 __all__ = ["PrivateReward", "ScorerReward", "load_reward", "file_sha256"]
@@ -125,7 +126,8 @@ class PrivateReward:
             # Gaussian event is accounted
             "target_delta": ((self.metadata.get("tuning") or {}).get("privacy_budget") or {}).get("delta")
             or self.est.get_params().get("delta"),
-            "feature_config": self.feature_config,
+            # a transformer map's weights (megabytes) summarised by count and hash, not copied
+            "feature_config": describe_feature_config(self.feature_config),
             "training_data": self.metadata.get("data"),
             # only the release-safe part: a file written before the release boundary may hold its noise
             # seed or exact accuracies, which a manifest must not copy (docs/privacy/release.md)
