@@ -224,6 +224,7 @@ class Param:
       default: Used when the front end leaves it out (``None``: the selector's own default).
       bounds: Public bounds a server enforces before any reservation (``None``: only the selector's check).
       default_from: Left out, it takes this other parameter's value (PrivITP's σ_Z defaults to σ_X).
+      excludes: Parameters that cannot be given with this one (PrivBoN's ``sigma`` excludes ``epsilon``).
     """
 
     name: str
@@ -232,6 +233,7 @@ class Param:
     default: float | None = None
     bounds: tuple[float, float] | None = None
     default_from: str | None = None
+    excludes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,16 @@ class MethodBase:
     spends_budget: ClassVar[bool] = False
     #: a server may offer it (ITP: no, the service's one non-private method is BoN)
     served: ClassVar[bool] = True
+    #: the noise parameters :meth:`calibrate` fills in (empty: not calibrated to an ε)
+    calibrated_params: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def calibrate(
+        cls, epsilon: float, n: int, params: Mapping[str, Any], *, r_max: float, sensitivity: float
+    ) -> dict[str, Any]:
+        """The :attr:`calibrated_params` whose worst-case ε at pools of ``n`` is ``epsilon`` (at most, and
+        close to it), given the other parameters."""
+        raise NotImplementedError(f"{cls.name} has no noise to calibrate")
 
     @classmethod
     def from_params(

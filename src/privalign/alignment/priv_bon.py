@@ -105,7 +105,11 @@ class PrivBoN(MethodBase):
     spends_budget = True
     params = (
         Param("epsilon", "ε > 0 of the exponential mechanism (or give sigma)"),
-        Param("sigma", "the Gumbel scale σ ≥ 0 instead of ε (σ = 0 is plain BoN)"),
+        Param(
+            "sigma",
+            "the Gumbel scale σ ≥ 0 instead of ε (σ = 0 is plain BoN)",
+            excludes=("epsilon", "sigma_reg"),
+        ),
         Param("sigma_reg", "public regularisation temperature: σ = max(2Δ/ε, σ_reg)"),
     )
 

@@ -10,7 +10,7 @@ from numpy.typing import ArrayLike
 
 from privalign._validation import check_probability, check_real
 from privalign.accounting.events import ExPostEvent
-from privalign.accounting.expost import PrivITPAccountant
+from privalign.accounting.expost import PrivITPAccountant, calibrate_privitp_sigma
 from privalign.alignment.base import (
     FALLBACK,
     BatchSelection,
@@ -104,6 +104,24 @@ class PrivITP(MethodBase):
         sx = params["sigma_x"]
         sz = params.get("sigma_z")
         return f"PrivITP β={params['beta']:g} σx={sx:g} σz={sx if sz is None else sz:g}"
+
+    calibrated_params = ("sigma_x", "sigma_z")
+
+    @classmethod
+    def calibrate(cls, epsilon, n, params, *, r_max, sensitivity) -> dict:
+        """σ_X = σ_Z with the worst case ``ε_max(n)`` at ``delta`` at most ``epsilon`` (relative σ tolerance
+        1e-6; :func:`~privalign.accounting.expost.calibrate_privitp_sigma`)."""
+        s = calibrate_privitp_sigma(
+            epsilon,
+            params.get("delta", 1e-6),
+            n,
+            beta=params["beta"],
+            r_max=r_max,
+            sensitivity=sensitivity,
+            L=params.get("L", 3.0),
+            rtol=1e-6,
+        )
+        return {"sigma_x": s, "sigma_z": s}
 
     def pick(self, candidates, *, rng) -> Selection:
         """Select from ``[pool A (n), pool B (n), fallback (1)]``; the index is into that list (``2n`` =
