@@ -294,6 +294,9 @@ class MethodBase:
     spends_budget: ClassVar[bool] = False
     #: a server may offer it (ITP: no, the service's one non-private method is BoN)
     served: ClassVar[bool] = True
+    #: the kind of its privacy events: ``"none"``, ``"pure"`` (a pure-ε event per query: PrivBoN) or
+    #: ``"ex-post"`` (an ex-post event: PrivITP); sessions pick their filter by it
+    accounting: ClassVar[str] = "none"
     #: the noise parameters :meth:`calibrate` fills in (empty: not calibrated to an ε)
     calibrated_params: ClassVar[tuple[str, ...]] = ()
 

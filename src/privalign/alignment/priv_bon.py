@@ -103,6 +103,7 @@ class PrivBoN(MethodBase):
     label = "PrivBoN"
     private = True
     spends_budget = True
+    accounting = "pure"
     params = (
         Param("epsilon", "ε > 0 of the exponential mechanism (or give sigma)"),
         Param(

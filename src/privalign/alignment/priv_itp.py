@@ -69,6 +69,7 @@ class PrivITP(MethodBase):
     name = "privitp"
     label = "PrivITP"
     private = True
+    accounting = "ex-post"
     layout = CandidateLayout(pools=2, fallback=True)
     #: the public bounds a server enforces on β and σ (σ = 1e308 overflows σ²)
     params = (
