@@ -256,13 +256,16 @@ def serve_pool(
     from privalign.rng import SecureNoise
 
     rng = SecureNoise() if secure else np.random.default_rng(seed)
-    kw = {"n": n, "max_prompts": max_prompts}
     if selector.accounting == "ex-post":
         flt: Any = ExPostFilter(budget_epsilon, budget_delta)
-        rep = run_session(pool, selector, flt, principal, rng, progress=progress, **kw)
+        rep = run_session(
+            pool, selector, flt, principal, rng, n=n, max_prompts=max_prompts, progress=progress
+        )
         return {"method": selector.name, "filter": "ExPostFilter", **rep.to_dict()}
     if secure:
-        rep = run_session(pool, selector, PureDPFilter(budget_epsilon), principal, rng, **kw)
+        rep = run_session(
+            pool, selector, PureDPFilter(budget_epsilon), principal, rng, n=n, max_prompts=max_prompts
+        )
         return {"method": selector.name, "filter": "PureDPFilter", **rep.to_dict()}
     return {
         "method": selector.name,
@@ -272,7 +275,8 @@ def serve_pool(
             budget_epsilon=budget_epsilon,
             delta=budget_delta,
             rng=seed,
+            n=n,
             principal=principal,
-            **kw,
+            max_prompts=max_prompts,
         ),
     }
