@@ -7,12 +7,14 @@ Public bounds (refused with a 400 naming the parameter, nothing charged):
   never below 10⁻⁹, the ledger's unit). PrivBoN's ε is **rounded down to the ledger unit** (10⁻⁹) and the
   exponential mechanism is run at a float ε whose exact value does not exceed it, so the charge is exactly
   the requested number of units: a budget of 2.0 serves exactly twenty ε = 0.1 requests. The float ε and
-  the Gumbel scale are the library's (:func:`privalign.alignment.priv_bon.privbon_epsilon_within`, then
-  :func:`privalign.alignment.selectors.make_selector`: scale 2Δ/ε rounded up, charged ε rounded up).
+  the Gumbel scale are the library's (``PrivBoN.for_budget``:
+  :func:`privalign.alignment.priv_bon.privbon_epsilon_within`; scale 2Δ/ε rounded up, charged ε rounded up).
 * ``n``: in ``[1, limits.max_n]``, and the method's candidate count (PrivITP: ``2n + 1``) at most
   ``limits.max_n``.
-* PrivITP: ``beta`` in :data:`BETA_BOUNDS`, ``sigma_x``/``sigma_z`` in :data:`SIGMA_BOUNDS`; the
-  worst-case ε_max must be finite, at least the ε floor's unit and at most the request's ``epsilon`` cap.
+* A method's parameters (PrivITP's ``beta``, ``sigma_x``, ``sigma_z``): within the public ``bounds`` the
+  selector class declares (``[1e-6, 1e6]`` for each); a field the method does not declare is refused. A
+  method whose parameters fix its noise (PrivITP): the worst-case ε_max must be finite, at least the ledger
+  unit and at most the request's ``epsilon`` cap.
 """
 
 from __future__ import annotations
@@ -33,12 +35,7 @@ from privalign.service.config import ServiceConfig
 from privalign.service.errors import ApiError
 from privalign.service.schemas import PrivacyParams
 
-__all__ = ["Plan", "make_plan", "pool_size", "select", "BETA_BOUNDS", "SIGMA_BOUNDS", "quantize_epsilon"]
-
-#: PrivITP's KL temperature β: public bounds (declared by PrivITP's parameters; kept for importers).
-BETA_BOUNDS = (1e-6, 1e6)
-#: PrivITP's Gaussian noise scales σ_X, σ_Z: public bounds (σ = 1e308 overflows σ²).
-SIGMA_BOUNDS = (1e-6, 1e6)
+__all__ = ["Plan", "make_plan", "pool_size", "select", "quantize_epsilon"]
 
 
 @dataclass
