@@ -17,7 +17,6 @@ Privacy:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,7 +24,7 @@ from numpy.typing import ArrayLike
 
 from privalign._validation import check_choice, check_int
 from privalign.accounting.events import PrivacyEvent
-from privalign.alignment.base import BatchSelection, CandidateLayout, Param, Selection, SelectionLaw
+from privalign.alignment.base import BatchSelection, CandidateLayout, Selection, SelectionLaw
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
@@ -267,14 +266,3 @@ def make_selector(
         known = {p.name for p in kind.params}
         spec = SelectorSpec.of(method, **{k: v for k, v in params.items() if k in known})
     return spec.build(r_max=r_max, sensitivity=sensitivity, clip=clip)
-
-
-def declared_params(method: str) -> tuple[Param, ...]:
-    """The parameters ``method`` declares (for front ends building their flags and messages)."""
-    return tuple(method_class(method).params)
-
-
-def spec_from_mapping(method: str, values: Mapping[str, Any]) -> SelectorSpec:
-    """A spec from a front end's mapping (argparse namespace as a dict, TOML table, JSON object), keeping
-    only the method's declared parameters."""
-    return SelectorSpec.of(method, **{p.name: values.get(p.name) for p in declared_params(method)})
