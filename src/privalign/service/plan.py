@@ -171,6 +171,10 @@ def _make_plan(cfg: ServiceConfig, given: PrivacyParams | None, n_default: int) 
     if not kind.private:
         return Plan(method, math.inf, n, params, worst, sel)
     if kind.spends_budget:  # calibrated: the charged ε is at most the units exactly
+        if not worst_eps <= eps:  # pragma: no cover - a selector whose for_budget overshoots the cap
+            raise _bad(
+                "privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly."
+            )
         return Plan(method, float(cap), n, params, worst, sel)
     shown = ", ".join(f"{k}={v}" for k, v in params.items())
     if not math.isfinite(worst_eps) or worst_eps < 1.0 / db.EPS_SCALE:
