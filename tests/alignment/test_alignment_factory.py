@@ -179,3 +179,33 @@ def test_simulation_privacy_report_is_the_selectors():
         "privitp", beta=0.05, sigma_x=0.2, sigma_z=0.1, L=4.0, delta=1e-5, r_max=1.5, sensitivity=0.7
     )
     assert res["methods"][2]["privacy"]["epsilon_max"] == itp.accountant.epsilon_max_many([2, 8])
+
+
+# -- the selector owns its method: spec, flat candidate list ----------------------------------------------
+
+
+def test_selector_spec_refuses_a_parameter_the_method_does_not_take():
+    from privalign.alignment.selectors import SelectorSpec
+
+    with pytest.raises(PrivacyParameterError, match="'beta' parameter does not apply to method 'privbon'"):
+        SelectorSpec.of("privbon", epsilon=1.0, beta=0.1)
+    spec = SelectorSpec.of("privitp", beta=0.1, sigma_x=2.0)
+    assert spec.resolved() == {"beta": 0.1, "sigma_x": 2.0, "sigma_z": 2.0, "L": 3.0, "delta": 1e-6}
+    assert make_selector(spec).sigma_z == 2.0 and spec.describe() == "PrivITP β=0.1 σx=2 σz=2"
+
+
+@pytest.mark.parametrize("method", ["itp", "privitp"])
+def test_pick_maps_pool_b_and_the_fallback_into_the_flat_list(method):
+    """``pick`` on ``[pool A (n), pool B (n), fallback]``: an accepted pool-B candidate i is ``n + i``, the
+    fallback is ``2n`` (the layout lives in the two-pool selectors, not in the service)."""
+    params = {"beta": 0.05} if method == "itp" else {"beta": 0.05, "sigma_x": 1.0, "sigma_z": 0.01}
+    sel = make_selector(method, **params)
+    n = 4
+    rng = np.random.default_rng(0)
+    high = np.r_[np.zeros(n), np.ones(n), 0.5]  # pool B at the top: accepted at once
+    out = sel.pick(high, rng=rng)
+    assert n <= out.index < 2 * n
+    low = np.r_[np.ones(n), np.zeros(n), 0.5]  # pool B at the bottom, λ̂ high: nothing accepted
+    assert sel.pick(low, rng=rng).index == 2 * n
+    with pytest.raises(PrivacyParameterError, match="2n \\+ 1"):
+        sel.pick(np.zeros(2 * n), rng=rng)

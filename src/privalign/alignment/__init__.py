@@ -16,7 +16,15 @@ if TYPE_CHECKING:  # imported on first access (module __getattr__ below)
     from privalign.alignment.normalizer import solve_normalizer
     from privalign.alignment.priv_bon import PrivBoN, privbon_epsilon, privbon_epsilon_within, privbon_scale
     from privalign.alignment.priv_itp import PrivITP
-    from privalign.alignment.selectors import Selector, check_method, make_selector, pool_size
+    from privalign.alignment.selectors import (
+        Selector,
+        SelectorSpec,
+        check_method,
+        make_selector,
+        methods,
+        pool_size,
+        register,
+    )
 
 #: public name → the submodule defining it
 _LAZY = {
@@ -33,6 +41,9 @@ _LAZY = {
     "privbon_epsilon_within": "priv_bon",
     "PrivITP": "priv_itp",
     "Selector": "selectors",
+    "SelectorSpec": "selectors",
+    "methods": "selectors",
+    "register": "selectors",
     "make_selector": "selectors",
     "check_method": "selectors",
     "pool_size": "selectors",
@@ -52,6 +63,9 @@ __all__ = [
     "privbon_epsilon_within",
     "solve_normalizer",
     "Selector",
+    "SelectorSpec",
+    "methods",
+    "register",
     "make_selector",
     "check_method",
     "pool_size",

@@ -1,11 +1,15 @@
 """Shared types of the inference-time selectors: :class:`Selection`, :class:`BatchSelection`,
-:class:`SelectionLaw` and the :data:`FALLBACK` marker."""
+:class:`SelectionLaw`, the :data:`FALLBACK` marker, and what a selector class declares about its method
+(:class:`Param`, :class:`CandidateLayout`, :class:`MethodBase`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from fractions import Fraction
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -13,7 +17,16 @@ from privalign._validation import check_finite_matrix, check_finite_vector
 from privalign.accounting.events import PrivacyEvent
 from privalign.errors import PrivacyParameterError
 
-__all__ = ["FALLBACK", "Selection", "BatchSelection", "SelectionLaw", "LazyEvents"]
+__all__ = [
+    "FALLBACK",
+    "Selection",
+    "BatchSelection",
+    "SelectionLaw",
+    "LazyEvents",
+    "Param",
+    "CandidateLayout",
+    "MethodBase",
+]
 
 #: Index returned when a rejection-sampling selector accepted nothing: the caller must serve one more
 #: *fresh* sample from the base policy (spec §2.2 step 7; defect K14).
@@ -197,3 +210,162 @@ def require_pool_b(pool_b, method: str):
             "candidates independent of pool A (see docs/privacy/privitp.md). Got None instead."
         )
     return pool_b
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter a selection method takes (what every front end reads: CLI flags, TOML keys, the
+    service's ``privacy`` object).
+
+    Attributes:
+      name: The parameter's name (``epsilon``, ``beta``, ...), as the selector's constructor spells it.
+      help: One line for ``--help`` and the service's error messages.
+      required: The method cannot run without it (no default).
+      default: Used when the front end leaves it out (``None``: the selector's own default).
+      bounds: Public bounds a server enforces before any reservation (``None``: only the selector's check).
+      default_from: Left out, it takes this other parameter's value (PrivITP's σ_Z defaults to σ_X).
+      excludes: Parameters that cannot be given with this one (PrivBoN's ``sigma`` excludes ``epsilon``).
+    """
+
+    name: str
+    help: str
+    required: bool = False
+    default: float | None = None
+    bounds: tuple[float, float] | None = None
+    default_from: str | None = None
+    excludes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CandidateLayout:
+    """How one query's candidates are laid out in a flat list: ``pools`` pools of ``n`` (phase 1, then
+    phase 2), then one fresh fallback candidate when ``fallback``."""
+
+    pools: int = 1
+    fallback: bool = False
+
+    def needed(self, n: int) -> int:
+        """Candidates one query with pools of ``n`` consumes (``n``, or ``2n + 1`` for ITP/PrivITP)."""
+        return self.pools * int(n) + int(self.fallback)
+
+    def n_for(self, k: int) -> int | None:
+        """The pool size ``n ≥ 1`` that ``k`` candidates make, or ``None`` when no ``n`` does."""
+        n, rest = divmod(int(k) - int(self.fallback), self.pools)
+        return n if n >= 1 and rest == 0 else None
+
+    def describe_count(self) -> str:
+        """The count as a formula: ``n``, ``2n + 1``."""
+        return ("n" if self.pools == 1 else f"{self.pools}n") + (" + 1" if self.fallback else "")
+
+    def describe(self) -> str:
+        parts = ["n"] if self.pools == 1 else [f"{self.pools}n"]
+        if self.fallback:
+            parts.append("1")
+        what = " + ".join(parts)
+        if self.pools == 1 and not self.fallback:
+            return "n candidates"
+        return (
+            f"{what} candidates ("
+            + ", ".join(
+                [f"phase-{i + 1} pool" for i in range(self.pools)] + (["fallback"] if self.fallback else [])
+            )
+            + ")"
+        )
+
+
+class MethodBase:
+    """What a selector class declares about its method, with the defaults most methods share.
+
+    A selector class sets ``name`` (the method name every front end uses), ``label`` (the display name),
+    ``private``, ``layout`` and ``params``, and implements ``from_params``; it may override
+    :meth:`for_budget` (a method whose noise is calibrated to a requested ε, like PrivBoN) and
+    :meth:`describe`. Registering the class (:func:`privalign.alignment.selectors.register`) makes the
+    method usable by ``make_selector``, the CLI (``select``, ``simulate``), the sessions and the service.
+    """
+
+    name: ClassVar[str]
+    label: ClassVar[str] = ""
+    private: ClassVar[bool] = False
+    layout: ClassVar[CandidateLayout] = CandidateLayout()
+    params: ClassVar[tuple[Param, ...]] = ()
+    #: the noise is calibrated to a requested ε (PrivBoN): a server runs :meth:`for_budget` and charges
+    #: exactly the request's ε; otherwise the parameters fix the noise and the worst case is checked
+    #: against the request's cap
+    spends_budget: ClassVar[bool] = False
+    #: a server may offer it (ITP: no, the service's one non-private method is BoN)
+    served: ClassVar[bool] = True
+    #: the kind of its privacy events: ``"none"``, ``"pure"`` (a pure-ε event per query: PrivBoN) or
+    #: ``"ex-post"`` (an ex-post event: PrivITP); sessions pick their filter by it
+    accounting: ClassVar[str] = "none"
+    #: the noise parameters :meth:`calibrate` fills in (empty: not calibrated to an ε)
+    calibrated_params: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def calibrate(
+        cls, epsilon: float, n: int, params: Mapping[str, Any], *, r_max: float, sensitivity: float
+    ) -> dict[str, Any]:
+        """The :attr:`calibrated_params` whose worst-case ε at pools of ``n`` is ``epsilon`` (at most, and
+        close to it), given the other parameters."""
+        raise NotImplementedError(f"{cls.name} has no noise to calibrate")
+
+    @classmethod
+    def from_params(
+        cls, params: Mapping[str, Any], *, r_max: float = 1.0, sensitivity: float | None = None, clip=False
+    ) -> Any:
+        """Build the selector from its method parameters (validated by the constructor) and the public
+        score range ``[0, r_max]``, Δ_r and the clipping switch."""
+        raise NotImplementedError
+
+    @classmethod
+    def for_budget(
+        cls,
+        cap: Fraction,
+        n: int,
+        params: Mapping[str, Any],
+        *,
+        r_max: float = 1.0,
+        sensitivity: float | None = None,
+        clip: bool = False,
+    ) -> Any:
+        """The selector a server runs for a request that may spend at most ``cap`` (exact, in ε): by
+        default the one its parameters give (the caller checks its worst case against ``cap``)."""
+        return cls.from_params(params, r_max=r_max, sensitivity=sensitivity, clip=clip)
+
+    @classmethod
+    def candidates_needed(cls, n: int) -> int:
+        """Candidates one query with pools of ``n`` consumes (see :class:`CandidateLayout`)."""
+        return cls.layout.needed(n)
+
+    @classmethod
+    def describe(cls, params: Mapping[str, Any]) -> str:
+        """A curve's display label (``ITP β=0.05``)."""
+        shown = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+        return f"{cls.label or cls.name} {shown}".strip()
+
+    def worst_case_epsilon(self, n: int) -> float:
+        """The ε of :meth:`worst_case_event` (``inf`` when not private)."""
+        ev = self.worst_case_event(n)  # type: ignore[attr-defined]
+        for attr in ("epsilon_max", "epsilon"):
+            v = getattr(ev, attr, None)
+            if v is not None:
+                return float(v)
+        return math.inf
+
+    def pick(self, candidates: Any, *, rng: Any) -> Selection:
+        """Select from a flat candidate list laid out by :attr:`layout` (one pool here); the index is
+        into that list."""
+        return self.select(candidates, rng=rng)  # type: ignore[attr-defined]
+
+
+def pick_from_pools(selector: Any, candidates: Any, *, rng: Any) -> Selection:
+    """The two-pool layout ``[pool A (n), pool B (n), fallback (1)]``: run ``selector`` on the pools and
+    map its index (into pool B, or :data:`FALLBACK`) to the flat list (``n + i``, or ``2n``)."""
+    flat = np.asarray(candidates, dtype=np.float64)
+    n = CandidateLayout(2, True).n_for(flat.size)
+    if n is None:
+        raise PrivacyParameterError(
+            f"The 'candidates' parameter must hold 2n + 1 scores (phase-1 pool, phase-2 pool, fallback) "
+            f"for {selector.name}. Got {flat.size}."
+        )
+    out = selector.select(flat[:n], rng=rng, pool_b_scores=flat[n : 2 * n])
+    return dataclasses.replace(out, index=2 * n if out.index == FALLBACK else n + int(out.index))

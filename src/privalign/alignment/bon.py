@@ -6,13 +6,20 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from privalign.accounting.events import NonPrivateEvent
-from privalign.alignment.base import BatchSelection, Selection, SelectionLaw, scores_matrix, scores_vector
+from privalign.alignment.base import (
+    BatchSelection,
+    MethodBase,
+    Selection,
+    SelectionLaw,
+    scores_matrix,
+    scores_vector,
+)
 from privalign.alignment.laws import bon_law
 
 __all__ = ["BestOfN"]
 
 
-class BestOfN:
+class BestOfN(MethodBase):
     """Return the candidate with the largest proxy reward (first one on ties).
 
     Privacy:
@@ -24,6 +31,15 @@ class BestOfN:
     """
 
     name = "bon"
+    label = "BoN"
+
+    @classmethod
+    def from_params(cls, params, *, r_max=1.0, sensitivity=None, clip=False) -> BestOfN:
+        return cls()
+
+    @classmethod
+    def describe(cls, params) -> str:
+        return cls.label
 
     def worst_case_event(self, n: int | None = None) -> NonPrivateEvent:
         return NonPrivateEvent()

@@ -183,9 +183,11 @@ def _title_and_ticks(results: dict[str, Any]) -> tuple[str, list[int]]:
 
 
 def _legend(m: dict[str, Any]) -> str:
+    # read from the privacy report, not the method's name: a Gumbel scale means the exponential mechanism
+    # (pure DP; ε = ∞ at scale 0), a phase-1 ε1 the ex-post two-phase mechanism
     pv = m["privacy"]
-    if m["spec"]["kind"] == "privbon":
+    if "scale" in pv:
         return f"{m['name']} (ε_eff={pv['epsilon']:.3g}, pure DP)"
-    if m["spec"]["kind"] == "privitp":
+    if "epsilon1" in pv:
         return f"{m['name']} (ε1={pv['epsilon1']:.3g}@δ={pv['delta']:g}, ex-post)"
     return m["name"]

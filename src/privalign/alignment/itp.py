@@ -10,8 +10,12 @@ from privalign.accounting.events import NonPrivateEvent
 from privalign.alignment.base import (
     FALLBACK,
     BatchSelection,
+    CandidateLayout,
+    MethodBase,
+    Param,
     Selection,
     SelectionLaw,
+    pick_from_pools,
     require_pool_b,
     scores_matrix,
     scores_vector,
@@ -23,7 +27,7 @@ from privalign.rng import as_noise_source
 __all__ = ["InferenceTimePessimism"]
 
 
-class InferenceTimePessimism:
+class InferenceTimePessimism(MethodBase):
     """ITP: λ̂ from pool A, sequential rejection sampling on a fresh pool B, fresh-sample fallback.
 
     Candidate i of pool B is accepted with probability ``min(relu((r_i − λ̂)/β)/M, 1)``,
@@ -43,6 +47,23 @@ class InferenceTimePessimism:
     """
 
     name = "itp"
+    label = "ITP"
+    served = False  # non-private; the service's non-private method is BoN
+    layout = CandidateLayout(pools=2, fallback=True)
+    params = (Param("beta", "KL temperature β > 0", required=True),)
+
+    @classmethod
+    def from_params(cls, params, *, r_max=1.0, sensitivity=None, clip=False) -> InferenceTimePessimism:
+        return cls(params["beta"], r_max=r_max, clip=clip)
+
+    @classmethod
+    def describe(cls, params) -> str:
+        return f"ITP β={params['beta']:g}"
+
+    def pick(self, candidates, *, rng) -> Selection:
+        """Select from ``[pool A (n), pool B (n), fallback (1)]``; the index is into that list (``2n`` =
+        serve the fallback candidate)."""
+        return pick_from_pools(self, candidates, rng=rng)
 
     def __init__(self, beta: float, *, r_max: float = 1.0, clip: bool = False) -> None:
         self.beta = check_real(beta, "beta", low=0.0, closed="neither")

@@ -12,6 +12,8 @@ from privalign._validation import check_real
 from privalign.accounting.events import NoisyArgmaxEvent, NonPrivateEvent, PrivacyEvent
 from privalign.alignment.base import (
     BatchSelection,
+    MethodBase,
+    Param,
     Selection,
     SelectionLaw,
     scores_matrix,
@@ -64,7 +66,7 @@ def privbon_epsilon_within(target: Fraction | int, sensitivity: float, *, max_st
     )
 
 
-class PrivBoN:
+class PrivBoN(MethodBase):
     """Select ``argmax_i (r_i + g_i)``, ``g_i ~ Gumbel(0, σ)``, ``σ = max(2Δ/ε, σ_reg)``.
 
     Scores must lie in the public range ``[0, r_max]`` (an error unless ``clip=True``; clipping is
@@ -98,6 +100,54 @@ class PrivBoN:
     """
 
     name = "privbon"
+    label = "PrivBoN"
+    private = True
+    spends_budget = True
+    accounting = "pure"
+    params = (
+        Param("epsilon", "ε > 0 of the exponential mechanism (or give sigma)"),
+        Param(
+            "sigma",
+            "the Gumbel scale σ ≥ 0 instead of ε (σ = 0 is plain BoN)",
+            excludes=("epsilon", "sigma_reg"),
+        ),
+        Param("sigma_reg", "public regularisation temperature: σ = max(2Δ/ε, σ_reg)"),
+    )
+
+    @classmethod
+    def from_params(cls, params, *, r_max=1.0, sensitivity=None, clip=False) -> PrivBoN:
+        """ε, or the Gumbel scale σ directly (``sigma``: then ε = ∞ and σ_reg = σ make the scale exactly σ;
+        ``sigma`` excludes ``epsilon`` and ``sigma_reg``)."""
+        epsilon, sigma, sigma_reg = (params.get(k) for k in ("epsilon", "sigma", "sigma_reg"))
+        if sigma is not None:
+            if epsilon is not None or sigma_reg is not None:
+                raise PrivacyParameterError(
+                    "PrivBoN needs exactly one of 'epsilon' or 'sigma' (and 'sigma' excludes 'sigma_reg'). "
+                    f"Got epsilon={epsilon!r}, sigma={sigma!r}, sigma_reg={sigma_reg!r}."
+                )
+            sigma = check_real(sigma, "sigma", low=0.0, closed="left")
+            return cls(math.inf, sensitivity=sensitivity, r_max=r_max, clip=clip, sigma_reg=sigma)
+        if epsilon is None:
+            raise PrivacyParameterError(
+                "The 'epsilon' parameter is required for method 'privbon'. Got None instead."
+            )
+        return cls(epsilon, sensitivity=sensitivity, r_max=r_max, clip=clip, sigma_reg=sigma_reg)
+
+    @classmethod
+    def for_budget(cls, cap, n, params, *, r_max=1.0, sensitivity=None, clip=False) -> PrivBoN:
+        """The largest float ε whose charged ε (scale and ε each rounded up) is at most ``cap`` exactly
+        (:func:`privbon_epsilon_within`): the charge is then exactly the requested amount."""
+        delta_r = r_max if sensitivity is None else sensitivity
+        run = privbon_epsilon_within(cap, delta_r)
+        return cls(run, sensitivity=sensitivity, r_max=r_max, clip=clip)
+
+    @classmethod
+    def describe(cls, params) -> str:
+        eps, sigma = params.get("epsilon"), params.get("sigma")
+        name = f"PrivBoN ε={eps:g}" if eps is not None else f"PrivBoN σ={sigma:g}"
+        # ε = ∞ or σ = 0: no noise, so the curve must not read as a private one
+        plain = (eps is not None and math.isinf(eps)) or (eps is None and sigma == 0.0)
+        return name + " (non-private: = BoN)" if plain else name
 
     def __init__(
         self,

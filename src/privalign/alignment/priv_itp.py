@@ -10,13 +10,17 @@ from numpy.typing import ArrayLike
 
 from privalign._validation import check_probability, check_real
 from privalign.accounting.events import ExPostEvent
-from privalign.accounting.expost import PrivITPAccountant
+from privalign.accounting.expost import PrivITPAccountant, calibrate_privitp_sigma
 from privalign.alignment.base import (
     FALLBACK,
     BatchSelection,
+    CandidateLayout,
     LazyEvents,
+    MethodBase,
+    Param,
     Selection,
     SelectionLaw,
+    pick_from_pools,
     require_pool_b,
     scores_matrix,
     scores_vector,
@@ -29,7 +33,7 @@ from privalign.rng import as_noise_source
 __all__ = ["PrivITP"]
 
 
-class PrivITP:
+class PrivITP(MethodBase):
     """Two-phase PrivITP with the fixes of spec §6 (K1–K11).
 
     Phase 1: ``λ̃ = clamp(λ̂(pool A) + N(0, σ_X²), −β, R_max − β)`` (clamping is post-processing).
@@ -63,6 +67,70 @@ class PrivITP:
     """
 
     name = "privitp"
+    label = "PrivITP"
+    private = True
+    accounting = "ex-post"
+    layout = CandidateLayout(pools=2, fallback=True)
+    #: the public bounds a server enforces on β and σ (σ = 1e308 overflows σ²)
+    params = (
+        Param("beta", "KL temperature β > 0", required=True, bounds=(1e-6, 1e6)),
+        Param("sigma_x", "phase-1 Gaussian noise σ_X > 0", required=True, bounds=(1e-6, 1e6)),
+        Param(
+            "sigma_z",
+            "phase-2 Gaussian noise σ_Z > 0 (default σ_X)",
+            bounds=(1e-6, 1e6),
+            default_from="sigma_x",
+        ),
+        Param("L", "envelope widening in units of σ_Z", default=3.0),
+        Param("delta", "phase-1 δ", default=1e-6),
+    )
+
+    @classmethod
+    def from_params(cls, params, *, r_max=1.0, sensitivity=None, clip=False) -> PrivITP:
+        sx = params["sigma_x"]
+        sz = params.get("sigma_z")
+        return cls(
+            params["beta"],
+            sigma_x=sx,
+            sigma_z=sx if sz is None else sz,
+            r_max=r_max,
+            L=params.get("L", 3.0),
+            delta=params.get("delta", 1e-6),
+            sensitivity=sensitivity,
+            clip=clip,
+        )
+
+    @classmethod
+    def describe(cls, params) -> str:
+        sx = params["sigma_x"]
+        sz = params.get("sigma_z")
+        return f"PrivITP β={params['beta']:g} σx={sx:g} σz={sx if sz is None else sz:g}"
+
+    calibrated_params = ("sigma_x", "sigma_z")
+
+    @classmethod
+    def calibrate(cls, epsilon, n, params, *, r_max, sensitivity) -> dict:
+        """σ_X = σ_Z with the worst case ``ε_max(n)`` at ``delta`` at most ``epsilon`` (relative σ tolerance
+        1e-6; :func:`~privalign.accounting.expost.calibrate_privitp_sigma`)."""
+        s = calibrate_privitp_sigma(
+            epsilon,
+            params.get("delta", 1e-6),
+            n,
+            beta=params["beta"],
+            r_max=r_max,
+            sensitivity=sensitivity,
+            L=params.get("L", 3.0),
+            rtol=1e-6,
+        )
+        return {"sigma_x": s, "sigma_z": s}
+
+    def pick(self, candidates, *, rng) -> Selection:
+        """Select from ``[pool A (n), pool B (n), fallback (1)]``; the index is into that list (``2n`` =
+        serve the fallback candidate)."""
+        return pick_from_pools(self, candidates, rng=rng)
+
+    def worst_case_epsilon(self, n: int) -> float:
+        return float(self.epsilon_max(int(n)))
 
     def __init__(
         self,

@@ -19,13 +19,12 @@ from typing import Any
 import numpy as np
 
 from privalign._validation import check_int
-from privalign.alignment.base import FALLBACK
-from privalign.alignment.selectors import TWO_POOL_METHODS, pool_size
+from privalign.alignment.base import FALLBACK, CandidateLayout
 from privalign.data.pools import ScoredPool
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError
 from privalign.rng import as_noise_source
 
-__all__ = ["SessionReport", "run_session", "privbon_zcdp_comparison"]
+__all__ = ["SessionReport", "run_session", "privbon_zcdp_comparison", "serve_pool"]
 
 
 @dataclass
@@ -64,6 +63,17 @@ class SessionReport:
         return asdict(self)
 
 
+def _layout(selector) -> CandidateLayout:
+    """The selector's candidate layout; a duck-typed selector without one gets its method's, by name."""
+    from privalign.alignment.selectors import method_class, methods
+
+    layout = getattr(selector, "layout", None)
+    if layout is None:
+        name = getattr(selector, "name", None)
+        layout = method_class(name).layout if name in methods() else CandidateLayout()
+    return layout
+
+
 def run_session(
     pool: ScoredPool,
     selector,
@@ -95,8 +105,9 @@ def run_session(
         public counts only, before anything is reserved).
     """
     n = check_int(n, "n", low=1)
-    two = getattr(selector, "name", "") in TWO_POOL_METHODS
-    need = pool_size(selector.name, n) if two else n
+    layout = _layout(selector)  # the selector's: n, or 2n + 1
+    two = layout.pools > 1
+    need = layout.needed(n)
     short = np.flatnonzero(pool.counts < need)
     if short.size:
         raise PrivacyParameterError(
@@ -217,4 +228,55 @@ def privbon_zcdp_comparison(
             "target": list(zf.target or ()),
             "epsilon_at_delta": zcdp_to_approx_dp(rho_spent, delta) if rho_spent > 0 else 0.0,
         },
+    }
+
+
+def serve_pool(
+    pool: ScoredPool,
+    selector,
+    *,
+    budget_epsilon: float,
+    budget_delta: float,
+    n: int,
+    seed: int | None = None,
+    secure: bool = False,
+    principal: str = "session",
+    max_prompts: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Serve ``pool`` with ``selector`` under the filter its events call for (``selector.accounting``):
+    ex-post events (PrivITP) under :class:`~privalign.accounting.filters.ExPostFilter`; pure-ε events
+    (PrivBoN) under :class:`~privalign.accounting.filters.PureDPFilter` with ``secure`` noise, else compared
+    with a zCDP filter (:func:`privbon_zcdp_comparison`).
+
+    Returns:
+      ``{"method", "filter", **report}`` or, for the comparison, ``{"method", "pure", "zcdp", ...}``.
+    """
+    from privalign.accounting.filters import ExPostFilter, PureDPFilter
+    from privalign.rng import SecureNoise
+
+    rng = SecureNoise() if secure else np.random.default_rng(seed)
+    if selector.accounting == "ex-post":
+        flt: Any = ExPostFilter(budget_epsilon, budget_delta)
+        rep = run_session(
+            pool, selector, flt, principal, rng, n=n, max_prompts=max_prompts, progress=progress
+        )
+        return {"method": selector.name, "filter": "ExPostFilter", **rep.to_dict()}
+    if secure:
+        rep = run_session(
+            pool, selector, PureDPFilter(budget_epsilon), principal, rng, n=n, max_prompts=max_prompts
+        )
+        return {"method": selector.name, "filter": "PureDPFilter", **rep.to_dict()}
+    return {
+        "method": selector.name,
+        **privbon_zcdp_comparison(
+            pool,
+            selector,
+            budget_epsilon=budget_epsilon,
+            delta=budget_delta,
+            rng=seed,
+            n=n,
+            principal=principal,
+            max_prompts=max_prompts,
+        ),
     }

@@ -37,40 +37,60 @@ from scipy import special
 from privalign._json import to_jsonable
 from privalign._validation import check_choice, check_int, check_real
 from privalign.accounting.expost import ell1, ell2
+from privalign.alignment.bon import BestOfN
 from privalign.alignment.figures import plot_results  # re-exported: plotting lives in alignment.figures
+from privalign.alignment.itp import InferenceTimePessimism
 from privalign.alignment.laws import lambda_quadrature, privitp_acceptance
 from privalign.alignment.normalizer import solve_normalizer
 from privalign.alignment.priv_bon import PrivBoN
 from privalign.alignment.priv_itp import PrivITP
 from privalign.alignment.selectors import METHODS as _METHODS
-from privalign.alignment.selectors import Selector, check_method, make_selector, pool_size, uses_two_pools
+from privalign.alignment.selectors import (
+    Selector,
+    SelectorSpec,
+    check_method,
+    make_selector,
+    method_class,
+    pool_size,
+    uses_two_pools,
+)
 from privalign.data.pools import ScoredPool
 from privalign.errors import PrivacyParameterError
 
-__all__ = ["MethodSpec", "prepare_scores", "run_protocol", "plot_results", "write_results"]
+__all__ = [
+    "MethodSpec",
+    "SimulationReport",
+    "prepare_scores",
+    "run_protocol",
+    "simulate",
+    "plot_results",
+    "write_results",
+]
 
 METHODS = _METHODS  # re-exported (the selectors' list)
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One curve of the protocol.
+    """One curve of the protocol: a method, its parameters and a legend label.
 
-    The method names, the parameters' validation (and its messages), PrivBoN's ε → scale conversion and
-    the candidate count are :mod:`privalign.alignment.selectors`' (``make_selector``, ``check_method``,
-    ``pool_size``): the spec is checked by building its selector once, and the engine reads the validated
-    parameters, the Gumbel scale and PrivITP's accountant from :meth:`selector`. The engine itself stays
-    vectorised (it computes the selectors' laws in closed form over all replicates; it does not call
-    ``select`` per draw).
+    The method names, the parameters (their declaration, defaults, validation and messages), PrivBoN's
+    ε → scale conversion, the candidate layout and the display label are the selector class's
+    (:mod:`privalign.alignment.selectors`): the spec is checked by building its selector once, and the
+    engine reads the validated parameters, the Gumbel scale and PrivITP's accountant from
+    :meth:`selector`. The engine itself stays vectorised for the built-in methods (it computes their laws
+    in closed form over all replicates); any other registered method is evaluated through its exact
+    ``law``.
 
     Args:
-      kind: ``bon``, ``itp``, ``privbon`` or ``privitp`` (checked by
-        :func:`~privalign.alignment.selectors.check_method`).
+      kind: A method name (checked by :func:`~privalign.alignment.selectors.check_method`).
       beta: β for ITP/PrivITP.
       epsilon: PrivBoN's ε (scale 2Δ/ε); or give ``sigma`` (the Gumbel scale; ε_eff = 2Δ/σ reported).
       sigma_x, sigma_z, L, delta: PrivITP parameters (``sigma_z`` defaults to ``sigma_x``, as in
         ``make_selector``).
-      label: Legend label (default built from the parameters).
+      label: Legend label (default: the method's own, built from the parameters).
+      params: Parameters of a registered method that the fields above do not name, as ``(name, value)``
+        pairs.
     """
 
     kind: str
@@ -82,28 +102,35 @@ class MethodSpec:
     L: float = 3.0
     delta: float = 1e-6
     label: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         check_method(self.kind, "kind")
-        if self.kind == "privitp" and self.sigma_z is None:
-            object.__setattr__(self, "sigma_z", self.sigma_x)  # make_selector's default, visible in the spec
+        # the method's defaults (e.g. σ_Z = σ_X), visible in the spec
+        resolved = self.selector_spec().resolved()
+        for f in _SPEC_FIELDS:
+            if getattr(self, f) is None and resolved.get(f) is not None:
+                object.__setattr__(self, f, resolved[f])
         self.selector()  # the factory's validation (names the parameter; nothing is kept)
 
+    @classmethod
+    def from_spec(cls, spec: SelectorSpec, *, label: str | None = None) -> MethodSpec:
+        """A curve from a parsed :class:`~privalign.alignment.selectors.SelectorSpec`."""
+        given = spec.as_dict()
+        fields_ = {k: given.pop(k) for k in list(given) if k in _SPEC_FIELDS}
+        return cls(spec.method, label=label, params=tuple(given.items()), **fields_)
+
+    def selector_spec(self) -> SelectorSpec:
+        """This curve's method and the parameters it declares (fields the method does not take are
+        ignored, as ``make_selector`` does)."""
+        declared = {p.name for p in method_class(self.kind).params}
+        given = {f: getattr(self, f) for f in _SPEC_FIELDS if f in declared}
+        return SelectorSpec.of(self.kind, **given, **dict(self.params))
+
     def selector(self, *, r_max: float = 1.0, sensitivity: float | None = None) -> Selector:
-        """This curve's selector, from :func:`~privalign.alignment.selectors.make_selector` (the public score
-        range ``[0, r_max]``, Δ_r = ``sensitivity``, default ``r_max``)."""
-        return make_selector(
-            self.kind,
-            epsilon=self.epsilon,
-            sigma=self.sigma,
-            beta=self.beta,
-            sigma_x=self.sigma_x,
-            sigma_z=self.sigma_z,
-            L=self.L,
-            delta=self.delta,
-            r_max=r_max,
-            sensitivity=sensitivity,
-        )
+        """This curve's selector (the public score range ``[0, r_max]``, Δ_r = ``sensitivity``, default
+        ``r_max``)."""
+        return make_selector(self.selector_spec(), r_max=r_max, sensitivity=sensitivity)
 
     @property
     def two_pools(self) -> bool:
@@ -119,15 +146,19 @@ class MethodSpec:
     def name(self) -> str:
         if self.label:
             return self.label
-        if self.kind == "bon":
-            return "BoN"
-        if self.kind == "itp":
-            return f"ITP β={self.beta:g}"
-        if self.kind == "privbon":
-            name = f"PrivBoN ε={self.epsilon:g}" if self.epsilon is not None else f"PrivBoN σ={self.sigma:g}"
-            # ε = ∞ or σ = 0: no noise, so the curve must not read as a private one
-            return name + " (non-private: = BoN)" if self.privbon_scale(1.0) == 0.0 else name
-        return f"PrivITP β={self.beta:g} σx={self.sigma_x:g} σz={self.sigma_z:g}"
+        return str(method_class(self.kind).describe(self.selector_spec().resolved()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as written into ``results.json`` (``params`` only when a registered method has any)."""
+        d = asdict(self)
+        if not d["params"]:
+            del d["params"]
+        else:
+            d["params"] = dict(self.params)
+        return d
+
+
+_SPEC_FIELDS = ("beta", "epsilon", "sigma", "sigma_x", "sigma_z", "L", "delta")
 
 
 def prepare_scores(
@@ -153,8 +184,7 @@ def prepare_scores(
     return z, clipped, hi - lo
 
 
-def _privitp_nodes(spec: MethodSpec, r_max: float, panel_width: float | None, order: int):
-    assert spec.beta is not None and spec.sigma_x is not None and spec.sigma_z is not None  # __post_init__
+def _privitp_nodes(spec: PrivITP, r_max: float, panel_width: float | None, order: int):
     lo, hi = -spec.beta, r_max - spec.beta
     pw = panel_width if panel_width is not None else 3.0 * min(spec.sigma_x, spec.sigma_z)
     nodes, _ = lambda_quadrature(
@@ -220,13 +250,17 @@ def run_protocol(
             "The pool has candidates without a true reward ('is_correct' or 'true_reward')."
         )
     z, clipped, r_max = prepare_scores(sub, transform=transform, score_range=score_range)
+    n_clipped, n_finite = _count_clipped(z, score_range)
     delta_r = (
         r_max if sensitivity is None else check_real(sensitivity, "sensitivity", low=0.0, closed="neither")
     )
     # each curve's selector, from the one factory: validated parameters, PrivBoN's scale (ε → σ rounded up)
-    # and charged ε, PrivITP's accountant; the engine computes their laws vectorised, in closed form
+    # and charged ε, PrivITP's accountant; each selector's kernel computes its law's values
     sels = [s.selector(r_max=r_max, sensitivity=delta_r) for s in specs]
-    scales = {i: sel.scale for i, sel in enumerate(sels) if isinstance(sel, PrivBoN)}
+    kernels = [
+        _kernel(sel, i, r_max=r_max, delta_r=delta_r, panel_width=quad_panel_width, order=quad_order)
+        for i, sel in enumerate(sels)
+    ]
     ss = (
         random_state
         if isinstance(random_state, np.random.SeedSequence)
@@ -237,37 +271,19 @@ def run_protocol(
     res_true = {i: np.zeros((P, G)) for i in range(len(specs))}
     res_proxy = {i: np.zeros((P, G)) for i in range(len(specs))}
     res_eps = {i: np.full((P, G), np.nan) for i in range(len(specs))}
-    pre = {
-        i: _privitp_precompute(s, r_max, delta_r, quad_panel_width, quad_order)
-        for i, s in enumerate(specs)
-        if s.kind == "privitp"
-    }
-    two = any(s.two_pools for s in specs)
+    two = any(sel.layout.pools > 1 for sel in sels)
     for p in _progress(range(P), progress):
         c = int(sub.counts[p])
         perm = rng.permuted(np.broadcast_to(np.arange(c), (replicates, c)), axis=1)
         draw = _Draw.make(clipped[p, :c], sub.true[p, :c], z[p, :c], perm, max(n_grid), two_pools=two)
-        for i, (et, ez, ee) in enumerate(
-            _evaluate_prompt(draw, specs, pre, n_grid, r_max, scales, max_chunk)
-        ):
+        for i, (et, ez, ee) in enumerate(_evaluate_prompt(draw, kernels, n_grid, max_chunk)):
             res_true[i][p], res_proxy[i][p] = et, ez
             if ee is not None:
                 res_eps[i][p] = ee
     base_true = np.array([sub.true[p, : sub.counts[p]].mean() for p in range(P)])
     base_proxy = np.array([z[p, : sub.counts[p]].mean() for p in range(P)])
     methods = [
-        _method_entry(
-            s,
-            sels[i],
-            pre.get(i),
-            res_true[i],
-            res_proxy[i],
-            res_eps[i],
-            base_true,
-            n_grid,
-            quad_order,
-            per_prompt,
-        )
+        _method_entry(s, kernels[i], res_true[i], res_proxy[i], res_eps[i], base_true, n_grid, per_prompt)
         for i, s in enumerate(specs)
     ]
     out = {
@@ -285,6 +301,8 @@ def run_protocol(
         },
         "n_prompts": int(P),
         "skipped_prompts": int(pool.counts.size - P),
+        "clipped_scores": n_clipped,
+        "clipped_fraction": n_clipped / max(1, n_finite),
         "base_true": float(base_true.mean()),
         "base_proxy": float(base_proxy.mean()),
         "methods": methods,
@@ -316,9 +334,8 @@ def _check_protocol(pool: ScoredPool, specs, n_grid, replicates, skip_short) -> 
     return n_grid, replicates, need
 
 
-def _privitp_precompute(s: MethodSpec, r_max: float, delta_r: float, panel_width, order: int) -> tuple:
+def _privitp_precompute(s: PrivITP, r_max: float, delta_r: float, panel_width, order: int) -> tuple:
     """PrivITP's per-run constants: ``(nodes, W, panel width, ℓ1, ℓ2, order)`` at the fixed λ̃ nodes."""
-    assert s.sigma_z is not None  # MethodSpec checks it for PrivITP
     nodes, pw = _privitp_nodes(s, r_max, panel_width, order)
     w = r_max + s.sigma_z * s.L - nodes
     l1 = ell1(nodes, width=w, r_max=r_max, sensitivity=delta_r, sigma_z=s.sigma_z)
@@ -382,38 +399,149 @@ class _Draw:
         return self.lam_cache[(beta, n)]
 
 
-def _evaluate_prompt(draw: _Draw, specs, pre, n_grid, r_max, scales, max_chunk):
+def _evaluate_prompt(draw: _Draw, kernels, n_grid, max_chunk):
     """Per method: the replicate means over the N grid of the expected true value, expected proxy value
-    and (PrivITP) expected ε2, each of shape (G,) (ε2 None for the other methods). ``scales``: PrivBoN's
-    Gumbel scale per spec index (its selector's)."""
-    base_t, base_z = draw.base_t, draw.base_z
-    nested = {}
-    for i, s in enumerate(specs):
-        if s.kind == "privitp":
-            nodes, w, *_ = pre[i]
-            rej_t = _rejection_table(draw.cp, nodes, w, s.sigma_z, r_max + s.sigma_z * s.L)  # (K, C)
-            for n in n_grid:
-                draw.lam(s.beta, n)
-            nested[i] = _privitp_nested(s, pre[i], rej_t.T, draw, n_grid, r_max, max_chunk)
+    and (PrivITP) expected ε2, each of shape (G,) (ε2 None for the other methods)."""
+    for k in kernels:
+        k.prepare(draw, n_grid, max_chunk)
     G = len(n_grid)
-    out = [(np.zeros(G), np.zeros(G), np.full(G, np.nan) if s.kind == "privitp" else None) for s in specs]
+    out = [(np.zeros(G), np.zeros(G), np.full(G, np.nan) if k.reports_epsilon2 else None) for k in kernels]
     softmax_cache: dict[int, np.ndarray | None] = {}
     for g, n in enumerate(n_grid):
-        for i, s in enumerate(specs):
-            if s.kind == "bon":
-                et, ez = _bon_values(draw, n)
-            elif s.kind == "privbon":
-                et, ez = _privbon_values(draw, n, scales[i], softmax_cache, i)
-            elif s.kind == "itp":
-                et, ez = _itp_values(draw, s.beta, n, r_max, (base_t, base_z))
-            else:
-                et, ez, ee = (x[:, g] for x in nested[i])
+        for i, k in enumerate(kernels):
+            et, ez, ee = k.values(draw, g, n, softmax_cache)
+            if ee is not None:
                 eps = out[i][2]
-                assert eps is not None  # PrivITP rows carry ε2
+                assert eps is not None  # a kernel reporting ε2 has its row
                 eps[g] = ee.mean()
             out[i][0][g] = et.mean()
             out[i][1][g] = ez.mean()
     return out
+
+
+def _kernel(sel: Selector, key: int, *, r_max: float, delta_r: float, panel_width, order: int) -> _Kernel:
+    """The selector's kernel: the vectorised closed form of a built-in method (keyed by its class), or its
+    exact ``law`` for any other selector."""
+    make = _KERNELS.get(type(sel), _LawKernel)
+    return make(sel, key, r_max=r_max, delta_r=delta_r, panel_width=panel_width, order=order)
+
+
+class _Kernel:
+    """What the engine asks of a method: per prompt ``prepare``; per N the replicates' expected true and
+    proxy values (and, for PrivITP, the expected realized ε2); the curve's privacy report."""
+
+    reports_epsilon2 = False
+
+    def __init__(self, sel, key: int, *, r_max: float, delta_r: float, panel_width, order: int) -> None:
+        self.sel, self.key, self.r_max = sel, key, r_max
+
+    def prepare(self, draw: _Draw, n_grid, max_chunk) -> None:
+        pass
+
+    def values(self, draw: _Draw, g: int, n: int, softmax_cache: dict):
+        raise NotImplementedError
+
+    def privacy(self, n_grid) -> dict[str, Any]:
+        """The curve's privacy report, from its selector (built with the run's r_max and Δ_r)."""
+        if not self.sel.private:
+            return {"guarantee": "none", "epsilon": math.inf}
+        return {
+            "guarantee": f"{self.sel.name}: worst case per query",
+            "epsilon_max": [self.sel.worst_case_epsilon(n) for n in n_grid],
+        }
+
+    def entry(self, entry: dict[str, Any], res_eps, per_prompt: bool) -> None:
+        """Add the method's own fields to its results entry."""
+
+
+class _BoNKernel(_Kernel):
+    def values(self, draw, g, n, softmax_cache):
+        return (*_bon_values(draw, n), None)
+
+
+class _PrivBoNKernel(_Kernel):
+    def values(self, draw, g, n, softmax_cache):
+        return (*_privbon_values(draw, n, self.sel.scale, softmax_cache, self.key), None)
+
+    def privacy(self, n_grid) -> dict[str, Any]:
+        sel = self.sel
+        if sel.scale == 0.0:  # ε = ∞ or σ = 0: plain BoN, no noise, no guarantee (event: NonPrivateEvent)
+            return {"guarantee": "none", "epsilon": math.inf, "scale": 0.0}
+        eps = sel.epsilon_effective  # 2Δ/σ rounded up
+        return {
+            "guarantee": "pure ε-DP per query (exponential mechanism); ε²/8-zCDP",
+            "epsilon": eps,
+            "rho": eps**2 / 8 if math.isfinite(eps) else math.inf,
+            "scale": sel.scale,  # σ, or 2Δ/ε rounded up
+        }
+
+
+class _ITPKernel(_Kernel):
+    def values(self, draw, g, n, softmax_cache):
+        return (*_itp_values(draw, self.sel.beta, n, self.r_max, (draw.base_t, draw.base_z)), None)
+
+
+class _PrivITPKernel(_Kernel):
+    reports_epsilon2 = True
+
+    def __init__(self, sel, key, *, r_max, delta_r, panel_width, order) -> None:
+        super().__init__(sel, key, r_max=r_max, delta_r=delta_r, panel_width=panel_width, order=order)
+        self.pre = _privitp_precompute(sel, r_max, delta_r, panel_width, order)
+        self.nested: tuple | None = None
+
+    def prepare(self, draw, n_grid, max_chunk) -> None:
+        s = self.sel
+        nodes, w, *_ = self.pre
+        rej_t = _rejection_table(draw.cp, nodes, w, s.sigma_z, self.r_max + s.sigma_z * s.L)  # (K, C)
+        for n in n_grid:
+            draw.lam(s.beta, n)
+        self.nested = _privitp_nested(s, self.pre, rej_t.T, draw, n_grid, self.r_max, max_chunk)
+
+    def values(self, draw, g, n, softmax_cache):
+        assert self.nested is not None  # prepared for this prompt
+        return tuple(x[:, g] for x in self.nested)
+
+    def privacy(self, n_grid) -> dict[str, Any]:
+        acc = self.sel.accountant
+        return {
+            "guarantee": "ex-post (ε1(δ) + ε2(t; λ̃), δ)",
+            "delta": self.sel.delta,
+            "epsilon1": acc.epsilon1,
+            "rho1": acc.rho1,
+            "epsilon_max": acc.epsilon_max_many(n_grid),
+        }
+
+    def entry(self, entry, res_eps, per_prompt) -> None:
+        entry["privacy"]["expected_epsilon2_realized"] = np.nanmean(res_eps, axis=0).tolist()
+        entry["quadrature"] = {
+            "nodes": int(self.pre[0].size),
+            "order": self.pre[5],
+            "panel_width": self.pre[2],
+        }
+        if per_prompt:
+            entry["expected_epsilon2_per_prompt"] = res_eps.tolist()
+
+
+class _LawKernel(_Kernel):
+    """Any selector: its exact ``law`` per replicate (pool A, and pool B for a two-pool layout; the
+    fallback credited with the prompt's base-policy mean). Exact, not vectorised."""
+
+    def values(self, draw, g, n, softmax_cache):
+        two = self.sel.layout.pools > 1
+        m = draw.ca.shape[0]
+        et, ez = np.empty(m), np.empty(m)
+        for r in range(m):
+            if two:
+                assert draw.cb is not None and draw.tb is not None and draw.zb is not None  # two-pool draws
+                law = self.sel.law(draw.ca[r, :n], pool_b_scores=draw.cb[r, :n])
+                t, zz = draw.tb[r, :n], draw.zb[r, :n]
+            else:
+                law = self.sel.law(draw.ca[r, :n])
+                t, zz = draw.ta[r, :n], draw.za[r, :n]
+            p = np.asarray(law.probabilities, dtype=np.float64)
+            et[r] = p @ t + law.fallback * draw.base_t
+            ez[r] = p @ zz + law.fallback * draw.base_z
+        return et, ez, None
 
 
 def _bon_values(draw: _Draw, n: int):
@@ -456,34 +584,21 @@ def _itp_values(draw: _Draw, beta: float, n: int, r_max: float, bases):
 
 
 def _method_entry(
-    s: MethodSpec,
-    sel: Selector,
-    pre,
-    res_true,
-    res_proxy,
-    res_eps,
-    base_true,
-    n_grid,
-    quad_order,
-    per_prompt,
+    s: MethodSpec, kernel: _Kernel, res_true, res_proxy, res_eps, base_true, n_grid, per_prompt
 ) -> dict[str, Any]:
     lift = res_true - base_true[:, None]
     entry = {
         "name": s.name(),
-        "spec": asdict(s),
+        "spec": s.to_dict(),
         "n": list(n_grid),
         "true_value": res_true.mean(0).tolist(),
         "true_lift": lift.mean(0).tolist(),
         "true_lift_se": _se(lift).tolist(),
         "proxy": res_proxy.mean(0).tolist(),
         "proxy_se": _se(res_proxy).tolist(),
-        "privacy": _privacy(s, sel, n_grid),
+        "privacy": kernel.privacy(n_grid),
     }
-    if s.kind == "privitp":
-        entry["privacy"]["expected_epsilon2_realized"] = np.nanmean(res_eps, axis=0).tolist()
-        entry["quadrature"] = {"nodes": int(pre[0].size), "order": quad_order, "panel_width": pre[2]}
-        if per_prompt:
-            entry["expected_epsilon2_per_prompt"] = res_eps.tolist()
+    kernel.entry(entry, res_eps, per_prompt)
     if per_prompt:
         entry["true_lift_per_prompt"] = lift.tolist()
     return entry
@@ -702,30 +817,111 @@ def _privitp_nested(s, pre, rej_pool, draw: _Draw, n_grid, r_max, max_chunk, *, 
     return et, ez, ee
 
 
-def _privacy(s: MethodSpec, sel: Selector, n_grid) -> dict[str, Any]:
-    """The curve's privacy report, from its selector (built with the run's r_max and Δ_r)."""
-    if s.kind in ("bon", "itp"):
-        return {"guarantee": "none", "epsilon": math.inf}
-    if isinstance(sel, PrivBoN):
-        if sel.scale == 0.0:  # ε = ∞ or σ = 0: plain BoN, no noise, no guarantee (event: NonPrivateEvent)
-            return {"guarantee": "none", "epsilon": math.inf, "scale": 0.0}
-        scale = sel.scale  # σ, or 2Δ/ε rounded up
-        eps = sel.epsilon_effective  # 2Δ/σ rounded up
+#: the vectorised kernels of the built-in selectors (any other selector: :class:`_LawKernel`)
+_KERNELS: dict[type, type[_Kernel]] = {
+    BestOfN: _BoNKernel,
+    PrivBoN: _PrivBoNKernel,
+    InferenceTimePessimism: _ITPKernel,
+    PrivITP: _PrivITPKernel,
+}
+
+
+def _count_clipped(z: np.ndarray, score_range) -> tuple[int, int]:
+    """``(clipped, finite)``: the finite scores outside the public range, and the finite scores."""
+    lo, hi = float(score_range[0]), float(score_range[1])
+    finite = np.isfinite(z)
+    return int(np.sum(finite & ((z < lo) | (z > hi)))), int(finite.sum())
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    """What :func:`simulate` produced: the protocol's results (:func:`run_protocol`'s dict), the files it
+    wrote, and the share of finite scores that the public range clipped."""
+
+    results: dict[str, Any]
+    results_path: Path | None
+    figures: list[Path]
+
+    @property
+    def clipped_fraction(self) -> float:
+        """Finite scores outside the public ``score_range`` (after the transform) over all finite scores
+        of the evaluated prompts: they are clipped for the bounded-score methods."""
+        return float(self.results["clipped_fraction"])
+
+    @property
+    def clipped_scores(self) -> int:
+        return int(self.results["clipped_scores"])
+
+    @property
+    def max_n(self) -> int:
+        return int(self.results["config"]["n_grid"][-1])
+
+    def summary(self) -> dict[str, Any]:
+        """A short JSON-able summary: files, sizes, clipping, and per method the lift at the largest N
+        and the privacy report."""
+        res = self.results
         return {
-            "guarantee": "pure ε-DP per query (exponential mechanism); ε²/8-zCDP",
-            "epsilon": eps,
-            "rho": eps**2 / 8 if math.isfinite(eps) else math.inf,
-            "scale": scale,
+            "results": None if self.results_path is None else str(self.results_path),
+            "figures": [str(f) for f in self.figures],
+            "n_prompts": res["n_prompts"],
+            "skipped_prompts": res["skipped_prompts"],
+            "seconds": res["seconds"],
+            "max_n": self.max_n,
+            "transform": res["config"]["transform"],
+            "score_range": list(res["config"]["score_range"]),
+            "clipped_fraction": self.clipped_fraction,
+            "methods": [
+                {"name": m["name"], "true_lift_at_max_n": m["true_lift"][-1], "privacy": m["privacy"]}
+                for m in res["methods"]
+            ],
         }
-    assert isinstance(sel, PrivITP)  # the remaining kind
-    acc = sel.accountant
-    return {
-        "guarantee": "ex-post (ε1(δ) + ε2(t; λ̃), δ)",
-        "delta": s.delta,
-        "epsilon1": acc.epsilon1,
-        "rho1": acc.rho1,
-        "epsilon_max": acc.epsilon_max_many(n_grid),
-    }
+
+
+def simulate(
+    pool: ScoredPool,
+    specs: list[MethodSpec],
+    *,
+    n_grid: list[int],
+    out: str | Path | None = None,
+    formats: tuple[str, ...] = ("png",),
+    figure_backend: str = "auto",
+    **protocol: Any,
+) -> SimulationReport:
+    """Run the protocol (:func:`run_protocol`, keyword arguments passed on) with BLAS on one thread, and
+    with ``out`` write ``results.json`` and the figures (``formats``; drawn by ``figure_backend``) there.
+
+    The scores are prepared once (transform, clipping); the report's ``clipped_fraction`` counts what the
+    public range clipped.
+
+    Raises:
+      PrivacyParameterError: bad parameters (see :func:`run_protocol`); ``pillow`` with a PDF format.
+    """
+    from threadpoolctl import threadpool_limits
+
+    from privalign.alignment.figures import needs_matplotlib, preload_matplotlib
+
+    if "pdf" in formats and figure_backend == "pillow":
+        raise PrivacyParameterError(
+            "The 'figure_backend' parameter 'pillow' draws PNG only; with PDF use 'auto' or 'matplotlib'."
+        )
+    # matplotlib (PDF, or backend matplotlib) is imported in a thread while the engine runs
+    preloading = (
+        preload_matplotlib() if out is not None and needs_matplotlib(formats, figure_backend) else None
+    )
+    try:
+        # BLAS on one thread while the engine runs: its matrix products are small (one prompt's nodes ×
+        # replicates × one block), so more BLAS threads only spin-wait between them and burn CPU. The results
+        # do not depend on the thread count (tests/alignment/test_alignment_pinned.py).
+        with threadpool_limits(limits=1, user_api="blas"):
+            res = run_protocol(pool, specs, n_grid=n_grid, **protocol)
+    finally:
+        if preloading is not None:
+            preloading.join()  # never leave an import running in a thread (also on errors)
+    if out is None:
+        return SimulationReport(res, None, [])
+    path = write_results(res, out)
+    figs = plot_results(res, out, formats=formats, backend=figure_backend)
+    return SimulationReport(res, path, list(figs))
 
 
 def write_results(results: dict[str, Any], out_dir: str | Path) -> Path:

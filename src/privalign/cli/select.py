@@ -6,30 +6,15 @@ import argparse
 import sys
 
 from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
+from privalign.cli._methods import add_param_option, parse_floats, selector_spec
 
-__all__ = ["register", "add_selector_args", "build_selector", "parse_floats"]
-
-
-def parse_floats(text: str, name: str) -> list[float]:
-    from privalign.errors import PrivacyParameterError
-
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PrivacyParameterError(
-            f"The '{name}' parameter must be a comma-separated list of numbers. Got {text!r} instead."
-        ) from None
-    if not vals:
-        raise PrivacyParameterError(
-            f"The '{name}' parameter must list at least one number. Got {text!r} instead."
-        )
-    return vals
+__all__ = ["register", "add_selector_args", "build_selector", "parse_floats"]  # parse_floats: re-exported
 
 
 def add_selector_args(p: argparse.ArgumentParser) -> None:
-    from privalign.alignment.selectors import METHODS
+    from privalign.alignment.selectors import methods
 
-    p.add_argument("--method", required=True, choices=list(METHODS), help="selector")
+    p.add_argument("--method", required=True, choices=list(methods()), help="selector")
     p.add_argument(
         "--scores",
         required=True,
@@ -65,77 +50,38 @@ def add_selector_args(p: argparse.ArgumentParser) -> None:
         "--L", type=float, default=3.0, help="PrivITP envelope widening in units of σ_Z (default 3)"
     )
     p.add_argument("--delta", type=float, default=1e-6, help="PrivITP phase-1 δ (default 1e-6)")
+    add_param_option(p)
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
 
 
-def _need(args, name):
-    from privalign.errors import PrivacyParameterError
-
-    v = getattr(args, name)
-    if v is None:
-        raise PrivacyParameterError(
-            f"The '--{name.replace('_', '-')}' option is required for --method {args.method}."
-        )
-    return v
-
-
-# The options (without a default) each method reads; any other one given is refused, not ignored: e.g.
-# '--method bon --epsilon 1' would otherwise run plain best-of-N, with no noise, though ε = 1 was asked for.
-_USES = {
-    "bon": (),
-    "itp": ("beta",),
-    "privbon": ("epsilon", "sigma_reg", "sensitivity"),
-    "privitp": ("beta", "sigma_x", "sigma_z", "sensitivity"),
-}
-# (--scores-b is read only by itp/privitp but allowed with every method, so that one command line can compare
-# all four on the same pools.)
-
-
-def _refuse_unused(args) -> None:
-    from privalign.errors import PrivacyParameterError
-
-    uses = _USES.get(args.method)
-    if uses is None:
-        return
-    for name in ("epsilon", "sigma_reg", "beta", "sigma_x", "sigma_z", "sensitivity"):
-        if name not in uses and getattr(args, name, None) is not None:
-            flag = "--" + name.replace("_", "-")
-            private = args.method in ("privbon", "privitp")
-            why = "" if private else f" ({args.method} adds no noise: its selection is not private)"
-            raise PrivacyParameterError(
-                f"argument {flag}: not used by --method {args.method}{why}; drop {flag}"
-                + ("" if private else " or choose a private method (privbon, privitp)")
-            )
-
-
 def build_selector(args):
-    from privalign.alignment import make_selector
-    from privalign.alignment.selectors import uses_two_pools
+    """The selector of ``--method`` with its options (parsed once, by
+    :func:`privalign.cli._methods.selector_spec`); an option the method does not read is refused, a required
+    one left out is named."""
+    from privalign.alignment.selectors import make_selector, method_class, methods
     from privalign.errors import PrivacyParameterError
 
-    if uses_two_pools(args.method) and args.scores_b is None:
+    kind = method_class(args.method)
+    if kind.layout.pools > 1 and args.scores_b is None:
         raise PrivacyParameterError(
             "The '--scores-b' option (the selector's 'pool_b_scores') is required for --method "
             f"{args.method}: phase 2 runs on a fresh pool of candidates independent of --scores (see "
             "docs/privacy/privitp.md)."
         )
-
-    _refuse_unused(args)
-    # the CLI names its missing options (--beta, --epsilon, ...) before the shared factory sees them
-    need = {"itp": ("beta",), "privbon": ("epsilon",), "privitp": ("beta", "sigma_x", "sigma_z")}.get(
-        args.method, ()
-    )
-    params = {k: _need(args, k) for k in need}
-    return make_selector(
-        args.method,
-        **params,
-        r_max=args.r_max,
-        L=args.L,
-        delta=args.delta,
-        sensitivity=args.sensitivity,
-        clip=args.clip,
-        sigma_reg=args.sigma_reg,
-    )
+    # (--scores-b is read only by the two-pool methods but allowed with every method, so that one command
+    # line can compare all of them on the same pools; --L and --delta have defaults, read by PrivITP only)
+    given_defaults = {"L": 3.0, "delta": 1e-6}
+    for name, default in given_defaults.items():
+        if getattr(args, name) == default and name not in {p.name for p in kind.params}:
+            setattr(args, name, None)  # the default, not the user's: not refused
+    if args.sensitivity is not None and not kind.private:
+        raise PrivacyParameterError(
+            f"argument --sensitivity: not used by --method {args.method} ({args.method} adds no noise: its "
+            "selection is not private); drop --sensitivity or choose a private method"
+            f" ({', '.join(m for m in methods() if method_class(m).private)})"
+        )
+    spec = selector_spec(args, args.method)
+    return make_selector(spec, r_max=args.r_max, sensitivity=args.sensitivity, clip=args.clip)
 
 
 def _run(args) -> int:

@@ -7,30 +7,40 @@ from pathlib import Path
 
 __all__ = ["register"]
 
-#: The options (default ``None`` until filled in) each method reads, and their defaults: one given to a
-#: method that does not read it is refused, not ignored (as ``select`` and ``simulate`` do).
-_DEFAULTS = {"beta": 0.05, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}  # σ_X: R_max, once the range is known
-_READS = {"privitp": ("beta", "sigma_x", "sigma_z", "L", "delta"), "privbon": ("epsilon",)}
+#: The CLI's defaults of the method parameters left out (PrivBoN's ε = 1). PrivITP's σ_X, when left out, is
+#: R_max: 1 in units of the public score range, whatever the range (see ``_run``).
+_DEFAULTS = {"beta": 0.05, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}
 
 
-def _check_options(args) -> None:
-    """Refuse the options the method does not read; fill in the defaults of the others."""
+def _spec(args):
+    """The method's spec from its options (the defaults above for the ones left out): an option the method
+    does not read is refused, not ignored (as ``select`` and ``simulate`` do)."""
+    from privalign.alignment.selectors import SelectorSpec, method_class, methods
+    from privalign.cli._methods import given_options, option_of
     from privalign.errors import PrivacyParameterError
 
-    for name in ("beta", "sigma_x", "sigma_z", "L", "delta", "epsilon"):
-        if name not in _READS[args.method] and getattr(args, name) is not None:
-            flag = "--" + name.replace("_", "-")
+    declared = {p.name for p in method_class(args.method).params}
+    given = given_options(args)
+    for name, value in given.items():
+        if name not in declared:
+            opt = option_of(name)
+            others = [m for m in _private_methods() if name in {p.name for p in method_class(m).params}]
             raise PrivacyParameterError(
-                f"argument {flag}: not used by --method {args.method} (got {getattr(args, name)!r}); drop "
-                f"{flag}" + (" or use --method privitp" if args.method == "privbon" else "")
+                f"argument {opt}: not used by --method {args.method} (got {value!r}); drop {opt}"
+                + (f" or use --method {' or '.join(others)}" if others else "")
             )
-    for name, value in _DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
     if args.score_range is not None and args.r_max is not None:
         raise PrivacyParameterError(
             "argument --r-max: not used with --score-range (the range is then [0, HIGH - LOW]); drop one"
         )
+    assert args.method in methods()  # argparse's choices
+    return SelectorSpec.of(args.method, **{**{k: v for k, v in _DEFAULTS.items() if k in declared}, **given})
+
+
+def _private_methods() -> list[str]:
+    from privalign.alignment.selectors import method_class, methods
+
+    return [m for m in methods() if method_class(m).private]
 
 
 def _use_declared_range(args) -> None:
@@ -101,21 +111,18 @@ def _run(args) -> int:
     import numpy as np
 
     from privalign._validation import check_real
-    from privalign.accounting.filters import ExPostFilter, PureDPFilter
-    from privalign.alignment import make_selector
-    from privalign.alignment.session import privbon_zcdp_comparison, run_session
+    from privalign.alignment.session import serve_pool
     from privalign.cli._args import check_out_dir
     from privalign.cli.select import _clean
     from privalign.data.pools import ReadStats, ScoredPool
-    from privalign.rng import SecureNoise
 
     check_out_dir(args.out)
-    _check_options(args)
+    spec = _spec(args)
     # The budgets are checked here, under their own names: the filters would call them 'epsilon'/'delta',
     # which are other options of this command (the per-query ε, the per-prompt δ).
     check_real(args.budget_epsilon, "budget_epsilon", low=0.0, closed="neither")
     # (privbon converts zCDP to (ε, δ) at δ = --budget-delta, which needs δ > 0)
-    zcdp = args.method == "privbon" and not args.secure
+    zcdp = spec.kind.accounting == "pure" and not args.secure
     check_real(args.budget_delta, "budget_delta", low=0.0, high=1.0, closed="neither" if zcdp else "left")
     stats = ReadStats()
     pool = ScoredPool.read(args.pool, stats=stats)
@@ -131,65 +138,25 @@ def _run(args) -> int:
         )
     pool = _public_range(args, pool)
     if args.n is None:  # the largest n ≤ 16 that every prompt supports (2n + 1 candidates for privitp)
-        from privalign.alignment.selectors import pool_size
-
         smallest = int(pool.counts.min()) if pool.counts.size else 0
-        args.n = max([1] + [n for n in range(1, 17) if pool_size(args.method, n) <= smallest])
-    rng = SecureNoise() if args.secure else np.random.default_rng(args.seed)
-    if args.method == "privitp":
-        if args.sigma_x is None:  # 1 in units of the public score range, whatever the range
-            args.sigma_x = args.r_max
-        sel = make_selector(
-            "privitp",
-            beta=args.beta,
-            sigma_x=args.sigma_x,
-            sigma_z=args.sigma_x if args.sigma_z is None else args.sigma_z,  # (not `or`: --sigma-z 0)
-            r_max=args.r_max,
-            L=args.L,
-            delta=args.delta,
-            sensitivity=args.sensitivity,
-            clip=args.clip,
-        )
-        rep = run_session(
-            pool,
-            sel,
-            ExPostFilter(args.budget_epsilon, args.budget_delta),
-            args.principal,
-            rng,
-            n=args.n,
-            max_prompts=args.max_prompts,
-            progress=not args.no_progress,
-        )
-        out = {"method": "privitp", "filter": "ExPostFilter", **rep.to_dict()}
-    else:
-        sel = make_selector(
-            "privbon", epsilon=args.epsilon, sensitivity=args.sensitivity, r_max=args.r_max, clip=args.clip
-        )
-        if args.secure:
-            rep = run_session(
-                pool,
-                sel,
-                PureDPFilter(args.budget_epsilon),
-                args.principal,
-                rng,
-                n=args.n,
-                max_prompts=args.max_prompts,
-            )
-            out = {"method": "privbon", "filter": "PureDPFilter", **rep.to_dict()}
-        else:
-            out = {
-                "method": "privbon",
-                **privbon_zcdp_comparison(
-                    pool,
-                    sel,
-                    budget_epsilon=args.budget_epsilon,
-                    delta=args.budget_delta,
-                    n=args.n,
-                    rng=args.seed,
-                    principal=args.principal,
-                    max_prompts=args.max_prompts,
-                ),
-            }
+        args.n = max([1] + [n for n in range(1, 17) if spec.kind.candidates_needed(n) <= smallest])
+    if "sigma_x" in {p.name for p in spec.kind.params} and spec.get("sigma_x") is None:
+        from privalign.alignment.selectors import SelectorSpec
+
+        spec = SelectorSpec.of(spec.method, **{**spec.as_dict(), "sigma_x": args.r_max})
+    sel = spec.build(r_max=args.r_max, sensitivity=args.sensitivity, clip=args.clip)
+    out = serve_pool(
+        pool,
+        sel,
+        budget_epsilon=args.budget_epsilon,
+        budget_delta=args.budget_delta,
+        n=args.n,
+        seed=args.seed,
+        secure=args.secure,
+        principal=args.principal,
+        max_prompts=args.max_prompts,
+        progress=not args.no_progress,
+    )
     out["pool_read"] = stats.to_dict()
     if getattr(args, "score_range_source", None):  # the range came from the pool's manifest
         out["score_range"] = {"range": args.score_range, "declared_in": args.score_range_source}
@@ -214,7 +181,7 @@ def _run(args) -> int:
             part.get("mean_true_reward"),
         )
         if served == 0:
-            delta = f", delta = {args.delta:g}" if args.method == "privitp" else ""
+            delta = f", delta = {spec.get('delta'):g}" if spec.get("delta") is not None else ""
             print(
                 f"privalign session: note: no prompt was served{label}: one prompt's worst-case cost "
                 f"(epsilon_max = {part.get('epsilon_max', float('nan')):.3g}{delta}) does not fit the budget "
@@ -267,9 +234,11 @@ def register(subparsers) -> None:
         "range the pool's manifest declares, if any: the shipped HH pools declare -4,4).",
     )
     p.add_argument("--pool", required=True, help="scored-pool JSONL(.gz) file")
+    from privalign.alignment.selectors import method_class, methods
+
     p.add_argument(
         "--method",
-        choices=["privitp", "privbon"],
+        choices=[m for m in methods() if method_class(m).private],
         default="privitp",
         help="privitp (ex-post filter, default) or privbon (pure-ε and zCDP filters compared)",
     )
@@ -320,8 +289,7 @@ def register(subparsers) -> None:
         default=None,
         metavar="LOW,HIGH",
         help="public range of the reward model's scores, chosen without looking at them (e.g. -4,4 for an "
-        "unbounded linear reward): scores are clipped into it and shifted, R_max = HIGH - LOW (default, "
-        "without --r-max or --clip: the range POOL.manifest.json declares as proxy_score_range, if any)",
+        "unbounded linear reward): scores are clipped into it and shifted, R_max = HIGH - LOW",
     )
     p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
     p.add_argument("--clip", action="store_true", help="clip scores into [0, R_max]")

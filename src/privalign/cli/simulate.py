@@ -3,7 +3,19 @@
 
 from __future__ import annotations
 
-from privalign.cli._args import emit_json, nonneg_int
+from dataclasses import dataclass
+
+from privalign.cli._args import INFINITE_EPSILON, emit_json, nonneg_int
+from privalign.cli._methods import (
+    FLAGS,
+    add_param_option,
+    finite_sweep,
+    given_options,
+    option_of,
+    parse_floats,
+    product,
+)
+from privalign.errors import PrivacyParameterError
 
 __all__ = ["register"]
 
@@ -13,67 +25,135 @@ __all__ = ["register"]
 MAX_SYNTHETIC_SCORES = 2**26  # PROMPTS × CANDIDATES of --synthetic (67,108,864 scores, 0.5 GiB per array)
 MAX_REPLICATE_DRAWS = 2**25  # --replicates × the widest prompt's candidates (33,554,432; 256 MiB per prompt)
 
-#: The options (default ``None`` until filled in by :func:`_check_unused`) each method reads, and their
-#: defaults. PrivITP reads --epsilon only when its σ is calibrated to it (no --sigma-x).
-_DEFAULTS = {"beta": "0.05", "epsilon": "4", "L": 3.0, "delta": 1e-6}
-_USES = {
-    "bon": (),
-    "itp": ("beta",),
-    "privbon": ("epsilon", "sigma_gumbel"),
-    "privitp": ("beta", "sigma_x", "sigma_z", "L", "delta"),
+#: The authors' protocol's values for what the command line leaves out (a parameter's own default otherwise).
+_CLI_DEFAULTS = {"beta": "0.05", "epsilon": "4"}
+#: Sweeps whose values must be finite, with the message's words.
+_FINITE = {
+    "epsilon": (
+        "a finite ε > 0",
+        f"{INFINITE_EPSILON}: the non-private reference curve is --methods bon (or --sigma-gumbel 0)",
+    ),
+    "sigma": ("a finite σ ≥ 0", ""),
 }
 
 
 def _methods(args) -> list[str]:
+    from privalign.alignment.selectors import methods as known
     from privalign.errors import PrivacyParameterError
 
+    names = ", ".join(known())
     methods = [x.strip() for x in args.methods.split(",") if x.strip()]
     for m in methods:
-        if m not in _USES:
-            raise PrivacyParameterError(
-                f"The '--methods' option must list bon, itp, privbon, privitp. Got {m!r} instead."
-            )
+        if m not in known():
+            raise PrivacyParameterError(f"The '--methods' option must list {names}. Got {m!r} instead.")
     if not methods:  # the engine would call it 'specs'
         raise PrivacyParameterError(
-            f"The '--methods' option must list at least one of bon, itp, privbon, privitp. Got "
-            f"{args.methods!r} instead."
+            f"The '--methods' option must list at least one of {names}. Got {args.methods!r} instead."
         )
     return methods
 
 
-def _check_unused(args) -> None:
-    """An option that no listed method reads is refused, not ignored (as ``select`` does): e.g. ``--methods
-    bon --epsilon 2`` would otherwise draw a non-private curve though ε = 2 was asked for. Then the defaults
-    of the options left out are filled in."""
-    from privalign.errors import PrivacyParameterError
+@dataclass(frozen=True)
+class _Reads:
+    """What one listed method reads from the command line: its sweeps (parameter → text or value) and
+    whether its noise is calibrated to each --epsilon (PrivITP without --sigma-x)."""
 
-    methods = _methods(args)
-    used = {name for m in methods for name in _USES[m]}
-    if "privitp" in methods and args.sigma_x is None:
-        used.add("epsilon")  # PrivITP's σ is calibrated to the worst-case ε = --epsilon
-    if args.sigma_z is not None and args.sigma_x is None and "privitp" in methods:
-        raise PrivacyParameterError(
-            "argument --sigma-z: needs --sigma-x (without them PrivITP's σ_X = σ_Z is calibrated so that its "
-            "worst-case ε equals --epsilon); give --sigma-x too or drop --sigma-z"
-        )
-    if args.sigma_gumbel is not None and args.epsilon is not None and "privitp" not in methods:
-        raise PrivacyParameterError(
-            "argument --epsilon: not used with --sigma-gumbel (PrivBoN is then given by its Gumbel scale); "
-            "drop one of them"
-        )
-    for name in ("beta", "epsilon", "sigma_gumbel", "sigma_x", "sigma_z", "L", "delta"):
-        if name not in used and getattr(args, name) is not None:
-            flag = "--" + name.replace("_", "-")
-            readers = ", ".join(sorted(m for m, uses in _USES.items() if name in uses))
-            if name == "epsilon":
-                readers += "; privitp without --sigma-x"
+    method: str
+    sweeps: dict
+    calibrate: bool
+
+
+def _reads(args, methods: list[str]) -> list[_Reads]:
+    """Each method's options, checked once before anything is read: an option that no listed method reads
+    is refused, not ignored (as ``select`` does): e.g. ``--methods bon --epsilon 2`` would otherwise draw a
+    non-private curve though ε = 2 was asked for."""
+    from privalign.alignment.selectors import method_class
+
+    given = given_options(args)
+    out, used, excluded_by = [], set(), {}
+    for m in methods:
+        kind = method_class(m)
+        declared = {p.name: p for p in kind.params}
+        mine = {k: v for k, v in given.items() if k in declared}
+        excluded = {x: g for g in mine for x in declared[g].excludes}
+        excluded_by.update(excluded)
+        mine = {k: v for k, v in mine.items() if k not in excluded}
+        cal = kind.calibrated_params
+        calibrate = bool(cal) and cal[0] not in mine
+        if calibrate and any(c in mine for c in cal[1:]):
+            other = option_of(next(c for c in cal[1:] if c in mine))
             raise PrivacyParameterError(
-                f"argument {flag}: not used by --methods {args.methods} (it is read by {readers}); "
-                f"drop {flag} or add a method that reads it"
+                f"argument {other}: needs {option_of(cal[0])} (without them {kind.label}'s noise is "
+                f"calibrated so that its worst-case ε equals --epsilon); give {option_of(cal[0])} too or "
+                f"drop {other}"
             )
-    for name, value in _DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+        sweeps = dict(mine)
+        for name, default in _CLI_DEFAULTS.items():
+            if name in declared and name not in excluded and name not in sweeps:
+                sweeps[name] = default
+        if calibrate:
+            sweeps["epsilon"] = given.get("epsilon", _CLI_DEFAULTS["epsilon"])  # last: per β, each ε
+        used |= set(mine) | ({"epsilon"} if calibrate else set())
+        out.append(_Reads(m, sweeps, calibrate))
+    _refuse_unused(args, given, used, excluded_by)
+    return out
+
+
+def _refuse_unused(args, given: dict, used: set, excluded_by: dict) -> None:
+    from privalign.alignment.selectors import method_class, methods
+
+    for name in given:
+        if name in used:
+            continue
+        opt = option_of(name)
+        if name in excluded_by:
+            raise PrivacyParameterError(
+                f"argument {opt}: not used with {option_of(excluded_by[name])} (the method is then given by "
+                "it); drop one of them"
+            )
+        readers = [m for m in methods() if name in {p.name for p in method_class(m).params}]
+        readers += [
+            f"{m} without {option_of(method_class(m).calibrated_params[0])}"
+            for m in methods()
+            if name == "epsilon" and method_class(m).calibrated_params
+        ]
+        raise PrivacyParameterError(
+            f"argument {opt}: not used by --methods {args.methods} (it is read by {', '.join(readers)}); "
+            f"drop {opt} or add a method that reads it"
+        )
+
+
+def _values(name: str, value) -> list:
+    if not isinstance(value, str):
+        return [value]
+    dest = FLAGS.get(name, name)
+    if name in _FINITE:
+        return finite_sweep(value, dest, *_FINITE[name])
+    return parse_floats(value, dest)
+
+
+def _specs(reads: list[_Reads], k: int, r_max: float) -> list:
+    """The curves: every combination of each method's sweeps. A calibrated method's noise makes its
+    worst-case ε at the largest N = 2^k, at --delta, equal each --epsilon: the privacy of the PrivBoN curve
+    beside it (at smaller N it is lower). Equal σ is not equal privacy (docs/alignment.md)."""
+    from privalign.alignment.selectors import SelectorSpec, method_class
+    from privalign.alignment.simulation import MethodSpec
+
+    specs = []
+    for r in reads:
+        kind = method_class(r.method)
+        for combo in product({name: _values(name, v) for name, v in r.sweeps.items()}):
+            label = None
+            if r.calibrate:
+                eps = combo.pop("epsilon")
+                base = SelectorSpec.of(r.method, **combo).resolved()
+                combo.update(kind.calibrate(eps, 2**k, base, r_max=r_max, sensitivity=r_max))
+                shown = {
+                    n: float(f"{v:.3g}") for n, v in SelectorSpec.of(r.method, **combo).resolved().items()
+                }
+                label = f"{kind.describe(shown)} at worst-case ε_max={eps:g}"
+            specs.append(MethodSpec.from_spec(SelectorSpec.of(r.method, **combo), label=label))
+    return specs
 
 
 def _check_sizes(args, pool=None) -> None:
@@ -97,97 +177,6 @@ def _check_sizes(args, pool=None) -> None:
         )
 
 
-def _privitp_specs(args, k: int, r_max: float) -> list:
-    """PrivITP's curves: at the given --sigma-x/--sigma-z, or (the default) with σ_X = σ_Z calibrated so that
-    its worst-case ε_max(N) at --delta, at the largest N = 2^k, equals each --epsilon: the privacy of the
-    PrivBoN curve beside it (at smaller N it is lower). Equal σ is not equal privacy (docs/alignment.md)."""
-    from privalign.alignment.simulation import MethodSpec
-    from privalign.cli.select import parse_floats
-    from privalign.experiments.matching import calibrate_worst
-
-    specs = []
-    for b in parse_floats(args.beta, "beta"):
-        if args.sigma_x is None:
-            for e in _epsilons(args.epsilon):
-                m = calibrate_worst(
-                    e, args.delta, 2**k, beta=b, r_max=r_max, sensitivity=r_max, L=args.L, rtol=1e-6
-                )
-                label = f"PrivITP β={b:g} ε_max={e:g} (σ={m['sigma_x']:.3g})"
-                specs.append(
-                    MethodSpec(
-                        "privitp", beta=b, sigma_x=m["sigma_x"], L=args.L, delta=args.delta, label=label
-                    )
-                )
-            continue
-        for sx in parse_floats(args.sigma_x, "sigma_x"):
-            for sz in parse_floats(args.sigma_x if args.sigma_z is None else args.sigma_z, "sigma_z"):
-                specs.append(
-                    MethodSpec("privitp", beta=b, sigma_x=sx, sigma_z=sz, L=args.L, delta=args.delta)
-                )
-    return specs
-
-
-def _specs(args, k: int, r_max: float):
-    from privalign.alignment.simulation import MethodSpec
-    from privalign.cli.select import parse_floats
-
-    specs = []
-    for m in _methods(args):
-        if m == "bon":
-            specs.append(MethodSpec("bon"))
-        elif m == "itp":
-            specs += [MethodSpec("itp", beta=b) for b in parse_floats(args.beta, "beta")]
-        elif m == "privbon":
-            if args.sigma_gumbel:
-                specs += [
-                    MethodSpec("privbon", sigma=s)
-                    for s in _finite_sweep(args.sigma_gumbel, "sigma_gumbel", "a finite σ ≥ 0")
-                ]
-            else:
-                specs += [MethodSpec("privbon", epsilon=e) for e in _epsilons(args.epsilon)]
-        else:
-            specs += _privitp_specs(args, k, r_max)
-    return specs
-
-
-def _finite_sweep(text: str, name: str, what: str, if_infinite: str = "") -> list[float]:
-    """A comma-separated sweep of finite numbers: ``inf``, ``nan`` and overflowing literals (``1e400``) are
-    refused naming the option and the value as typed (the range is the selector's check)."""
-    import math
-
-    from privalign.cli.select import parse_floats
-    from privalign.errors import PrivacyParameterError
-
-    vals = parse_floats(text, name)
-    tokens = [x.strip() for x in text.split(",") if x.strip()]
-    for tok, v in zip(tokens, vals, strict=True):
-        if not math.isfinite(v):
-            flag = "--" + name.replace("_", "-")
-            over = (
-                ""
-                if tok.lstrip("+-").lower() in ("inf", "infinity") or math.isnan(v)
-                else f" (overflows to {v})"
-            )
-            raise PrivacyParameterError(
-                f"argument {flag}: every value must be {what}, got {tok!r}{over} in {text!r}"
-                + (f"; {if_infinite}" if v > 0 and if_infinite else "")
-            )
-    return vals
-
-
-def _epsilons(text: str) -> list[float]:
-    """The --epsilon sweep: finite values only (ε = ∞ is no privacy; the non-private curve is asked for by
-    name, --methods bon or --sigma-gumbel 0)."""
-    from privalign.cli._args import INFINITE_EPSILON
-
-    return _finite_sweep(
-        text,
-        "epsilon",
-        "a finite ε > 0",
-        f"{INFINITE_EPSILON}: the non-private reference curve is --methods bon (or --sigma-gumbel 0)",
-    )
-
-
 def _check_max_n(args, pool, specs, k: int) -> None:
     """With --max-log2-n given: every prompt has the candidates N = 2^k needs, or --skip-short (the engine's
     message would name its parameters 'n_grid' and 'skip_short')."""
@@ -199,7 +188,7 @@ def _check_max_n(args, pool, specs, k: int) -> None:
     if short and not args.skip_short:
         raise PrivacyParameterError(
             f"argument --max-log2-n: N = 2^{k} needs {need} candidates per prompt"
-            f"{' (two pools for itp/privitp)' if need != 2**k else ''}; {short} prompt(s) have fewer "
+            f"{' (two pools)' if need != 2**k else ''}; {short} prompt(s) have fewer "
             f"(smallest: {int(pool.counts.min())}). Lower --max-log2-n, or pass --skip-short to skip those "
             "prompts."
         )
@@ -221,19 +210,18 @@ def _synthetic(text: str) -> tuple[int, int]:
     return p, c
 
 
-def _max_log2_n(args, pool) -> int:
+def _max_log2_n(args, pool, methods: list[str]) -> int:
     """The largest k with 2^k (2·2^k for the two-pool ITP and PrivITP) candidates in every prompt, at most 12
     (the authors' N grid)."""
     import math
 
-    from privalign.alignment.selectors import TWO_POOL_METHODS
-    from privalign.errors import PrivacyParameterError
+    from privalign.alignment.selectors import method_class
 
     if args.max_log2_n is not None:
         return args.max_log2_n
-    two = any(m.strip() in TWO_POOL_METHODS for m in args.methods.split(","))  # ITP too, not only PrivITP
+    pools = max(method_class(m).layout.pools for m in methods)  # ITP too, not only PrivITP
     smallest = int(pool.counts.min())
-    usable = smallest // 2 if two else smallest
+    usable = smallest // pools
     if usable < 1:
         raise PrivacyParameterError(
             f"The pool's smallest prompt has {smallest} candidate(s): too few for --methods {args.methods}."
@@ -241,113 +229,88 @@ def _max_log2_n(args, pool) -> int:
     return min(12, int(math.floor(math.log2(usable))))
 
 
-def _run(args) -> int:
+def _read_pool(args):
+    """The pool (``--pool``, through the columnar cache unless ``--no-pool-cache``, or ``--synthetic``) and
+    what reading it found."""
     import sys
 
-    import numpy as np
-    from threadpoolctl import threadpool_limits
-
-    from privalign.alignment.figures import needs_matplotlib, plot_results, preload_matplotlib
-    from privalign.alignment.simulation import prepare_scores, run_protocol, write_results
-    from privalign.cli._args import check_out_dir
-    from privalign.cli.select import parse_floats
     from privalign.data.pool_cache import read_scored_pool
     from privalign.data.pools import ReadStats, ScoredPool
-    from privalign.errors import PrivacyParameterError
 
-    check_out_dir(args.out)
-    _check_unused(args)
-    if args.pdf and args.figure_backend == "pillow":
-        raise PrivacyParameterError(
-            "argument --figure-backend: 'pillow' draws PNG only; with --pdf use 'auto' or 'matplotlib'"
-        )
     stats = ReadStats()
-    if args.pool:
-        pool = (
-            ScoredPool.read(args.pool, stats=stats)
-            if args.no_pool_cache
-            else read_scored_pool(args.pool, stats=stats)
-        )
-        if stats.describe():
-            print(f"privalign simulate: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
-    else:
+    if not args.pool:
         from privalign.alignment.synthetic import make_synthetic_pool
 
         _check_sizes(args)
         p, c = _synthetic(args.synthetic)
-        pool = make_synthetic_pool(p, c, random_state=args.seed)
-    _check_sizes(args, pool)
+        return make_synthetic_pool(p, c, random_state=args.seed), None
+    read = ScoredPool.read if args.no_pool_cache else read_scored_pool
+    pool = read(args.pool, stats=stats)
+    if stats.describe():
+        print(f"privalign simulate: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
+    return pool, stats
+
+
+def _score_range(args) -> tuple[float, float]:
     rng_ = parse_floats(args.score_range, "score_range")
     if len(rng_) != 2 or not rng_[0] < rng_[1]:
         raise PrivacyParameterError(
             f"argument --score-range: must be LOW,HIGH with LOW < HIGH, got {args.score_range!r}"
         )
-    lo, hi = rng_
-    k = _max_log2_n(args, pool)
-    z, _, _ = prepare_scores(pool, transform=args.transform, score_range=(lo, hi))
-    finite = np.isfinite(z)
-    n_clip = int(np.sum(finite & ((z < lo) | (z > hi))))
-    clipped_fraction = n_clip / max(1, int(finite.sum()))
-    if n_clip:
+    return rng_[0], rng_[1]
+
+
+def _run(args) -> int:
+    import sys
+
+    from privalign.alignment.simulation import simulate
+    from privalign.cli._args import check_out_dir
+
+    check_out_dir(args.out)
+    reads = _reads(args, _methods(args))
+    if args.pdf and args.figure_backend == "pillow":
+        raise PrivacyParameterError(
+            "argument --figure-backend: 'pillow' draws PNG only; with --pdf use 'auto' or 'matplotlib'"
+        )
+    pool, stats = _read_pool(args)
+    _check_sizes(args, pool)
+    lo, hi = _score_range(args)
+    k = _max_log2_n(args, pool, [r.method for r in reads])
+    specs = _specs(reads, k, hi - lo)
+    _check_max_n(args, pool, specs, k)
+    report = simulate(
+        pool,
+        specs,
+        n_grid=[2**i for i in range(k + 1)],
+        out=args.out,
+        formats=("png", "pdf") if args.pdf else ("png",),
+        figure_backend=args.figure_backend,
+        replicates=args.replicates,
+        random_state=args.seed,
+        transform=args.transform,
+        score_range=(lo, hi),
+        skip_short=args.skip_short,
+        progress=not args.no_progress,
+    )
+    if report.clipped_scores:
         print(
-            f"privalign simulate: note: {n_clip} of {int(finite.sum())} scores "
-            f"({100 * clipped_fraction:.2f}%) lie outside "
-            f"--score-range {lo:g},{hi:g} (after --transform {args.transform}) "
-            "and are clipped for the bounded-score methods",
+            f"privalign simulate: note: {report.clipped_scores} scores "
+            f"({100 * report.clipped_fraction:.2f}%) "
+            f"lie outside --score-range {lo:g},{hi:g} (after --transform {args.transform}) and are clipped "
+            "for the bounded-score methods",
             file=sys.stderr,
         )
-    specs = _specs(args, k, hi - lo)
-    _check_max_n(args, pool, specs, k)
-    formats = ("png", "pdf") if args.pdf else ("png",)
-    # matplotlib (PDF, or --figure-backend matplotlib) is imported in a thread while the engine runs
-    preloading = preload_matplotlib() if needs_matplotlib(formats, args.figure_backend) else None
-    try:
-        # BLAS on one thread while the engine runs: its matrix products are small (one prompt's nodes ×
-        # replicates × one block), so more BLAS threads only spin-wait between them and burn CPU. The results
-        # do not depend on the thread count (tests/alignment/test_alignment_pinned.py).
-        with threadpool_limits(limits=1, user_api="blas"):
-            res = run_protocol(
-                pool,
-                specs,
-                n_grid=[2**i for i in range(k + 1)],
-                replicates=args.replicates,
-                random_state=args.seed,
-                transform=args.transform,
-                score_range=(lo, hi),
-                skip_short=args.skip_short,
-                progress=not args.no_progress,
-            )
-    finally:
-        if preloading is not None:
-            preloading.join()  # never leave an import running in a thread (also on errors)
-    path = write_results(res, args.out)
-    figs = plot_results(res, args.out, formats=formats, backend=args.figure_backend)
-    summary = {
-        "results": str(path),
-        "figures": [str(f) for f in figs],
-        "n_prompts": res["n_prompts"],
-        "skipped_prompts": res["skipped_prompts"],
-        "seconds": res["seconds"],
-        "max_n": 2**k,
-        "transform": args.transform,
-        "score_range": [lo, hi],
-        "clipped_fraction": clipped_fraction,
-        "pool_read": stats.to_dict() if args.pool else None,
-        "methods": [
-            {"name": m["name"], "true_lift_at_max_n": m["true_lift"][-1], "privacy": m["privacy"]}
-            for m in res["methods"]
-        ],
-    }
+    summary = {**report.summary(), "pool_read": None if stats is None else stats.to_dict()}
     if args.json:
         emit_json(summary)
-    else:
-        print(
-            f"true-reward lift at N={2**k} (mean true reward of the selection minus the base policy's, "
-            "in the pool's true-reward units) and privacy per query:"
-        )
-        for m in summary["methods"]:
-            print(f"  {m['name']:<44s} {m['true_lift_at_max_n']:+.4f}   {_privacy_words(m['privacy'])}")
-        print(f"wrote {path} and {len(figs)} figure files")
+        return 0
+    print(
+        f"true-reward lift at N={2**k} (mean true reward of the selection minus the base policy's, "
+        "in the pool's true-reward units) and privacy per query:"
+    )
+    for m in summary["methods"]:
+        print(f"  {m['name']:<44s} {m['true_lift_at_max_n']:+.4f}   {_privacy_words(m['privacy'])}")
+    print(f"wrote {report.results_path} and {len(report.figures)} figure files")
     return 0
 
 
@@ -390,7 +353,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--methods",
         default="bon,itp,privbon,privitp",
-        help="comma-separated methods (bon, itp, privbon, privitp)",
+        help="comma-separated methods (bon, itp, privbon, privitp, or a registered one)",
     )
     p.add_argument(
         "--beta", default=None, help="β values (comma-separated sweep) for itp/privitp (default 0.05)"
@@ -418,6 +381,7 @@ def register(subparsers) -> None:
         "--L", type=float, default=None, help="PrivITP envelope widening (units of σ_Z; default 3)"
     )
     p.add_argument("--delta", type=float, default=None, help="PrivITP δ (default 1e-6)")
+    add_param_option(p, sweep=True)
     p.add_argument(
         "--max-log2-n",
         type=nonneg_int,

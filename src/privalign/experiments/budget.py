@@ -94,63 +94,75 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         "n": cfg["n"],
         "pool_prompts": total,
     }
-    if cell["kind"] == "privitp":
-        from privalign.accounting.filters import ExPostFilter
-        from privalign.alignment import PrivITP
-        from privalign.alignment.session import run_session
+    return _CELLS[cell["kind"]](cell, cfg, pool, r_max, common, np.random.default_rng(ss_run))
 
-        s = cell["sigma"]
-        sel = PrivITP(
-            cfg["beta"],
-            sigma_x=s / 2,
-            sigma_z=s / 2,
-            r_max=r_max,
-            L=cfg["L"],
-            delta=cfg["delta_per_prompt"],
-            sensitivity=cfg["sensitivity"],
-        )
-        flt = ExPostFilter(cfg["budget_epsilon"], cfg["budget_delta"])
-        rep = run_session(pool, sel, flt, "user", np.random.default_rng(ss_run), n=cfg["n"])
-        cum = np.cumsum([r["epsilon_realized"] for r in rep.per_prompt]).tolist()
-        # true-reward lift of each served answer over its prompt's base-policy mean (P1-6: what the extra
-        # prompts served are worth)
-        lifts = [
-            float(r["true_reward"] - np.nanmean(pool.true[r["prompt"], : pool.counts[r["prompt"]]]))
-            for r in rep.per_prompt
-        ]
-        row = {
-            **common,
-            "method": "PrivITP",
-            "accounting": "ex-post filter",
-            "sigma": s,
-            "served": rep.prompts_served,
-            "pool_exhausted": rep.prompts_served == total,
-            "t_basic": rep.basic_composition_count,
-            "epsilon_max": rep.epsilon_max,
-            "epsilon1": sel.accountant.epsilon1,
-            "spent_epsilon": rep.spent["epsilon"],
-            "spent_delta": rep.spent["delta"],
-            "mean_stopping_time": _nn(rep.mean_stopping_time),
-            "fallback_rate": _nn(rep.fallback_rate),
-            "mean_true_reward": _nn(rep.mean_true_reward),
-            "base_true_reward": _nn(rep.base_true_reward),
-            "cumulative_epsilon": cum,
-            "served_lifts": lifts,
-            "pool_label": pool_label(cfg),
-        }
-        basic = {
-            **common,
-            "method": "PrivITP",
-            "accounting": "basic composition",
-            "sigma": s,
-            "served": min(rep.basic_composition_count, total),
-            "t_basic": rep.basic_composition_count,
-            "epsilon_max": rep.epsilon_max,
-            "spent_epsilon": min(rep.basic_composition_count, total) * rep.epsilon_max,
-        }
-        return [row, basic]
+
+def _privitp_cell(cell: dict, cfg: dict, pool, r_max: float, common: dict, rng) -> list[dict]:
+    """PrivITP under the ex-post filter, and what basic composition would have served."""
+    from privalign.accounting.filters import ExPostFilter
+    from privalign.alignment import PrivITP
+    from privalign.alignment.session import run_session
+
+    total = pool.proxy.shape[0]
+
+    s = cell["sigma"]
+    sel = PrivITP(
+        cfg["beta"],
+        sigma_x=s / 2,
+        sigma_z=s / 2,
+        r_max=r_max,
+        L=cfg["L"],
+        delta=cfg["delta_per_prompt"],
+        sensitivity=cfg["sensitivity"],
+    )
+    flt = ExPostFilter(cfg["budget_epsilon"], cfg["budget_delta"])
+    rep = run_session(pool, sel, flt, "user", rng, n=cfg["n"])
+    cum = np.cumsum([r["epsilon_realized"] for r in rep.per_prompt]).tolist()
+    # true-reward lift of each served answer over its prompt's base-policy mean (P1-6: what the extra
+    # prompts served are worth)
+    lifts = [
+        float(r["true_reward"] - np.nanmean(pool.true[r["prompt"], : pool.counts[r["prompt"]]]))
+        for r in rep.per_prompt
+    ]
+    row = {
+        **common,
+        "method": "PrivITP",
+        "accounting": "ex-post filter",
+        "sigma": s,
+        "served": rep.prompts_served,
+        "pool_exhausted": rep.prompts_served == total,
+        "t_basic": rep.basic_composition_count,
+        "epsilon_max": rep.epsilon_max,
+        "epsilon1": sel.accountant.epsilon1,
+        "spent_epsilon": rep.spent["epsilon"],
+        "spent_delta": rep.spent["delta"],
+        "mean_stopping_time": _nn(rep.mean_stopping_time),
+        "fallback_rate": _nn(rep.fallback_rate),
+        "mean_true_reward": _nn(rep.mean_true_reward),
+        "base_true_reward": _nn(rep.base_true_reward),
+        "cumulative_epsilon": cum,
+        "served_lifts": lifts,
+        "pool_label": pool_label(cfg),
+    }
+    basic = {
+        **common,
+        "method": "PrivITP",
+        "accounting": "basic composition",
+        "sigma": s,
+        "served": min(rep.basic_composition_count, total),
+        "t_basic": rep.basic_composition_count,
+        "epsilon_max": rep.epsilon_max,
+        "spent_epsilon": min(rep.basic_composition_count, total) * rep.epsilon_max,
+    }
+    return [row, basic]
+
+
+def _privbon_cell(cell: dict, cfg: dict, pool, r_max: float, common: dict, rng) -> list[dict]:
+    """PrivBoN under the pure-ε filter and under zCDP."""
     from privalign.alignment import make_selector
     from privalign.alignment.session import privbon_zcdp_comparison
+
+    total = pool.proxy.shape[0]
 
     bon_sel = make_selector(
         "privbon", epsilon=cfg["privbon_epsilon"], r_max=r_max, sensitivity=cfg["sensitivity"]
@@ -161,7 +173,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         budget_epsilon=cfg["budget_epsilon"],
         delta=cfg["budget_delta"],
         n=cfg["n"],
-        rng=np.random.default_rng(ss_run),
+        rng=rng,
     )
     pure, zc = res["pure"], res["zcdp"]
     return [
@@ -189,6 +201,10 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
             "mean_true_reward": _nn(zc["mean_true_reward"]),
         },
     ]
+
+
+#: each cell kind → its run
+_CELLS = {"privitp": _privitp_cell, "privbon": _privbon_cell}
 
 
 def _nn(v):

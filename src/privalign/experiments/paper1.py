@@ -375,137 +375,169 @@ def _specs(
 ) -> list[tuple[str, Any, dict]]:
     """``(method, MethodSpec or Gaussian σ, info)`` for every curve; ``info`` holds the privacy matching of
     PrivBoN/PrivITP curves (target ε, σ's, calibration accuracy)."""
+    out: list[tuple[str, Any, dict]] = []  # Any: a MethodSpec, or PrivBoN-Gaussian's σ (a float)
+    ss_list = list((ss or np.random.SeedSequence(0)).spawn(len(cfg["epsilons"])))
+    for m in cfg["methods"]:
+        out += _CURVES[m](cfg, n, calib, ss_list)
+    return out
+
+
+def _bon_curves(cfg: dict, n, calib, ss_list) -> list[tuple[str, Any, dict]]:
+    from privalign.alignment.simulation import MethodSpec
+
+    return [("BoN", MethodSpec("bon", label="BoN"), {})]
+
+
+def _itp_curves(cfg: dict, n, calib, ss_list) -> list[tuple[str, Any, dict]]:
+    from privalign.alignment.simulation import MethodSpec
+
+    many = len(cfg["betas"]) > 1
+    return [
+        ("ITP", MethodSpec("itp", beta=b, label=f"ITP β={b:g}" if many else "ITP"), {}) for b in cfg["betas"]
+    ]
+
+
+def _privbon_curves(cfg: dict, n, calib, ss_list) -> list[tuple[str, Any, dict]]:
     from privalign.alignment.priv_bon import privbon_scale
+    from privalign.alignment.simulation import MethodSpec
+
+    out: list[tuple[str, Any, dict]] = []
+    if cfg["privitp_match"] == "sigma":
+        for s in cfg["sigmas_gumbel"]:
+            eps = 2 * cfg["sensitivity"] / s
+            out.append(
+                (
+                    "PrivBoN",
+                    MethodSpec("privbon", sigma=s, label=f"PrivBoN σ={s:g} (ε={eps:.3g})"),
+                    {"sigma": s, "epsilon_target": eps},
+                )
+            )
+        return out
+    for e in cfg["epsilons"]:
+        out.append(
+            (
+                "PrivBoN",
+                MethodSpec("privbon", epsilon=e, label=f"PrivBoN ε={e:g}"),
+                {"sigma": privbon_scale(e, cfg["sensitivity"]), "epsilon_target": e},
+            )
+        )
+    return out
+
+
+def _privitp_curves(cfg: dict, n, calib, ss_list) -> list[tuple[str, Any, dict]]:
     from privalign.alignment.simulation import MethodSpec
     from privalign.experiments.matching import MATCH_NOTE
 
-    out: list[tuple[str, Any, dict]] = []  # Any: a MethodSpec, or PrivBoN-Gaussian's σ (a float)
-    many = lambda key: len(cfg[key]) > 1
     match = cfg["privitp_match"]
     delta = cfg["privitp_delta"]
-    ss_list = list((ss or np.random.SeedSequence(0)).spawn(len(cfg["epsilons"])))
-    for m in cfg["methods"]:
-        if m == "BoN":
-            out.append(("BoN", MethodSpec("bon", label="BoN"), {}))
-        elif m == "ITP":
-            for b in cfg["betas"]:
-                out.append(
-                    ("ITP", MethodSpec("itp", beta=b, label=f"ITP β={b:g}" if many("betas") else "ITP"), {})
-                )
-        elif m == "PrivBoN":
-            if match == "sigma":
-                for s in cfg["sigmas_gumbel"]:
-                    eps = 2 * cfg["sensitivity"] / s
-                    out.append(
-                        (
-                            "PrivBoN",
-                            MethodSpec("privbon", sigma=s, label=f"PrivBoN σ={s:g} (ε={eps:.3g})"),
-                            {"sigma": s, "epsilon_target": eps},
-                        )
-                    )
-            else:
-                for e in cfg["epsilons"]:
-                    out.append(
-                        (
-                            "PrivBoN",
-                            MethodSpec("privbon", epsilon=e, label=f"PrivBoN ε={e:g}"),
-                            {"sigma": privbon_scale(e, cfg["sensitivity"]), "epsilon_target": e},
-                        )
-                    )
-        elif m == "PrivITP":
-            if match == "sigma":
-                for s in cfg["privitp_sigmas"]:
-                    out.append(
-                        (
-                            "PrivITP",
-                            MethodSpec(
-                                "privitp",
-                                beta=cfg["privitp_beta"],
-                                sigma_x=s / 2,
-                                sigma_z=s / 2,
-                                L=cfg["privitp_L"],
-                                delta=delta,
-                                label=f"PrivITP σ={s:g} (σ rule: NOT equal privacy)",
-                            ),
-                            {
-                                "privacy_match": "sigma",
-                                "match_note": MATCH_NOTE["sigma"],
-                                "sigma_x": s / 2,
-                                "sigma_z": s / 2,
-                                "L": cfg["privitp_L"],
-                            },
-                        )
-                    )
-            else:
-                if n is None:
-                    raise ExperimentError(
-                        f"PrivITP matched by {match!r} is calibrated per N: the cell's N is required."
-                    )
-                pool_note = "calibration prompts (disjoint)" if calib is not None else "evaluation prompts"
-                for e, sse in zip(cfg["epsilons"], ss_list):
-                    info = _privitp_for(
-                        cfg, n, e, match, ratio=cfg["privitp_ratio"], L=cfg["privitp_L"], calib=calib, ss=sse
-                    )
-                    if match == "expected":
-                        info["calibrated_on"] = pool_note
-                    out.append(
-                        (
-                            "PrivITP",
-                            MethodSpec(
-                                "privitp",
-                                beta=cfg["privitp_beta"],
-                                sigma_x=info["sigma_x"],
-                                sigma_z=info["sigma_z"],
-                                L=info["L"],
-                                delta=delta,
-                                label=_privitp_label(match, e, delta),
-                            ),
-                            {
-                                **info,
-                                "privacy_match": match,
-                                "match_note": MATCH_NOTE[match],
-                                "epsilon_target": e,
-                            },
-                        )
-                    )
-                if cfg["privitp_fixed_N"]:
-                    info = _privitp_for(
-                        cfg,
-                        cfg["privitp_fixed_N"],
-                        cfg["epsilons"][0],
-                        "worst",
-                        ratio=cfg["privitp_ratio"],
+    out: list[tuple[str, Any, dict]] = []
+    if match == "sigma":
+        for s in cfg["privitp_sigmas"]:
+            out.append(
+                (
+                    "PrivITP",
+                    MethodSpec(
+                        "privitp",
+                        beta=cfg["privitp_beta"],
+                        sigma_x=s / 2,
+                        sigma_z=s / 2,
                         L=cfg["privitp_L"],
-                        calib=None,
-                        ss=None,
-                    )
-                    out.append(
-                        (
-                            "PrivITP-fixed",
-                            MethodSpec(
-                                "privitp",
-                                beta=cfg["privitp_beta"],
-                                sigma_x=info["sigma_x"],
-                                sigma_z=info["sigma_z"],
-                                L=info["L"],
-                                delta=delta,
-                                label=f"PrivITP fixed σ_X={info['sigma_x']:.3g} (P1-3, P1-8)",
-                            ),
-                            {
-                                "sigma_x": info["sigma_x"],
-                                "sigma_z": info["sigma_z"],
-                                "L": info["L"],
-                                "privacy_match": (
-                                    f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})"
-                                ),
-                                "epsilon_target": None,
-                            },
-                        )
-                    )
-        elif m == "PrivBoN-Gaussian":
-            for s in cfg["sigmas_gaussian"]:
-                out.append(("PrivBoN-Gaussian", s, {}))
+                        delta=delta,
+                        label=f"PrivITP σ={s:g} (σ rule: NOT equal privacy)",
+                    ),
+                    {
+                        "privacy_match": "sigma",
+                        "match_note": MATCH_NOTE["sigma"],
+                        "sigma_x": s / 2,
+                        "sigma_z": s / 2,
+                        "L": cfg["privitp_L"],
+                    },
+                )
+            )
+        return out
+    if n is None:
+        raise ExperimentError(f"PrivITP matched by {match!r} is calibrated per N: the cell's N is required.")
+    pool_note = "calibration prompts (disjoint)" if calib is not None else "evaluation prompts"
+    for e, sse in zip(cfg["epsilons"], ss_list):
+        info = _privitp_for(
+            cfg, n, e, match, ratio=cfg["privitp_ratio"], L=cfg["privitp_L"], calib=calib, ss=sse
+        )
+        if match == "expected":
+            info["calibrated_on"] = pool_note
+        out.append(
+            (
+                "PrivITP",
+                MethodSpec(
+                    "privitp",
+                    beta=cfg["privitp_beta"],
+                    sigma_x=info["sigma_x"],
+                    sigma_z=info["sigma_z"],
+                    L=info["L"],
+                    delta=delta,
+                    label=_privitp_label(match, e, delta),
+                ),
+                {**info, "privacy_match": match, "match_note": MATCH_NOTE[match], "epsilon_target": e},
+            )
+        )
+    if cfg["privitp_fixed_N"]:
+        out.append(_privitp_fixed_curve(cfg))
     return out
+
+
+def _privitp_fixed_curve(cfg: dict) -> tuple[str, Any, dict]:
+    from privalign.alignment.simulation import MethodSpec
+
+    info = _privitp_for(
+        cfg,
+        cfg["privitp_fixed_N"],
+        cfg["epsilons"][0],
+        "worst",
+        ratio=cfg["privitp_ratio"],
+        L=cfg["privitp_L"],
+        calib=None,
+        ss=None,
+    )
+    return (
+        "PrivITP-fixed",
+        MethodSpec(
+            "privitp",
+            beta=cfg["privitp_beta"],
+            sigma_x=info["sigma_x"],
+            sigma_z=info["sigma_z"],
+            L=info["L"],
+            delta=cfg["privitp_delta"],
+            label=f"PrivITP fixed σ_X={info['sigma_x']:.3g} (P1-3, P1-8)",
+        ),
+        {
+            "sigma_x": info["sigma_x"],
+            "sigma_z": info["sigma_z"],
+            "L": info["L"],
+            "privacy_match": f"fixed σ (ε_max({cfg['privitp_fixed_N']}) = {cfg['epsilons'][0]:g})",
+            "epsilon_target": None,
+        },
+    )
+
+
+def _gaussian_curves(cfg: dict, n, calib, ss_list) -> list[tuple[str, Any, dict]]:
+    return [("PrivBoN-Gaussian", float(s), {}) for s in cfg["sigmas_gaussian"]]
+
+
+#: each display label of ``methods`` → its curves, and the selection method it runs (the Gaussian ablation
+#: is one pool, like BoN)
+_CURVES = {
+    "BoN": _bon_curves,
+    "ITP": _itp_curves,
+    "PrivBoN": _privbon_curves,
+    "PrivBoN-Gaussian": _gaussian_curves,
+    "PrivITP": _privitp_curves,
+}
+_METHOD_OF = {
+    "BoN": "bon",
+    "ITP": "itp",
+    "PrivBoN": "privbon",
+    "PrivBoN-Gaussian": "bon",
+    "PrivITP": "privitp",
+}
 
 
 def gaussian_rnm_outcomes(
@@ -558,7 +590,9 @@ def _n_max_log2(cfg: dict, two: bool) -> int:
 
 
 def _scaling_preflight(cfg: dict, ctx: RunContext) -> None:
-    two = any(m in ("ITP", "PrivITP") for m in cfg["methods"])
+    from privalign.alignment.selectors import uses_two_pools
+
+    two = any(uses_two_pools(_METHOD_OF[m]) for m in cfg["methods"])
     k = ctx.cache["n_max_log2"] = _n_max_log2(cfg, two)
     pool_preflight(cfg, ctx, min_size=2**k * (2 if two else 1))
 
@@ -595,7 +629,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
     kind = "accuracy" if truth_binary else "true_reward"
     label, kind = pool_label(cfg), pool_kind(cfg)
     out: list[dict] = []
-    c_specs = [(m, s, info) for m, s, info in specs if m != "PrivBoN-Gaussian"]
+    c_specs = [(m, s, info) for m, s, info in specs if not isinstance(s, float)]  # (a float: Gaussian's σ)
     if c_specs:
         res = CellProtocol.from_config(cfg).run(
             pool,
@@ -626,7 +660,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
                 "guarantee": priv.get("guarantee"),
                 **{k: _finite_or_none(v) if isinstance(v, float) else v for k, v in info.items()},
             }
-            if method in ("PrivITP", "PrivITP-fixed"):
+            if "expected_epsilon2_per_prompt" in m:  # PrivITP's ex-post accounting
                 e2 = (priv.get("expected_epsilon2_realized") or [None])[0]
                 e2_pp = [_finite_or_none(priv["epsilon1"] + v[0]) for v in m["expected_epsilon2_per_prompt"]]
                 rec.update(
@@ -638,7 +672,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
                 )
             out.append(rec)
     rng = np.random.default_rng(ss_gauss)
-    for method, sigma, _ in [x for x in specs if x[0] == "PrivBoN-Gaussian"]:
+    for method, sigma, _ in [x for x in specs if isinstance(x[1], float)]:
         lifts, proxies = gaussian_rnm_outcomes(pool, cfg, n, rng, sigma)
         k = len(lifts)
         out.append(

@@ -32,6 +32,14 @@ STYLE: dict[str, dict] = {
 }
 
 
+#: a display label's family → the colour map of its variants (first match; any other label: Purples)
+SHADES = (("BoN", "Oranges"), ("PrivITP", "Greens"), ("ITP", "Blues"))
+
+
+def _shades(base: str) -> str:
+    return next((cmap for family, cmap in SHADES if family in base), "Purples")
+
+
 def _mpl():
     import matplotlib
 
@@ -142,15 +150,7 @@ def errorbar_series(
         st = dict(STYLE.get(base, {}))
         if base in shared:  # several variants of one method: shades of one colour map, same marker
             k = rank[base] = rank.get(base, -1) + 1
-            cmap = matplotlib.colormaps[
-                "Oranges"
-                if "BoN" in base
-                else "Greens"
-                if "ITP" in base and "Priv" in base
-                else "Blues"
-                if "ITP" in base
-                else "Purples"
-            ]
+            cmap = matplotlib.colormaps[_shades(base)]
             st["color"] = cmap(0.45 + 0.5 * k / max(bases.count(base) - 1, 1))
         ax.errorbar(
             xs, ys, yerr=ses, label=label_fmt.format(name), capsize=3, linewidth=1.5, markersize=5, **st

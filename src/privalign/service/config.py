@@ -91,7 +91,7 @@ from pathlib import Path
 from typing import Any
 
 from privalign._validation import check_choice, check_int, check_real
-from privalign.alignment.selectors import check_method, pool_size
+from privalign.alignment.selectors import check_method, method_class, methods, pool_size
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
@@ -105,12 +105,8 @@ __all__ = [
     "default_config",
     "user_data_dir",
     "DEFAULT_REWARD_MODEL",
-    "METHODS",
 ]
 
-#: The selection methods the service serves: a subset of :data:`privalign.alignment.selectors.METHODS` (not
-#: the non-private ITP). A name outside the library's list fails with the library's error (``check_method``).
-METHODS = ("privbon", "privitp", "bon")
 
 # The reward model shipped with privalign (``privalign serve`` without a config serves it): RR-IHT, label-DP
 # ε = 4, fit on the HH-RLHF harmless pairs by
@@ -186,6 +182,20 @@ class PrivacyConfig:
         default_factory=lambda: {"beta": 0.05, "sigma_x": 1.0, "sigma_z": 1.0, "envelope_l": 3.0}
     )
 
+    def params_for(self, method: str) -> dict[str, Any]:
+        """The server's defaults for ``method``'s declared parameters: its ``[privacy.<method>]`` table
+        (``envelope_l`` is the parameter ``L``) and ``delta``."""
+        declared = {p.name for p in method_class(method).params}
+        table = getattr(self, method, None)
+        out = (
+            {("L" if k == "envelope_l" else k): v for k, v in table.items()}
+            if isinstance(table, dict)
+            else {}
+        )
+        if "delta" in declared:
+            out["delta"] = self.delta
+        return {k: v for k, v in out.items() if k in declared}
+
 
 @dataclass(frozen=True)
 class ComponentConfig:
@@ -235,17 +245,18 @@ class ServiceConfig:
         check_real(lim.request_timeout_s, "limits.request_timeout_s", low=0.0)
         for m in pv.allowed_methods:
             check_method(m, "privacy.allowed_methods")  # unknown names: the library's one error
-            if m not in METHODS:
+            if not method_class(m).served:
                 raise PrivacyParameterError(
                     f"The 'privacy.allowed_methods' parameter lists {m!r}, which the service does not serve "
-                    f"(it serves {list(METHODS)})."
+                    f"(it serves {[x for x in methods() if method_class(x).served]})."
                 )
         _check_bools(pv)
-        if "bon" in pv.allowed_methods and not pv.allow_non_private:
+        open_ = [m for m in pv.allowed_methods if not method_class(m).private]
+        if open_ and not pv.allow_non_private:
             raise PrivacyParameterError(
-                "The 'privacy.allowed_methods' parameter lists 'bon' (no privacy) but "
+                f"The 'privacy.allowed_methods' parameter lists {open_[0]!r} (no privacy) but "
                 "'privacy.allow_non_private' is false. "
-                "Set allow_non_private = true to deploy a non-private service, or remove 'bon'."
+                f"Set allow_non_private = true to deploy a non-private service, or remove {open_[0]!r}."
             )
         check_real(pv.sensitivity, "privacy.sensitivity", low=0.0)
         check_real(pv.reward_max, "privacy.reward_max", low=0.0)

@@ -7,12 +7,14 @@ Public bounds (refused with a 400 naming the parameter, nothing charged):
   never below 10⁻⁹, the ledger's unit). PrivBoN's ε is **rounded down to the ledger unit** (10⁻⁹) and the
   exponential mechanism is run at a float ε whose exact value does not exceed it, so the charge is exactly
   the requested number of units: a budget of 2.0 serves exactly twenty ε = 0.1 requests. The float ε and
-  the Gumbel scale are the library's (:func:`privalign.alignment.priv_bon.privbon_epsilon_within`, then
-  :func:`privalign.alignment.selectors.make_selector`: scale 2Δ/ε rounded up, charged ε rounded up).
+  the Gumbel scale are the library's (``PrivBoN.for_budget``:
+  :func:`privalign.alignment.priv_bon.privbon_epsilon_within`; scale 2Δ/ε rounded up, charged ε rounded up).
 * ``n``: in ``[1, limits.max_n]``, and the method's candidate count (PrivITP: ``2n + 1``) at most
   ``limits.max_n``.
-* PrivITP: ``beta`` in :data:`BETA_BOUNDS`, ``sigma_x``/``sigma_z`` in :data:`SIGMA_BOUNDS`; the
-  worst-case ε_max must be finite, at least the ε floor's unit and at most the request's ``epsilon`` cap.
+* A method's parameters (PrivITP's ``beta``, ``sigma_x``, ``sigma_z``): within the public ``bounds`` the
+  selector class declares (``[1e-6, 1e6]`` for each); a field the method does not declare is refused. A
+  method whose parameters fix its noise (PrivITP): the worst-case ε_max must be finite, at least the ledger
+  unit and at most the request's ``epsilon`` cap.
 """
 
 from __future__ import annotations
@@ -25,19 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from privalign.accounting.events import ExPostEvent
+from privalign.accounting.events import PrivacyEvent
+from privalign.alignment.selectors import Selector, method_class, methods
 from privalign.errors import PrivacyParameterError
 from privalign.service import db
 from privalign.service.config import ServiceConfig
 from privalign.service.errors import ApiError
 from privalign.service.schemas import PrivacyParams
 
-__all__ = ["Plan", "make_plan", "pool_size", "select", "BETA_BOUNDS", "SIGMA_BOUNDS", "quantize_epsilon"]
-
-#: PrivITP's KL temperature β: public bounds.
-BETA_BOUNDS = (1e-6, 1e6)
-#: PrivITP's Gaussian noise scales σ_X, σ_Z: public bounds (σ = 1e308 overflows σ²).
-SIGMA_BOUNDS = (1e-6, 1e6)
+__all__ = ["Plan", "make_plan", "pool_size", "select", "quantize_epsilon"]
 
 
 @dataclass
@@ -47,9 +45,9 @@ class Plan:
     method: str
     epsilon: float
     n: int
-    params: dict[str, float]
-    worst: Any
-    mech: Any = None
+    params: dict[str, Any]
+    worst: PrivacyEvent
+    mech: Selector
     #: the privacy fields the request left to the server's defaults (echoed in the answer's block)
     defaulted: tuple[str, ...] = ()
 
@@ -70,54 +68,30 @@ def quantize_epsilon(eps: float) -> tuple[int, float]:
     return units, run
 
 
-def _privbon(cfg: ServiceConfig, eps: float, n: int) -> Plan:
-    from privalign.alignment import make_selector, privbon_epsilon_within
-
-    pv = cfg.privacy
-    units, _ = quantize_epsilon(eps)
-    target = Fraction(units, db.EPS_SCALE)
-    try:  # the largest float ε whose charged ε (scale and ε each rounded up) is ≤ the units exactly
-        run = privbon_epsilon_within(target, pv.sensitivity)
-    except PrivacyParameterError:  # pragma: no cover - one or two ulps suffice
-        raise _bad(
-            "privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly."
-        ) from None
-    sel = make_selector("privbon", epsilon=run, sensitivity=pv.sensitivity, r_max=pv.reward_max, clip=True)
-    worst = sel.worst_case_event(n)  # a NoisyArgmaxEvent charging sel.epsilon_effective ≤ target
-    return Plan(
-        "privbon",
-        float(target),
-        n,
-        {"sensitivity": pv.sensitivity, "reward_max": pv.reward_max},
-        worst,
-        sel,
-    )
-
-
-def _check_pool(method: str, n: int, max_n: int) -> None:
+def _check_pool(kind: Any, n: int, max_n: int) -> None:
     """``limits.max_n`` caps the candidates a request generates or brings, for every method: PrivITP's
     ``2n + 1`` (two pools of n and a fallback) included. Refused before anything is generated or
     reserved."""
-    from privalign.alignment.selectors import pool_size as candidates_for
-
-    need = candidates_for(method, n)
+    need = kind.candidates_needed(n)
     if need > max_n:
-        most = (max_n - 1) // 2
+        most = max((m for m in range(1, max_n + 1) if kind.candidates_needed(m) <= max_n), default=0)
         hint = (
-            f"use n ≤ {most}" if most >= 1 else "this server's limits.max_n is below privitp's minimum of 3"
+            f"use n ≤ {most}"
+            if most >= 1
+            else f"this server's limits.max_n is below {kind.name}'s minimum of {kind.candidates_needed(1)}"
         )
         raise _bad(
             "privacy.n",
-            f"The 'privacy.n' parameter {n} makes {method} use 2n + 1 = {need} candidates, above "
-            f"limits.max_n = {max_n} (the cap on candidates generated or brought): {hint}.",
+            f"The 'privacy.n' parameter {n} makes {kind.name} use {kind.layout.describe_count()} = {need} "
+            f"candidates, above limits.max_n = {max_n} (the cap on candidates generated or brought): {hint}.",
         )
 
 
-def _require_privacy(cfg: ServiceConfig, pp: PrivacyParams | None, method: str) -> None:
-    """``privacy.require_privacy``: a request that may spend budget (any method but the non-private
-    ``bon``) states ``privacy.epsilon``, the most it may spend, so no request spends a server default the
-    client never saw."""
-    if not cfg.privacy.require_privacy or method == "bon" or (pp is not None and pp.epsilon is not None):
+def _require_privacy(cfg: ServiceConfig, pp: PrivacyParams | None, private: bool) -> None:
+    """``privacy.require_privacy``: a request that may spend budget (any private method) states
+    ``privacy.epsilon``, the most it may spend, so no request spends a server default the client never
+    saw."""
+    if not cfg.privacy.require_privacy or not private or (pp is not None and pp.epsilon is not None):
         return
     name = "privacy" if pp is None else "privacy.epsilon"
     raise _bad(
@@ -145,7 +119,7 @@ def make_plan(
         name
         for name, missing in (
             ("method", pp.method is None),
-            ("epsilon", pp.epsilon is None and plan.method != "bon"),
+            ("epsilon", pp.epsilon is None and plan.mech.private),
             ("n", pp.n is None and not n_implied),
         )
         if missing
@@ -162,13 +136,14 @@ def _make_plan(cfg: ServiceConfig, given: PrivacyParams | None, n_default: int) 
             "The 'privacy.seed' parameter is not accepted: the service uses secure noise only.",
         )
     method = pp.method or pv.allowed_methods[0]
-    if method not in pv.allowed_methods or (method == "bon" and not pv.allow_non_private):
+    kind = method_class(method) if method in methods() else None
+    if kind is None or method not in pv.allowed_methods or (not kind.private and not pv.allow_non_private):
         raise _bad(
             "privacy.method",
             f"The 'privacy.method' parameter must be one of {list(pv.allowed_methods)} on this server. "
             f"Got {method!r} instead.",
         )
-    _require_privacy(cfg, given, method)
+    _require_privacy(cfg, given, kind.private)
     eps = pp.epsilon if pp.epsilon is not None else pv.default_epsilon
     if not (math.isfinite(eps) and lim.min_epsilon <= eps <= lim.max_epsilon):
         raise _bad(
@@ -179,78 +154,85 @@ def _make_plan(cfg: ServiceConfig, given: PrivacyParams | None, n_default: int) 
     n = pp.n if pp.n is not None else n_default
     if not (1 <= n <= lim.max_n):
         raise _bad("privacy.n", f"The 'privacy.n' parameter must be in [1, {lim.max_n}]. Got {n!r} instead.")
-    _check_pool(method, n, lim.max_n)
-    if method == "bon":
-        from privalign.alignment import make_selector
+    _check_pool(kind, n, lim.max_n)
+    params = _method_params(cfg, pp, kind)
+    units, _ = quantize_epsilon(eps)
+    cap = Fraction(units, db.EPS_SCALE)  # the request's ε rounded down to the ledger unit, exactly
+    try:
+        sel = kind.for_budget(cap, n, params, r_max=pv.reward_max, sensitivity=pv.sensitivity, clip=True)
+        worst = sel.worst_case_event(n)
+        worst_eps = sel.worst_case_epsilon(n)
+    except (PrivacyParameterError, TypeError, ValueError, KeyError, ArithmeticError) as exc:
+        if kind.spends_budget:  # pragma: no cover - one or two ulps suffice
+            raise _bad(
+                "privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly."
+            ) from None
+        raise _bad("privacy", f"Invalid {method} parameters: {exc}") from None
+    if not kind.private:
+        return Plan(method, math.inf, n, params, worst, sel)
+    if kind.spends_budget:  # calibrated: the charged ε is at most the units exactly
+        if not worst_eps <= eps:  # pragma: no cover - a selector whose for_budget overshoots the cap
+            raise _bad(
+                "privacy.epsilon", f"The 'privacy.epsilon' parameter {eps!r} cannot be charged exactly."
+            )
+        return Plan(method, float(cap), n, params, worst, sel)
+    shown = ", ".join(f"{k}={v}" for k, v in params.items())
+    if not math.isfinite(worst_eps) or worst_eps < 1.0 / db.EPS_SCALE:
+        raise _bad(
+            "privacy",
+            f"The {method} worst-case cost ε_max={worst_eps!r} ({shown}) must be finite and at least 1e-9 "
+            "(the ledger unit).",
+        )
+    if worst_eps > eps:
+        raise _bad(
+            "privacy.epsilon",
+            f"The {method} worst-case cost ε_max={worst_eps:.6g} (n={n}, {shown}) exceeds the "
+            f"'privacy.epsilon' cap {eps:g}: raise epsilon or the noise, or lower n.",
+        )
+    return Plan(method, eps, n, params, worst, sel)
 
-        bon = make_selector("bon")
-        return Plan(method, math.inf, n, {}, bon.worst_case_event(n), bon)
-    if method == "privbon":
-        for extra in ("beta", "sigma_x", "sigma_z"):
-            if getattr(pp, extra) is not None:
-                raise _bad(f"privacy.{extra}", f"The 'privacy.{extra}' parameter applies to privitp only.")
-        return _privbon(cfg, eps, n)
-    # privitp: two pools of n (phase 1, phase 2) plus one fallback candidate; privacy.epsilon caps ε_max.
-    from privalign.alignment import make_selector
 
-    itp = dict(pv.privitp)
-    for name, (lo, hi) in (("beta", BETA_BOUNDS), ("sigma_x", SIGMA_BOUNDS), ("sigma_z", SIGMA_BOUNDS)):
+def _method_params(cfg: ServiceConfig, pp: PrivacyParams, kind: Any) -> dict[str, Any]:
+    """The method's parameters: the server's defaults (``[privacy.<method>]``), overridden by the request's
+    fields, each within the method's public bounds; a field the method does not take is refused."""
+    declared = {p.name: p for p in kind.params}
+    params = dict(cfg.privacy.params_for(kind.name))
+    for name in PrivacyParams.method_fields():
         v = getattr(pp, name)
-        if v is not None:
+        if v is None:
+            continue
+        p = declared.get(name)
+        if p is None:
+            takers = sorted(m for m in cfg.privacy.allowed_methods if name in _names(m))
+            raise _bad(
+                f"privacy.{name}",
+                f"The 'privacy.{name}' parameter does not apply to {kind.name}"
+                + (f" (it applies to {', '.join(takers)})." if takers else "."),
+            )
+        if p.bounds is not None:
+            lo, hi = p.bounds
             if not (math.isfinite(v) and lo <= v <= hi):
                 raise _bad(
                     f"privacy.{name}",
                     f"The 'privacy.{name}' parameter must be a finite number in [{lo:g}, {hi:g}]. "
                     f"Got {v!r} instead.",
                 )
-            itp[name] = v
-    try:
-        sel = make_selector(
-            "privitp",
-            beta=itp["beta"],
-            sigma_x=itp["sigma_x"],
-            sigma_z=itp["sigma_z"],
-            L=itp.get("envelope_l", 3.0),
-            r_max=pv.reward_max,
-            delta=pv.delta,
-            sensitivity=pv.sensitivity,
-            clip=True,
-        )
-        worst = sel.worst_case_event(n)
-        assert isinstance(worst, ExPostEvent)  # PrivITP's worst case
-        eps_max = float(worst.epsilon_max)
-    except (PrivacyParameterError, TypeError, ValueError, KeyError, ArithmeticError) as exc:
-        raise _bad("privacy", f"Invalid privitp parameters: {exc}") from None
-    if not math.isfinite(eps_max) or eps_max < 1.0 / db.EPS_SCALE:
-        raise _bad(
-            "privacy",
-            f"The privitp worst-case cost ε_max={eps_max!r} (β={itp['beta']}, σ_X={itp['sigma_x']}, "
-            f"σ_Z={itp['sigma_z']}) must be finite and at least 1e-9 (the ledger unit).",
-        )
-    if eps_max > eps:
-        raise _bad(
-            "privacy.epsilon",
-            f"The privitp worst-case cost ε_max={eps_max:.6g} (n={n}, β={itp['beta']}, σ_X={itp['sigma_x']}, "
-            f"σ_Z={itp['sigma_z']}) exceeds the 'privacy.epsilon' cap {eps:g}: "
-            "raise epsilon or the noise, or lower n.",
-        )
-    return Plan("privitp", eps, n, itp, worst, sel)
+        params[name] = v
+    return params
+
+
+def _names(method: str) -> set[str]:
+    return {p.name for p in method_class(method).params} if method in methods() else set()
 
 
 def pool_size(plan: Plan) -> int:
-    """Candidates needed: n, or 2n + 1 for privitp (phase-1 pool, phase-2 pool, fallback)."""
-    from privalign.alignment.selectors import pool_size as candidates_for
+    """Candidates needed: n, or 2n + 1 for privitp (phase-1 pool, phase-2 pool, fallback): the
+    selector's."""
+    return int(plan.mech.candidates_needed(plan.n))
 
-    return candidates_for(plan.method, plan.n)
 
-
-def select(plan: Plan, scores: np.ndarray, noise: Any) -> tuple[int, Any]:
-    """Run the selection on clipped scores; returns (index into the candidates, realized event)."""
-    if plan.method == "privitp":
-        from privalign.alignment import FALLBACK
-
-        n = plan.n
-        out = plan.mech.select(scores[:n], rng=noise, pool_b_scores=scores[n : 2 * n])
-        return (2 * n if out.index == FALLBACK else n + int(out.index)), out.event
-    out = plan.mech.select(scores, rng=noise)
+def select(plan: Plan, scores: np.ndarray, noise: Any) -> tuple[int, PrivacyEvent]:
+    """Run the selection on the clipped scores of the flat candidate list; returns (index into the
+    candidates, realized event). The layout (PrivITP: pool A, pool B, fallback) is the selector's."""
+    out = plan.mech.pick(scores, rng=noise)
     return int(out.index), out.event

@@ -15,7 +15,8 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
-from privalign.alignment.selectors import pool_size, uses_two_pools
+from privalign.alignment.base import CandidateLayout
+from privalign.alignment.selectors import method_class, methods
 from privalign.service import pipeline, streaming
 from privalign.service.errors import ApiError
 from privalign.service.keys import KeyInfo, authenticate
@@ -95,7 +96,7 @@ def _handle(
     if not state.private:
         out = pipeline.run(state, KeyInfo("baseline", "", "pure", 0.0, None), job)
         return _send(out)
-    if not idem_key and job.plan.method != "bon":
+    if not idem_key and job.plan.mech.private:
         # A key this process has authenticated before: its secret is checked against the remembered hash
         # and the reserving statement checks that the key is still active (one round trip fewer).
         cached = state.key_cache.verify(_bearer(authorization))
@@ -404,15 +405,13 @@ def select_endpoint(
         _check_text(state, c, f"candidates[{i}]")
     pp = body.privacy
     k = len(body.candidates)
-    # the candidate rule of the method make_plan resolves (the request's, else the server's first allowed
-    # one): n, or 2n + 1 for the two-pool PrivITP (selectors.pool_size)
+    # the candidate layout of the method make_plan resolves (the request's, else the server's first allowed
+    # one): n, or 2n + 1 for the two-pool PrivITP; an unknown method is make_plan's 400
     method = (pp.method if pp is not None else None) or cfg.privacy.allowed_methods[0]
-    two = uses_two_pools(method)
-    n_implied = (k - 1) // 2 if two else k
-    if (two and (n_implied < 1 or pool_size(method, n_implied) != k)) or (
-        pp is not None and pp.n is not None and pp.n != n_implied
-    ):
-        need = "2n + 1 candidates (phase-1 pool, phase-2 pool, fallback)" if two else "n candidates"
+    layout = method_class(method).layout if method in methods() else CandidateLayout()
+    n_implied = layout.n_for(k) or 0
+    if n_implied < 1 or (pp is not None and pp.n is not None and pp.n != n_implied):
+        need = layout.describe()
         raise ApiError(
             400,
             "invalid_request_error",

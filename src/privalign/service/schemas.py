@@ -78,7 +78,11 @@ class PrivacyParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    method: Literal["privbon", "privitp", "bon"] | None = Field(None, description="Selection method.")
+    method: str | None = Field(
+        None,
+        max_length=64,
+        description="Selection method (one of the server's privacy.allowed_methods: privbon, privitp, bon).",
+    )
     epsilon: Real | None = Field(
         None, gt=0, description="Per-request ε (PrivBoN: the exponential mechanism's ε)."
     )
@@ -89,6 +93,11 @@ class PrivacyParams(BaseModel):
     sigma_x: Real | None = Field(None, gt=0, description="PrivITP: phase-1 Gaussian noise σ_X.")
     sigma_z: Real | None = Field(None, gt=0, description="PrivITP: phase-2 Gaussian noise σ_Z.")
     seed: Any | None = Field(None, description="Refused: the service uses secure noise only.")
+
+    @classmethod
+    def method_fields(cls) -> tuple[str, ...]:
+        """The fields that are a method's parameters (each method declares which it takes)."""
+        return tuple(k for k in cls.model_fields if k not in ("method", "epsilon", "n", "seed"))
 
 
 class ContentPart(BaseModel):

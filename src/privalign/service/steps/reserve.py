@@ -47,7 +47,7 @@ def reserve(
     (a database error) is answered 503 once the reservation is known not to stand: if the statement wrote
     it after all, it is cancelled (nothing private was touched yet); if that cannot be checked, the answer
     says the reservation may stand (charged at its reserved cost by reconciliation) and is ``charged``."""
-    if not (state.private and plan.method != "bon"):
+    if not (state.private and plan.mech.private):
         return Reserved(key)
     rid = reservation_id or uuid.uuid4().hex
     try:
