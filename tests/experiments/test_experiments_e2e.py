@@ -101,6 +101,17 @@ TINY: dict[str, dict] = {
         "epsilons": [2.0],
         "queries": [1, 10],
     },
+    "p2-rlhf-bon": {
+        "epsilons": [8.0],
+        "replicates": 2,
+        "n_features": 512,
+        "sparsity": 8,
+        "hh_n_pairs": 120,
+        "dpsgd_epochs": 1.0,
+        "n_bootstrap": 100,
+        "max_prompts": 6,
+        "ns": [1, 2, 16],
+    },
     "p2-rlhf": {
         "policies": ["RRIHT@8", "DenseRR@8"],
         "steps": 1,
