@@ -448,8 +448,8 @@ def _plot(run_dir: Path) -> list[str]:
         ):
             pts = [t for t in rows if (t["method"], t["epsilon"]) == key]
             m, e = key
-            color = STYLE.get(m, {}).get("color", "k" if m == ORACLE else "grey")
-            ls = "-" if e is None or e >= 8 else "--"
+            color = "#7f7f7f" if m == ORACLE else STYLE.get(m, {}).get("color", "grey")
+            ls = ":" if m == ORACLE else ("-" if e is None or e >= 8 else "--")
             label = f"{m}" + (f" ε={e:g}" if e is not None else ("" if m == ORACLE else " (non-private)"))
             ax.errorbar(
                 [t["kl_ties"] for t in pts],
