@@ -121,7 +121,30 @@ def _schema() -> dict[str, Field]:
     )
     s["epsilons"] = Field("list[float]", [8.0, 2.0], "ε grid of the private reward models", low=1e-12)
     s["ns"] = Field("list[int]", [1, 2, 3, 4, 6, 8, 12, 16], "best-of-n sizes (≤ best_of)", low=1)
+    s["imdb_gold"] = Field(
+        "str",
+        "pool",
+        "IMDb gold: 'pool' (the pool's true_reward, the n-gram gold) or a reward-model JSON path, e.g. "
+        "pools/imdb-gold-minilm-logreg.json (MiniLM; fit on imdb_split's fit part, disjoint from the pairs)",
+    )
     return s
+
+
+def _gold(ds: str, cfg: dict, ctx: RunContext, d: dict) -> np.ndarray:
+    """``(P, N)`` gold scores of the pool's candidates: the pool's ``true_reward`` or, for IMDb with
+    ``imdb_gold`` set to a file, that scorer (computed once per run)."""
+    if ds != "imdb" or cfg.get("imdb_gold", "pool") == "pool":
+        return d["pool"]["judge"]
+    key = "gold:imdb"
+    if key not in ctx.cache:
+        from privalign.models.scorers import LinearRewardScorer
+        from privalign.paths import repo_root
+
+        p = Path(cfg["imdb_gold"]).expanduser()
+        scorer = LinearRewardScorer.load(p if p.is_absolute() else repo_root() / p)
+        flat = [t for row in d["pool"]["texts"] for t in row]
+        ctx.cache[key] = np.asarray(scorer.score(flat), float).reshape(d["P"], d["N"])
+    return ctx.cache[key]
 
 
 def _preflight(cfg: dict, ctx: RunContext) -> None:
@@ -161,12 +184,14 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
     return cells
 
 
-def _selector(cell: dict, cfg: dict, d: dict, ss: np.random.SeedSequence) -> tuple[np.ndarray, dict]:
+def _selector(
+    cell: dict, cfg: dict, d: dict, ss: np.random.SeedSequence, gold: np.ndarray
+) -> tuple[np.ndarray, dict]:
     """The candidates' selector scores ``(P, N)`` and the fit's facts."""
     from privalign.experiments.paper2 import UNIT, make_estimator
 
     if cell["method"] == ORACLE:
-        return d["pool"]["judge"], {"unit": "reference (selects by the gold itself: the upper envelope)"}
+        return gold, {"unit": "reference (selects by the gold itself: the upper envelope)"}
     est = make_estimator(
         cell["method"],
         epsilon=math.inf if cell["epsilon"] is None else cell["epsilon"],
@@ -191,8 +216,8 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     from privalign.rlhf.evaluate import bon_kl
 
     d = _data(cell["dataset"], cfg, ctx)
-    sel, facts = _selector(cell, cfg, d, ss)
-    judge = d["pool"]["judge"]
+    judge = _gold(cell["dataset"], cfg, ctx, d)
+    sel, facts = _selector(cell, cfg, d, ss, judge)
     per = {str(n): [float(v) for v in bon_expected_gold(sel, judge, n)] for n in cfg["ns"]}
     return [
         {
@@ -211,6 +236,9 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
             "n_prompts": d["P"],
             "candidates": d["N"],
             "n_train": int(d["train"].y.shape[0]),
+            "gold_source": "pool true_reward"
+            if cell["dataset"] != "imdb" or cfg.get("imdb_gold", "pool") == "pool"
+            else str(cfg["imdb_gold"]),
             "root_seed": cfg["seed"],
             "n_bootstrap": cfg["n_bootstrap"],
         }
