@@ -13,6 +13,11 @@ methods").
 * **Reward models**: one per entry of ``policies`` (``METHOD@EPS`` for the private ones, ``IHT``/``MLE``
   non-private), binary hashed n-grams of the response, fitted with the paper-2 estimators and saved under
   ``RUN/reward_models/``; each policy is post-processing of its reward model (same ε, δ, unit).
+* **Cell** = fit the reward model (:func:`_fit_reward_model`) → train the policy (:func:`_train_policy`),
+  evaluated at every ``eval_every`` steps and the last (:func:`_evaluate_policy`, from a trainer callback) →
+  the record (:func:`_policy_record`: the last checkpoint's evaluation plus the curve). Each evaluation is
+  written to ``RUN/evals/POLICY/step-N.json`` with an identity hash; records from an earlier session
+  (``prior_evals``) are reused, and a policy whose checkpoints all have records is not trained again.
 * **Evaluation**: ``eval_samples`` samples per eval prompt; gold = MiniLM gold (``P(positive)``); KL(π ‖
   π_ref) from the samples' log-probabilities; win rate against ``reference_samples`` reference samples per
   prompt with a 95% paired bootstrap interval over prompts; best-of-N (N in ``bon_ns``) from the same
