@@ -102,6 +102,17 @@ TINY: dict[str, dict] = {
         "epsilons": [2.0],
         "queries": [1, 10],
     },
+    "p2-rlhf-bon": {
+        "epsilons": [8.0],
+        "replicates": 2,
+        "n_features": 512,
+        "sparsity": 8,
+        "hh_n_pairs": 120,
+        "dpsgd_epochs": 1.0,
+        "n_bootstrap": 100,
+        "max_prompts": 6,
+        "ns": [1, 2, 16],
+    },
     "p2-rlhf": {
         "policies": ["RRIHT@8", "DenseRR@8"],
         "steps": 1,
@@ -240,6 +251,9 @@ def test_report_renders_with_claims_table(runs, tmp_path):
             assert c["verdict"] in {"holds", "does not hold", "inconclusive"}, c
             assert "quick configuration" not in c["measured"]  # tiny configs are explicit files, not --quick
             assert "custom configuration]" in c["measured"], c  # each verdict names its configuration
-    assert verdicts["P1-10"] == "not testable here" and verdicts["P2-6"] == "not run"
+    assert verdicts["P1-10"] == "not testable here"
+    # P2-6 is decided by best-of-n (p2-rlhf-bon, run here); the GRPO run (a model experiment) is not given
+    p2_6 = next(c for c in claims if c["id"] == "P2-6")
+    assert p2_6["verdict"] != "not run" and "best-of-n at exact KL" in p2_6["measured"]
     for c in claims:
         assert c["id"] in html and c["verdict"] in html

@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 TINY = {
     "policies": ["RRIHT@8", "DenseRR@8"],
-    "steps": 1,
+    "steps": 2,
+    "eval_every": 1,
     "train_prompts": 1,
     "eval_prompts": 2,
     "eval_samples": 1,
@@ -60,6 +61,23 @@ def test_p2_rlhf_tiny_end_to_end(tmp_path):
         assert not list(
             (out / "policies" / r["policy"].replace("@", "_eps") / "checkpoints").glob("checkpoint-*")
         )
+        # evaluated at every checkpoint: one record per step, and the curve in the results
+        assert [c["step"] for c in r["curve"]] == [1, 2] and r["steps"] == 2
+        for step in (1, 2):
+            rec = json.loads(
+                (out / "evals" / r["policy"].replace("@", "_eps") / f"step-{step:06d}.json").read_text()
+            )
+            assert rec["step"] == step and rec["identity"] and len(rec["per_prompt_gold"]) == 2
+    assert (out / "evals" / "reference.json").is_file()
     # rerunning the same configuration on the same directory does nothing new (every cell is recorded)
     run_experiment("p2-rlhf", out=out, quick=True, overrides=TINY, progress=False)
     assert len(read_results(out)) == 3
+    # a new session with only the committed records (no checkpoints, no results) reuses them: no training
+    out2 = tmp_path / "run2"
+    summary2 = run_experiment(
+        "p2-rlhf", out=out2, quick=True, overrides={**TINY, "prior_evals": str(out / "evals")}, progress=False
+    )
+    assert not (out2 / "policies").exists()
+    recs2 = read_results(out2)
+    assert [r["curve"] for r in recs2[1:]] == [r["curve"] for r in recs[1:]]
+    assert summary2["verdict"] == summary["verdict"]

@@ -72,19 +72,19 @@ ALGORITHMS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
         "paper2",
         "Sample-DP IHT (Peeling)",
         ("privalign.estimation.iht.SampleDPIHT", "privalign.mechanisms"),
-        ("p2-rates", "p2-accuracy", "p2-winrate", "p2-rlhf"),
+        ("p2-rates", "p2-accuracy", "p2-winrate", "p2-rlhf-bon", "p2-rlhf"),
     ),
     (
         "paper2",
         "RR-IHT (label DP)",
         ("privalign.estimation.iht.RRIHT",),
-        ("p2-rates", "p2-accuracy", "p2-winrate", "p2-rlhf"),
+        ("p2-rates", "p2-accuracy", "p2-winrate", "p2-rlhf-bon", "p2-rlhf"),
     ),
     (
         "paper2",
         "dense RR, DP-SGD (baselines)",
         ("privalign.estimation.baselines.DenseRR", "privalign.estimation.baselines.DPSGDLinear"),
-        ("p2-rates", "p2-accuracy", "p2-winrate", "p2-rlhf"),
+        ("p2-rates", "p2-accuracy", "p2-winrate", "p2-rlhf-bon", "p2-rlhf"),
     ),
     (
         "paper2",
@@ -100,9 +100,10 @@ ALGORITHMS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ),
     (
         "paper2",
-        "PPO-aligned policies: higher reward at the same KL for sparse methods (GRPO + LoRA, SmolLM2-135M)",
-        ("privalign.rlhf", "privalign.experiments.rlhf"),
-        ("p2-rlhf",),
+        "PPO-aligned policies: higher reward at the same KL for sparse methods (best-of-n at exact KL; "
+        "GRPO + LoRA, SmolLM2-135M)",
+        ("privalign.experiments.rlhf_bon", "privalign.rlhf", "privalign.experiments.rlhf"),
+        ("p2-rlhf-bon", "p2-rlhf"),
     ),
     (
         "beyond",

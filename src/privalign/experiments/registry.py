@@ -20,6 +20,7 @@ _MODULES = (
     "privalign.experiments.winrate",
     "privalign.experiments.beyond",
     "privalign.experiments.rlhf",
+    "privalign.experiments.rlhf_bon",
 )
 
 EXPERIMENTS: dict[str, Experiment] = {}

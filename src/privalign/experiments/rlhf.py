@@ -13,6 +13,11 @@ methods").
 * **Reward models**: one per entry of ``policies`` (``METHOD@EPS`` for the private ones, ``IHT``/``MLE``
   non-private), binary hashed n-grams of the response, fitted with the paper-2 estimators and saved under
   ``RUN/reward_models/``; each policy is post-processing of its reward model (same ε, δ, unit).
+* **Cell** = fit the reward model (:func:`_fit_reward_model`) → train the policy (:func:`_train_policy`),
+  evaluated at every ``eval_every`` steps and the last (:func:`_evaluate_policy`, from a trainer callback) →
+  the record (:func:`_policy_record`: the last checkpoint's evaluation plus the curve). Each evaluation is
+  written to ``RUN/evals/POLICY/step-N.json`` with an identity hash; records from an earlier session
+  (``prior_evals``) are reused, and a policy whose checkpoints all have records is not trained again.
 * **Evaluation**: ``eval_samples`` samples per eval prompt; gold = MiniLM gold (``P(positive)``); KL(π ‖
   π_ref) from the samples' log-probabilities; win rate against ``reference_samples`` reference samples per
   prompt with a 95% paired bootstrap interval over prompts; best-of-N (N in ``bon_ns``) from the same
@@ -109,6 +114,18 @@ def _schema() -> dict[str, Field]:
                 "int", 1000, "private review pairs truncated to this many characters", low=10
             ),
             "steps": Field("int", 100, "GRPO optimiser steps per policy", low=1),
+            "eval_every": Field(
+                "int",
+                50,
+                "checkpoint and evaluate the policy every this many GRPO steps (and at the last)",
+                low=1,
+            ),
+            "prior_evals": Field(
+                "str",
+                "",
+                "directory of per-checkpoint evaluation records from an earlier session (RUN/evals layout, "
+                "e.g. docs/results/p2-rlhf/evals); records with a matching identity are reused",
+            ),
             "beta": Field("float", 0.05, "KL coefficient to the reference policy (> 0)", low=1e-12),
             "learning_rate": Field("float", 2e-4, "LoRA learning rate", low=1e-12),
             "num_generations": Field("int", 4, "samples per prompt in a GRPO group", low=2),
@@ -252,62 +269,98 @@ def _reference_record(cfg: dict, ctx: RunContext) -> dict:
 
 
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    from privalign.rlhf.evaluate import (
-        best_of_n_gold,
-        kl_estimate,
-        paired_bootstrap_ci,
-        sample_with_logprobs,
-        win_probability,
-    )
+    """A cell: the reference policy's samples, or fit reward model → train policy (evaluated at every
+    checkpoint) → the policy's record (its last checkpoint, plus the whole gold-vs-KL curve)."""
+    if cell["policy"] == "reference":
+        return [_reference_cached(cfg, ctx)]
+    s_fit, s_rl = ss.spawn(2)
+    fitted = _fit_reward_model(cell, cfg, ctx, s_fit)
+    ident = _train_identity(cell, cfg, ss)
+    curve = _train_policy(cell, cfg, ctx, fitted, s_rl, ident)
+    return [_policy_record(cell, cfg, ctx, fitted, curve)]
+
+
+#: Configuration keys that determine the reference policy's evaluation samples.
+_REF_KEYS = (
+    "seed",
+    "reserve",
+    "train_prompts",
+    "eval_prompts",
+    "reference_samples",
+    "max_new_tokens",
+    "gold",
+)
+
+
+def _reference_cached(cfg: dict, ctx: RunContext) -> dict:
+    """The reference cell, reused from ``RUN/evals/reference.json`` or ``prior_evals`` when its identity
+    matches (sampling 16 completions for each eval prompt is the costliest evaluation of a run)."""
+    import hashlib
+    import json
+
+    ident = hashlib.sha256(
+        json.dumps({k: cfg.get(k) for k in _REF_KEYS}, sort_keys=True, default=str).encode()
+    ).hexdigest()
+    dst = ctx.run_dir / "evals" / "reference.json"
+    for path in [dst] + ([_resolve(cfg["prior_evals"]) / "reference.json"] if cfg.get("prior_evals") else []):
+        rec = _load_eval_record(path, ident)
+        if rec is not None:
+            rec.pop("identity", None)
+            return rec
+    rec = _reference_cell(cfg, ctx)
+    _write_record(dst, {**rec, "identity": ident})
+    return rec
+
+
+def _reference_cell(cfg: dict, ctx: RunContext) -> dict:
+    from privalign.rlhf.evaluate import sample_with_logprobs
 
     d = _data(cfg, ctx)
     model, tok, mid = _base(cfg, ctx)
-    boot_rng = np.random.default_rng(np.random.SeedSequence(cfg["seed"], spawn_key=(2**23,)))
     P = len(d["eval_prompts"])
-    if cell["policy"] == "reference":
-        t0 = time.perf_counter()
-        s = sample_with_logprobs(
-            model,
-            tok,
-            d["eval_prompts"],
-            cfg["reference_samples"],
-            max_new_tokens=cfg["max_new_tokens"],
-            seed=_eval_seed(cfg),
-        )
-        gold = d["gold"].score([t for row in s["texts"] for t in row]).reshape(P, -1)
-        return [
-            {
-                "kind": "reference",
-                "policy": "reference",
-                "method": "reference",
-                "epsilon": None,
-                "unit": "—",
-                "base_model": mid,
-                "texts": s["texts"],
-                "gold": gold.tolist(),
-                "kl": 0.0,
-                "kl_se": 0.0,
-                "gold_mean": float(gold.mean()),
-                "per_prompt_gold": gold.mean(axis=1).tolist(),
-                "n_prompts": P,
-                "eval_seconds": time.perf_counter() - t0,
-                "root_seed": cfg["seed"],
-                "eval_prompts_info": d["eval_info"],
-                "train_prompts_info": d["train_info"],
-                "private_pairs": {**d["pairs_prov"], "n_pairs": int(d["train"].y.shape[0])},
-            }
-        ]
+    t0 = time.perf_counter()
+    s = sample_with_logprobs(
+        model,
+        tok,
+        d["eval_prompts"],
+        cfg["reference_samples"],
+        max_new_tokens=cfg["max_new_tokens"],
+        seed=_eval_seed(cfg),
+    )
+    gold = d["gold"].score([t for row in s["texts"] for t in row]).reshape(P, -1)
+    return {
+        "kind": "reference",
+        "policy": "reference",
+        "method": "reference",
+        "epsilon": None,
+        "unit": "—",
+        "base_model": mid,
+        "texts": s["texts"],
+        "gold": gold.tolist(),
+        "kl": 0.0,
+        "kl_se": 0.0,
+        "gold_mean": float(gold.mean()),
+        "per_prompt_gold": gold.mean(axis=1).tolist(),
+        "n_prompts": P,
+        "eval_seconds": time.perf_counter() - t0,
+        "root_seed": cfg["seed"],
+        "eval_prompts_info": d["eval_info"],
+        "train_prompts_info": d["train_info"],
+        "private_pairs": {**d["pairs_prov"], "n_pairs": int(d["train"].y.shape[0])},
+    }
 
+
+def _fit_reward_model(cell: dict, cfg: dict, ctx: RunContext, s_fit: np.random.SeedSequence) -> dict:
+    """Fit the cell's reward model on the private pairs, save it (a release: public facts only) and check
+    that the RL/eval prompts are disjoint from its private data."""
     from privalign.estimation.persistence import save_model
-    from privalign.experiments.paper2 import UNIT, make_estimator
+    from privalign.experiments.paper2 import make_estimator
     from privalign.rlhf.prompts import check_prompts_disjoint
     from privalign.rlhf.rewards import PrivateReward
-    from privalign.rlhf.train import AlignConfig, align_policy
 
-    ref = _reference_record(cfg, ctx)
-    s_fit, s_rl = ss.spawn(2)
-    eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
+    d = _data(cfg, ctx)
     train = d["train"]
+    eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
     est = make_estimator(
         cell["method"],
         epsilon=eps,
@@ -319,13 +372,13 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         n_train=int(train.y.shape[0]),
     )
     est.fit(train.X, train.y)
-    name = cell["policy"].replace("@", "_eps")
+    name = _policy_name(cell)
     rm_path = save_model(
         est,
         ctx.run_dir / "reward_models" / f"{name}.json",
         feature_config=d["fmap"].get_config(),
         # the model file is a release: public facts only (the exact training accuracy stays in this
-        # research run's results, below, which are not a release: docs/privacy/release.md)
+        # research run's results, which are not a release: docs/privacy/release.md)
         metadata={
             "data": str(d["pairs_path"]),
             "estimator": type(est).__name__,
@@ -338,9 +391,108 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         if reward.is_private
         else {"checked": False, "why": "non-private reward model"}
     )
-    pol_dir = ctx.run_dir / "policies" / name
-    if pol_dir.exists():  # an interrupted cell is redone from scratch (cells are the unit of resumption)
-        shutil.rmtree(pol_dir)
+    return {
+        "est": est,
+        "rm_path": rm_path,
+        "reward": reward,
+        "overlap": overlap,
+        "rm_train_accuracy": float(est.score(train.X, train.y)),
+    }
+
+
+def _policy_name(cell: dict) -> str:
+    return str(cell["policy"]).replace("@", "_eps")
+
+
+#: Configuration keys that change a policy's training or its evaluation (a per-checkpoint record is reused
+#: only if they, the cell's seed and the policy agree).
+_IDENT_KEYS = (
+    "seed", "delta", "step_size", "radius", "alpha", "dpsgd_epochs", "dpsgd_batch", "dpsgd_clip", "dpsgd_lr",
+    "sparsity", "n_features", "ngram_max", "reserve", "train_prompts", "eval_prompts", "pair_max_chars",
+    "steps", "eval_every", "beta", "learning_rate", "num_generations", "prompts_per_step", "max_new_tokens",
+    "lora_rank", "eval_samples", "reference_samples", "gold",
+)  # fmt: skip
+
+
+def _train_identity(cell: dict, cfg: dict, ss: np.random.SeedSequence) -> str:
+    import hashlib
+    import json
+
+    obj = {
+        "policy": cell["policy"],
+        "cell_seed": [str(ss.entropy), [int(k) for k in ss.spawn_key]],
+        "config": {k: cfg.get(k) for k in _IDENT_KEYS},
+    }
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _eval_steps(cfg: dict) -> list[int]:
+    """The GRPO steps at which the policy is checkpointed and evaluated (every ``eval_every``, and the
+    last)."""
+    return sorted({*range(cfg["eval_every"], cfg["steps"] + 1, cfg["eval_every"]), cfg["steps"]})
+
+
+def _evals_dir(cell: dict, ctx: RunContext) -> Path:
+    return ctx.run_dir / "evals" / _policy_name(cell)
+
+
+def _load_eval_record(path: Path, ident: str) -> dict | None:
+    import json
+
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("identity") == ident else None
+
+
+def _import_prior_evals(cell: dict, cfg: dict, ctx: RunContext, ident: str) -> None:
+    """Copy this policy's matching per-checkpoint records from ``prior_evals`` (an earlier session's
+    ``RUN/evals``, e.g. the committed ``docs/results/p2-rlhf/evals``) into this run."""
+    if not cfg.get("prior_evals"):
+        return
+    src = _resolve(cfg["prior_evals"]) / _policy_name(cell)
+    dst = _evals_dir(cell, ctx)
+    for step in _eval_steps(cfg):
+        name = f"step-{step:06d}.json"
+        rec = _load_eval_record(src / name, ident)
+        if rec is not None and _load_eval_record(dst / name, ident) is None:
+            _write_record(dst / name, rec)
+
+
+def _write_record(path: Path, rec: dict) -> None:
+    from privalign._json import write_json_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, rec)
+
+
+def _resolve(spec: str) -> Path:
+    from privalign.paths import repo_root
+
+    p = Path(spec).expanduser()
+    return p if p.is_absolute() else repo_root() / p
+
+
+def _curve(cell: dict, cfg: dict, ctx: RunContext, ident: str) -> list[dict | None]:
+    return [_load_eval_record(_evals_dir(cell, ctx) / f"step-{s:06d}.json", ident) for s in _eval_steps(cfg)]
+
+
+def _train_policy(
+    cell: dict, cfg: dict, ctx: RunContext, fitted: dict, s_rl: np.random.SeedSequence, ident: str
+) -> list[dict]:
+    """GRPO on the cell's reward model, evaluated at every checkpoint (:func:`_eval_steps`); each
+    evaluation is written to ``RUN/evals/POLICY/step-N.json`` as it is made. Resumable: the trainer
+    continues from its newest checkpoint, and a checkpoint already evaluated (a record with this
+    identity, here or under ``prior_evals``) is not evaluated again; training is skipped altogether when
+    every checkpoint has its record. Returns the records in step order."""
+    from privalign.rlhf.train import AlignConfig, align_policy
+
+    _import_prior_evals(cell, cfg, ctx, ident)
+    curve = _curve(cell, cfg, ctx, ident)
+    if all(r is not None for r in curve):
+        return [r for r in curve if r is not None]
+    model, tok, mid = _base(cfg, ctx)
     acfg = AlignConfig(
         steps=cfg["steps"],
         beta=cfg["beta"],
@@ -351,24 +503,131 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         lora_rank=cfg["lora_rank"],
         lora_alpha=2.0 * cfg["lora_rank"],
         seed=int(s_rl.generate_state(1)[0] >> 33),
-        save_steps=max(1, cfg["steps"]),
+        save_steps=cfg["eval_every"],
     )
-    t0 = time.perf_counter()
-    res = align_policy(
-        reward,
+    pol_dir = ctx.run_dir / "policies" / _policy_name(cell)
+    d = _data(cfg, ctx)
+    align_policy(
+        fitted["reward"],
         d["train_prompts"],
         d["train_info"],
         pol_dir,
         acfg,
         base=(model, tok, mid),
-        overlap_check=overlap,
+        overlap_check=fitted["overlap"],
         save_policy=False,
         progress=ctx.progress if ctx.progress is not None else sys.stderr.isatty(),
+        callbacks=[_checkpoint_evaluator(cell, cfg, ctx, fitted, ident)],
     )
-    t_train = time.perf_counter() - t0
+    for ckpt in (pol_dir / "checkpoints").glob("checkpoint-*"):  # keep the manifest, drop the optimiser state
+        shutil.rmtree(ckpt, ignore_errors=True)
+    curve = _curve(cell, cfg, ctx, ident)
+    missing = [s for s, r in zip(_eval_steps(cfg), curve) if r is None]
+    if missing:  # pragma: no cover - the evaluator writes every step it is called at
+        raise ExperimentError(f"p2-rlhf: {cell['policy']}: no evaluation record for steps {missing}.")
+    return [r for r in curve if r is not None]
+
+
+def _checkpoint_evaluator(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, ident: str) -> Any:
+    """A transformers ``TrainerCallback`` that evaluates the live policy at each step of
+    :func:`_eval_steps` lacking a record (sampling uses its own seeded generators, so the training
+    trajectory does not depend on whether a step was evaluated), and prints progress with an ETA."""
+    from transformers import TrainerCallback
+
+    steps = set(_eval_steps(cfg))
+    out_dir = _evals_dir(cell, ctx)
+    ref = _reference_record(cfg, ctx)
+    remaining_policies = _policies_after(cell, cfg)
+
+    class _Evaluator(TrainerCallback):
+        def __init__(self) -> None:
+            self.t0 = self.last = time.perf_counter()
+            self.first_step: int | None = None
+            self.last_step: int | None = None
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            step = int(state.global_step)
+            if self.first_step is None:
+                self.first_step = self.last_step = step - 1
+            if step % 10 == 0 or step in steps:
+                _print_progress(cell, cfg, step, self.first_step, self.t0, remaining_policies)
+            if step not in steps:
+                return
+            path = out_dir / f"step-{step:06d}.json"
+            if _load_eval_record(path, ident) is not None:
+                return
+            trained = (time.perf_counter() - self.last, step - int(self.last_step or 0))
+            rec = _evaluate_policy(model, cfg, ctx, fitted, ref, step)
+            model.train()
+            self.last, self.last_step = time.perf_counter(), step
+            rec.update(
+                identity=ident,
+                train_seconds=trained[0],
+                train_seconds_steps=trained[1],
+                policy=cell["policy"],
+                step=step,
+                train=_train_stats(state.log_history, step - cfg["eval_every"], step),
+                written_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            )
+            _write_record(path, rec)
+
+    return _Evaluator()
+
+
+def _policies_after(cell: dict, cfg: dict) -> int:
+    pols = list(cfg["policies"])
+    return len(pols) - 1 - pols.index(cell["policy"]) if cell["policy"] in pols else 0
+
+
+def _print_progress(
+    cell: dict, cfg: dict, step: int, first: int | None, t0: float, remaining_policies: int
+) -> None:
+    """One line on stderr: the policy's step, the measured seconds per step (evaluations included) and the
+    ETA of the policy and of the whole run (the policies after it at the same pace)."""
+    done = step - (first or 0)
+    if done <= 0:
+        return
+    per = (time.perf_counter() - t0) / done
+    eta_pol = per * (cfg["steps"] - step)
+    eta_run = eta_pol + per * cfg["steps"] * remaining_policies
+    bar = "#" * int(20 * step / cfg["steps"])
+    print(
+        f"p2-rlhf {cell['policy']}: [{bar:<20}] step {step}/{cfg['steps']}, {per:.1f} s/step; ETA policy "
+        f"{eta_pol / 60:.0f} min, run {eta_run / 3600:.1f} h ({remaining_policies} policies after this)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _train_stats(history: list[dict], lo: int, hi: int) -> dict:
+    """Mean training reward / KL (TRL's per-token KL) of the logged steps in (lo, hi]."""
+    rows = [h for h in history if "reward" in h and lo < h.get("step", -1) <= hi]
+    out: dict[str, Any] = {"steps_logged": len(rows)}
+    for k in ("reward", "kl", "entropy", "completions/mean_length"):
+        v = [float(h[k]) for h in rows if isinstance(h.get(k), int | float)]
+        out[k] = float(np.mean(v)) if v else None
+    return out
+
+
+def _evaluate_policy(policy: Any, cfg: dict, ctx: RunContext, fitted: dict, ref: dict, step: int) -> dict:
+    """The policy on the eval prompts: gold reward, KL to the reference, win rate against the reference
+    samples (95% paired bootstrap over prompts), and best-of-N from the reference samples by the same
+    reward model."""
+    from privalign.rlhf.evaluate import (
+        best_of_n_gold,
+        kl_estimate,
+        paired_bootstrap_ci,
+        sample_with_logprobs,
+        win_probability,
+    )
+
+    d = _data(cfg, ctx)
+    model, tok, _ = _base(cfg, ctx)
+    boot_rng = np.random.default_rng(np.random.SeedSequence(cfg["seed"], spawn_key=(2**23, step)))
+    P = len(d["eval_prompts"])
     t0 = time.perf_counter()
     s = sample_with_logprobs(
-        res["model"],
+        policy,
         tok,
         d["eval_prompts"],
         cfg["eval_samples"],
@@ -384,52 +643,81 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     glo, ghi, _ = paired_bootstrap_ci(
         gold.mean(axis=1) - ref_gold.mean(axis=1), n_boot=cfg["n_bootstrap"], rng=boot_rng
     )
-    sel = reward.score(
-        [p for p, row in zip(d["eval_prompts"], ref["texts"]) for _ in row],
-        [t for row in ref["texts"] for t in row],
-    ).reshape(P, -1)
+    sel = (
+        fitted["reward"]
+        .score(
+            [p for p, row in zip(d["eval_prompts"], ref["texts"]) for _ in row],
+            [t for row in ref["texts"] for t in row],
+        )
+        .reshape(P, -1)
+    )
     bon = best_of_n_gold(sel, ref_gold, cfg["bon_ns"])
-    t_eval = time.perf_counter() - t0
-    for ckpt in (pol_dir / "checkpoints").glob("checkpoint-*"):  # keep the manifest, drop the optimiser state
-        shutil.rmtree(ckpt, ignore_errors=True)
-    log = res.get("training_log") or []
-    return [
-        {
-            "kind": "policy",
-            "policy": cell["policy"],
-            "method": cell["method"],
-            "epsilon": cell["epsilon"],
-            "unit": UNIT[cell["method"]],
-            "privacy_event": reward.event.to_dict(),
-            "reward_model": str(rm_path),
-            "reward_model_sha256": reward.sha256,
-            "overlap_check": {k: v for k, v in overlap.items() if k != "overlapping_indices"},
-            "rm_train_accuracy": float(est.score(train.X, train.y)),
-            "kl": kl,
-            "kl_se": kl_se,
-            "gold_mean": float(gold.mean()),
-            "per_prompt_gold": gold.mean(axis=1).tolist(),
-            "gold_gain": float(gold.mean() - ref_gold.mean()),
-            "gold_gain_ci": [glo, ghi],
-            "per_prompt_win": w.tolist(),
-            "win_rate": float(w.mean()),
-            "win_ci": [lo, hi],
-            "win_se": se,
-            "bon": [{k: v for k, v in b.items() if k != "per_prompt_gold"} for b in bon],
-            "train_reward_first": log[0]["reward"] if log else None,
-            "train_reward_last": log[-1]["reward"] if log else None,
-            "train_kl_last": log[-1].get("kl") if log else None,
-            "steps": int(res.get("steps_done", 0)),
-            "train_seconds": t_train,
-            "eval_seconds": t_eval,
-            "n_prompts": P,
-            "eval_samples": cfg["eval_samples"],
-            "mean_tokens": float(np.mean(s["num_tokens"])),
-            "examples": [row[0] for row in s["texts"][:3]],
-            "root_seed": cfg["seed"],
-            "n_bootstrap": cfg["n_bootstrap"],
-        }
-    ]
+    return {
+        "kl": kl,
+        "kl_se": kl_se,
+        "gold_mean": float(gold.mean()),
+        "per_prompt_gold": gold.mean(axis=1).tolist(),
+        "gold_gain": float(gold.mean() - ref_gold.mean()),
+        "gold_gain_ci": [glo, ghi],
+        "per_prompt_win": w.tolist(),
+        "win_rate": float(w.mean()),
+        "win_ci": [lo, hi],
+        "win_se": se,
+        "bon": [{k: v for k, v in b.items() if k != "per_prompt_gold"} for b in bon],
+        "n_prompts": P,
+        "eval_samples": cfg["eval_samples"],
+        "mean_tokens": float(np.mean(s["num_tokens"])),
+        "examples": [row[0] for row in s["texts"][:3]],
+        "eval_seconds": time.perf_counter() - t0,
+    }
+
+
+def _policy_record(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, curve: list[dict]) -> dict:
+    """The results record of a trained policy: its last checkpoint's evaluation, the fit's facts and the
+    whole curve (one point per checkpoint)."""
+    from privalign.experiments.paper2 import UNIT
+
+    last = curve[-1]
+    reward = fitted["reward"]
+    train_log = [c.get("train") or {} for c in curve]
+    return {
+        **{k: v for k, v in last.items() if k not in ("identity", "train", "written_at")},
+        "kind": "policy",
+        "policy": cell["policy"],
+        "method": cell["method"],
+        "epsilon": cell["epsilon"],
+        "unit": UNIT[cell["method"]],
+        "privacy_event": reward.event.to_dict(),
+        "reward_model": str(fitted["rm_path"]),
+        "reward_model_sha256": reward.sha256,
+        "overlap_check": {k: v for k, v in fitted["overlap"].items() if k != "overlapping_indices"},
+        "rm_train_accuracy": fitted["rm_train_accuracy"],
+        "train_reward_first": train_log[0].get("reward"),
+        "train_reward_last": train_log[-1].get("reward"),
+        "train_kl_last": train_log[-1].get("kl"),
+        "steps": int(last["step"]),
+        "curve": [
+            {
+                "step": c["step"],
+                "kl": c["kl"],
+                "kl_se": c["kl_se"],
+                "gold": c["gold_mean"],
+                "gold_gain": c["gold_gain"],
+                "gold_gain_ci": c["gold_gain_ci"],
+                "win_rate": c["win_rate"],
+                "win_ci": c["win_ci"],
+                "train_kl_per_token": (c.get("train") or {}).get("kl"),
+                "train_reward": (c.get("train") or {}).get("reward"),
+            }
+            for c in curve
+        ],
+        "eval_seconds": float(sum(c.get("eval_seconds", 0.0) for c in curve)),
+        # wall time of the training steps measured in the sessions that ran them (not of the steps
+        # recovered from earlier records' checkpoints re-trained)
+        "train_seconds": float(sum(c.get("train_seconds", 0.0) for c in curve)),
+        "root_seed": cfg["seed"],
+        "n_bootstrap": cfg["n_bootstrap"],
+    }
 
 
 def _bon_at_kl(bon: list[dict], kl: float) -> float | None:
@@ -529,6 +817,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
                 ],
                 "train_reward": [r["train_reward_first"], r["train_reward_last"]],
                 "steps": r["steps"],
+                "curve": r.get("curve", []),
                 "train_seconds": r["train_seconds"],
                 "rm_train_accuracy": r["rm_train_accuracy"],
             }
@@ -574,6 +863,17 @@ def _plot(run_dir: Path) -> list[str]:
         ax.plot(
             [b["kl"] for b in r["bon"]], [b["gold"] for b in r["bon"]], ls, color=c, alpha=0.7, linewidth=1
         )
+        pts = r.get("curve") or []
+        if len(pts) > 1:  # the policy's path along training: reference → checkpoints
+            ax.plot(
+                [0.0] + [p["kl"] for p in pts],
+                [ref["gold_mean"]] + [p["gold"] for p in pts],
+                "-",
+                color=c,
+                alpha=0.9,
+                linewidth=1,
+                marker=".",
+            )
         ci = r["gold_gain_ci"]
         ax.errorbar(
             [r["kl"]],
@@ -589,7 +889,8 @@ def _plot(run_dir: Path) -> list[str]:
     ax.set_xlabel("KL(policy ‖ reference) [nats]  (BoN: log N − (N−1)/N)")
     ax.set_ylabel("gold reward (MiniLM P(positive))")
     ax.set_title(
-        f"RL (points; bars: 95% paired CI of the gold gain, ±2 SE of KL) vs best-of-N (lines),\n"
+        f"RL (solid: checkpoints; bars at the last: 95% paired CI of the gold gain, ±2 SE of KL)\n"
+        f"vs best-of-N from the reference (dashed/dotted), "
         f"{ref['n_prompts']} held-out IMDb prompts",
         fontsize=8,
     )

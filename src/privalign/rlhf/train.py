@@ -287,6 +287,7 @@ def align_policy(
     allow_overlap: bool = False,
     save_policy: bool = True,
     progress: bool = True,
+    callbacks: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Train a policy against ``reward`` on ``prompts`` into ``out_dir`` (see the module docstring).
 
@@ -305,6 +306,8 @@ def align_policy(
         overlap's size).
       save_policy: write the merged policy to ``OUT/policy`` (else only the adapter checkpoints).
       progress: tqdm bar (with ETA) on stderr.
+      callbacks: extra transformers ``TrainerCallback`` objects (e.g. an evaluation at checkpoints); they
+        must not draw from the global RNGs, or the run stops being reproducible across resumptions.
 
     Returns:
       the manifest dict; ``result["policy_dir"]`` is the saved policy; ``result["model"]`` holds the merged
@@ -468,6 +471,8 @@ def align_policy(
                 processing_class=tok,
             )
             _quiet_trainer_logs(trainer, progress)
+            for cb in callbacks or ():
+                trainer.add_callback(cb)
             trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         except BaseException as exc:
             manifest["status"] = "incomplete"

@@ -1,0 +1,70 @@
+"""``p2-rlhf`` resumption helpers (no model): which steps are evaluated, which per-checkpoint records are
+reused (identity must match), and how earlier sessions' records are imported."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from privalign.experiments.base import RunContext
+from privalign.experiments.rlhf import (
+    _curve,
+    _eval_steps,
+    _import_prior_evals,
+    _load_eval_record,
+    _train_identity,
+    _train_stats,
+)
+
+
+def _cfg(**kw):
+    cfg = {"seed": 42, "steps": 300, "eval_every": 50, "learning_rate": 1e-3, "prior_evals": ""}
+    cfg.update(kw)
+    return cfg
+
+
+def test_eval_steps_every_k_and_the_last():
+    assert _eval_steps(_cfg()) == [50, 100, 150, 200, 250, 300]
+    assert _eval_steps(_cfg(steps=120, eval_every=50)) == [50, 100, 120]
+    assert _eval_steps(_cfg(steps=3, eval_every=50)) == [3]
+
+
+def test_identity_depends_on_policy_seed_and_training_config():
+    ss = np.random.SeedSequence(42, spawn_key=(3,))
+    cell = {"policy": "RRIHT@8"}
+    a = _train_identity(cell, _cfg(), ss)
+    assert a == _train_identity(cell, _cfg(num_threads=4), ss)  # not a training key
+    assert a != _train_identity(cell, _cfg(learning_rate=5e-4), ss)
+    assert a != _train_identity({"policy": "DenseRR@8"}, _cfg(), ss)
+    assert a != _train_identity(cell, _cfg(), np.random.SeedSequence(42, spawn_key=(4,)))
+
+
+def test_prior_records_are_imported_only_when_their_identity_matches(tmp_path):
+    cell = {"policy": "RRIHT@8"}
+    cfg = _cfg(steps=100, eval_every=50)
+    prior = tmp_path / "prior" / "RRIHT_eps8"
+    prior.mkdir(parents=True)
+    (prior / "step-000050.json").write_text(json.dumps({"identity": "good", "step": 50}))
+    (prior / "step-000100.json").write_text(json.dumps({"identity": "stale", "step": 100}))
+    ctx = RunContext(run_dir=tmp_path / "run")
+    _import_prior_evals(cell, {**cfg, "prior_evals": str(tmp_path / "prior")}, ctx, "good")
+    curve = _curve(cell, cfg, ctx, "good")
+    assert [r and r["step"] for r in curve] == [50, None]  # step 100 must be evaluated again
+    assert _load_eval_record(tmp_path / "run" / "evals" / "RRIHT_eps8" / "step-000100.json", "good") is None
+    assert _load_eval_record(tmp_path / "nowhere.json", "good") is None
+
+
+def test_train_stats_average_the_logged_steps_of_the_interval():
+    hist = [{"step": s, "reward": float(s), "kl": 0.1 * s} for s in range(1, 11)] + [
+        {"step": 10, "loss": 1.0}
+    ]
+    st = _train_stats(hist, 5, 10)
+    assert st["steps_logged"] == 5 and st["reward"] == 8.0 and abs(st["kl"] - 0.8) < 1e-12
+    assert _train_stats(hist, 20, 30) == {
+        "steps_logged": 0,
+        "reward": None,
+        "kl": None,
+        "entropy": None,
+        "completions/mean_length": None,
+    }
