@@ -36,6 +36,7 @@ from numpy.typing import ArrayLike
 from scipy import special
 
 from privalign._validation import check_int, check_real
+from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
 
 __all__ = [
     "log_G",
@@ -394,17 +395,11 @@ def calibrate_privitp_sigma(
         )
         return acc.epsilon_max(n)
 
-    lo, hi = 1e-3 * d, d
-    while eps_max(hi) > epsilon:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e6 * d:
-            raise PrivacyParameterError(
-                f"The 'epsilon' parameter {epsilon!r} is not reachable for n={n}, delta={delta!r}."
-            )
-    while hi - lo > rtol * hi:
-        mid = 0.5 * (lo + hi)
-        if eps_max(mid) > epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    try:
+        return bisect_monotone(
+            lambda s: eps_max(s) <= epsilon, 1e-3 * d, d, feasible="above", rtol=rtol, limit=1e6 * d
+        )
+    except CalibrationLimitError:
+        raise PrivacyParameterError(
+            f"The 'epsilon' parameter {epsilon!r} is not reachable for n={n}, delta={delta!r}."
+        ) from None

@@ -14,6 +14,7 @@ import scipy.optimize
 import scipy.sparse as sp
 
 from privalign._validation import check_choice, check_int, check_probability, check_real
+from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
 from privalign.accounting.events import (
     GaussianEvent,
     NonPrivateEvent,
@@ -324,22 +325,16 @@ def calibrate_dpsgd_noise(
     Bisection on σ; the returned σ is the upper end of the final bracket, whose accounted ε is ≤ the
     target, so the calibration never overshoots (tested).
     """
-    lo, hi = 0.1, 1.0
-    while dpsgd_epsilon(hi, sampling_probability, steps, delta, accountant=accountant) > epsilon:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e4:
-            raise PrivacyParameterError(
-                f"Cannot reach epsilon={epsilon!r} with a noise multiplier below 1e4."
-            )
-    if dpsgd_epsilon(lo, sampling_probability, steps, delta, accountant=accountant) <= epsilon:
-        lo = 1e-3
-    while (hi - lo) / hi > tol:
-        mid = 0.5 * (lo + hi)
-        if dpsgd_epsilon(mid, sampling_probability, steps, delta, accountant=accountant) <= epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return float(hi)
+
+    def ok(sigma: float) -> bool:
+        return dpsgd_epsilon(sigma, sampling_probability, steps, delta, accountant=accountant) <= epsilon
+
+    try:
+        return bisect_monotone(ok, 0.1, 1.0, feasible="above", rtol=tol, limit=1e4)
+    except CalibrationLimitError:
+        raise PrivacyParameterError(
+            f"Cannot reach epsilon={epsilon!r} with a noise multiplier below 1e4."
+        ) from None
 
 
 class DPSGDLinear(RewardEstimator):

@@ -27,6 +27,7 @@ from typing import Any, cast
 import numpy as np
 
 from privalign._validation import check_choice, check_int, check_probability, check_real
+from privalign.accounting.calibration import bisect_monotone
 from privalign.accounting.events import (
     ComposedEvent,
     NonPrivateEvent,
@@ -479,14 +480,11 @@ def advanced_composition_split(epsilon: float, delta: float, T: int) -> tuple[fl
         return x
 
     basic = (down(epsilon, T), down(delta, T))
-    lo, hi = 0.0, epsilon
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if round_up(_advanced_epsilon(mid, T, delta / 2.0), 4) <= epsilon:  # the float formula, rounded up
-            lo = mid
-        else:
-            hi = mid
-    adv = (lo, down(delta / 2.0, T))  # T·δ_i ≤ δ/2 exactly, and δ′ = δ/2 (exact) gives the rest
+    # the float formula rounded up is what must fit ε
+    eps_i = bisect_monotone(
+        lambda e: round_up(_advanced_epsilon(e, T, delta / 2.0), 4) <= epsilon, 0.0, epsilon, feasible="below"
+    )
+    adv = (eps_i, down(delta / 2.0, T))  # T·δ_i ≤ δ/2 exactly, and δ′ = δ/2 (exact) gives the rest
     return adv if adv[0] > basic[0] else basic
 
 
