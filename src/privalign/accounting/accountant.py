@@ -61,7 +61,6 @@ __all__ = [
     "pure_cost",
     "zcdp_cost",
     "approx_cost",
-    "fraction_to_float_up",
 ]
 
 INF = math.inf

@@ -28,9 +28,8 @@ import math
 from fractions import Fraction
 
 from privalign._validation import check_int, check_real
-from privalign.accounting.accountant import fraction_to_float_up
 from privalign.accounting.calibration import bisect_monotone
-from privalign.accounting.conversions import round_up
+from privalign.accounting.conversions import fraction_to_float_up, round_up
 
 __all__ = [
     "advanced_composition_epsilon",

@@ -24,9 +24,9 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from privalign.experiments.base import ExperimentError
     from privalign.experiments.config import ConfigError
     from privalign.experiments.demo import run_demo
-    from privalign.experiments.runner import ExperimentError
 
     try:
         res = run_demo(args.out, progress=False if args.no_progress else None)

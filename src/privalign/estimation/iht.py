@@ -55,8 +55,6 @@ __all__ = [
     "IHT",
     "SampleDPIHT",
     "RRIHT",
-    "privatize_labels",
-    "debiased_labels",
     "debiased_gradient",
     "debiased_loss",
     "default_n_iter",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.matching import MATCH_NOTE, MATCHINGS
 from privalign.experiments.paper1 import (
@@ -35,7 +36,7 @@ from privalign.experiments.paper1 import (
     pool_preflight,
     split_pool,
 )
-from privalign.experiments.runner import Experiment, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS"]
 

@@ -25,8 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from privalign.experiments.manifest import read_manifest, utc_now, write_json_atomic
-from privalign.experiments.runner import ExperimentError, read_results, read_summary
+from privalign._json import write_json_atomic
+from privalign.experiments.base import ExperimentError
+from privalign.experiments.manifest import read_manifest, utc_now
+from privalign.experiments.runner import read_results, read_summary
 
 __all__ = ["Claim", "CLAIMS", "evaluate_claims", "write_report"]
 

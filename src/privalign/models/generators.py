@@ -443,7 +443,7 @@ def ct2_model_dir(
     import tempfile
     from pathlib import Path
 
-    from privalign.models._resources import user_cache_dir
+    from privalign.paths import user_cache_dir
 
     ct2 = require("ctranslate2", purpose="CTranslate2Generator")
     if model is not None and model != "smollm2":
@@ -920,7 +920,6 @@ class OpenAICompatibleGenerator:
       api_key: Sent as a bearer token if given.
       timeout: Seconds per request.
       max_retries: Retries per request.
-      backoff: Deprecated and ignored (the SDK's backoff is used); kept so that existing specs load.
       max_n_per_request: Largest ``n`` per request.
       progress: tqdm bar on stderr.
     """
@@ -934,7 +933,6 @@ class OpenAICompatibleGenerator:
         api_key: str | None = None,
         timeout: float = 120.0,
         max_retries: int = 2,
-        backoff: float | None = None,
         max_n_per_request: int = 128,
         progress: bool = True,
     ) -> None:

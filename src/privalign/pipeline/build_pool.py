@@ -12,8 +12,8 @@ does not depend on how many prompts are built, so a pool of 8 prompts is a prefi
 resumed build equals an uninterrupted one (tested). Results are bit-identical for a fixed seed, backend,
 batch size, library versions and machine type.
 
-Generators and scorers are built from JSON-able *specs* (:func:`make_generator`, :func:`make_scorer`) so the
-Ray backend (:mod:`privalign.pipeline.ray_backend`) can rebuild them inside actors.
+Generators and scorers are built from JSON-able *specs* (:mod:`privalign.pipeline.steps`: ``make_generator``,
+``make_scorer``) so the Ray backend (:mod:`privalign.pipeline.ray_backend`) can rebuild them inside actors.
 """
 
 from __future__ import annotations
@@ -34,36 +34,16 @@ from privalign.data.datasets import Example
 from privalign.errors import DataFormatError, PrivacyParameterError
 from privalign.models._resources import package_version
 from privalign.models.generators import ServerUnreachableError
-from privalign.pipeline.steps import (  # re-exported: they lived here before issue 18
-    GENERATOR_KINDS,
-    SCORER_NAMES,
-    check_reward_name,
-    make_generator,
-    make_scorer,
-    reward_fields,
-    sanitize_text,
-    score_prompt,
-    score_texts,
-)
+from privalign.pipeline.steps import check_reward_name, make_generator, make_scorer, score_prompt
 
 __all__ = [
     "PoolConfig",
-    "make_generator",
-    "make_scorer",
     "build_pool",
-    "sanitize_text",
-    "score_prompt",
     "git_info",
     "work_path",
     "manifest_path",
     "write_manifest",
     "public_manifest",
-    # defined in privalign.pipeline.steps (issue 18), re-exported here
-    "GENERATOR_KINDS",
-    "SCORER_NAMES",
-    "check_reward_name",
-    "reward_fields",
-    "score_texts",
 ]
 
 

@@ -68,12 +68,11 @@ from sqlalchemy.exc import IntegrityError
 
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 from privalign.service import db
-from privalign.service.durability import DurabilityError, GroupFlusher, Ticket, sqlite_wal_flush
+from privalign.service.durability import GroupFlusher, Ticket, sqlite_wal_flush
 
 __all__ = [
     "SQLBudgetStore",
     "Receipt",
-    "DurabilityError",
     "ActiveKeyCheckFailed",
     "IdempotencyConflict",
     "IdempotencyMismatch",
