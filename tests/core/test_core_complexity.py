@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: (file, function) pairs above the limit when it was introduced (issue 18).
+#: (file, function) pairs above the limit when it was introduced.
 KNOWN_COMPLEX: set[tuple[str, str]] = {
     ("benchmarks/bench_service_select.py", "main"),
     ("src/privalign/experiments/paper1.py", "_specs"),

@@ -1,4 +1,4 @@
-"""One JSON convention (issue 18): ``privalign._json``. ∞ → "inf", NaN → null, numpy → Python, strict JSON;
+"""One JSON convention: ``privalign._json``. ∞ → "inf", NaN → null, numpy → Python, strict JSON;
 the CLI's ``--json`` output, ``simulate``'s results.json and the old names use it."""
 
 import json

@@ -11,7 +11,7 @@ it: the caller passes it in. privalign declares no entry-point groups of its own
 hidden upward import); ``ENTRY_POINT_LOADERS`` stays empty, and a third check fails on any
 ``[project.entry-points."privalign.*"]`` group without a loader, or one whose entry points sit below it.
 
-``KNOWN_*`` lists the violations the codebase still has (issue 18); the test fails on any new one *and* on a
+``KNOWN_*`` lists the violations the codebase still has; the test fails on any new one *and* on a
 listed one that no longer occurs, so the lists can only shrink.
 """
 
@@ -44,7 +44,7 @@ RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 # keep it empty: a lower layer takes what it needs from a higher one as an argument (e.g. the feature maps of
 # models/features.py are passed to estimation.features.feature_map_from_config by its callers)
 KNOWN_UPWARD: set[tuple[str, str]] = set()
-# issue 18 broke the last three (estimation.labels, experiments.base, pipeline.steps): keep it empty
+# keep it empty: the last three (estimation.labels, experiments.base, pipeline.steps) were broken up
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
 #: privalign's entry-point groups (``[project.entry-points."privalign.*"]`` in pyproject.toml) → the package

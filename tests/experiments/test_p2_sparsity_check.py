@@ -1,4 +1,4 @@
-"""p2-accuracy's sparsity check (issue 13): the power of the paired exact McNemar test, the sparse-vs-dense
+"""p2-accuracy's sparsity check: the power of the paired exact McNemar test, the sparse-vs-dense
 table and its verdicts, the Peeling signal-to-noise diagnostic, and the d-aware default T of Sample-DP IHT."""
 
 from __future__ import annotations

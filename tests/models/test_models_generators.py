@@ -197,7 +197,7 @@ def test_openai_client_unreachable_server_is_one_line():
 
 def test_gguf_progress_silences_the_gguf_loaders_own_bar():
     """--no-progress reaches transformers' GGUF tensor-conversion bar (a tqdm the HF switch does not
-    govern); the bar is restored afterwards, and left alone when progress is on (issue 25)."""
+    govern); the bar is restored afterwards, and left alone when progress is on."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     from privalign.models.generators import gguf_progress

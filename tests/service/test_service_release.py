@@ -2,7 +2,8 @@
 
 Two deployments differ only in their reward model: D and D' (neighbours: one coefficient moved, so every
 score moves by less than Δ; the files' metadata carry a noise seed and exact held-out accuracies, as
-``fit-reward`` wrote them before issue 24). The same requests are sent to both with the same (seeded) noise.
+``fit-reward`` wrote them before the release boundary). The same requests are sent to both with the same
+(seeded) noise.
 Every answer (``/v1/select`` on PrivBoN and PrivITP, ``/v1/budget`` with its ledger, errors, ``/metrics``,
 ``/v1/models``, ``/healthz``, ``/readyz``, the OpenAPI schema) may differ only in the mechanisms' released
 outputs (the selected index and text; for PrivITP λ̃, t and the realized ε computed from them) and in

@@ -295,7 +295,7 @@ def default_clip_norm(d: int, feature_bound: float | None = None) -> float:
     not given): the ℓ2 norm of a row whose coordinates have the root mean square ``c_x/√3`` of the uniform
     design on [−c_x, c_x]. A per-example gradient is ``(σ(xᵀθ) − y)·x``, so C at the typical ‖x‖ clips few
     gradients; ``C = 1`` clipped all of them at d = 200 (‖x‖ ≈ 8) and biased the fixed point, so that the
-    error did not fall with n (issue 27). d and c_x are public: C is data-independent, and the accounting
+    error did not fall with n. d and c_x are public: C is data-independent, and the accounting
     uses whatever C is used (the noise is ``N(0, (ν·C)²)``, sensitivity 2C under replace-one).
     For sparse features (hashed n-grams, ‖x‖₂ ≪ c_x·√d) a smaller C may be better; pass it explicitly.
     """
@@ -366,9 +366,10 @@ class DPSGDLinear(RewardEstimator):
       coef_, noise_multiplier_, sampling_probability_, steps_, clip_norm_, batch_size_, learning_rate_,
       privacy_event_.
 
-    Defaults (issue 27): with the earlier C = 1, batch 256, 5 epochs, η = 0.5 the error on
-    ``make_btl(n, 200, 5)`` at ε = 8 did not fall with n (3.45 / 1.03 / 4.13 at n = 4k / 16k / 64k, the zero
-    estimator's error 9); with these defaults it falls (docs/estimation.md, "Defaults that learn").
+    Defaults (chosen so that the error falls with n): with the earlier C = 1, batch 256, 5 epochs,
+    η = 0.5 the error on ``make_btl(n, 200, 5)`` at ε = 8 did not fall with n (3.45 / 1.03 / 4.13 at
+    n = 4k / 16k / 64k, the zero estimator's error 9); with these defaults it falls (docs/estimation.md,
+    "Defaults that learn").
 
     Privacy:
       Unit: one comparison (``"sample"``). Relation: replace-one. Sensitivity: the clipped sum changes

@@ -7,7 +7,8 @@
 * :class:`LexiconFeatures`: whole-word presence indicators of a fixed word list (d = its length), e.g.
   :func:`harm_lexicon`: refusal/harm words written down in advance plus the most profane words of the
   public ``alt-profanity-check`` model (trained on public toxic-comment data, not on ours). A candidate
-  feature map whose preference signal may be sparse (issue 13's sparsity check). Values in {0, 1}.
+  feature map whose preference signal may be sparse (see :mod:`privalign.estimation.sparsity`). Values in
+  {0, 1}.
 
 A feature map is rebuilt from its ``get_config()`` by *kind* (:func:`feature_map_from_config`). The kinds of
 this module are built in; a map that lives in a higher layer (``privalign.models.features.EmbeddingFeatures``,

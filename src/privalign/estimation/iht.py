@@ -71,7 +71,7 @@ __all__ = [
 NOISE_SCALE_TARGET = 0.05
 #: Dimension up to which :data:`NOISE_SCALE_TARGET` applies as is; for larger d the per-call target shrinks
 #: by ``H_200/H_d`` (H_d the d-th harmonic number), so that the *expected largest* of the d noise magnitudes,
-#: ``b·H_d``, stays at its d = 200 value ``0.05·H_200 ≈ 0.29`` (issue 13; see :func:`default_n_iter`).
+#: ``b·H_d``, stays at its d = 200 value ``0.05·H_200 ≈ 0.29`` (see :func:`default_n_iter`).
 NOISE_REFERENCE_DIM = 200
 #: Iterations per unit of ln n in the default T (enough for the optimisation error to fall below the
 #: statistical error at the default step size; 3·ln n ≈ 35 at n = 128k).

@@ -393,8 +393,8 @@ def experiment_param_grid(estimator_name: str, *, sparsity: int = 64) -> dict[st
     Sample-DP IHT searches only small s, ``{s/16, s/4}`` (2 candidates, each at (ε/2, δ/2)): Peeling's noise
     multiplier grows like √s, its selection threshold like √s·log d, and the privacy error like s²
     (spec-reward-estimation §5), so at the n of the real-data experiments (≈ 1,500 fitting pairs) a candidate
-    with s ≥ 64 cannot select signal coordinates and only dilutes the budget (issue 13: with {s/4, s, 4s} at
-    ε/3 every candidate was at chance; ``paper2.peeling_snr`` gives the numbers). The grid is fixed in
+    with s ≥ 64 cannot select signal coordinates and only dilutes the budget (with {s/4, s, 4s} at ε/3 every
+    candidate was at chance; ``paper2.peeling_snr`` gives the numbers). The grid is fixed in
     advance from public quantities (s, ε, δ, d); nothing in it depends on the data.
     """
     s = [max(1, sparsity // 4), sparsity, sparsity * 4]

@@ -10,7 +10,8 @@ accuracy on real pairs, for the estimators of :mod:`privalign.estimation` (engin
   estimators at ε ∈ {0.5, 1, 2, 4, 8}; split by prompt; standard errors are binomial
   (``sqrt(acc(1−acc)/n_test)``) for one split. With ``feature_maps`` including ``"harm-lexicon"``, the same
   cells run on HH-RLHF with the harm lexicon map (:func:`privalign.estimation.features.harm_lexicon`). The
-  **sparsity check** (issue 13, ``sparsity_check = true``) adds, per data set and feature map, non-private
+  **sparsity check** (``sparsity_check = true``: is the preference signal sparse enough for the sparse
+  estimators to help?) adds, per data set and feature map, non-private
   IHT held-out accuracy against s (kind ``"sparsity"``) and a non-private diagnostic of Peeling's signal to
   noise (kind ``"peeling_snr"``); ``n_curve_check`` adds Sample-DP IHT accuracy against the number of
   training pairs on a larger IMDb sample (kind ``"n_curve"``). The summary's ``tables`` hold the sparsity

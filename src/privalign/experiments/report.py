@@ -216,7 +216,7 @@ def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
 _PAIRED = "paired per-prompt one-sided t-tests at α = 0.05, Bonferroni over the N compared"
 #: P2-1's admissible slope of the error vs n: the rate s*/n + s*²/(n²ε²) has slope −1 (statistical term) to
 #: −2 (privacy term); ± 0.2 for the finite grid. It was [−2.5, −0.5], which let a quick run with CI
-#: [−2.47, −0.74] "hold" (issue 27).
+#: [−2.47, −0.74] "hold" although its upper end is far from any rate the theory allows.
 P2_1_WINDOW = (-2.2, -0.8)
 
 CLAIMS: list[Claim] = [

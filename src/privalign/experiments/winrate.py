@@ -222,7 +222,7 @@ def pool_build_command(ds: str, out: str) -> str:
     )
 
 
-#: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap; issue 13).
+#: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap).
 POWER_TARGET = 0.05
 
 

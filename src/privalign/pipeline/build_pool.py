@@ -230,7 +230,8 @@ def public_manifest(obj: Any) -> Any:
     model (``{"scorer": "linear", "privacy_event": {...}, "metadata": {...}}``, as
     :meth:`~privalign.models.scorers.LinearRewardScorer.describe` writes it) reduced to its public metadata
     (:func:`privalign.release.public_metadata`): a pool manifest never carries the reward
-    model's noise seed or exact held-out statistics, also when it copies an older manifest (issue 24)."""
+    model's noise seed or exact held-out statistics, also when it copies an older manifest (older manifests
+    held both)."""
     if isinstance(obj, list):
         return [public_manifest(v) for v in obj]
     if not isinstance(obj, dict):
