@@ -39,6 +39,7 @@ from privalign.pipeline.steps import check_reward_name, make_generator, make_sco
 __all__ = [
     "PoolConfig",
     "build_pool",
+    "load_pool_prompts",
     "git_info",
     "work_path",
     "manifest_path",
@@ -455,3 +456,33 @@ def _run_local(
     d["proxy"] = proxy.describe() if proxy is not None and hasattr(proxy, "describe") else None
     d["true"] = true.describe() if true is not None and hasattr(true, "describe") else None
     return d
+
+
+def load_pool_prompts(
+    dataset: str,
+    *,
+    num_prompts: int,
+    prompt_words: int | None = None,
+    hh_prompt: str = "dialogue",
+    mmlu_subjects: list[str] | None = None,
+    math_path: str | None = None,
+) -> tuple[list[Example], dict[str, Any]]:
+    """The prompts of a pool and the dataset options recorded in its :class:`PoolConfig`.
+
+    ``prompt_words`` (IMDb: the review prefix length), ``hh_prompt="first-turn"`` (HH-RLHF: the first human
+    turn only), ``mmlu_subjects`` and ``math_path`` apply to their dataset only. IMDb loads ``num_prompts``
+    prompts; the others load the whole dataset (the builder takes the first ``num_prompts``).
+    """
+    from privalign.data.datasets import load_dataset
+
+    if dataset == "imdb":
+        opts: dict[str, Any] = {"num_words": prompt_words}
+        return load_dataset("imdb", num_prompts=num_prompts, **opts), opts
+    if dataset == "hh-rlhf" and hh_prompt == "first-turn":
+        from privalign.pipeline.hh import hh_prompts
+
+        return hh_prompts(), {"prompt": "first-turn"}
+    if dataset == "mmlu":
+        opts = {"subjects": mmlu_subjects}
+        return load_dataset("mmlu", **opts), opts
+    return load_dataset(dataset, math_path=math_path), {}
