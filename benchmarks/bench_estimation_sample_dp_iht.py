@@ -6,7 +6,7 @@ Baselines measured in the same run:
   * fit times are the median of ``--repeats`` fits (the first, which pays one-time costs, is reported too);
   * DPSGDLinear at the same (ε, δ) (PLD-calibrated, 5 epochs, batch 256): time ratio and error ratio.
 
-Targets (issue 4): fit time ≤ 5× one pass; peak extra memory during fit such that data + extra ≤ 2× data.
+Targets: fit time ≤ 5× one pass; peak extra memory during fit such that data + extra ≤ 2× data.
 Peak memory is measured with ``tracemalloc`` (numpy reports its buffers to it), started after the data
 exists, so "extra" is what fit allocates on top of the data.
 

@@ -1,4 +1,4 @@
-"""Foundation noise benchmarks (issue 2, "Performance").
+"""Foundation noise benchmarks (the noise samplers' "Performance" targets).
 
 1. Seeded Gumbel noisy-argmax over 10,000 prompts × 1,024 scores (``NoisyArgmax.__call__`` on a 2-D array,
    validation included) against the plain numpy one-liner ``argmax(scores + rng.gumbel(...), axis=1)`` in

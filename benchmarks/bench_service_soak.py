@@ -19,7 +19,7 @@ Usage::
 
 Prints a markdown table and the audit; exits 1 if the audit fails.
 
-``--attack`` (issue 26): the soak under attack, on **both ledgers** (SQLite, PostgreSQL), one server
+``--attack``: the soak under attack, on **both ledgers** (SQLite, PostgreSQL), one server
 each with the default limits (``privalign serve``'s connection defences and per-key limits). Well-behaved
 tenants: ``--clients`` (default 8 in this mode) keep-alive clients over 4 keys send ``--requests``
 (default 2,000) light ``/v1/select`` requests. Baseline, same run and server: the same load alone. Attack:

@@ -221,7 +221,7 @@ def _cases(t: Path):
             ],
             ["--n-pairs", "a,b"],
         ),
-        # align (issue 14): checked before any model or file is loaded
+        # align: checked before any model or file is loaded
         (
             "align",
             ["align", "--reward-model", str(t / "missing_rm.json"), "--out", str(t / "al"), "--beta", "0"],

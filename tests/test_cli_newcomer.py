@@ -1,4 +1,4 @@
-"""The newcomer list of issue 25 (item 3): each edge a new user hit, with the behaviour it has now. A user
+"""The newcomer list: each edge a new user hit, with the behaviour it has now. A user
 error is one line ``privalign CMD: error: ...`` naming the flag and the value, exit status 2, nothing
 written; no test here loads a model."""
 

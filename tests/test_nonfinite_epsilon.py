@@ -3,7 +3,7 @@ asked for by name (``--method bon``, σ = 0), never reached through ε = ∞.
 
 Every command-line entry point that takes an ε (or δ, or an ε budget) refuses ``inf``, ``nan`` and ``1e400``
 (which parses as ``inf``) with exit status 2 and one line ``privalign CMD: error: ...`` naming the option, the
-constraint and the value, and leaves no output behind. Before issue 24, ``select``/``law``/``session
+constraint and the value, and leaves no output behind. Before this was checked, ``select``/``law``/``session
 --epsilon inf`` ran plain best-of-N (``session`` served nothing and exited 0), ``simulate`` drew a curve
 "PrivBoN ε=inf" reported as "pure ε-DP", ``audit`` audited the vacuous claim ε = ∞, and an experiment config
 with ``epsilons = [inf]`` failed late with "Out of range float values are not JSON compliant". The
@@ -89,7 +89,7 @@ PRIVATE_RESULTS = [
     ),
     ("audit", ["audit", "--mechanism", "noisy_argmax", "--epsilon", "{v}", "--samples", "50", "--seed", "0"]),
     ("audit", ["audit", "--mechanism", "randomized_response", "--epsilon", "{v}", "--samples", "50"]),
-    # was exit 0 with a non-private model described as "label-level privacy" (issue 24)
+    # was exit 0 with a non-private model described as "label-level privacy"
     (
         "fit-reward",
         ["fit-reward", "--data", "pool.jsonl", "--method", "rr-iht", "--epsilon", "{v}", "--out", "o"],

@@ -1,4 +1,4 @@
-"""The release boundary (issue 24): a released file differs between neighbouring datasets only in DP-output
+"""The release boundary: a released file differs between neighbouring datasets only in DP-output
 fields, holds no seed that replays its noise and no hash of the private data.
 
 Every writer of a release is run on a dataset D and on neighbours D′ with the same arguments:

@@ -1,9 +1,8 @@
 """privalign: differentially private alignment of language models.
 
 Layers, bottom to top (a package imports only its own modules and lower layers; enforced by
-``tests/core/test_core_layers.py``, which lists no exception; a lower layer reaches an implementation in a
-higher one only by name, through an entry-point group declared in ``pyproject.toml``, e.g. the feature maps
-of ``privalign.feature_maps``):
+``tests/core/test_core_layers.py``, which lists no exception; a lower layer that needs an implementation
+from a higher one takes it as an argument from the caller, e.g. the feature maps built on models):
 ``errors`` ← ``{_validation, rng, paths, _json, _lazy}`` ← ``{accounting, data, release, privalign}`` ←
 ``mechanisms`` ← ``{alignment, estimation, audit}`` ← ``models`` ← ``pipeline`` ← ``rlhf`` ←
 ``{experiments, service}`` ← ``cli``.

@@ -4,7 +4,7 @@ with a deliberately broken accountant or mechanism that the audit must catch.
 * PrivITP phase 2, conditional on λ̃ (the released value), pair pool B = (0,…,0) vs (Δ,…,Δ), Δ = R_max:
   outcome t = 1 has log-ratio exactly ℓ2 and the fallback exactly n·ℓ1. The empirical lower bound on each
   outcome's log-ratio must stay below the accountant's ε2(outcome; λ̃); the authors' width W = R_max − λ̃
-  (defect K3) under-states ℓ2 and is caught.
+  under-states ℓ2 and is caught.
 * PrivITP phase 1, pool A = (0,…,0) vs (R_max,…,R_max) (λ̂ moves by exactly Δ): events {λ̃ > c}; the
   analytic-Gaussian ε1 passes, the authors' ε1 = Δ/σ_X (K4) is refuted.
 * PrivBoN, pair (1,0,…,0) vs (0,1,…,1): ε passes; a Δ/ε-scale mechanism is caught.
@@ -50,7 +50,7 @@ def test_privitp_phase2_audit(rng, lam, sigma_z):
         _log_ratio_lower_bounds(c1, c0, draws, ALPHA / 2), _log_ratio_lower_bounds(c0, c1, draws, ALPHA / 2)
     )
     assert np.all(lb <= claim), (lb, claim)
-    # broken accountant: the authors' width W = R_max − λ̃ (defect K3)
+    # broken accountant: the authors' width W = R_max − λ̃
     wb = 1.0 - lam
     broken_l2 = float(ell2(lam, width=wb, r_max=1, sensitivity=1, sigma_z=sigma_z))
     broken_l1 = float(ell1(lam, width=wb, r_max=1, sensitivity=1, sigma_z=sigma_z))
@@ -103,11 +103,12 @@ def test_privbon_audit_with_negative_control(rng):
 
 @pytest.mark.statistical
 def test_privitp_fallback_audit_catches_k8(rng):
-    """Negative control for defect K8 (review): where ℓ1 > ℓ2 — here β = 0.5, L = 0, λ̃ = −β, so the
-    threshold interval [−0.5, 1] sits low and rejections are the informative outcome — the fallback's
-    true worst-case loss n·ℓ1 exceeds the authors' charge (n−1)·ℓ1 + ℓ2. Pair pool B = (1, 1) vs (0, 0):
-    the fallback's log-ratio is exactly n·ℓ1. The accountant's ε2 must not be refuted and the K8 charge
-    must be (false-positive probability ≤ ALPHA for the first assertion)."""
+    """Negative control for charging the fallback as a stop at n (``(n − 1)·ℓ1 + ℓ2``): where ℓ1 > ℓ2 —
+    here β = 0.5, L = 0, λ̃ = −β, so the threshold interval [−0.5, 1] sits low and rejections are the
+    informative outcome — the fallback's true worst-case loss n·ℓ1 exceeds the authors' charge
+    (n−1)·ℓ1 + ℓ2. Pair pool B = (1, 1) vs (0, 0): the fallback's log-ratio is exactly n·ℓ1. The
+    accountant's ε2 must not be refuted and the authors' charge must be (false-positive probability ≤ ALPHA
+    for the first assertion)."""
     n, draws, lam = 2, 100_000, -0.5
     m = PrivITP(0.5, sigma_x=1.0, sigma_z=0.5, L=0.0)
     lt = np.full(draws, lam)
@@ -122,7 +123,7 @@ def test_privitp_fallback_audit_catches_k8(rng):
     l1 = float(ell1(lam, width=m.width(lam), r_max=1, sensitivity=1, sigma_z=0.5))
     l2 = float(ell2(lam, width=m.width(lam), r_max=1, sensitivity=1, sigma_z=0.5))
     assert l1 > l2 and claim[2] == pytest.approx(n * l1)
-    assert lb[n] > (n - 1) * l1 + l2, (lb, (n - 1) * l1 + l2)  # the K8 fallback charge is refuted
+    assert lb[n] > (n - 1) * l1 + l2, (lb, (n - 1) * l1 + l2)  # the authors' fallback charge is refuted
 
 
 @pytest.mark.statistical

@@ -35,7 +35,7 @@ def test_select_and_law(capsys, method, extra):
 
 
 def test_privbon_infinite_epsilon_cli(capsys):
-    """ε = ∞ is refused (issue 24: it used to run plain BoN as "privbon"); the non-private selection is asked
+    """ε = ∞ is refused (it used to run plain BoN as "privbon"); the non-private selection is asked
     for by name, --method bon, and says it is not private."""
     argv = ["select", "--method", "privbon", "--epsilon", "inf", "--scores", "0.1,0.9,0.3", "--seed", "0"]
     assert main([*argv, "--json"]) == 2

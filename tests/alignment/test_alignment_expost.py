@@ -56,7 +56,7 @@ def test_ell_match_mpmath(lam, sigma):
 
 def test_spec_reference_values():
     # spec §2.4 table (authors' formula: λ = 0.5, R_max = 2, Δ = 4, W = R_max − λ), computed without the
-    # min(Δ, R_max) refinement, and the K3 example (ℓ2 0.348 vs 0.367).
+    # min(Δ, R_max) refinement, and the narrow-width example (ℓ2 0.348 vs 0.367).
     for s, l1, l2 in ((1.0, 1.40, 2.06), (10.0, 0.29, 0.30)):
         a = log_expected_phi(0.5 - 2 + 4, 1.5, s) - log_expected_phi(0.5 - 2, 1.5, s)
         b = log_expected_phi(4 - 0.5, -1.5, s) - log_expected_phi(-0.5, -1.5, s)
@@ -81,7 +81,7 @@ def test_epsilon2_linear_in_t_independent_of_n_and_fallback():
     e = epsilon2(t, 8, 0.3, **kw)
     assert np.allclose(e, (t - 1) * l1 + l2)
     assert np.allclose(epsilon2(t, 1000, 0.3, **kw), e)  # independent of n
-    assert float(epsilon2(-1, 8, 0.3, **kw)) == pytest.approx(8 * l1)  # fallback n·ℓ1 (defect K8)
+    assert float(epsilon2(-1, 8, 0.3, **kw)) == pytest.approx(8 * l1)  # fallback n·ℓ1
 
 
 def test_worst_case_dominates_fine_grid_and_realized():

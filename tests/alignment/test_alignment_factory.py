@@ -1,4 +1,4 @@
-"""One factory per concept (issue 18): ``make_selector``/``pool_size`` and PrivBoN's ε ↔ scale conversion.
+"""One factory per concept: ``make_selector``/``pool_size`` and PrivBoN's ε ↔ scale conversion.
 
 The factory must build exactly what the direct constructors build (same laws, same events, same draws for
 the same seed), name a missing parameter, and be the one source of the "n, or 2n + 1" candidate rule.

@@ -1,6 +1,6 @@
 """SolveNormalizer properties (i)–(v) of spec-inference-time §2.2, as Hypothesis property tests.
 
-The strategies draw continuous scores *and* the inputs that broke the pre-fix solver (issue 11): scores on
+The strategies draw continuous scores *and* the inputs that broke the pre-fix solver: scores on
 a grid, many ties, all-equal vectors, scores clipped at 0 and at R_max, n up to 10⁴, and perturbations of
 1e-12…1e-6. The pre-fix solver (``privalign.audit.broken.broken_solve_normalizer``) is the negative
 control: Hypothesis must find a counterexample to its Lipschitz property on grid-valued scores.

@@ -1,7 +1,7 @@
 """Pinned outputs: ``run_protocol`` and ``select_batch`` for fixed seeds equal stored reference values, on
 every x86-64 CPU (Intel or AMD, with or without AVX-512).
 
-**Why not hashes.** Until issue 24 these tests pinned sha256 hashes of the outputs' float ``repr`` per
+**Why not hashes.** These tests once pinned sha256 hashes of the outputs' float ``repr`` per
 numpy SIMD path (``avx512``/``avx2``). The last bits of those floats depend on the CPU twice over: numpy's
 vectorised ``exp``/``log`` differ between its AVX-512 and AVX2 code paths, and OpenBLAS picks its own
 kernel (SkylakeX, Haswell, Zen) for the matrix products of the PrivITP scan, independently of numpy. Four
@@ -131,7 +131,7 @@ MIN_MARGIN = 1e-6
 
 # -- the pinned computations -------------------------------------------------------------------------------
 
-#: One report changed on purpose after the reference values were stored (issue 24): the σ = 0 PrivBoN
+#: One report changed on purpose after the reference values were stored: the σ = 0 PrivBoN
 #: curve (plain BoN, no noise) was labelled "PrivBoN σ=0" with the guarantee "pure ε-DP per query"; it now
 #: says it is non-private. :func:`_as_pinned` puts that entry's label and privacy report back as stored, so
 #: every number of the engine stays pinned; ``test_sigma_zero_curve_is_reported_as_non_private`` asserts the
@@ -404,7 +404,7 @@ if __name__ == "__main__":
 
 
 def test_sigma_zero_curve_is_reported_as_non_private():
-    """σ = 0 (like ε = ∞) is plain BoN: its curve says so, and claims no ε-DP guarantee (issue 24)."""
+    """σ = 0 (like ε = ∞) is plain BoN: its curve says so, and claims no ε-DP guarantee."""
     pool = make_synthetic_pool(2, 16, random_state=0)
     specs = [MethodSpec("privbon", sigma=0.0), MethodSpec("privbon", epsilon=math.inf), MethodSpec("bon")]
     res = run_protocol(pool, specs, n_grid=[1, 4], replicates=2, random_state=0, progress=False)

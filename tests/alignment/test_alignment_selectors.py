@@ -136,7 +136,7 @@ def test_secure_noise_source_runs():
 def test_privitp_parameters_are_read_only_and_shared_with_the_accountant():
     """Regression (review): σ_X, σ_Z, L, ... were plain attributes next to a separately built accountant,
     so changing one after construction made the mechanism sample with a σ the events did not account for
-    (defects K3/K5) and left the cached ε_max stale. They are now read-only views of the accountant."""
+    and left the cached ε_max stale. They are now read-only views of the accountant."""
     m = PrivITP(0.1, sigma_x=0.5, sigma_z=0.7, L=2.0, delta=1e-5, sensitivity=0.5)
     acc = m.accountant
     assert (m.beta, m.sigma_x, m.sigma_z, m.L, m.delta, m.sensitivity, m.r_max) == (

@@ -1,4 +1,4 @@
-"""FastSeededNoise (issue 18): the opt-in fast exact Gumbel draw and Gumbel argmax for seeded simulations.
+"""FastSeededNoise: the opt-in fast exact Gumbel draw and Gumbel argmax for seeded simulations.
 
 Each statistical test states α and uses exact critical values (scipy.stats.chi2.isf / kstwo)."""
 

@@ -1,4 +1,4 @@
-"""Figures (issue 18): Pillow PNGs by default (no matplotlib import); matplotlib's object API without pyplot
+"""Figures: Pillow PNGs by default (no matplotlib import); matplotlib's object API without pyplot
 for PDF or on request."""
 
 from __future__ import annotations

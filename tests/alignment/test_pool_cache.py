@@ -1,4 +1,4 @@
-"""The columnar pool cache (issue 18): same pool as the JSONL reader, bit for bit, for every accepted variant;
+"""The columnar pool cache: same pool as the JSONL reader, bit for bit, for every accepted variant;
 same errors; memory-mapped on later reads; rebuilt when the file changes."""
 
 from __future__ import annotations

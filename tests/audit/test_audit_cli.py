@@ -50,7 +50,7 @@ def test_cli_audit_catches_a_broken_variant_and_can_fail(capsys):
 
 def test_cli_audit_gaussian_needs_delta_and_reports_it(capsys):
     rc, _, err = _run(capsys, "--mechanism", "gaussian", "--epsilon", "1")
-    assert rc == 2 and "'--delta'" in err  # the flag, not the Python parameter (issue 16)
+    assert rc == 2 and "'--delta'" in err  # the flag, not the Python parameter
     rc, out, _ = _run(
         capsys,
         "--mechanism",

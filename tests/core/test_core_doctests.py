@@ -1,4 +1,4 @@
-"""Every docstring example in ``src/privalign`` runs (issue 18: doctests in several modules never ran).
+"""Every docstring example in ``src/privalign`` runs (doctests in several modules once never ran).
 
 Modules are discovered by scanning for ``>>>``, so a new example is collected without editing this file.
 """

@@ -1,4 +1,4 @@
-"""One JSON convention (issue 18): ``privalign._json``. ∞ → "inf", NaN → null, numpy → Python, strict JSON;
+"""One JSON convention: ``privalign._json``. ∞ → "inf", NaN → null, numpy → Python, strict JSON;
 the CLI's ``--json`` output, ``simulate``'s results.json and the old names use it."""
 
 import json
@@ -56,10 +56,9 @@ def test_write_json_atomic_refuses_non_finite_and_leaves_no_file(tmp_path):
     assert not (tmp_path / "bad.json").exists()
 
 
-def test_the_cli_and_old_names_use_the_one_policy():
+def test_the_cli_uses_the_one_policy():
     from privalign.cli._args import _clean as args_clean
     from privalign.cli.select import _clean as select_clean
-    from privalign.experiments.manifest import write_json_atomic as manifest_write
 
     obj = {"eps": math.inf, "mean": math.nan, "t": (1, -math.inf)}
     assert (
@@ -68,33 +67,3 @@ def test_the_cli_and_old_names_use_the_one_policy():
         == to_jsonable(obj)
         == {"eps": "inf", "mean": None, "t": [1, "-inf"]}
     )
-    assert manifest_write is write_json_atomic
-
-
-def test_old_import_paths_still_work():  # public API kept: the moved helpers are re-exported
-    from privalign.alignment.win_rate import bon_win_probability
-    from privalign.data.answers import extract_boxed
-    from privalign.data.dialogue import first_human_turn
-    from privalign.estimation import iht, labels
-    from privalign.experiments import base, runner, winrate
-    from privalign.models import _resources, scorers
-    from privalign.paths import package_dir
-    from privalign.pipeline import build_pool, steps
-
-    assert iht.privatize_labels is labels.privatize_labels and iht.debiased_labels is labels.debiased_labels
-    assert runner.Experiment is base.Experiment and runner.ExperimentError is base.ExperimentError
-    assert runner.RunContext is base.RunContext and runner.RunDirectoryError is base.RunDirectoryError
-    for name in (
-        "make_generator",
-        "make_scorer",
-        "score_prompt",
-        "sanitize_text",
-        "score_texts",
-        "reward_fields",
-        "check_reward_name",
-        "GENERATOR_KINDS",
-        "SCORER_NAMES",
-    ):
-        assert getattr(build_pool, name) is getattr(steps, name)
-    assert winrate.first_human_turn is first_human_turn and winrate.bon_win_probability is bon_win_probability
-    assert scorers.extract_boxed is extract_boxed and _resources.package_dir is package_dir

@@ -7,11 +7,11 @@ function-local import hides a cycle from Python, not from this test). Two checks
 * **Cycles**: no cycle in the module-level graph.
 
 A lower layer that needs an implementation from a higher one (a feature map built on a model) does not import
-it: it declares an interface and finds implementations through an entry-point group that ``pyproject.toml``
-declares. ``ENTRY_POINT_LOADERS`` names the package that loads each group, and a third check keeps the
-direction: every entry point names a module at or above its loader's layer.
+it: the caller passes it in. privalign declares no entry-point groups of its own (a plugin lookup would be a
+hidden upward import); ``ENTRY_POINT_LOADERS`` stays empty, and a third check fails on any
+``[project.entry-points."privalign.*"]`` group without a loader, or one whose entry points sit below it.
 
-``KNOWN_*`` lists the violations the codebase still has (issue 18); the test fails on any new one *and* on a
+``KNOWN_*`` lists the violations the codebase still has; the test fails on any new one *and* on a
 listed one that no longer occurs, so the lists can only shrink.
 """
 
@@ -41,15 +41,15 @@ LAYERS: list[set[str]] = [
 ]
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
-# issue 18 removed the last one (estimation -> models: EmbeddingFeatures moved to models/features.py and is
-# found through the "privalign.feature_maps" entry point): keep it empty
+# keep it empty: a lower layer takes what it needs from a higher one as an argument (e.g. the feature maps of
+# models/features.py are passed to estimation.features.feature_map_from_config by its callers)
 KNOWN_UPWARD: set[tuple[str, str]] = set()
-# issue 18 broke the last three (estimation.labels, experiments.base, pipeline.steps): keep it empty
+# keep it empty: the last three (estimation.labels, experiments.base, pipeline.steps) were broken up
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
 #: privalign's entry-point groups (``[project.entry-points."privalign.*"]`` in pyproject.toml) → the package
 #: that loads them (by the group's name, without importing the providers).
-ENTRY_POINT_LOADERS: dict[str, str] = {"privalign.feature_maps": "estimation"}
+ENTRY_POINT_LOADERS: dict[str, str] = {}
 
 
 def _module_name(path: Path) -> str:
@@ -131,8 +131,9 @@ def test_the_entry_point_check_finds_a_downward_plugin():  # negative control fo
         "privalign.feature_maps": {"ok": "privalign.models.features:X", "low": "privalign.errors:X"},
         "privalign.orphan": {"x": "privalign.cli:X"},
     }
-    assert _entry_point_problems(bad, ENTRY_POINT_LOADERS) == [
+    assert _entry_point_problems(bad, {"privalign.feature_maps": "estimation"}) == [
         "privalign.orphan: no loader declared in ENTRY_POINT_LOADERS",
+        "privalign.feature_maps: estimation does not name the group",
         "privalign.feature_maps: low = 'privalign.errors:X' is below its loader 'estimation': "
         "import it instead",
     ]

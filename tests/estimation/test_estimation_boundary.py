@@ -1,4 +1,4 @@
-"""Boundary inputs of the estimation calibrations (issue 11, item 4: the sweep). Each case failed before."""
+"""Boundary inputs of the estimation calibrations (the sweep). Each case failed before."""
 
 import math
 from fractions import Fraction

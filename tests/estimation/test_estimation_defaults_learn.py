@@ -1,11 +1,11 @@
-"""Every estimator's defaults learn on the synthetic rate problem (issue 27, item 2).
+"""Every estimator's defaults learn on the synthetic rate problem.
 
 ``make_btl(n, 200, 5)`` (x ~ Unif[−1, 1]^200, s* = 5, ‖θ*‖ = 3: the zero estimator's error is 9) at ε = 8,
 δ = 1e-5, every hyper-parameter at its default except the sparsity of the sparse estimators, set to the true
 s* = 5 (a property of the problem, as in ``p2-rates``). The claim checked: the squared error at n = 64k is at
 most 0.4 × the error at n = 4k. This is a **deterministic check on fixed seeds**, not a statistical test: the
 median over 3 replicates (data seeds 0, 1, 2; estimator seeds 1000, 1001, 1002) at each n. Measured on this
-code (docs/estimation.md, "Defaults that learn (issue 27)"): the largest ratio is 0.069 (MLE); DP-SGD's
+code (docs/estimation.md, "Defaults that learn"): the largest ratio is 0.069 (MLE); DP-SGD's
 old defaults (C = 1, batch 256, 5 epochs, η = 0.5) gave 3.45 → 4.13 (ratio 1.2) and fail it.
 """
 

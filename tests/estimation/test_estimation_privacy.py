@@ -12,13 +12,12 @@ from privalign.estimation import iht as iht_mod
 from privalign.estimation.base import sigmoid
 from privalign.estimation.iht import (
     debiased_gradient,
-    debiased_labels,
     debiased_loss,
     gradient_step,
     peeling_sensitivity,
     peeling_threshold,
-    privatize_labels,
 )
+from privalign.estimation.labels import debiased_labels, privatize_labels
 
 
 @pytest.mark.statistical

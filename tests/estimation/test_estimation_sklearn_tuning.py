@@ -1,4 +1,4 @@
-"""scikit-learn compatibility of the reward estimators and the private tuning protocol (issues 13, 16)."""
+"""scikit-learn compatibility of the reward estimators and the private tuning protocol."""
 
 from __future__ import annotations
 

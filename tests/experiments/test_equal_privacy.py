@@ -1,6 +1,6 @@
-"""Equal-privacy matching of PrivITP to PrivBoN (issue 12, defect K12): the calibrated PrivITP's worst case
-ε_max(N) equals the target within 1e-6 relative (and never exceeds it); the 'expected' matching hits its
-target on the calibration prompts; the comparison data carry both mechanisms' ε."""
+"""Equal-privacy matching of PrivITP to PrivBoN at equal (ε, δ), not equal σ: the calibrated PrivITP's
+worst case ε_max(N) equals the target within 1e-6 relative (and never exceeds it); the 'expected' matching
+hits its target on the calibration prompts; the comparison data carry both mechanisms' ε."""
 
 from __future__ import annotations
 

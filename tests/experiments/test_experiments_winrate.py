@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
+from privalign.alignment.win_rate import bon_win_probability
 from privalign.cli import main
 from privalign.experiments.report import evaluate_claims
 from privalign.experiments.runner import read_results
 from privalign.experiments.winrate import (
     PAPER_ORDER,
-    bon_win_probability,
     order_verdict,
     pool_build_command,
     power_statement,

@@ -1,4 +1,4 @@
-"""p2-accuracy's sparsity check (issue 13): the replicated sparse-vs-dense table and its verdicts (issue 27),
+"""p2-accuracy's sparsity check: the replicated sparse-vs-dense table and its verdicts,
 the equal tuning protocol, the Peeling signal-to-noise diagnostic, and the d-aware default T of Sample-DP
 IHT."""
 

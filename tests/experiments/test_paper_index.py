@@ -1,5 +1,5 @@
-"""``docs/paper_index.md`` is generated from the experiment registry and the claims table and cannot go stale
-(issue 27): the file must equal :func:`render_paper_index`, and every module and experiment the algorithm rows
+"""``docs/paper_index.md`` is generated from the experiment registry and the claims table and cannot go stale:
+the file must equal :func:`render_paper_index`, and every module and experiment the algorithm rows
 name must exist."""
 
 from __future__ import annotations

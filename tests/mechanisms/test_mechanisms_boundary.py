@@ -1,4 +1,4 @@
-"""Boundary inputs for calibrations and conversions (issue 11, item 4: the sweep for the normaliser's
+"""Boundary inputs for calibrations and conversions (the sweep for the normaliser's
 pattern). Each case is a reproduction from the sweep (``/work/notes/sweep.md`` of that session): it failed
 before the fix. Checks use exact rational arithmetic or mpmath, not a tolerance."""
 

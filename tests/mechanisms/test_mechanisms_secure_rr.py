@@ -1,4 +1,4 @@
-"""Secure randomized response on OpenDP's exact Bernoulli sampler (issue 18).
+"""Secure randomized response on OpenDP's exact Bernoulli sampler.
 
 ``SecureNoise.bernoulli(p)`` for a scalar p ≤ 1/2 (randomized response's flip probability) now draws with
 OpenDP's ``make_randomized_response_bitvec`` (each bit set with probability exactly the float p) instead of

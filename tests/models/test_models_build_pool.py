@@ -96,7 +96,7 @@ def test_cli_bad_input_is_refused_before_work(tiny_lm, tmp_path, capsys):
         cli_main([*_cli_args(tiny_lm, out)[:13], "--proxy-reward", "nonsense", *_cli_args(tiny_lm, out)[15:]])
         == 2
     )
-    assert "'--proxy-reward' option must be one of" in capsys.readouterr().err  # the flag (issue 16)
+    assert "'--proxy-reward' option must be one of" in capsys.readouterr().err  # the flag
     assert not out.exists() and not work_path(out).exists()
 
 

@@ -137,7 +137,6 @@ def test_openai_client_n_per_request_order_and_stop(fake_server):
         "fake-model",
         params=SamplingParams(max_new_tokens=8, stop=("END",)),
         max_n_per_request=3,
-        backoff=0.0,
         progress=False,
     )
     out = g.generate(["p0", "p1"], 5, seed=4)
@@ -153,7 +152,7 @@ def test_openai_client_n_per_request_order_and_stop(fake_server):
 
 def test_openai_client_retries_then_fails_cleanly(fake_server):
     _FakeHandler.fail_first = 2
-    g = OpenAICompatibleGenerator(fake_server, "m", max_retries=2, backoff=0.0, progress=False)
+    g = OpenAICompatibleGenerator(fake_server, "m", max_retries=2, progress=False)
     assert len(g.generate(["x"], 2, seed=0)[0]) == 2
     assert len(_FakeHandler.calls) == 3
     _FakeHandler.fail_first = 10
@@ -198,7 +197,7 @@ def test_openai_client_unreachable_server_is_one_line():
 
 def test_gguf_progress_silences_the_gguf_loaders_own_bar():
     """--no-progress reaches transformers' GGUF tensor-conversion bar (a tqdm the HF switch does not
-    govern); the bar is restored afterwards, and left alone when progress is on (issue 25)."""
+    govern); the bar is restored afterwards, and left alone when progress is on."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     from privalign.models.generators import gguf_progress

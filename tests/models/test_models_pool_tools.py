@@ -243,7 +243,7 @@ def test_kl_bon_formula_and_curve_rows():
 @pytest.mark.parametrize(
     ("bon", "index", "pool"),
     [
-        ("hh-smollm2-2048.bon.json", 1, "hh-smollm2-2048.jsonl.gz"),  # the 24 x 2,048 pool (issue 15)
+        ("hh-smollm2-2048.bon.json", 1, "hh-smollm2-2048.jsonl.gz"),  # the 24 x 2,048 pool
         ("hh-smollm2.bon.json", 2, "hh-smollm2.jsonl.gz"),  # the 24 x 512 pool
     ],
 )

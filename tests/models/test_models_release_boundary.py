@@ -33,8 +33,9 @@ VOLATILE = ("created_utc", "seconds_this_run", "git", "versions")
 
 
 def _fit_reward_file(tmp_path, name: str, flip: bool):
-    """A label-DP reward model as ``privalign fit-reward`` writes it before issue 24: coefficients (the DP
-    output) plus metadata with the seed of the randomized response and exact held-out statistics."""
+    """A label-DP reward model as ``privalign fit-reward`` wrote it before the release boundary:
+    coefficients (the DP output) plus metadata with the seed of the randomized response and exact held-out
+    statistics."""
     rng = np.random.default_rng(0)
     fm = HashedNgramFeatures(n_features=32, ngram_range=(1, 1))
     a = [" ".join(rng.choice(WORDS, 4)) for _ in range(200)]

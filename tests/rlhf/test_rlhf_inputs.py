@@ -197,7 +197,7 @@ def test_private_reward_scores_like_the_estimator(tmp_path, make_rm):
     assert d["privacy_unit"] == "label" and d["privacy_event"]["epsilon"] == 8.0 and len(d["sha256"]) == 64
     from privalign.rlhf.rewards import file_sha256
 
-    # a hash of the private data is never part of a description that a manifest copies (issue 24)
+    # a hash of the private data is never part of a description that a manifest copies
     assert file_sha256(tmp_path / "pairs.jsonl") not in json.dumps(d)
     assert r.__name__ == "private_reward"
 
@@ -244,7 +244,8 @@ def test_reference_rewards_are_not_private(tmp_path):
 @pytest.mark.parametrize("method", ["dp-iht", "dp-sgd", "rr-iht"])
 def test_privacy_statement_totals_composed_events(tmp_path, make_rm, method, capsys):
     """A tuned model's event is parallel_composed(composed(candidates), selection): the statement gives its
-    total (ε, δ) (it printed 'event parallel_composed ()' before issue 24), within the search's budget."""
+    total (ε, δ) (it printed 'event parallel_composed ()' before it composed the parts), within the search's
+    budget."""
     from privalign.rlhf.rewards import load_reward
     from privalign.rlhf.train import privacy_statement
 

@@ -60,7 +60,7 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
         "delta": 0.0,
         "how": man["privacy"]["guarantee"]["how"],
     }
-    # no digest of the private preference file anywhere in the manifest (issue 24)
+    # no digest of the private preference file anywhere in the manifest
     assert file_sha256(tmp_path / "pairs.jsonl") not in json.dumps(man)
     assert len(man["training_log"]) == 2
     policy = out / "policy"
@@ -133,5 +133,5 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
         )
     )
     out = gen("This movie was", 1, max_tokens=4, temperature=1.0, top_p=1.0, chat=False)
-    texts = out.texts  # a Generation: candidates with token counts and finish reasons (issue 26)
+    texts = out.texts  # a Generation: candidates with token counts and finish reasons
     assert len(texts) == 1 and isinstance(texts[0], str) and 0 <= out.candidates[0].num_tokens <= 4

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from privalign.experiments.base import ExperimentError
 from privalign.experiments.rlhf import parse_policy, rlhf_verdict
-from privalign.experiments.runner import ExperimentError
 from privalign.rlhf.evaluate import (
     best_of_n_gold,
     bon_kl,

@@ -103,7 +103,7 @@ def test_keys_cli_roundtrip(tmp_path, capsys, reward_model):
     assert main(["keys", "top-up", "nope", "--epsilon", "1", "--db", url]) == 2
     assert main(["keys", "top-up", created["key_id"], "--epsilon", "1", "--db", url]) == 2  # revoked
     err = capsys.readouterr().err
-    assert "--budget-epsilon" in err and "key_id" in err  # errors name the flag (issue 16)
+    assert "--budget-epsilon" in err and "key_id" in err  # errors name the flag
     assert main(["keys", "list", "--db", url, "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 2
 

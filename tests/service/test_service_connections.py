@@ -1,4 +1,4 @@
-"""Connection-level defences (issue 26, D1): idle and half-open sockets cannot lock the service out.
+"""Connection-level defences: idle and half-open sockets cannot lock the service out.
 
 Against a real ``privalign serve`` process on 127.0.0.1. Before the fix, uvicorn ran with
 ``limit_concurrency=512``, which counts open connections: 800 idle sockets made every request, ``/healthz``

@@ -1,4 +1,4 @@
-"""Fairness between tenants (issue 26, item 3): one key flooding heavy requests cannot degrade another.
+"""Fairness between tenants: one key flooding heavy requests cannot degrade another.
 
 A real ``privalign serve`` process with the **default** limits (``limits.key_concurrency = 8``,
 ``key_units_per_s = 2000``, ``key_burst_units = 4000``). Key A floods from 24 threads with the heaviest

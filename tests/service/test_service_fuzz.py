@@ -110,7 +110,7 @@ _HOSTILE_NUM = st.sampled_from(
         "NaN",
         "Infinity",
         "-Infinity",
-        "1e400",  # valid JSON that parses as inf (issue 24)
+        "1e400",  # valid JSON that parses as inf
         "-1e400",
         "0.1",
         "0.5",
@@ -170,7 +170,7 @@ def _hostile_body(draw):
                 ]
             )
         )
-        # ChatMessage keeps unknown keys unchecked (issue 26, D3: a lone surrogate there was a 500 with an
+        # ChatMessage keeps unknown keys unchecked (a lone surrogate there was a 500 with an
         # Idempotency-Key)
         msg_extra = draw(
             st.sampled_from(

@@ -1,4 +1,4 @@
-"""The failures of issue 17, one test each: hostile input never yields a 5xx and never costs budget,
+"""Hostile inputs, one test each: hostile input never yields a 5xx and never costs budget,
 exact budgets, errors clients understand, private files, expiring stored answers, OpenAI compatibility,
 readiness. Every test runs the real app on uvicorn (in a thread) over SQLite."""
 
@@ -88,7 +88,7 @@ def test_lone_surrogates_are_refused_at_validation(svc, path, body, param):
         ('{"epsilon": "0.5"}', "privacy.epsilon"),
         ('{"epsilon": NaN}', "privacy.epsilon"),
         ('{"epsilon": Infinity}', "privacy.epsilon"),
-        # 1e400 is valid JSON that parses as inf (issue 24): refused like Infinity, never ε = ∞ (no privacy)
+        # 1e400 is valid JSON that parses as inf: refused like Infinity, never ε = ∞ (no privacy)
         ('{"epsilon": 1e400}', "privacy.epsilon"),
         ('{"epsilon": 1E400}', "privacy.epsilon"),
         ('{"epsilon": -1e400}', "privacy.epsilon"),

@@ -1,4 +1,4 @@
-"""Idempotency that tells the truth (issue 26, item 2): a database failure at the reserve never locks an
+"""Idempotency that tells the truth: a database failure at the reserve never locks an
 ``Idempotency-Key`` behind a false "stays charged" 409, a 409 says whether the attempt holds a charge, and
 no request body (lone surrogates in fields the schema accepts unchecked included) makes the idempotent
 path answer 5xx. On SQLite and on PostgreSQL; the reserve is made to fail by a trigger on the ledger."""

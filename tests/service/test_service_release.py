@@ -2,7 +2,8 @@
 
 Two deployments differ only in their reward model: D and D' (neighbours: one coefficient moved, so every
 score moves by less than Δ; the files' metadata carry a noise seed and exact held-out accuracies, as
-``fit-reward`` wrote them before issue 24). The same requests are sent to both with the same (seeded) noise.
+``fit-reward`` wrote them before the release boundary). The same requests are sent to both with the same
+(seeded) noise.
 Every answer (``/v1/select`` on PrivBoN and PrivITP, ``/v1/budget`` with its ledger, errors, ``/metrics``,
 ``/v1/models``, ``/healthz``, ``/readyz``, the OpenAPI schema) may differ only in the mechanisms' released
 outputs (the selected index and text; for PrivITP λ̃, t and the realized ε computed from them) and in
@@ -145,7 +146,8 @@ def test_service_answers_on_neighbouring_reward_models_differ_only_in_dp_outputs
         details = (row.get("event") or {}).get("details") or {}
         assert set(details) <= {"lambda_tilde", "t", "n", "epsilon1", "epsilon2", "rho1", "worst_case"}
     for text, scores in ((text_a, s_a), (text_b, s_b)):
-        for leak in (SEED_ENTROPY, "seed_entropy", "heldout_accuracy", "random_state", "0.6137921", "0.6419573"):
+        leaks = (SEED_ENTROPY, "seed_entropy", "heldout_accuracy", "random_state", "0.6137921", "0.6419573")
+        for leak in leaks:
             assert leak not in text, leak
         for s in scores:
             assert repr(float(s)) not in text and f"{s:.6f}" not in text

@@ -1,4 +1,4 @@
-"""No silent spending and limits that mean what they say (issue 26, items 5, 6, 7): a request that does not
+"""No silent spending and limits that mean what they say: a request that does not
 state ``privacy.epsilon`` is refused (or, where the operator allows it, spends a default that the answer
 and ``GET /v1/budget`` show); ``limits.max_n`` caps the candidates of every method, PrivITP's ``2n + 1``
 included; ``limits.max_text_chars`` bounds generated candidates; ``serve --check`` and ``serve`` fail with

@@ -38,20 +38,18 @@ from privalign._validation import check_int, check_real
 from privalign.accounting.conversions import fraction_to_float_up, zcdp_to_approx_dp
 from privalign.accounting.events import (
     ApproxDPEvent,
-    ComposedEvent,
     ExPostEvent,
     GaussianEvent,
     LaplaceEvent,
     NoisyArgmaxEvent,
     NonPrivateEvent,
-    ParallelComposedEvent,
     PeelingEvent,
     PoissonSampledEvent,
     PrivacyEvent,
     PureDPEvent,
     RandomizedResponseEvent,
-    SelfComposedEvent,
     ZCDPEvent,
+    fold_event,
 )
 from privalign.errors import UnsupportedEventError
 
@@ -63,7 +61,6 @@ __all__ = [
     "pure_cost",
     "zcdp_cost",
     "approx_cost",
-    "fraction_to_float_up",
 ]
 
 INF = math.inf
@@ -112,6 +109,13 @@ def _unsupported(event: PrivacyEvent, path: str, currency: str, hint: str = "") 
 # ------------------------------------------------------------------------------------------------
 
 
+_ZERO: Cost = Fraction(0)
+
+
+def _max_cost(parts: list[Cost], *_: object) -> Cost:
+    return max(parts, default=Fraction(0))
+
+
 def pure_cost(
     event: PrivacyEvent, *, ex_post: Literal["max", "realized"] = "max", path: str = "event"
 ) -> Cost:
@@ -126,6 +130,18 @@ def pure_cost(
     Raises:
       UnsupportedEventError: for Gaussian, zCDP, Poisson-sampled, δ > 0 events (naming the sub-event).
     """
+    return fold_event(
+        event,
+        lambda e, where: _pure_leaf(e, where, ex_post),
+        zero=_ZERO,
+        add=_add,
+        times=_mul,
+        worst=_max_cost,
+        path=path,
+    )
+
+
+def _pure_leaf(event: PrivacyEvent, path: str, ex_post: Literal["max", "realized"]) -> Cost:
     if isinstance(event, NonPrivateEvent):
         return INF
     if isinstance(event, PureDPEvent | NoisyArgmaxEvent | RandomizedResponseEvent):
@@ -138,18 +154,6 @@ def pure_cost(
         return _f(event.epsilon)
     if isinstance(event, ExPostEvent) and event.delta == 0.0:
         return _f(event.epsilon_max if ex_post == "max" else event.epsilon_realized)
-    if isinstance(event, ComposedEvent):
-        total: Cost = Fraction(0)
-        for i, e in enumerate(event.events):
-            total = _add(total, pure_cost(e, ex_post=ex_post, path=f"{path}.events[{i}]"))
-        return total
-    if isinstance(event, SelfComposedEvent):
-        return _mul(event.count, pure_cost(event.event, ex_post=ex_post, path=f"{path}.event"))
-    if isinstance(event, ParallelComposedEvent):
-        costs = [
-            pure_cost(e, ex_post=ex_post, path=f"{path}.events[{i}]") for i, e in enumerate(event.events)
-        ]
-        return max(costs, default=Fraction(0))
     hint = {
         GaussianEvent: "A Gaussian mechanism is not pure-DP; use ZCDPAccountant or RDPAccountant.",
         ZCDPEvent: "zCDP does not imply pure DP; use ZCDPAccountant.",
@@ -172,6 +176,15 @@ def zcdp_cost(event: PrivacyEvent, *, path: str = "event") -> Cost:
     Raises:
       UnsupportedEventError: for δ > 0 events and Poisson-sampled events.
     """
+    return fold_event(event, _zcdp_leaf, zero=_ZERO, add=_add, times=_mul, worst=_max_cost, path=path)
+
+
+def _half_square(eps: float) -> Cost:
+    """ε²/2, the zCDP of a pure ε-DP mechanism (∞ stays ∞)."""
+    return INF if math.isinf(eps) else Fraction(eps) ** 2 / 2
+
+
+def _zcdp_leaf(event: PrivacyEvent, path: str) -> Cost:
     if isinstance(event, NonPrivateEvent):
         return INF
     if isinstance(event, ZCDPEvent):
@@ -179,37 +192,39 @@ def zcdp_cost(event: PrivacyEvent, *, path: str = "event") -> Cost:
     if isinstance(event, NoisyArgmaxEvent):
         eps = Fraction(event.epsilon)
         return eps * eps / 8
-    if isinstance(event, GaussianEvent):
+    if isinstance(event, GaussianEvent | LaplaceEvent):
         nm = Fraction(event.noise_multiplier)
         return 1 / (2 * nm * nm)
     if isinstance(event, PureDPEvent | RandomizedResponseEvent):
-        return INF if math.isinf(event.epsilon) else Fraction(event.epsilon) ** 2 / 2
+        return _half_square(event.epsilon)
     if isinstance(event, ApproxDPEvent) and event.delta == 0.0:
-        return INF if math.isinf(event.epsilon) else Fraction(event.epsilon) ** 2 / 2
+        return _half_square(event.epsilon)
     if isinstance(event, ExPostEvent) and event.delta == 0.0:
-        return INF if math.isinf(event.epsilon_max) else Fraction(event.epsilon_max) ** 2 / 2
-    if isinstance(event, LaplaceEvent):
-        nm = Fraction(event.noise_multiplier)
-        return 1 / (2 * nm * nm)
+        return _half_square(event.epsilon_max)
     if isinstance(event, PeelingEvent):
         nm = Fraction(event.noise_multiplier)
         return 5 * Fraction(event.sparsity) / (2 * nm * nm)
-    if isinstance(event, ComposedEvent):
-        total: Cost = Fraction(0)
-        for i, e in enumerate(event.events):
-            total = _add(total, zcdp_cost(e, path=f"{path}.events[{i}]"))
-        return total
-    if isinstance(event, SelfComposedEvent):
-        return _mul(event.count, zcdp_cost(event.event, path=f"{path}.event"))
-    if isinstance(event, ParallelComposedEvent):
-        costs = [zcdp_cost(e, path=f"{path}.events[{i}]") for i, e in enumerate(event.events)]
-        return max(costs, default=Fraction(0))
     hint = {
         ApproxDPEvent: "(ε, δ)-DP with δ > 0 does not imply zCDP; use ApproxDPAccountant.",
         ExPostEvent: "Ex-post events with δ > 0 are accounted by ApproxDPAccountant / ExPostFilter.",
         PoissonSampledEvent: "Use RDPAccountant for Poisson-sampled events.",
     }.get(type(event), "")
     raise _unsupported(event, path, "zCDP", hint)
+
+
+Pair = tuple[Cost, Cost]
+
+
+def _add_pair(a: Pair, b: Pair) -> Pair:
+    return _add(a[0], b[0]), _add(a[1], b[1])
+
+
+def _mul_pair(count: int, c: Pair) -> Pair:
+    return _mul(count, c[0]), _mul(count, c[1])
+
+
+def _max_pair(parts: list[Pair], *_: object) -> Pair:
+    return _max_cost([p[0] for p in parts]), _max_cost([p[1] for p in parts])
 
 
 def approx_cost(
@@ -230,6 +245,20 @@ def approx_cost(
     Raises:
       UnsupportedEventError: Gaussian (which δ?), zCDP, Poisson-sampled events.
     """
+    return fold_event(
+        event,
+        lambda e, where: _approx_leaf(e, where, ex_post, allow_approx),
+        zero=(_ZERO, _ZERO),
+        add=_add_pair,
+        times=_mul_pair,
+        worst=_max_pair,
+        path=path,
+    )
+
+
+def _approx_leaf(
+    event: PrivacyEvent, path: str, ex_post: Literal["max", "realized"], allow_approx: bool
+) -> Pair:
     if isinstance(event, ApproxDPEvent) and event.delta > 0.0:
         if not allow_approx:
             raise _unsupported(
@@ -243,24 +272,6 @@ def approx_cost(
     if isinstance(event, ExPostEvent):
         eps = event.epsilon_max if ex_post == "max" else event.epsilon_realized
         return _f(eps), Fraction(event.delta)
-    if isinstance(event, ComposedEvent):
-        e_tot: Cost = Fraction(0)
-        d_tot: Cost = Fraction(0)
-        for i, e in enumerate(event.events):
-            ce, cd = approx_cost(e, ex_post=ex_post, allow_approx=allow_approx, path=f"{path}.events[{i}]")
-            e_tot, d_tot = _add(e_tot, ce), _add(d_tot, cd)
-        return e_tot, d_tot
-    if isinstance(event, SelfComposedEvent):
-        ce, cd = approx_cost(event.event, ex_post=ex_post, allow_approx=allow_approx, path=f"{path}.event")
-        return _mul(event.count, ce), _mul(event.count, cd)
-    if isinstance(event, ParallelComposedEvent):
-        parts = [
-            approx_cost(e, ex_post=ex_post, allow_approx=allow_approx, path=f"{path}.events[{i}]")
-            for i, e in enumerate(event.events)
-        ]
-        return max((p[0] for p in parts), default=Fraction(0)), max(
-            (p[1] for p in parts), default=Fraction(0)
-        )
     if isinstance(event, GaussianEvent):
         raise _unsupported(
             event,
@@ -275,7 +286,7 @@ def approx_cost(
         )
     if isinstance(event, PoissonSampledEvent):
         raise _unsupported(event, path, "basic (ε, δ) composition", "Use RDPAccountant.")
-    return pure_cost(event, ex_post=ex_post, path=path), Fraction(0)
+    return _pure_leaf(event, path, ex_post), Fraction(0)
 
 
 # ------------------------------------------------------------------------------------------------

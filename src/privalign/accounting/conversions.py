@@ -22,6 +22,7 @@ import math
 from fractions import Fraction
 
 from privalign._validation import check_real
+from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
 
 __all__ = [
     "zcdp_to_approx_dp",
@@ -169,19 +170,9 @@ def approx_dp_to_zcdp(epsilon: float, delta: float) -> float:
     """
     epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither")
     delta = _check_delta(delta)
-    lo, hi = 0.0, max(epsilon, 1.0)
-    while zcdp_to_approx_dp(hi, delta) <= epsilon:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if zcdp_to_approx_dp(mid, delta) <= epsilon:
-            lo = mid
-        else:
-            hi = mid
-    assert zcdp_to_approx_dp(lo, delta) <= epsilon
-    return lo
+    return bisect_monotone(
+        lambda rho: zcdp_to_approx_dp(rho, delta) <= epsilon, 0.0, max(epsilon, 1.0), feasible="below"
+    )
 
 
 def pure_to_zcdp(epsilon: float) -> float:
@@ -265,19 +256,14 @@ def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     """
     noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0, closed="neither")
     delta = _check_delta(delta)
-    if gaussian_delta(noise_multiplier, 0.0) <= delta:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while gaussian_delta(noise_multiplier, hi) > delta:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e6:
-            return math.inf
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi) or hi - lo <= 1e-13 * hi:
-            break
-        if gaussian_delta(noise_multiplier, mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    try:
+        return bisect_monotone(
+            lambda eps: gaussian_delta(noise_multiplier, eps) <= delta,
+            0.0,
+            1.0,
+            feasible="above",
+            rtol=1e-13,
+            limit=1e6,
+        )
+    except CalibrationLimitError:
+        return math.inf

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from privalign._validation import check_choice, check_int, check_real
 from privalign.errors import PrivacyParameterError
@@ -38,6 +39,7 @@ __all__ = [
     "SelfComposedEvent",
     "ParallelComposedEvent",
     "event_from_dict",
+    "fold_event",
     "UNITS",
     "RELATIONS",
 ]
@@ -369,3 +371,56 @@ class ParallelComposedEvent(PrivacyEvent):
                 raise TypeError(
                     f"The 'events[{i}]' parameter must be a PrivacyEvent. Got {type(e).__name__} instead."
                 )
+
+
+_T = TypeVar("_T")
+
+
+def fold_event(
+    event: PrivacyEvent,
+    leaf: Callable[[PrivacyEvent, str], _T],
+    *,
+    zero: _T,
+    add: Callable[[_T, _T], _T],
+    times: Callable[[int, _T], _T],
+    worst: Callable[[list[_T], ParallelComposedEvent, str], _T],
+    path: str = "event",
+) -> _T:
+    """The one walk over composed events: fold ``event`` into a cost, leaf by leaf.
+
+    Every accountant's cost is defined by the same three composition rules, so they live here once:
+
+    * ``ComposedEvent`` (sequential): ``add`` over the parts' costs, starting from ``zero``;
+    * ``SelfComposedEvent``: ``times(count, cost of the inner event)``;
+    * ``ParallelComposedEvent`` (disjoint parts): ``worst(parts' costs, event, path)`` — the maximum for
+      basic composition; the RDP adapter merges identical parts instead.
+
+    Any other event is a leaf, costed by ``leaf(event, path)``. ``path`` names the sub-event
+    (``event.events[2].event``) so that an unsupported leaf can be reported where it sits.
+
+    Args:
+      event: the event to cost.
+      leaf: the cost of one non-composite event (raises for unsupported kinds).
+      zero: the cost of nothing (the start of a sequential sum).
+      add: sequential composition of two costs.
+      times: ``count`` sequential repetitions of one cost.
+      worst: the cost of parallel parts, given their costs, the event and its path.
+      path: the name of ``event`` in messages.
+
+    Returns:
+      The folded cost.
+    """
+
+    def walk(ev: PrivacyEvent, where: str) -> _T:
+        if isinstance(ev, ComposedEvent):
+            total = zero
+            for i, e in enumerate(ev.events):
+                total = add(total, walk(e, f"{where}.events[{i}]"))
+            return total
+        if isinstance(ev, SelfComposedEvent):
+            return times(ev.count, walk(ev.event, f"{where}.event"))
+        if isinstance(ev, ParallelComposedEvent):
+            return worst([walk(e, f"{where}.events[{i}]") for i, e in enumerate(ev.events)], ev, where)
+        return leaf(ev, where)
+
+    return walk(event, path)

@@ -8,7 +8,8 @@ scores in the public range ``[0, R_max]`` whose neighbours differ by at most Δ 
   ratio, attained at r = R_max vs R_max − Δ);
 * ``ℓ2(λ̃) = log E_U Φ((Δ − λ̃ − W·U)/σ_Z) − log E_U Φ((−λ̃ − W·U)/σ_Z)`` (worst acceptance ratio, at r = 0
   vs Δ);
-* ``ε2(t; λ̃) = (t − 1)·ℓ1 + ℓ2`` for a stop at t, and ``n·ℓ1`` for the fallback (defect K8 fixed).
+* ``ε2(t; λ̃) = (t − 1)·ℓ1 + ℓ2`` for a stop at t, and ``n·ℓ1`` for the fallback (not ``(n − 1)·ℓ1 + ℓ2``,
+  which is smaller whenever ℓ1 > ℓ2).
 
 ``E_U Φ((c + b·U)/σ)`` has the closed form ``(σ/b)·[G((c+b)/σ) − G(c/σ)]`` with ``G(z) = zΦ(z) + φ(z)``
 (``G′ = Φ``); it is evaluated in log space with ``scipy.special.erfcx`` (no grid). Both orderings of each
@@ -19,7 +20,7 @@ Phase 1 releases ``λ̂ + N(0, σ_X²)``; λ̂ is 1-Lipschitz in ℓ∞ (proof: 
 this is the Gaussian mechanism with sensitivity Δ: ``ρ1 = Δ²/(2σ_X²)``-zCDP (Bun & Steinke 2016,
 arXiv 1605.02065v1, Prop. 1.6) and (ε1, δ)-DP with ε1 from the analytic Gaussian mechanism (Balle & Wang
 2018, arXiv 1805.06530v2, Thm. 8), computed by ``privalign.accounting.conversions.gaussian_epsilon``.
-The authors' ``ε1 = Δ/σ_X`` (defect K4) is *not* used.
+The authors' ``ε1 = Δ/σ_X`` is *not* used: it is not a valid DP bound for Gaussian noise.
 
 The worst case over the clamped interval ``λ̃ ∈ [−β, R_max − β]`` is a certified upper bound: ℓ1 is
 non-increasing and ℓ2 non-decreasing in λ̃ (proved in :func:`phase2_worst_case`), so per-cell bounds on a
@@ -36,6 +37,7 @@ from numpy.typing import ArrayLike
 from scipy import special
 
 from privalign._validation import check_int, check_real
+from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
 
 __all__ = [
     "log_G",
@@ -376,9 +378,10 @@ def calibrate_privitp_sigma(
 ) -> float:
     """Smallest common scale σ (σ_X = σ, σ_Z = ratio·σ) whose worst case ``ε_max(n) ≤ epsilon`` at δ.
 
-    Used to compare PrivITP with other mechanisms at equal *worst-case* (ε, δ) (defect K12) instead of
-    equal σ. Bisection on σ (ε_max is non-increasing in σ: ε1 decreases in σ_X, and the phase-2 ratios
-    shrink as σ_Z grows, checked numerically); the returned σ satisfies ``ε_max ≤ epsilon``.
+    Used to compare PrivITP with other mechanisms at equal *worst-case* (ε, δ) instead of equal σ (a σ
+    never converted to ε is no privacy comparison). Bisection on σ (ε_max is non-increasing in σ: ε1
+    decreases in σ_X, and the phase-2 ratios shrink as σ_Z grows, checked numerically); the returned σ
+    satisfies ``ε_max ≤ epsilon``.
 
     Raises:
       PrivacyParameterError: bad parameters, or no σ ≤ 1e6·Δ reaches ``epsilon``.
@@ -394,17 +397,11 @@ def calibrate_privitp_sigma(
         )
         return acc.epsilon_max(n)
 
-    lo, hi = 1e-3 * d, d
-    while eps_max(hi) > epsilon:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e6 * d:
-            raise PrivacyParameterError(
-                f"The 'epsilon' parameter {epsilon!r} is not reachable for n={n}, delta={delta!r}."
-            )
-    while hi - lo > rtol * hi:
-        mid = 0.5 * (lo + hi)
-        if eps_max(mid) > epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    try:
+        return bisect_monotone(
+            lambda s: eps_max(s) <= epsilon, 1e-3 * d, d, feasible="above", rtol=rtol, limit=1e6 * d
+        )
+    except CalibrationLimitError:
+        raise PrivacyParameterError(
+            f"The 'epsilon' parameter {epsilon!r} is not reachable for n={n}, delta={delta!r}."
+        ) from None

@@ -52,14 +52,8 @@ from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
 from privalign._validation import check_real
-from privalign.accounting.accountant import (
-    Cost,
-    approx_cost,
-    fraction_to_float_up,
-    pure_cost,
-    zcdp_cost,
-)
-from privalign.accounting.conversions import approx_dp_to_zcdp
+from privalign.accounting.accountant import Cost, approx_cost, pure_cost, zcdp_cost
+from privalign.accounting.conversions import approx_dp_to_zcdp, fraction_to_float_up
 from privalign.accounting.events import PrivacyEvent
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError, ReservationError
 

@@ -28,8 +28,8 @@ import math
 from fractions import Fraction
 
 from privalign._validation import check_int, check_real
-from privalign.accounting.accountant import fraction_to_float_up
-from privalign.accounting.conversions import round_up
+from privalign.accounting.calibration import bisect_monotone
+from privalign.accounting.conversions import fraction_to_float_up, round_up
 
 __all__ = [
     "advanced_composition_epsilon",
@@ -159,18 +159,4 @@ def calibrate_peeling(sparsity: int, epsilon: float, delta: float) -> float:
         return e <= epsilon and d <= delta
 
     hi = 3.0 * s / epsilon  # the pure bound alone meets ε here (up to rounding)
-    while not ok(hi):
-        hi *= 1.0001
-    lo = hi / 2.0
-    while ok(lo):
-        hi, lo = lo, lo / 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi) or hi - lo <= 1e-12 * hi:
-            break
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    assert ok(hi)
-    return hi
+    return bisect_monotone(ok, hi / 2.0, hi, feasible="above", rtol=1e-12, grow=1.0001)

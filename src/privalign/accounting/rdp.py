@@ -40,7 +40,6 @@ from privalign._validation import check_choice, check_real
 from privalign.accounting.accountant import Accountant
 from privalign.accounting.events import (
     ApproxDPEvent,
-    ComposedEvent,
     ExPostEvent,
     GaussianEvent,
     LaplaceEvent,
@@ -52,8 +51,8 @@ from privalign.accounting.events import (
     PrivacyEvent,
     PureDPEvent,
     RandomizedResponseEvent,
-    SelfComposedEvent,
     ZCDPEvent,
+    fold_event,
 )
 from privalign.errors import UnsupportedEventError
 
@@ -141,6 +140,18 @@ class RDPAccountant(Accountant):
 
     # -- flattening -----------------------------------------------------------------------------------
     def _flatten(self, event: PrivacyEvent, path: str) -> Counter:
+        """The event as a multiset of atoms (mechanism, parameters) → count."""
+        return fold_event(
+            event,
+            self._atoms_of_leaf,
+            zero=Counter(),
+            add=lambda a, b: a + b,
+            times=lambda k, c: Counter({a: v * k for a, v in c.items() if v * k}),
+            worst=self._parallel,
+            path=path,
+        )
+
+    def _atoms_of_leaf(self, event: PrivacyEvent, path: str) -> Counter:
         m = self.method
         if isinstance(event, NonPrivateEvent):
             return Counter({("nonprivate",): 1})
@@ -170,35 +181,27 @@ class RDPAccountant(Accountant):
             return Counter({("zcdp", float(event.rho)): 1}) if event.rho > 0 else Counter()
         if isinstance(event, PoissonSampledEvent):
             return Counter({self._poisson_atom(event, path): 1})
-        if isinstance(event, ComposedEvent):
-            out: Counter = Counter()
-            for i, e in enumerate(event.events):
-                out.update(self._flatten(e, f"{path}.events[{i}]"))
-            return out
-        if isinstance(event, SelfComposedEvent):
-            inner = self._flatten(event.event, f"{path}.event")
-            return Counter({k: v * event.count for k, v in inner.items() if v * event.count})
-        if isinstance(event, ParallelComposedEvent):
-            parts = [self._flatten(e, f"{path}.events[{i}]") for i, e in enumerate(event.events)]
-            parts = [p for p in parts if p]
-            if not parts:
-                return Counter()
-            canon = sorted({_canon(p) for p in parts}, key=repr)
-            if len(canon) == 1:
-                return Counter(dict(canon[0]))
-            if m == "pld":
-                raise _err(
-                    event,
-                    path,
-                    m,
-                    "PLD accounting cannot take the worst case over different parallel parts; use "
-                    "method='rdp'.",
-                )
-            return Counter({("parallel", tuple(canon)): 1})
         hint = ""
         if isinstance(event, ApproxDPEvent | ExPostEvent):
             hint = "Events with δ > 0 have no RDP/PLD curve; use ApproxDPAccountant."
         raise _err(event, path, m, hint)
+
+    def _parallel(self, parts: list[Counter], event: ParallelComposedEvent, path: str) -> Counter:
+        """Disjoint parts: identical parts cost one part; different ones their worst case (RDP only)."""
+        parts = [p for p in parts if p]
+        if not parts:
+            return Counter()
+        canon = sorted({_canon(p) for p in parts}, key=repr)
+        if len(canon) == 1:
+            return Counter(dict(canon[0]))
+        if self.method == "pld":
+            raise _err(
+                event,
+                path,
+                self.method,
+                "PLD accounting cannot take the worst case over different parallel parts; use method='rdp'.",
+            )
+        return Counter({("parallel", tuple(canon)): 1})
 
     def _poisson_atom(self, event: PoissonSampledEvent, path: str) -> Atom:
         m = self.method

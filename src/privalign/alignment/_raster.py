@@ -1,8 +1,8 @@
 """A small line-chart rasteriser on Pillow: the default PNG path of :mod:`privalign.alignment.figures`.
 
 ``privalign simulate`` draws two line charts (one line with error bars per method against N on a log2
-axis). Matplotlib's import and layout cost more than the whole Monte Carlo engine on a few prompts
-(issue 18), so PNGs are drawn here instead: Pillow (already a dependency of matplotlib, imported in a few
+axis). Matplotlib's import and layout cost more than the whole Monte Carlo engine on a few prompts,
+so PNGs are drawn here instead: Pillow (already a dependency of matplotlib, imported in a few
 milliseconds), antialiased by drawing at twice the size and downsampling, with matplotlib's DejaVu Sans font
 when matplotlib is installed (found without importing it) and Pillow's built-in font otherwise. Matplotlib
 stays the backend for PDF and on request (``backend="matplotlib"``).

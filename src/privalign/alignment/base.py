@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 #: Index returned when a rejection-sampling selector accepted nothing: the caller must serve one more
-#: *fresh* sample from the base policy (spec §2.2 step 7; defect K14).
+#: *fresh* sample from the base policy (spec §2.2 step 7), not a candidate of the pool already drawn.
 FALLBACK = -1
 
 

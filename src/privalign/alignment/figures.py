@@ -3,8 +3,8 @@
 Two backends draw the same two charts:
 
 * ``"pillow"`` (PNG; the default for PNG when Pillow is installed): :mod:`privalign.alignment._raster`, a
-  small line-chart rasteriser that needs no matplotlib import (issue 18: matplotlib's import and layout cost
-  more than the engine on a few prompts).
+  small line-chart rasteriser that needs no matplotlib import (matplotlib's import and layout cost more than
+  the engine on a few prompts).
 * ``"matplotlib"`` (PNG and PDF; used for every format when PDF is asked for, so both look alike),
   rendered with matplotlib's object API (:class:`matplotlib.figure.Figure` on an Agg canvas): no
   ``pyplot`` import (no global figure manager, no backend selection), no ``tight_layout`` (fixed margins),

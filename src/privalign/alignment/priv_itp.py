@@ -34,7 +34,8 @@ __all__ = ["PrivITP"]
 
 
 class PrivITP(MethodBase):
-    """Two-phase PrivITP with the fixes of spec §6 (K1–K11).
+    """Two-phase PrivITP with the fixes of spec-inference-time §6 (disjoint phase pools, one width and noise
+    split shared with the accountant, a valid ε1, scores clipped to a public range, a true worst case).
 
     Phase 1: ``λ̃ = clamp(λ̂(pool A) + N(0, σ_X²), −β, R_max − β)`` (clamping is post-processing).
     Phase 2 on a fresh pool B: accept candidate i iff ``r_i + Z_i > λ̃ + W·U_i`` with ``Z_i ~ N(0, σ_Z²)``,
@@ -158,7 +159,8 @@ class PrivITP(MethodBase):
         self.clip = bool(clip)
         # The accountant (frozen) is the single source of every public parameter: the mechanism reads
         # β, σ_X, σ_Z, R_max, L, δ, Δ from it, and they are read-only, so what is sampled and what is
-        # accounted cannot drift apart (defects K3/K5), and the cached ε_max cannot go stale.
+        # accounted cannot drift apart (an accountant with its own width or noise split under-reports the
+        # loss), and the cached ε_max cannot go stale.
         self._accountant = PrivITPAccountant(
             beta=beta,
             r_max=r_max,
@@ -186,7 +188,8 @@ class PrivITP(MethodBase):
         return -self.beta, self.r_max - self.beta
 
     def width(self, lam_tilde):
-        """W = R_max + σ_Z·L − λ̃: the one width shared by mechanism and accountant (defect K3)."""
+        """W = R_max + σ_Z·L − λ̃: the one width shared by mechanism and accountant (the narrower
+        ``R_max − λ̃`` under-reports the acceptance ratio's loss)."""
         return self.accountant.width(lam_tilde)
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - instances are few and long-lived

@@ -6,7 +6,8 @@ not change — is refused *before any score is read*; otherwise draw the candida
 data-independent shuffle of the prompt's candidates: they are π0 samples), run the selector, and settle
 the realized event. A selector that raises after the reservation leaves it charged at the worst case
 (fail closed; the mechanism may have read data). This replaces the authors' run-then-check loop
-(defect K11) and uses a true worst case (defect K10).
+(which overshoots the budget and ignores the withheld run's cost) and reserves a true worst case (a supremum
+over the clamped λ̃ interval, not the value at a clean λ).
 """
 
 from __future__ import annotations

@@ -245,8 +245,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from privalign.data.datasets import load_dataset
-    from privalign.pipeline.build_pool import PoolConfig, build_pool
+    from privalign.pipeline.build_pool import PoolConfig, build_pool, load_pool_prompts
+    from privalign.pipeline.steps import generator_spec
 
     qa = args.dataset in ("gsm8k", "mmlu", "math")
     chat = args.chat_template if args.chat_template is not None else args.dataset != "imdb"
@@ -261,44 +261,16 @@ def _build(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "top_p": args.top_p,
     }
-    if args.generator == "transformers":
-        gen = {
-            "kind": "transformers",
-            "model": args.model or "smollm2",
-            "batch_size": args.batch_size,
-            "chat_template": chat,
-            "assistant_prefix": prefix,
-            "sampling": sampling,
-            "stop": list(args.stop),
-            "num_threads": args.num_threads,
-        }
-    elif args.generator == "ctranslate2":
-        gen = {
-            "kind": "ctranslate2",
-            "model": args.model or "smollm2",
-            "batch_size": args.batch_size,
-            "chat_template": chat,
-            "assistant_prefix": prefix,
-            "sampling": sampling,
-            "stop": list(args.stop),
-            "num_threads": args.num_threads,
-            "compute_type": args.compute_type,
-        }
-        if (
-            args.ct2_reseed == "block"
-        ):  # "prompt" is the generator's default: left out, so earlier pools keep their fingerprint
-            gen["reseed"] = "block"
-            if args.ct2_reseed_block < 1:
-                print(
-                    (
-                        "privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, "
-                        f"got {args.ct2_reseed_block}"
-                    ),
-                    file=sys.stderr,
-                )
-                return 2
-            gen["reseed_block"] = args.ct2_reseed_block
-    elif args.generator == "openai":
+    if args.generator == "ctranslate2" and args.ct2_reseed == "block" and args.ct2_reseed_block < 1:
+        print(
+            (
+                "privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, "
+                f"got {args.ct2_reseed_block}"
+            ),
+            file=sys.stderr,
+        )
+        return 2
+    if args.generator == "openai":
         if not args.model:
             print(
                 (
@@ -309,29 +281,28 @@ def _build(args: argparse.Namespace) -> int:
             )
             return 2
         _check_reachable(args.base_url)
-        gen = {
-            "kind": "openai",
-            "base_url": args.base_url,
-            "model": args.model,
-            "sampling": sampling,
-            "stop": list(args.stop),
-        }
-    else:
-        gen = {"kind": "vllm", "model": args.model, "sampling": sampling, "stop": list(args.stop)}
-    ds_opts: dict = {}
-    if args.dataset == "imdb":
-        ds_opts = {"num_words": args.prompt_words}
-        examples = load_dataset("imdb", num_prompts=args.num_prompts, **ds_opts)
-    elif args.dataset == "hh-rlhf" and args.hh_prompt == "first-turn":
-        from privalign.pipeline.hh import hh_prompts
-
-        ds_opts = {"prompt": "first-turn"}
-        examples = hh_prompts()
-    elif args.dataset == "mmlu":
-        ds_opts = {"subjects": args.mmlu_subjects.split(",")}
-        examples = load_dataset("mmlu", **ds_opts)
-    else:
-        examples = load_dataset(args.dataset, math_path=args.math_path)
+    gen = generator_spec(
+        args.generator,
+        model=args.model,
+        sampling=sampling,
+        stop=args.stop,
+        batch_size=args.batch_size,
+        chat_template=chat,
+        assistant_prefix=prefix,
+        num_threads=args.num_threads,
+        compute_type=args.compute_type,
+        # "prompt" is the generator's default: left out, so earlier pools keep their fingerprint
+        reseed_block=args.ct2_reseed_block if args.ct2_reseed == "block" else None,
+        base_url=args.base_url,
+    )
+    examples, ds_opts = load_pool_prompts(
+        args.dataset,
+        num_prompts=args.num_prompts,
+        prompt_words=args.prompt_words,
+        hh_prompt=args.hh_prompt,
+        mmlu_subjects=args.mmlu_subjects.split(","),
+        math_path=args.math_path,
+    )
     if args.num_prompts > len(examples):
         print(
             (

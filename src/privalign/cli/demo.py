@@ -43,9 +43,9 @@ def claims_table(claims: list[dict], width: int | None = None) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from privalign.experiments.base import ExperimentError
     from privalign.experiments.config import ConfigError
     from privalign.experiments.demo import run_demo
-    from privalign.experiments.runner import ExperimentError
 
     try:
         res = run_demo(args.out, progress=False if args.no_progress else None)

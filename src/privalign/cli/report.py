@@ -26,8 +26,8 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from privalign.experiments.base import ExperimentError
     from privalign.experiments.report import write_report
-    from privalign.experiments.runner import ExperimentError
 
     try:
         path = write_report(args.runs, args.out)

@@ -33,9 +33,10 @@ def register(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from privalign.experiments.base import ExperimentError
     from privalign.experiments.config import ConfigError
     from privalign.experiments.registry import EXPERIMENTS
-    from privalign.experiments.runner import ExperimentError, prepare, run_experiment
+    from privalign.experiments.runner import prepare, run_experiment
 
     if args.list:
         rows = [{"name": n, "paper": e.paper, "title": e.title} for n, e in EXPERIMENTS.items()]

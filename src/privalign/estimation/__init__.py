@@ -13,9 +13,8 @@ preference accuracy) and ``privacy_event_`` (with the privacy unit: ``"sample"``
 * tuning: :class:`PrivateGridSearch` / :func:`tune` (validation split of the training data, selection by
   the exponential mechanism, cost composed into ``privacy_event_``; ``docs/estimation.md``);
 * public feature maps: :class:`HashedNgramFeatures`, :class:`LexiconFeatures` (base :class:`PairFeatures`);
-  other kinds plug in by name (:func:`register_feature_map`, entry points ``privalign.feature_maps``), e.g.
-  ``privalign.models.features.EmbeddingFeatures`` (MiniLM; ``privalign.estimation.EmbeddingFeatures`` is a
-  deprecated alias).
+  :func:`feature_map_from_config` rebuilds a saved map; maps built on models
+  (``privalign.models.features.EmbeddingFeatures``, MiniLM) are passed in by the caller.
 
 All estimators are scikit-learn binary classifiers of the preference (``BaseEstimator`` +
 ``ClassifierMixin``): rows of ``X`` are comparison differences ``φ(a¹) − φ(a⁰)``, ``y = 1`` when ``a¹`` is
@@ -23,18 +22,14 @@ preferred; they work with ``clone``, ``GridSearchCV``, ``cross_val_score``, ``Pi
 ``check_is_fitted`` (which do *not* account privacy; see ``RewardEstimator``).
 """
 
-from typing import Any
-
 from privalign.estimation.base import NotFittedError
 from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
 from privalign.estimation.features import (
     HashedNgramFeatures,
     LexiconFeatures,
     PairFeatures,
-    _moved_attribute,
     feature_map_from_config,
     harm_lexicon,
-    register_feature_map,
 )
 from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
 from privalign.estimation.persistence import load_model, save_model
@@ -64,7 +59,6 @@ __all__ = [
     "tune",
     "NotFittedError",
     "feature_map_from_config",
-    "register_feature_map",
     "PreferenceData",
     "train_test_split",
     "train_test_split_by_prompt",
@@ -74,8 +68,3 @@ __all__ = [
     "save_model",
     "load_model",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``EmbeddingFeatures`` (deprecated here): moved to ``privalign.models.features``."""
-    return _moved_attribute(__name__, name)

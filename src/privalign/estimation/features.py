@@ -7,26 +7,18 @@
 * :class:`LexiconFeatures`: whole-word presence indicators of a fixed word list (d = its length), e.g.
   :func:`harm_lexicon`: refusal/harm words written down in advance plus the most profane words of the
   public ``alt-profanity-check`` model (trained on public toxic-comment data, not on ours). A candidate
-  feature map whose preference signal may be sparse (issue 13's sparsity check). Values in {0, 1}.
+  feature map whose preference signal may be sparse (see :mod:`privalign.estimation.sparsity`). Values in
+  {0, 1}.
 
-Feature maps that need a higher layer plug in by *kind* (the ``kind`` of their ``get_config()``), so this
-module never imports them: a :class:`PairFeatures` subclass is found either because it was registered in
-this process (:func:`register_feature_map`) or through the Python entry-point group ``privalign.feature_maps``
-(:data:`FEATURE_MAP_GROUP`). privalign declares its own there in ``pyproject.toml``: ``minilm`` →
-``privalign.models.features:EmbeddingFeatures`` (MiniLM sentence embeddings, in the models layer). Entry
-points are package metadata, written when the package is installed (``pip install`` / ``pip install -e .``):
-a source tree run from ``PYTHONPATH`` without installing it sees only the metadata of the installed copy.
-
-``privalign.estimation.features.EmbeddingFeatures`` still resolves (through the same lookup), with a
-:class:`DeprecationWarning`: import it from :mod:`privalign.models.features`.
+A feature map is rebuilt from its ``get_config()`` by *kind* (:func:`feature_map_from_config`). The kinds of
+this module are built in; a map that lives in a higher layer (``privalign.models.features.EmbeddingFeatures``,
+kind ``"minilm"``) is passed in by the caller (``kinds=``), so this module never imports it.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import warnings
-from collections.abc import Sequence
-from typing import Any, ClassVar, TypeVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -40,16 +32,9 @@ __all__ = [
     "LexiconFeatures",
     "HARM_WORDS",
     "harm_lexicon",
-    "FEATURE_MAP_GROUP",
-    "register_feature_map",
-    "feature_map_class",
-    "feature_map_kinds",
+    "BUILTIN_FEATURE_MAPS",
     "feature_map_from_config",
 ]
-
-#: The entry-point group through which other packages (and privalign's higher layers) provide feature maps:
-#: ``<kind> = "<module>:<PairFeatures subclass>"``.
-FEATURE_MAP_GROUP = "privalign.feature_maps"
 
 
 class PairFeatures:
@@ -99,10 +84,6 @@ class PairFeatures:
         if self.use_prompt:
             return self.transform([f"{k}\n{a}" for k, a in zip(prompts, responses)])
         return self.transform(responses)
-
-
-#: The former private name of :class:`PairFeatures`.
-_PairFeatures = PairFeatures
 
 
 class HashedNgramFeatures(PairFeatures):
@@ -290,135 +271,42 @@ class LexiconFeatures(PairFeatures):
         return f"LexiconFeatures({len(self.words)} words, name={self.name!r}, use_prompt={self.use_prompt})"
 
 
-_BUILTIN: dict[str, type[PairFeatures]] = {
+#: The feature maps of this layer, by kind.
+BUILTIN_FEATURE_MAPS: dict[str, type[PairFeatures]] = {
     HashedNgramFeatures.kind: HashedNgramFeatures,
     LexiconFeatures.kind: LexiconFeatures,
 }
-#: kinds registered in this process (by :func:`register_feature_map`, or loaded from an entry point)
-_REGISTERED: dict[str, type[PairFeatures]] = {}
-
-_F = TypeVar("_F", bound=type[PairFeatures])
 
 
-def register_feature_map(cls: _F) -> _F:
-    """Make the :class:`PairFeatures` subclass ``cls`` known by its ``kind`` to
-    :func:`feature_map_from_config` in this process (usable as a class decorator; registering the same class
-    again is a no-op, and a class of the same module and name, as after a module reload, replaces it).
+def feature_map_from_config(
+    config: dict[str, Any], *, kinds: Mapping[str, type[PairFeatures]] | None = None
+) -> PairFeatures:
+    """Rebuild a feature map from its ``get_config()`` dict (used by model loading).
 
-    Installed packages declare their feature maps in the entry-point group :data:`FEATURE_MAP_GROUP` instead,
-    so that they are found without being imported first; the two ways are equivalent once loaded.
+    Args:
+      config: the map's ``get_config()``; ``config["kind"]`` picks the class, whose ``from_config`` builds it.
+      kinds: further kinds the caller knows (``privalign.models.features.MODEL_FEATURE_MAPS`` for maps built
+        on models), added to :data:`BUILTIN_FEATURE_MAPS`.
 
     Raises:
-      PrivacyParameterError: ``cls`` is not a ``PairFeatures`` subclass with a string ``kind``, or the kind is
-        built in or already taken by another class.
+      PrivacyParameterError: ``config`` is not a dict, or its kind is unknown (the message lists the known
+        ones).
     """
-    if not (isinstance(cls, type) and issubclass(cls, PairFeatures)):
-        raise PrivacyParameterError(f"The 'cls' parameter must be a PairFeatures subclass. Got {cls!r}.")
-    kind = getattr(cls, "kind", None)
-    if not isinstance(kind, str) or not kind:
-        raise PrivacyParameterError(
-            f"The 'cls' parameter must have a non-empty string 'kind'. Got {kind!r} on {cls.__qualname__}."
-        )
-    known = _BUILTIN.get(kind) or _REGISTERED.get(kind)
-    same_name = known is not None and (known.__module__, known.__qualname__) == (
-        cls.__module__,
-        cls.__qualname__,
-    )
-    if known is not None and known is not cls and (kind in _BUILTIN or not same_name):  # a reload replaces
-        raise PrivacyParameterError(
-            f"The 'cls' parameter's kind {kind!r} is already taken by "
-            f"{known.__module__}.{known.__qualname__}."
-        )
-    _REGISTERED[kind] = cls
-    return cls
-
-
-def _entry_points() -> Any:
-    return importlib.metadata.entry_points(group=FEATURE_MAP_GROUP)
-
-
-def feature_map_kinds() -> list[str]:
-    """Every kind :func:`feature_map_from_config` knows now: built in, registered, or from an entry point."""
-    return sorted({*_BUILTIN, *_REGISTERED, *(ep.name for ep in _entry_points())})
-
-
-def _load_entry_point(kind: str, ep: Any) -> type[PairFeatures]:
-    dist = getattr(getattr(ep, "dist", None), "name", None) or "an installed package"
-    try:
-        cls = ep.load()
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"The feature map kind {kind!r} is provided by {ep.value!r} (entry point of "
-            f"{FEATURE_MAP_GROUP!r} in {dist}), which cannot be imported: {exc}. Install that package with "
-            "the extras it needs."
-        ) from exc
-    if not (isinstance(cls, type) and issubclass(cls, PairFeatures)) or getattr(cls, "kind", None) != kind:
-        raise PrivacyParameterError(
-            f"The entry point {kind} = {ep.value!r} (group {FEATURE_MAP_GROUP!r}, {dist}) must name a "
-            f"PairFeatures subclass whose kind is {kind!r}. Got {cls!r}."
-        )
-    return register_feature_map(cls)
-
-
-def _feature_map_class(kind: Any, name: str) -> type[PairFeatures]:
-    if kind == "transformer":  # built in; a PairFeatures by interface (its module does not import this one)
-        from privalign.estimation.transformer import TransformerFeatures
-
-        return cast(type[PairFeatures], TransformerFeatures)
-    if isinstance(kind, str):
-        cls = _BUILTIN.get(kind) or _REGISTERED.get(kind)
-        if cls is not None:
-            return cls
-        for ep in _entry_points():
-            if ep.name == kind:
-                return _load_entry_point(kind, ep)
-    raise PrivacyParameterError(
-        f"The '{name}' parameter must be one of the known feature-map kinds {feature_map_kinds()} (built in, "
-        f"registered with register_feature_map, or declared in the entry-point group {FEATURE_MAP_GROUP!r}; "
-        f"a source tree run without installing it lacks its entry points: pip install -e .). Got {kind!r} "
-        "instead."
-    )
-
-
-def feature_map_class(kind: str) -> type[PairFeatures]:
-    """The :class:`PairFeatures` subclass of ``kind``: built in, registered, else from the entry point of that
-    name in :data:`FEATURE_MAP_GROUP` (imported on first use).
-
-    Raises:
-      PrivacyParameterError: unknown kind (the message lists the known ones).
-      MissingDependencyError: the entry point's module cannot be imported.
-    """
-    return _feature_map_class(kind, "kind")
-
-
-def feature_map_from_config(config: dict[str, Any]) -> PairFeatures:
-    """Rebuild a feature map from its ``get_config()`` dict (used by model loading): the class of
-    ``config["kind"]`` (see :func:`feature_map_class`) and its ``from_config``."""
     if not isinstance(config, dict):
         raise PrivacyParameterError(f"The 'config' parameter must be a dict. Got {type(config).__name__}.")
-    return _feature_map_class(config.get("kind"), 'config["kind"]').from_config(config)
+    known = {**BUILTIN_FEATURE_MAPS, **(kinds or {})}
+    kind = config.get("kind")
+    if kind == "transformer" and kind not in known:
+        # built in, but its module (torch) is imported only when a model file needs it; a PairFeatures by
+        # interface (that module does not import this one)
+        from privalign.estimation.transformer import TransformerFeatures
 
-
-#: names that moved to a higher layer: name → (kind it is looked up by, new home)
-_MOVED = {"EmbeddingFeatures": ("minilm", "privalign.models.features")}
-
-
-def _moved_attribute(module: str, name: str) -> Any:
-    """A deprecated alias (``module.name``) of a feature map that moved to a higher layer, resolved through
-    the plugin lookup; ``AttributeError`` for any other name."""
-    if name not in _MOVED:
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    kind, home = _MOVED[name]
-    warnings.warn(
-        f"{module}.{name} moved to {home}.{name}; import it from there (the old name will be removed).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    try:
-        return feature_map_class(kind)
-    except (PrivacyParameterError, MissingDependencyError) as exc:
-        raise AttributeError(f"module {module!r} cannot resolve {name!r}: {exc}") from exc
-
-
-def __getattr__(name: str) -> Any:
-    return _moved_attribute(__name__, name)
+        known["transformer"] = cast(type[PairFeatures], TransformerFeatures)
+    cls = known.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise PrivacyParameterError(
+            f"The 'config[\"kind\"]' parameter must be one of the known feature-map kinds {sorted(known)} "
+            "(maps built on models, such as 'minilm', are known to privalign.models.features."
+            f"MODEL_FEATURE_MAPS, which the caller passes as kinds=). Got {kind!r} instead."
+        )
+    return cls.from_config(config)

@@ -27,6 +27,7 @@ from typing import Any, cast
 import numpy as np
 
 from privalign._validation import check_choice, check_int, check_probability, check_real
+from privalign.accounting.calibration import bisect_monotone
 from privalign.accounting.events import (
     ComposedEvent,
     NonPrivateEvent,
@@ -54,8 +55,6 @@ __all__ = [
     "IHT",
     "SampleDPIHT",
     "RRIHT",
-    "privatize_labels",
-    "debiased_labels",
     "debiased_gradient",
     "debiased_loss",
     "default_n_iter",
@@ -72,7 +71,7 @@ __all__ = [
 NOISE_SCALE_TARGET = 0.05
 #: Dimension up to which :data:`NOISE_SCALE_TARGET` applies as is; for larger d the per-call target shrinks
 #: by ``H_200/H_d`` (H_d the d-th harmonic number), so that the *expected largest* of the d noise magnitudes,
-#: ``b·H_d``, stays at its d = 200 value ``0.05·H_200 ≈ 0.29`` (issue 13; see :func:`default_n_iter`).
+#: ``b·H_d``, stays at its d = 200 value ``0.05·H_200 ≈ 0.29`` (see :func:`default_n_iter`).
 NOISE_REFERENCE_DIM = 200
 #: Iterations per unit of ln n in the default T (enough for the optimisation error to fall below the
 #: statistical error at the default step size; 3·ln n ≈ 35 at n = 128k).
@@ -479,14 +478,11 @@ def advanced_composition_split(epsilon: float, delta: float, T: int) -> tuple[fl
         return x
 
     basic = (down(epsilon, T), down(delta, T))
-    lo, hi = 0.0, epsilon
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if round_up(_advanced_epsilon(mid, T, delta / 2.0), 4) <= epsilon:  # the float formula, rounded up
-            lo = mid
-        else:
-            hi = mid
-    adv = (lo, down(delta / 2.0, T))  # T·δ_i ≤ δ/2 exactly, and δ′ = δ/2 (exact) gives the rest
+    # the float formula rounded up is what must fit ε
+    eps_i = bisect_monotone(
+        lambda e: round_up(_advanced_epsilon(e, T, delta / 2.0), 4) <= epsilon, 0.0, epsilon, feasible="below"
+    )
+    adv = (eps_i, down(delta / 2.0, T))  # T·δ_i ≤ δ/2 exactly, and δ′ = δ/2 (exact) gives the rest
     return adv if adv[0] > basic[0] else basic
 
 

@@ -1,6 +1,6 @@
 """Rate experiments on synthetic sparse BTL data: ‖θ̂ − θ*‖₂² versus n, d, s* and ε for every estimator.
 
-The claim to show (spec-reward-estimation.md §8, issue 4 item 3): the sparse private estimators'
+The claim to show (spec-reward-estimation.md §8): the sparse private estimators'
 error barely grows with d while DP-SGD and dense RR grow with d, and Label-DP (RR-IHT) beats Sample-DP
 (Sample-DP IHT) at equal ε. **The guarantees differ**: label-DP protects only labels (features public),
 sample-DP protects whole comparisons; plots say so in the legend.
@@ -45,7 +45,7 @@ LABELS = {
     "dp-sgd": "DP-SGD [sample-DP (ε,δ)]",
 }
 
-#: The rate problem of issue 13 (d = 200, s* = 5, ε = 8 at the base point; n up to 128k). DP-SGD's
+#: The base rate problem (d = 200, s* = 5, ε = 8 at the base point; n up to 128k). DP-SGD's
 #: hyper-parameters for it (``overrides``) were chosen on independent synthetic draws (seeds 0–1, estimator
 #: seeds 100–101; est's notes): clip norm C = 1 clips every per-example gradient (‖x‖₂ ≈ 8 at d = 200) and
 #: biases the fixed point (error ≈ 4 at every n), so C = 8, batch 1024, 10 epochs, noise-aware η

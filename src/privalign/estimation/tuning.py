@@ -396,7 +396,7 @@ def experiment_param_grid(estimator_name: str, *, sparsity: int = 64) -> dict[st
     """The grid of the experiments' ``tune = true`` mode, by estimator class name: **every method gets
     :data:`EXPERIMENT_CANDIDATES` (2) candidates**, so the search splits every method's budget the same way
     (sample-DP candidates at (ε/2, δ/2); label-DP candidates share one randomized-response draw at ε) and the
-    selection costs the same ε on the validation part. Issue 27: with 4 DP-SGD candidates at ε/4 against 2
+    selection costs the same ε on the validation part. With 4 DP-SGD candidates at ε/4 against 2
     Sample-DP IHT candidates at ε/2, a single-seed "sparse wins" at ε = 4 was an artefact of the protocol.
 
     Sample-DP IHT searches only small s, ``{s/16, s/4}``: Peeling's noise multiplier grows like √s, its

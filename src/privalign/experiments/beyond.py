@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
-from privalign.experiments.runner import Experiment, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS", "binomial_tv"]
 
@@ -68,7 +69,7 @@ def _schema() -> dict[str, Field]:
 
 def _preflight(cfg: dict, ctx: RunContext) -> None:
     if not cfg["score_high"] > cfg["score_low"]:
-        from privalign.experiments.runner import ExperimentError
+        from privalign.experiments.base import ExperimentError
 
         raise ExperimentError(
             f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']})."
@@ -285,7 +286,7 @@ def _tvi_schema() -> dict[str, Field]:
 
 
 def _tvi_preflight(cfg: dict, ctx: RunContext) -> None:
-    from privalign.experiments.runner import ExperimentError
+    from privalign.experiments.base import ExperimentError
 
     if cfg["s_star"] > cfg["d"]:
         raise ExperimentError(f"Configuration: s_star ({cfg['s_star']}) exceeds d ({cfg['d']}).")

@@ -3,8 +3,8 @@
 
 Prompts are served one by one through :func:`privalign.alignment.session.run_session` (engineer C):
 each prompt reserves the selector's data-independent worst case, runs, and settles its realized cost;
-the first refusal ends the session before any data of that prompt is read (no overshoot: defect K11; a
-true worst case: K10). Compared, per σ and seed:
+the first refusal ends the session before any data of that prompt is read (no overshoot, unlike a
+run-then-check loop; the reservation is a true worst case over λ̃). Compared, per σ and seed:
 
 * **PrivITP under the ex-post filter** (realized ε1(δ) + ε2(t; λ̃) charged) vs **basic composition**
   ``T_basic = ⌊ε_total/ε_max⌋`` of the same worst case;
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.paper1 import POOL_FIELDS, load_scored_pool, pool_label, pool_preflight
-from privalign.experiments.runner import Experiment, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS"]
 

@@ -20,7 +20,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from privalign._json import write_json_atomic  # re-exported (moved to privalign._json in issue 18)
 from privalign.paths import repo_root
 
 __all__ = [
@@ -30,7 +29,6 @@ __all__ = [
     "machine_info",
     "file_sha256",
     "utc_now",
-    "write_json_atomic",
     "read_manifest",
     "REQUIRED_KEYS",
 ]

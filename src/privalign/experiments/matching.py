@@ -1,5 +1,5 @@
-"""Equal-privacy matching of PrivITP to PrivBoN (spec defect K12), used wherever the experiments compare
-the two mechanisms.
+"""Equal-privacy matching of PrivITP to PrivBoN (at equal (ε, δ), not equal σ), used wherever the
+experiments compare the two mechanisms.
 
 PrivBoN at ε is pure ε-DP per query (Gumbel scale 2Δ_r/ε). PrivITP is (ε1(δ) + ε2(t; λ̃), δ) ex-post DP:
 its privacy loss depends on the realised stopping time. Three ways to put it next to PrivBoN at ε

@@ -4,12 +4,12 @@ sweeps, ITP vs PrivITP, ε* on synthetic pools, and the fixed-budget session exp
 
 The evaluation protocol (spec-inference-time §5.4, defects of §6 fixed) is
 :func:`privalign.alignment.simulation.run_protocol` (engineer C): replicates drawn without replacement,
-disjoint phase pools for ITP/PrivITP (K1), exact selection laws (PrivITP: closed form given λ̃,
-quadrature over λ̃; K9), the fallback credited with a fresh base sample (K14), scores clipped to a public
-range (K2, K7). This module turns it into experiments: one cell per N (so an interrupted run resumes at
-the next N), configs, summaries, figures. The only evaluation done here is the **PrivBoN-Gaussian**
-ablation (argmax of r + N(0, σ²), Monte Carlo over ``mc_draws`` noise draws as in the authors'
-``sigma.py``; not calibrated to any ε: K15).
+disjoint phase pools for ITP/PrivITP, exact selection laws (PrivITP: closed form given λ̃,
+quadrature over λ̃), the fallback credited with a fresh base sample, scores clipped to a public range (the
+mechanisms' bounds assume it). This module turns it into experiments: one cell per N (so an interrupted
+run resumes at the next N), configs, summaries, figures. The only evaluation done here is the
+**PrivBoN-Gaussian** ablation (argmax of r + N(0, σ²), Monte Carlo over ``mc_draws`` noise draws as in the
+authors' ``sigma.py``; not calibrated to any ε, so it carries no privacy claim).
 
 Metrics (per method and N): the **lift** = mean over prompts of (E[truth of the selected response] − the
 prompt's mean truth), in percentage points for 0/1 correctness; the **expected proxy reward** of the
@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.matching import MATCHINGS
-from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS", "gaussian_rnm_outcomes", "load_scored_pool", "pool_preflight"]
 

@@ -15,7 +15,8 @@ accuracy on real pairs, for the estimators of :mod:`privalign.estimation` (engin
   (:func:`privalign.experiments.verdicts.seed_paired_diff`). With ``feature_maps`` including
   ``"harm-lexicon"``, the same
   cells run on HH-RLHF with the harm lexicon map (:func:`privalign.estimation.features.harm_lexicon`). The
-  **sparsity check** (issue 13, ``sparsity_check = true``) adds, per data set and feature map, non-private
+  **sparsity check** (``sparsity_check = true``: is the preference signal sparse enough for the sparse
+  estimators to help?) adds, per data set and feature map, non-private
   IHT held-out accuracy against s (kind ``"sparsity"``) and a non-private diagnostic of Peeling's signal to
   noise (kind ``"peeling_snr"``); ``n_curve_check`` adds Sample-DP IHT accuracy against the number of
   training pairs on a larger IMDb sample (kind ``"n_curve"``). The summary's ``tables`` hold the sparsity
@@ -35,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
-from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = [
     "EXPERIMENTS",

@@ -1,5 +1,5 @@
 """p1-privacy-sweep: lift against ε at equal privacy, for BoN, ITP, PrivBoN and PrivITP (paper 1's
-"PrivITP matches or beats PrivBoN at equivalent privacy", claim P1-5, tested at equal privacy: defect K12).
+"PrivITP matches or beats PrivBoN at equivalent privacy", claim P1-5, tested at equal (ε, δ), not equal σ).
 
 For each N of ``n_grid`` (one cell per N) and each ε of ``epsilons``: PrivBoN at ε (pure ε-DP, Gumbel scale
 2Δ_r/ε) and PrivITP matched to it under each of ``matchings`` (:mod:`privalign.experiments.matching`):
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.matching import MATCH_NOTE, MATCHINGS
 from privalign.experiments.paper1 import (
@@ -36,7 +37,7 @@ from privalign.experiments.paper1 import (
     pool_preflight,
     split_pool,
 )
-from privalign.experiments.runner import Experiment, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS"]
 

@@ -40,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
-from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS", "parse_policy", "rlhf_verdict", "SPARSE_DENSE"]
 

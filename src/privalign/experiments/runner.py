@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from privalign._json import write_json_atomic
 from privalign.errors import DataFormatError
 from privalign.experiments.base import Experiment, ExperimentError, RunContext, RunDirectoryError
 from privalign.experiments.config import (
@@ -38,13 +39,9 @@ from privalign.experiments.config import (
     packaged_config_path,
     validate_config,
 )
-from privalign.experiments.manifest import build_manifest, read_manifest, utc_now, write_json_atomic
+from privalign.experiments.manifest import build_manifest, read_manifest, utc_now
 
 __all__ = [
-    "Experiment",
-    "RunContext",
-    "ExperimentError",
-    "RunDirectoryError",
     "run_experiment",
     "read_results",
     "read_summary",

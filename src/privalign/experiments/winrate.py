@@ -30,17 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from privalign.alignment.win_rate import bon_win_probability  # re-exported (moved down in issue 18)
-from privalign.data.dialogue import _HUMAN, first_human_turn  # re-exported (moved down in issue 18)
+from privalign.alignment.win_rate import bon_win_probability
+from privalign.data.dialogue import _HUMAN, first_human_turn
+from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
-from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
+from privalign.experiments.runner import read_results
 
 __all__ = [
     "EXPERIMENTS",
-    "first_human_turn",
     "hh_winrate_examples",
     "build_hh_pool",
-    "bon_win_probability",
     "winrate_table",
     "order_verdict",
     "regime_mismatch",
@@ -231,7 +230,7 @@ def pool_build_command(ds: str, out: str) -> str:
     )
 
 
-#: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap; issue 13).
+#: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap).
 POWER_TARGET = 0.05
 
 

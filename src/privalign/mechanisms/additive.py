@@ -114,24 +114,23 @@ class GaussianMechanism:
         epsilon = check_epsilon(epsilon)
         delta = check_probability(delta, "delta")
         sensitivity = check_sensitivity(sensitivity)
+        from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
         from privalign.accounting.conversions import gaussian_delta
 
-        lo, hi = 1e-6, 1.0
-        while gaussian_delta(hi, epsilon) > delta:
-            hi *= 2.0
-            if hi > 1e12:  # pragma: no cover - unreachable for δ in (0, 1)
-                raise PrivacyParameterError(
-                    f"Cannot calibrate a Gaussian to epsilon={epsilon!r}, delta={delta!r}."
-                )
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if gaussian_delta(mid, epsilon) > delta:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo <= 1e-12 * hi:
-                break
-        return cls(sigma=hi * sensitivity, sensitivity=sensitivity, **kwargs)
+        try:
+            nm = bisect_monotone(
+                lambda m: gaussian_delta(m, epsilon) <= delta,
+                1e-6,
+                1.0,
+                feasible="above",
+                rtol=1e-12,
+                limit=1e12,
+            )
+        except CalibrationLimitError:  # pragma: no cover - unreachable for δ in (0, 1)
+            raise PrivacyParameterError(
+                f"Cannot calibrate a Gaussian to epsilon={epsilon!r}, delta={delta!r}."
+            ) from None
+        return cls(sigma=nm * sensitivity, sensitivity=sensitivity, **kwargs)
 
     @property
     def noise_multiplier(self) -> float:

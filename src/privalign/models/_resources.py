@@ -14,16 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from privalign.errors import MissingDependencyError
-from privalign.paths import install_hint, package_dir, user_cache_dir  # re-exported (moved to paths)
+from privalign.paths import install_hint, package_dir
 
 __all__ = [
     "require",
-    "package_dir",
     "smollm2_gguf",
     "minilm_dir",
     "minilm_onnx",
     "set_offline",
-    "user_cache_dir",
     "package_version",
 ]
 

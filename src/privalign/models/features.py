@@ -6,12 +6,9 @@
   (data-independently; a no-op on unit-norm rows), so each coordinate lies in [−1, 1], a difference in
   [−2, 2] (``feature_bound = 2``) and its ℓ2 norm is at most 2 (``norm_bound = 2``).
 
-The estimation layer (below this one) never imports this module: it finds ``"minilm"`` through the
-entry point ``minilm = "privalign.models.features:EmbeddingFeatures"`` of the group
-``privalign.feature_maps`` declared in ``pyproject.toml``, and importing this module registers it in the
-process as well (:func:`~privalign.estimation.features.register_feature_map`), so
-``feature_map_from_config({"kind": "minilm", ...})`` works wherever this module was imported, even from a
-source tree whose installed metadata predates the entry point.
+The estimation layer (below this one) never imports this module: callers that rebuild a feature map from a
+saved config pass :data:`MODEL_FEATURE_MAPS` to
+:func:`privalign.estimation.features.feature_map_from_config` (``kinds=``).
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ import numpy as np
 
 from privalign._validation import check_int
 from privalign.errors import MissingDependencyError, PrivacyParameterError
-from privalign.estimation.features import PairFeatures, register_feature_map
+from privalign.estimation.features import PairFeatures
 
-__all__ = ["Embedder", "EmbeddingFeatures"]
+__all__ = ["Embedder", "EmbeddingFeatures", "MODEL_FEATURE_MAPS"]
 
 
 class Embedder(Protocol):
@@ -34,7 +31,6 @@ class Embedder(Protocol):
     def embed(self, texts: list[str]) -> Any: ...
 
 
-@register_feature_map
 class EmbeddingFeatures(PairFeatures):
     """Sentence embeddings of the response (or prompt + response) from engineer E's MiniLM embedder
     (``privalign.models.embeddings.MiniLMEmbedder``: all-MiniLM-L6-v2, offline, unit-norm 384-d rows).
@@ -123,3 +119,8 @@ class EmbeddingFeatures(PairFeatures):
 
     def __repr__(self) -> str:
         return f"EmbeddingFeatures(backend={self.backend!r}, use_prompt={self.use_prompt})"
+
+
+#: The feature maps of this layer by kind, for
+#: :func:`privalign.estimation.features.feature_map_from_config` (``kinds=MODEL_FEATURE_MAPS``).
+MODEL_FEATURE_MAPS: dict[str, type[PairFeatures]] = {EmbeddingFeatures.kind: EmbeddingFeatures}

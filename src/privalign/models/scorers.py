@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from privalign._validation import check_choice, check_int
-from privalign.data.answers import extract_boxed  # re-exported (moved to data in issue 18)
+from privalign.data.answers import extract_boxed
 from privalign.errors import DataFormatError, PrivacyParameterError
 from privalign.models._resources import package_version, require, set_offline
 
@@ -41,7 +41,6 @@ __all__ = [
     "MATHVerifier",
     "MMLUVerifier",
     "extract_gsm8k_answer",
-    "extract_boxed",
     "extract_mmlu_letter",
     "LINEAR_FORMAT",
     "FormatUpgradeWarning",
@@ -241,7 +240,7 @@ class LinearRewardScorer:
         """
         doc = read_reward_model(path)
         from privalign.estimation.features import feature_map_from_config
-        from privalign.models import features as _model_features  # noqa: F401 - registers kind "minilm"
+        from privalign.models.features import MODEL_FEATURE_MAPS
 
         p = Path(path)
         try:
@@ -256,7 +255,7 @@ class LinearRewardScorer:
                 f"{p}: field 'feature_config' is missing; cannot featurise text for this reward model."
             )
         try:
-            fm = feature_map_from_config(doc["feature_config"])
+            fm = feature_map_from_config(doc["feature_config"], kinds=MODEL_FEATURE_MAPS)
         except (TypeError, ValueError) as exc:
             raise DataFormatError(f"{p}: field 'feature_config' is malformed ({exc}).") from exc
         try:

@@ -12,8 +12,8 @@ does not depend on how many prompts are built, so a pool of 8 prompts is a prefi
 resumed build equals an uninterrupted one (tested). Results are bit-identical for a fixed seed, backend,
 batch size, library versions and machine type.
 
-Generators and scorers are built from JSON-able *specs* (:func:`make_generator`, :func:`make_scorer`) so the
-Ray backend (:mod:`privalign.pipeline.ray_backend`) can rebuild them inside actors.
+Generators and scorers are built from JSON-able *specs* (:mod:`privalign.pipeline.steps`: ``make_generator``,
+``make_scorer``) so the Ray backend (:mod:`privalign.pipeline.ray_backend`) can rebuild them inside actors.
 """
 
 from __future__ import annotations
@@ -34,36 +34,17 @@ from privalign.data.datasets import Example
 from privalign.errors import DataFormatError, PrivacyParameterError
 from privalign.models._resources import package_version
 from privalign.models.generators import ServerUnreachableError
-from privalign.pipeline.steps import (  # re-exported: they lived here before issue 18
-    GENERATOR_KINDS,
-    SCORER_NAMES,
-    check_reward_name,
-    make_generator,
-    make_scorer,
-    reward_fields,
-    sanitize_text,
-    score_prompt,
-    score_texts,
-)
+from privalign.pipeline.steps import check_reward_name, make_generator, make_scorer, score_prompt
 
 __all__ = [
     "PoolConfig",
-    "make_generator",
-    "make_scorer",
     "build_pool",
-    "sanitize_text",
-    "score_prompt",
+    "load_pool_prompts",
     "git_info",
     "work_path",
     "manifest_path",
     "write_manifest",
     "public_manifest",
-    # defined in privalign.pipeline.steps (issue 18), re-exported here
-    "GENERATOR_KINDS",
-    "SCORER_NAMES",
-    "check_reward_name",
-    "reward_fields",
-    "score_texts",
 ]
 
 
@@ -250,7 +231,8 @@ def public_manifest(obj: Any) -> Any:
     model (``{"scorer": "linear", "privacy_event": {...}, "metadata": {...}}``, as
     :meth:`~privalign.models.scorers.LinearRewardScorer.describe` writes it) reduced to its public metadata
     (:func:`privalign.release.public_metadata`): a pool manifest never carries the reward
-    model's noise seed or exact held-out statistics, also when it copies an older manifest (issue 24)."""
+    model's noise seed or exact held-out statistics, also when it copies an older manifest (older manifests
+    held both)."""
     if isinstance(obj, list):
         return [public_manifest(v) for v in obj]
     if not isinstance(obj, dict):
@@ -474,3 +456,33 @@ def _run_local(
     d["proxy"] = proxy.describe() if proxy is not None and hasattr(proxy, "describe") else None
     d["true"] = true.describe() if true is not None and hasattr(true, "describe") else None
     return d
+
+
+def load_pool_prompts(
+    dataset: str,
+    *,
+    num_prompts: int,
+    prompt_words: int | None = None,
+    hh_prompt: str = "dialogue",
+    mmlu_subjects: list[str] | None = None,
+    math_path: str | None = None,
+) -> tuple[list[Example], dict[str, Any]]:
+    """The prompts of a pool and the dataset options recorded in its :class:`PoolConfig`.
+
+    ``prompt_words`` (IMDb: the review prefix length), ``hh_prompt="first-turn"`` (HH-RLHF: the first human
+    turn only), ``mmlu_subjects`` and ``math_path`` apply to their dataset only. IMDb loads ``num_prompts``
+    prompts; the others load the whole dataset (the builder takes the first ``num_prompts``).
+    """
+    from privalign.data.datasets import load_dataset
+
+    if dataset == "imdb":
+        opts: dict[str, Any] = {"num_words": prompt_words}
+        return load_dataset("imdb", num_prompts=num_prompts, **opts), opts
+    if dataset == "hh-rlhf" and hh_prompt == "first-turn":
+        from privalign.pipeline.hh import hh_prompts
+
+        return hh_prompts(), {"prompt": "first-turn"}
+    if dataset == "mmlu":
+        opts = {"subjects": mmlu_subjects}
+        return load_dataset("mmlu", **opts), opts
+    return load_dataset(dataset, math_path=math_path), {}

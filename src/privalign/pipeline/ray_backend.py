@@ -1,7 +1,7 @@
 """The pool builder on Ray Data: ``map_batches`` with actor pools for generation and for scoring.
 
 Each pending prompt is one row ``{"prompt_index": i}``. A pool of generator actors (each builds the
-generator once from the JSON spec, :func:`privalign.pipeline.build_pool.make_generator`) turns rows into
+generator once from the JSON spec, :func:`privalign.pipeline.steps.make_generator`) turns rows into
 completions with exactly the per-candidate seeds of the local backend; a pool of scorer actors scores them
 and builds the record. The driver appends finished records to the same work file as the local backend, so
 resume, completion markers and the final pool are shared, and the same seed gives the same pool as the local

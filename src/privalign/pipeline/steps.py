@@ -21,6 +21,7 @@ from privalign.errors import DataFormatError
 __all__ = [
     "GENERATOR_KINDS",
     "SCORER_NAMES",
+    "generator_spec",
     "make_generator",
     "check_reward_name",
     "make_scorer",
@@ -37,6 +38,51 @@ SCORER_NAMES = ("vader", "vader-compound", "profanity", "clean", "gsm8k", "mmlu"
 # ----------------------------------------------------------------------------------------------
 # factories (specs → objects), used by the CLI and by Ray actors
 # ----------------------------------------------------------------------------------------------
+def generator_spec(
+    kind: str,
+    *,
+    model: str | None = None,
+    sampling: dict[str, Any] | None = None,
+    stop: Sequence[str] = (),
+    batch_size: int | None = None,
+    chat_template: bool = True,
+    assistant_prefix: str = "",
+    num_threads: int | None = None,
+    compute_type: str | None = None,
+    reseed_block: int | None = None,
+    base_url: str | None = None,
+) -> dict[str, Any]:
+    """The JSON spec of a generator: what :func:`make_generator` builds and a pool manifest records.
+
+    Only the fields of ``kind`` are written (a pool's resume fingerprint is computed from the spec, so a field
+    a backend ignores must not change it). ``reseed_block`` (CTranslate2 only): reseed once per block of
+    that many candidates instead of once per prompt; ``None`` keeps the backend's default and leaves the field
+    out.
+    """
+    kind = check_choice(kind, "generator", GENERATOR_KINDS)
+    sampling = dict(sampling or {})
+    if kind == "openai":
+        return {"kind": kind, "base_url": base_url, "model": model, "sampling": sampling, "stop": list(stop)}
+    if kind == "vllm":
+        return {"kind": kind, "model": model, "sampling": sampling, "stop": list(stop)}
+    spec: dict[str, Any] = {
+        "kind": kind,
+        "model": model or "smollm2",
+        "batch_size": batch_size,
+        "chat_template": chat_template,
+        "assistant_prefix": assistant_prefix,
+        "sampling": sampling,
+        "stop": list(stop),
+        "num_threads": num_threads,
+    }
+    if kind == "ctranslate2":
+        spec["compute_type"] = compute_type
+        if reseed_block is not None:
+            spec["reseed"] = "block"
+            spec["reseed_block"] = reseed_block
+    return spec
+
+
 def make_generator(spec: dict[str, Any]):
     """Build a generator from a JSON spec: ``{"kind": "transformers"|"ctranslate2"|"openai"|"vllm", ...}``."""
     from privalign.models.generators import (

@@ -53,7 +53,7 @@ def sample_with_logprobs(
     import torch
     from transformers import LogitsProcessorList
 
-    from privalign.models.generators import SamplingParams, _RowSampler, candidate_seed
+    from privalign.models.generators.base import SamplingParams, _RowSampler, candidate_seed
 
     n = check_int(n, "n", low=1)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0)

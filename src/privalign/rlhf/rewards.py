@@ -63,7 +63,7 @@ class PrivateReward:
     def __init__(self, path: str | os.PathLike) -> None:
         from privalign.estimation.features import feature_map_from_config
         from privalign.estimation.persistence import load_model
-        from privalign.models import features as _model_features  # noqa: F401 - registers kind "minilm"
+        from privalign.models.features import MODEL_FEATURE_MAPS
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -78,7 +78,7 @@ class PrivateReward:
                 "'reward_model' is unusable."
             )
         try:
-            self.feature_map = feature_map_from_config(fcfg)
+            self.feature_map = feature_map_from_config(fcfg, kinds=MODEL_FEATURE_MAPS)
         except (PrivacyParameterError, TypeError) as exc:
             raise DataFormatError(
                 f"{self.path}: field 'feature_config' does not describe a feature map ({exc})."

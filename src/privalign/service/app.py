@@ -31,7 +31,7 @@ from privalign.service.fairness import KeyPrecheck
 from privalign.service.pipeline import ServiceState
 from privalign.service.routes import openai_router, ops_router, select_router
 
-__all__ = ["create_app", "ServiceState", "ApiError"]
+__all__ = ["create_app"]
 
 log = logging.getLogger("privalign.service")
 

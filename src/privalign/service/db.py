@@ -77,7 +77,6 @@ __all__ = [
     "units_up",
     "units_down",
     "from_units",
-    "migrate",
 ]
 
 #: Units per ε (or ρ): amounts are stored as integers of 10⁻⁹ ε.
@@ -317,20 +316,6 @@ def create_schema(engine: Engine, *, schema: str | None = None) -> None:
 #: Stored answers of a version-1 ledger (which had no expiry) expire this long after their creation
 #: (revision ``0002``).
 MIGRATED_IDEMPOTENCY_TTL_S = 86400.0
-
-
-def migrate(conn: Any, *, schema: str | None = None) -> str:
-    """Deprecated: the upgrade is :func:`privalign.service.migrations.upgrade` (Alembic), which
-    :func:`create_schema` runs. Kept for callers of earlier versions; runs that upgrade in the caller's
-    transaction."""
-    import warnings
-
-    warnings.warn(
-        "privalign.service.db.migrate is deprecated; use privalign.service.migrations.upgrade",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return migrations.upgrade(conn, schema=schema)
 
 
 def derive_totals(conn: Any, principal: str, *, units: bool = False) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Revisions (``versions/``):
 
-* ``0001`` (base): the version-1 schema, float amounts, stored answers without expiry (as released
-  before issue 17). :func:`privalign.service.migrations.versions.v0001_float_ledger.v1_metadata` is the one
+* ``0001`` (base): the version-1 schema, float amounts, stored answers without expiry (the first
+  released schema). :func:`privalign.service.migrations.versions.v0001_float_ledger.v1_metadata` is the one
   definition of that schema (the upgrade tests build a version-1 ledger with it).
 * ``0002``: amounts become exact integer units (grants rounded down, costs rounded up, cached totals
   recomputed from the converted rows), stored answers get an expiry, and the ``privalign_schema``

@@ -11,11 +11,12 @@ from privalign.accounting import filters as F
 from privalign.errors import BudgetExhaustedError, ReservationError, UnsupportedEventError
 from privalign.service import db
 from privalign.service import plan as planning
+from privalign.service.durability import DurabilityError
 from privalign.service.errors import ApiError
 from privalign.service.job import FILTERS, Reserved, unit_name
 from privalign.service.keys import KeyInfo
 from privalign.service.state import ServiceState
-from privalign.service.store import ActiveKeyCheckFailed, DurabilityError
+from privalign.service.store import ActiveKeyCheckFailed
 
 __all__ = ["reserve", "cancel", "durable"]
 

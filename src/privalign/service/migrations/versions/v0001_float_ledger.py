@@ -20,7 +20,7 @@ depends_on = None
 
 
 def v1_metadata() -> MetaData:
-    """The version-1 tables (``privalign/service/db.py`` before issue 17)."""
+    """The version-1 tables (the first released ``privalign/service/db.py`` schema)."""
     m = MetaData()
     amounts = (
         "limit_epsilon",

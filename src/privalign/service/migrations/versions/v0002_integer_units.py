@@ -1,4 +1,4 @@
-"""Exact integer units and expiring stored answers (issue 17).
+"""Exact integer units and expiring stored answers (float sums drifted, and stored answers never expired).
 
 * Every amount becomes an integer of units (ε, ρ: 10⁻⁹; δ: 10⁻¹⁸), on the conservative side: grants
   round **down** (from the decimal the float prints as), reserved and realized costs round **up** from
