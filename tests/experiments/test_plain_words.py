@@ -264,7 +264,7 @@ def test_demo_terminal_table_shows_each_reading_in_full():
 def test_report_starts_with_the_key_findings_in_plain_words(tmp_path):
     """report.md and report.html put the plain-words section before the statistics (the browser test checks
     that it is visible on top)."""
-    from privalign.experiments.manifest import write_json_atomic
+    from privalign._json import write_json_atomic
 
     run = tmp_path / "p1-privacy-sweep"
     run.mkdir()

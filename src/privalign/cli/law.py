@@ -8,7 +8,8 @@ __all__ = ["register"]
 
 
 def _run(args) -> int:
-    from privalign.cli.select import build_selector, parse_floats
+    from privalign.cli._methods import parse_floats
+    from privalign.cli.select import build_selector
 
     sel = build_selector(args)
     a = parse_floats(args.scores, "scores")

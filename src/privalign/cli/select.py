@@ -8,7 +8,7 @@ import sys
 from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
 from privalign.cli._methods import add_param_option, parse_floats, selector_spec
 
-__all__ = ["register", "add_selector_args", "build_selector", "parse_floats"]  # parse_floats: re-exported
+__all__ = ["register", "add_selector_args", "build_selector"]
 
 
 def add_selector_args(p: argparse.ArgumentParser) -> None:

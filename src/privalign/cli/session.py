@@ -76,7 +76,7 @@ def _public_range(args, pool):
     first prompts."""
     import numpy as np
 
-    from privalign.cli.select import parse_floats
+    from privalign.cli._methods import parse_floats
     from privalign.data.pools import ScoredPool
     from privalign.errors import PrivacyParameterError
 

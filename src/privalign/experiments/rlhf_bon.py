@@ -50,6 +50,10 @@ POWER_TARGET = 0.01
 DATASETS = ("imdb", "hh-rlhf")
 
 
+#: the ``kind`` of this experiment's result records (a record type, not a selection method)
+RECORD_KIND = "bon"
+
+
 @lru_cache(maxsize=64)
 def bon_selection_weights(m: int, n: int) -> np.ndarray:
     """``W[a, t]``: the probability that a given candidate is best-of-``n`` when ``n`` of ``m`` candidates are
@@ -221,7 +225,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     per = {str(n): [float(v) for v in bon_expected_gold(sel, judge, n)] for n in cfg["ns"]}
     return [
         {
-            "kind": "bon",
+            "kind": RECORD_KIND,
             "dataset": cell["dataset"],
             "method": cell["method"],
             "epsilon": cell["epsilon"],
@@ -248,7 +252,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 def _groups(records: list[dict]) -> dict[tuple, list[dict]]:
     g: dict[tuple, list[dict]] = {}
     for r in records:
-        if r.get("kind") == "bon":
+        if r.get("kind") == RECORD_KIND:
             g.setdefault((r["dataset"], r["method"], r["epsilon"]), []).append(r)
     return g
 

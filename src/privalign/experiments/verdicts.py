@@ -405,6 +405,11 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
     )
 
 
+def _bon_rows(records: list[dict]) -> list[dict]:
+    """The plain best-of-N curve's rows (the positive control of the over-optimisation rules)."""
+    return [r for r in records if r.get("method") == "BoN"]
+
+
 def monotone_across_epsilon(records: list[dict], method: str = "PrivBoN", *, alpha: float = ALPHA) -> Outcome:
     """P1-2 at every ε of a privacy sweep: :func:`monotone_rule` on BoN (the positive control) and the
     ``method`` curve of each ε separately, so the verdict says at which ε the claim holds.
@@ -418,8 +423,10 @@ def monotone_across_epsilon(records: list[dict], method: str = "PrivBoN", *, alp
         {r["epsilon"] for r in records if r.get("method") == method and r.get("epsilon") is not None}
     )
     if not eps:
-        return "inconclusive", f"[{_pool_of(records)}] no {method} results with an ε"
-    base = [r for r in records if r.get("method") == "BoN"]
+        return Outcome(
+            "inconclusive", f"[{_pool_of(records)}] no {method} results with an ε", {"method": method}
+        )
+    base = _bon_rows(records)
     by: dict[str, list[float]] = {}
     details = []
     for e in eps:
@@ -528,7 +535,7 @@ def p1_5_rule(
                     "n": a.get("n_prompts", 2),
                     "df": max(a.get("n_prompts", 2) - 1, 1),
                 }
-            bon = [r for r in records if r.get("method") == "BoN" and r["N"] == a["N"]]
+            bon = [r for r in _bon_rows(records) if r["N"] == a["N"]]
             ref = abs(bon[0]["lift"]) if bon else abs(b[0]["lift"])
             pairs.append((a, b[0], d, margin_frac * ref))
     if not pairs:

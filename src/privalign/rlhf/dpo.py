@@ -328,7 +328,7 @@ def opacus_cross_check(
     ε_opacus > (1 + rtol)·ε_privalign. Opacus below privalign only means privalign is conservative: recorded,
     not refused.
     """
-    from opacus.accountants import RDPAccountant as OpacusRDP  # type: ignore[import-untyped]
+    from opacus.accountants import RDPAccountant as OpacusRDP
 
     from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
     from privalign.accounting.rdp import RDPAccountant
@@ -508,7 +508,7 @@ def train_dpo(
     batches = _batches(config, n, rng)
     losses: list[float] = []
     if config.privacy == "sample":
-        from opacus import GradSampleModule  # type: ignore[import-untyped]
+        from opacus import GradSampleModule
 
         gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
         with warnings.catch_warnings():  # Opacus's hooks on the frozen embedding input: harmless, noisy
