@@ -158,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.model != "linear":
         from privalign.cli.fit_reward_transformer import run_transformer
 
-        return run_transformer(args, check_writable=_check_writable, data_sha256=_data_sha256)
+        return run_transformer(args, check_writable=_check_writable, save=_save)
     _refuse_transformer_options(args)
     return _run_linear(args)
 
@@ -176,33 +176,18 @@ def _refuse_transformer_options(args: argparse.Namespace) -> None:
 
 
 def _run_linear(args: argparse.Namespace) -> int:
-    import numpy as np
+    from privalign.estimation.fit import fit_reward_model, reward_estimator
+    from privalign.release import audit_record_path
 
-    from privalign.estimation.persistence import save_model
-    from privalign.estimation.preferences import train_test_split
-    from privalign.estimation.rates import PRIVACY_UNIT, make_estimator
-    from privalign.estimation.realdata import load_preference_data
-    from privalign.release import audit_record_path, public_metadata, write_audit_record
-
-    unit = PRIVACY_UNIT[args.method]
-    # The privacy noise comes from OS entropy unless --seed is given; the seed is never written into the
-    # release (docs/privacy/release.md). The data loading and the split use --split-seed, which is public.
-    noise = np.random.SeedSequence(args.seed)
-    est_seed, search_seed = noise.spawn(2)
-    data_seed, split_seed = np.random.SeedSequence(args.split_seed).spawn(2)
-    # Build the estimator first so that bad parameters fail before any data is loaded.
-    overrides = {}
-    if args.step_size is not None:
-        overrides["step_size" if args.method != "dp-sgd" else "learning_rate"] = args.step_size
-    if args.n_iter is not None:
-        overrides["n_iter"] = args.n_iter
-    est = make_estimator(
+    # Build the estimator first so that bad parameters fail before any data is loaded (the fit builds its
+    # own, with the noise generator).
+    est = reward_estimator(
         args.method,
         epsilon=args.epsilon,
         delta=args.delta,
         sparsity=args.sparsity,
-        random_state=np.random.default_rng(est_seed),
-        **overrides,
+        step_size=args.step_size,
+        n_iter=args.n_iter,
     )
     _validate_params(est, args)
     features: Any = args.features
@@ -210,135 +195,66 @@ def _run_linear(args: argparse.Namespace) -> int:
         from privalign.models.features import EmbeddingFeatures
 
         features = EmbeddingFeatures()
-    data, fmap = load_preference_data(
+    fit = fit_reward_model(
         args.data,
+        method=args.method,
         features=features,
         n_features=args.n_features,
         n_pairs=args.n_pairs,
-        random_state=np.random.default_rng(data_seed),
+        epsilon=args.epsilon,
+        delta=args.delta,
+        sparsity=args.sparsity,
+        step_size=args.step_size,
+        n_iter=args.n_iter,
+        test_size=args.test_size,
+        tune=args.tune,
+        validation_fraction=args.validation_fraction,
+        seed=args.seed,
+        split_seed=args.split_seed,
+        progress=_to_stderr,
     )
-    train, test = train_test_split(
-        data, unit=unit, test_size=args.test_size, random_state=np.random.default_rng(split_seed)
-    )
-    est.set_params(feature_bound=fmap.feature_bound)
-    if "feature_norm_bound" in est.get_params():  # DP-SGD: the map's public ℓ2 bound caps the default C
-        est.set_params(feature_norm_bound=getattr(fmap, "norm_bound", None))
-    tuning = audit_tuning = None
-    if args.tune:
-        from privalign.estimation.tuning import PrivateGridSearch, default_param_grid, validation_groups
-
-        private = unit != "none"
-        grid = default_param_grid(args.method, sparsity=args.sparsity)
-        search = PrivateGridSearch(
-            est,
-            grid,
-            validation_fraction=args.validation_fraction,
-            epsilon=args.epsilon if private else None,
-            delta=args.delta,
-            selection_epsilon=float("inf") if not private else 1.0,
-            random_state=np.random.default_rng(search_seed),
-        )
-        print(
-            f"tuning {type(est).__name__} over {len(_n_cands(search))} candidates on "
-            f"{train.n_samples} training pairs",
-            file=sys.stderr,
-        )
-        search.fit(train.X, train.y, groups=validation_groups(est, train.prompt_ids))
-        tuning = {
-            "best_params": search.best_params_,
-            "grid": grid,
-            "n_candidates": len(search.candidates_),
-            "n_fit": search.n_fit_,
-            "n_validation": search.n_validation_,
-            "selection": "exponential mechanism on validation accuracy"
-            if private
-            else "argmax (not private)",
-            "privacy_budget": search.privacy_budget_,
-        }
-        audit_tuning = {"candidates": search.candidates_}  # exact validation accuracies: audit record only
-        final = search
-        est = search.best_estimator_
-        # The released model's guarantee is the whole search's (candidates + selection), not the fit's alone.
-        est.privacy_event_ = search.privacy_event_
-    else:
-        print(
-            f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})", file=sys.stderr
-        )
-        est.fit(train.X, train.y)
-        final = est
-    acc = float(est.score(test.X, test.y))
-    split_rule = "by row position" if unit == "sample" else "by prompt"
-    release = {
-        "method": args.method,
-        "estimator": type(est).__name__,
-        "privacy_unit": unit,
-        "n_train": train.n_samples,
-        "n_test": test.n_samples,
-        "n_features": train.n_features,
-        "nonzeros": int(np.count_nonzero(est.coef_)),
-        "data": args.data,
-        "split": {"rule": split_rule, "test_size": args.test_size, "seed": args.split_seed},
-    }
-    if tuning is not None:
-        release["tuning"] = tuning
-    result: dict[str, Any] = {
-        **public_metadata(release),
-        "privacy_event": final.privacy_event_.to_dict(),
-        "feature_config": fmap.get_config(),
-        # exact statistics of the private test pairs: for the operator's terminal, never in the release
-        "operator_only": {"heldout_accuracy": acc},
-    }
-    if args.out:
-        path = save_model(est, args.out, feature_config=fmap.get_config(), metadata=release)
-        result["model"] = str(path)
-    if args.audit_record:
-        audit = write_audit_record(
-            args.audit_record,
-            {
-                "noise_seed_entropy": str(noise.entropy) if args.seed is None else str(args.seed),
-                "data_sha256": _data_sha256(args.data),
-                "heldout_accuracy": acc,
-                "tuning": audit_tuning,
-                "command": "privalign fit-reward",
-                "arguments": {k: v for k, v in vars(args).items() if k != "func"},
-            },
-            release=args.out,
-        )
-        result["audit_record"] = str(audit)
+    result = _save(fit, args)
     if args.json:
         emit_json(result, indent=2)
-    else:
-        what = f"{unit}-level privacy" if unit != "none" else "not private"
-        print(
-            f"{result['estimator']} ({what}): held-out accuracy {acc:.4f} on {result['n_test']} pairs "
-            "(exact, on private pairs: shown to you, not written into the release); event "
-            f"{result['privacy_event']['kind']}"
-            + (f"; saved to {result['model']}" if args.out else "")
-            + (
-                f"; operator-private audit record {result['audit_record']} (never publish it)"
-                if args.audit_record
-                else ""
-            )
+        return 0
+    unit = result["privacy_unit"]
+    what = f"{unit}-level privacy" if unit != "none" else "not private"
+    print(
+        f"{result['estimator']} ({what}): held-out accuracy {fit.heldout_accuracy:.4f} on "
+        f"{result['n_test']} pairs (exact, on private pairs: shown to you, not written into the release); "
+        f"event {result['privacy_event']['kind']}"
+        + (f"; saved to {result['model']}" if args.out else "")
+        + (
+            f"; operator-private audit record {result['audit_record']} (never publish it)"
+            if args.audit_record
+            else ""
         )
-        if args.out and not args.audit_record:
-            print(
-                f"(no audit record: the noise seed is not kept anywhere; add --audit-record "
-                f"{audit_record_path(args.out)} to keep it, the data hash and the exact accuracies "
-                "privately)",
-                file=sys.stderr,
-            )
+    )
+    if args.out and not args.audit_record:
+        print(
+            f"(no audit record: the noise seed is not kept anywhere; add --audit-record "
+            f"{audit_record_path(args.out)} to keep it, the data hash and the exact accuracies "
+            "privately)",
+            file=sys.stderr,
+        )
     return 0
 
 
-def _data_sha256(data: str) -> str | None:
-    """SHA-256 of the preference file (audit record only: a hash of private data is never released)."""
-    from pathlib import Path
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
-    from privalign.rlhf.rewards import file_sha256
 
-    if data in ("hh-rlhf", "imdb") or not Path(data).is_file():
-        return None
-    return file_sha256(data)
+def _save(fit: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Write the release (--out) and the audit record (--audit-record) of ``fit`` (a
+    ``privalign.estimation.fit.RewardFit``); returns the result to print, with their paths."""
+    result: dict[str, Any] = dict(fit.summary)
+    if args.out:
+        result["model"] = str(fit.save(args.out))
+    if args.audit_record:
+        arguments = {k: v for k, v in vars(args).items() if k != "func"}
+        record = fit.write_audit_record(args.audit_record, release=args.out, arguments=arguments)
+        result["audit_record"] = str(record)
+    return result
 
 
 def _validate_params(est, args: argparse.Namespace) -> None:
@@ -438,9 +354,3 @@ def _refuse_unused(est, args: argparse.Namespace) -> None:
                 f"argument {flag}: not used by --method {args.method} ({why}); drop {flag} "
                 f"(got {getattr(args, dest)!r})"
             )
-
-
-def _n_cands(search) -> list:
-    from privalign.estimation.tuning import expand_grid
-
-    return expand_grid(search.param_grid)

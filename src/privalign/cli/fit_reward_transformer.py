@@ -90,144 +90,42 @@ def _validate(args: argparse.Namespace, privacy: str, check_writable: Any) -> No
         )
 
 
-def _load_pairs(args: argparse.Namespace, rng: Any) -> Any:
-    from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
-
-    if args.data == "hh-rlhf":
-        pairs = load_hh_rlhf_pairs(limit=args.n_pairs)
-    elif args.data == "imdb":
-        pairs = load_imdb_pairs(args.n_pairs, random_state=rng)
-    else:
-        pairs = load_jsonl_pairs(args.data)
-        if args.n_pairs is not None:
-            n = args.n_pairs
-            pairs.prompts, pairs.chosen, pairs.rejected, pairs.prompt_ids = (
-                pairs.prompts[:n],
-                pairs.chosen[:n],
-                pairs.rejected[:n],
-                pairs.prompt_ids[:n],
-            )
-    for i, (c, r) in enumerate(zip(pairs.chosen, pairs.rejected)):
-        if c == r:
-            raise _refuse(
-                "--data",
-                f"pair {i + 1} has identical chosen and rejected texts: a comparison must compare two "
-                "different responses",
-                args.data,
-            )
-    return pairs
-
-
-#: --method → the transformer model's privacy mode
-TRANSFORMER_PRIVACY = {"dp-sgd": "sample", "rr": "label", "mle": "none"}
-
-
-def run_transformer(args: argparse.Namespace, *, check_writable: Any, data_sha256: Any) -> int:
-    """``fit-reward`` with a transformer ``--model``; ``check_writable(flag, path)`` and ``data_sha256(data)``
-    are ``fit-reward``'s (passed in, so that this module does not import that one)."""
-    import numpy as np
-
-    from privalign.estimation.persistence import save_model
-    from privalign.estimation.preferences import PreferenceData, train_test_split
-    from privalign.estimation.transformer import DPTransformerRM
-    from privalign.release import audit_record_path, public_metadata, write_audit_record
+def run_transformer(args: argparse.Namespace, *, check_writable: Any, save: Any) -> int:
+    """``fit-reward`` with a transformer ``--model``; ``check_writable(flag, path)`` and ``save(fit, args)``
+    (writes --out and --audit-record, returns the result to print) are ``fit-reward``'s (passed in, so that
+    this module does not import that one)."""
+    from privalign.estimation.fit import TRANSFORMER_PRIVACY, fit_transformer_reward_model
+    from privalign.release import audit_record_path
 
     privacy = TRANSFORMER_PRIVACY.get(args.method)
     _refuse_unused(args, privacy)
     assert privacy is not None
     _validate(args, privacy, check_writable)
-    unit = privacy
-    noise = np.random.SeedSequence(args.seed)  # never written into the release
-    (est_seed,) = noise.spawn(1)
-    data_seed, split_seed = np.random.SeedSequence(args.split_seed).spawn(2)
-    data_rng = np.random.default_rng(data_seed)
-    pairs = _load_pairs(args, data_rng)
-    n = len(pairs.chosen)
-    # orientation by a fair, data-independent coin, as PreferenceData.from_text_pairs
-    y = (data_rng.random(n) < 0.5).astype(np.float64)
-    triples = [
-        (k, r, c) if yi else (k, c, r) for k, c, r, yi in zip(pairs.prompts, pairs.chosen, pairs.rejected, y)
-    ]
-    data = PreferenceData(
-        X=np.arange(n, dtype=np.float64)[:, None], y=y, prompt_ids=np.asarray(pairs.prompt_ids, dtype=object)
+    fit = fit_transformer_reward_model(
+        args.data,
+        backbone=args.model,
+        method=args.method,
+        n_pairs=args.n_pairs,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        top_layers=args.top_layers,
+        step_size=args.step_size,
+        test_size=args.test_size,
+        seed=args.seed,
+        split_seed=args.split_seed,
+        progress=lambda line: print(line, file=sys.stderr),
     )
-    train, test = train_test_split(
-        data, unit=unit, test_size=args.test_size, random_state=np.random.default_rng(split_seed)
-    )
-    tr_idx = train.X[:, 0].astype(np.int64)
-    te_idx = test.X[:, 0].astype(np.int64)
-    batch_size = 64 if args.batch_size is None else args.batch_size
-    if batch_size > tr_idx.size:
-        raise _refuse(
-            "--batch-size",
-            f"must be at most the {tr_idx.size} training pairs (a larger batch leaves no full step)",
-            batch_size,
-        )
-    kw: dict[str, Any] = {
-        "privacy": privacy,
-        "backbone": args.model,
-        "batch_size": batch_size,
-        "random_state": np.random.default_rng(est_seed),
-    }
-    if privacy != "none":
-        kw["epsilon"] = args.epsilon
-    if privacy == "sample":
-        kw["delta"] = args.delta
-    for dest, param in (("epochs", "epochs"), ("top_layers", "top_layers"), ("step_size", "learning_rate")):
-        if getattr(args, dest) is not None:
-            kw[param] = getattr(args, dest)
-    est = DPTransformerRM(**kw)
-    print(
-        f"fitting DPTransformerRM ({args.model}, privacy {privacy}) on {tr_idx.size} pairs", file=sys.stderr
-    )
-    est.fit([triples[i] for i in tr_idx], train.y)
-    fm = est.feature_map()
-    acc = est.score_texts([triples[i] for i in te_idx], test.y, feature_map=fm)
-    release = {
-        "method": args.method,
-        "estimator": "DPTransformerRM",
-        "privacy_unit": unit,
-        "n_train": int(tr_idx.size),
-        "n_test": int(te_idx.size),
-        "n_features": int(est.n_features_in_),
-        "nonzeros": int(np.count_nonzero(est.coef_)),
-        "data": args.data,
-        "split": {
-            "rule": "by row position" if unit == "sample" else "by prompt",
-            "test_size": args.test_size,
-            "seed": args.split_seed,
-        },
-    }
-    result: dict[str, Any] = {
-        **public_metadata(release),
-        "model_kind": f"transformer ({args.model}, {est.top_layers} upper layer(s) trained)",
-        "privacy_event": est.privacy_event_.to_dict(),
-        "feature_config": fm.describe_config(),
-        "operator_only": {"heldout_accuracy": acc},
-    }
-    if args.out:
-        result["model"] = str(save_model(est, args.out, feature_config=fm.get_config(), metadata=release))
-    if args.audit_record:
-        audit = write_audit_record(
-            args.audit_record,
-            {
-                "noise_seed_entropy": str(noise.entropy) if args.seed is None else str(args.seed),
-                "data_sha256": data_sha256(args.data),
-                "heldout_accuracy": acc,
-                "command": "privalign fit-reward",
-                "arguments": {k: v for k, v in vars(args).items() if k != "func"},
-            },
-            release=args.out,
-        )
-        result["audit_record"] = str(audit)
+    result = save(fit, args)
     if args.json:
         emit_json(result, indent=2)
         return 0
-    what = f"{unit}-level privacy" if unit != "none" else "not private"
+    what = f"{privacy}-level privacy" if privacy != "none" else "not private"
     print(
-        f"DPTransformerRM {args.model} ({what}): held-out accuracy {acc:.4f} on {te_idx.size} pairs (exact, "
-        "on private pairs: shown to you, not written into the release); event "
-        f"{result['privacy_event']['kind']}"
+        f"DPTransformerRM {args.model} ({what}): held-out accuracy {fit.heldout_accuracy:.4f} on "
+        f"{result['n_test']} pairs (exact, on private pairs: shown to you, not written into the release); "
+        f"event {result['privacy_event']['kind']}"
         + (f"; saved to {result['model']}" if args.out else "")
         + (f"; operator-private audit record {result['audit_record']}" if args.audit_record else "")
     )

@@ -10,6 +10,8 @@ preference accuracy) and ``privacy_event_`` (with the privacy unit: ``"sample"``
 * a transformer reward model: :class:`DPTransformerRM` (MiniLM's upper layers + a scalar head; Opacus DP-SGD
   per comparison, or RR labels with the debiased loss; ``fit`` takes ``(prompt, a0, a1)`` text triples;
   :mod:`privalign.estimation.transformer`);
+* the whole ``fit-reward`` workflow (load, split, tune, fit, score, save, audit record):
+  :func:`fit_reward_model`, :func:`fit_transformer_reward_model` (:mod:`privalign.estimation.fit`);
 * tuning: :class:`PrivateGridSearch` / :func:`tune` (validation split of the training data, selection by
   the exponential mechanism, cost composed into ``privacy_event_``; ``docs/estimation.md``);
 * public feature maps: :class:`HashedNgramFeatures`, :class:`LexiconFeatures` (base :class:`PairFeatures`);
@@ -31,6 +33,7 @@ from privalign.estimation.features import (
     feature_map_from_config,
     harm_lexicon,
 )
+from privalign.estimation.fit import RewardFit, fit_reward_model, fit_transformer_reward_model
 from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
 from privalign.estimation.persistence import load_model, save_model
 from privalign.estimation.preferences import (
@@ -67,4 +70,7 @@ __all__ = [
     "make_btl",
     "save_model",
     "load_model",
+    "fit_reward_model",
+    "fit_transformer_reward_model",
+    "RewardFit",
 ]

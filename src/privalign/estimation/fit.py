@@ -1,0 +1,457 @@
+"""Fit a reward model on preference pairs, as ``privalign fit-reward`` does, from Python.
+
+:func:`fit_reward_model` (a linear BTL reward over a public feature map) and
+:func:`fit_transformer_reward_model` (:class:`~privalign.estimation.transformer.DPTransformerRM`) load the
+pairs, split them 80/20 without looking at what the privacy unit protects (by row position for the sample-DP
+methods, whose unit includes the prompt; by prompt otherwise; the split seed is public), fit on the training
+side, optionally tune on a validation split of the training prompts, and score the held-out pairs. They return
+a :class:`RewardFit`:
+
+* :meth:`RewardFit.save` writes the release: coefficients, privacy event, feature-map config and the public
+  facts about the fit (:attr:`RewardFit.release`); never the noise seed, a hash of the data or an exact
+  accuracy on private pairs (``docs/privacy/release.md``);
+* :attr:`RewardFit.heldout_accuracy` is an exact statistic of the private test pairs: for the operator only;
+* :meth:`RewardFit.write_audit_record` writes the operator-private audit record (mode 0600: the noise seed,
+  the data file's SHA-256, the exact accuracies). Never publish it: it undoes the model's privacy.
+
+The privacy noise comes from OS entropy unless ``seed`` is given; a seeded private fit is exactly as private
+as the secrecy of its seed. A map built on a model (``privalign.models.features.EmbeddingFeatures``, MiniLM)
+is passed in by the caller as ``features``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TRANSFORMER_PRIVACY",
+    "RewardFit",
+    "data_sha256",
+    "fit_reward_model",
+    "fit_transformer_reward_model",
+    "reward_estimator",
+]
+
+#: transformer ``method`` → the transformer model's privacy mode
+TRANSFORMER_PRIVACY = {"dp-sgd": "sample", "rr": "label", "mle": "none"}
+
+Progress = Callable[[str], None] | None
+
+
+@dataclass
+class RewardFit:
+    """A fitted reward model with what may and may not be released about it.
+
+    Attributes:
+      estimator: the fitted estimator (a tuned fit's ``privacy_event_`` is the whole search's).
+      feature_map: the public feature map the model scores with.
+      release: the public metadata saved into the model (release-safe).
+      summary: ``fit-reward``'s result: the public metadata, ``privacy_event``, ``feature_config`` and
+        ``operator_only`` (the exact held-out accuracy: print it, never release it).
+      heldout_accuracy: exact preference accuracy on the private held-out pairs (operator only).
+      data: the ``data`` argument (``"hh-rlhf"``, ``"imdb"`` or a path).
+    """
+
+    estimator: Any
+    feature_map: Any
+    release: dict[str, Any]
+    summary: dict[str, Any]
+    heldout_accuracy: float
+    data: str
+    noise_seed: str = field(repr=False)  # operator-only: never released
+    audit_extra: dict[str, Any] = field(default_factory=dict, repr=False)  # e.g. exact validation accuracies
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the release (the model file) atomically; returns its path."""
+        from privalign.estimation.persistence import save_model
+
+        return save_model(
+            self.estimator, path, feature_config=self.feature_map.get_config(), metadata=self.release
+        )
+
+    def write_audit_record(
+        self,
+        path: str | os.PathLike,
+        *,
+        release: str | os.PathLike | None = None,
+        command: str = "privalign fit-reward",
+        arguments: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write the operator-private audit record (mode 0600): the noise seed, the data file's SHA-256 and
+        the exact held-out (and validation) accuracies; ``release`` is the model's path (refused as
+        ``path``). Never publish it."""
+        from privalign.release import write_audit_record
+
+        record = {
+            "noise_seed_entropy": self.noise_seed,
+            "data_sha256": data_sha256(self.data),
+            "heldout_accuracy": self.heldout_accuracy,
+            **self.audit_extra,
+            "command": command,
+            "arguments": dict(arguments or {}),
+        }
+        return write_audit_record(path, record, release=release)
+
+
+def data_sha256(data: str) -> str | None:
+    """SHA-256 of the preference file, ``None`` for a shipped data set (audit record only: a hash of private
+    data is never released)."""
+    if data in ("hh-rlhf", "imdb") or not Path(data).is_file():
+        return None
+    h = hashlib.sha256()
+    with open(data, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _say(progress: Progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def reward_estimator(
+    method: str,
+    *,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    sparsity: int = 32,
+    step_size: float | None = None,
+    n_iter: int | None = None,
+    random_state: Any = None,
+) -> Any:
+    """The unfitted estimator of ``method`` with ``fit-reward``'s defaults (``step_size`` is DP-SGD's
+    ``learning_rate``); building it checks the parameters before any data is loaded."""
+    from privalign.estimation.rates import make_estimator
+
+    overrides: dict[str, Any] = {}
+    if step_size is not None:
+        overrides["step_size" if method != "dp-sgd" else "learning_rate"] = step_size
+    if n_iter is not None:
+        overrides["n_iter"] = n_iter
+    return make_estimator(
+        method, epsilon=epsilon, delta=delta, sparsity=sparsity, random_state=random_state, **overrides
+    )
+
+
+def _split_facts(unit: str, test_size: float, split_seed: int) -> dict[str, Any]:
+    return {
+        "rule": "by row position" if unit == "sample" else "by prompt",
+        "test_size": test_size,
+        "seed": split_seed,
+    }
+
+
+def fit_reward_model(
+    data: str,
+    *,
+    method: str,
+    features: Any = "ngram",
+    n_features: int = 2**12,
+    n_pairs: int | None = None,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    sparsity: int = 32,
+    step_size: float | None = None,
+    n_iter: int | None = None,
+    test_size: float = 0.2,
+    tune: bool = False,
+    validation_fraction: float | None = None,
+    seed: int | None = None,
+    split_seed: int = 0,
+    progress: Progress = None,
+) -> RewardFit:
+    """Fit a (private) sparse linear BTL reward model on preference pairs, as ``privalign fit-reward``.
+
+    Args:
+      data: ``"hh-rlhf"``, ``"imdb"`` or a path to a ``.jsonl`` of ``{"prompt", "chosen", "rejected"}``.
+      method: ``mle``, ``iht`` (not private), ``dp-iht``, ``dp-sgd`` (sample-DP ε, δ), ``rr-iht``, ``rr``
+        (label-DP ε; features public).
+      features: ``"ngram"`` (hashed n-grams, ``n_features`` columns) or a feature-map object (e.g.
+        ``privalign.models.features.EmbeddingFeatures()``).
+      n_pairs: use at most this many pairs.
+      epsilon, delta, sparsity, step_size, n_iter: the estimator's (see :func:`reward_estimator`).
+      test_size: fraction held out.
+      tune: choose the hyper-parameters on ``validation_fraction`` (default 0.2) of the training prompts (the
+        exponential mechanism on validation accuracy; the whole search, selection included, costs
+        ``epsilon``/``delta``).
+      seed: seed of the privacy noise (default: OS entropy); never written into the release.
+      split_seed: public seed of the data order and the split (recorded in the release).
+      progress: called with one line before the fit (e.g. ``print`` to stderr); ``None`` is silent.
+    """
+    from privalign.estimation.preferences import train_test_split
+    from privalign.estimation.rates import PRIVACY_UNIT
+    from privalign.estimation.realdata import load_preference_data
+    from privalign.release import public_metadata
+
+    unit = PRIVACY_UNIT[method]
+    # The data loading and the split use split_seed, which is public; the noise seed is not.
+    noise = np.random.SeedSequence(seed)
+    est_seed, search_seed = noise.spawn(2)
+    data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
+    # Build the estimator first so that bad parameters fail before any data is loaded.
+    est = reward_estimator(
+        method,
+        epsilon=epsilon,
+        delta=delta,
+        sparsity=sparsity,
+        step_size=step_size,
+        n_iter=n_iter,
+        random_state=np.random.default_rng(est_seed),
+    )
+    pairs, fmap = load_preference_data(
+        data,
+        features=features,
+        n_features=n_features,
+        n_pairs=n_pairs,
+        random_state=np.random.default_rng(data_seed),
+    )
+    train, test = train_test_split(
+        pairs, unit=unit, test_size=test_size, random_state=np.random.default_rng(split_ss)
+    )
+    est.set_params(feature_bound=fmap.feature_bound)
+    if "feature_norm_bound" in est.get_params():  # DP-SGD: the map's public ℓ2 bound caps the default C
+        est.set_params(feature_norm_bound=getattr(fmap, "norm_bound", None))
+    tuning = audit_tuning = None
+    if tune:
+        est, tuning, audit_tuning = _tune(
+            est, train, method, unit, epsilon, delta, sparsity, validation_fraction, search_seed, progress
+        )
+    else:
+        _say(progress, f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})")
+        est.fit(train.X, train.y)
+    acc = float(est.score(test.X, test.y))
+    release: dict[str, Any] = {
+        "method": method,
+        "estimator": type(est).__name__,
+        "privacy_unit": unit,
+        "n_train": train.n_samples,
+        "n_test": test.n_samples,
+        "n_features": train.n_features,
+        "nonzeros": int(np.count_nonzero(est.coef_)),
+        "data": data,
+        "split": _split_facts(unit, test_size, split_seed),
+    }
+    if tuning is not None:
+        release["tuning"] = tuning
+    summary: dict[str, Any] = {
+        **public_metadata(release),
+        "privacy_event": est.privacy_event_.to_dict(),
+        "feature_config": fmap.get_config(),
+        # exact statistics of the private test pairs: for the operator's terminal, never in the release
+        "operator_only": {"heldout_accuracy": acc},
+    }
+    return RewardFit(
+        estimator=est,
+        feature_map=fmap,
+        release=release,
+        summary=summary,
+        heldout_accuracy=acc,
+        data=data,
+        noise_seed=str(noise.entropy) if seed is None else str(seed),
+        audit_extra={"tuning": audit_tuning},
+    )
+
+
+def _tune(
+    est: Any,
+    train: Any,
+    method: str,
+    unit: str,
+    epsilon: float,
+    delta: float,
+    sparsity: int,
+    validation_fraction: float | None,
+    search_seed: np.random.SeedSequence,
+    progress: Progress,
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The private grid search; returns the best estimator (carrying the whole search's privacy event), the
+    public tuning facts and the exact validation accuracies (audit record only)."""
+    from privalign.estimation.tuning import (
+        PrivateGridSearch,
+        default_param_grid,
+        expand_grid,
+        validation_groups,
+    )
+
+    private = unit != "none"
+    grid = default_param_grid(method, sparsity=sparsity)
+    search = PrivateGridSearch(
+        est,
+        grid,
+        validation_fraction=0.2 if validation_fraction is None else validation_fraction,
+        epsilon=epsilon if private else None,
+        delta=delta,
+        selection_epsilon=float("inf") if not private else 1.0,
+        random_state=np.random.default_rng(search_seed),
+    )
+    _say(
+        progress,
+        f"tuning {type(est).__name__} over {len(expand_grid(search.param_grid))} candidates on "
+        f"{train.n_samples} training pairs",
+    )
+    search.fit(train.X, train.y, groups=validation_groups(est, train.prompt_ids))
+    tuning = {
+        "best_params": search.best_params_,
+        "grid": grid,
+        "n_candidates": len(search.candidates_),
+        "n_fit": search.n_fit_,
+        "n_validation": search.n_validation_,
+        "selection": "exponential mechanism on validation accuracy" if private else "argmax (not private)",
+        "privacy_budget": search.privacy_budget_,
+    }
+    best = search.best_estimator_
+    # The released model's guarantee is the whole search's (candidates + selection), not the fit's alone.
+    best.privacy_event_ = search.privacy_event_
+    return best, tuning, {"candidates": search.candidates_}
+
+
+def _refuse(flag: str, why: str, value: Any) -> Exception:
+    from privalign.errors import PrivacyParameterError
+
+    return PrivacyParameterError(f"argument {flag}: {why} (got {value!r})")
+
+
+def _load_text_pairs(data: str, n_pairs: int | None, rng: np.random.Generator) -> Any:
+    from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
+
+    if data == "hh-rlhf":
+        pairs = load_hh_rlhf_pairs(limit=n_pairs)
+    elif data == "imdb":
+        pairs = load_imdb_pairs(n_pairs, random_state=rng)
+    else:
+        pairs = load_jsonl_pairs(data)
+        if n_pairs is not None:
+            n = n_pairs
+            pairs.prompts, pairs.chosen, pairs.rejected, pairs.prompt_ids = (
+                pairs.prompts[:n],
+                pairs.chosen[:n],
+                pairs.rejected[:n],
+                pairs.prompt_ids[:n],
+            )
+    for i, (c, r) in enumerate(zip(pairs.chosen, pairs.rejected)):
+        if c == r:
+            raise _refuse(
+                "--data",
+                f"pair {i + 1} has identical chosen and rejected texts: a comparison must compare two "
+                "different responses",
+                data,
+            )
+    return pairs
+
+
+def fit_transformer_reward_model(
+    data: str,
+    *,
+    backbone: str,
+    method: str,
+    n_pairs: int | None = None,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    batch_size: int | None = None,
+    epochs: float | None = None,
+    top_layers: int | None = None,
+    step_size: float | None = None,
+    test_size: float = 0.2,
+    seed: int | None = None,
+    split_seed: int = 0,
+    progress: Progress = None,
+) -> RewardFit:
+    """Fit a transformer reward model (:class:`~privalign.estimation.transformer.DPTransformerRM`) on
+    preference pairs, as ``privalign fit-reward --model BACKBONE``, with the same data, split rule, release
+    and audit record as :func:`fit_reward_model`.
+
+    Args:
+      backbone: ``"minilm"`` or ``"tiny-random"``.
+      method: ``dp-sgd`` (Opacus DP-SGD, sample-DP ε, δ), ``rr`` (RR labels and the debiased BT loss,
+        label-DP ε) or ``mle`` (not private).
+      batch_size: expected batch size (default 64, at most the number of training pairs).
+      epochs, top_layers, step_size: passes over the data, upper layers trained, Adam's learning rate
+        (``DPTransformerRM``'s defaults when ``None``).
+      The others as :func:`fit_reward_model`.
+    """
+    from privalign.estimation.preferences import PreferenceData, train_test_split
+    from privalign.estimation.transformer import DPTransformerRM
+    from privalign.release import public_metadata
+
+    privacy = TRANSFORMER_PRIVACY.get(method)
+    if privacy is None:
+        raise _refuse("--method", "a transformer model trains with dp-sgd, rr or mle", method)
+    noise = np.random.SeedSequence(seed)  # never written into the release
+    (est_seed,) = noise.spawn(1)
+    data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
+    data_rng = np.random.default_rng(data_seed)
+    pairs = _load_text_pairs(data, n_pairs, data_rng)
+    n = len(pairs.chosen)
+    # orientation by a fair, data-independent coin, as PreferenceData.from_text_pairs
+    y = (data_rng.random(n) < 0.5).astype(np.float64)
+    triples = [
+        (k, r, c) if yi else (k, c, r) for k, c, r, yi in zip(pairs.prompts, pairs.chosen, pairs.rejected, y)
+    ]
+    rows = PreferenceData(
+        X=np.arange(n, dtype=np.float64)[:, None], y=y, prompt_ids=np.asarray(pairs.prompt_ids, dtype=object)
+    )
+    train, test = train_test_split(
+        rows, unit=privacy, test_size=test_size, random_state=np.random.default_rng(split_ss)
+    )
+    tr_idx = train.X[:, 0].astype(np.int64)
+    te_idx = test.X[:, 0].astype(np.int64)
+    batch_size = 64 if batch_size is None else batch_size
+    if batch_size > tr_idx.size:
+        raise _refuse(
+            "--batch-size",
+            f"must be at most the {tr_idx.size} training pairs (a larger batch leaves no full step)",
+            batch_size,
+        )
+    kw: dict[str, Any] = {
+        "privacy": privacy,
+        "backbone": backbone,
+        "batch_size": batch_size,
+        "random_state": np.random.default_rng(est_seed),
+    }
+    if privacy != "none":
+        kw["epsilon"] = epsilon
+    if privacy == "sample":
+        kw["delta"] = delta
+    for param, value in (("epochs", epochs), ("top_layers", top_layers), ("learning_rate", step_size)):
+        if value is not None:
+            kw[param] = value
+    est = DPTransformerRM(**kw)
+    _say(progress, f"fitting DPTransformerRM ({backbone}, privacy {privacy}) on {tr_idx.size} pairs")
+    est.fit([triples[i] for i in tr_idx], train.y)
+    fm = est.feature_map()
+    acc = est.score_texts([triples[i] for i in te_idx], test.y, feature_map=fm)
+    release = {
+        "method": method,
+        "estimator": "DPTransformerRM",
+        "privacy_unit": privacy,
+        "n_train": int(tr_idx.size),
+        "n_test": int(te_idx.size),
+        "n_features": int(est.n_features_in_),
+        "nonzeros": int(np.count_nonzero(est.coef_)),
+        "data": data,
+        "split": _split_facts(privacy, test_size, split_seed),
+    }
+    summary: dict[str, Any] = {
+        **public_metadata(release),
+        "model_kind": f"transformer ({backbone}, {est.top_layers} upper layer(s) trained)",
+        "privacy_event": est.privacy_event_.to_dict(),
+        "feature_config": fm.describe_config(),
+        "operator_only": {"heldout_accuracy": acc},
+    }
+    return RewardFit(
+        estimator=est,
+        feature_map=fm,
+        release=release,
+        summary=summary,
+        heldout_accuracy=acc,
+        data=data,
+        noise_seed=str(noise.entropy) if seed is None else str(seed),
+    )
