@@ -293,6 +293,13 @@ def test_p1_2_across_epsilon_reads_where_it_holds_and_where_not():
         {"method": "PrivBoN", "across_epsilon": {"holds": [1.0, 2.0, 20.0], "does not hold": [50.0, 100.0]}},
     )
     expected = "Across the privacy sweep, PrivBoN resisted over-optimisation at ε = 1, 2, 20; "
-    assert line == expected + "over-optimised at ε = 50, 100."
+    assert line == expected + "PrivBoN over-optimised at ε = 50, 100."
     out = monotone_across_epsilon([], "PrivBoN")
     assert out[0] == "inconclusive"
+
+
+def test_p1_2_across_epsilon_reads_an_undecided_epsilon_in_plain_words():
+    from privalign.experiments.plain import monotone
+
+    line = monotone("inconclusive", {"method": "PrivBoN", "across_epsilon": {"inconclusive": [1.0, 2.0]}})
+    assert line == "Across the privacy sweep, the data could not tell at ε = 1, 2."

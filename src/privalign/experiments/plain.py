@@ -92,12 +92,12 @@ def monotone(verdict: str, f: dict) -> str:
     m = _method(f["method"])
     if f.get("across_epsilon"):
         words = {
-            "holds": "resisted over-optimisation",
-            "does not hold": "over-optimised",
-            "inconclusive": "could not tell",
+            "holds": f"{m} resisted over-optimisation",
+            "does not hold": f"{m} over-optimised",
+            "inconclusive": "the data could not tell",
         }
         parts = [f"{words.get(v, v)} at ε = {_list(es)}" for v, es in f["across_epsilon"].items()]
-        return f"Across the privacy sweep, {m} " + "; ".join(parts) + "."
+        return "Across the privacy sweep, " + "; ".join(parts) + "."
     w, u = f.get("what", "true reward"), f.get("unit", "")
     if verdict == "holds":
         return (
