@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from privalign.cli._args import emit_json
+
+if TYPE_CHECKING:
+    from privalign.pipeline.workflow import PoolBuildOptions
 
 
 def register(subparsers) -> None:
@@ -132,7 +136,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
-def _options(args: argparse.Namespace):
+def _options(args: argparse.Namespace) -> PoolBuildOptions:
+    """The flags as the library's options (same names and defaults)."""
     from privalign.pipeline.workflow import PoolBuildOptions
 
     return PoolBuildOptions(
