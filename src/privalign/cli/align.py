@@ -103,60 +103,28 @@ def _run(args: argparse.Namespace) -> int:
             f"{exc} (flags: --steps --beta --learning-rate --num-generations --prompts-per-step "
             "--max-new-tokens --lora-rank --seed --save-steps)"
         )
-    if args.num_threads is not None:
-        if args.num_threads < 1:
-            return _fail(f"argument --num-threads: must be an integer >= 1. Got {args.num_threads}.")
-    from privalign.rlhf.prompts import check_prompts_disjoint, imdb_rl_prompts, load_prompt_file
-    from privalign.rlhf.rewards import load_reward
+    if args.num_threads is not None and args.num_threads < 1:
+        return _fail(f"argument --num-threads: must be an integer >= 1. Got {args.num_threads}.")
+    from privalign.rlhf.workflow import align
 
     try:
-        reward = load_reward(args.reward_model)
-    except (FileNotFoundError, DataFormatError, PrivacyParameterError, MissingDependencyError) as exc:
-        return _fail(f"argument --reward-model: {exc}")
-    try:
-        if args.prompts == "imdb":
-            if not 1 <= args.num_prompts <= 1000 - max(args.prompt_offset, 0) or args.prompt_offset < 0:
-                return _fail(
-                    "argument --num-prompts/--prompt-offset: need 0 <= offset and 1 <= num-prompts <= 1000 "
-                    f"- offset. Got --num-prompts {args.num_prompts}, --prompt-offset {args.prompt_offset}."
-                )
-            prompts, info = imdb_rl_prompts(args.num_prompts, offset=args.prompt_offset)
-        else:
-            prompts, info = load_prompt_file(args.prompts)
-    except (FileNotFoundError, DataFormatError, PrivacyParameterError, MissingDependencyError) as exc:
-        return _fail(f"argument --prompts: {exc}")
-    try:
-        overlap = check_prompts_disjoint(prompts, reward, allow_overlap=args.allow_overlap)
-    except PrivacyParameterError as exc:
-        return _fail(f"argument --prompts: {exc}")
-    if overlap.get("overlapping_prompts"):
-        print(
-            f"privalign align: warning: {overlap['overlapping_prompts']} prompts overlap the reward model's "
-            "preference data (--allow-overlap given); the policy's privacy statement does not cover those "
-            "prompts.",
-            file=sys.stderr,
-        )
-    if args.num_threads is not None:
-        import torch
-
-        torch.set_num_threads(args.num_threads)
-    from privalign.rlhf.train import align_policy
-
-    try:
-        res = align_policy(
-            reward,
-            prompts,
-            info,
+        res = align(
+            args.reward_model,
             args.out,
             cfg,
+            prompts=args.prompts,
+            num_prompts=args.num_prompts,
+            prompt_offset=args.prompt_offset,
             base_model=args.base_model,
-            overlap_check=overlap,
             allow_overlap=args.allow_overlap,
+            num_threads=args.num_threads,
             progress=not args.no_progress,
         )
-    except PrivacyParameterError as exc:
-        return _fail(f"argument --out: {exc}" if "'out'" in str(exc) else str(exc))
-    except MissingDependencyError as exc:
+    except (DataFormatError, PrivacyParameterError, MissingDependencyError) as exc:
+        return _fail(str(exc))
+    except FileNotFoundError as exc:
+        if not str(exc).startswith("argument "):  # not a flag's file: the error boundary words it
+            raise
         return _fail(str(exc))
     man = {k: v for k, v in res.items() if k not in ("model", "tokenizer")}
     if args.json:
@@ -166,8 +134,8 @@ def _run(args: argparse.Namespace) -> int:
         first = log[0]["reward"] if log else float("nan")
         last = log[-1]["reward"] if log else float("nan")
         print(
-            f"aligned {man['steps_done']} steps on {len(prompts)} prompts; training reward {first:.4g} -> "
-            f"{last:.4g}; policy saved to {man['policy_dir']}"
+            f"aligned {man['steps_done']} steps on {man['prompts']['n']} prompts; training reward "
+            f"{first:.4g} -> {last:.4g}; policy saved to {man['policy_dir']}"
         )
         print(man["privacy"]["statement"])
     return 0

@@ -4,11 +4,13 @@ a scored pool (resumable; rerun the same command to resume)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from privalign.cli._args import emit_json
+
+if TYPE_CHECKING:
+    from privalign.pipeline.workflow import PoolBuildOptions
 
 
 def register(subparsers) -> None:
@@ -134,209 +136,49 @@ def register(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
-def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, naming the flag, when nothing answers at ``--base-url`` (any HTTP answer counts as
-    reachable)."""
-    import urllib.error
-    import urllib.request
+def _options(args: argparse.Namespace) -> PoolBuildOptions:
+    """The flags as the library's options (same names and defaults)."""
+    from privalign.pipeline.workflow import PoolBuildOptions
 
-    from privalign.errors import PrivacyParameterError
-
-    if not base_url.startswith(("http://", "https://")):
-        raise PrivacyParameterError(
-            f"argument --base-url: must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
-        )
-    try:
-        urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout_s).close()  # noqa: S310
-    except urllib.error.HTTPError:
-        return  # the server answered
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise PrivacyParameterError(
-            f"argument --base-url: nothing answers at {base_url} ({reason}); "
-            "start the OpenAI-compatible server (e.g. vLLM) first or fix the URL"
-        ) from None
-
-
-#: The verifier rewards: each checks answers against the reference answers of its own dataset only.
-_VERIFIERS = ("gsm8k", "mmlu", "math")
-
-
-def _check_compatible(args: argparse.Namespace) -> None:
-    """Options that cannot work together are refused before any dataset or model is loaded (a verifier on
-    another dataset failed only while scoring, after the model had loaded and generated)."""
-    from privalign.errors import PrivacyParameterError
-
-    for flag, name in (("--proxy-reward", args.proxy_reward), ("--true-reward", args.true_reward)):
-        if name in _VERIFIERS and name != args.dataset:
-            raise PrivacyParameterError(
-                f"argument {flag}: {name!r} is the {name} answer verifier: it scores only --dataset {name} "
-                f"(it compares each answer with the dataset's reference answer, which --dataset "
-                f"{args.dataset} does not have); use --dataset {name}, or a reward that reads any text "
-                "(vader, clean, linear:PATH, hf:DIR, ...)"
-            )
-    if args.math_path is not None and args.dataset != "math":
-        raise PrivacyParameterError(
-            f"argument --math-path: used only with --dataset math, got --dataset {args.dataset}; drop "
-            "--math-path"
-        )
-
-
-@contextlib.contextmanager
-def out_lock(out: str) -> Iterator[None]:
-    """Hold ``OUT.lock`` while a run writes ``--out`` (its work file, the pool and the manifest): a second
-    run on the same ``--out`` is refused (exit 2) instead of failing mid-way on the first one's work file.
-
-    The lock is an advisory ``flock`` on the lock file, which also holds the owner's pid for the message:
-    the kernel releases it when its process ends, however it ends, so a lock file left by a killed run is
-    stale and simply taken over. The file is removed on release.
-    """
-    import os
-
-    from privalign.errors import PrivacyParameterError
-
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): no lock
-        yield
-        return
-    path = f"{out}.lock"
-    created = []  # the directories made for the lock file, removed again if the run left them empty
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        created.append(parent)
-        parent = os.path.dirname(parent)
-    for d in reversed(created):
-        os.mkdir(d)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise PrivacyParameterError(
-                f"argument --out: another build-pool run (pid {owner}) is writing {out} (it holds {path}); "
-                "wait for it to finish, or give another --out"
-            ) from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:  # removed by the owner as we opened it: take a fresh one
-            same = False
-        if same:
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        yield
-    finally:
-        os.unlink(path)
-        os.close(fd)
-        for d in created:
-            with contextlib.suppress(OSError):  # not empty: the run wrote there
-                os.rmdir(d)
+    return PoolBuildOptions(
+        dataset=args.dataset,
+        n=args.n,
+        num_prompts=args.num_prompts,
+        proxy_reward=args.proxy_reward,
+        true_reward=args.true_reward,
+        math_path=args.math_path,
+        mmlu_subjects=args.mmlu_subjects.split(","),
+        prompt_words=args.prompt_words,
+        hh_prompt=args.hh_prompt,
+        generator=args.generator,
+        model=args.model,
+        compute_type=args.compute_type,
+        ct2_reseed=args.ct2_reseed,
+        ct2_reseed_block=args.ct2_reseed_block,
+        base_url=args.base_url,
+        chat_template=args.chat_template,
+        assistant_prefix=args.assistant_prefix,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        stop=args.stop,
+        batch_size=args.batch_size,
+        num_threads=args.num_threads,
+        backend=args.backend,
+        ray_address=args.ray_address,
+        ray_num_cpus=args.ray_num_cpus,
+        ray_concurrency=args.ray_concurrency,
+        seed=args.seed,
+        max_chars=args.max_chars,
+        keep_work=args.keep_work,
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
-    _check_compatible(args)
-    with out_lock(args.out):
-        return _build(args)
+    from privalign.pipeline.workflow import build_pool_from_options, pool_capacity_lines
 
-
-def _build(args: argparse.Namespace) -> int:
-    from privalign.pipeline.build_pool import PoolConfig, build_pool, load_pool_prompts
-    from privalign.pipeline.steps import generator_spec
-
-    qa = args.dataset in ("gsm8k", "mmlu", "math")
-    chat = args.chat_template if args.chat_template is not None else args.dataset != "imdb"
-    prefix = (
-        args.assistant_prefix
-        if args.assistant_prefix is not None
-        else ("Let me think step by step.\n" if qa else "")
-    )
-    sampling = {
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-    }
-    if args.generator == "ctranslate2" and args.ct2_reseed == "block" and args.ct2_reseed_block < 1:
-        print(
-            (
-                "privalign build-pool: error: argument --ct2-reseed-block: must be >= 1, "
-                f"got {args.ct2_reseed_block}"
-            ),
-            file=sys.stderr,
-        )
-        return 2
-    if args.generator == "openai":
-        if not args.model:
-            print(
-                (
-                    "privalign build-pool: error: argument --model: required with --generator openai "
-                    "(the served model name)"
-                ),
-                file=sys.stderr,
-            )
-            return 2
-        _check_reachable(args.base_url)
-    gen = generator_spec(
-        args.generator,
-        model=args.model,
-        sampling=sampling,
-        stop=args.stop,
-        batch_size=args.batch_size,
-        chat_template=chat,
-        assistant_prefix=prefix,
-        num_threads=args.num_threads,
-        compute_type=args.compute_type,
-        # "prompt" is the generator's default: left out, so earlier pools keep their fingerprint
-        reseed_block=args.ct2_reseed_block if args.ct2_reseed == "block" else None,
-        base_url=args.base_url,
-    )
-    examples, ds_opts = load_pool_prompts(
-        args.dataset,
-        num_prompts=args.num_prompts,
-        prompt_words=args.prompt_words,
-        hh_prompt=args.hh_prompt,
-        mmlu_subjects=args.mmlu_subjects.split(","),
-        math_path=args.math_path,
-    )
-    if args.num_prompts > len(examples):
-        print(
-            (
-                f"privalign build-pool: error: argument --num-prompts: {args.num_prompts} exceeds the "
-                f"{len(examples)} prompts of {args.dataset}"
-            ),
-            file=sys.stderr,
-        )
-        return 2
-    cfg = PoolConfig(
-        dataset=args.dataset,
-        n=args.n,
-        seed=args.seed,
-        generator=gen,
-        proxy_reward=args.proxy_reward,
-        true_reward=args.true_reward,
-        num_prompts=args.num_prompts,
-        max_chars=args.max_chars,
-        dataset_options=ds_opts,
-    )
-    ray_opts = {
-        "address": args.ray_address,
-        "num_cpus": args.ray_num_cpus,
-        "concurrency": args.ray_concurrency,
-    }
-    manifest = build_pool(
-        cfg,
-        examples,
-        args.out,
-        backend=args.backend,
-        keep_work=args.keep_work,
-        progress=not args.no_progress,
-        ray_options=ray_opts if args.backend == "ray" else None,
-    )
+    manifest = build_pool_from_options(_options(args), args.out, progress=not args.no_progress)
     if args.json:
         emit_json(manifest)
     else:
@@ -345,26 +187,6 @@ def _build(args: argparse.Namespace) -> int:
             f"{manifest['candidates_per_prompt']} candidates; counts {manifest['counts']}",
             file=sys.stderr,
         )
-    _print_capacity(args)
+    for line in pool_capacity_lines(args.out, args.proxy_reward, args.true_reward):
+        print(line, file=sys.stderr)
     return 0
-
-
-def _print_capacity(args: argparse.Namespace) -> None:
-    """The pool's capacity diagnostic (can it show over-optimisation at the N it holds?) on the terminal,
-    when it has both rewards. Printed only: a manifest holds configuration, not statistics of the scores."""
-    import math
-    import os
-
-    if "none" in (args.proxy_reward, args.true_reward) or not os.path.isfile(args.out):
-        return
-
-    from privalign.alignment.capacity import capacity_diagnostic, capacity_lines
-    from privalign.data.pools import read_pool
-
-    recs = read_pool(args.out)
-    proxies = [[r.proxy_reward for r in rec.responses] for rec in recs]
-    golds = [[r.true_value for r in rec.responses] for rec in recs]
-    if any(len(p) < 2 or not all(math.isfinite(v) for v in p + g) for p, g in zip(proxies, golds)):
-        return
-    for line in capacity_lines(capacity_diagnostic(proxies, golds)):
-        print(line.strip(), file=sys.stderr)

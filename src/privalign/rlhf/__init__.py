@@ -5,6 +5,8 @@ model.
 * :mod:`privalign.rlhf.prompts`: public RL prompts (held-out IMDb openings) and the disjointness check against
   the reward model's private preference data.
 * :mod:`privalign.rlhf.train`: :func:`align_policy` (checkpoints, manifest, resume).
+* :mod:`privalign.rlhf.workflow`: ``privalign align`` as library calls: :func:`load_align_inputs` (reward,
+  prompts, overlap check; no policy model) and :func:`align` (those, then :func:`align_policy`).
 * :mod:`privalign.rlhf.evaluate`: gold reward, KL(policy ‖ reference), win rates with paired bootstrap
   intervals, best-of-N at equal KL.
 
@@ -21,10 +23,14 @@ from privalign.rlhf.prompts import (
 )
 from privalign.rlhf.rewards import PrivateReward, ScorerReward, load_reward
 from privalign.rlhf.train import AlignConfig, align_policy, load_base_model, privacy_statement
+from privalign.rlhf.workflow import AlignInputs, align, load_align_inputs
 
 __all__ = [
     "AlignConfig",
+    "AlignInputs",
+    "align",
     "align_policy",
+    "load_align_inputs",
     "load_base_model",
     "privacy_statement",
     "PrivateReward",
