@@ -56,7 +56,7 @@ TIMINGS: tuple[Timing, ...] = (
         "fit-reward",
         "train a label-DP reward model on HH-RLHF pairs (guide: private reward model; service step 1)",
         (FIT,),
-        quoted="41 s",
+        quoted="2 s",
         quoted_cpu="2 s",
     ),
     Timing(
@@ -69,8 +69,8 @@ TIMINGS: tuple[Timing, ...] = (
             "privalign simulate --pool pool.jsonl.gz --methods bon,privbon --replicates 5 --out sim "
             "--no-progress",
         ),
-        quoted="8 min 28 s",
-        quoted_cpu="46 s",
+        quoted="34 s",
+        quoted_cpu="42 s",
     ),
     Timing(
         "reproduce-figure",
@@ -79,15 +79,15 @@ TIMINGS: tuple[Timing, ...] = (
             "privalign reproduce p1-scaling --quick --out runs/p1-scaling --no-progress",
             "privalign report runs/p1-scaling --out runs/report",
         ),
-        quoted="2 min 22 s",
-        quoted_cpu="8 s",
+        quoted="6 s",
+        quoted_cpu="7 s",
     ),
     Timing(
         "align",
         "privalign align, 20 GRPO steps on a reward model fit on held-out IMDb pairs (setup not timed)",
         ("privalign align --reward-model rm.json --out policy-run --steps 20 --num-threads 1 --no-progress",),
-        quoted="13 min 19 s",
-        quoted_cpu="1 min 58 s",
+        quoted="1 min 41 s",
+        quoted_cpu="1 min 40 s",
         setup=(
             "python -c \"from privalign.rlhf import heldout_imdb_pairs; heldout_imdb_pairs('pairs.jsonl')\"",
             "privalign fit-reward --data pairs.jsonl --method rr-iht --epsilon 8 --out rm.json",
@@ -97,8 +97,8 @@ TIMINGS: tuple[Timing, ...] = (
         "demo",
         "make demo's job: privalign demo (quick configurations of 11 experiments + the report)",
         ("privalign demo --out runs/demo --no-progress",),
-        quoted="9 min 9 s",
-        quoted_cpu="1 min 24 s",
+        quoted="1 min 16 s",
+        quoted_cpu="1 min 22 s",
     ),
 )
 
