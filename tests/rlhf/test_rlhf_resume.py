@@ -15,6 +15,7 @@ from privalign.experiments.rlhf import (
     _load_eval_record,
     _train_identity,
     _train_stats,
+    policy_seed,
 )
 
 
@@ -38,6 +39,20 @@ def test_identity_depends_on_policy_seed_and_training_config():
     assert a != _train_identity(cell, _cfg(learning_rate=5e-4), ss)
     assert a != _train_identity({"policy": "DenseRR@8"}, _cfg(), ss)
     assert a != _train_identity(cell, _cfg(), np.random.SeedSequence(42, spawn_key=(4,)))
+
+
+def test_policy_seed_depends_on_the_name_not_the_position():
+    # two processes that split the policy list must train exactly what the full run trains
+    a = policy_seed(42, "RRIHT@8")
+    assert a.generate_state(4).tolist() == policy_seed(42, "RRIHT@8").generate_state(4).tolist()
+    others = [policy_seed(42, p).generate_state(4).tolist() for p in ("RRIHT@2", "DenseRR@8", "IHT")]
+    assert a.generate_state(4).tolist() not in others
+    assert policy_seed(43, "RRIHT@8").generate_state(4).tolist() != a.generate_state(4).tolist()
+    # never the runner's index-based cell seeds
+    assert all(
+        a.generate_state(4).tolist() != np.random.SeedSequence(42, spawn_key=(i,)).generate_state(4).tolist()
+        for i in range(20)
+    )
 
 
 def test_prior_records_are_imported_only_when_their_identity_matches(tmp_path):

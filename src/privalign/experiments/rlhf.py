@@ -44,7 +44,7 @@ from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.runner import read_results
 
-__all__ = ["EXPERIMENTS", "parse_policy", "rlhf_verdict", "SPARSE_DENSE"]
+__all__ = ["EXPERIMENTS", "parse_policy", "policy_seed", "rlhf_verdict", "SPARSE_DENSE"]
 
 PRIVATE = ("SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear")
 NONPRIVATE = ("IHT", "MLE")
@@ -269,11 +269,23 @@ def _reference_record(cfg: dict, ctx: RunContext) -> dict:
     )  # pragma: no cover
 
 
+def policy_seed(root_seed: int, policy: str) -> np.random.SeedSequence:
+    """The seed of one policy's cell, derived from the root seed and the policy's *name* (not its position
+    in ``policies``), so a subset of the policies, or the same policies in another order, trains exactly the
+    same reward models and policies: two processes can split the list and their per-checkpoint records are
+    reused by the full run (same identity)."""
+    import hashlib
+
+    key = int.from_bytes(hashlib.sha256(str(policy).encode()).digest()[:4], "big")
+    return np.random.SeedSequence(root_seed, spawn_key=(2**23, key))
+
+
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
     """A cell: the reference policy's samples, or fit reward model → train policy (evaluated at every
     checkpoint) → the policy's record (its last checkpoint, plus the whole gold-vs-KL curve)."""
     if cell["policy"] == "reference":
         return [_reference_cached(cfg, ctx)]
+    ss = policy_seed(cfg["seed"], cell["policy"])
     s_fit, s_rl = ss.spawn(2)
     fitted = _fit_reward_model(cell, cfg, ctx, s_fit)
     ident = _train_identity(cell, cfg, ss)
