@@ -178,6 +178,21 @@ def _cases(t: Path):
         # files
         ("report", ["report", str(t / "no_run"), "--out", str(t / "rep")], ["no_run"]),
         ("reproduce", ["reproduce", "no-such-experiment", "--out", str(t / "o")], ["no-such-experiment"]),
+        (
+            "reproduce",
+            ["reproduce", "p1-scaling", "--set", "seed", "--out", str(t / "o")],
+            ["--set", "'seed'"],
+        ),
+        (
+            "reproduce",
+            ["reproduce", "p1-scaling", "--set", "no_such_key=1", "--out", str(t / "o")],
+            ["no_such_key"],
+        ),
+        (
+            "reproduce",
+            ["reproduce", "p1-scaling", "--set", "seed=-3", "--out", str(t / "o")],
+            ["seed", "-3"],
+        ),
         ("bon-curve", ["bon-curve", "--pool", pool, "--out", str(t / "b")], ["no_pool.jsonl"]),
         (
             "rescore-pool",

@@ -257,3 +257,22 @@ def test_seeds_are_children_of_the_root_seed():
     a = runner.cell_seed(42, 3)
     b = np.random.SeedSequence(42).spawn(4)[3]
     assert np.array_equal(a.generate_state(4), b.generate_state(4))
+
+
+def test_reproduce_set_values_are_toml_or_bare_strings():
+    import pytest
+
+    from privalign.cli.reproduce import parse_overrides
+
+    assert parse_overrides(
+        ["records_only=true", "steps=50", 'policies=["IHT", "RRIHT@8"]', "gold=a/b.json"]
+    ) == {
+        "records_only": True,
+        "steps": 50,
+        "policies": ["IHT", "RRIHT@8"],
+        "gold": "a/b.json",
+    }
+    assert parse_overrides([]) == {}
+    for bad in (["seed"], ["=3"], ["seed=1", "seed=2"]):
+        with pytest.raises(ValueError):
+            parse_overrides(bad)

@@ -13,6 +13,8 @@ from privalign.experiments.rlhf import (
     _eval_steps,
     _import_prior_evals,
     _load_eval_record,
+    _run_cell,
+    _summarize,
     _train_identity,
     _train_stats,
     policy_seed,
@@ -83,3 +85,38 @@ def test_train_stats_average_the_logged_steps_of_the_interval():
         "entropy": None,
         "completions/mean_length": None,
     }
+
+
+def test_records_only_reports_an_incomplete_policy_as_pending_and_trains_nothing(tmp_path):
+    cfg = _cfg(steps=100, eval_every=50, records_only=True, prior_evals=str(tmp_path / "prior"))
+    cell = {"cell": "RRIHT@8", "policy": "RRIHT@8", "method": "RRIHT", "epsilon": 8.0}
+    ident = _train_identity(cell, cfg, policy_seed(42, "RRIHT@8"))
+    prior = tmp_path / "prior" / "RRIHT_eps8"
+    prior.mkdir(parents=True)
+    (prior / "step-000050.json").write_text(json.dumps({"identity": ident, "step": 50}))
+    ctx = RunContext(run_dir=tmp_path / "run")
+    # no data, no model: a call that tried to fit or train would fail here
+    (rec,) = _run_cell(cell, cfg, ctx, np.random.SeedSequence(0))
+    assert rec == {
+        "kind": "pending",
+        "policy": "RRIHT@8",
+        "method": "RRIHT",
+        "epsilon": 8.0,
+        "steps_recorded": [50],
+        "steps_planned": [50, 100],
+    }
+    summ = _summarize([rec], {**cfg, "eval_prompts": 64})
+    assert summ["pending"] == [{"policy": "RRIHT@8", "steps_recorded": [50], "steps_planned": [50, 100]}]
+    assert "RRIHT@8 (1/2 checkpoints)" in summ["measured"]
+    assert summ["verdict"] == "inconclusive"
+
+
+def test_records_only_without_a_reference_record_is_refused(tmp_path):
+    import pytest
+
+    from privalign.experiments.base import ExperimentError
+
+    cfg = _cfg(records_only=True, prior_evals=str(tmp_path / "none"))
+    ref = {"cell": "reference", "policy": "reference", "method": "reference", "epsilon": None}
+    with pytest.raises(ExperimentError, match="records_only"):
+        _run_cell(ref, cfg, RunContext(run_dir=tmp_path / "run"), np.random.SeedSequence(0))

@@ -24,6 +24,14 @@ def register(subparsers) -> None:
     p.add_argument(
         "--out", help="run directory (for 'all': a parent directory, one sub-directory per experiment)"
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one configuration key (VALUE in TOML syntax, e.g. --set records_only=true "
+        "--set 'policies=[\"IHT\"]'; a bare word is a string); repeatable",
+    )
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -53,6 +61,14 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     progress = False if args.no_progress else None
     try:
+        overrides = parse_overrides(args.set)
+    except ValueError as exc:
+        print(f"privalign reproduce: error: argument --set: {exc}", file=sys.stderr)
+        return 2
+    if overrides and args.experiment == "all":
+        print("privalign reproduce: error: --set cannot be combined with 'all'", file=sys.stderr)
+        return 2
+    try:
         if args.experiment == "all":
             if args.config:
                 print("privalign reproduce: error: --config cannot be combined with 'all'", file=sys.stderr)
@@ -69,7 +85,12 @@ def _run(args: argparse.Namespace) -> int:
                 emit_json(summaries, indent=2)
             return 0
         summary = run_experiment(
-            args.experiment, out=args.out, config_path=args.config, quick=args.quick, progress=progress
+            args.experiment,
+            out=args.out,
+            config_path=args.config,
+            quick=args.quick,
+            overrides=overrides or None,
+            progress=progress,
         )
     except (ExperimentError, ConfigError) as exc:
         print(f"privalign reproduce: error: {exc}", file=sys.stderr)
@@ -79,3 +100,28 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(f"privalign reproduce: {args.experiment}: done -> {args.out}", file=sys.stderr)
     return 0
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["records_only=true", "steps=50", "gold=pools/x.json"]`` → ``{"records_only": True, "steps": 50,
+    "gold": "pools/x.json"}``: each VALUE is read as TOML, and a value that is not TOML (a bare word or path)
+    as a string. The experiment's schema then checks every key and value.
+
+    Raises:
+      ValueError: an item without ``=``, an empty key, or a key given twice.
+    """
+    import tomllib
+
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        if key in out:
+            raise ValueError(f"key {key!r} given twice")
+        try:
+            out[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = value
+    return out

@@ -127,6 +127,13 @@ def _schema() -> dict[str, Field]:
                 "directory of per-checkpoint evaluation records from an earlier session (RUN/evals layout, "
                 "e.g. docs/results/p2-rlhf/evals); records with a matching identity are reused",
             ),
+            "records_only": Field(
+                "bool",
+                False,
+                "summarise the per-checkpoint records that exist (here or under prior_evals) and train "
+                "nothing: a policy without all its records is reported as pending (a partial run's "
+                "figure and verdict)",
+            ),
             "beta": Field("float", 0.05, "KL coefficient to the reference policy (> 0)", low=1e-12),
             "learning_rate": Field("float", 2e-4, "LoRA learning rate", low=1e-12),
             "num_generations": Field("int", 4, "samples per prompt in a GRPO group", low=2),
@@ -287,10 +294,27 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         return [_reference_cached(cfg, ctx)]
     ss = policy_seed(cfg["seed"], cell["policy"])
     s_fit, s_rl = ss.spawn(2)
-    fitted = _fit_reward_model(cell, cfg, ctx, s_fit)
     ident = _train_identity(cell, cfg, ss)
+    if cfg.get("records_only"):
+        _import_prior_evals(cell, cfg, ctx, ident)
+        curve = _curve(cell, cfg, ctx, ident)
+        if any(r is None for r in curve):
+            return [_pending_record(cell, cfg, curve)]
+    fitted = _fit_reward_model(cell, cfg, ctx, s_fit)
     curve = _train_policy(cell, cfg, ctx, fitted, s_rl, ident)
     return [_policy_record(cell, cfg, ctx, fitted, curve)]
+
+
+def _pending_record(cell: dict, cfg: dict, curve: list[dict | None]) -> dict:
+    """A policy that ``records_only`` could not summarise: which checkpoints have records so far."""
+    return {
+        "kind": "pending",
+        "policy": cell["policy"],
+        "method": cell["method"],
+        "epsilon": cell["epsilon"],
+        "steps_recorded": [s for s, r in zip(_eval_steps(cfg), curve) if r is not None],
+        "steps_planned": _eval_steps(cfg),
+    }
 
 
 #: Configuration keys that determine the reference policy's evaluation samples.
@@ -320,6 +344,11 @@ def _reference_cached(cfg: dict, ctx: RunContext) -> dict:
         if rec is not None:
             rec.pop("identity", None)
             return rec
+    if cfg.get("records_only"):
+        raise ExperimentError(
+            "p2-rlhf: records_only = true but there is no reference record with this configuration's "
+            f"identity in {dst.parent} or prior_evals = {cfg.get('prior_evals')!r}; run without records_only."
+        )
     rec = _reference_cell(cfg, ctx)
     _write_record(dst, {**rec, "identity": ident})
     return rec
@@ -837,8 +866,19 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
         )
     v, m = rlhf_verdict(records)
     underpowered = cfg["steps"] < 50 or cfg["eval_prompts"] < 32
+    pending = [
+        {k: r[k] for k in ("policy", "steps_recorded", "steps_planned")}
+        for r in records
+        if r.get("kind") == "pending"
+    ]
+    if pending:
+        m += " | not yet trained (no complete record): " + ", ".join(
+            f"{p['policy']} ({len(p['steps_recorded'])}/{len(p['steps_planned'])} checkpoints)"
+            for p in pending
+        )
     return {
         "table": table,
+        "pending": pending,
         "reference_gold": ref["gold_mean"] if ref else None,
         "verdict": v,
         "measured": m
