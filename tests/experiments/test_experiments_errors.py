@@ -150,6 +150,7 @@ def test_output_dir_with_a_different_run_is_refused(tmp_path, capsys):
     rc = main(["reproduce", "p1-epsilon-star", "--config", str(other), "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "already holds a different run" in err
+    assert "(keys that differ: seed)" in err  # the user sees what changed
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing touched
     # a different experiment into the same directory
     rc = main(["reproduce", "p1-budget", "--quick", "--out", str(out), "--no-progress"])

@@ -126,7 +126,18 @@ def resolve_config(
     return cfg
 
 
-def _check_run_dir(out: Path, name: str, chash: str) -> dict | None:
+def _config_diff(old: Any, new: dict) -> str:
+    """`` (keys that differ: a, b)`` between a run's recorded configuration and this one ('' if unknown)."""
+    if not isinstance(old, dict):
+        return ""
+    keys = sorted(k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>"))
+    if not keys:
+        return ""
+    shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+    return f" (keys that differ: {shown})"
+
+
+def _check_run_dir(out: Path, name: str, chash: str, cfg: dict | None = None) -> dict | None:
     """Return the manifest of a resumable run in ``out``, ``None`` for a fresh directory; else raise."""
     if out.exists() and not out.is_dir():
         raise RunDirectoryError(f"Output path {out} exists and is not a directory.")
@@ -141,10 +152,12 @@ def _check_run_dir(out: Path, name: str, chash: str) -> dict | None:
             )
         return None
     if man.get("experiment") != name or man.get("config_hash") != chash:
+        diff = _config_diff(man.get("config"), cfg or {}) if man.get("experiment") == name else ""
         raise RunDirectoryError(
             f"Output directory {out} already holds a different run (experiment {man.get('experiment')!r}, "
             f"config hash {str(man.get('config_hash'))[:12]}…; this run: experiment {name!r}, config hash "
-            f"{chash[:12]}…). Choose another --out directory or delete that one."
+            f"{chash[:12]}…){diff}. "
+            "Choose another --out directory or delete that one."
         )
     return man
 
@@ -175,7 +188,7 @@ def prepare(
     cfg = resolve_config(exp, config_path, quick, overrides)
     chash = config_hash(exp.name, cfg)
     out = Path(out)
-    existing = _check_run_dir(out, exp.name, chash)
+    existing = _check_run_dir(out, exp.name, chash, cfg)
     ctx = RunContext(run_dir=out, quick=quick, progress=progress)
     exp.preflight(cfg, ctx)
     return Prepared(exp, cfg, chash, out, ctx, existing)
