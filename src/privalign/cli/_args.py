@@ -9,7 +9,15 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["Parser", "nonneg_int", "pos_int", "port", "finite_float", "EXTRA_OF", "extra_for"]
+__all__ = [
+    "Parser",
+    "nonneg_int",
+    "pos_int",
+    "port",
+    "finite_float",
+    "EXTRA_OF",
+    "extra_for",
+]
 
 
 class Parser(argparse.ArgumentParser):
@@ -115,22 +123,6 @@ def extra_for(module: str | None) -> str | None:
     if not module:
         return None
     return EXTRA_OF.get(module.split(".")[0])
-
-
-def check_out_dir(out: str) -> None:
-    """``--out DIR`` of a command that writes a directory: refused up front when it is an existing file (the
-    work would otherwise run to the end and fail on the write)."""
-    import os
-
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(
-            f"argument --out: {out} exists and is not a directory (an output directory is expected)"
-        )
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):  # the nearest existing ancestor must be a directory to create it in
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(f"argument --out: {out}: {parent} is a file, so the directory cannot be created")
 
 
 def warn(cmd: str, message: str) -> None:

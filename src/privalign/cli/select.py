@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from privalign._validation import parse_floats
 from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
-from privalign.cli._methods import add_param_option, parse_floats, selector_spec
+from privalign.cli._methods import add_param_option, selector_spec
 
 __all__ = ["register", "add_selector_args", "build_selector"]
 
