@@ -129,16 +129,11 @@ def warn(cmd: str, message: str) -> None:
     print(f"privalign {cmd}: note: {message}", file=sys.stderr)
 
 
-def _clean(o):  # noqa: ANN001, ANN202
-    """The one JSON policy (:func:`privalign._json.to_jsonable`): ±inf → "inf"/"-inf", NaN → null."""
-    from privalign._json import to_jsonable
-
-    return to_jsonable(o)
-
-
 def emit_json(obj, *, indent: int | None = None) -> None:  # noqa: ANN001
     """Print ``obj`` as valid JSON on stdout (the one output convention: ``--json`` → JSON on stdout, messages
     on stderr): NaN → null, ±inf → "inf"/"-inf", other non-JSON values → their string."""
     import json
 
-    print(json.dumps(_clean(json.loads(json.dumps(obj, default=str))), indent=indent, allow_nan=False))
+    from privalign._json import to_jsonable
+
+    print(json.dumps(to_jsonable(json.loads(json.dumps(obj, default=str))), indent=indent, allow_nan=False))

@@ -134,14 +134,6 @@ def _run(args) -> int:
     return 0
 
 
-def _clean(o):
-    """JSON-safe by the one policy (:func:`privalign._json.to_jsonable`): ±inf → "inf"/"-inf", NaN (an
-    undefined mean, e.g. over zero served prompts) → null."""
-    from privalign._json import to_jsonable
-
-    return to_jsonable(o)
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "select",
