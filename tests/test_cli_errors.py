@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from _util import one_line_error
 from privalign.cli import main
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -270,15 +271,7 @@ def test_bad_input_gives_one_line_and_status_2(i, files, capsys, monkeypatch):
     monkeypatch.chdir(files)
     monkeypatch.setenv("PRIVALIGN_HOME", str(files / "home"))
     cmd, argv, needles = _cases(files)[i]
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err, err
-    assert rc == 2, f"exit status {rc}: {err}"
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"privalign {cmd}: error: "), lines[0]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
+    one_line_error(argv, needles, capsys, cmd=cmd)
 
 
 def test_every_subcommand_is_covered():

@@ -8,41 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from _util import one_line_error, write_scored_pool
 from privalign.cli import main
-
-
-def _pool(path: Path, prompts: int = 3, candidates: int = 64) -> Path:
-    with open(path, "w") as fh:
-        for p in range(prompts):
-            resp = [
-                {"text": f"t{i}", "proxy_reward": (i * 7 % 13) / 13, "true_reward": (i * 5 % 11) / 11}
-                for i in range(candidates)
-            ]
-            fh.write(json.dumps({"prompt": f"p{p}", "responses": resp}) + "\n")
-    return path
 
 
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRIVALIGN_CACHE_DIR", str(tmp_path / "cache"))
-    _pool(tmp_path / "pool.jsonl")
+    write_scored_pool(tmp_path / "pool.jsonl")
     (tmp_path / "not_gzip.jsonl.gz").write_text("garbage\n")
     (tmp_path / "a_dir").mkdir()
     return tmp_path
-
-
-def _one_line_error(argv, cmd, needles, capsys):
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err, err
-    assert rc == 2, f"exit status {rc}: {err}"
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"privalign {cmd}: error: "), lines[0]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -55,7 +32,7 @@ def _one_line_error(argv, cmd, needles, capsys):
     ],
 )
 def test_a_corrupt_gzip_pool_is_named(argv, work, capsys):
-    _one_line_error(argv, argv[0], ["not_gzip.jsonl.gz", "gzip"], capsys)
+    one_line_error(argv, ["not_gzip.jsonl.gz", "gzip"], capsys)
     assert not (work / "o").exists() and not (work / "o.json").exists()
 
 
@@ -67,7 +44,7 @@ def test_a_corrupt_gzip_pool_is_named(argv, work, capsys):
     ],
 )
 def test_a_directory_given_as_pool_is_called_a_directory(argv, work, capsys):
-    _one_line_error(argv, argv[0], ["a_dir", "is a directory"], capsys)
+    one_line_error(argv, ["a_dir", "is a directory"], capsys)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +60,7 @@ def test_a_directory_given_as_pool_is_called_a_directory(argv, work, capsys):
     ],
 )
 def test_a_directory_given_as_an_input_file_names_the_flag(argv, needles, work, capsys):
-    line = _one_line_error(argv, argv[0], needles, capsys)
+    line = one_line_error(argv, needles, capsys)
     assert "Errno" not in line and "not found" not in line
     assert not (work / "m.json").exists() and not (work / "o").exists()
 
@@ -110,7 +87,7 @@ def _session(*extra):
     ],
 )
 def test_session_names_the_budget_options(extra, needles, work, capsys):
-    _one_line_error(_session(*extra), "session", needles, capsys)
+    one_line_error(_session(*extra), needles, capsys, cmd="session")
     assert not (work / "o").exists()
 
 
@@ -136,12 +113,12 @@ _PRIVITP = ["--method", "privitp", "--scores", "0.1,0.5", "--scores-b", "0.1,0.2
 )
 def test_privitp_noise_too_small_for_a_finite_cost_names_the_sigma(cmd, sigmas, flag, capsys):
     argv = [cmd, *_PRIVITP, *sigmas] + (["--seed", "0"] if cmd == "select" else [])
-    _one_line_error(argv, cmd, [flag, "finite privacy cost"], capsys)
+    one_line_error(argv, [flag, "finite privacy cost"], capsys, cmd=cmd)
 
 
 def test_session_privitp_noise_too_small_names_the_sigma(work, capsys):
     argv = _session("--budget-epsilon", "100", "--sigma-x", "1e-10")
-    _one_line_error(argv, "session", ["'--sigma-x'", "1e-10"], capsys)
+    one_line_error(argv, ["'--sigma-x'", "1e-10"], capsys, cmd="session")
 
 
 @pytest.mark.parametrize(
@@ -159,7 +136,7 @@ def test_session_privitp_noise_too_small_names_the_sigma(work, capsys):
 )
 def test_an_empty_path_is_refused(argv, flag, work, capsys):
     before = set(work.iterdir())
-    _one_line_error(argv, argv[0], [f"argument {flag}: must not be empty"], capsys)
+    one_line_error(argv, [f"argument {flag}: must not be empty"], capsys)
     assert set(work.iterdir()) == before
 
 
@@ -191,18 +168,18 @@ def test_fit_reward_checks_its_options_before_loading_data(extra, needles, work,
     monkeypatch.setattr(realdata, "load_preference_data", no_loading)
     _pairs(work / "pairs.jsonl")
     argv = ["fit-reward", "--data", "pairs.jsonl", "--method", "rr-iht", "--seed", "0", "--out", "m.json"]
-    line = _one_line_error(argv + extra, "fit-reward", needles, capsys)
+    line = one_line_error(argv + extra, needles, capsys, cmd="fit-reward")
     assert "limit" not in line and not (work / "m.json").exists()
 
 
 def test_upgrade_reward_model_checks_the_source_before_writing(work, capsys):
     # a version-1 document without coefficients: the error named the *output* file, which was left behind
     (work / "old.json").write_text(json.dumps({"format": "privalign.reward_model", "version": 1}))
-    _one_line_error(
+    one_line_error(
         ["upgrade-reward-model", "old.json", "--out", "new.json"],
-        "upgrade-reward-model",
         ["old.json", "'coef'"],
         capsys,
+        cmd="upgrade-reward-model",
     )
     assert not (work / "new.json").exists()
 
@@ -216,8 +193,8 @@ def test_upgrade_reward_model_names_directories(work, capsys):
     shutil.copy(shipped, work / "rm.json")
     cmd = "upgrade-reward-model"
     # was "[Errno 21] Is a directory: '.tmp.*' -> 'a_dir'" and "The reward-model file a_dir does not exist."
-    _one_line_error([cmd, "rm.json", "--out", "a_dir"], cmd, ["a_dir", "is a directory"], capsys)
-    _one_line_error([cmd, "a_dir", "--out", "x.json"], cmd, ["a_dir", "is a directory"], capsys)
+    one_line_error([cmd, "rm.json", "--out", "a_dir"], ["a_dir", "is a directory"], capsys, cmd=cmd)
+    one_line_error([cmd, "a_dir", "--out", "x.json"], ["a_dir", "is a directory"], capsys, cmd=cmd)
     assert sorted(p.name for p in (work / "a_dir").iterdir()) == []
 
 
@@ -233,7 +210,7 @@ def test_upgrade_reward_model_names_directories(work, capsys):
 )
 def test_simulate_names_its_options(extra, needles, work, capsys):
     argv = ["simulate", "--synthetic", "2,8", "--out", "o", "--no-progress", *extra]
-    line = _one_line_error(argv, "simulate", needles, capsys)
+    line = one_line_error(argv, needles, capsys, cmd="simulate")
     assert "n_grid" not in line and "specs" not in line and "skip_short" not in line
     assert not (work / "o").exists()
 
@@ -254,7 +231,7 @@ def test_a_damaged_run_manifest_is_named(cmd, text, work, capsys):
         argv = ["report", "run", "--out", "rep"]
     else:
         argv = ["reproduce", "p1-scaling", "--quick", "--out", "run", "--no-progress"]
-    _one_line_error(argv, cmd, ["manifest.json"], capsys)
+    one_line_error(argv, ["manifest.json"], capsys, cmd=cmd)
     assert not (work / "rep").exists()
 
 
@@ -263,26 +240,28 @@ def test_bon_curve_refuses_a_pool_without_gold_rewards(work, capsys):
     resp = [{"text": "x", "proxy_reward": 0.1}, {"text": "y", "proxy_reward": 0.3}]
     (work / "nogold.jsonl").write_text(json.dumps({"prompt": "a", "responses": resp}) + "\n")
     argv = ["bon-curve", "--pool", "nogold.jsonl", "--out", "b"]
-    _one_line_error(argv, "bon-curve", ["nogold.jsonl", "true_reward", "rescore-pool"], capsys)
+    one_line_error(argv, ["nogold.jsonl", "true_reward", "rescore-pool"], capsys, cmd="bon-curve")
     assert not (work / "b.json").exists() and not (work / "b.png").exists()
 
 
 def test_keys_without_an_action_is_one_line(capsys):
     # printed the whole 11-line help on stderr
-    _one_line_error(["keys"], "keys", ["ACTION", "create"], capsys)
+    one_line_error(["keys"], ["ACTION", "create"], capsys, cmd="keys")
 
 
 def test_keys_config_that_is_not_toml_is_named(work, capsys):
     # was the bare TOML parser message, naming neither --config nor the file
     (work / "bad.toml").write_text("this is [not toml\n")
-    _one_line_error(["keys", "list", "--config", "bad.toml"], "keys list", ["--config", "bad.toml"], capsys)
+    one_line_error(
+        ["keys", "list", "--config", "bad.toml"], ["--config", "bad.toml"], capsys, cmd="keys list"
+    )
 
 
 def test_keys_db_that_is_a_bare_path_gets_a_url_hint(work, capsys):
     # was only SQLAlchemy's "Could not parse SQLAlchemy URL", with no hint of what a URL looks like
     pytest.importorskip("sqlalchemy", reason="needs privalign[serve]")
     argv = ["keys", "list", "--db", "x.db"]
-    line = _one_line_error(argv, "keys list", ["--db 'x.db'", "sqlite:///"], capsys)
+    line = one_line_error(argv, ["--db 'x.db'", "sqlite:///"], capsys, cmd="keys list")
     assert str(work / "x.db") in line
     assert not (work / "x.db").exists()
 
@@ -298,17 +277,17 @@ def test_keys_db_that_is_a_bare_path_gets_a_url_hint(work, capsys):
     ],
 )
 def test_rescore_pool_names_its_options(argv, needles, work, capsys):
-    line = _one_line_error(["rescore-pool", *argv], "rescore-pool", needles, capsys)
+    line = one_line_error(["rescore-pool", *argv], needles, capsys, cmd="rescore-pool")
     assert "proxy_reward" not in line and "true_reward" not in line
     assert not (work / "r.jsonl").exists()
 
 
 def test_select_messages_use_command_line_words(capsys):
     # were "Got np.float64(nan) at index (1,)" and "(pass clip=True to clip)"
-    line = _one_line_error(["select", "--method", "bon", "--scores", "0.1,nan"], "select", ["nan"], capsys)
+    line = one_line_error(["select", "--method", "bon", "--scores", "0.1,nan"], ["nan"], capsys, cmd="select")
     assert "np.float64" not in line and "at index 1." in line
     argv = ["select", "--method", "privbon", "--epsilon", "1", "--scores", "0.1,1.5", "--seed", "0"]
-    line = _one_line_error(argv, "select", ["'--scores'", "pass --clip"], capsys)
+    line = one_line_error(argv, ["'--scores'", "pass --clip"], capsys, cmd="select")
     assert "clip=True" not in line
 
 
@@ -329,16 +308,16 @@ def test_an_output_directory_that_is_a_file_is_refused_before_the_work(argv, wor
 
     monkeypatch.setattr(simulation, "run_protocol", no_work)
     monkeypatch.setattr(session, "run_session", no_work)
-    _one_line_error(argv, argv[0], ["--out", "pool.jsonl", "not a directory"], capsys)
+    one_line_error(argv, ["--out", "pool.jsonl", "not a directory"], capsys)
     # below a file: '[Errno 20] Not a directory', after the whole run
     argv = [*argv[:-1], "pool.jsonl/sub/dir"]
-    _one_line_error(argv, argv[0], ["--out", "pool.jsonl is a file"], capsys)
+    one_line_error(argv, ["--out", "pool.jsonl is a file"], capsys)
 
 
 def test_session_sigma_z_zero_is_refused_not_replaced_by_sigma_x(work, capsys):
     # '--sigma-z 0' ran with σ_Z = σ_X (args.sigma_z or args.sigma_x), status 0
     argv = _session("--budget-epsilon", "100", "--sigma-z", "0")
-    _one_line_error(argv, "session", ["'--sigma-z'", "0.0"], capsys)
+    one_line_error(argv, ["'--sigma-z'", "0.0"], capsys, cmd="session")
 
 
 @pytest.mark.parametrize(
@@ -351,7 +330,7 @@ def test_session_sigma_z_zero_is_refused_not_replaced_by_sigma_x(work, capsys):
     ],
 )
 def test_list_options_are_named_as_flags(argv, flag, work, capsys):
-    _one_line_error(argv, argv[0], [f"The '{flag}' option"], capsys)
+    one_line_error(argv, [f"The '{flag}' option"], capsys)
 
 
 @pytest.mark.parametrize("name", ["results.jsonl", "summary.json"])
@@ -360,7 +339,7 @@ def test_report_names_a_damaged_results_file(name, work, capsys):
     (work / "run").mkdir()
     (work / "run" / "manifest.json").write_text(json.dumps({"experiment": "p1-scaling"}))
     (work / "run" / name).write_text("{bad\n")
-    _one_line_error(["report", "run", "--out", "rep"], "report", [name, "not valid JSON"], capsys)
+    one_line_error(["report", "run", "--out", "rep"], [name, "not valid JSON"], capsys, cmd="report")
     assert not (work / "rep").exists()
 
 
@@ -407,7 +386,7 @@ def test_report_names_a_damaged_results_file(name, work, capsys):
     ],
 )
 def test_an_option_the_method_does_not_use_is_refused_not_ignored(argv, needles, capsys):
-    _one_line_error(argv, argv[0], needles, capsys)
+    one_line_error(argv, needles, capsys)
 
 
 def test_the_options_each_method_uses_are_accepted(capsys):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _util import one_line_error
 from privalign.cli import main
 
 
@@ -17,19 +18,6 @@ def work(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRIVALIGN_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path
-
-
-def _one_line_error(argv, needles, capsys):
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err and "internal error" not in err, err
-    assert rc == 2, f"exit status {rc}: {err}"
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"privalign {argv[0]}: error: "), lines[0]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 # --- simulate: size limits (were "internal error (MemoryError) ... a bug", exit 1) ---------------------
@@ -46,7 +34,7 @@ def _one_line_error(argv, needles, capsys):
     ],
 )
 def test_simulate_sizes_beyond_memory_are_refused_naming_the_flag(extra, needles, work, capsys):
-    _one_line_error(["simulate", *extra, "--out", "o", "--no-progress"], needles, capsys)
+    one_line_error(["simulate", *extra, "--out", "o", "--no-progress"], needles, capsys)
     assert not (work / "o").exists()
 
 
@@ -65,7 +53,7 @@ def test_simulate_sizes_beyond_memory_are_refused_naming_the_flag(extra, needles
     ],
 )
 def test_simulate_refuses_options_its_methods_do_not_read(extra, needles, work, capsys):
-    _one_line_error(
+    one_line_error(
         ["simulate", "--synthetic", "3,16", *extra, "--out", "o", "--no-progress"], needles, capsys
     )
     assert not (work / "o").exists()
@@ -147,7 +135,7 @@ def test_build_pool_refuses_a_verifier_of_another_dataset_before_loading(
     argv = _build_pool_argv()
     argv[argv.index("imdb")] = dataset
     argv[argv.index(flag) + 1] = reward
-    _one_line_error(argv, [f"argument {flag}:", repr(reward), f"--dataset {dataset}"], capsys)
+    one_line_error(argv, [f"argument {flag}:", repr(reward), f"--dataset {dataset}"], capsys)
     assert not ran and not list(work.glob("pool*"))
 
 
@@ -160,7 +148,7 @@ def test_build_pool_refuses_a_second_run_on_the_same_out(work, capsys, no_model)
     os.write(fd, b"4242")
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        line = _one_line_error(_build_pool_argv(), ["argument --out:", "pool.jsonl", "pid 4242"], capsys)
+        line = one_line_error(_build_pool_argv(), ["argument --out:", "pool.jsonl", "pid 4242"], capsys)
         assert "another build-pool run" in line and not ran
     finally:
         os.close(fd)
@@ -204,7 +192,7 @@ def test_fit_reward_refuses_unused_options_and_unwritable_outputs_before_loading
 
     monkeypatch.setattr(realdata, "load_preference_data", no_loading)
     (work / "afile").write_text("x")
-    _one_line_error(["fit-reward", "--data", "pairs.jsonl", "--method", method, *extra], needles, capsys)
+    one_line_error(["fit-reward", "--data", "pairs.jsonl", "--method", method, *extra], needles, capsys)
 
 
 @pytest.mark.parametrize(
@@ -260,13 +248,13 @@ def _session(pool, *extra):
 )
 def test_session_refuses_options_its_method_does_not_read(extra, flag, work, capsys):
     pool = _scored_pool(work / "p.jsonl", 3, 40, 0.0, 1.0)
-    _one_line_error(_session(pool, *extra), [f"argument {flag}:"], capsys)
+    one_line_error(_session(pool, *extra), [f"argument {flag}:"], capsys)
     assert not (work / "s").exists()
 
 
 def test_session_scores_outside_the_public_range_ask_for_one_and_score_range_runs(work, capsys):
     hh = _scored_pool(work / "hh.jsonl", 3, 40, -3.0, 3.0)  # like the shipped HH pools' linear proxy
-    line = _one_line_error(_session(hh), ["--score-range", "--r-max", "--clip"], capsys)
+    line = one_line_error(_session(hh), ["--score-range", "--r-max", "--clip"], capsys)
     assert "-3" not in line and "3.0" not in line  # the private scores are not shown
     assert not (work / "s").exists()
     assert main(_session(hh, "--score-range", "-4,4", "--sigma-x", "0.5", "--json")) == 0
@@ -330,7 +318,7 @@ def test_session_defaults_run_on_the_shipped_hh_pools_with_their_declared_range(
 def test_session_refuses_a_malformed_declared_range_in_one_line(work, capsys):
     pool = _scored_pool(work / "hh.jsonl", 3, 40, -3.0, 3.0)
     (work / "hh.manifest.json").write_text(json.dumps({"proxy_score_range": {"low": 4, "high": -4}}))
-    _one_line_error(_session(pool), ["proxy_score_range", "hh.manifest.json"], capsys)
+    one_line_error(_session(pool), ["proxy_score_range", "hh.manifest.json"], capsys)
     assert not (work / "s").exists()
     (work / "hh.manifest.json").write_text(
         json.dumps({"proxy_score_range": {"low": -4, "high": 4, "why": "x"}})

@@ -21,42 +21,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _util import one_line_error, write_scored_pool
 from privalign.cli import main
 
 NONFINITE = ["inf", "nan", "1e400"]
-
-
-def _pool(path: Path, prompts: int = 3, candidates: int = 16) -> Path:
-    with open(path, "w") as fh:
-        for p in range(prompts):
-            resp = [
-                {"text": f"t{i}", "proxy_reward": (i * 7 % 13) / 13, "true_reward": (i * 5 % 11) / 11}
-                for i in range(candidates)
-            ]
-            fh.write(json.dumps({"prompt": f"p{p}", "responses": resp}) + "\n")
-    return path
 
 
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PRIVALIGN_CACHE_DIR", str(tmp_path / "cache"))
-    _pool(tmp_path / "pool.jsonl")
+    write_scored_pool(tmp_path / "pool.jsonl", candidates=16)
     return tmp_path
 
 
 def _refused(argv, cmd, flag, value, capsys) -> str:
     """Exit status 2, one line ``privalign CMD: error: ...`` naming ``flag`` and the value."""
-    rc = main(argv)
-    cap = capsys.readouterr()
-    lines = [ln for ln in cap.err.splitlines() if ln.strip()]
-    assert "Traceback" not in cap.err, cap.err
-    assert rc == 2, f"exit status {rc}: {cap.err}"
-    assert cap.out == "", cap.out
-    assert len(lines) == 1, cap.err
-    line = lines[0]
-    assert line.startswith(f"privalign {cmd}: error: "), line
-    assert flag in line, (flag, line)
+    line = one_line_error(argv, [flag], capsys, cmd=cmd, no_stdout=True)
     # the value as typed, or as parsed (1e400 is inf once argparse has made it a float)
     assert value in line or (value == "1e400" and "inf" in line), (value, line)
     return line

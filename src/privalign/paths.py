@@ -12,7 +12,15 @@ import os
 from pathlib import Path
 from typing import Literal, overload
 
-__all__ = ["data_dir", "candidate_data_dirs", "repo_root", "package_dir", "install_hint", "user_cache_dir"]
+__all__ = [
+    "check_out_dir",
+    "data_dir",
+    "candidate_data_dirs",
+    "repo_root",
+    "package_dir",
+    "install_hint",
+    "user_cache_dir",
+]
 
 
 def repo_root() -> Path:
@@ -101,3 +109,21 @@ def user_cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "privalign"
+
+
+def check_out_dir(out: str | os.PathLike) -> None:
+    """An output directory ``out`` (a command's ``--out DIR``): refused up front when it is an existing file
+    or cannot be created (the work would otherwise run to the end and fail on the write).
+
+    Raises:
+      ValueError: ``argument --out: ...`` (the message names the flag every writing command uses).
+    """
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(
+            f"argument --out: {out} exists and is not a directory (an output directory is expected)"
+        )
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):  # the nearest existing ancestor must be a directory to create it in
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"argument --out: {out}: {parent} is a file, so the directory cannot be created")

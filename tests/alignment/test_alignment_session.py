@@ -79,3 +79,48 @@ def test_crash_after_reserve_stays_charged(rng):
         run_session(pool, PrivBoN(1.0), f, "u", rng, n=8)
     assert f.spent("u")["epsilon"] == pytest.approx(1.0)  # fail closed
     assert np.isfinite(f.remaining("u")["epsilon"])
+
+
+@pytest.mark.parametrize(
+    "method,options,params",
+    [
+        ("privitp", ["--budget-epsilon", "60", "--shuffle-seed", "3"], {}),
+        ("privbon", ["--budget-epsilon", "3", "--epsilon", "2"], {"epsilon": 2.0}),
+        ("privitp", ["--budget-epsilon", "0.5"], {}),  # nothing fits: the note says so
+    ],
+)
+def test_run_pool_session_writes_what_the_cli_writes(tmp_path, capsys, method, options, params):
+    """``privalign session`` is the library's :func:`run_pool_session` plus printing: the same session.json,
+    the same --json summary and the same notes."""
+    import json
+
+    from _util import write_scored_pool
+    from privalign._json import to_jsonable
+    from privalign.alignment.selectors import SelectorSpec
+    from privalign.alignment.session import PoolSessionOptions, run_pool_session
+    from privalign.cli import main
+
+    pool = write_scored_pool(tmp_path / "pool.jsonl", prompts=4, candidates=24)
+    argv = ["session", "--pool", str(pool), "--method", method, "--out", str(tmp_path / "cli"), "--json"]
+    assert main([*argv, "--no-progress", *options]) == 0
+    cap = capsys.readouterr()
+    kw = dict(zip([o[2:].replace("-", "_") for o in options[::2]], options[1::2]))
+    defaults = {"privitp": {"beta": 0.05, "L": 3.0, "delta": 1e-6}, "privbon": {"epsilon": 1.0}}[method]
+    spec = SelectorSpec.of(method, **{**defaults, **params})
+    opts = PoolSessionOptions(
+        pool=str(pool),
+        budget_epsilon=float(kw["budget_epsilon"]),
+        shuffle_seed=int(kw["shuffle_seed"]) if "shuffle_seed" in kw else None,
+        progress=False,
+    )
+    notes: list[str] = []
+    session = run_pool_session(opts, spec, note=notes.append)
+    session.write(tmp_path / "lib")
+    assert (tmp_path / "lib" / "session.json").read_text() == (tmp_path / "cli" / "session.json").read_text()
+    assert json.loads(cap.out) == to_jsonable(session.summary())
+    said = [ln.removeprefix("privalign session: note: ") for ln in cap.err.splitlines() if ln.strip()]
+    assert said == notes + session.notes()
+    if kw["budget_epsilon"] == "0.5":
+        assert session.notes() and session.notes()[0].startswith("no prompt was served:"), session.notes()
+    assert session.options.r_max == 1.0  # the default range [0, 1]
+    assert session.options.n == (11 if method == "privitp" else 16)  # the largest n ≤ 16 that fits 24

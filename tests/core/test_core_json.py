@@ -56,14 +56,13 @@ def test_write_json_atomic_refuses_non_finite_and_leaves_no_file(tmp_path):
     assert not (tmp_path / "bad.json").exists()
 
 
-def test_the_cli_uses_the_one_policy():
-    from privalign.cli._args import _clean as args_clean
-    from privalign.cli.select import _clean as select_clean
+def test_the_cli_uses_the_one_policy(capsys):
+    from privalign.cli._args import emit_json
 
     obj = {"eps": math.inf, "mean": math.nan, "t": (1, -math.inf)}
+    emit_json(obj)
     assert (
-        args_clean(obj)
-        == select_clean(obj)
+        json.loads(capsys.readouterr().out)
         == to_jsonable(obj)
         == {"eps": "inf", "mean": None, "t": [1, "-inf"]}
     )

@@ -42,17 +42,6 @@ OWNERS = frozenset(
         "alignment/priv_itp.py",
     }
 )
-#: module → the most method-name branches it may hold (may only go down; remove a module at 0). Measured
-#: when the test was added: 71 outside the selector modules before the selectors owned their methods, 24
-#: after. What remains: the experiments filtering their own result records by display label
-#: (``r["method"] == "PrivITP"``).
-CEILINGS: dict[str, int] = {
-    "experiments/beyond.py": 5,
-    "experiments/paper1.py": 3,
-    "experiments/privacy_sweep.py": 8,
-    "experiments/report.py": 2,
-    "experiments/verdicts.py": 6,
-}
 
 
 def _names_in(node: ast.AST) -> int:
@@ -75,10 +64,11 @@ def count_branches(tree: ast.AST) -> int:
     return n
 
 
-def branches() -> dict[str, int]:
+def branches(root: Path = SRC) -> dict[str, int]:
+    """Module (relative to ``root``) → its method-name branches, for every module outside OWNERS with one."""
     out = {}
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
         if rel in OWNERS:
             continue
         k = count_branches(ast.parse(path.read_text(encoding="utf-8")))
@@ -87,19 +77,21 @@ def branches() -> dict[str, int]:
     return out
 
 
-def test_no_new_method_name_branch():
+def test_no_method_name_branch_outside_the_owners():
     got = branches()
-    over = {m: (k, CEILINGS.get(m, 0)) for m, k in got.items() if k > CEILINGS.get(m, 0)}
-    assert not over, (
-        f"method-name branches above the ceiling (module: (count, ceiling)): {over}. Ask the selector "
-        "(alignment/selectors.py: method_class(name).private, .layout, .params, .describe, ...) instead."
+    assert not got, (
+        f"method-name branches outside the selector modules (module: count): {got}. Ask the selector "
+        "(alignment/selectors.py: method_class(name).private, .layout, .params, .describe, label(name)) or "
+        "select records with experiments/records.py (of_method, is_method) instead."
     )
 
 
-def test_ceilings_only_shrink():
-    got = branches()
-    stale = {m: (got.get(m, 0), c) for m, c in CEILINGS.items() if got.get(m, 0) < c}
-    assert not stale, f"fewer branches than the ceiling: lower CEILINGS (module: (count, ceiling)): {stale}"
+def test_a_planted_branch_is_found(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "x.py").write_text('rows = [r for r in recs if r["method"] == "PrivITP"]\n')
+    (tmp_path / "alignment").mkdir()
+    (tmp_path / "alignment" / "priv_itp.py").write_text('ok = m == "privitp"\n')  # an owner: not counted
+    assert branches(tmp_path) == {"experiments/x.py": 1}
 
 
 def test_the_counter_sees_each_kind_of_branch():

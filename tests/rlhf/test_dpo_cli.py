@@ -16,6 +16,7 @@ pytest.importorskip("opacus")
 
 from test_dpo import tiny_base  # noqa: E402
 
+from _util import one_line_error  # noqa: E402
 from privalign.cli import main  # noqa: E402
 
 
@@ -75,7 +76,7 @@ BASE = ["dpo", "--data", "pairs.jsonl", "--out", "o", "--no-progress"]
     ],
 )
 def test_bad_options(work, capsys, extra, needles):
-    _one_line_error(BASE + extra, needles, capsys)
+    one_line_error(BASE + extra, needles, capsys)
     assert not (work / "o").exists() and not (work / "o.partial").exists()
 
 
@@ -90,27 +91,15 @@ def test_bad_options(work, capsys, extra, needles):
 )
 def test_bad_data(work, capsys, data, needles):
     argv = ["dpo", "--data", data, "--out", "o", "--privacy", "label", "--epsilon", "1", "--batch-size", "1"]
-    _one_line_error(argv, needles, capsys)
+    one_line_error(argv, needles, capsys)
     assert not (work / "o").exists()
 
 
 def test_out_holding_files_is_refused(work, capsys):
     (work / "o").mkdir()
     (work / "o" / "x").write_text("keep me")
-    _one_line_error(BASE + ["--privacy", "label", "--epsilon", "1"], ["--out"], capsys)
+    one_line_error(BASE + ["--privacy", "label", "--epsilon", "1"], ["--out"], capsys)
     assert (work / "o" / "x").read_text() == "keep me"
-
-
-def _one_line_error(argv, needles, capsys):
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err, err
-    assert rc == 2, f"exit status {rc}: {err}"
-    assert len(lines) == 1, err
-    assert lines[0].startswith("privalign dpo: error: "), lines[0]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 # ---------------------------------------------------------------------------------------------------------

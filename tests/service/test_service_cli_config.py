@@ -231,18 +231,15 @@ def test_serve_generator_flag_overrides_the_kind(tmp_path, monkeypatch, capsys):
     """--generator switches [generator].kind (serve --check reports it); sampling options survive a switch
     between the two local kinds, and an upstream section's options are dropped."""
     pytest.importorskip("fastapi", reason="needs privalign[serve]")
-    from argparse import Namespace
-
-    from privalign.cli.serve import _config
+    from privalign.service.config import config_with_overrides
 
     monkeypatch.setenv("PRIVALIGN_HOME", str(tmp_path / "ph"))
     assert main(["serve", "--check", "--generator", "ctranslate2"]) == 0
     assert json.loads(capsys.readouterr().out)["generator"] == "ctranslate2"
     cfg_file = tmp_path / "s.toml"
     cfg_file.write_text('[generator]\nkind = "transformers"\nmax_new_tokens = 7\n')
-    base = dict(reward_model=None, db=None, port=None, host=None)
-    cfg = _config(Namespace(config=str(cfg_file), generator="ctranslate2", **base))
+    cfg = config_with_overrides(str(cfg_file), generator="ctranslate2")
     assert cfg.generator.kind == "ctranslate2" and cfg.generator.options == {"max_new_tokens": 7}
     cfg_file.write_text('[generator]\nkind = "upstream"\nbase_url = "http://127.0.0.1:1/v1"\n')
-    cfg = _config(Namespace(config=str(cfg_file), generator="transformers", **base))
+    cfg = config_with_overrides(str(cfg_file), generator="transformers")
     assert cfg.generator.kind == "transformers" and cfg.generator.options == {}

@@ -33,6 +33,7 @@ __all__ = [
     "Selector",
     "SelectorSpec",
     "check_method",
+    "label",
     "make_selector",
     "method_class",
     "methods",
@@ -141,6 +142,13 @@ def method_class(method: str) -> Any:
         module, cls = _BUILTIN[method].split(":")
         _LOADED[method] = getattr(importlib.import_module(module), cls)
     return _LOADED[method]
+
+
+def label(method: str) -> str:
+    """The display label of ``method``: its class's ``label`` (``"PrivITP"``), else its name. What the
+    experiments' records, figures and report show; compare with it instead of spelling the label."""
+    kind = method_class(method)
+    return kind.label or kind.name
 
 
 def uses_two_pools(method: str) -> bool:

@@ -12,9 +12,14 @@ over the clamped λ̃ interval, not the value at a clean λ).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +30,15 @@ from privalign.data.pools import ScoredPool
 from privalign.errors import BudgetExhaustedError, PrivacyParameterError
 from privalign.rng import as_noise_source
 
-__all__ = ["SessionReport", "run_session", "privbon_zcdp_comparison", "serve_pool"]
+__all__ = [
+    "PoolSession",
+    "PoolSessionOptions",
+    "SessionReport",
+    "run_session",
+    "privbon_zcdp_comparison",
+    "run_pool_session",
+    "serve_pool",
+]
 
 
 @dataclass
@@ -281,3 +294,207 @@ def serve_pool(
             max_prompts=max_prompts,
         ),
     }
+
+
+@dataclass(frozen=True)
+class PoolSessionOptions:
+    """The options of a session over a scored pool besides the method's (``privalign session``'s flags,
+    same names and defaults); an error about one names its flag (``argument --score-range: ...``).
+
+    ``score_range`` (``"LOW,HIGH"``, a public bound of the reward model chosen without looking at the
+    scores) clips every score into it and shifts it by ``-LOW``, so ``R_max = HIGH - LOW``; left out with
+    ``r_max`` and ``clip``, the range the pool's manifest declares is used (a note says so). Otherwise
+    ``r_max`` (default 1) and scores outside ``[0, R_max]`` are refused unless ``clip``. ``n=None``: the
+    largest ``n ≤ 16`` every prompt supports.
+    """
+
+    pool: str
+    budget_epsilon: float
+    budget_delta: float = 1e-3
+    n: int | None = None
+    r_max: float | None = None
+    score_range: str | None = None
+    sensitivity: float | None = None
+    clip: bool = False
+    seed: int | None = 0
+    secure: bool = False
+    principal: str = "session"
+    max_prompts: int | None = None
+    shuffle_seed: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class PoolSession:
+    """A finished session over a scored pool.
+
+    Attributes:
+      record: What ``session.json`` holds: :func:`serve_pool`'s result, the pool read's statistics and,
+        when the range came from the pool's manifest, ``score_range``.
+      spec: The method and parameters that ran (σ_X filled in with R_max when left out).
+      options: The options, with ``r_max`` and ``n`` resolved.
+    """
+
+    record: dict[str, Any]
+    spec: Any
+    options: PoolSessionOptions
+
+    def summary(self) -> dict[str, Any]:
+        """The record without the per-prompt rows (``--json``'s output)."""
+        summary = {k: v for k, v in self.record.items() if k != "per_prompt"}
+        for k in ("pure", "zcdp"):
+            if k in summary:
+                summary[k] = {kk: vv for kk, vv in summary[k].items() if kk != "per_prompt"}
+        return summary
+
+    def write(self, out: str | os.PathLike) -> Path:
+        """Write ``out/session.json`` (the directory is created) and return its path."""
+        from privalign._json import to_jsonable, write_text_atomic
+
+        outdir = Path(out)
+        outdir.mkdir(parents=True, exist_ok=True)
+        return write_text_atomic(
+            outdir / "session.json", json.dumps(to_jsonable(self.record), indent=2, allow_nan=False)
+        )
+
+    def notes(self) -> list[str]:
+        """What a person should know about the outcome: a filter that served no prompt (the worst case does
+        not fit the budget), or a mean true reward below the base policy's (the noise dominates)."""
+        out = self.record
+        parts = [("", out)] + [
+            (f" by the {name} filter", out[k])
+            for k, name in (("pure", "pure-ε"), ("zcdp", "zCDP"))
+            if k in out
+        ]
+        return [n for label, part in parts if (n := self._note(label, part))]
+
+    def _note(self, label: str, part: dict[str, Any]) -> str | None:
+        opts = self.options
+        served, base = part.get("prompts_served"), part.get("base_true_reward")
+        got = part.get("mean_true_reward")
+        if served == 0:
+            delta = f", delta = {self.spec.get('delta'):g}" if self.spec.get("delta") is not None else ""
+            return (
+                f"no prompt was served{label}: one prompt's worst-case cost (epsilon_max = "
+                f"{part.get('epsilon_max', float('nan')):.3g}{delta}) does not fit the budget "
+                f"(--budget-epsilon {opts.budget_epsilon:g}, --budget-delta {opts.budget_delta:g}); "
+                "raise the budget or the noise"
+            )
+        if got is not None and base is not None and got == got and got < base:
+            return (
+                f"mean true reward {got:.4f} is below the base policy's {base:.4f}: at these settings the "
+                f"noise dominates the scores (scores in [0, {opts.r_max:g}]); lower the noise "
+                "(--sigma-x/--sigma-z, or a larger --epsilon) for useful selections"
+            )
+        return None
+
+
+def _public_range(
+    opts: PoolSessionOptions, pool: ScoredPool, note: Callable[[str], None]
+) -> tuple[ScoredPool, float, dict[str, str] | None]:
+    """The pool with its proxy scores in the public range the selectors assume, ``[0, R_max]``, R_max, and
+    the range's record when it came from the pool's manifest.
+
+    With a score range (a public bound of the reward model): every score clipped into it and shifted by
+    ``-LOW``, a data-independent map, which keeps the guarantee. Without it, scores outside ``[0, R_max]``
+    are refused here (unless ``clip``) in one line that says what to give, not after the first prompts."""
+    from privalign._validation import parse_floats
+    from privalign.data.pools import declared_score_range, pool_manifest_path
+
+    text, declared_in = opts.score_range, None
+    if text is None and opts.r_max is None and not opts.clip:
+        declared = declared_score_range(opts.pool)
+        if declared is not None:
+            low, high, _why = declared
+            text, declared_in = f"{low!r},{high!r}", str(pool_manifest_path(opts.pool))
+            note(
+                f"public score range [{low:g}, {high:g}] declared in {declared_in}: scores clipped into it, "
+                f"R_max = {high - low:g} (--score-range to choose another)"
+            )
+    if text is not None:
+        rng_ = parse_floats(text, "score_range")
+        if len(rng_) != 2 or not rng_[0] < rng_[1] or not all(np.isfinite(rng_)):
+            raise PrivacyParameterError(
+                f"argument --score-range: must be LOW,HIGH (finite, LOW < HIGH), got {text!r}"
+            )
+        lo, hi = rng_
+        proxy = np.clip(pool.proxy, lo, hi) - lo  # (NaN padding stays NaN)
+        source = {"range": text, "declared_in": declared_in} if declared_in else None
+        return ScoredPool(proxy, pool.true, pool.counts, pool.prompts), hi - lo, source
+    r_max = 1.0 if opts.r_max is None else opts.r_max
+    vals = pool.proxy[np.isfinite(pool.proxy)]
+    if not opts.clip and vals.size and (vals.min() < 0.0 or vals.max() > r_max):
+        raise PrivacyParameterError(
+            f"argument --r-max: the pool's proxy scores do not all lie in the public range "
+            f"[0, {r_max:g}] (the values are private: not shown). Give the reward model's public range, "
+            "chosen without looking at the scores: --score-range LOW,HIGH (scores clipped into it; for an "
+            "unbounded reward such as the linear Bradley-Terry proxy of the shipped HH pools), or --r-max "
+            "R_MAX for scores in [0, R_MAX], or --clip to clip into [0, R_MAX]"
+        )
+    return pool, r_max, None
+
+
+def run_pool_session(
+    opts: PoolSessionOptions, spec: Any, *, note: Callable[[str], None] | None = None
+) -> PoolSession:
+    """Serve a scored pool's prompts with the selector of ``spec`` (a
+    :class:`~privalign.alignment.selectors.SelectorSpec` of a private method) under the options' budget, as
+    ``privalign session`` does: check the options, read the pool (optionally shuffled by a public seed),
+    map its scores into the public range, pick ``n``, fill PrivITP's σ_X with R_max when left out, and
+    :func:`serve_pool`. ``note`` receives one-line notes for a person (a coerced pool read, the declared
+    range used).
+
+    Raises:
+      PrivacyParameterError: an option out of range or options that do not go together (the message names
+        the flag; the budgets are checked under their own names, ``budget_epsilon``/``budget_delta``).
+    """
+    from privalign._validation import check_real
+    from privalign.data.pools import ReadStats
+
+    note = note or (lambda _msg: None)
+    if opts.score_range is not None and opts.r_max is not None:
+        raise PrivacyParameterError(
+            "argument --r-max: not used with --score-range (the range is then [0, HIGH - LOW]); drop one"
+        )
+    # The budgets under their own names: the filters would call them 'epsilon'/'delta', which are other
+    # options of a session (the per-query ε, the per-prompt δ).
+    check_real(opts.budget_epsilon, "budget_epsilon", low=0.0, closed="neither")
+    # (PrivBoN without secure noise is compared with a zCDP filter converted at δ = budget_delta: δ > 0)
+    zcdp = spec.kind.accounting == "pure" and not opts.secure
+    check_real(opts.budget_delta, "budget_delta", low=0.0, high=1.0, closed="neither" if zcdp else "left")
+    stats = ReadStats()
+    pool = ScoredPool.read(opts.pool, stats=stats)
+    if stats.describe():
+        note(f"reading {opts.pool}: {stats.describe()}")
+    if opts.shuffle_seed is not None:
+        order = np.random.default_rng(opts.shuffle_seed).permutation(pool.proxy.shape[0])
+        pool = ScoredPool(
+            pool.proxy[order],
+            pool.true[order],
+            pool.counts[order],
+            tuple(pool.prompts[i] for i in order) if pool.prompts else (),
+        )
+    pool, r_max, source = _public_range(opts, pool, note)
+    n = opts.n
+    if n is None:  # the largest n ≤ 16 that every prompt supports (2n + 1 candidates for privitp)
+        smallest = int(pool.counts.min()) if pool.counts.size else 0
+        n = max([1] + [k for k in range(1, 17) if spec.kind.candidates_needed(k) <= smallest])
+    if "sigma_x" in {p.name for p in spec.kind.params} and spec.get("sigma_x") is None:
+        spec = type(spec).of(spec.method, **{**spec.as_dict(), "sigma_x": r_max})
+    sel = spec.build(r_max=r_max, sensitivity=opts.sensitivity, clip=opts.clip)
+    record = serve_pool(
+        pool,
+        sel,
+        budget_epsilon=opts.budget_epsilon,
+        budget_delta=opts.budget_delta,
+        n=n,
+        seed=opts.seed,
+        secure=opts.secure,
+        principal=opts.principal,
+        max_prompts=opts.max_prompts,
+        progress=opts.progress,
+    )
+    record["pool_read"] = stats.to_dict()
+    if source is not None:
+        record["score_range"] = source
+    return PoolSession(record, spec, dataclasses.replace(opts, r_max=r_max, n=n))

@@ -1,13 +1,13 @@
 """The evaluation protocol of spec-inference-time §5.4 on a scored pool, vectorized, with exact laws.
 
 For each prompt, each N in the grid and each of ``m`` replicates: draw N candidates *without
-replacement* (the two-pool methods draw 2N: disjoint pools A and B, defect K1), then compute each
-method's selection law exactly (argmax, softmax, the ITP sequential product, and for PrivITP the closed
-form given λ̃ integrated over λ̃ by Gauss–Legendre quadrature with the clamp's point masses, see
-:mod:`privalign.alignment.laws`). The fallback is credited with the prompt's base-policy mean (a fresh
-π0 sample, defect K14). Metrics per method and N: the true-reward lift over the base policy (×100 =
-accuracy lift in % for binary rewards), the expected proxy reward, and standard errors over prompts
-(``std(ddof=1)/√P``).
+replacement* (the two-pool methods draw 2N: disjoint pools A and B, since PrivITP needs two independent
+fresh pools), then compute each method's selection law exactly (argmax, softmax, the ITP sequential
+product, and for PrivITP the closed form given λ̃ integrated over λ̃ by Gauss–Legendre quadrature with the
+clamp's point masses, see :mod:`privalign.alignment.laws`). The fallback is a fresh π0 sample, so it is
+credited with the prompt's base-policy mean. Metrics per method and N: the true-reward lift over the base
+policy (×100 = accuracy lift in % for binary rewards), the expected proxy reward, and standard errors over
+prompts (``std(ddof=1)/√P``).
 
 Speed: each (prompt, replicate) uses one permutation for all N — pool A = its first N entries, pool B =
 the N entries after position max N — so every N's pools are still a uniform draw without replacement
@@ -322,7 +322,7 @@ def _check_protocol(pool: ScoredPool, specs, n_grid, replicates, skip_short) -> 
     if not n_grid:
         raise PrivacyParameterError("The 'n_grid' parameter must be non-empty. Got [] instead.")
     replicates = check_int(replicates, "replicates", low=1)
-    # the two pools, without the fallback candidate (credited with the base-policy mean, defect K14)
+    # the two pools, without the fallback candidate (a fresh π0 sample: credited with the base-policy mean)
     need = max(pool_size(s.kind, max(n_grid), fallback_candidate=False) for s in specs)
     short = int(np.sum(pool.counts < need))
     if short and not skip_short:

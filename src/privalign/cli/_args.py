@@ -9,7 +9,15 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["Parser", "nonneg_int", "pos_int", "port", "finite_float", "EXTRA_OF", "extra_for"]
+__all__ = [
+    "Parser",
+    "nonneg_int",
+    "pos_int",
+    "port",
+    "finite_float",
+    "EXTRA_OF",
+    "extra_for",
+]
 
 
 class Parser(argparse.ArgumentParser):
@@ -117,31 +125,8 @@ def extra_for(module: str | None) -> str | None:
     return EXTRA_OF.get(module.split(".")[0])
 
 
-def check_out_dir(out: str) -> None:
-    """``--out DIR`` of a command that writes a directory: refused up front when it is an existing file (the
-    work would otherwise run to the end and fail on the write)."""
-    import os
-
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(
-            f"argument --out: {out} exists and is not a directory (an output directory is expected)"
-        )
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):  # the nearest existing ancestor must be a directory to create it in
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(f"argument --out: {out}: {parent} is a file, so the directory cannot be created")
-
-
 def warn(cmd: str, message: str) -> None:
     print(f"privalign {cmd}: note: {message}", file=sys.stderr)
-
-
-def _clean(o):  # noqa: ANN001, ANN202
-    """The one JSON policy (:func:`privalign._json.to_jsonable`): ±inf → "inf"/"-inf", NaN → null."""
-    from privalign._json import to_jsonable
-
-    return to_jsonable(o)
 
 
 def emit_json(obj, *, indent: int | None = None) -> None:  # noqa: ANN001
@@ -149,4 +134,6 @@ def emit_json(obj, *, indent: int | None = None) -> None:  # noqa: ANN001
     on stderr): NaN → null, ±inf → "inf"/"-inf", other non-JSON values → their string."""
     import json
 
-    print(json.dumps(_clean(json.loads(json.dumps(obj, default=str))), indent=indent, allow_nan=False))
+    from privalign._json import to_jsonable
+
+    print(json.dumps(to_jsonable(json.loads(json.dumps(obj, default=str))), indent=indent, allow_nan=False))

@@ -13,7 +13,9 @@ import itertools
 import math
 from typing import Any
 
-__all__ = ["FLAGS", "flag", "parse_floats", "parse_param_options", "selector_spec", "add_param_option"]
+from privalign._validation import parse_floats
+
+__all__ = ["FLAGS", "flag", "parse_param_options", "selector_spec", "add_param_option"]
 
 #: The option (argparse ``dest``) of each method parameter that has its own flag; any other parameter of a
 #: registered method is given as ``--param NAME=VALUE``.
@@ -32,22 +34,6 @@ FLAGS = {
 def flag(dest: str) -> str:
     """``sigma_x`` → ``--sigma-x``."""
     return "--" + dest.replace("_", "-")
-
-
-def parse_floats(text: str, name: str) -> list[float]:
-    from privalign.errors import PrivacyParameterError
-
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PrivacyParameterError(
-            f"The '{name}' parameter must be a comma-separated list of numbers. Got {text!r} instead."
-        ) from None
-    if not vals:
-        raise PrivacyParameterError(
-            f"The '{name}' parameter must list at least one number. Got {text!r} instead."
-        )
-    return vals
 
 
 def add_param_option(p: argparse.ArgumentParser, *, sweep: bool = False) -> None:

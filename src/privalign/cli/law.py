@@ -8,7 +8,7 @@ __all__ = ["register"]
 
 
 def _run(args) -> int:
-    from privalign.cli._methods import parse_floats
+    from privalign._validation import parse_floats
     from privalign.cli.select import build_selector
 
     sel = build_selector(args)

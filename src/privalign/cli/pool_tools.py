@@ -193,8 +193,7 @@ def _plant(args: argparse.Namespace) -> int:
 
 def _bon(args: argparse.Namespace) -> int:
     from privalign._validation import check_real
-    from privalign.alignment.capacity import capacity_lines
-    from privalign.pipeline.analysis import write_bon_report
+    from privalign.pipeline.analysis import bon_report_lines, write_bon_report
 
     alpha = check_real(args.alpha, "alpha", low=0.0, high=1.0, closed="neither")
     if args.label is not None and len(args.label) != len(args.pool):
@@ -210,58 +209,7 @@ def _bon(args: argparse.Namespace) -> int:
             args.out = args.out[: -len(suffix)]
     doc = write_bon_report(args.pool, args.out, labels=args.label, alpha=alpha, margin_fraction=margin)
     for res in doc.get("series", [doc]):
-        t = (
-            min(res["paired_tests_vs_max_N"], key=lambda r: r["sign_test_p"])
-            if res["paired_tests_vs_max_N"]
-            else None
-        )
-        extra = f"; smallest p = {t['sign_test_p']:.3g} (N_max vs N={t['N']})" if t else ""
-        pw = res["power"]
-        power = (
-            f"; the sign test needs {pw['k_crit']} of {pw['n']} prompts lower (power "
-            + ", ".join(f"{v:.2f} if {float(q):.0%} fall" for q, v in pw["power_if_fraction_falls"].items())
-            + ")"
-            if pw["k_crit"] is not None
-            else f"; the sign test cannot reject with {pw['n']} prompts (power 0)"
-        )
-        wt = (
-            min(res["paired_tests_vs_max_N"], key=lambda r: r["wilcoxon_p"])
-            if res["paired_tests_vs_max_N"]
-            else None
-        )
-        wpw = res["wilcoxon_power"]
-        wil = (
-            f"; Wilcoxon signed-rank: smallest p = {wt['wilcoxon_p']:.3g} (N_max vs N={wt['N']}), power "
-            + ", ".join(f"{v:.2f} if {float(q):.0%} fall" for q, v in wpw["power_if_fraction_falls"].items())
-            if wt
-            else ""
-        )
-        kind = f" on {res['pool_kind']}" if res.get("pool_kind") else ""
-        jt = res["joint_test"]
-        joint = (
-            f"paired max-t over all N: p = {jt['p']:.3g} (critical t {jt['t_crit']:.3g}; detectable mean "
-            "fall "
-            f"at 80% power ≈ {max(jt['detectable_fall']):.3g})"
-            if jt["t_crit"] is not None
-            else "paired max-t over all N: too few prompts"
-        )
-        print(
-            f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at "
-            f"N={res['curve'][-1]['N']}: {res['true_at_max_N']:.4f}; over-optimisation "
-            f"{res['verdict'].upper()}{kind} (family-wise alpha={alpha}, margin {res['margin']:.3g}); "
-            f"{joint}{wil}; sign test{extra.removeprefix(';')}{power}"
-        )
-        if res["verdict"] == "does not hold":
-            print(
-                "  ('does not hold' is about this pool: best-of-N on this proxy does not lower this gold at "
-                "the N it holds; "
-                + {"can": "it can", "cannot": "it cannot", "unclear": "it is unclear whether it can"}[
-                    res["capacity"]["reading"]
-                ]
-                + " show over-optimisation by the capacity reading below; it says nothing against reward "
-                "hacking in general or against paper 1)"
-            )
-        for line in capacity_lines(res["capacity"]):
+        for line in bon_report_lines(res, alpha):
             print(line)
     print(f"wrote {args.out}.json and {args.out}.png", file=sys.stderr)
     return 0

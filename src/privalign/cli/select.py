@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from privalign._validation import parse_floats
 from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
-from privalign.cli._methods import add_param_option, parse_floats, selector_spec
+from privalign.cli._methods import add_param_option, selector_spec
 
 __all__ = ["register", "add_selector_args", "build_selector"]
 
@@ -131,14 +132,6 @@ def _run(args) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def _clean(o):
-    """JSON-safe by the one policy (:func:`privalign._json.to_jsonable`): ±inf → "inf"/"-inf", NaN (an
-    undefined mean, e.g. over zero served prompts) → null."""
-    from privalign._json import to_jsonable
-
-    return to_jsonable(o)
 
 
 def register(subparsers) -> None:

@@ -65,137 +65,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-def _config(args: argparse.Namespace):  # noqa: ANN202
-    import tomllib
-    from dataclasses import replace
-    from pathlib import Path
-
-    from privalign.service.config import default_config, load_config
-
-    if args.config and not Path(args.config).is_file():
-        raise FileNotFoundError(f"argument --config: no such file: {args.config}")
-    try:
-        cfg = load_config(args.config) if args.config else default_config()
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"argument --config: {args.config} is not valid TOML: {exc}") from None
-    if args.reward_model is not None:
-        path = Path(args.reward_model).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"argument --reward-model: no such file: {args.reward_model}")
-        cfg = replace(
-            cfg, reward_model=replace(cfg.reward_model, kind="linear", options={"path": str(path.resolve())})
-        )
-    if args.generator is not None:
-        local = ("transformers", "ctranslate2")
-        keep = cfg.generator.kind in local and args.generator in local
-        cfg = replace(
-            cfg,
-            generator=replace(
-                cfg.generator, kind=args.generator, options=dict(cfg.generator.options) if keep else {}
-            ),
-        )
-    if args.db is not None:
-        cfg = replace(cfg, database=replace(cfg.database, url=args.db))
-    if args.port is not None:
-        cfg = replace(cfg, server=replace(cfg.server, port=args.port))
-    if args.host is not None:
-        cfg = replace(cfg, server=replace(cfg.server, host=args.host))
-    cfg = cfg.validate()
-    url = cfg.database.url
-    if (
-        url.startswith("sqlite:///") and ":memory:" not in url
-    ):  # create the ledger's directory (not the file's parents)
-        folder = Path(url[len("sqlite:///") :]).expanduser().parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OSError(
-                f"cannot create the folder {str(folder)!r} of the SQLite ledger {url!r} (--db / "
-                f"[database].url): {exc.strerror or exc}"
-            ) from None
-    return cfg
-
-
-def _create_app(cfg):  # noqa: ANN001, ANN202
-    """Build the app, naming the config key when the database or the reward model cannot be opened."""
-    from privalign.service.app import create_app
-
-    try:
-        return create_app(cfg)
-    except Exception as exc:
-        if (type(exc).__module__ or "").startswith("sqlalchemy"):
-            orig = getattr(exc, "orig", None)
-            detail = " ".join(str(orig if orig is not None else exc).split("\n")[0].split())
-            raise OSError(
-                f"cannot open the database {cfg.database.url!r} (--db / [database].url): "
-                f"{type(exc).__name__}: {detail[:300]}"
-            ) from None
-        raise
-
-
-def _check_listen(host: str, port: int) -> None:
-    """Bind the listening address once, as uvicorn will (``SO_REUSEADDR``, IPv6 when the host has a
-    colon), so that a busy or forbidden port is one line (exit 2) before anything is printed or loaded."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-    except (OSError, OverflowError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise ValueError(
-            f"argument --port: cannot listen on {host}:{port} (--host/--port, else [server].host/port): "
-            f"{reason}"
-        ) from None
-
-
 def _serve(args: argparse.Namespace) -> int:
-    from privalign.service.config import default_config
+    from privalign.service.config import config_with_overrides, default_config
+    from privalign.service.server import (
+        check_listen,
+        check_summary,
+        ensure_ledger_folder,
+        open_app,
+        preload_generator,
+    )
 
-    cfg = _config(args)
+    cfg = config_with_overrides(
+        args.config,
+        reward_model=args.reward_model,
+        db=args.db,
+        generator=args.generator,
+        host=args.host,
+        port=args.port,
+    )
+    ensure_ledger_folder(cfg)
     if not args.print_openapi:  # serve --check validates the port too; serve binds before it prints a URL
-        _check_listen(cfg.server.host, cfg.server.port)
+        check_listen(cfg.server.host, cfg.server.port)
     if args.print_openapi or args.check:
-        app = _create_app(cfg)
-        if args.print_openapi:
-            print(json.dumps(app.openapi()))
-        else:
-            st = app.state.service
-            rm = getattr(st.scorer, "model", st.scorer)
-            print(
-                json.dumps(
-                    {
-                        "config": cfg.source,
-                        "database": st.engine.dialect.name,
-                        "database_url": cfg.database.url,
-                        "host": cfg.server.host,
-                        "port": cfg.server.port,
-                        "methods": list(cfg.privacy.allowed_methods),
-                        "reward_model": cfg.reward_model.kind,
-                        "reward_model_path": cfg.reward_model.options.get("path"),
-                        "reward_model_privacy_event": getattr(rm, "privacy_event", None),
-                        "generator": cfg.generator.kind,
-                    }
-                )
-            )
+        app = open_app(cfg)
+        print(json.dumps(app.openapi() if args.print_openapi else check_summary(cfg, app)))
         return 0
     from privalign.service.server import run
 
-    app = _create_app(cfg)  # fail here (one line) rather than inside uvicorn
-    gen = app.state.service.generator
-    if args.preload and gen is not None:
+    app = open_app(cfg)  # fail here (one line) rather than inside uvicorn
+    if args.preload and app.state.service.generator is not None:
         import time
 
         t0 = time.perf_counter()
         print(f"privalign serve: loading the generator ({cfg.generator.kind}) ...", file=sys.stderr)
-        st = app.state.service
-        warm = st.start_warm_up()  # the same warm-up /readyz reports; joined here so serving starts warm
-        if warm is not None:
-            warm.join()
-        if st.warm_error:
-            raise OSError(f"the generator ({cfg.generator.kind}) failed to load: {st.warm_error} (--preload)")
+        preload_generator(app, cfg)
         print(f"privalign serve: generator ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     base = f"http://{cfg.server.host}:{cfg.server.port}"
     if args.config and args.db is None:

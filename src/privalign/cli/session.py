@@ -1,4 +1,7 @@
-"""``privalign session``: serve a pool's prompts under a privacy budget (reserve → settle)."""
+"""``privalign session``: serve a pool's prompts under a privacy budget (reserve → settle).
+
+The command parses the options, calls :func:`privalign.alignment.session.run_pool_session` (the workflow)
+and prints; the method's options become its :class:`~privalign.alignment.selectors.SelectorSpec` here."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ from pathlib import Path
 __all__ = ["register"]
 
 #: The CLI's defaults of the method parameters left out (PrivBoN's ε = 1). PrivITP's σ_X, when left out, is
-#: R_max: 1 in units of the public score range, whatever the range (see ``_run``).
+#: R_max: 1 in units of the public score range, whatever the range (see
+#: :func:`privalign.alignment.session.run_pool_session`).
 _DEFAULTS = {"beta": 0.05, "L": 3.0, "delta": 1e-6, "epsilon": 1.0}
 
 
@@ -29,10 +33,6 @@ def _spec(args):
                 f"argument {opt}: not used by --method {args.method} (got {value!r}); drop {opt}"
                 + (f" or use --method {' or '.join(others)}" if others else "")
             )
-    if args.score_range is not None and args.r_max is not None:
-        raise PrivacyParameterError(
-            "argument --r-max: not used with --score-range (the range is then [0, HIGH - LOW]); drop one"
-        )
     assert args.method in methods()  # argparse's choices
     return SelectorSpec.of(args.method, **{**{k: v for k, v in _DEFAULTS.items() if k in declared}, **given})
 
@@ -43,159 +43,38 @@ def _private_methods() -> list[str]:
     return [m for m in methods() if method_class(m).private]
 
 
-def _use_declared_range(args) -> None:
-    """No --score-range, --r-max or --clip: take the public score range the pool's manifest declares
-    (``proxy_score_range``, e.g. [-4, 4] for the shipped HH pools' unbounded Bradley-Terry proxy), and say
-    so on stderr."""
-    import sys
-
-    from privalign.data.pools import declared_score_range, pool_manifest_path
-
-    if args.score_range is not None or args.r_max is not None or args.clip:
-        return
-    declared = declared_score_range(args.pool)
-    if declared is not None:
-        low, high, _why = declared
-        args.score_range = f"{low!r},{high!r}"
-        args.score_range_source = str(pool_manifest_path(args.pool))
-        print(
-            f"privalign session: note: public score range [{low:g}, {high:g}] declared in "
-            f"{args.score_range_source}: scores clipped into it, R_max = {high - low:g} (--score-range to "
-            "choose another)",
-            file=sys.stderr,
-        )
-
-
-def _public_range(args, pool):
-    """The pool with its proxy scores in the public range the selectors assume, ``[0, R_max]``.
-
-    With ``--score-range LOW,HIGH`` (a public bound of the reward model, chosen without looking at the
-    scores): every score clipped into it and shifted by ``-LOW``, so ``R_max = HIGH - LOW``; a
-    data-independent map, which keeps the guarantee. Without it, ``--r-max`` (default 1) and scores outside
-    ``[0, R_max]`` are refused here (unless ``--clip``) in one line that says what to give, not after the
-    first prompts."""
-    import numpy as np
-
-    from privalign.cli._methods import parse_floats
-    from privalign.data.pools import ScoredPool
-    from privalign.errors import PrivacyParameterError
-
-    _use_declared_range(args)
-    if args.score_range is not None:
-        rng_ = parse_floats(args.score_range, "score_range")
-        if len(rng_) != 2 or not rng_[0] < rng_[1] or not all(np.isfinite(rng_)):
-            raise PrivacyParameterError(
-                f"argument --score-range: must be LOW,HIGH (finite, LOW < HIGH), got {args.score_range!r}"
-            )
-        lo, hi = rng_
-        args.r_max = hi - lo
-        proxy = np.clip(pool.proxy, lo, hi) - lo  # (NaN padding stays NaN)
-        return ScoredPool(proxy, pool.true, pool.counts, pool.prompts)
-    if args.r_max is None:
-        args.r_max = 1.0
-    vals = pool.proxy[np.isfinite(pool.proxy)]
-    if not args.clip and vals.size and (vals.min() < 0.0 or vals.max() > args.r_max):
-        raise PrivacyParameterError(
-            f"argument --r-max: the pool's proxy scores do not all lie in the public range "
-            f"[0, {args.r_max:g}] (the values are private: not shown). Give the reward model's public range, "
-            "chosen without looking at the scores: --score-range LOW,HIGH (scores clipped into it; for an "
-            "unbounded reward such as the linear Bradley-Terry proxy of the shipped HH pools), or --r-max "
-            "R_MAX for scores in [0, R_MAX], or --clip to clip into [0, R_MAX]"
-        )
-    return pool
-
-
 def _run(args) -> int:
-    import sys
-
-    import numpy as np
-
-    from privalign._validation import check_real
-    from privalign.alignment.session import serve_pool
-    from privalign.cli._args import check_out_dir
-    from privalign.cli.select import _clean
-    from privalign.data.pools import ReadStats, ScoredPool
+    from privalign._json import to_jsonable
+    from privalign.alignment.session import PoolSessionOptions, run_pool_session
+    from privalign.cli._args import warn
+    from privalign.paths import check_out_dir
 
     check_out_dir(args.out)
     spec = _spec(args)
-    # The budgets are checked here, under their own names: the filters would call them 'epsilon'/'delta',
-    # which are other options of this command (the per-query ε, the per-prompt δ).
-    check_real(args.budget_epsilon, "budget_epsilon", low=0.0, closed="neither")
-    # (privbon converts zCDP to (ε, δ) at δ = --budget-delta, which needs δ > 0)
-    zcdp = spec.kind.accounting == "pure" and not args.secure
-    check_real(args.budget_delta, "budget_delta", low=0.0, high=1.0, closed="neither" if zcdp else "left")
-    stats = ReadStats()
-    pool = ScoredPool.read(args.pool, stats=stats)
-    if stats.describe():
-        print(f"privalign session: note: reading {args.pool}: {stats.describe()}", file=sys.stderr)
-    if args.shuffle_seed is not None:
-        order = np.random.default_rng(args.shuffle_seed).permutation(pool.proxy.shape[0])
-        pool = ScoredPool(
-            pool.proxy[order],
-            pool.true[order],
-            pool.counts[order],
-            tuple(pool.prompts[i] for i in order) if pool.prompts else (),
-        )
-    pool = _public_range(args, pool)
-    if args.n is None:  # the largest n ≤ 16 that every prompt supports (2n + 1 candidates for privitp)
-        smallest = int(pool.counts.min()) if pool.counts.size else 0
-        args.n = max([1] + [n for n in range(1, 17) if spec.kind.candidates_needed(n) <= smallest])
-    if "sigma_x" in {p.name for p in spec.kind.params} and spec.get("sigma_x") is None:
-        from privalign.alignment.selectors import SelectorSpec
-
-        spec = SelectorSpec.of(spec.method, **{**spec.as_dict(), "sigma_x": args.r_max})
-    sel = spec.build(r_max=args.r_max, sensitivity=args.sensitivity, clip=args.clip)
-    out = serve_pool(
-        pool,
-        sel,
+    opts = PoolSessionOptions(
+        pool=args.pool,
         budget_epsilon=args.budget_epsilon,
         budget_delta=args.budget_delta,
         n=args.n,
+        r_max=args.r_max,
+        score_range=args.score_range,
+        sensitivity=args.sensitivity,
+        clip=args.clip,
         seed=args.seed,
         secure=args.secure,
         principal=args.principal,
         max_prompts=args.max_prompts,
+        shuffle_seed=args.shuffle_seed,
         progress=not args.no_progress,
     )
-    out["pool_read"] = stats.to_dict()
-    if getattr(args, "score_range_source", None):  # the range came from the pool's manifest
-        out["score_range"] = {"range": args.score_range, "declared_in": args.score_range_source}
-    outdir = Path(args.out)
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "session.json").write_text(json.dumps(_clean(out), indent=2, allow_nan=False))
-    summary = {k: v for k, v in out.items() if k != "per_prompt"}
-    for k in ("pure", "zcdp"):
-        if k in summary:
-            summary[k] = {kk: vv for kk, vv in summary[k].items() if kk != "per_prompt"}
+    session = run_pool_session(opts, spec, note=lambda msg: warn("session", msg))
+    path = session.write(args.out)
     if args.json:
-        print(json.dumps(_clean(summary), allow_nan=False))
+        print(json.dumps(to_jsonable(session.summary()), allow_nan=False))
     else:
-        _print_summary(out, outdir / "session.json", args)
-    parts = [("", out)] + [
-        (f" by the {name} filter", out[k]) for k, name in (("pure", "pure-ε"), ("zcdp", "zCDP")) if k in out
-    ]
-    for label, part in parts:
-        served, base, got = (
-            part.get("prompts_served"),
-            part.get("base_true_reward"),
-            part.get("mean_true_reward"),
-        )
-        if served == 0:
-            delta = f", delta = {spec.get('delta'):g}" if spec.get("delta") is not None else ""
-            print(
-                f"privalign session: note: no prompt was served{label}: one prompt's worst-case cost "
-                f"(epsilon_max = {part.get('epsilon_max', float('nan')):.3g}{delta}) does not fit the budget "
-                f"(--budget-epsilon {args.budget_epsilon:g}, --budget-delta {args.budget_delta:g}); raise "
-                "the budget or the noise",
-                file=sys.stderr,
-            )
-        elif got is not None and base is not None and got == got and got < base:
-            print(
-                f"privalign session: note: mean true reward {got:.4f} is below the base policy's {base:.4f}: "
-                f"at these settings the noise dominates the scores (scores in [0, {args.r_max:g}]); lower "
-                "the noise (--sigma-x/--sigma-z, or a larger --epsilon) for useful selections",
-                file=sys.stderr,
-            )
+        _print_summary(session.record, path, args)
+    for msg in session.notes():
+        warn("session", msg)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from privalign._validation import parse_floats
 from privalign.cli._args import INFINITE_EPSILON, emit_json, nonneg_int
 from privalign.cli._methods import (
     FLAGS,
@@ -12,7 +13,6 @@ from privalign.cli._methods import (
     finite_sweep,
     given_options,
     option_of,
-    parse_floats,
     product,
 )
 from privalign.errors import PrivacyParameterError
@@ -264,7 +264,7 @@ def _run(args) -> int:
     import sys
 
     from privalign.alignment.simulation import simulate
-    from privalign.cli._args import check_out_dir
+    from privalign.paths import check_out_dir
 
     check_out_dir(args.out)
     reads = _reads(args, _methods(args))

@@ -189,7 +189,6 @@ def fit_reward_model(
     from privalign.estimation.preferences import train_test_split
     from privalign.estimation.rates import PRIVACY_UNIT
     from privalign.estimation.realdata import load_preference_data
-    from privalign.release import public_metadata
 
     unit = PRIVACY_UNIT[method]
     # The data loading and the split use split_seed, which is public; the noise seed is not.
@@ -227,36 +226,74 @@ def fit_reward_model(
     else:
         _say(progress, f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})")
         est.fit(train.X, train.y)
-    acc = float(est.score(test.X, test.y))
+    return _reward_fit(
+        est,
+        fmap,
+        fmap.get_config(),
+        data=data,
+        method=method,
+        unit=unit,
+        sizes=(train.n_samples, test.n_samples, train.n_features),
+        heldout_accuracy=float(est.score(test.X, test.y)),
+        split=_split_facts(unit, test_size, split_seed),
+        noise_seed=str(noise.entropy) if seed is None else str(seed),
+        release_extra={"tuning": tuning} if tuning is not None else {},
+        audit_extra={"tuning": audit_tuning},
+    )
+
+
+def _reward_fit(
+    est: Any,
+    feature_map: Any,
+    feature_config: dict[str, Any],
+    *,
+    data: str,
+    method: str,
+    unit: str,
+    sizes: tuple[int, int, int],
+    heldout_accuracy: float,
+    split: dict[str, Any],
+    noise_seed: str,
+    release_extra: dict[str, Any] | None = None,
+    summary_extra: dict[str, Any] | None = None,
+    audit_extra: dict[str, Any] | None = None,
+) -> RewardFit:
+    """The :class:`RewardFit` of a fitted estimator: the release (public facts: method, estimator, privacy
+    unit, ``sizes`` = (training pairs, test pairs, features), nonzeros, data, split, then
+    ``release_extra``), and the command's summary (the release's public metadata, ``summary_extra``, the
+    privacy event, the feature config and the operator-only exact held-out accuracy)."""
+    from privalign.release import public_metadata
+
+    n_train, n_test, n_features = sizes
     release: dict[str, Any] = {
         "method": method,
         "estimator": type(est).__name__,
         "privacy_unit": unit,
-        "n_train": train.n_samples,
-        "n_test": test.n_samples,
-        "n_features": train.n_features,
+        "n_train": int(n_train),
+        "n_test": int(n_test),
+        "n_features": int(n_features),
         "nonzeros": int(np.count_nonzero(est.coef_)),
         "data": data,
-        "split": _split_facts(unit, test_size, split_seed),
+        "split": split,
+        **(release_extra or {}),
     }
-    if tuning is not None:
-        release["tuning"] = tuning
     summary: dict[str, Any] = {
         **public_metadata(release),
+        **(summary_extra or {}),
         "privacy_event": est.privacy_event_.to_dict(),
-        "feature_config": fmap.get_config(),
+        "feature_config": feature_config,
         # exact statistics of the private test pairs: for the operator's terminal, never in the release
-        "operator_only": {"heldout_accuracy": acc},
+        "operator_only": {"heldout_accuracy": heldout_accuracy},
     }
     return RewardFit(
         estimator=est,
-        feature_map=fmap,
+        feature_map=feature_map,
         release=release,
         summary=summary,
-        heldout_accuracy=acc,
+        heldout_accuracy=heldout_accuracy,
         data=data,
-        noise_seed=str(noise.entropy) if seed is None else str(seed),
-        audit_extra={"tuning": audit_tuning},
+        noise_seed=noise_seed,
+        audit_extra=dict(audit_extra or {}),
     )
 
 
@@ -379,7 +416,6 @@ def fit_transformer_reward_model(
     """
     from privalign.estimation.preferences import PreferenceData, train_test_split
     from privalign.estimation.transformer import DPTransformerRM
-    from privalign.release import public_metadata
 
     privacy = TRANSFORMER_PRIVACY.get(method)
     if privacy is None:
@@ -427,31 +463,16 @@ def fit_transformer_reward_model(
     _say(progress, f"fitting DPTransformerRM ({backbone}, privacy {privacy}) on {tr_idx.size} pairs")
     est.fit([triples[i] for i in tr_idx], train.y)
     fm = est.feature_map()
-    acc = est.score_texts([triples[i] for i in te_idx], test.y, feature_map=fm)
-    release = {
-        "method": method,
-        "estimator": "DPTransformerRM",
-        "privacy_unit": privacy,
-        "n_train": int(tr_idx.size),
-        "n_test": int(te_idx.size),
-        "n_features": int(est.n_features_in_),
-        "nonzeros": int(np.count_nonzero(est.coef_)),
-        "data": data,
-        "split": _split_facts(privacy, test_size, split_seed),
-    }
-    summary: dict[str, Any] = {
-        **public_metadata(release),
-        "model_kind": f"transformer ({backbone}, {est.top_layers} upper layer(s) trained)",
-        "privacy_event": est.privacy_event_.to_dict(),
-        "feature_config": fm.describe_config(),
-        "operator_only": {"heldout_accuracy": acc},
-    }
-    return RewardFit(
-        estimator=est,
-        feature_map=fm,
-        release=release,
-        summary=summary,
-        heldout_accuracy=acc,
+    return _reward_fit(
+        est,
+        fm,
+        fm.describe_config(),
         data=data,
+        method=method,
+        unit=privacy,
+        sizes=(tr_idx.size, te_idx.size, est.n_features_in_),
+        heldout_accuracy=est.score_texts([triples[i] for i in te_idx], test.y, feature_map=fm),
+        split=_split_facts(privacy, test_size, split_seed),
         noise_seed=str(noise.entropy) if seed is None else str(seed),
+        summary_extra={"model_kind": f"transformer ({backbone}, {est.top_layers} upper layer(s) trained)"},
     )

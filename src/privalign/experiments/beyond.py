@@ -30,8 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from privalign.alignment.selectors import label as method_label
 from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
+from privalign.experiments.records import of_method
 from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS", "binomial_tv"]
@@ -84,8 +86,9 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
 
 
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
-    return [{"cell": "BoN", "service": "BoN", "epsilon": None}] + [
-        {"cell": f"PrivBoN eps={e:g}", "service": "PrivBoN", "epsilon": e} for e in cfg["epsilons"]
+    bon, priv = method_label("bon"), method_label("privbon")
+    return [{"cell": bon, "service": bon, "epsilon": None}] + [
+        {"cell": f"{priv} eps={e:g}", "service": priv, "epsilon": e} for e in cfg["epsilons"]
     ]
 
 
@@ -222,8 +225,9 @@ def _plot(run_dir: Path) -> list[str]:
             ],
             key=lambda r: r["Q"],
         )
-        lab = "BoN (no privacy)" if svc == "BoN" else f"PrivBoN ε={e:g}/query"
-        kw = {"color": "#d62728"} if svc == "BoN" else {}
+        plain = svc == method_label("bon")
+        lab = "BoN (no privacy)" if plain else f"PrivBoN ε={e:g}/query"
+        kw = {"color": "#d62728"} if plain else {}
         ax1.plot([r["Q"] for r in rows], [r["advantage"] for r in rows], marker="o", label=lab, **kw)
     ax1.set_xscale("log")
     ax1.set_ylim(-0.02, 1.02)
@@ -231,7 +235,7 @@ def _plot(run_dir: Path) -> list[str]:
     ax1.set_ylabel("membership advantage (TPR − FPR, exact)")
     ax1.set_title("Repeated-query attack on one preference record", fontsize=11)
     ax1.legend(loc="best", fontsize=8)
-    att = [r for r in recs if r["kind"] == "attack" and r["service"] == "PrivBoN"]
+    att = of_method(recs, "privbon", key="service", kind="attack")
     att.sort(key=lambda r: r["epsilon_claimed"])
     if att:
         xs = [r["epsilon_claimed"] for r in att]
@@ -243,7 +247,7 @@ def _plot(run_dir: Path) -> list[str]:
             color="#2ca02c",
             label=f"audit lower bound (α = {att[0]['audit_alpha']:g}, {att[0]['samples']} draws/side)",
         )
-        bon = [r for r in recs if r["kind"] == "attack" and r["service"] == "BoN"]
+        bon = of_method(recs, "bon", key="service", kind="attack")
         if bon:
             ax2.axhline(
                 bon[0]["eps_lower_bound"],
@@ -346,17 +350,19 @@ def _tvi_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     clipped = np.clip(s_np, cfg["score_low"], cfg["score_high"]) - cfg["score_low"]
     base = true.mean(axis=1)
     rows = []
-    for method, law, note in (
-        ("non-private RM + BoN", bon_law(s_np), "no privacy (reference)"),
+    for method, law, note, per_query in (
+        ("non-private RM + BoN", bon_law(s_np), "no privacy (reference)", None),
         (
             "DP reward model + BoN",
             bon_law(s_dp),
             f"({cfg['epsilon_total']:g}, {cfg['delta_total']:g})-DP once (post-processing)",
+            None,
         ),
         (
-            "PrivBoN",
+            method_label("privbon"),
             softmax_law(clipped, privbon_scale(eps_q, delta_r)),
             f"ε_q = {eps_q:.4g} per query ({'zCDP' if eps_z >= eps_pure else 'pure'} composition over T)",
+            eps_q,
         ),
     ):
         v = (law * true).sum(axis=1) - base
@@ -367,7 +373,7 @@ def _tvi_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
                 "value": float(v.mean()),
                 "value_se": float(v.std(ddof=1) / math.sqrt(len(v))),
                 "value_pq": [float(x) for x in v],  # per evaluation query: B-1's paired test
-                "per_query_epsilon": eps_q if method == "PrivBoN" else None,
+                "per_query_epsilon": per_query,
                 "privacy": note,
                 "oracle": float((true.max(axis=1) - base).mean()),
             }
@@ -400,7 +406,11 @@ def _tvi_plot(run_dir: Path) -> list[str]:
     if not recs:
         return []
     fig, (ax,) = new_figure(1, 1, width=6.4, height=4.4)
-    colors = {"non-private RM + BoN": "#7f7f7f", "DP reward model + BoN": "#2ca02c", "PrivBoN": "#ff7f0e"}
+    colors = {
+        "non-private RM + BoN": "#7f7f7f",
+        "DP reward model + BoN": "#2ca02c",
+        method_label("privbon"): "#ff7f0e",
+    }
     for m in colors:
         rows = sorted([r for r in recs if r["method"] == m], key=lambda r: r["T"])
         if rows:

@@ -28,6 +28,7 @@ import numpy as np
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.matching import MATCHINGS
+from privalign.experiments.records import is_method, of_method
 from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS", "gaussian_rnm_outcomes", "load_scored_pool", "pool_preflight"]
@@ -735,9 +736,9 @@ def _legend_name(rows: list[dict]) -> str:
     """A curve's legend entry naming its privacy: ε (PrivBoN), ε_max and E[ε] at the largest N (PrivITP)."""
     last = max(rows, key=lambda r: r["N"])
     name = last["variant"]
-    if last["method"] in ("BoN", "ITP"):
+    if is_method(last, "bon", "itp"):
         return f"{name} (ε = ∞)"
-    if last["method"] == "PrivBoN" and last.get("epsilon") is not None:
+    if is_method(last, "privbon") and last.get("epsilon") is not None:
         return name if "ε=" in name else f"{name} (ε={last['epsilon']:.3g})"
     if last.get("epsilon_max") is not None:
         e = last.get("expected_epsilon_realized")
@@ -801,7 +802,7 @@ def _scaling_plot_factory(stem: str, title: str):
                     marker="o",
                     label=f"{name}: E[realised ε]",
                 )
-            for e in sorted({r["epsilon"] for r in recs if r["method"] == "PrivBoN" and r.get("epsilon")}):
+            for e in sorted({r["epsilon"] for r in of_method(recs, "privbon") if r.get("epsilon")}):
                 ax3.axhline(e, color="#ff7f0e", linewidth=0.9, linestyle=":", label=f"PrivBoN ε = {e:g}")
             ax3.set_yscale("log")
             ax3.set_ylabel("PrivITP privacy loss ε (log scale)")

@@ -8,10 +8,11 @@ accuracy on real pairs, for the estimators of :mod:`privalign.estimation` (engin
 * ``p2-accuracy``: held-out preference accuracy on HH-RLHF harmless-base pairs (real human labels) and
   IMDb (positive, negative) review pairs, with a public hashed n-gram feature map, for all six
   estimators at ε ∈ {0.5, 1, 2, 4, 8}; split by prompt (one data split; its test pairs are shared by every
-  method). **Replicated** (issue 27): every cell is fitted with ``replicates`` fit seeds (each redraws the DP
-  noise, the tuning split and the selection noise), **tuned** by one protocol for every method
-  (:data:`TUNING_PROTOCOL`) and, beside it, **untuned** at the full ε. Sparse-vs-dense comparisons test the
-  seed-averaged paired difference with an SE over fit seeds and test pairs
+  method). **Replicated** (one fit is one draw of the DP noise): every cell is fitted with ``replicates``
+  fit seeds (each redraws the DP noise, the tuning split and the selection noise), **tuned** by one
+  protocol for every method (:data:`TUNING_PROTOCOL`) and, beside it, **untuned** at the full ε.
+  Sparse-vs-dense comparisons test the seed-averaged paired difference with an SE over fit seeds and test
+  pairs
   (:func:`privalign.experiments.verdicts.seed_paired_diff`). With ``feature_maps`` including
   ``"harm-lexicon"``, the same
   cells run on HH-RLHF with the harm lexicon map (:func:`privalign.estimation.features.harm_lexicon`). The

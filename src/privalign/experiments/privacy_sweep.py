@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privalign.alignment.selectors import label as method_label
 from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.matching import MATCH_NOTE, MATCHINGS
@@ -37,6 +38,7 @@ from privalign.experiments.paper1 import (
     pool_preflight,
     split_pool,
 )
+from privalign.experiments.records import is_method, of_method
 from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS"]
@@ -144,15 +146,14 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     ss_sim, ss_tune, ss_cal = ss.spawn(3)
     label, kind = pool_label(cfg), pool_kind(cfg)
     delta = cfg["privitp_delta"]
-    curves: list[tuple[str, str, MethodSpec, dict]] = [
-        ("BoN", "BoN", MethodSpec("bon"), {"epsilon": None}),
-        ("ITP", "ITP", MethodSpec("itp", beta=cfg["itp_beta"]), {"epsilon": None}),
+    curves: list[tuple[str, MethodSpec, dict]] = [
+        (method_label("bon"), MethodSpec("bon"), {"epsilon": None}),
+        (method_label("itp"), MethodSpec("itp", beta=cfg["itp_beta"]), {"epsilon": None}),
     ]
     for e in cfg["epsilons"]:
         curves.append(
             (
-                "PrivBoN",
-                "PrivBoN",
+                method_label("privbon"),
                 MethodSpec("privbon", epsilon=e),
                 {"epsilon": e, "sigma": 2 * cfg["sensitivity"] / e, "privacy_match": "pure ε-DP"},
             )
@@ -183,8 +184,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
             )
             curves.append(
                 (
-                    "PrivITP",
-                    f"PrivITP [{match}]",
+                    f"{method_label('privitp')} [{match}]",
                     spec,
                     {
                         **info,
@@ -197,15 +197,15 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
                 )
             )
     res = CellProtocol.from_config(cfg).run(
-        pool, [c[2] for c in curves], n=n, replicates=cfg["replicates"], random_state=ss_sim, per_prompt=True
+        pool, [c[1] for c in curves], n=n, replicates=cfg["replicates"], random_state=ss_sim, per_prompt=True
     )
     truth_binary = bool(np.all(np.isin(pool.true[np.isfinite(pool.proxy)], (0.0, 1.0))))
     scale = 100.0 if truth_binary else 1.0
     out = []
-    for (method, variant, _, info), m in zip(curves, res["methods"]):
+    for (variant, spec, info), m in zip(curves, res["methods"]):
         priv = m["privacy"]
         rec = {
-            "method": method,
+            "method": method_label(spec.kind),
             "variant": variant,
             "N": n,
             "n_prompts": res["n_prompts"],
@@ -220,7 +220,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
             "guarantee": priv.get("guarantee"),
             **{kk: (None if isinstance(v, float) and not math.isfinite(v) else v) for kk, v in info.items()},
         }
-        if method == "PrivITP":
+        if "expected_epsilon2_realized" in priv:  # an ex-post curve: its two-phase accounting
             rec.update(
                 epsilon1=priv["epsilon1"],
                 delta=priv["delta"],
@@ -233,15 +233,8 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 
 def paired_gap(records: list[dict], n: int, eps: float, match: str) -> dict | None:
     """PrivITP[match] − PrivBoN at (N, ε): mean and SE of the per-prompt differences (same prompts)."""
-    a = [
-        r
-        for r in records
-        if r["method"] == "PrivITP"
-        and r.get("privacy_match") == match
-        and r["N"] == n
-        and r.get("epsilon") == eps
-    ]
-    b = [r for r in records if r["method"] == "PrivBoN" and r["N"] == n and r.get("epsilon") == eps]
+    a = of_method(records, "privitp", privacy_match=match, N=n, epsilon=eps)
+    b = of_method(records, "privbon", N=n, epsilon=eps)
     if not a or not b:
         return None
     from privalign.experiments.verdicts import paired_diff
@@ -264,7 +257,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
             "sigma_z": r.get("sigma_z"),
             "L": r.get("L"),
         }
-        if r["method"] == "PrivITP":
+        if is_method(r, "privitp"):
             g = paired_gap(records, r["N"], r["epsilon"], r["privacy_match"])
             if g:
                 row["PrivITP − PrivBoN (paired)"] = g["mean"]
@@ -298,25 +291,25 @@ def _plot(run_dir: Path) -> list[str]:
     for ax, n in zip(axes, ns):
         rows = [r for r in recs if r["N"] == n]
         for r in rows:
-            if r["method"] in ("BoN", "ITP"):
+            if is_method(r, "bon", "itp"):
                 ax.axhline(
                     r["lift"],
                     color=STYLE[r["method"]]["color"],
-                    linestyle="-." if r["method"] == "BoN" else ":",
+                    linestyle="-." if is_method(r, "bon") else ":",
                     label=f"{r['method']} (ε = ∞; non-private reference)",
                 )
-        pb = sorted([r for r in rows if r["method"] == "PrivBoN"], key=lambda r: r["epsilon"])
+        pb = sorted(of_method(rows, "privbon"), key=lambda r: r["epsilon"])
         ax.errorbar(
             [r["epsilon"] for r in pb],
             [r["lift"] for r in pb],
             yerr=[r["lift_se"] for r in pb],
             capsize=3,
             label="PrivBoN (pure ε-DP at ε)",
-            **STYLE["PrivBoN"],
+            **STYLE[method_label("privbon")],
         )
         for match in MATCHINGS:
             pi = sorted(
-                [r for r in rows if r["method"] == "PrivITP" and r.get("privacy_match") == match],
+                of_method(rows, "privitp", privacy_match=match),
                 key=lambda r: r["epsilon"],
             )
             if not pi:

@@ -224,11 +224,12 @@ def _train_vs_inference(records: Records, runs=None) -> Verdict:
 
 
 def _membership(records: Records, runs=None) -> Verdict:
+    from privalign.experiments.records import of_method
     from privalign.experiments.verdicts import Outcome
 
     recs = [r for r in records["beyond-membership"] if r.get("kind") == "attack"]
-    priv = sorted([r for r in recs if r["service"] == "PrivBoN"], key=lambda r: r["epsilon_claimed"])
-    bon = [r for r in recs if r["service"] == "BoN"]
+    priv = sorted(of_method(recs, "privbon", key="service"), key=lambda r: r["epsilon_claimed"])
+    bon = of_method(recs, "bon", key="service")
     if not priv:
         return "inconclusive", "no PrivBoN audit rows"
     ok = all(r["eps_lower_bound"] <= r["epsilon_claimed"] + 1e-12 for r in priv)

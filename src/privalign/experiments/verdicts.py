@@ -32,6 +32,9 @@ import math
 import numpy as np
 from scipy import stats
 
+from privalign.alignment.selectors import label as method_label
+from privalign.experiments.records import of_method
+
 __all__ = [
     "ALPHA",
     "Outcome",
@@ -260,7 +263,7 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
 
     Returns ``{"status": "degrades" | "no" | "too small" | "missing", "text", "drop", "info"}``.
     """
-    s = _series(records, "BoN")
+    s = _series(records, method_label("bon"))
     if not s:
         return {"status": "missing", "text": "no BoN results (no positive control)"}
     rows = next(iter(s.values()))
@@ -407,7 +410,7 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
 
 def _bon_rows(records: list[dict]) -> list[dict]:
     """The plain best-of-N curve's rows (the positive control of the over-optimisation rules)."""
-    return [r for r in records if r.get("method") == "BoN"]
+    return of_method(records, "bon")
 
 
 def monotone_across_epsilon(records: list[dict], method: str = "PrivBoN", *, alpha: float = ALPHA) -> Outcome:
@@ -473,7 +476,7 @@ def p1_1_rule(
     if ctrl["status"] in ("missing", "too small"):
         return Outcome("inconclusive", f"[{pool}] {ctrl['text']}", {**facts, "why": ctrl["text"]})
     info = ctrl["info"]
-    best = max(r["lift"] for r in next(iter(_series(records, "BoN").values())))
+    best = max(r["lift"] for r in next(iter(_series(records, method_label("bon")).values())))
     n_max = info["last"]["N"]
     if planted_hack_rate and n_max * planted_hack_rate >= 2 and best > 0 and info["upper_drop"] < 0.1 * best:
         return Outcome(
@@ -504,13 +507,9 @@ def p1_5_rule(
 
     pool = _pool_of(records)
     eps_of = lambda r: r.get("epsilon") if r.get("epsilon") is not None else r.get("epsilon_target")
-    itp = [
-        r
-        for r in records
-        if r.get("method") == "PrivITP" and r.get("privacy_match") == match and eps_of(r) is not None
-    ]
+    itp = [r for r in of_method(records, "privitp", privacy_match=match) if eps_of(r) is not None]
     if not itp:
-        got = sorted({str(r.get("privacy_match")) for r in records if r.get("method") == "PrivITP"})
+        got = sorted({str(r.get("privacy_match")) for r in of_method(records, "privitp")})
         return (
             "inconclusive",
             f"[{pool}] no PrivITP curve matched by '{match}' (found: {got}); not at equal privacy",
@@ -520,11 +519,8 @@ def p1_5_rule(
         e = eps_of(a)
         b = [
             r
-            for r in records
-            if r.get("method") == "PrivBoN"
-            and r["N"] == a["N"]
-            and r.get("epsilon") is not None
-            and abs(r["epsilon"] - e) <= 1e-9 * e
+            for r in of_method(records, "privbon", N=a["N"])
+            if r.get("epsilon") is not None and abs(r["epsilon"] - e) <= 1e-9 * e
         ]
         if b:
             d = paired_diff(b[0], a)
@@ -787,10 +783,8 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     if not rows:
         rows = [
             r
-            for r in records
-            if r.get("method") == "PrivITP"
-            and r.get("privacy_match") == "sigma"
-            and r.get("expected_epsilon_realized") is not None
+            for r in of_method(records, "privitp", privacy_match="sigma")
+            if r.get("expected_epsilon_realized") is not None
         ]
         src = "PrivITP under the σ rule (fixed σ)"
     if not rows:
@@ -1230,17 +1224,18 @@ def b1_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     """
     ts = sorted({r["T"] for r in records if "T" in r})
     rows = {t: {r["method"]: r for r in records if r.get("T") == t} for t in ts}
-    ts = [t for t in ts if "DP reward model + BoN" in rows[t] and "PrivBoN" in rows[t]]
+    priv = method_label("privbon")
+    ts = [t for t in ts if "DP reward model + BoN" in rows[t] and priv in rows[t]]
     if not ts:
-        return "inconclusive", "no T with both 'DP reward model + BoN' and 'PrivBoN' rows"
+        return "inconclusive", f"no T with both 'DP reward model + BoN' and '{priv}' rows"
     k = len(ts)
-    tests = {t: _b1_diff(rows[t]["PrivBoN"], rows[t]["DP reward model + BoN"]) for t in ts}
+    tests = {t: _b1_diff(rows[t][priv], rows[t]["DP reward model + BoN"]) for t in ts}
     ahead = [t for t in ts if _b1_z(tests[t]) > _b1_crit(tests[t], alpha / k)]
     behind = [t for t in ts if _b1_z(tests[t]) < -_b1_crit(tests[t], alpha / k)]
     last = ts[-1]
     parts = [
         f"T={t}: DP-RM + BoN {rows[t]['DP reward model + BoN']['value']:.3f} vs PrivBoN "
-        f"{rows[t]['PrivBoN']['value']:.3f}, diff {tests[t]['mean']:+.3f} ± {tests[t]['se']:.3f}"
+        f"{rows[t][priv]['value']:.3f}, diff {tests[t]['mean']:+.3f} ± {tests[t]['se']:.3f}"
         + (" (ahead)" if t in ahead else " (behind)" if t in behind else "")
         for t in ts
     ]

@@ -27,6 +27,7 @@ import numpy as np
 from privalign.errors import DataFormatError
 
 __all__ = [
+    "bon_report_lines",
     "bon_selection_law",
     "bon_curve",
     "write_bon_report",
@@ -431,3 +432,59 @@ def write_bon_report(
     fig.savefig(f"{out_prefix}.png", dpi=100)
     plt.close(fig)
     return doc
+
+
+def _falls(power: dict[str, Any]) -> str:
+    return ", ".join(f"{v:.2f} if {float(q):.0%} fall" for q, v in power["power_if_fraction_falls"].items())
+
+
+def _per_n_tests_text(res: dict[str, Any]) -> tuple[str, str]:
+    """The Wilcoxon and sign-test parts of a series' line: smallest p (at which N) and power."""
+    tests = res["paired_tests_vs_max_N"]
+    t = min(tests, key=lambda r: r["sign_test_p"]) if tests else None
+    extra = f"; smallest p = {t['sign_test_p']:.3g} (N_max vs N={t['N']})" if t else ""
+    pw = res["power"]
+    power = (
+        f"; the sign test needs {pw['k_crit']} of {pw['n']} prompts lower (power " + _falls(pw) + ")"
+        if pw["k_crit"] is not None
+        else f"; the sign test cannot reject with {pw['n']} prompts (power 0)"
+    )
+    wt = min(tests, key=lambda r: r["wilcoxon_p"]) if tests else None
+    wil = (
+        f"; Wilcoxon signed-rank: smallest p = {wt['wilcoxon_p']:.3g} (N_max vs N={wt['N']}), power "
+        + _falls(res["wilcoxon_power"])
+        if wt
+        else ""
+    )
+    return wil, f"sign test{extra.removeprefix(';')}{power}"
+
+
+def bon_report_lines(res: dict[str, Any], alpha: float) -> list[str]:
+    """Plain-text lines for a terminal about one pool's :func:`bon_curve` result (as
+    :func:`write_bon_report` labels it): the gold's peak, the verdict with the joint max-t test, the per-N
+    Wilcoxon and sign tests with their power, what 'does not hold' means, and the capacity reading."""
+    from privalign.alignment.capacity import capacity_lines
+
+    kind = f" on {res['pool_kind']}" if res.get("pool_kind") else ""
+    jt = res["joint_test"]
+    joint = (
+        f"paired max-t over all N: p = {jt['p']:.3g} (critical t {jt['t_crit']:.3g}; detectable mean fall "
+        f"at 80% power ≈ {max(jt['detectable_fall']):.3g})"
+        if jt["t_crit"] is not None
+        else "paired max-t over all N: too few prompts"
+    )
+    wil, sign = _per_n_tests_text(res)
+    lines = [
+        f"{res['label']}: gold peaks at N={res['argmax_N_true']} ({res['peak_true']:.4f}), at "
+        f"N={res['curve'][-1]['N']}: {res['true_at_max_N']:.4f}; over-optimisation "
+        f"{res['verdict'].upper()}{kind} (family-wise alpha={alpha}, margin {res['margin']:.3g}); "
+        f"{joint}{wil}; {sign}"
+    ]
+    if res["verdict"] == "does not hold":
+        can = {"can": "it can", "cannot": "it cannot", "unclear": "it is unclear whether it can"}
+        lines.append(
+            "  ('does not hold' is about this pool: best-of-N on this proxy does not lower this gold at the "
+            f"N it holds; {can[res['capacity']['reading']]} show over-optimisation by the capacity reading "
+            "below; it says nothing against reward hacking in general or against paper 1)"
+        )
+    return lines + capacity_lines(res["capacity"])

@@ -101,6 +101,7 @@ __all__ = [
     "PrivacyConfig",
     "ComponentConfig",
     "ServiceConfig",
+    "config_with_overrides",
     "load_config",
     "default_config",
     "user_data_dir",
@@ -418,3 +419,50 @@ def load_config(path: str | Path) -> ServiceConfig:
             ),
         )
     return cfg
+
+
+def config_with_overrides(
+    config: str | Path | None = None,
+    *,
+    reward_model: str | Path | None = None,
+    db: str | None = None,
+    generator: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+) -> ServiceConfig:
+    """The validated config ``privalign serve`` runs: the TOML file ``config`` (default: the embedded
+    defaults) with its command-line overrides (each ``None`` keeps the file's value).
+
+    ``reward_model`` serves that linear reward-model file; ``generator`` changes the kind and keeps the
+    section's sampling options only between the two local kinds (``transformers``, ``ctranslate2``).
+
+    Raises:
+      FileNotFoundError, ValueError: a missing file or invalid TOML (``argument --config: ...``,
+        ``argument --reward-model: ...``).
+      PrivacyParameterError: an invalid value (named).
+    """
+    if config and not Path(config).is_file():
+        raise FileNotFoundError(f"argument --config: no such file: {config}")
+    try:
+        cfg = load_config(config) if config else default_config()
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"argument --config: {config} is not valid TOML: {exc}") from None
+    if reward_model is not None:
+        path = Path(reward_model).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"argument --reward-model: no such file: {reward_model}")
+        cfg = replace(
+            cfg, reward_model=replace(cfg.reward_model, kind="linear", options={"path": str(path.resolve())})
+        )
+    if generator is not None:
+        local = ("transformers", "ctranslate2")
+        keep = cfg.generator.kind in local and generator in local
+        options = dict(cfg.generator.options) if keep else {}
+        cfg = replace(cfg, generator=replace(cfg.generator, kind=generator, options=options))
+    if db is not None:
+        cfg = replace(cfg, database=replace(cfg.database, url=db))
+    if port is not None:
+        cfg = replace(cfg, server=replace(cfg.server, port=port))
+    if host is not None:
+        cfg = replace(cfg, server=replace(cfg.server, host=host))
+    return cfg.validate()

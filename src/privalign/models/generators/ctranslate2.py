@@ -12,14 +12,15 @@ from privalign.errors import PrivacyParameterError
 from privalign.models._resources import package_version, require, set_offline
 from privalign.models.generators.base import (
     Completion,
+    LocalGenerator,
     SamplingParams,
     _apply_stop,
     _check_generate_args,
     _progress,
     candidate_seed,
     gguf_progress,
+    hf_model_source,
 )
-from privalign.models.generators.transformers import _load_hf_model_source
 
 
 def ct2_model_dir(
@@ -49,7 +50,7 @@ def ct2_model_dir(
         if p.is_dir() and (p / "model.bin").is_file():
             return p
     set_offline()
-    src, kw, model_id = _load_hf_model_source(model)
+    src, kw, model_id = hf_model_source(model)
     srcfile = Path(src) / kw["gguf_file"] if "gguf_file" in kw else Path(src) / "config.json"
     st = srcfile.stat()
     key_src = json.dumps(
@@ -133,7 +134,7 @@ def ct2_model_dir(
     return final
 
 
-class CTranslate2Generator:
+class CTranslate2Generator(LocalGenerator):
     """Sample completions with CTranslate2 on CPU (int8 weights by default): the fast CPU backend.
 
     The model is converted once, offline, from the installed files into the user's cache directory
@@ -207,13 +208,9 @@ class CTranslate2Generator:
         from transformers import AutoTokenizer
 
         self._ct2 = ct2
-        self.params = params or SamplingParams()
-        self.batch_size = check_int(batch_size, "batch_size", low=1)
-        self.chat_template = bool(chat_template)
-        self.assistant_prefix = assistant_prefix
+        self._setup(params, batch_size, chat_template, assistant_prefix, progress)
         self.compute_type = compute_type
         self.num_threads = 0 if num_threads is None else check_int(num_threads, "num_threads", low=1)
-        self.progress = progress
         quant = compute_type if compute_type in ("int8", "int8_float32", "int16", "float32") else "int8"
         self.model_dir = ct2_model_dir(model, quantization=quant, cache_dir=cache_dir)
         info_path = self.model_dir / "privalign_ct2.json"
@@ -229,16 +226,6 @@ class CTranslate2Generator:
         self._state: tuple | None = None  # "block" mode: (seed, n, block, prompts consumed in the block)
         self.reloads = 0  # model (re)loads so far, for benchmarks
         self.pad_draws = 0  # dummy draws consumed so far ("block" mode)
-
-    def format_prompt(self, prompt: str) -> str:
-        """The exact model input for ``prompt`` (chat template or raw), as in
-        :class:`TransformersGenerator`."""
-        if not self.chat_template:
-            return prompt
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return text + self.assistant_prefix
 
     def _prompt_tokens(self, model_input: str) -> list[str]:
         ids = self.tokenizer(model_input, add_special_tokens=not self.chat_template)["input_ids"]

