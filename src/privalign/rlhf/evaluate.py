@@ -4,7 +4,9 @@ against the reference policy with paired bootstrap intervals, and best-of-N at e
 * :func:`sample_with_logprobs`: ``n`` samples per prompt from a causal LM by plain ancestral sampling
   (temperature 1, no truncation; candidate ``j`` of prompt ``i`` has its own ``torch.Generator`` seeded by
   :func:`privalign.models.generators.candidate_seed`), with the summed log-probability of each sampled token
-  sequence (EOS included) under the policy and, optionally, under a reference model.
+  sequence (EOS included) under the policy (read off the logits each token was drawn from) and, optionally,
+  under a reference model (one forward pass, completion positions only). Rows of all prompts are sampled
+  together (``batch_rows`` per ``generate``): a CPU reads the weights once per token for the whole batch.
 * KL: ``KL(π ‖ π_ref) = E_{y∼π}[log π(y|x) − log π_ref(y|x)]``, estimated by the sample mean over prompts and
   samples (unbiased for the sequence-level KL of the length-capped sampler), with its standard error.
 * Best-of-N from the reference: ``KL ≤ log N − (N − 1)/N`` (the usual analytic value, an upper bound on the
