@@ -4,7 +4,9 @@ against the reference policy with paired bootstrap intervals, and best-of-N at e
 * :func:`sample_with_logprobs`: ``n`` samples per prompt from a causal LM by plain ancestral sampling
   (temperature 1, no truncation; candidate ``j`` of prompt ``i`` has its own ``torch.Generator`` seeded by
   :func:`privalign.models.generators.candidate_seed`), with the summed log-probability of each sampled token
-  sequence (EOS included) under the policy and, optionally, under a reference model.
+  sequence (EOS included) under the policy (read off the logits each token was drawn from) and, optionally,
+  under a reference model (one forward pass, completion positions only). Rows of all prompts are sampled
+  together (``batch_rows`` per ``generate``): a CPU reads the weights once per token for the whole batch.
 * KL: ``KL(π ‖ π_ref) = E_{y∼π}[log π(y|x) − log π_ref(y|x)]``, estimated by the sample mean over prompts and
   samples (unbiased for the sequence-level KL of the length-capped sampler), with its standard error.
 * Best-of-N from the reference: ``KL ≤ log N − (N − 1)/N`` (the usual analytic value, an upper bound on the
@@ -44,8 +46,22 @@ def sample_with_logprobs(
     max_new_tokens: int,
     seed: int,
     reference: Any = None,
+    batch_rows: int = 128,
+    reference_rows: int = 16,
 ) -> dict[str, Any]:
     """``n`` samples per prompt with their log-probabilities (see the module docstring).
+
+    The ``len(prompts) × n`` rows are sampled ``batch_rows`` at a time (prompts left-padded, one
+    ``generate`` call per batch; row ``(i, j)`` draws only from its own generator, so its tokens do not depend
+    on the batching, up to floating-point rounding of the logits). The policy's log-probability of each
+    sampled token is read off the logits the sampler drew it from (no second forward pass); the reference's
+    comes from one forward pass per ``reference_rows`` rows, scoring only the completion positions.
+
+    Args:
+      batch_rows: rows per ``generate`` call (≥ 1); larger is faster on a CPU (one pass over the weights
+        serves more rows) and holds ``batch_rows × vocabulary`` floats per step.
+      reference_rows: rows per reference forward pass (≥ 1); holds ``reference_rows × (max_new_tokens + 1)
+        × vocabulary`` floats of logits.
 
     Returns:
       ``{"texts": P×n list, "logp": (P, n), "logp_ref": (P, n) or None, "num_tokens": (P, n)}``.
@@ -53,61 +69,117 @@ def sample_with_logprobs(
     import torch
     from transformers import LogitsProcessorList
 
-    from privalign.models.generators.base import SamplingParams, _RowSampler, candidate_seed
+    from privalign.models.generators.base import SamplingParams, candidate_seed
 
     n = check_int(n, "n", low=1)
+    batch_rows = check_int(batch_rows, "batch_rows", low=1)
+    reference_rows = check_int(reference_rows, "reference_rows", low=1)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0)
     eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
     eos_set = {eos} if isinstance(eos, int) else set(eos)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_set))
-    texts, lp, lpr, ntok = (
-        [],
-        np.zeros((len(prompts), n)),
-        np.zeros((len(prompts), n)),
-        np.zeros((len(prompts), n), int),
-    )
+    P = len(prompts)
+    texts: list[list[str]] = [[""] * n for _ in range(P)]
+    lp, lpr, ntok = np.zeros((P, n)), np.zeros((P, n)), np.zeros((P, n), int)
     model.eval()
     if reference is not None:
         reference.eval()
-    for i, prompt in enumerate(prompts):
-        gens = [torch.Generator().manual_seed(candidate_seed(seed, i, j)) for j in range(n)]
-        enc = tokenizer([prompt] * n, return_tensors="pt")
-        L = enc["input_ids"].shape[1]
+    ids = [list(tokenizer(p)["input_ids"]) for p in prompts]
+    rows = [(i, j) for i in range(P) for j in range(n)]
+    for b0 in range(0, len(rows), batch_rows):
+        chunk = rows[b0 : b0 + batch_rows]
+        L = max(len(ids[i]) for i, _ in chunk)
+        inp = torch.full((len(chunk), L), pad, dtype=torch.long)
+        pmask = torch.zeros((len(chunk), L), dtype=torch.long)
+        for r, (i, _) in enumerate(chunk):  # left padding, as generate expects for a decoder-only model
+            inp[r, L - len(ids[i]) :] = torch.tensor(ids[i], dtype=torch.long)
+            pmask[r, L - len(ids[i]) :] = 1
+        sampler = _ScoredRowSampler(
+            torch, [torch.Generator().manual_seed(candidate_seed(seed, i, j)) for i, j in chunk], params
+        )
         with torch.inference_mode():
             out = model.generate(
-                input_ids=enc["input_ids"],
-                attention_mask=enc["attention_mask"],
+                input_ids=inp,
+                attention_mask=pmask,
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
                 num_beams=1,
                 pad_token_id=pad,
                 eos_token_id=list(eos_set),
-                logits_processor=LogitsProcessorList([_RowSampler(torch, gens, params)]),
+                logits_processor=LogitsProcessorList([sampler]),
             )
             new = out[:, L:]
             mask = torch.ones_like(new, dtype=torch.bool)
-            row_txt = []
-            for r in range(new.shape[0]):
-                ids = new[r].tolist()
-                k = next((t for t, v in enumerate(ids) if v in eos_set), None)
+            for r, (i, j) in enumerate(chunk):
+                toks = new[r].tolist()
+                k = next((t for t, v in enumerate(toks) if v in eos_set), None)
                 if k is not None:
                     mask[r, k + 1 :] = False  # the EOS itself was sampled: it counts
-                ntok[i, r] = len(ids) if k is None else k
-                row_txt.append(tokenizer.decode(ids[: ntok[i, r]], skip_special_tokens=True))
-            texts.append(row_txt)
-            attn = torch.cat([enc["attention_mask"], mask.long()], dim=1)
-            for m, dst in ((model, lp), (reference, lpr)):
-                if m is None:
-                    continue
-                logits = m(input_ids=out, attention_mask=attn).logits[:, L - 1 : -1].float()
-                logp = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None])[..., 0]
-                dst[i] = (logp * mask).sum(dim=1).numpy()
+                ntok[i, j] = len(toks) if k is None else k
+                texts[i][j] = tokenizer.decode(toks[: ntok[i, j]], skip_special_tokens=True)
+            step_logp = torch.stack(sampler.logps[: new.shape[1]], dim=1)  # (rows, new tokens)
+            pol = (step_logp * mask).sum(dim=1).numpy()
+            ref = None
+            if reference is not None:
+                ref = _completion_logp(
+                    torch, reference, out, torch.cat([pmask, mask.long()], 1), new, mask, reference_rows
+                )
+            for r, (i, j) in enumerate(chunk):
+                lp[i, j] = pol[r]
+                if ref is not None:
+                    lpr[i, j] = ref[r]
     return {
         "texts": texts,
         "logp": lp,
         "logp_ref": lpr if reference is not None else None,
         "num_tokens": ntok,
     }
+
+
+class _ScoredRowSampler:
+    """:class:`~privalign.models.generators.base._RowSampler` (one generator per row, the same draws), which
+    also keeps each step's ``log softmax(scores)`` at the sampled tokens: the sampled sequence's
+    log-probability under the distribution it was drawn from (temperature 1, no truncation)."""
+
+    def __init__(self, torch: Any, generators: list[Any], params: Any) -> None:
+        from privalign.models.generators.base import _RowSampler
+
+        self.torch = torch
+        self.sampler = _RowSampler(torch, generators, params)
+        self.logps: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        out = self.sampler(input_ids, scores)
+        chosen = out.argmax(dim=-1, keepdim=True)  # the one finite (0) entry of each row
+        logits = scores.float()
+        self.logps.append(
+            (logits.gather(-1, chosen) - self.torch.logsumexp(logits, dim=-1, keepdim=True))[:, 0]
+        )
+        return out
+
+
+def _completion_logp(torch: Any, model: Any, seq: Any, attn: Any, new: Any, mask: Any, rows: int) -> Any:
+    """Summed log-probability under ``model`` of the completion tokens ``new`` (the last ``new.shape[1]``
+    columns of ``seq``; left-padded prompts, ``attn`` masks padding and tokens after EOS), ``rows`` rows per
+    forward pass; logits only at the completion positions."""
+    K = new.shape[1]
+    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)  # positions count from each row's first real token
+    out = []
+    for s in range(0, seq.shape[0], rows):
+        logits = (
+            model(
+                input_ids=seq[s : s + rows],
+                attention_mask=attn[s : s + rows],
+                position_ids=pos[s : s + rows],
+                logits_to_keep=K + 1,
+            )
+            .logits[:, :-1]
+            .float()
+        )
+        tok = new[s : s + rows, :, None]
+        logp = (logits.gather(-1, tok) - torch.logsumexp(logits, dim=-1, keepdim=True))[..., 0]
+        out.append((logp * mask[s : s + rows]).sum(dim=1))
+    return torch.cat(out).numpy()
 
 
 def kl_estimate(logp: np.ndarray, logp_ref: np.ndarray) -> tuple[float, float]:
