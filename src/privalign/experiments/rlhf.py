@@ -297,9 +297,9 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     ident = _train_identity(cell, cfg, ss)
     if cfg.get("records_only"):
         _import_prior_evals(cell, cfg, ctx, ident)
-        curve = _curve(cell, cfg, ctx, ident)
-        if any(r is None for r in curve):
-            return [_pending_record(cell, cfg, curve)]
+        recorded = _curve(cell, cfg, ctx, ident)
+        if any(r is None for r in recorded):
+            return [_pending_record(cell, cfg, recorded)]
     fitted = _fit_reward_model(cell, cfg, ctx, s_fit)
     curve = _train_policy(cell, cfg, ctx, fitted, s_rl, ident)
     return [_policy_record(cell, cfg, ctx, fitted, curve)]
