@@ -44,8 +44,14 @@ def sample_with_logprobs(
     max_new_tokens: int,
     seed: int,
     reference: Any = None,
+    prompt_batch: int = 1,
 ) -> dict[str, Any]:
     """``n`` samples per prompt with their log-probabilities (see the module docstring).
+
+    ``prompt_batch`` prompts are generated together (left-padded, positions from the attention mask): the
+    same per-candidate generators, so the same samples up to floating-point rounding, several times faster
+    on a CPU (the weights are read once per token step for all rows). ``1`` (the default) is one prompt at a
+    time.
 
     Returns:
       ``{"texts": P×n list, "logp": (P, n), "logp_ref": (P, n) or None, "num_tokens": (P, n)}``.
@@ -56,27 +62,26 @@ def sample_with_logprobs(
     from privalign.models.generators.base import SamplingParams, _RowSampler, candidate_seed
 
     n = check_int(n, "n", low=1)
+    pb = check_int(prompt_batch, "prompt_batch", low=1)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0)
     eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
     eos_set = {eos} if isinstance(eos, int) else set(eos)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_set))
-    texts, lp, lpr, ntok = (
-        [],
-        np.zeros((len(prompts), n)),
-        np.zeros((len(prompts), n)),
-        np.zeros((len(prompts), n), int),
-    )
+    P = len(prompts)
+    texts: list[list[str]] = []
+    lp, lpr, ntok = np.zeros((P, n)), np.zeros((P, n)), np.zeros((P, n), int)
     model.eval()
     if reference is not None:
         reference.eval()
-    for i, prompt in enumerate(prompts):
-        gens = [torch.Generator().manual_seed(candidate_seed(seed, i, j)) for j in range(n)]
-        enc = tokenizer([prompt] * n, return_tensors="pt")
-        L = enc["input_ids"].shape[1]
+    for i0 in range(0, P, pb):
+        chunk = list(range(i0, min(P, i0 + pb)))
+        gens = [torch.Generator().manual_seed(candidate_seed(seed, i, j)) for i in chunk for j in range(n)]
+        ids, am = _left_padded(tokenizer, [prompts[i] for i in chunk for _ in range(n)], pad)
+        L = ids.shape[1]
         with torch.inference_mode():
             out = model.generate(
-                input_ids=enc["input_ids"],
-                attention_mask=enc["attention_mask"],
+                input_ids=ids,
+                attention_mask=am,
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
                 num_beams=1,
@@ -86,28 +91,45 @@ def sample_with_logprobs(
             )
             new = out[:, L:]
             mask = torch.ones_like(new, dtype=torch.bool)
-            row_txt = []
+            rows_txt = []
             for r in range(new.shape[0]):
-                ids = new[r].tolist()
-                k = next((t for t, v in enumerate(ids) if v in eos_set), None)
+                i, j = chunk[r // n], r % n
+                row = new[r].tolist()
+                k = next((t for t, v in enumerate(row) if v in eos_set), None)
                 if k is not None:
                     mask[r, k + 1 :] = False  # the EOS itself was sampled: it counts
-                ntok[i, r] = len(ids) if k is None else k
-                row_txt.append(tokenizer.decode(ids[: ntok[i, r]], skip_special_tokens=True))
-            texts.append(row_txt)
-            attn = torch.cat([enc["attention_mask"], mask.long()], dim=1)
+                ntok[i, j] = len(row) if k is None else k
+                rows_txt.append(tokenizer.decode(row[: ntok[i, j]], skip_special_tokens=True))
+            texts += [rows_txt[c * n : (c + 1) * n] for c in range(len(chunk))]
+            attn = torch.cat([am, mask.long()], dim=1)
+            pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
             for m, dst in ((model, lp), (reference, lpr)):
                 if m is None:
                     continue
-                logits = m(input_ids=out, attention_mask=attn).logits[:, L - 1 : -1].float()
+                kw = {"position_ids": pos} if pb > 1 else {}
+                logits = m(input_ids=out, attention_mask=attn, **kw).logits[:, L - 1 : -1].float()
                 logp = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None])[..., 0]
-                dst[i] = (logp * mask).sum(dim=1).numpy()
+                dst[chunk] = (logp * mask).sum(dim=1).numpy().reshape(len(chunk), n)
     return {
         "texts": texts,
         "logp": lp,
         "logp_ref": lpr if reference is not None else None,
         "num_tokens": ntok,
     }
+
+
+def _left_padded(tokenizer: Any, texts: list[str], pad: int) -> tuple[Any, Any]:
+    """Token ids and attention mask of ``texts``, left-padded with ``pad`` (one text: no padding)."""
+    import torch
+
+    enc = [list(tokenizer(t)["input_ids"]) for t in texts]
+    width = max(len(e) for e in enc)
+    ids = torch.full((len(enc), width), int(pad), dtype=torch.long)
+    am = torch.zeros((len(enc), width), dtype=torch.long)
+    for r, e in enumerate(enc):
+        ids[r, width - len(e) :] = torch.tensor(e, dtype=torch.long)
+        am[r, width - len(e) :] = 1
+    return ids, am
 
 
 def kl_estimate(logp: np.ndarray, logp_ref: np.ndarray) -> tuple[float, float]:
