@@ -50,7 +50,6 @@ def test_frontier_tiny_end_to_end_with_the_real_models(tmp_path):
     assert man["figures"] == ["frontier_gold_vs_kl"]
     # nothing is retrained in a fresh directory given the records (prior_results)
     out2 = tmp_path / "run2"
-    (out / "records" / "reference.json").write_text((out / "data" / "reference.json").read_text())
     run_experiment(
         "beyond-frontier",
         out=out2,

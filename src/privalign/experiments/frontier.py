@@ -485,14 +485,14 @@ def _generate_pairs(cfg: dict, ctx: RunContext, prompts: list[str], path: Path) 
 
 def _reference(cfg: dict, ctx: RunContext) -> dict[str, Any]:
     """The base policy's ``reference_samples`` samples per eval prompt and their gold (public: a public
-    model on public prompts); cached under ``RUN/data/reference.json`` and reused from ``prior_results``'s
-    parent (``…/reference.json``)."""
+    model on public prompts); kept with the records as ``RUN/records/reference.json`` and reused from there or
+    from ``prior_results/reference.json``."""
     if "reference" in ctx.cache:
         return ctx.cache["reference"]
     ident = _ident(
         {k: cfg.get(k) for k in ("seed", "eval_prompts", "reference_samples", "max_new_tokens", "gold")}
     )
-    dst = ctx.run_dir / "data" / "reference.json"
+    dst = ctx.run_dir / "records" / "reference.json"
     cands = [dst] + ([_resolve(cfg["prior_results"]) / "reference.json"] if cfg.get("prior_results") else [])
     rec = next((r for r in (_load_json(p, ident) for p in cands) if r is not None), None)
     if rec is None:
@@ -559,6 +559,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         cell, cfg, ctx
     )
     rec = _curve_record(cell, cfg, ctx, points)
+    _drop_unneeded_rms(cfg, ctx)
     print(
         f"{NAME}: {cell['cell']} done in {time.perf_counter() - t0:.0f} s "
         f"({len(points)} points, last KL {points[-1]['kl']:.3f}, gold {points[-1]['gold']:.3f})",
@@ -566,6 +567,21 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         flush=True,
     )
     return [rec]
+
+
+def _drop_unneeded_rms(cfg: dict, ctx: RunContext) -> None:
+    """Forget the fitted reward models no later GRPO route uses (a MiniLM one holds its backbone)."""
+    import gc
+
+    keep = {
+        f"rm:{r['method']}@{r['epsilon']}:{k}"
+        for r in map(parse_route, cfg["routes"])
+        if FAMILY_INFO[r["family"]]["trained"] and r["method"] in _RMS
+        for k in range(_seeds(cfg, r["family"]))
+    }
+    for key in [k for k in ctx.cache if str(k).startswith("rm:") and k not in keep]:
+        del ctx.cache[key]
+    gc.collect()
 
 
 def _data_record(cfg: dict, ctx: RunContext) -> dict:
