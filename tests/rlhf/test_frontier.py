@@ -200,6 +200,9 @@ def test_plain_reading_names_winner_and_significance():
     res = fr.frontier_verdict(recs, budgets=[1.0])
     line = READERS["B-3"](res[0], res.facts)
     assert "ε = 8" in line and "label-DP DPO" in line and "significant" in line and "\n" not in line
+    with_privbon = recs + _curve("privbon:MLE@8", [0.5, 0.52], [0, 0.3], 7)
+    res = fr.frontier_verdict(with_privbon, budgets=[1.0])
+    assert "per answer" in READERS["B-3"](res[0], res.facts)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -362,3 +365,22 @@ def test_tiny_summary_and_figure(tiny, tmp_path):
     (tmp_path / "run" / "figures").mkdir()
     assert fr._plot(tmp_path / "run") == ["frontier_gold_vs_kl"]
     assert Path(tmp_path / "run" / "figures" / "frontier_gold_vs_kl.png").is_file()
+
+
+def test_batched_sampling_gives_the_same_samples_and_logprobs():
+    """``prompt_batch`` (left padding, positions from the mask) changes the speed, not the samples."""
+    import copy
+
+    from privalign.rlhf.evaluate import sample_with_logprobs
+
+    model, tok, _ = _tiny_base()
+    ref = copy.deepcopy(model)
+    prompts = ["a", "hello there", "abc def ghi jk", "x"]
+    one = sample_with_logprobs(model, tok, prompts, 3, max_new_tokens=6, seed=5, reference=ref)
+    many = sample_with_logprobs(
+        model, tok, prompts, 3, max_new_tokens=6, seed=5, reference=ref, prompt_batch=3
+    )
+    assert one["texts"] == many["texts"]
+    np.testing.assert_array_equal(one["num_tokens"], many["num_tokens"])
+    np.testing.assert_allclose(one["logp"], many["logp"], atol=1e-4)
+    np.testing.assert_allclose(one["logp_ref"], many["logp_ref"], atol=1e-4)

@@ -1324,6 +1324,14 @@ def frontier_verdict(
             for c in comps
         ],
         "detectable": mdd,
+        "per_answer_routes": sorted(
+            {
+                r["route"]
+                for c in comps
+                for r in c["ranking"]
+                if route_kind(parse_route(r["route"])) == "per-answer"
+            }
+        ),
         "margin": float(comps[0]["margin"]),
         "why": "underpowered" if v == "inconclusive" else "",
     }

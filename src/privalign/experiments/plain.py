@@ -315,6 +315,8 @@ def b_3(verdict: str, f: dict) -> str:
                 f"{num(c['budget'])} nat ({lead}, {sig})"
             )
     s = "; ".join(parts)
+    if f.get("per_answer_routes"):
+        s += " (PrivBoN pays its ε per answer: k answers cost kε)"
     if verdict == "holds":
         return s[:1].upper() + s[1:] + "."
     if verdict == "does not hold":
