@@ -113,6 +113,20 @@ TINY: dict[str, dict] = {
         "max_prompts": 6,
         "ns": [1, 2, 16],
     },
+    "beyond-frontier": {
+        "routes": ["dpo:label@8", "bon:RRIHT@8", "privbon:MLE@8"],
+        "eval_prompts": 2,
+        "grpo_prompts": 1,
+        "n_pairs": 8,
+        "max_new_tokens": 4,
+        "reference_samples": 2,
+        "eval_samples": 1,
+        "bon_ns": [1, 2],
+        "dpo_batch": 4,
+        "trm_batch": 4,
+        "dpo_eval_every": 2,
+        "n_bootstrap": 100,
+    },
     "p2-rlhf": {
         "policies": ["RRIHT@8", "DenseRR@8"],
         "steps": 1,
@@ -128,7 +142,7 @@ TINY: dict[str, dict] = {
 }
 #: experiments that load and train a language model: run end to end in tests/rlhf (marked model, slow), not
 #: here.
-MODEL_EXPERIMENTS = ("p2-rlhf",)
+MODEL_EXPERIMENTS = ("p2-rlhf", "beyond-frontier")
 
 
 def _toml_value(v) -> str:

@@ -11,6 +11,9 @@ import pytest
 from test_verdict_rules import (
     BON_DEGRADES,
     BON_RISES,
+    FRONTIER_CLOSE,
+    FRONTIER_TIE,
+    FRONTIER_WINS,
     LOSS,
     RATE_CLAIMS,
     REAL,
@@ -20,6 +23,7 @@ from test_verdict_rules import (
     _curve,
     _epsstar,
     _fixed,
+    _frontier,
     _policies,
     _rates,
     _replicated,
@@ -110,6 +114,11 @@ def _cases():
                 {"beyond-train-vs-inference": _tvi({1: 0.0, 10: 0.005, 100: 0.0, 10_000: 0.005})},
                 None,
             ),
+        },
+        "B-3": {
+            "holds": ({"beyond-frontier": _frontier(FRONTIER_WINS)}, None),
+            "does not hold": ({"beyond-frontier": _frontier(FRONTIER_TIE, P=3000, noise=0.02)}, None),
+            "inconclusive": ({"beyond-frontier": _frontier(FRONTIER_CLOSE, P=8, noise=0.3, seeds=2)}, None),
         },
         "B-2": {
             "holds": ({"beyond-membership": _audit(1.5, {2.0: 0.4, 8.0: 3.0})}, None),

@@ -811,6 +811,66 @@ def test_b2_three_outcomes_through_the_report():
     assert v == "inconclusive" and "no power" in m
 
 
+# --- B-3 (beyond-frontier) -----------------------------------------------------------------------
+
+
+def _frontier(routes, *, P=300, noise=0.1, seeds=3):
+    """beyond-frontier records: ``routes`` maps a route spec to (golds, kls) of its path; per seed, per-prompt
+    gold = gold + a prompt effect shared by every route + noise."""
+    from privalign.experiments.frontier import parse_route, route_label, route_unit
+
+    base = np.random.default_rng(99).normal(0, noise, size=P)
+    out = []
+    for j, (route, (golds, kls)) in enumerate(routes.items()):
+        r = parse_route(route)
+        rng = np.random.default_rng(100 + j)
+        for k in range(seeds):
+            pts = [
+                {
+                    "x": i,
+                    "kl": kl,
+                    "kl_se": 0.0,
+                    "per_prompt_gold": (g + base + rng.normal(0, noise, P)).tolist(),
+                }
+                for i, (g, kl) in enumerate(zip(golds, kls))
+            ]
+            out.append(
+                {
+                    "kind": "frontier",
+                    **r,
+                    "seed_index": k,
+                    "label": route_label(route),
+                    "guarantee": {"unit": route_unit(r)},
+                    "points": pts,
+                    "root_seed": 3,
+                    "n_bootstrap": 400,
+                    "kl_budgets": [0.5, 1.0],
+                    "equivalence_margin": 0.02,
+                }
+            )
+    return out
+
+
+FRONTIER_WINS = {"dpo:label@8": ([0.5, 0.7, 0.8], [0, 0.5, 3.0]), "bon:RRIHT@8": ([0.5, 0.55], [0, 1.5])}
+FRONTIER_TIE = {"bon:RRIHT@8": ([0.5, 0.6], [0, 1.0]), "bon:DenseRR@8": ([0.5, 0.6], [0, 1.0])}
+FRONTIER_CLOSE = {"bon:RRIHT@8": ([0.5, 0.6], [0, 1.0]), "bon:DenseRR@8": ([0.5, 0.6], [0, 1.0])}
+
+
+def test_b3_three_outcomes_through_the_report():
+    def b3(recs):
+        c = {c["id"]: c for c in evaluate_claims({"beyond-frontier": recs})}["B-3"]
+        return c["verdict"], c["measured"]
+
+    v, m = b3(_frontier(FRONTIER_WINS))
+    assert v == "holds" and "label-DP DPO" in m and "Holm" in m
+    v, m = b3(_frontier(FRONTIER_TIE, P=3000, noise=0.02))
+    assert v == "does not hold", m
+    v, m = b3(_frontier(FRONTIER_CLOSE, P=8, noise=0.3, seeds=2))
+    assert v == "inconclusive" and "power ≈ 0.8" in m
+    # a winner that is significant only without the multiplicity correction is not "holds"
+    assert b3(_frontier({"bon:RRIHT@8": ([0.5, 0.6], [0, 1.0])}))[0] == "inconclusive"  # nothing to compare
+
+
 # --- P1-2 across ε and verdicts per pool kind ---------------------------------------------------------
 
 

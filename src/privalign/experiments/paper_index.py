@@ -113,6 +113,18 @@ ALGORITHMS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ),
     (
         "beyond",
+        "one gold-vs-KL frontier: label-/sample-DP DPO, private linear and MiniLM reward models → best-of-n "
+        "and GRPO, PrivBoN per answer (IMDb, SmolLM2-135M)",
+        (
+            "privalign.experiments.frontier",
+            "privalign.rlhf.dpo",
+            "privalign.estimation.transformer.DPTransformerRM",
+            "privalign.alignment.priv_bon.PrivBoN",
+        ),
+        ("beyond-frontier",),
+    ),
+    (
+        "beyond",
         "membership inference by repeated queries; audit ε lower bound vs claimed ε",
         ("privalign.alignment", "privalign.audit.audit.epsilon_lower_bound"),
         ("beyond-membership",),

@@ -294,6 +294,36 @@ def p2_6(verdict: str, f: dict) -> str:
 # --- beyond -------------------------------------------------------------------------------------------------
 
 
+def b_3(verdict: str, f: dict) -> str:
+    """One frontier: per ε, the route with the most gold at the headline KL budget, its lead over the
+    runner-up and whether that lead is significant (Holm across the comparisons)."""
+    comps = [c for c in f.get("comparisons", []) if c["budget"] == f.get("headline_budget")]
+    if not comps:
+        return f"Could not tell which private alignment route wins: {f.get('why') or 'nothing to compare'}."
+    parts = []
+    for c in comps:
+        lead = f"{'+' if c['diff'] >= 0 else ''}{c['diff']:.2f} over {c['runner_up_label']}"
+        if c["verdict"] == "does not hold":
+            parts.append(
+                f"at ε = {num(c['epsilon'])}, {c['winner_label']} and {c['runner_up_label']} give the same "
+                f"gold at KL ≤ {num(c['budget'])} nat within ±{num(f.get('margin', 0.02))}"
+            )
+        else:
+            sig = _SIG if c["significant"] else "not significant at α = 0.05"
+            parts.append(
+                f"at ε = {num(c['epsilon'])}, {c['winner_label']} gives the most gold at KL ≤ "
+                f"{num(c['budget'])} nat ({lead}, {sig})"
+            )
+    s = "; ".join(parts)
+    if f.get("per_answer_routes"):
+        s += " (PrivBoN pays its ε per answer: k answers cost kε)"
+    if verdict == "holds":
+        return s[:1].upper() + s[1:] + "."
+    if verdict == "does not hold":
+        return "No single route wins everywhere: " + s + "."
+    return "Could not tell which route wins everywhere (underpowered): " + s + "."
+
+
 def b_1(verdict: str, f: dict) -> str:
     if verdict == "holds":
         return (
@@ -347,6 +377,7 @@ READERS: dict[str, Reader] = {
     "P2-6": p2_6,
     "B-1": b_1,
     "B-2": b_2,
+    "B-3": b_3,
 }
 
 

@@ -21,6 +21,7 @@ _MODULES = (
     "privalign.experiments.beyond",
     "privalign.experiments.rlhf",
     "privalign.experiments.rlhf_bon",
+    "privalign.experiments.frontier",
 )
 
 EXPERIMENTS: dict[str, Experiment] = {}

@@ -268,6 +268,12 @@ def _membership(records: Records, runs=None) -> Verdict:
     )
 
 
+def _frontier(records: Records, runs=None) -> Verdict:
+    from privalign.experiments.frontier import frontier_verdict
+
+    return frontier_verdict(records["beyond-frontier"])
+
+
 def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
     """Best-of-n at exact KL (``p2-rlhf-bon``) decides; a GRPO run (``p2-rlhf``), when given, is reported
     beside it and not combined (its KL is a Monte Carlo estimate and its runs are few)."""
@@ -505,6 +511,20 @@ CLAIMS: list[Claim] = [
         "ε; holds if not and the same audit finds plain BoN's leak (ε lower bound > 0); else inconclusive "
         "(no power)",
         _membership,
+    ),
+    Claim(
+        "B-3",
+        "Beyond",
+        "On IMDb controlled sentiment, at each ε and KL budget one private alignment route (label- or "
+        "sample-DP DPO; a private linear or MiniLM reward model with best-of-n or GRPO; PrivBoN per answer) "
+        "gives significantly more gold reward than every other. [our question]",
+        "beyond-frontier",
+        "per (ε, KL budget): each route's best gold at KL ≤ budget along its path (mixtures interpolate); "
+        "winner − runner-up, one-sided bootstrap p-value over prompts × seeds, Holm across the comparisons "
+        "(α = 0.05): holds if every winner is significant; does not hold if some winner and runner-up are "
+        "shown equal (Bonferroni interval inside ± the equivalence margin); else inconclusive, with the "
+        "difference detectable at power ≈ 0.8",
+        _frontier,
     ),
 ]
 

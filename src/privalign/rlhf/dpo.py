@@ -460,8 +460,14 @@ def train_dpo(
     rng: np.random.Generator,
     progress: Callable[[int, int], None] | None = None,
     accounting: dict[str, Any] | None = None,
+    on_step: Callable[[int, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Train a LoRA policy with (private) DPO on ``pairs``; the model is modified in place.
+
+    ``on_step(t, policy)`` is called after step ``t`` (1-based) with the live LoRA policy (adapter enabled),
+    e.g. to evaluate checkpoints along training; it must leave the policy's weights unchanged and draw no
+    randomness from ``rng`` or the global RNGs (then the training trajectory does not depend on it). Every
+    iterate is a post-processing of the same mechanism's outputs, so evaluating it costs no privacy.
 
     Returns ``{"model": merged model, "privacy": {...}, "steps": int, "losses": [...]}``; ``losses`` (the
     per-step training loss on private data) is an exact statistic of the private data and never goes into a
@@ -517,6 +523,9 @@ def train_dpo(
                 losses.append(_sample_dp_step(gsm, params, opt, data, idx, ref, config, acct, gen))
                 if progress is not None:
                     progress(t + 1, steps)
+                if on_step is not None:
+                    on_step(t + 1, model)
+                    model.train()
         gsm.cleanup()  # remove the hooks and the attributes Opacus added to the parameters
     else:
         for t, idx in enumerate(batches):
@@ -527,6 +536,9 @@ def train_dpo(
             losses.append(float(loss.detach()))
             if progress is not None:
                 progress(t + 1, steps)
+            if on_step is not None:
+                on_step(t + 1, model)
+                model.train()
     merged = model.merge_and_unload()
     merged.eval()
     return {"model": merged, "privacy": _privacy(config, event, acct, n), "steps": steps, "losses": losses}

@@ -1,0 +1,1455 @@
+"""Beyond the papers: one gold-reward-vs-KL frontier for every private alignment route
+(``beyond-frontier``, issue 29 item 4).
+
+The setting of the DPO paper's controlled-sentiment experiment (Rafailov et al. 2023, §6.1) and of paper 2's
+P2-6, on CPU: SmolLM2-135M-Instruct completes IMDb review openings; a gold sentiment model scores them.
+
+* **Prompts** (public IMDb openings, :func:`privalign.rlhf.prompts.imdb_rl_prompts`), three disjoint slices
+  of the fixed held-out order: ``[0, eval_prompts)`` for evaluation, the next ``grpo_prompts`` for GRPO, the
+  next ``n_pairs`` for the private pairs. Disjointness is checked in code (:func:`check_frontier_disjoint`),
+  and again per reward model by :func:`privalign.rlhf.prompts.check_prompts_disjoint`.
+* **One private dataset for every route** (:func:`_pairs`): per pair prompt, two completions sampled from the
+  base policy (HF fp32, the sampler of :func:`privalign.rlhf.evaluate.sample_with_logprobs`, so the pairs,
+  the reference samples and the KL all come from one base policy), labelled by the MiniLM gold
+  (``label_rule``: ``"bt"`` draws the label from Bradley–Terry on the gold logits, ``"argmax"`` takes the
+  higher gold). Cached under ``RUN/data/pairs.jsonl`` (a rerun does not regenerate). Privacy unit
+  everywhere: one preference pair (for the label-DP routes: its label, the texts public).
+* **Routes** (``routes``: ``FAMILY:METHOD[@EPS]``), each a curve of gold against KL(π ‖ π_ref), one per seed:
+
+  - ``dpo:none`` / ``dpo:label@ε`` / ``dpo:sample@ε``: :func:`privalign.rlhf.dpo.train_dpo`, evaluated at
+    checkpoints on the eval prompts (gold mean; KL from the samples' log-probabilities).
+  - ``bon:RM@ε``: a private reward model (linear ``RRIHT``, ``DenseRR``, ``SampleDPIHT``, ``DPSGDLinear``
+    via :func:`privalign.experiments.paper2.make_estimator`; MiniLM ``TRM-sample`` (DP-SGD) / ``TRM-label``
+    (RR) :class:`~privalign.estimation.transformer.DPTransformerRM`), then best-of-n from the eval prompts'
+    reference samples at exact tie-aware KL (:func:`privalign.experiments.rlhf_bon.bon_expected_gold`,
+    :func:`~privalign.experiments.rlhf_bon.bon_kl_ties`).
+  - ``grpo:RM@ε``: GRPO (:func:`privalign.rlhf.train.align_policy`, TRL + LoRA) on the same reward model
+    (the same fit as ``bon:RM@ε`` of the same seed), evaluated at checkpoints like DPO.
+  - ``privbon:RM@ε``: PrivBoN at inference (:class:`privalign.alignment.priv_bon.PrivBoN`) on a
+    NON-private reward model fitted on the same pairs, scores clipped to ``[−B, B]`` (``privbon_bound``), so
+    Δ_r = 2B for any change of one pair: ε-DP **per answer**; k answers cost kε (the trained routes pay ε
+    once). Exact expected gold and KL of its selection law over the reference samples (n-subsets
+    enumerated).
+* **Resumable**: every (route, seed, checkpoint) evaluation is a JSON record under
+  ``RUN/records/ROUTE/seed-K/`` with an identity hash (route, seed, the configuration keys that change it,
+  the pairs file's identity); records with a matching identity are reused, also from ``prior_results``
+  (e.g. the committed ``docs/results/beyond-frontier/records``).
+* **Verdict** (:func:`frontier_verdict`, claim B-3): at each ε and KL budget, each route's best gold at KL ≤
+  budget along its path (mixtures with the reference and between checkpoints are achievable, so the path is
+  interpolated linearly), the winner vs the runner-up (one-sided bootstrap p-value over prompts × seeds,
+  Holm across the comparisons, α = 0.05).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privalign.experiments.base import Experiment, ExperimentError, RunContext
+from privalign.experiments.config import Field
+from privalign.experiments.runner import read_results
+
+__all__ = [
+    "EXPERIMENTS",
+    "parse_route",
+    "route_label",
+    "route_seed",
+    "check_frontier_disjoint",
+    "privbon_law",
+    "frontier_curves",
+    "frontier_comparisons",
+    "frontier_verdict",
+]
+
+NAME = "beyond-frontier"
+FAMILIES = ("dpo", "bon", "grpo", "privbon")
+DPO_METHODS = ("none", "label", "sample")
+LINEAR_PRIVATE = ("RRIHT", "DenseRR", "SampleDPIHT", "DPSGDLinear")
+LINEAR_NONPRIVATE = ("MLE", "IHT")
+TRM = {"TRM-sample": "sample", "TRM-label": "label", "TRM-none": "none"}
+LABEL_DP = ("RRIHT", "DenseRR", "TRM-label")
+RECORD_KIND = "frontier"
+#: rows per batched generation call (prompts × samples) [our choice]: a CPU reads the weights once per token
+#: step for all rows (privalign.rlhf.evaluate.sample_with_logprobs's ``batch_rows``)
+ROWS = 32
+#: Equivalence margin of the "does not hold" branch (a tie shown) [our choice]: 0.02 gold (P(positive)).
+ALPHA = 0.05
+
+
+# ---------------------------------------------------------------------------------------------------------
+# routes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _err(msg: str) -> ExperimentError:
+    return ExperimentError(f"{NAME}: {msg}")
+
+
+_UNIT = {
+    "non-private": "non-private",
+    "label-DP": "ε-label-DP (unit: one pair's label; texts public)",
+    "sample-DP": "(ε, δ)-DP (unit: one pair)",
+    "per-answer": "ε-DP PER ANSWER (unit: one pair; k answers cost kε)",
+}
+_RMS = LINEAR_PRIVATE + LINEAR_NONPRIVATE + tuple(TRM)
+#: What each route family is: its methods, each method's privacy kind, how it is named and drawn, its seeds
+#: key and its place in the run order (cheap first). The families are looked up here, never compared by name.
+FAMILY_INFO: dict[str, dict[str, Any]] = {
+    "dpo": {
+        "methods": {"none": "non-private", "label": "label-DP", "sample": "sample-DP"},
+        "names": {"none": "DPO (non-private)", "label": "label-DP DPO", "sample": "sample-DP DPO"},
+        "order": 2,
+        "line": "-",
+        "trained": True,
+    },
+    "bon": {
+        "methods": {m: ("label-DP" if m in LABEL_DP else "sample-DP") for m in (*LINEAR_PRIVATE, *TRM)}
+        | {m: "non-private" for m in (*LINEAR_NONPRIVATE, "TRM-none")},
+        "after": "RM → best-of-n",
+        "order": 0,
+        "line": "--",
+        "trained": False,
+    },
+    "grpo": {
+        "methods": {m: ("label-DP" if m in LABEL_DP else "sample-DP") for m in (*LINEAR_PRIVATE, *TRM)}
+        | {m: "non-private" for m in (*LINEAR_NONPRIVATE, "TRM-none")},
+        "after": "RM → GRPO",
+        "order": 3,
+        "line": "-",
+        "trained": True,
+    },
+    "privbon": {
+        "methods": {m: "per-answer" for m in (*LINEAR_NONPRIVATE, "TRM-none")},
+        "prefix": "PrivBoN per answer",
+        "order": 1,
+        "line": ":",
+        "trained": False,
+    },
+}
+
+
+def parse_route(spec: str) -> dict[str, Any]:
+    """``"dpo:label@8"`` → ``{"family": "dpo", "method": "label", "epsilon": 8.0}``.
+
+    Raises:
+      ExperimentError: naming the config key ``routes`` (unknown family/method, a missing or extra ε, ε ≤ 0,
+        PrivBoN on a private reward model).
+    """
+    s = str(spec)
+    fam, sep, rest = s.partition(":")
+    if not sep or fam not in FAMILY_INFO:
+        raise _err(f"config key 'routes': {s!r}: expected FAMILY:METHOD[@EPS] with FAMILY in {FAMILIES}.")
+    method, _, eps = rest.partition("@")
+    kinds = FAMILY_INFO[fam]["methods"]
+    if method not in kinds:
+        raise _err(f"config key 'routes': {s!r}: method must be one of {tuple(kinds)} for {fam!r}.")
+    if kinds[method] == "non-private":
+        if eps:
+            raise _err(f"config key 'routes': {s!r}: a non-private route takes no '@EPS'.")
+        return {"route": s, "family": fam, "method": method, "epsilon": None}
+    try:
+        e = float(eps)
+    except ValueError:
+        raise _err(
+            f"config key 'routes': {s!r}: a private route needs '@EPSILON' (e.g. {fam}:{method}@8)."
+        ) from None
+    if not (e > 0 and math.isfinite(e)):
+        raise _err(f"config key 'routes': {s!r}: ε must be a finite number > 0.")
+    return {"route": s, "family": fam, "method": method, "epsilon": e}
+
+
+def route_kind(r: dict) -> str:
+    """``"non-private"``, ``"label-DP"``, ``"sample-DP"`` or ``"per-answer"``."""
+    return str(FAMILY_INFO[r["family"]]["methods"][r["method"]])
+
+
+def route_unit(r: dict) -> str:
+    """The route's guarantee and unit in words (the record, the legend and the reading say it)."""
+    return _UNIT[route_kind(r)]
+
+
+def route_label(spec: str) -> str:
+    """A short name for a person: ``"label-DP DPO"``, ``"RRIHT RM → best-of-n"``, ``"PrivBoN per answer
+    (MLE RM)"``."""
+    r = parse_route(spec)
+    info, m = FAMILY_INFO[r["family"]], r["method"]
+    if "names" in info:
+        return str(info["names"][m])
+    if "prefix" in info:
+        return f"{info['prefix']} ({m} RM)"
+    return f"{m} {info['after']}"
+
+
+def route_seed(root_seed: int, key: str, k: int) -> np.random.SeedSequence:
+    """The seed of ``key`` (a route or a reward model) and seed index ``k``, from the root seed and the
+    *name* (not a position): a subset of the routes, in any order, reproduces the same fits and records."""
+    h = int.from_bytes(hashlib.sha256(str(key).encode()).digest()[:4], "big")
+    return np.random.SeedSequence(root_seed, spawn_key=(2**27, h, int(k)))
+
+
+def _seeds(cfg: dict, fam: str) -> int:
+    return int(cfg[f"{fam}_seeds"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# schema, preflight, data
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _schema() -> dict[str, Field]:
+    from privalign.experiments.paper2 import _EST_FIELDS
+
+    s = {k: v for k, v in _EST_FIELDS.items() if k not in ("methods", "tune")}
+    s.update(
+        {
+            "sparsity": Field("int", 32, "s for the IHT methods", low=1),
+            "n_features": Field("int", 4096, "hashed n-gram dimension d", low=2),
+            "ngram_max": Field("int", 1, "largest word n-gram", low=1),
+            "routes": Field("list[str]", ["dpo:none", "dpo:label@8", "bon:RRIHT@8"], "FAMILY:METHOD[@EPS]"),
+            "epsilons": Field("list[float]", [8.0, 2.0], "the ε panels of the figure and verdict", low=1e-12),
+            "eval_prompts": Field("int", 64, "held-out evaluation prompts (slice [0, E))", low=2),
+            "grpo_prompts": Field("int", 64, "GRPO prompts (the next slice)", low=1),
+            "n_pairs": Field(
+                "int", 512, "private preference pairs (one per prompt of the next slice)", low=8
+            ),
+            "label_rule": Field("str", "bt", "pair label from the gold", choices=("bt", "argmax")),
+            "max_new_tokens": Field("int", 16, "completion length (pairs, reference, evaluation)", low=1),
+            "reference_samples": Field("int", 16, "base-policy samples per eval prompt (BoN pool)", low=2),
+            "eval_samples": Field("int", 4, "policy samples per eval prompt at a checkpoint", low=1),
+            "bon_ns": Field("list[int]", [1, 2, 4, 8, 16], "best-of-n sizes (≤ reference_samples)", low=1),
+            "dpo_seeds": Field("int", 2, "seeds per DPO route", low=1),
+            "bon_seeds": Field("int", 5, "fit seeds per best-of-n route", low=1),
+            "grpo_seeds": Field("int", 2, "seeds per GRPO route", low=1),
+            "privbon_seeds": Field("int", 1, "fit seeds per PrivBoN route", low=1),
+            "dpo_beta": Field("float", 0.1, "DPO β", low=1e-12),
+            "dpo_lr": Field("float", 5e-4, "DPO LoRA learning rate", low=1e-12),
+            "dpo_batch": Field("int", 16, "DPO (expected) batch size", low=1),
+            "dpo_epochs": Field("int", 2, "DPO epochs", low=1),
+            "dpo_max_length": Field("int", 64, "DPO tokens per sequence", low=4),
+            "dpo_lora_rank": Field("int", 8, "DPO LoRA rank", low=1),
+            "dpo_clip": Field("float", 1.0, "sample-DP DPO clipping norm C", low=1e-12),
+            "dpo_eval_every": Field("int", 25, "evaluate DPO every this many steps (and the last)", low=1),
+            "trm_epochs": Field("float", 2.0, "transformer RM epochs", low=1e-6),
+            "trm_batch": Field("int", 64, "transformer RM (expected) batch", low=1),
+            "trm_lr": Field("float", 1e-3, "transformer RM learning rate", low=1e-12),
+            "trm_clip": Field("float", 1.0, "transformer RM DP-SGD clip norm", low=1e-12),
+            "grpo_steps": Field("int", 150, "GRPO steps", low=1),
+            "grpo_eval_every": Field("int", 50, "evaluate GRPO every this many steps (and the last)", low=1),
+            "grpo_beta": Field("float", 0.05, "GRPO KL coefficient", low=1e-12),
+            "grpo_lr": Field("float", 1e-4, "GRPO LoRA learning rate", low=1e-12),
+            "num_generations": Field("int", 4, "GRPO group size", low=2),
+            "grpo_lora_rank": Field("int", 16, "GRPO LoRA rank", low=1),
+            "privbon_bound": Field("float", 2.0, "PrivBoN public score clip B: Δ_r = 2B", low=1e-12),
+            "kl_budgets": Field(
+                "list[float]", [0.5, 1.0, 2.0], "KL budgets of the verdict [nats]", low=1e-12
+            ),
+            "equivalence_margin": Field("float", 0.02, "a tie is shown within ± this gold", low=1e-12),
+            "gold": Field("str", "pools/imdb-gold-minilm-logreg.json", "gold reward (LinearRewardScorer)"),
+            "prior_results": Field("str", "", "directory of records from an earlier session (RUN/records)"),
+            "n_bootstrap": Field("int", 2000, "bootstrap resamples", low=100),
+            "num_threads": Field("int", 1, "torch CPU threads", low=1),
+        }
+    )
+    return s
+
+
+def _resolve(spec: str) -> Path:
+    from privalign.paths import repo_root
+
+    p = Path(spec).expanduser()
+    return p if p.is_absolute() else repo_root() / p
+
+
+def _preflight(cfg: dict, ctx: RunContext) -> None:
+    from privalign.experiments.manifest import file_sha256
+    from privalign.models._resources import require
+
+    routes = [parse_route(r) for r in cfg["routes"]]
+    if not routes:
+        raise _err("config key 'routes' is empty.")
+    if len(set(cfg["routes"])) != len(cfg["routes"]):
+        raise _err("config key 'routes' has duplicates.")
+    total = cfg["eval_prompts"] + cfg["grpo_prompts"] + cfg["n_pairs"]
+    if total > 1000:
+        raise _err(
+            f"config key 'n_pairs': eval_prompts + grpo_prompts + n_pairs = {total} > 1000 (the held-out "
+            "IMDb openings)."
+        )
+    if max(cfg["bon_ns"]) > cfg["reference_samples"]:
+        raise _err(f"config key 'bon_ns': max {max(cfg['bon_ns'])} > reference_samples.")
+    if cfg["dpo_batch"] > cfg["n_pairs"] or cfg["trm_batch"] > cfg["n_pairs"]:
+        raise _err("config key 'dpo_batch'/'trm_batch' must be at most n_pairs.")
+    if any(route_kind(r) == "sample-DP" for r in routes) and cfg["delta"] >= 1 / cfg["n_pairs"]:
+        raise _err(f"config key 'delta': {cfg['delta']} must be below 1/n_pairs.")
+    g = _resolve(cfg["gold"])
+    if not g.is_file():
+        raise _err(f"config key 'gold': {g} does not exist.")
+    for mod in ("torch", "transformers", "peft"):
+        require(mod, purpose=f"{NAME} (pip install 'privalign[rlhf]')")
+    if any(r["family"] == "grpo" for r in routes):
+        require("trl", purpose=f"{NAME} (pip install 'privalign[rlhf]')")
+    ctx.inputs["gold"] = {"path": str(g), "sha256": file_sha256(g), "what": "MiniLM gold, P(positive)"}
+    E, G = cfg["eval_prompts"], cfg["grpo_prompts"]
+    ctx.inputs["prompts"] = {
+        "source": "IMDb openings (privalign.data.datasets.imdb_prompts)",
+        "eval": [0, E],
+        "grpo": [E, E + G],
+        "pairs": [E + G, E + G + cfg["n_pairs"]],
+    }
+    ctx.inputs["private_pairs"] = {
+        "file": "RUN/data/pairs.jsonl (never committed)",
+        "rule": cfg["label_rule"],
+    }
+
+
+def _prompts(cfg: dict) -> dict[str, Any]:
+    """The three public prompt slices and their provenance."""
+    from privalign.rlhf.prompts import imdb_rl_prompts
+
+    E, G = cfg["eval_prompts"], cfg["grpo_prompts"]
+    ev, ev_info = imdb_rl_prompts(E, offset=0)
+    gr, gr_info = imdb_rl_prompts(G, offset=E)
+    tr, tr_info = imdb_rl_prompts(cfg["n_pairs"], offset=E + G)
+    return {
+        "eval": ev,
+        "eval_info": ev_info,
+        "grpo": gr,
+        "grpo_info": gr_info,
+        "pairs": tr,
+        "pairs_info": tr_info,
+    }
+
+
+def check_frontier_disjoint(pairs: Any, eval_prompts: list[str], rl_prompts: list[str]) -> dict[str, Any]:
+    """Refuse evaluation or RL prompts that are private data (equal to a pair's prompt, or a word-prefix of
+    one of its texts: :func:`privalign.rlhf.prompts.find_overlap`), and eval prompts that are RL prompts.
+
+    Raises:
+      ExperimentError: naming how many prompts overlap.
+    """
+    from privalign.rlhf.prompts import _norm, find_overlap
+
+    bad_eval = find_overlap(eval_prompts, pairs)
+    bad_rl = find_overlap(rl_prompts, pairs)
+    both = {_norm(p) for p in eval_prompts} & {_norm(p) for p in rl_prompts}
+    if bad_eval or bad_rl or both:
+        raise _err(
+            f"prompts overlap: {len(bad_eval)} eval and {len(bad_rl)} GRPO prompts occur in the private "
+            "pairs, "
+            f"{len(both)} eval prompts are GRPO prompts; every evaluation/RL prompt must be held out."
+        )
+    return {"checked": True, "eval_prompts": len(eval_prompts), "rl_prompts": len(rl_prompts), "overlap": 0}
+
+
+def _gold(cfg: dict, ctx: RunContext) -> Any:
+    if "gold" not in ctx.cache:
+        from privalign.models.scorers import LinearRewardScorer
+
+        ctx.cache["gold"] = LinearRewardScorer.load(_resolve(cfg["gold"]))
+    return ctx.cache["gold"]
+
+
+def _base(cfg: dict, ctx: RunContext) -> tuple[Any, Any, str]:
+    if "base" not in ctx.cache:
+        import torch
+
+        from privalign.rlhf.train import load_base_model
+
+        torch.set_num_threads(cfg["num_threads"])
+        m, tok, mid = load_base_model("smollm2")
+        m.eval()
+        ctx.cache["base"] = (m, tok, mid)
+    return ctx.cache["base"]
+
+
+def _ident(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+_DATA_KEYS = ("seed", "eval_prompts", "grpo_prompts", "n_pairs", "label_rule", "max_new_tokens", "gold")
+
+
+def _load_json(path: Path, ident: str) -> dict | None:
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("identity") == ident else None
+
+
+def _write_json(path: Path, rec: dict) -> None:
+    from privalign._json import write_json_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, rec)
+
+
+def _pairs(cfg: dict, ctx: RunContext) -> dict[str, Any]:
+    """The private pairs (generated once, cached under ``RUN/data``) and the prompt slices."""
+    if "pairs" in ctx.cache:
+        return ctx.cache["pairs"]
+    from privalign.data.preferences_io import load_jsonl_pairs
+
+    pr = _prompts(cfg)
+    ident = _ident({k: cfg.get(k) for k in _DATA_KEYS})
+    path = ctx.run_dir / "data" / "pairs.jsonl"
+    meta_path = ctx.run_dir / "data" / "pairs.meta.json"
+    meta = _load_json(meta_path, ident) if path.is_file() else None
+    if meta is None:
+        meta = _generate_pairs(cfg, ctx, pr["pairs"], path)
+        meta["identity"] = ident
+        _write_json(meta_path, meta)
+    pairs = load_jsonl_pairs(path)
+    disjoint = check_frontier_disjoint(pairs, pr["eval"], pr["grpo"])
+    ctx.cache["pairs"] = {
+        **pr,
+        "path": path,
+        "pairs": pairs,
+        "meta": meta,
+        "disjoint": disjoint,
+        # the identity of the data every record depends on (hashed again into each record's identity)
+        "data_identity": _ident([ident, hashlib.sha256(path.read_bytes()).hexdigest()]),
+    }
+    return ctx.cache["pairs"]
+
+
+def _generate_pairs(cfg: dict, ctx: RunContext, prompts: list[str], path: Path) -> dict[str, Any]:
+    """Two base-policy completions per prompt (a degenerate pair — equal or blank texts — is redrawn with
+    further candidates of the same prompt, so n stays public), labelled by the gold."""
+    from privalign.rlhf.evaluate import sample_with_logprobs
+
+    model, tok, mid = _base(cfg, ctx)
+    gold = _gold(cfg, ctx)
+    ss = np.random.SeedSequence(cfg["seed"], spawn_key=(2**28,))
+    s_gen, s_lab = ss.spawn(2)
+    seed = int(s_gen.generate_state(1)[0] >> 1)
+    t0 = time.perf_counter()
+    out = []
+    B = 32
+    for b in range(0, len(prompts), B):
+        chunk = prompts[b : b + B]
+        s = sample_with_logprobs(
+            model, tok, chunk, 2, max_new_tokens=cfg["max_new_tokens"], seed=seed + b, batch_rows=ROWS
+        )
+        for i, (p, row) in enumerate(zip(chunk, s["texts"])):
+            a, c = row
+            extra = 0
+            while (not a.strip() or not c.strip() or a.strip() == c.strip()) and extra < 4:
+                extra += 1
+                r2 = sample_with_logprobs(
+                    model, tok, [p], 4, max_new_tokens=cfg["max_new_tokens"], seed=seed + 7919 * extra + b + i
+                )["texts"][0]
+                cand = [t for t in [a, c, *r2] if t.strip()]
+                uniq = list(dict.fromkeys(t.strip() for t in cand))
+                if len(uniq) >= 2:
+                    a, c = uniq[0], uniq[1]
+            if not a.strip() or not c.strip() or a.strip() == c.strip():
+                raise _err(f"could not draw two distinct completions for pair prompt {b + i}.")
+            out.append((p, a, c))
+        print(
+            f"{NAME}: pairs {min(b + B, len(prompts))}/{len(prompts)} generated "
+            f"({time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    g = np.asarray(gold.score([t for _, a, c in out for t in (a, c)]), float).reshape(-1, 2)
+    rng = np.random.default_rng(s_lab)
+    if cfg["label_rule"] == "bt":
+        lg = np.log(np.clip(g, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(g, 1e-6, 1 - 1e-6))
+        first = rng.random(len(out)) < 1.0 / (1.0 + np.exp(-(lg[:, 0] - lg[:, 1])))
+    else:
+        first = (g[:, 0] > g[:, 1]) | ((g[:, 0] == g[:, 1]) & (rng.random(len(out)) < 0.5))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for k, ((p, a, c), f) in enumerate(zip(out, first)):
+            ch, rj = (a, c) if f else (c, a)
+            fh.write(json.dumps({"prompt": p, "chosen": ch, "rejected": rj, "prompt_id": k}) + "\n")
+    tmp.replace(path)
+    return {
+        "n_pairs": len(out),
+        "base_model": mid,
+        "sampler": "privalign.rlhf.evaluate.sample_with_logprobs (HF fp32, temperature 1, no truncation)",
+        "label_rule": cfg["label_rule"],
+        "generation_seconds": time.perf_counter() - t0,
+    }
+
+
+def _reference(cfg: dict, ctx: RunContext) -> dict[str, Any]:
+    """The base policy's ``reference_samples`` samples per eval prompt and their gold (public: a public
+    model on public prompts); kept with the records as ``RUN/records/reference.json`` and reused from there or
+    from ``prior_results/reference.json``."""
+    if "reference" in ctx.cache:
+        return ctx.cache["reference"]
+    ident = _ident(
+        {k: cfg.get(k) for k in ("seed", "eval_prompts", "reference_samples", "max_new_tokens", "gold")}
+    )
+    dst = ctx.run_dir / "records" / "reference.json"
+    cands = [dst] + ([_resolve(cfg["prior_results"]) / "reference.json"] if cfg.get("prior_results") else [])
+    rec = next((r for r in (_load_json(p, ident) for p in cands) if r is not None), None)
+    if rec is None:
+        from privalign.rlhf.evaluate import sample_with_logprobs
+
+        pr = _prompts(cfg)
+        model, tok, mid = _base(cfg, ctx)
+        t0 = time.perf_counter()
+        s = sample_with_logprobs(
+            model,
+            tok,
+            pr["eval"],
+            cfg["reference_samples"],
+            max_new_tokens=cfg["max_new_tokens"],
+            seed=_ref_seed(cfg),
+            batch_rows=ROWS,
+        )
+        P = len(pr["eval"])
+        gold = np.asarray(_gold(cfg, ctx).score([t for row in s["texts"] for t in row]), float).reshape(P, -1)
+        rec = {
+            "identity": ident,
+            "base_model": mid,
+            "texts": s["texts"],
+            "gold": gold.tolist(),
+            "seconds": time.perf_counter() - t0,
+        }
+    if _load_json(dst, ident) is None:
+        _write_json(dst, rec)
+    ctx.cache["reference"] = rec
+    return rec
+
+
+def _ref_seed(cfg: dict) -> int:
+    return int(np.random.SeedSequence(cfg["seed"], spawn_key=(2**28, 1)).generate_state(1)[0] >> 1)
+
+
+def _eval_seed(cfg: dict) -> int:
+    """One evaluation seed for every route and checkpoint (common random numbers) [our choice]."""
+    return int(np.random.SeedSequence(cfg["seed"], spawn_key=(2**28, 2)).generate_state(1)[0] >> 1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cells
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
+    """``data`` first, then every (route, seed): the cheap families first (best-of-n, PrivBoN), then DPO,
+    then GRPO, so an interrupted full run has its cheap curves."""
+    cells: list[dict[str, Any]] = [{"cell": "data", "route": "data"}]
+    routes = sorted((parse_route(r) for r in cfg["routes"]), key=lambda r: FAMILY_INFO[r["family"]]["order"])
+    for r in routes:
+        for k in range(_seeds(cfg, r["family"])):
+            cells.append({"cell": f"{r['route']} seed={k}", **r, "seed_index": k})
+    return cells
+
+
+def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
+    if cell["route"] == "data":
+        return [_data_record(cfg, ctx)]
+    fam = cell["family"]
+    t0 = time.perf_counter()
+    points = {"bon": _bon_points, "privbon": _privbon_points, "dpo": _dpo_points, "grpo": _grpo_points}[fam](
+        cell, cfg, ctx
+    )
+    rec = _curve_record(cell, cfg, ctx, points)
+    _drop_unneeded_rms(cfg, ctx)
+    print(
+        f"{NAME}: {cell['cell']} done in {time.perf_counter() - t0:.0f} s "
+        f"({len(points)} points, last KL {points[-1]['kl']:.3f}, gold {points[-1]['gold']:.3f})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return [rec]
+
+
+def _drop_unneeded_rms(cfg: dict, ctx: RunContext) -> None:
+    """Forget the fitted reward models no later GRPO route uses (a MiniLM one holds its backbone)."""
+    import gc
+
+    keep = {
+        f"rm:{r['method']}@{r['epsilon']}:{k}"
+        for r in map(parse_route, cfg["routes"])
+        if FAMILY_INFO[r["family"]]["trained"] and r["method"] in _RMS
+        for k in range(_seeds(cfg, r["family"]))
+    }
+    for key in [k for k in ctx.cache if str(k).startswith("rm:") and k not in keep]:
+        del ctx.cache[key]
+    gc.collect()
+
+
+def _data_record(cfg: dict, ctx: RunContext) -> dict:
+    d = _pairs(cfg, ctx)
+    ref = _reference(cfg, ctx)
+    g = np.asarray(ref["gold"], float)
+    return {
+        "kind": "data",
+        "route": "data",
+        "n_pairs": d["meta"]["n_pairs"],
+        "label_rule": d["meta"]["label_rule"],
+        "sampler": d["meta"]["sampler"],
+        "base_model": d["meta"]["base_model"],
+        "prompt_slices": {k: d[f"{k}_info"]["offset"] for k in ("eval", "grpo", "pairs")},
+        "disjoint": d["disjoint"],
+        "eval_prompts": int(g.shape[0]),
+        "reference_samples": int(g.shape[1]),
+        "reference_gold": float(g.mean()),
+        "per_prompt_reference_gold": g.mean(axis=1).tolist(),
+        "privacy_unit": "one preference pair (prompt, two completions, label)",
+    }
+
+
+def _guarantee(cell: dict, cfg: dict, event: dict | None, extra: dict | None = None) -> dict:
+    """The record's privacy statement (the same words as the legend)."""
+    e = cell["epsilon"]
+    delta = cfg["delta"] if route_kind(cell) == "sample-DP" else 0.0
+    return {
+        "epsilon": e,
+        "delta": delta if e is not None else None,
+        "unit": route_unit(cell),
+        "per_answer": route_kind(cell) == "per-answer",
+        "relation": "replace-one",
+        "privacy_event": event,
+        **(extra or {}),
+    }
+
+
+def _curve_record(cell: dict, cfg: dict, ctx: RunContext, points: list[dict]) -> dict:
+    return {
+        "kind": RECORD_KIND,
+        "route": cell["route"],
+        "family": cell["family"],
+        "method": cell["method"],
+        "epsilon": cell["epsilon"],
+        "seed_index": cell["seed_index"],
+        "label": route_label(cell["route"]),
+        "guarantee": points[0].get("guarantee") or _guarantee(cell, cfg, None),
+        "points": [{k: v for k, v in p.items() if k not in ("identity", "guarantee")} for p in points],
+        "root_seed": cfg["seed"],
+        "n_bootstrap": cfg["n_bootstrap"],
+        "kl_budgets": list(cfg["kl_budgets"]),
+        "equivalence_margin": cfg["equivalence_margin"],
+    }
+
+
+# ---- reward models -------------------------------------------------------------------------------------
+
+
+_RM_KEYS = (
+    "seed", "delta", "step_size", "radius", "alpha", "dpsgd_epochs", "dpsgd_batch", "dpsgd_clip", "dpsgd_lr",
+    "sparsity", "n_features", "ngram_max", "trm_epochs", "trm_batch", "trm_lr", "trm_clip",
+)  # fmt: skip
+
+
+def _fit_rm(method: str, eps: float | None, k: int, cfg: dict, ctx: RunContext) -> dict[str, Any]:
+    """Fit reward model ``method`` at ε (seed index ``k``; the same fit for every route that uses it), save
+    it (public facts only), check the eval/GRPO prompts against its private data; cached per run."""
+    key = f"rm:{method}@{eps}:{k}"
+    if key in ctx.cache:
+        return ctx.cache[key]
+    from privalign.estimation.persistence import save_model
+    from privalign.rlhf.prompts import check_prompts_disjoint
+    from privalign.rlhf.rewards import PrivateReward
+
+    d = _pairs(cfg, ctx)
+    pairs = d["pairs"]
+    ss = route_seed(cfg["seed"], f"rm:{method}@{eps}", k)
+    s_orient, s_fit = ss.spawn(2)
+    n = len(pairs.prompts)
+    if method in TRM:
+        from privalign.estimation.transformer import DPTransformerRM
+
+        orient = np.random.default_rng(s_orient).random(n) < 0.5  # True: (prompt, rejected, chosen), y = 1
+        X = [
+            (p, r, c) if o else (p, c, r)
+            for p, c, r, o in zip(pairs.prompts, pairs.chosen, pairs.rejected, orient)
+        ]
+        y = orient.astype(int)
+        est: Any = DPTransformerRM(
+            privacy=TRM[method],
+            epsilon=eps if eps is not None else 1.0,
+            delta=cfg["delta"],
+            batch_size=cfg["trm_batch"],
+            epochs=cfg["trm_epochs"],
+            learning_rate=cfg["trm_lr"],
+            clip_norm=cfg["trm_clip"],
+            random_state=np.random.default_rng(s_fit),
+        )
+        est.fit(X, y)
+        fcfg = est.feature_map().get_config()
+    else:
+        from privalign.estimation.features import HashedNgramFeatures
+        from privalign.estimation.preferences import PreferenceData
+        from privalign.experiments.paper2 import make_estimator
+
+        fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
+        train = PreferenceData.from_text_pairs(
+            pairs.prompts,
+            pairs.chosen,
+            pairs.rejected,
+            fmap,
+            prompt_ids=pairs.prompt_ids,
+            random_state=np.random.default_rng(s_orient),
+        )
+        est = make_estimator(
+            method,
+            epsilon=math.inf if eps is None else eps,
+            delta=cfg["delta"],
+            sparsity=cfg["sparsity"],
+            feature_bound=1.0,
+            random_state=int(s_fit.generate_state(1)[0] >> 1),
+            cfg={**cfg, "tune": False},
+            n_train=n,
+        )
+        est.fit(train.X, train.y)
+        fcfg = fmap.get_config()
+    name = f"{method}_eps{eps}_seed{k}".replace("@", "_")
+    path = save_model(
+        est,
+        ctx.run_dir / "reward_models" / f"{name}.json",
+        feature_config=fcfg,
+        metadata={"data": str(d["path"]), "estimator": type(est).__name__, "n_train": n},
+    )
+    reward = PrivateReward(path)
+    overlap = (
+        check_prompts_disjoint([*d["eval"], *d["grpo"]], reward)
+        if reward.is_private
+        else {"checked": False, "why": "non-private reward model (checked by check_frontier_disjoint)"}
+    )
+    ctx.cache[key] = {"reward": reward, "path": path, "overlap": overlap, "event": reward.event.to_dict()}
+    return ctx.cache[key]
+
+
+def _ref_scores(rm: dict, ctx: RunContext, cfg: dict) -> np.ndarray:
+    d, ref = _pairs(cfg, ctx), _reference(cfg, ctx)
+    P = len(ref["texts"])
+    return (
+        rm["reward"]
+        .score(
+            [p for p, row in zip(d["eval"], ref["texts"]) for _ in row],
+            [t for row in ref["texts"] for t in row],
+        )
+        .reshape(P, -1)
+    )
+
+
+def _cell_ident(cell: dict, cfg: dict, ctx: RunContext, keys: tuple[str, ...], step: Any = None) -> str:
+    return _ident(
+        {
+            "route": cell["route"],
+            "seed_index": cell["seed_index"],
+            "step": step,
+            "data": _pairs(cfg, ctx)["data_identity"],
+            "config": {k: cfg.get(k) for k in (*_RM_KEYS, *keys)},
+        }
+    )
+
+
+def _records_dir(cell: dict, ctx: RunContext) -> Path:
+    return (
+        ctx.run_dir
+        / "records"
+        / cell["route"].replace(":", "_").replace("@", "_eps")
+        / f"seed-{cell['seed_index']}"
+    )
+
+
+def _reuse(cell: dict, cfg: dict, ctx: RunContext, name: str, ident: str) -> dict | None:
+    """A record ``name`` of this cell with identity ``ident``, here or under ``prior_results`` (copied)."""
+    dst = _records_dir(cell, ctx) / name
+    rec = _load_json(dst, ident)
+    if rec is None and cfg.get("prior_results"):
+        src = (
+            _resolve(cfg["prior_results"])
+            / _records_dir(cell, ctx).relative_to(ctx.run_dir / "records")
+            / name
+        )
+        rec = _load_json(src, ident)
+        if rec is not None:
+            _write_json(dst, rec)
+    return rec
+
+
+_BON_KEYS = ("eval_prompts", "reference_samples", "max_new_tokens", "bon_ns", "gold")
+
+
+def _bon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    from privalign.experiments.rlhf_bon import bon_expected_gold, bon_kl_ties
+
+    ident = _cell_ident(cell, cfg, ctx, _BON_KEYS)
+    rec = _reuse(cell, cfg, ctx, "curve.json", ident)
+    if rec is not None:
+        return rec["points"]
+    rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
+    sel = _ref_scores(rm, ctx, cfg)
+    gold = np.asarray(_reference(cfg, ctx)["gold"], float)
+    g = _guarantee(
+        cell,
+        cfg,
+        rm["event"],
+        {"overlap_check": {k: v for k, v in rm["overlap"].items() if k != "overlapping_indices"}},
+    )
+    pts = [
+        {
+            "x": int(n),
+            "x_kind": "n",
+            "kl": float(bon_kl_ties(sel, n).mean()),
+            "kl_se": 0.0,
+            "gold": float(pg.mean()),
+            "per_prompt_gold": [float(v) for v in pg],
+            "guarantee": g,
+        }
+        for n in cfg["bon_ns"]
+        for pg in [bon_expected_gold(sel, gold, n)]
+    ]
+    _write_json(_records_dir(cell, ctx) / "curve.json", {"identity": ident, "points": pts})
+    return pts
+
+
+def privbon_law(scores: np.ndarray, n: int, sigma: float) -> np.ndarray:
+    """Per prompt (rows), the probability that PrivBoN over a uniformly random ``n``-subset of the row's
+    ``m`` candidates (Gumbel noisy arg-max of scale σ, i.e. the softmax ``exp(u/σ)`` within the subset)
+    returns each candidate; exact (the subsets are enumerated). ``σ = 0`` is plain best-of-n (ties split)."""
+    u = np.asarray(scores, float)
+    P, m = u.shape
+    if not 1 <= n <= m:
+        raise ValueError(f"n must be in [1, {m}]; got {n}")
+    combos = np.array(list(itertools.combinations(range(m), n)), dtype=np.int64)
+    q = np.zeros((P, m))
+    for p in range(P):
+        z = u[p][combos]
+        if sigma > 0:
+            w = np.exp((z - z.max(axis=1, keepdims=True)) / sigma)
+        else:
+            w = (z >= z.max(axis=1, keepdims=True) - 1e-12).astype(float)
+        w /= w.sum(axis=1, keepdims=True)
+        q[p] = np.bincount(combos.ravel(), weights=w.ravel(), minlength=m) / len(combos)
+    return q
+
+
+def _privbon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    from privalign.alignment.priv_bon import privbon_epsilon, privbon_scale
+
+    ident = _cell_ident(cell, cfg, ctx, (*_BON_KEYS, "privbon_bound"))
+    rec = _reuse(cell, cfg, ctx, "curve.json", ident)
+    if rec is not None:
+        return rec["points"]
+    rm = _fit_rm(cell["method"], None, cell["seed_index"], cfg, ctx)
+    B = float(cfg["privbon_bound"])
+    u = np.clip(_ref_scores(rm, ctx, cfg), -B, B) + B  # public range [0, 2B]: Δ_r = 2B for any pair change
+    sigma = privbon_scale(cell["epsilon"], 2 * B)
+    gold = np.asarray(_reference(cfg, ctx)["gold"], float)
+    m = gold.shape[1]
+    g = _guarantee(
+        cell,
+        cfg,
+        {"kind": "noisy_argmax", "epsilon": privbon_epsilon(sigma, 2 * B), "per": "answer"},
+        {
+            "sensitivity": 2 * B,
+            "gumbel_scale": sigma,
+            "epsilon_charged_per_answer": privbon_epsilon(sigma, 2 * B),
+            "composition": "k answers cost k·ε (basic composition); the trained routes pay ε once",
+            "reward_model": f"{cell['method']} (non-private), scores clipped to [−{B:g}, {B:g}]",
+        },
+    )
+    pts = []
+    for n in cfg["bon_ns"]:
+        q = privbon_law(u, n, sigma)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kl = np.where(q > 0, q * np.log(q * m), 0.0).sum(axis=1)
+        pg = (q * gold).sum(axis=1)
+        pts.append(
+            {
+                "x": int(n),
+                "x_kind": "n",
+                "kl": float(kl.mean()),
+                "kl_se": 0.0,
+                "gold": float(pg.mean()),
+                "per_prompt_gold": [float(v) for v in pg],
+                "guarantee": g,
+            }
+        )
+    _write_json(_records_dir(cell, ctx) / "curve.json", {"identity": ident, "points": pts})
+    return pts
+
+
+# ---- trained policies ----------------------------------------------------------------------------------
+
+
+def _evaluate(policy: Any, cfg: dict, ctx: RunContext) -> dict:
+    """Gold and KL(π ‖ π_ref) of a policy on the eval prompts (``eval_samples`` samples each, their
+    log-probabilities under the policy and the base model)."""
+    from privalign.rlhf.evaluate import kl_estimate, sample_with_logprobs
+
+    d = _pairs(cfg, ctx)
+    model, tok, _ = _base(cfg, ctx)
+    t0 = time.perf_counter()
+    s = sample_with_logprobs(
+        policy,
+        tok,
+        d["eval"],
+        cfg["eval_samples"],
+        max_new_tokens=cfg["max_new_tokens"],
+        seed=_eval_seed(cfg),
+        reference=model,
+        batch_rows=ROWS,
+    )
+    P = len(d["eval"])
+    gold = np.asarray(_gold(cfg, ctx).score([t for row in s["texts"] for t in row]), float).reshape(P, -1)
+    kl, kl_se = kl_estimate(s["logp"], s["logp_ref"])
+    return {
+        "kl": float(kl),
+        "kl_se": float(kl_se),
+        "gold": float(gold.mean()),
+        "per_prompt_gold": gold.mean(axis=1).tolist(),
+        "example": s["texts"][0][0],
+        "eval_seconds": time.perf_counter() - t0,
+    }
+
+
+def _ref_point(cfg: dict, ctx: RunContext) -> dict:
+    g = np.asarray(_reference(cfg, ctx)["gold"], float).mean(axis=1)
+    return {
+        "x": 0,
+        "x_kind": "step",
+        "kl": 0.0,
+        "kl_se": 0.0,
+        "gold": float(g.mean()),
+        "per_prompt_gold": g.tolist(),
+    }
+
+
+def _steps(total: int, every: int) -> list[int]:
+    return sorted({*range(every, total + 1, every), total})
+
+
+class _Eta:
+    """Progress lines with an ETA (seconds per step measured so far, evaluations included)."""
+
+    def __init__(self, cell: dict, total: int) -> None:
+        self.cell, self.total, self.t0 = cell, total, time.perf_counter()
+        self.first: int | None = None
+
+    def __call__(self, step: int) -> None:
+        if self.first is None:  # the clock starts at the first step (not the setup before it)
+            self.first, self.t0 = step, time.perf_counter()
+            return
+        done = step - self.first
+        if done <= 0 or (step % 10 and step != self.total):
+            return
+        per = (time.perf_counter() - self.t0) / done
+        print(
+            f"{NAME} {self.cell['cell']}: step {step}/{self.total}, {per:.1f} s/step, ETA route "
+            f"{per * (self.total - step) / 60:.0f} min",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+_DPO_KEYS = (
+    "dpo_beta", "dpo_lr", "dpo_batch", "dpo_epochs", "dpo_max_length", "dpo_lora_rank", "dpo_clip",
+    "dpo_eval_every", "eval_prompts", "eval_samples", "max_new_tokens", "gold",
+)  # fmt: skip
+
+
+def _dpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    """Train DPO once; each checkpoint's evaluation is a record (reused when its identity matches; training
+    is skipped when every checkpoint has one)."""
+    import copy
+
+    from privalign.rlhf.dpo import DPOConfig, check_schedule, train_dpo
+
+    pairs = _pairs(cfg, ctx)["pairs"]
+    m, e = cell["method"], cell["epsilon"]
+    dcfg = DPOConfig(
+        privacy=m,
+        epsilon=e,
+        delta=cfg["delta"] if m == "sample" else None,
+        beta=cfg["dpo_beta"],
+        learning_rate=cfg["dpo_lr"],
+        batch_size=cfg["dpo_batch"],
+        epochs=cfg["dpo_epochs"],
+        max_length=cfg["dpo_max_length"],
+        lora_rank=cfg["dpo_lora_rank"],
+        clip_norm=cfg["dpo_clip"],
+    )
+    total = check_schedule(dcfg, len(pairs.prompts))
+    steps = _steps(total, cfg["dpo_eval_every"])
+    idents = {s: _cell_ident(cell, cfg, ctx, _DPO_KEYS, s) for s in steps}
+    got = {s: _reuse(cell, cfg, ctx, f"step-{s:06d}.json", idents[s]) for s in steps}
+    if any(v is None for v in got.values()):
+        model, tok, _ = _base(cfg, ctx)
+        eta = _Eta(cell, total)
+
+        def on_step(t: int, policy: Any) -> None:
+            eta(t)
+            if t in got and got[t] is None:
+                rec = {**_evaluate(policy, cfg, ctx), "x": t, "x_kind": "step", "identity": idents[t]}
+                _write_json(_records_dir(cell, ctx) / f"step-{t:06d}.json", rec)
+                got[t] = rec
+
+        rng = np.random.default_rng(route_seed(cfg["seed"], cell["route"], cell["seed_index"]))
+        res = train_dpo(pairs, dcfg, model=copy.deepcopy(model), tokenizer=tok, rng=rng, on_step=on_step)
+        priv = res["privacy"]
+        _write_json(
+            _records_dir(cell, ctx) / "privacy.json",
+            {"identity": idents[steps[-1]], "privacy": {k: v for k, v in priv.items() if k != "accounting"}},
+        )
+        del res
+    priv_rec = _load_json(_records_dir(cell, ctx) / "privacy.json", idents[steps[-1]])
+    g = _guarantee(cell, cfg, (priv_rec or {}).get("privacy", {}).get("privacy_event"))
+    if priv_rec is not None and m == "sample":
+        g["delta"] = priv_rec["privacy"]["guarantee"]["delta"]
+        g["epsilon_accounted"] = priv_rec["privacy"]["guarantee"]["epsilon"]
+    return [{**_ref_point(cfg, ctx), "guarantee": g}] + _checkpoints(cell, got, steps)
+
+
+_GRPO_KEYS = (
+    "grpo_steps", "grpo_eval_every", "grpo_beta", "grpo_lr", "num_generations", "grpo_lora_rank",
+    "grpo_prompts",
+    "eval_prompts", "eval_samples", "max_new_tokens", "gold",
+)  # fmt: skip
+
+
+def _grpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    """GRPO (p2-rlhf's trainer, :func:`privalign.rlhf.train.align_policy`) on the seed's reward model,
+    evaluated at checkpoints by a trainer callback; resumable like DPO (and from the trainer's
+    checkpoints)."""
+    import shutil
+
+    steps = _steps(cfg["grpo_steps"], cfg["grpo_eval_every"])
+    idents = {s: _cell_ident(cell, cfg, ctx, _GRPO_KEYS, s) for s in steps}
+    got = {s: _reuse(cell, cfg, ctx, f"step-{s:06d}.json", idents[s]) for s in steps}
+    rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
+    if any(v is None for v in got.values()):
+        from transformers import TrainerCallback
+
+        from privalign.rlhf.train import AlignConfig, align_policy
+
+        d = _pairs(cfg, ctx)
+        eta = _Eta(cell, cfg["grpo_steps"])
+
+        class _Eval(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+                t = int(state.global_step)
+                eta(t)
+                if t in got and got[t] is None:
+                    rec = {**_evaluate(model, cfg, ctx), "x": t, "x_kind": "step", "identity": idents[t]}
+                    model.train()
+                    _write_json(_records_dir(cell, ctx) / f"step-{t:06d}.json", rec)
+                    got[t] = rec
+
+        seed = int(route_seed(cfg["seed"], cell["route"], cell["seed_index"]).generate_state(1)[0] >> 33)
+        acfg = AlignConfig(
+            steps=cfg["grpo_steps"],
+            beta=cfg["grpo_beta"],
+            learning_rate=cfg["grpo_lr"],
+            num_generations=cfg["num_generations"],
+            prompts_per_step=1,
+            max_new_tokens=cfg["max_new_tokens"],
+            lora_rank=cfg["grpo_lora_rank"],
+            lora_alpha=2.0 * cfg["grpo_lora_rank"],
+            seed=seed,
+            save_steps=cfg["grpo_eval_every"],
+        )
+        pol_dir = ctx.run_dir / "policies" / _records_dir(cell, ctx).relative_to(ctx.run_dir / "records")
+        align_policy(
+            rm["reward"],
+            d["grpo"],
+            d["grpo_info"],
+            pol_dir,
+            acfg,
+            base=_base(cfg, ctx),
+            overlap_check=rm["overlap"],
+            save_policy=False,
+            progress=False,
+            callbacks=[_Eval()],
+        )
+        for ckpt in (pol_dir / "checkpoints").glob("checkpoint-*"):
+            shutil.rmtree(ckpt, ignore_errors=True)
+    g = _guarantee(cell, cfg, rm["event"])
+    return [{**_ref_point(cfg, ctx), "guarantee": g}] + _checkpoints(cell, got, steps)
+
+
+def _checkpoints(cell: dict, got: dict[int, dict | None], steps: list[int]) -> list[dict]:
+    """The checkpoints' points in step order (every one must have its record)."""
+    missing = [s for s in steps if got[s] is None]
+    if missing:  # pragma: no cover - the evaluators write every step they are called at
+        raise _err(f"{cell['cell']}: no evaluation record for steps {missing}.")
+    return [{k: v for k, v in (got[s] or {}).items() if k != "identity"} for s in steps]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# curves, comparisons, verdict
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _groups(records: list[dict]) -> dict[str, list[dict]]:
+    g: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("kind") == RECORD_KIND:
+            g.setdefault(r["route"], []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed_index"]) for k, v in g.items()}
+
+
+def _common_points(group: list[dict]) -> list[int]:
+    """Indices of the points every seed has (the same x in the same order)."""
+    n = min(len(r["points"]) for r in group)
+    return [i for i in range(n) if len({r["points"][i]["x"] for r in group}) == 1]
+
+
+def _mats(group: list[dict]) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
+    """Seed-averaged KL per point, ``(seeds, P)`` per-prompt gold per point, and the points' x."""
+    idx = _common_points(group)
+    ks = np.array([np.mean([r["points"][i]["kl"] for r in group]) for i in idx])
+    mats = [np.array([r["points"][i]["per_prompt_gold"] for r in group], float) for i in idx]
+    return ks, mats, [group[0]["points"][i]["x"] for i in idx]
+
+
+def _at_budget(group: list[dict], budget: float) -> tuple[np.ndarray, dict]:
+    """The route's best gold at KL ≤ ``budget`` along its path (seed-averaged KL; a segment crossing the
+    budget is interpolated: a mixture of its two end policies has at most the interpolated KL, by convexity,
+    and exactly the interpolated gold). Returns the ``(seeds, P)`` per-prompt gold there and where."""
+    ks, mats, xs = _mats(group)
+    best: tuple[float, np.ndarray, dict] | None = None
+    for j in range(len(ks)):
+        if ks[j] <= budget + 1e-12:
+            cand = (float(mats[j].mean()), mats[j], {"x": xs[j], "kl": float(ks[j])})
+        elif j > 0 and ks[j - 1] <= budget:
+            lam = (budget - ks[j - 1]) / (ks[j] - ks[j - 1])
+            W = (1 - lam) * mats[j - 1] + lam * mats[j]
+            cand = (float(W.mean()), W, {"x": [xs[j - 1], xs[j]], "mix": float(lam), "kl": float(budget)})
+        else:
+            continue
+        if best is None or cand[0] > best[0]:
+            best = cand
+    if best is None:  # every path starts at the reference (KL 0): a programming error
+        raise _err(f"route {group[0]['route']}: no point at KL ≤ {budget}")
+    return best[1], best[2]
+
+
+def frontier_curves(records: list[dict]) -> list[dict]:
+    """Per route: the seed-averaged path (KL, gold) with 95% bootstrap intervals of the gold (prompts
+    jointly, seeds independently), its ε, unit and label."""
+    from privalign.experiments.rlhf_bon import _boot
+
+    out = []
+    for route, g in _groups(records).items():
+        ks, mats, xs = _mats(g)
+        rng = np.random.default_rng(np.random.SeedSequence(int(g[0].get("root_seed", 0)), spawn_key=(2**29,)))
+        B = max(100, int(g[0].get("n_bootstrap", 2000)) // 4)
+        pts = []
+        for k, W, x in zip(ks, mats, xs):
+            lo, hi = np.quantile(_boot(rng, [W], B)[:, 0], [0.025, 0.975])
+            kse = [r["points"][i].get("kl_se", 0.0) for r in g for i in [xs.index(x)]]
+            pts.append(
+                {
+                    "x": x,
+                    "kl": float(k),
+                    "kl_se": float(np.mean(kse)),
+                    "gold": float(W.mean()),
+                    "ci": [float(lo), float(hi)],
+                }
+            )
+        out.append(
+            {
+                "route": route,
+                "label": g[0]["label"],
+                "family": g[0]["family"],
+                "epsilon": g[0]["epsilon"],
+                "unit": g[0]["guarantee"]["unit"],
+                "seeds": len(g),
+                "prompts": int(mats[0].shape[1]),
+                "points": pts,
+            }
+        )
+    return out
+
+
+def frontier_comparisons(
+    records: list[dict], epsilons: list[float] | None = None, budgets: list[float] | None = None
+) -> list[dict]:
+    """At each (ε, budget): the private routes at that ε ranked by their best gold at KL ≤ budget; the
+    winner − runner-up difference with its 95% bootstrap interval (prompts jointly, seeds independently),
+    its one-sided bootstrap p-value (H0: winner ≤ runner-up) and Holm's adjusted decision across all the
+    comparisons (α = 0.05); the non-private DPO's gold there for reference."""
+    from privalign.experiments.rlhf_bon import _boot
+
+    groups = _groups(records)
+    if not groups:
+        return []
+    first = next(iter(groups.values()))[0]
+    eps_all = sorted({g[0]["epsilon"] for g in groups.values() if g[0]["epsilon"] is not None}, reverse=True)
+    eps_list = [e for e in (epsilons or eps_all) if e in eps_all]
+    budgets = budgets or list(first.get("kl_budgets") or [0.5, 1.0, 2.0])
+    B = int(first.get("n_bootstrap", 2000))
+    margin = float(first.get("equivalence_margin", 0.02))
+    out = []
+    for e in eps_list:
+        for b in budgets:
+            rows = []
+            for route, g in groups.items():
+                if g[0]["epsilon"] != e:
+                    continue
+                W, where = _at_budget(g, b)
+                rows.append(
+                    {"route": route, "label": g[0]["label"], "W": W, "where": where, "gold": float(W.mean())}
+                )
+            rows.sort(key=lambda r: -r["gold"])
+            nonpriv = [
+                float(_at_budget(g, b)[0].mean())
+                for g in groups.values()
+                if g[0]["family"] == "dpo" and g[0]["epsilon"] is None
+            ]
+            c: dict[str, Any] = {
+                "epsilon": e,
+                "budget": b,
+                "ranking": [
+                    {"route": r["route"], "label": r["label"], "gold": r["gold"], "where": r["where"]}
+                    for r in rows
+                ],
+                "nonprivate_dpo_gold": nonpriv[0] if nonpriv else None,
+                "margin": margin,
+            }
+            if len(rows) >= 2:
+                a, r2 = rows[0], rows[1]
+                rng = np.random.default_rng(
+                    np.random.SeedSequence(
+                        int(first.get("root_seed", 0)), spawn_key=(2**30, int(e * 1000), int(b * 1000))
+                    )
+                )
+                boot = _boot(rng, [a["W"], r2["W"]], B)
+                diffs = boot[:, 0] - boot[:, 1]
+                lo, hi = np.quantile(diffs, [0.025, 0.975])
+                c.update(
+                    winner=a["route"],
+                    runner_up=r2["route"],
+                    diff=float(a["gold"] - r2["gold"]),
+                    ci=[float(lo), float(hi)],
+                    se=float(diffs.std(ddof=1)),
+                    p_value=float((1 + np.sum(diffs <= 0)) / (B + 1)),
+                    diffs=diffs,
+                    prompts=int(a["W"].shape[1]),
+                    seeds=[int(a["W"].shape[0]), int(r2["W"].shape[0])],
+                )
+            out.append(c)
+    _holm(out)
+    for c in out:
+        c.pop("diffs", None)
+    return out
+
+
+def _holm(comps: list[dict]) -> None:
+    """Holm's step-down over the comparisons with a p-value (α = 0.05); sets ``significant``,
+    ``holm_alpha`` and ``equivalent`` (the (1 − α/k) interval inside ± margin: a tie shown)."""
+    tested = [c for c in comps if "p_value" in c]
+    k = len(tested)
+    order = sorted(tested, key=lambda c: c["p_value"])
+    stop = False
+    for i, c in enumerate(order):
+        c["holm_alpha"] = ALPHA / (k - i)
+        if not stop and c["p_value"] <= c["holm_alpha"]:
+            c["significant"] = True
+        else:
+            stop = True
+            c["significant"] = False
+    for c in tested:
+        lo, hi = np.quantile(c["diffs"], [ALPHA / (2 * k), 1 - ALPHA / (2 * k)])
+        c["ci_bonferroni"] = [float(lo), float(hi)]
+        c["equivalent"] = bool(-c["margin"] < lo and hi < c["margin"])
+        c["verdict"] = (
+            "holds" if c["significant"] else ("does not hold" if c["equivalent"] else "inconclusive")
+        )
+
+
+def frontier_verdict(
+    records: list[dict], *, epsilons: list[float] | None = None, budgets: list[float] | None = None
+):
+    """Claim B-3: at each ε and KL budget one private route gives significantly more gold than every other.
+
+    Per (ε, budget) with ≥ 2 routes: ``holds`` if the winner beats the runner-up (one-sided bootstrap
+    p-value, Holm over all comparisons at α = 0.05); ``does not hold`` if the two are shown equivalent (the
+    Bonferroni (1 − 0.05/k) interval of the difference inside ± ``equivalence_margin``); else
+    ``inconclusive``. Overall: ``holds`` if every comparison holds, ``does not hold`` if any does not,
+    else ``inconclusive`` (also with no comparison). States the power (detectable difference at ≈ 0.8).
+    """
+    from scipy import stats
+
+    from privalign.experiments.verdicts import Outcome
+
+    comps = [c for c in frontier_comparisons(records, epsilons, budgets) if "verdict" in c]
+    if not comps:
+        return Outcome(
+            "inconclusive", "no ε with two or more routes", {"why": "nothing to compare", "comparisons": []}
+        )
+    vs = [c["verdict"] for c in comps]
+    v = (
+        "does not hold"
+        if "does not hold" in vs
+        else ("holds" if all(x == "holds" for x in vs) else "inconclusive")
+    )
+    z = float(stats.norm.ppf(1 - ALPHA / 2)) + float(stats.norm.ppf(0.8))
+    mdd = max(z * c["se"] for c in comps)
+    parts = [
+        f"ε = {c['epsilon']:g}, KL ≤ {c['budget']:g}: {route_label(c['winner'])} "
+        f"{c['ranking'][0]['gold']:.3f} vs {route_label(c['runner_up'])} {c['ranking'][1]['gold']:.3f}: "
+        f"{c['diff']:+.4f} [95% CI {c['ci'][0]:+.4f}, "
+        f"{c['ci'][1]:+.4f}], p = {c['p_value']:.3g} (Holm α {c['holm_alpha']:.3g}): {c['verdict']}"
+        for c in comps
+    ]
+    bs = sorted({c["budget"] for c in comps})
+    facts = {
+        "headline_budget": 1.0 if 1.0 in bs else bs[len(bs) // 2],
+        "comparisons": [
+            {
+                k: c[k]
+                for k in (
+                    "epsilon",
+                    "budget",
+                    "winner",
+                    "runner_up",
+                    "diff",
+                    "significant",
+                    "verdict",
+                    "p_value",
+                )
+            }
+            | {"winner_label": route_label(c["winner"]), "runner_up_label": route_label(c["runner_up"])}
+            for c in comps
+        ],
+        "detectable": mdd,
+        "per_answer_routes": sorted(
+            {
+                r["route"]
+                for c in comps
+                for r in c["ranking"]
+                if route_kind(parse_route(r["route"])) == "per-answer"
+            }
+        ),
+        "margin": float(comps[0]["margin"]),
+        "why": "underpowered" if v == "inconclusive" else "",
+    }
+    return Outcome(
+        v,
+        f"{comps[0]['prompts']} prompts; a gold gap of {mdd:.4f} is detected with power ≈ 0.8 | "
+        + " | ".join(parts),
+        facts,
+    )
+
+
+def _summarize(records: list[dict], cfg: dict) -> dict:
+    v, m = frontier_verdict(records, epsilons=cfg["epsilons"], budgets=cfg["kl_budgets"])
+    data = next((r for r in records if r.get("kind") == "data"), {})
+    quick_grpo = not any(parse_route(r)["family"] == "grpo" for r in cfg["routes"])
+    return {
+        "verdict": v,
+        "measured": m + (" | no GRPO route in this configuration" if quick_grpo else ""),
+        "curves": frontier_curves(records),
+        "comparisons": frontier_comparisons(records, cfg["epsilons"], cfg["kl_budgets"]),
+        "reference_gold": data.get("reference_gold"),
+        "data": {
+            k: data.get(k)
+            for k in ("n_pairs", "label_rule", "sampler", "base_model", "eval_prompts", "reference_samples")
+        },
+        "note": (
+            "gold = MiniLM gold P(positive) of the completion (never trained on the private pairs); "
+            "KL(π ‖ π_ref) "
+            "in nats: DPO/GRPO from the samples' log-probabilities (Monte Carlo, ±SE), best-of-n and PrivBoN "
+            "exact over the eval prompts' reference samples (atom view: each reference sample has mass 1/m); "
+            "95% bootstrap over prompts × seeds; the trained routes pay ε once, PrivBoN pays ε per answer"
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# figure
+# ---------------------------------------------------------------------------------------------------------
+
+_COLORS = {
+    "dpo:none": "#000000",
+    "dpo:label": "#1f77b4",
+    "dpo:sample": "#17becf",
+    "bon:RRIHT": "#d62728",
+    "bon:DenseRR": "#ff9896",
+    "bon:SampleDPIHT": "#2ca02c",
+    "bon:DPSGDLinear": "#98df8a",
+    "bon:TRM-sample": "#9467bd",
+    "bon:TRM-label": "#c5b0d5",
+    "grpo:RRIHT": "#8c564b",
+    "grpo:TRM-sample": "#e377c2",
+    "privbon": "#ff7f0e",
+}
+
+
+def _plot(run_dir: Path) -> list[str]:
+    from privalign.experiments.plotting import new_figure, save_figure
+
+    recs = read_results(run_dir)
+    curves = frontier_curves(recs)
+    data = next((r for r in recs if r.get("kind") == "data"), None)
+    eps = sorted({c["epsilon"] for c in curves if c["epsilon"] is not None}, reverse=True)
+    if not curves or not eps:
+        return []
+    fig, axes = new_figure(1, len(eps), width=5.6 * len(eps), height=4.8)
+    axes = np.atleast_1d(axes)
+    for ax, e in zip(axes, eps):
+        for c in curves:
+            if c["epsilon"] not in (e, None):
+                continue
+            key = c["route"].split("@")[0]
+            color = _COLORS.get(key, _COLORS.get(c["family"], "grey"))
+            ls = FAMILY_INFO[c["family"]]["line"]
+            pts = c["points"]
+            lab = (
+                f"{c['label']}"
+                + (f", ε={c['epsilon']:g}" if c["epsilon"] is not None else "")
+                + f" [{c['unit'].split(' (')[0]}], {c['seeds']} seed{'s' if c['seeds'] > 1 else ''}"
+            )
+            ax.errorbar(
+                [p["kl"] for p in pts],
+                [p["gold"] for p in pts],
+                xerr=[2 * p["kl_se"] for p in pts],
+                yerr=[[p["gold"] - p["ci"][0] for p in pts], [p["ci"][1] - p["gold"] for p in pts]],
+                fmt=ls,
+                marker="o" if FAMILY_INFO[c["family"]]["trained"] else ".",
+                markersize=3,
+                color=color,
+                capsize=2,
+                linewidth=1.2 if c["epsilon"] is not None else 0.9,
+                alpha=0.9 if c["epsilon"] is not None else 0.6,
+                label=lab,
+            )
+        if data is not None:
+            ax.plot([0], [data["reference_gold"]], "k*", markersize=9, label="base policy (reference)")
+        P = curves[0]["prompts"]
+        ax.set_title(
+            f"ε = {e:g} (PrivBoN: ε per answer, composes over answers)\n{P} held-out IMDb prompts", fontsize=8
+        )
+        ax.set_xlabel("KL(π ‖ π_ref) [nats] (DPO/GRPO: ±2 SE; BoN/PrivBoN: exact)")
+        ax.set_ylabel("gold reward, MiniLM P(positive) (95% CI: prompts × seeds)")
+        ax.legend(fontsize=5.5, loc="best")
+    fig.tight_layout()
+    return [save_figure(fig, run_dir, "frontier_gold_vs_kl")]
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    NAME: Experiment(
+        NAME,
+        "One frontier on IMDb: gold reward vs KL for non-private / label-DP / sample-DP DPO, private linear "
+        "and "
+        "MiniLM reward models → best-of-n and GRPO, and PrivBoN per answer, at ε ∈ {2, 8}",
+        "beyond",
+        _schema(),
+        _preflight,
+        _cells,
+        _run_cell,
+        _summarize,
+        _plot,
+    ),
+}

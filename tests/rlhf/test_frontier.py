@@ -1,0 +1,384 @@
+"""beyond-frontier: route parsing and config errors, the prompt-disjointness check, PrivBoN's exact selection
+law, the verdict on constructed records (each outcome), and the per-record reuse (identity, resume,
+prior_results) on a tiny random Llama with a fake gold — no real language model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privalign.experiments import frontier as fr
+from privalign.experiments.base import ExperimentError, RunContext
+from privalign.experiments.config import ConfigError, validate_config
+
+# ---------------------------------------------------------------------------------------------------------
+# routes and configuration
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_parse_route_accepts_every_family():
+    assert fr.parse_route("dpo:none") == {
+        "route": "dpo:none",
+        "family": "dpo",
+        "method": "none",
+        "epsilon": None,
+    }
+    assert fr.parse_route("dpo:sample@2")["epsilon"] == 2.0
+    assert fr.parse_route("bon:TRM-sample@8")["method"] == "TRM-sample"
+    assert fr.parse_route("privbon:MLE@8")["family"] == "privbon"
+    assert fr.parse_route("bon:MLE")["epsilon"] is None
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "dpo",
+        "ppo:RRIHT@8",
+        "dpo:label",
+        "dpo:none@8",
+        "bon:RRIHT@0",
+        "bon:RRIHT@inf",
+        "privbon:RRIHT@8",
+        "bon:X@8",
+    ],
+)
+def test_parse_route_refuses_bad_specs_naming_the_key(spec):
+    with pytest.raises(ExperimentError, match="config key 'routes'") as ei:
+        fr.parse_route(spec)
+    assert "\n" not in str(ei.value)
+
+
+def test_route_units_say_per_answer_for_privbon():
+    assert "PER ANSWER" in fr.route_unit(fr.parse_route("privbon:MLE@8"))
+    assert fr.route_unit(fr.parse_route("bon:RRIHT@8")).startswith("ε-label-DP")
+    assert fr.route_unit(fr.parse_route("dpo:sample@8")).startswith("(ε, δ)-DP")
+
+
+def _cfg(**kw):
+    schema = fr.EXPERIMENTS["beyond-frontier"].schema
+    return validate_config({k: f.default for k, f in schema.items()} | kw, schema, source="test")
+
+
+@pytest.mark.parametrize(
+    "key,value", [("label_rule", "softmax"), ("n_pairs", 2), ("epsilons", [-1.0]), ("dpo_seeds", 0)]
+)
+def test_bad_config_values_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        _cfg(**{key: value})
+
+
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"n_pairs": 950}, "n_pairs"),
+        ({"bon_ns": [1, 32]}, "bon_ns"),
+        ({"routes": ["dpo:none", "dpo:none"]}, "routes"),
+        ({"routes": ["dpo:sample@8"], "delta": 0.5}, "delta"),
+    ],
+)
+def test_preflight_refuses_inconsistent_configs(tmp_path, kw, key):
+    with pytest.raises(ExperimentError, match=key) as ei:
+        fr._preflight(_cfg(**kw), RunContext(run_dir=tmp_path))
+    assert "\n" not in str(ei.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# prompts disjoint from the private pairs
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Pairs:
+    def __init__(self, prompts, chosen, rejected):
+        self.prompts, self.chosen, self.rejected = list(prompts), list(chosen), list(rejected)
+
+
+def test_disjointness_check_passes_on_disjoint_prompts():
+    pairs = _Pairs(["a b c", "d e f"], ["x y", "z w"], ["q r", "s t"])
+    assert fr.check_frontier_disjoint(pairs, ["g h i"], ["j k l"])["overlap"] == 0
+
+
+@pytest.mark.parametrize(
+    "eval_prompts,rl_prompts",
+    [(["a  b c"], ["j k"]), (["g h"], ["d e f"]), (["x y"], ["j k"]), (["g h"], ["g  h"])],
+)
+def test_disjointness_check_fails_on_overlap(eval_prompts, rl_prompts):
+    pairs = _Pairs(["a b c", "d e f"], ["x y", "z w"], ["q r", "s t"])
+    with pytest.raises(ExperimentError, match="overlap"):
+        fr.check_frontier_disjoint(pairs, eval_prompts, rl_prompts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PrivBoN's exact selection law
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_privbon_law_limits_and_normalisation():
+    from privalign.experiments.rlhf_bon import bon_expected_gold
+
+    rng = np.random.default_rng(0)
+    s, g = rng.normal(size=(5, 8)), rng.random((5, 8))
+    for n in (1, 3, 8):
+        q0 = fr.privbon_law(s, n, 0.0)  # σ = 0: plain best-of-n over a random n-subset
+        np.testing.assert_allclose(q0.sum(axis=1), 1.0)
+        np.testing.assert_allclose((q0 * g).sum(axis=1), bon_expected_gold(s, g, n), atol=1e-12)
+        np.testing.assert_allclose(fr.privbon_law(s, n, 1e9), 1 / 8, atol=1e-6)  # σ → ∞: uniform
+    q = fr.privbon_law(s, 8, 1.0)  # n = m: the softmax itself
+    np.testing.assert_allclose(q, np.exp(s) / np.exp(s).sum(axis=1, keepdims=True), atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the verdict on constructed records
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _curve(route, golds, kls, seed, P=200, noise=0.1, seeds=3):
+    """Records of a route: per seed, points at ``kls`` whose per-prompt gold scatters around ``golds``."""
+    r = fr.parse_route(route)
+    base = np.random.default_rng(99).normal(0, noise, size=P)  # a prompt effect shared by routes and seeds
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(seeds):
+        pts = [
+            {"x": i, "kl": kl, "kl_se": 0.0, "per_prompt_gold": (g + base + rng.normal(0, noise, P)).tolist()}
+            for i, (g, kl) in enumerate(zip(golds, kls))
+        ]
+        out.append(
+            {
+                "kind": "frontier",
+                **r,
+                "seed_index": k,
+                "label": fr.route_label(route),
+                "guarantee": {"unit": fr.route_unit(r)},
+                "points": pts,
+                "root_seed": 1,
+                "n_bootstrap": 400,
+                "kl_budgets": [1.0],
+                "equivalence_margin": 0.02,
+            }
+        )
+    return out
+
+
+def test_verdict_holds_when_the_winner_is_clearly_ahead():
+    recs = _curve("dpo:label@8", [0.5, 0.7, 0.8], [0, 0.5, 3.0], 1) + _curve(
+        "bon:RRIHT@8", [0.5, 0.55], [0, 1.5], 2
+    )
+    v, m = fr.frontier_verdict(recs, budgets=[1.0])
+    assert v == "holds", m
+    # at KL ≤ 1 the DPO path is interpolated between (0.5, 0.7) and (3.0, 0.8): gold ≈ 0.7 + 0.02
+    c = fr.frontier_comparisons(recs, budgets=[1.0])[0]
+    assert c["winner"] == "dpo:label@8" and abs(c["ranking"][0]["gold"] - 0.72) < 0.02
+    assert "label-DP DPO" in m
+
+
+def test_verdict_does_not_hold_when_two_routes_are_shown_equal():
+    recs = _curve("bon:RRIHT@8", [0.5, 0.6], [0, 1.0], 3, P=2000, noise=0.02) + _curve(
+        "bon:DenseRR@8", [0.5, 0.6], [0, 1.0], 4, P=2000, noise=0.02
+    )
+    v, m = fr.frontier_verdict(recs, budgets=[1.0])
+    assert v == "does not hold", m
+
+
+def test_verdict_inconclusive_when_underpowered_or_alone():
+    recs = _curve("bon:RRIHT@8", [0.5, 0.6], [0, 1.0], 5, P=8, noise=0.3, seeds=2) + _curve(
+        "bon:DenseRR@8", [0.5, 0.6], [0, 1.0], 6, P=8, noise=0.3, seeds=2
+    )
+    v, m = fr.frontier_verdict(recs, budgets=[1.0])
+    assert v == "inconclusive" and "power" in m
+    v2, _ = fr.frontier_verdict(_curve("bon:RRIHT@8", [0.5, 0.6], [0, 1.0], 5), budgets=[1.0])
+    assert v2 == "inconclusive"
+
+
+def test_plain_reading_names_winner_and_significance():
+    from privalign.experiments.plain import READERS
+
+    recs = _curve("dpo:label@8", [0.5, 0.7], [0, 0.5], 1) + _curve("bon:RRIHT@8", [0.5, 0.55], [0, 1.5], 2)
+    res = fr.frontier_verdict(recs, budgets=[1.0])
+    line = READERS["B-3"](res[0], res.facts)
+    assert "ε = 8" in line and "label-DP DPO" in line and "significant" in line and "\n" not in line
+    with_privbon = recs + _curve("privbon:MLE@8", [0.5, 0.52], [0, 0.3], 7)
+    res = fr.frontier_verdict(with_privbon, budgets=[1.0])
+    assert "per answer" in READERS["B-3"](res[0], res.facts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# end to end on a tiny model: records, identity, resume, prior_results
+# ---------------------------------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+pytest.importorskip("opacus")
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz .,!?0123456789")
+
+
+def _tiny_base():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg)
+    model.eval()
+    return model, tok, "tiny-llama"
+
+
+class _FakeGold:
+    """P(positive) from the share of vowels: deterministic, in (0, 1)."""
+
+    def score(self, texts):
+        return np.array([(sum(c in "aeiou" for c in t) + 1) / (len(t) + 2) for t in texts])
+
+
+def _prompts_stub(cfg):
+    E, G, n = cfg["eval_prompts"], cfg["grpo_prompts"], cfg["n_pairs"]
+    words = [f"prompt {k} " for k in range(E + G + n)]
+    info = lambda off: {"offset": off}  # noqa: E731
+    return {
+        "eval": words[:E],
+        "eval_info": info(0),
+        "grpo": words[E : E + G],
+        "grpo_info": info(E),
+        "pairs": words[E + G :],
+        "pairs_info": info(E + G),
+    }
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(fr, "_prompts", _prompts_stub)
+    base = _tiny_base()
+
+    def ctx(run_dir):
+        c = RunContext(run_dir=run_dir)
+        c.cache["base"] = base
+        c.cache["gold"] = _FakeGold()
+        return c
+
+    cfg = _cfg(
+        routes=["dpo:label@8", "bon:RRIHT@8", "privbon:MLE@8"],
+        eval_prompts=3,
+        grpo_prompts=1,
+        n_pairs=16,
+        max_new_tokens=4,
+        reference_samples=4,
+        eval_samples=2,
+        bon_ns=[1, 2, 4],
+        dpo_batch=4,
+        dpo_epochs=1,
+        dpo_max_length=16,
+        dpo_lora_rank=2,
+        dpo_eval_every=2,
+        n_features=256,
+        sparsity=8,
+        n_bootstrap=100,
+        bon_seeds=2,
+        dpo_seeds=1,
+    )
+    return cfg, ctx
+
+
+def _run_all(cfg, ctx):
+    exp = fr.EXPERIMENTS["beyond-frontier"]
+    recs = []
+    for i, cell in enumerate(exp.cells(cfg, ctx)):
+        recs += exp.run_cell(cell, cfg, ctx, np.random.SeedSequence(0, spawn_key=(i,)))
+    return recs
+
+
+def test_tiny_end_to_end_records_and_reuse(tiny, tmp_path, monkeypatch):
+    cfg, make_ctx = tiny
+    ctx = make_ctx(tmp_path / "run1")
+    recs = _run_all(cfg, ctx)
+    curves = [r for r in recs if r["kind"] == "frontier"]
+    assert {r["route"] for r in curves} == {"dpo:label@8", "bon:RRIHT@8", "privbon:MLE@8"}
+    dpo = next(r for r in curves if r["route"] == "dpo:label@8")
+    assert [p["x"] for p in dpo["points"]] == [0, 2, 4] and dpo["points"][0]["kl"] == 0.0
+    assert dpo["guarantee"]["unit"].startswith("ε-label-DP") and dpo["guarantee"]["epsilon"] == 8.0
+    pb = next(r for r in curves if r["route"] == "privbon:MLE@8")
+    assert pb["guarantee"]["per_answer"] and "k·ε" in pb["guarantee"]["composition"]
+    assert pb["points"][0]["kl"] == pytest.approx(0.0, abs=1e-12)  # n = 1: the reference itself
+    # the private pairs: cached, never regenerated; the reference samples too
+    pairs_file = tmp_path / "run1" / "data" / "pairs.jsonl"
+    assert len(pairs_file.read_text().splitlines()) == 16
+    before = pairs_file.stat().st_mtime_ns
+    # resume in the same directory: nothing is trained or sampled again, the same records come back
+    import privalign.rlhf.dpo as dpo_mod
+    import privalign.rlhf.evaluate as ev
+
+    def boom(*a, **k):
+        raise AssertionError("re-ran work that has a record")
+
+    monkeypatch.setattr(dpo_mod, "train_dpo", boom)
+    monkeypatch.setattr(ev, "sample_with_logprobs", boom)
+    again = _run_all(cfg, make_ctx(tmp_path / "run1"))
+    assert json.dumps(again, sort_keys=True) == json.dumps(recs, sort_keys=True)
+    assert pairs_file.stat().st_mtime_ns == before
+    # a changed DPO setting changes the identity: the DPO records are not reused
+    with pytest.raises(AssertionError, match="re-ran"):
+        _run_all({**cfg, "dpo_beta": 0.2}, make_ctx(tmp_path / "run1"))
+    monkeypatch.undo()
+    monkeypatch.setattr(fr, "_prompts", _prompts_stub)
+    # prior_results: a fresh run directory reuses run1's records (pairs regenerate identically)
+    monkeypatch.setattr(dpo_mod, "train_dpo", boom)
+    cfg2 = {**cfg, "prior_results": str(tmp_path / "run1" / "records")}
+    fresh = _run_all(cfg2, make_ctx(tmp_path / "run2"))
+    assert [r.get("points") for r in fresh] == [r.get("points") for r in recs]
+    assert (tmp_path / "run2" / "records").is_dir()
+
+
+def test_tiny_summary_and_figure(tiny, tmp_path):
+    from privalign.experiments.runner import check_finite_records
+
+    cfg, make_ctx = tiny
+    ctx = make_ctx(tmp_path / "run")
+    recs = _run_all(cfg, ctx)
+    check_finite_records(recs, "test")
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    s = fr._summarize(recs, cfg)
+    assert s["verdict"] in ("holds", "does not hold", "inconclusive")
+    assert {c["route"] for c in s["curves"]} == {"dpo:label@8", "bon:RRIHT@8", "privbon:MLE@8"}
+    for c in s["comparisons"]:
+        assert "winner" in c and math.isfinite(c["diff"])
+    (tmp_path / "run" / "figures").mkdir()
+    assert fr._plot(tmp_path / "run") == ["frontier_gold_vs_kl"]
+    assert Path(tmp_path / "run" / "figures" / "frontier_gold_vs_kl.png").is_file()
+
+
+def test_batched_sampling_gives_the_same_samples_and_logprobs():
+    """``batch_rows`` (left padding, positions from the mask) changes the speed, not the samples."""
+    import copy
+
+    from privalign.rlhf.evaluate import sample_with_logprobs
+
+    model, tok, _ = _tiny_base()
+    ref = copy.deepcopy(model)
+    prompts = ["a", "hello there", "abc def ghi jk", "x"]
+    one = sample_with_logprobs(model, tok, prompts, 3, max_new_tokens=6, seed=5, reference=ref, batch_rows=1)
+    many = sample_with_logprobs(model, tok, prompts, 3, max_new_tokens=6, seed=5, reference=ref, batch_rows=9)
+    assert one["texts"] == many["texts"]
+    np.testing.assert_array_equal(one["num_tokens"], many["num_tokens"])
+    np.testing.assert_allclose(one["logp"], many["logp"], atol=1e-4)
+    np.testing.assert_allclose(one["logp_ref"], many["logp_ref"], atol=1e-4)
