@@ -4,6 +4,7 @@ prior_results) on a tiny random Llama with a fake gold — no real language mode
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -382,3 +383,37 @@ def test_batched_sampling_gives_the_same_samples_and_logprobs():
     np.testing.assert_array_equal(one["num_tokens"], many["num_tokens"])
     np.testing.assert_allclose(one["logp"], many["logp"], atol=1e-4)
     np.testing.assert_allclose(one["logp_ref"], many["logp_ref"], atol=1e-4)
+
+
+def test_record_identities_do_not_depend_on_the_private_pairs(tiny, tmp_path):
+    """The records are committed (docs/results): on neighbouring pair files (one pair's label flipped) every
+    record identity is the same, so no record carries a hash of the private data."""
+    import shutil
+
+    cfg, make_ctx = tiny
+    cfg = {**cfg, "routes": ["bon:RRIHT@8"]}
+    recs = _run_all(cfg, make_ctx(tmp_path / "run1"))
+    shutil.copytree(tmp_path / "run1" / "data", tmp_path / "run2" / "data")
+    f2 = tmp_path / "run2" / "data" / "pairs.jsonl"
+    lines = f2.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["chosen"], first["rejected"] = (
+        first["rejected"],
+        first["chosen"],
+    )  # the neighbour: one label flipped
+    f2.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    assert f2.read_bytes() != (tmp_path / "run1" / "data" / "pairs.jsonl").read_bytes()
+    ids = [fr._pairs(cfg, make_ctx(tmp_path / r))["data_identity"] for r in ("run1", "run2")]
+    assert ids[0] == ids[1]
+    cell = next(
+        c
+        for c in fr.EXPERIMENTS["beyond-frontier"].cells(cfg, make_ctx(tmp_path / "run1"))
+        if "seed_index" in c
+    )
+    assert fr._cell_ident(cell, cfg, make_ctx(tmp_path / "run1"), ()) == fr._cell_ident(
+        cell, cfg, make_ctx(tmp_path / "run2"), ()
+    )
+    digest = hashlib.sha256((tmp_path / "run1" / "data" / "pairs.jsonl").read_bytes()).hexdigest()
+    for path in (tmp_path / "run1" / "records").rglob("*.json"):
+        assert digest not in path.read_text()
+    assert recs
