@@ -262,10 +262,9 @@ def _schema() -> dict[str, Field]:
 
 
 def _resolve(spec: str) -> Path:
-    from privalign.paths import repo_root
+    from privalign.experiments.rlhf import _resolve as resolve_repo_path
 
-    p = Path(spec).expanduser()
-    return p if p.is_absolute() else repo_root() / p
+    return resolve_repo_path(spec)
 
 
 def _preflight(cfg: dict, ctx: RunContext) -> None:
@@ -358,16 +357,10 @@ def _gold(cfg: dict, ctx: RunContext) -> Any:
 
 
 def _base(cfg: dict, ctx: RunContext) -> tuple[Any, Any, str]:
-    if "base" not in ctx.cache:
-        import torch
+    """The base policy, loaded once per run (p2-rlhf's loader: the same model, threads and cache key)."""
+    from privalign.experiments.rlhf import _base as load_cached
 
-        from privalign.rlhf.train import load_base_model
-
-        torch.set_num_threads(cfg["num_threads"])
-        m, tok, mid = load_base_model("smollm2")
-        m.eval()
-        ctx.cache["base"] = (m, tok, mid)
-    return ctx.cache["base"]
+    return load_cached(cfg, ctx)
 
 
 def _ident(obj: Any) -> str:
