@@ -14,42 +14,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("opacus")
 
+from _util import tiny_char_llama  # noqa: E402
 from privalign.errors import DataFormatError, PrivacyParameterError  # noqa: E402
 from privalign.rlhf import dpo  # noqa: E402
 
-CHARS = list("abcdefghijklmnopqrstuvwxyz .,!?0123456789")
-
-
-def tiny_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
-    )
-
 
 def tiny_base(seed: int = 0):
-    """A randomly initialised one-layer Llama and a character tokenizer: no download, no GGUF."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = tiny_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg)
+    """A randomly initialised one-layer Llama and a character tokenizer (tests/_util.py)."""
+    model, tok = tiny_char_llama(layers=1, seed=seed)
     return model, tok, "tiny-llama"
 
 

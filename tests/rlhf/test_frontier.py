@@ -215,32 +215,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("opacus")
 
-CHARS = list("abcdefghijklmnopqrstuvwxyz .,!?0123456789")
+from _util import tiny_char_llama  # noqa: E402
 
 
 def _tiny_base():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
-    )
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg)
+    """A randomly initialised one-layer Llama and a character tokenizer (tests/_util.py), in eval mode."""
+    model, tok = tiny_char_llama(layers=1, seed=0)
     model.eval()
     return model, tok, "tiny-llama"
 

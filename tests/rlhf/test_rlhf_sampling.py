@@ -11,37 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _util import tiny_char_llama  # noqa: E402
 from privalign.rlhf.evaluate import sample_with_logprobs  # noqa: E402
-
-CHARS = list("abcdefghijklmnopqrstuvwxyz .,!?0123456789")
 
 
 def tiny_base(seed: int):
-    """A randomly initialised two-layer Llama and a character tokenizer: no download, no GGUF."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
-    )
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    return model, tok
+    """A randomly initialised two-layer Llama and a character tokenizer (tests/_util.py)."""
+    return tiny_char_llama(layers=2, seed=seed)
 
 
 # prompts of different lengths, so batches are left-padded
