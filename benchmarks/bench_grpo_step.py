@@ -130,30 +130,9 @@ def _side(args: argparse.Namespace) -> dict:
 
 def _prepare(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
     """The base model directory and the reward model file both sides load."""
-    import numpy as np
+    from _rlhf_common import fit_imdb_rriht_reward
 
-    from privalign.data.preferences_io import load_jsonl_pairs
-    from privalign.estimation.features import HashedNgramFeatures
-    from privalign.estimation.iht import RRIHT
-    from privalign.estimation.persistence import save_model
-    from privalign.estimation.preferences import PreferenceData
-    from privalign.rlhf.prompts import heldout_imdb_pairs
-
-    heldout_imdb_pairs(tmp / "pairs.jsonl", reserve=200)
-    pairs = load_jsonl_pairs(tmp / "pairs.jsonl")
-    fmap = HashedNgramFeatures(n_features=4096, ngram_range=(1, 1))
-    d = PreferenceData.from_text_pairs(
-        pairs.prompts,
-        pairs.chosen,
-        pairs.rejected,
-        fmap,
-        prompt_ids=pairs.prompt_ids,
-        random_state=np.random.default_rng(0),
-    )
-    est = RRIHT(epsilon=8.0, sparsity=32, random_state=0).fit(d.X, d.y)
-    rm = save_model(
-        est, tmp / "rm.json", feature_config=fmap.get_config(), metadata={"data": str(tmp / "pairs.jsonl")}
-    )
+    rm = fit_imdb_rriht_reward(tmp)
     base = args.base
     if base == "smollm2":
         import torch

@@ -36,41 +36,16 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--base", default="smollm2")
     args = ap.parse_args(argv)
-    import numpy as np
     import torch
 
     torch.set_num_threads(args.threads)
-    from privalign.estimation.features import HashedNgramFeatures
-    from privalign.estimation.iht import RRIHT
-    from privalign.estimation.persistence import save_model
-    from privalign.estimation.preferences import PreferenceData
-    from privalign.rlhf.prompts import heldout_imdb_pairs, imdb_rl_prompts
+    from _rlhf_common import fit_imdb_rriht_reward
+    from privalign.rlhf.prompts import imdb_rl_prompts
     from privalign.rlhf.rewards import PrivateReward
     from privalign.rlhf.train import AlignConfig, align_policy, load_base_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_rlhf_"))
-    heldout_imdb_pairs(tmp / "pairs.jsonl", reserve=200)
-    from privalign.data.preferences_io import load_jsonl_pairs
-
-    pairs = load_jsonl_pairs(tmp / "pairs.jsonl")
-    fmap = HashedNgramFeatures(n_features=4096, ngram_range=(1, 1))
-    d = PreferenceData.from_text_pairs(
-        pairs.prompts,
-        pairs.chosen,
-        pairs.rejected,
-        fmap,
-        prompt_ids=pairs.prompt_ids,
-        random_state=np.random.default_rng(0),
-    )
-    est = RRIHT(epsilon=8.0, sparsity=32, random_state=0).fit(d.X, d.y)
-    reward = PrivateReward(
-        save_model(
-            est,
-            tmp / "rm.json",
-            feature_config=fmap.get_config(),
-            metadata={"data": str(tmp / "pairs.jsonl")},
-        )
-    )
+    reward = PrivateReward(fit_imdb_rriht_reward(tmp))
     n_prompts = args.steps * args.prompts_per_step
     prompts, info = imdb_rl_prompts(n_prompts)
     t0 = time.perf_counter()
