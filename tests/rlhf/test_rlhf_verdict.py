@@ -140,3 +140,71 @@ def test_packaged_configs_load_and_preflight_refuses_overlap(tmp_path):
     with pytest.raises(ExperimentError, match="bon_ns"):
         prepare("p2-rlhf", out=tmp_path / "r", quick=True, overrides={"bon_ns": [1, 64]})
     assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the equal-KL comparison (rlhf_equal_kl_verdict) on constructed paths
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _path_rec(method, eps, points, *, budgets=(0.5, 1.0, 2.0)):
+    """A policy record whose curve is ``points`` = [(kl, per-prompt gold), ...] at steps 50, 100, ..."""
+    curve = [{"step": 50 * (j + 1), "kl": kl, "per_prompt_gold": list(g)} for j, (kl, g) in enumerate(points)]
+    return {
+        **_rec(method, eps, points[-1][1], points[-1][0]),
+        "curve": curve,
+        "steps": curve[-1]["step"],
+        "kl_budgets": list(budgets),
+        "equivalence_margin": 0.02,
+    }
+
+
+def _ref(gold):
+    return {"kind": "reference", "per_prompt_gold": list(gold), "kl": 0.0}
+
+
+def test_equal_kl_verdict_three_values(base, rng):
+    from privalign.experiments.rlhf import rlhf_equal_kl_verdict
+
+    ref = _ref(base)
+    sparse = _path_rec("RRIHT", 8.0, [(0.5, base + 0.05), (1.0, base + 0.10), (2.0, base + 0.15)])
+    dense = _path_rec("DenseRR", 8.0, [(0.5, base + 0.01), (1.0, base + 0.02), (2.0, base + 0.03)])
+    res = rlhf_equal_kl_verdict([ref, sparse, dense])
+    assert res[0] == "holds" and len(res.facts["comparisons"]) == 3
+    assert "KL ≤ 1" in res[1] and "80% power" in res[1]
+    # the dense policy ahead at every budget: does not hold
+    res = rlhf_equal_kl_verdict([ref, dense | {"method": "RRIHT"}, sparse | {"method": "DenseRR"}])
+    assert res[0] == "does not hold"
+    # identical paths: the Bonferroni interval is [0, 0], inside the ± 0.02 margin: a tie shown
+    assert rlhf_equal_kl_verdict([ref, sparse, sparse | {"method": "DenseRR"}])[0] == "does not hold"
+    # a small difference drowned in per-prompt noise: neither shown
+    noise = rng.normal(0, 0.3, size=base.size)
+    wobble = _path_rec("DenseRR", 8.0, [(0.5, base + 0.05 + noise), (1.0, base + 0.1 + noise)])
+    res = rlhf_equal_kl_verdict([ref, sparse, wobble], budgets=[1.0])
+    assert res[0] == "inconclusive"
+    c = res.facts["comparisons"][0]
+    lo_k, hi_k = c["ci_bonferroni"]
+    assert c["ci"][0] < 0 < c["ci"][1] and not (-0.02 < lo_k and hi_k < 0.02)
+    # nothing to compare
+    assert rlhf_equal_kl_verdict([sparse, dense])[0] == "inconclusive"  # no reference
+    assert rlhf_equal_kl_verdict([ref, sparse])[0] == "inconclusive"  # no dense partner
+
+
+def test_equal_kl_compares_at_the_budget_not_at_the_end(base):
+    """The sparse policy ends higher only because it went further: at KL ≤ 1 the dense one is ahead."""
+    from privalign.experiments.rlhf import rlhf_equal_kl_verdict
+
+    ref = _ref(base)
+    sparse = _path_rec("RRIHT", 8.0, [(0.5, base + 0.0), (1.0, base + 0.01), (3.0, base + 0.3)])
+    dense = _path_rec("DenseRR", 8.0, [(0.5, base + 0.1), (1.0, base + 0.15)])
+    res = rlhf_equal_kl_verdict([ref, sparse, dense], budgets=[1.0])
+    c = res.facts["comparisons"][0]
+    assert c["diff"] == pytest.approx(0.01 - 0.15) and res[0] == "does not hold"
+    # at KL ≤ 2 the sparse path's segment 1 → 3 nats counts as the mixture spending exactly 2 nats
+    res = rlhf_equal_kl_verdict([ref, sparse, dense], budgets=[2.0])
+    c = res.facts["comparisons"][0]
+    assert c["sparse_at"]["mix"] == pytest.approx(0.5) and c["sparse_at"]["kl"] == 2.0
+    assert c["sparse_gold"] == pytest.approx(float(np.mean(base)) + (0.01 + 0.3) / 2)
+    # a budget neither path reaches repeats a smaller one and is not compared
+    res = rlhf_equal_kl_verdict([ref, sparse, dense], budgets=[1.0, 5.0])
+    assert [c["budget"] for c in res.facts["comparisons"]] == [1.0]

@@ -1109,24 +1109,15 @@ def _mats(group: list[dict]) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
 
 def _at_budget(group: list[dict], budget: float) -> tuple[np.ndarray, dict]:
     """The route's best gold at KL ≤ ``budget`` along its path (seed-averaged KL; a segment crossing the
-    budget is interpolated: a mixture of its two end policies has at most the interpolated KL, by convexity,
-    and exactly the interpolated gold). Returns the ``(seeds, P)`` per-prompt gold there and where."""
+    budget is interpolated: :func:`privalign.experiments.rlhf_bon.best_on_path`). Returns the
+    ``(seeds, P)`` per-prompt gold there and where."""
+    from privalign.experiments.rlhf_bon import best_on_path
+
     ks, mats, xs = _mats(group)
-    best: tuple[float, np.ndarray, dict] | None = None
-    for j in range(len(ks)):
-        if ks[j] <= budget + 1e-12:
-            cand = (float(mats[j].mean()), mats[j], {"x": xs[j], "kl": float(ks[j])})
-        elif j > 0 and ks[j - 1] <= budget:
-            lam = (budget - ks[j - 1]) / (ks[j] - ks[j - 1])
-            W = (1 - lam) * mats[j - 1] + lam * mats[j]
-            cand = (float(W.mean()), W, {"x": [xs[j - 1], xs[j]], "mix": float(lam), "kl": float(budget)})
-        else:
-            continue
-        if best is None or cand[0] > best[0]:
-            best = cand
+    best = best_on_path(ks, mats, xs, budget)
     if best is None:  # every path starts at the reference (KL 0): a programming error
         raise _err(f"route {group[0]['route']}: no point at KL ≤ {budget}")
-    return best[1], best[2]
+    return best
 
 
 def frontier_curves(records: list[dict]) -> list[dict]:

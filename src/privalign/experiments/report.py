@@ -277,19 +277,26 @@ def _frontier(records: Records, runs=None) -> Verdict:
 def _rlhf(records: Records, runs=None) -> Verdict:  # noqa: ANN001
     """Best-of-n at exact KL (``p2-rlhf-bon``) decides; a GRPO run (``p2-rlhf``), when given, is reported
     beside it and not combined (its KL is a Monte Carlo estimate and its runs are few)."""
-    from privalign.experiments.rlhf import rlhf_verdict
+    from privalign.experiments.rlhf import rlhf_equal_kl_verdict, rlhf_verdict
     from privalign.experiments.rlhf_bon import bon_verdict
     from privalign.experiments.verdicts import Outcome, facts_of
 
     grpo = records.get("p2-rlhf") or []
     if not records.get("p2-rlhf-bon"):
         res = rlhf_verdict(grpo)
-        return Outcome(res[0], "GRPO only (no p2-rlhf-bon run given): " + res[1], facts_of(res))
+        eq = rlhf_equal_kl_verdict(grpo)
+        return Outcome(
+            res[0],
+            f"GRPO only (no p2-rlhf-bon run given): {res[1]} || equal KL (reported, not combined): "
+            f"{eq[0]}: {eq[1]}",
+            facts_of(res),
+        )
     res = bon_verdict(records["p2-rlhf-bon"])
     v, m = res
     if grpo:
         gv, gm = rlhf_verdict(grpo)
-        m += f" || GRPO (p2-rlhf; reported, not combined): {gv}: {gm}"
+        eq = rlhf_equal_kl_verdict(grpo)
+        m += f" || GRPO (p2-rlhf; reported, not combined): {gv}: {gm}; at equal KL: {eq[0]}: {eq[1]}"
     return Outcome(v, "best-of-n at exact KL: " + m, facts_of(res))
 
 

@@ -44,7 +44,14 @@ from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.runner import read_results
 
-__all__ = ["EXPERIMENTS", "parse_policy", "policy_seed", "rlhf_verdict", "SPARSE_DENSE"]
+__all__ = [
+    "EXPERIMENTS",
+    "parse_policy",
+    "policy_seed",
+    "rlhf_equal_kl_verdict",
+    "rlhf_verdict",
+    "SPARSE_DENSE",
+]
 
 PRIVATE = ("SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear")
 NONPRIVATE = ("IHT", "MLE")
@@ -147,6 +154,15 @@ def _schema() -> dict[str, Field]:
             "bon_ns": Field("list[int]", [1, 2, 4, 8, 16], "best-of-N sizes", low=1),
             "gold": Field(
                 "str", "pools/imdb-gold-minilm-logreg.json", "gold reward (LinearRewardScorer JSON)"
+            ),
+            "kl_budgets": Field(
+                "list[float]",
+                [0.5, 1.0, 2.0],
+                "KL budgets [nats] of the equal-KL comparison (rlhf_equal_kl_verdict)",
+                low=1e-12,
+            ),
+            "equivalence_margin": Field(
+                "float", 0.02, "equal-KL comparison: a tie is shown within ± this gold", low=1e-12
             ),
             "n_bootstrap": Field("int", 2000, "bootstrap resamples over prompts", low=100),
             "num_threads": Field("int", 1, "torch CPU threads", low=1),
@@ -750,6 +766,7 @@ def _policy_record(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, curve: 
                 "win_ci": c["win_ci"],
                 "train_kl_per_token": (c.get("train") or {}).get("kl"),
                 "train_reward": (c.get("train") or {}).get("reward"),
+                "per_prompt_gold": c["per_prompt_gold"],
             }
             for c in curve
         ],
@@ -759,6 +776,8 @@ def _policy_record(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, curve: 
         "train_seconds": float(sum(c.get("train_seconds", 0.0) for c in curve)),
         "root_seed": cfg["seed"],
         "n_bootstrap": cfg["n_bootstrap"],
+        "kl_budgets": list(cfg["kl_budgets"]),
+        "equivalence_margin": cfg["equivalence_margin"],
     }
 
 
@@ -833,6 +852,129 @@ def rlhf_verdict(
     )
 
 
+def _kl_path(rec: dict, ref: dict) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
+    """A policy's path on the gold-vs-KL axes: the reference (KL 0) and then its checkpoints (its last
+    point alone when the record carries no per-prompt curve); per point the ``(1, prompts)`` gold."""
+    pts = [c for c in rec.get("curve") or [] if c.get("per_prompt_gold") is not None]
+    if not pts:
+        pts = [{"step": rec.get("steps"), "kl": rec["kl"], "per_prompt_gold": rec["per_prompt_gold"]}]
+    kls = np.array([0.0] + [float(c["kl"]) for c in pts])
+    mats = [np.asarray(ref["per_prompt_gold"], float)[None, :]] + [
+        np.asarray(c["per_prompt_gold"], float)[None, :] for c in pts
+    ]
+    return kls, mats, [0] + [c["step"] for c in pts]
+
+
+def rlhf_equal_kl_verdict(
+    records: list[dict], *, budgets: list[float] | None = None, margin: float | None = None
+):
+    """Claim P2-6 (GRPO arm) at equal KL: at each KL budget the sparse method's policy reaches more gold
+    reward than the dense method's at the same ε (pairs :data:`SPARSE_DENSE`).
+
+    A policy's path is the reference (KL 0) followed by its checkpoints; its gold at KL ≤ b is the best
+    point of the path within b, a segment that crosses b counting as the mixture of its end policies that
+    spends b (:func:`privalign.experiments.rlhf_bon.best_on_path`). A budget is compared when at least one
+    of the two paths reaches it (otherwise it repeats a smaller one). Per (pair, ε, budget), the difference
+    sparse − dense with a paired percentile bootstrap over the evaluation prompts (one RL seed per policy:
+    the interval holds the prompts' variance, not the RL seed's; the KL estimates are taken as given):
+
+    * ``holds``: its 95% interval is above 0;
+    * ``does not hold``: its Bonferroni (1 − 0.05/k) interval, k = the number of comparisons, is below 0
+      or inside ± ``margin`` (a tie shown);
+    * ``inconclusive`` otherwise.
+
+    Overall: ``does not hold`` if any comparison does not hold (family-wise α = 0.05 through the
+    Bonferroni level), ``holds`` if every one holds (an intersection-union test: each at 0.05), else
+    ``inconclusive`` (also with no comparison). States the difference detectable at ≈ 80% power.
+    """
+    from scipy import stats
+
+    from privalign.experiments.rlhf_bon import _boot, best_on_path
+    from privalign.experiments.verdicts import Outcome
+
+    ref = next((r for r in records if r.get("kind") == "reference"), None)
+    pol = {(r["method"], r["epsilon"]): r for r in records if r.get("kind") == "policy"}
+    if ref is None or not pol:
+        return Outcome("inconclusive", "no reference or policy records", {"comparisons": []})
+    first = next(iter(pol.values()))
+    budgets = [float(b) for b in (budgets or first.get("kl_budgets") or [0.5, 1.0, 2.0])]
+    margin = float(margin if margin is not None else first.get("equivalence_margin", 0.02))
+    B = int(first.get("n_bootstrap", 2000))
+    todo = []
+    for i, (a, b) in enumerate(SPARSE_DENSE):
+        for eps in sorted({e for (m, e) in pol if m == a and e is not None}, reverse=True):
+            if (b, eps) not in pol:
+                continue
+            pa, pb = _kl_path(pol[(a, eps)], ref), _kl_path(pol[(b, eps)], ref)
+            reach = max(float(pa[0].max()), float(pb[0].max()))
+            todo += [(i, a, b, eps, bud, pa, pb) for bud in budgets if bud <= reach]
+    k = len(todo)
+    comps = []
+    for i, a, b, eps, bud, pa, pb in todo:
+        got_a, got_b = best_on_path(*pa, bud), best_on_path(*pb, bud)
+        assert got_a is not None and got_b is not None  # every path starts at the reference, KL 0
+        (Wa, wa), (Wb, wb) = got_a, got_b
+        rng = np.random.default_rng(
+            np.random.SeedSequence(
+                int(first.get("root_seed", 0)), spawn_key=(2**24, 1, i, int(eps * 1000), int(bud * 1000))
+            )
+        )
+        boot = _boot(rng, [Wa, Wb], B)
+        d = boot[:, 0] - boot[:, 1]
+        lo, hi = (float(q) for q in np.quantile(d, [0.025, 0.975]))
+        lo_k, hi_k = (float(q) for q in np.quantile(d, [0.05 / (2 * k), 1 - 0.05 / (2 * k)]))
+        v = (
+            "holds"
+            if lo > 0
+            else ("does not hold" if hi_k < 0 or (-margin < lo_k and hi_k < margin) else "inconclusive")
+        )
+        comps.append(
+            {
+                "sparse": a,
+                "dense": b,
+                "epsilon": eps,
+                "budget": bud,
+                "sparse_gold": float(Wa.mean()),
+                "dense_gold": float(Wb.mean()),
+                "sparse_at": wa,
+                "dense_at": wb,
+                "diff": float(Wa.mean() - Wb.mean()),
+                "ci": [lo, hi],
+                "ci_bonferroni": [lo_k, hi_k],
+                "se": float(d.std(ddof=1)),
+                "prompts": int(Wa.shape[1]),
+                "verdict": v,
+            }
+        )
+    if not comps:
+        return Outcome(
+            "inconclusive",
+            "no (sparse, dense) pair at a common ε with a path reaching a KL budget",
+            {"comparisons": [], "budgets": budgets},
+        )
+    vs = [c["verdict"] for c in comps]
+    v = (
+        "does not hold"
+        if "does not hold" in vs
+        else ("holds" if all(x == "holds" for x in vs) else "inconclusive")
+    )
+    mdd = (float(stats.norm.ppf(0.975)) + float(stats.norm.ppf(0.8))) * max(c["se"] for c in comps)
+    parts = [
+        f"{c['sparse']} vs {c['dense']} at ε = {c['epsilon']:g}, KL ≤ {c['budget']:g}: "
+        f"{c['sparse_gold']:.3f} vs {c['dense_gold']:.3f}, {c['diff']:+.4f} [95% CI {c['ci'][0]:+.4f}, "
+        f"{c['ci'][1]:+.4f}; Bonferroni over {k} {c['ci_bonferroni'][0]:+.4f}, "
+        f"{c['ci_bonferroni'][1]:+.4f}]: {c['verdict']}"
+        for c in comps
+    ]
+    msg = (
+        "at equal KL (each policy's best point on its path at KL ≤ budget; 1 RL seed, "
+        f"{comps[0]['prompts']} prompts): "
+        + " | ".join(parts)
+        + f"; detectable difference at ≈80% power: {mdd:.4f}; tie margin ± {margin:g}"
+    )
+    return Outcome(v, msg, {"comparisons": comps, "budgets": budgets, "margin": margin, "mdd": mdd})
+
+
 def _summarize(records: list[dict], cfg: dict) -> dict:
     ref = next((r for r in records if r.get("kind") == "reference"), None)
     table = []
@@ -859,12 +1001,13 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
                 ],
                 "train_reward": [r["train_reward_first"], r["train_reward_last"]],
                 "steps": r["steps"],
-                "curve": r.get("curve", []),
+                "curve": [{k: v for k, v in c.items() if k != "per_prompt_gold"} for c in r.get("curve", [])],
                 "train_seconds": r["train_seconds"],
                 "rm_train_accuracy": r["rm_train_accuracy"],
             }
         )
     v, m = rlhf_verdict(records)
+    eq = rlhf_equal_kl_verdict(records)
     underpowered = cfg["steps"] < 50 or cfg["eval_prompts"] < 32
     pending = [
         {k: r[k] for k in ("policy", "steps_recorded", "steps_planned")}
@@ -883,6 +1026,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
         "verdict": v,
         "measured": m
         + (" | quick/underpowered configuration: few RL steps and few prompts" if underpowered else ""),
+        "equal_kl": {"verdict": eq[0], "measured": eq[1], "comparisons": eq.facts["comparisons"]},
         "gold": GOLD_DESC,
         "private_pairs": ref.get("private_pairs") if ref else None,
         "note": (

@@ -37,7 +37,14 @@ import numpy as np
 from privalign.experiments.config import Field
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 
-__all__ = ["EXPERIMENTS", "bon_expected_gold", "bon_selection_weights", "bon_verdict", "bon_table"]
+__all__ = [
+    "EXPERIMENTS",
+    "best_on_path",
+    "bon_expected_gold",
+    "bon_selection_weights",
+    "bon_verdict",
+    "bon_table",
+]
 
 #: (sparse, dense) pairs compared at equal ε and equal privacy unit.
 SPARSE_DENSE = (("RRIHT", "DenseRR"), ("SampleDPIHT", "DPSGDLinear"))
@@ -272,6 +279,32 @@ def _boot(rng: np.random.Generator, mats: list[np.ndarray], B: int) -> np.ndarra
         for k, W in enumerate(mats):
             out[b, k] = W[rng.integers(0, W.shape[0], W.shape[0])][:, p].mean()
     return out
+
+
+def best_on_path(
+    kls: np.ndarray, mats: list[np.ndarray], xs: list[Any], budget: float
+) -> tuple[np.ndarray, dict] | None:
+    """The best gold at KL ≤ ``budget`` along a policy's path: points ``(kls[j], mats[j])`` in training order
+    (``mats[j]``: ``(seeds, prompts)`` per-prompt gold; ``xs[j]``: the point's label, e.g. its step). A point
+    within the budget is a candidate as it is; a segment that crosses the budget contributes the mixture of
+    its two end policies that spends exactly the budget: the mixture's gold is the interpolated gold and its
+    KL is at most the interpolated KL (KL is convex in the policy), so it is a policy at KL ≤ budget.
+    Returns the best candidate's ``(seeds, prompts)`` gold and where it lies (``{"x", "kl"}``, plus
+    ``"mix"`` for a mixture), or ``None`` when no point is within the budget. KLs are taken as given (a
+    Monte Carlo estimate's error is not propagated)."""
+    best: tuple[float, np.ndarray, dict] | None = None
+    for j in range(len(kls)):
+        if kls[j] <= budget + 1e-12:
+            cand = (float(mats[j].mean()), mats[j], {"x": xs[j], "kl": float(kls[j])})
+        elif j > 0 and kls[j - 1] <= budget:
+            lam = (budget - kls[j - 1]) / (kls[j] - kls[j - 1])
+            W = (1 - lam) * mats[j - 1] + lam * mats[j]
+            cand = (float(W.mean()), W, {"x": [xs[j - 1], xs[j]], "mix": float(lam), "kl": float(budget)})
+        else:
+            continue
+        if best is None or cand[0] > best[0]:
+            best = cand
+    return None if best is None else (best[1], best[2])
 
 
 def bon_table(records: list[dict]) -> list[dict]:
