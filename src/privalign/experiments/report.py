@@ -483,7 +483,8 @@ CLAIMS: list[Claim] = [
         "(sparse, dense) pair of equal unit and ε, 95% bootstrap interval (prompts × fit seeds) of the gold "
         "difference: holds if every pair is significantly in the sparse direction; does not hold if any is "
         "significantly reversed (Bonferroni); else inconclusive; the text states the power. GRPO policies "
-        "(p2-rlhf), when given, are reported beside it, not combined",
+        "(p2-rlhf), when given, are reported beside it, not combined: at their last checkpoints and at equal "
+        "KL (each policy's best point on its path at KL ≤ 0.5, 1, 2 nats)",
         _rlhf,
         also=("p2-rlhf",),
     ),
