@@ -905,3 +905,18 @@ def test_p1_verdicts_are_listed_per_pool_kind():
     )
     claims = {c["id"]: c for c in evaluate_claims({"p1-scaling-imdb": planted})}
     assert claims["P1-1"]["verdict"] == "holds" and "planted real text: holds" in claims["P1-1"]["measured"]
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "expected"),
+    [
+        (["holds", "holds"], "holds"),
+        (["holds", "does not hold", "inconclusive"], "does not hold"),
+        (["does not hold"], "does not hold"),
+        (["holds", "inconclusive"], "inconclusive"),
+        ([], "inconclusive"),  # nothing compared is not a claim that holds
+    ],
+)
+def test_all_of_combines_comparisons_three_ways(verdicts, expected):
+    """The one combiner of the all-comparisons rules (RLHF, equal-KL, frontier, P2 best-of-n, across ε)."""
+    assert V.all_of(verdicts) == expected

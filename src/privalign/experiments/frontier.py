@@ -1267,7 +1267,7 @@ def frontier_verdict(
     """
     from scipy import stats
 
-    from privalign.experiments.verdicts import Outcome
+    from privalign.experiments.verdicts import Outcome, all_of
 
     comps = [c for c in frontier_comparisons(records, epsilons, budgets) if "verdict" in c]
     if not comps:
@@ -1275,11 +1275,7 @@ def frontier_verdict(
             "inconclusive", "no ε with two or more routes", {"why": "nothing to compare", "comparisons": []}
         )
     vs = [c["verdict"] for c in comps]
-    v = (
-        "does not hold"
-        if "does not hold" in vs
-        else ("holds" if all(x == "holds" for x in vs) else "inconclusive")
-    )
+    v = all_of(vs)
     z = float(stats.norm.ppf(1 - ALPHA / 2)) + float(stats.norm.ppf(0.8))
     mdd = max(z * c["se"] for c in comps)
     parts = [

@@ -831,12 +831,9 @@ def rlhf_verdict(
             f"{m}@{e}" for m, e in pol
         )
     steps = first.get("steps")
-    v = (
-        "does not hold"
-        if "does not hold" in verdicts
-        else ("holds" if all(x == "holds" for x in verdicts) else "inconclusive")
-    )
-    from privalign.experiments.verdicts import Outcome
+    from privalign.experiments.verdicts import Outcome, all_of
+
+    v = all_of(verdicts)
 
     facts = {
         "comparisons": len(verdicts),
@@ -890,7 +887,7 @@ def rlhf_equal_kl_verdict(
     from scipy import stats
 
     from privalign.experiments.rlhf_bon import _boot, best_on_path
-    from privalign.experiments.verdicts import Outcome
+    from privalign.experiments.verdicts import Outcome, all_of
 
     ref = next((r for r in records if r.get("kind") == "reference"), None)
     pol = {(r["method"], r["epsilon"]): r for r in records if r.get("kind") == "policy"}
@@ -953,11 +950,7 @@ def rlhf_equal_kl_verdict(
             {"comparisons": [], "budgets": budgets},
         )
     vs = [c["verdict"] for c in comps]
-    v = (
-        "does not hold"
-        if "does not hold" in vs
-        else ("holds" if all(x == "holds" for x in vs) else "inconclusive")
-    )
+    v = all_of(vs)
     mdd = (float(stats.norm.ppf(0.975)) + float(stats.norm.ppf(0.8))) * max(c["se"] for c in comps)
     parts = [
         f"{c['sparse']} vs {c['dense']} at ε = {c['epsilon']:g}, KL ≤ {c['budget']:g}: "

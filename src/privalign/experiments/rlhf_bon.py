@@ -440,12 +440,17 @@ def bon_verdict(records: list[dict], *, dataset: str = "imdb", n: int | None = N
     """
     from scipy import stats
 
+    from privalign.experiments.verdicts import all_of
+
     comps = _comparisons(records, dataset, n)
     if not comps:
         return "inconclusive", f"{dataset}: no (sparse, dense) pair at a common ε"
-    pos = [c["ci"][0] > 0 for c in comps]
-    neg = [c["ci_bonferroni"][1] < 0 for c in comps]
-    v = "does not hold" if any(neg) else ("holds" if all(pos) else "inconclusive")
+    v = all_of(
+        [
+            "does not hold" if c["ci_bonferroni"][1] < 0 else "holds" if c["ci"][0] > 0 else "inconclusive"
+            for c in comps
+        ]
+    )
     hw = max((c["ci"][1] - c["ci"][0]) / 2 for c in comps)
     mdd = hw * (1.0 + float(stats.norm.ppf(0.8)) / float(stats.norm.ppf(0.975)))
     c0 = comps[0]

@@ -36,6 +36,7 @@ from privalign.alignment.selectors import label as method_label
 from privalign.experiments.records import of_method
 
 __all__ = [
+    "all_of",
     "ALPHA",
     "Outcome",
     "paired_diff",
@@ -83,6 +84,20 @@ class Outcome(tuple):
 
     def __getnewargs__(self) -> tuple:  # (copy/pickle: rebuild with the facts)
         return (self[0], self[1], self.facts)
+
+
+def all_of(verdicts: list[str]) -> str:
+    """Combine the verdicts of comparisons that must *all* hold for a claim to hold.
+
+    ``"does not hold"`` if any comparison does not hold (one counter-example refutes the claim); ``"holds"``
+    if there is at least one comparison and every one holds; else ``"inconclusive"`` (an empty list is
+    inconclusive: nothing was compared). Each comparison's own test carries its error rate (a rule that
+    combines k comparisons Bonferroni-corrects them before calling this).
+    """
+    vs = list(verdicts)
+    if "does not hold" in vs:
+        return "does not hold"
+    return "holds" if vs and all(v == "holds" for v in vs) else "inconclusive"
 
 
 def facts_of(result: tuple) -> dict:
@@ -393,13 +408,7 @@ def monotone_rule(records: list[dict], method: str, *, alpha: float = ALPHA) -> 
             f"{t['upper_drop']:.3g} vs margin min(½·BoN drop, ¼·best lift) = {margin:.3g}"
             + ("" if t["paired"] else " [unpaired SE]")
         )
-    verdict = (
-        "does not hold"
-        if "does not hold" in verdicts
-        else "holds"
-        if all(v == "holds" for v in verdicts)
-        else "inconclusive"
-    )
+    verdict = all_of(verdicts)
     decisive = next((f for f in facts if f["verdict"] == verdict), {"why": "too few N values"})
     return Outcome(
         verdict,
@@ -441,9 +450,7 @@ def monotone_across_epsilon(records: list[dict], method: str = "PrivBoN", *, alp
         by.setdefault(v, []).append(e)
         details.append(f"ε={e:g}: {v}")
     summary = "; ".join(f"{v} at ε ∈ {{{', '.join(f'{e:g}' for e in es)}}}" for v, es in by.items())
-    verdict = (
-        "does not hold" if "does not hold" in by else "holds" if set(by) == {"holds"} else "inconclusive"
-    )
+    verdict = all_of(list(by))
     ctrl = bon_degradation(records, alpha=alpha)
     facts = {
         "method": method,
