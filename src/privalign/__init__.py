@@ -16,6 +16,7 @@ from privalign.errors import (
     PrivacyWarning,
     ReservationError,
     UnsupportedEventError,
+    UtilityWarning,
 )
 from privalign.rng import NoiseSource, SecureNoise, SeededNoise, as_generator, as_noise_source
 
@@ -30,6 +31,7 @@ __all__ = [
     "PrivacyWarning",
     "ReservationError",
     "UnsupportedEventError",
+    "UtilityWarning",
     "NoiseSource",
     "SecureNoise",
     "SeededNoise",

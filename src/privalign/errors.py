@@ -15,6 +15,7 @@ __all__ = [
     "DataFormatError",
     "MissingDependencyError",
     "PrivacyWarning",
+    "UtilityWarning",
 ]
 
 
@@ -59,3 +60,8 @@ class MissingDependencyError(PrivalignError, ImportError):
 
 class PrivacyWarning(UserWarning):
     """A non-fatal privacy risk: a large ε, a non-secure noise source used in a serving context, ..."""
+
+
+class UtilityWarning(UserWarning):
+    """A private run whose configuration leaves its output no room to carry signal (e.g. DP-SGD noise that
+    swamps every step): the guarantee holds, but the result is expected to be no better than its start."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ pytest.importorskip("peft")
 pytest.importorskip("opacus")
 
 from _util import tiny_char_llama  # noqa: E402
-from privalign.errors import DataFormatError, PrivacyParameterError  # noqa: E402
+from privalign.errors import DataFormatError, PrivacyParameterError, UtilityWarning  # noqa: E402
 from privalign.rlhf import dpo  # noqa: E402
 
 
@@ -206,11 +207,23 @@ def test_train_dpo_routes(base, privacy, eps, delta):
     cfg = dpo.DPOConfig(
         privacy=privacy, epsilon=eps, delta=delta, batch_size=4, epochs=1, lora_rank=2, max_length=24
     )
-    res = dpo.train_dpo(
-        make_pairs(12), cfg, model=copy.deepcopy(base[0]), tokenizer=base[1], rng=np.random.default_rng(3)
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UtilityWarning)
+        res = dpo.train_dpo(
+            make_pairs(12), cfg, model=copy.deepcopy(base[0]), tokenizer=base[1], rng=np.random.default_rng(3)
+        )
     assert res["steps"] == 3 and len(res["losses"]) == 3
     pr = res["privacy"]
+    utility = [w for w in caught if issubclass(w.category, UtilityWarning)]
+    if privacy == "sample":  # the ceiling from the real LoRA size; this tiny run is noise-dominated
+        m = dpo._add_lora(copy.deepcopy(base[0]), cfg, torch.Generator().manual_seed(0))
+        d = sum(p.numel() for p in m.parameters() if p.requires_grad)
+        sigma = pr["accounting"]["noise_multiplier"]
+        assert res["signal_to_noise_ceiling"] == pytest.approx(4 * math.sqrt(3) / (sigma * math.sqrt(d)))
+        assert res["signal_to_noise_ceiling"] < 1 and len(utility) == 1
+        assert "signal-to-noise ceiling" in str(utility[0].message) and f"d = {d}" in str(utility[0].message)
+    else:
+        assert res["signal_to_noise_ceiling"] is None and not utility
     if privacy == "none":
         assert pr["guarantee"] is None and pr["privacy_unit"] == "none"
         assert res["losses"][-1] < res["losses"][0]  # the non-private loss goes down on this easy task
@@ -373,3 +386,14 @@ def test_audit_sample_dp_step_and_catch_no_clipping_and_too_little_noise(base):
             delta=delta,
         )
         assert res.passed is should_pass, (k, res.to_dict())
+
+
+def test_signal_to_noise_ceiling_formula_and_bad_input():
+    """B·√T/(σ·√d): the beyond-frontier sample-DP DPO (B = 8, T = 50, σ ≈ 0.507, d = 2 442 240 LoRA parameters
+    of SmolLM2-135M at rank 8) is at ≈ 0.07; a full batch of 10⁴ pairs at rank 1 on one module is above 1."""
+    assert dpo.signal_to_noise_ceiling(2_442_240, 0.507, 8, 50) == pytest.approx(0.0714, abs=5e-4)
+    assert dpo.signal_to_noise_ceiling(100, 1.0, 10, 4) == pytest.approx(2.0)
+    assert dpo.signal_to_noise_ceiling(34_560, 2.0, 10_000, 10) > 1
+    for bad in [(0, 1.0, 8, 1), (10, 0.0, 8, 1), (10, 1.0, 0, 1), (10, 1.0, 8, 0)]:
+        with pytest.raises(PrivacyParameterError, match="signal_to_noise_ceiling"):
+            dpo.signal_to_noise_ceiling(*bad)

@@ -17,10 +17,14 @@ the data or the training loss. OUT is written only when training has finished. E
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = ["register"]
 
@@ -171,6 +175,26 @@ def _build(args: argparse.Namespace) -> tuple[object, object, str | None]:
     return cfg, pairs, None
 
 
+@contextlib.contextmanager
+def _utility_warnings_as_lines() -> Iterator[None]:
+    """A :class:`~privalign.errors.UtilityWarning` (e.g. noise that swamps sample-DP DPO) as one stderr line
+    when it is raised (before the first step), not Python's file:line format."""
+    from privalign.errors import UtilityWarning
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message: Any, category: type[Warning], *a: Any, **k: Any) -> None:
+            if issubclass(category, UtilityWarning):
+                print(f"privalign dpo: warning: {message}", file=sys.stderr, flush=True)
+            else:
+                shown(message, category, *a, **k)
+
+        warnings.simplefilter("always", UtilityWarning)
+        warnings.showwarning = show
+        yield
+
+
 def _run(args: argparse.Namespace) -> int:
     from privalign.errors import MissingDependencyError, PrivacyParameterError
 
@@ -192,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
 
     rng = np.random.default_rng(args.seed)
     try:
-        with _third_party_quiet():
+        with _third_party_quiet(), _utility_warnings_as_lines():
             res = dpo_policy(
                 args.data,
                 args.out,

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from privalign.errors import DataFormatError, PrivacyParameterError
+from privalign.errors import DataFormatError, PrivacyParameterError, UtilityWarning
 
 __all__ = [
     "DPOConfig",
@@ -52,6 +52,7 @@ __all__ = [
     "privatize_preferences",
     "clip_and_noise",
     "sample_dp_accounting",
+    "signal_to_noise_ceiling",
     "opacus_cross_check",
     "train_dpo",
     "dpo_policy",
@@ -294,6 +295,25 @@ def clip_and_noise(
     return out
 
 
+def signal_to_noise_ceiling(n_params: int, noise_multiplier: float, batch_size: float, steps: int) -> float:
+    """Upper bound on the signal-to-noise ratio of a whole DP-SGD run: ``B·√T / (σ·√d)``.
+
+    Each step adds to the averaged gradient a clipped mean of norm ≤ C and Gaussian noise
+    N(0, (σC/B)² I_d), whose norm concentrates at σC√d/B. Over T steps the signal sums to at most T·C (all
+    steps aligned) while the noise sums to a Gaussian of norm ≈ σC√(dT)/B, so their ratio is at most
+    ``B√T/(σ√d)`` whatever the learning rate (plain SGD view; Adam rescales both alike). Below 1, noise
+    dominates the trajectory even in this best case and the policy is not expected to move from its start:
+    use more data (a larger batch at the same ε), fewer trainable parameters (a smaller LoRA rank) or a
+    larger ε. Uses public quantities only (the sizes, σ from the accountant).
+    """
+    if n_params < 1 or noise_multiplier <= 0 or batch_size <= 0 or steps < 1:
+        raise PrivacyParameterError(
+            "signal_to_noise_ceiling needs n_params ≥ 1, noise_multiplier > 0, batch_size > 0 and steps ≥ 1. "
+            f"Got {n_params}, {noise_multiplier}, {batch_size}, {steps}."
+        )
+    return float(batch_size * math.sqrt(steps) / (noise_multiplier * math.sqrt(n_params)))
+
+
 def sample_dp_accounting(epsilon: float, delta: float, n: int, batch_size: int, steps: int) -> dict[str, Any]:
     """Calibrate σ for (ε, δ) under replace-one (PLD) and cross-check with Opacus; the accounting record.
 
@@ -469,9 +489,12 @@ def train_dpo(
     randomness from ``rng`` or the global RNGs (then the training trajectory does not depend on it). Every
     iterate is a post-processing of the same mechanism's outputs, so evaluating it costs no privacy.
 
-    Returns ``{"model": merged model, "privacy": {...}, "steps": int, "losses": [...]}``; ``losses`` (the
-    per-step training loss on private data) is an exact statistic of the private data and never goes into a
-    release. Randomness comes only from ``rng`` (labels, sampling, LoRA init, noise).
+    Returns ``{"model": merged model, "privacy": {...}, "steps": int, "losses": [...],
+    "signal_to_noise_ceiling": float | None}``; ``losses`` (the per-step training loss on private data) is
+    an exact statistic of the private data and never goes into a release. The ceiling (sample-DP only, from
+    public sizes; :func:`signal_to_noise_ceiling`) is below 1 when the noise swamps every step; a
+    :class:`~privalign.errors.UtilityWarning` says so before the first step. Randomness comes only from
+    ``rng`` (labels, sampling, LoRA init, noise).
     """
     import torch
 
@@ -513,6 +536,20 @@ def train_dpo(
     opt = torch.optim.Adam(params, lr=config.learning_rate)
     batches = _batches(config, n, rng)
     losses: list[float] = []
+    snr = None
+    if config.privacy == "sample":
+        assert acct is not None
+        d = sum(int(p.numel()) for p in params)
+        snr = signal_to_noise_ceiling(d, acct["noise_multiplier"], config.batch_size, steps)
+        if snr < 1.0:
+            warnings.warn(
+                f"sample-DP DPO: the DP-SGD noise swamps the signal (signal-to-noise ceiling "
+                f"B·√T/(σ·√d) = {snr:.3g} < 1 with B = {config.batch_size}, T = {steps}, σ = "
+                f"{acct['noise_multiplier']:.3g}, d = {d} LoRA parameters): the policy is not expected to "
+                "move; use more pairs or a larger batch size, a smaller LoRA rank, or a larger ε.",
+                UtilityWarning,
+                stacklevel=2,
+            )
     if config.privacy == "sample":
         from opacus import GradSampleModule
 
@@ -541,7 +578,13 @@ def train_dpo(
                 model.train()
     merged = model.merge_and_unload()
     merged.eval()
-    return {"model": merged, "privacy": _privacy(config, event, acct, n), "steps": steps, "losses": losses}
+    return {
+        "model": merged,
+        "privacy": _privacy(config, event, acct, n),
+        "steps": steps,
+        "losses": losses,
+        "signal_to_noise_ceiling": snr,
+    }
 
 
 def _sample_dp_step(
