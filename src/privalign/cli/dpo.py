@@ -5,7 +5,10 @@ pairs, under label-DP or sample-DP.
   DPO with the debiased ("robust") loss for that flip rate. Unit: one preference label (texts public).
 * ``--privacy sample``: DP-SGD on the LoRA parameters (Opacus per-comparison gradients, Poisson sampling,
   clipping, Gaussian noise), (ε, δ)-DP under replace-one, accounted by privalign's PLD accountant and
-  cross-checked against Opacus's. Unit: one comparison.
+  cross-checked against Opacus's. Unit: one comparison. The noise grows with the number of LoRA parameters d,
+  the signal does not: before the first step a warning line says when the best-case signal-to-noise ratio of
+  the run, B·√T/(σ·√d), is below 1 (the policy is then not expected to move; hundreds of pairs are too few at
+  rank 8, see docs/privacy/dpo-sample.md).
 * ``--privacy none``: non-private DPO (a reference).
 
 ``--data`` is a .jsonl file of ``{"prompt": ..., "chosen": ..., "rejected": ...}``. ``OUT/policy`` is a plain
