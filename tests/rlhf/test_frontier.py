@@ -201,6 +201,17 @@ def test_plain_reading_names_winner_and_significance():
     res = fr.frontier_verdict(recs, budgets=[1.0])
     line = READERS["B-3"](res[0], res.facts)
     assert "ε = 8" in line and "label-DP DPO" in line and "significant" in line and "\n" not in line
+    # a label-DP winner over a label-DP runner-up: no brackets, but the reading says what label-DP protects
+    assert "[label-DP]" not in line and "label only" in line
+    mixed = _curve("bon:TRM-label@8", [0.5, 0.7], [0, 0.5], 1)
+    mixed += _curve("bon:TRM-sample@8", [0.5, 0.6], [0, 0.5], 2)
+    res = fr.frontier_verdict(mixed, budgets=[1.0])
+    line = READERS["B-3"](res[0], res.facts)
+    assert "TRM-label RM → best-of-n [label-DP]" in line and "TRM-sample RM → best-of-n [sample-DP]" in line
+    sample_wins = _curve("dpo:sample@8", [0.5, 0.7], [0, 0.5], 1)
+    sample_wins += _curve("dpo:label@8", [0.5, 0.6], [0, 0.5], 2)
+    res = fr.frontier_verdict(sample_wins, budgets=[1.0])
+    assert "label only" not in READERS["B-3"](res[0], res.facts)
     with_privbon = recs + _curve("privbon:MLE@8", [0.5, 0.52], [0, 0.3], 7)
     res = fr.frontier_verdict(with_privbon, budgets=[1.0])
     assert "per answer" in READERS["B-3"](res[0], res.facts)

@@ -1302,7 +1302,12 @@ def frontier_verdict(
                     "p_value",
                 )
             }
-            | {"winner_label": route_label(c["winner"]), "runner_up_label": route_label(c["runner_up"])}
+            | {
+                "winner_label": route_label(c["winner"]),
+                "runner_up_label": route_label(c["runner_up"]),
+                "winner_kind": route_kind(parse_route(c["winner"])),
+                "runner_up_kind": route_kind(parse_route(c["runner_up"])),
+            }
             for c in comps
         ],
         "detectable": mdd,

@@ -302,19 +302,25 @@ def b_3(verdict: str, f: dict) -> str:
         return f"Could not tell which private alignment route wins: {f.get('why') or 'nothing to compare'}."
     parts = []
     for c in comps:
-        lead = f"{'+' if c['diff'] >= 0 else ''}{c['diff']:.2f} over {c['runner_up_label']}"
+        win, run = c["winner_label"], c["runner_up_label"]
+        kinds = (c.get("winner_kind"), c.get("runner_up_kind"))
+        if None not in kinds and kinds[0] != kinds[1]:  # guarantees of different strength: say which is which
+            win, run = f"{win} [{kinds[0]}]", f"{run} [{kinds[1]}]"
+        lead = f"{'+' if c['diff'] >= 0 else ''}{c['diff']:.2f} over {run}"
         if c["verdict"] == "does not hold":
             parts.append(
-                f"at ε = {num(c['epsilon'])}, {c['winner_label']} and {c['runner_up_label']} give the same "
+                f"at ε = {num(c['epsilon'])}, {win} and {run} give the same "
                 f"gold at KL ≤ {num(c['budget'])} nat within ±{num(f.get('margin', 0.02))}"
             )
         else:
             sig = _SIG if c["significant"] else "not significant at α = 0.05"
             parts.append(
-                f"at ε = {num(c['epsilon'])}, {c['winner_label']} gives the most gold at KL ≤ "
-                f"{num(c['budget'])} nat ({lead}, {sig})"
+                f"at ε = {num(c['epsilon'])}, {win} gives the most gold at KL ≤ {num(c['budget'])} nat "
+                f"({lead}, {sig})"
             )
     s = "; ".join(parts)
+    if any(c.get("winner_kind") == "label-DP" for c in comps):
+        s += " (label-DP protects a pair's label only, its texts are public; sample-DP the whole pair)"
     if f.get("per_answer_routes"):
         s += " (PrivBoN pays its ε per answer: k answers cost kε)"
     if verdict == "holds":
