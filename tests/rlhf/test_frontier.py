@@ -65,7 +65,8 @@ def _cfg(**kw):
 
 
 @pytest.mark.parametrize(
-    "key,value", [("label_rule", "softmax"), ("n_pairs", 2), ("epsilons", [-1.0]), ("dpo_seeds", 0)]
+    "key,value",
+    [("label_rule", "softmax"), ("n_pairs", 2), ("epsilons", [-1.0]), ("dpo_seeds", 0), ("alt_gold", "gpt")],
 )
 def test_bad_config_values_name_the_key(key, value):
     with pytest.raises(ConfigError, match=key):
@@ -408,3 +409,46 @@ def test_record_identities_do_not_depend_on_the_private_pairs(tiny, tmp_path):
     for path in (tmp_path / "run1" / "records").rglob("*.json"):
         assert digest not in path.read_text()
     assert recs
+
+
+def test_alt_gold_judges_the_same_selections_and_is_reused(tiny, tmp_path, monkeypatch):
+    """``alt_gold = "vader"`` adds a second gold to the best-of-n and PrivBoN points (the same fits and
+    selection laws): the main records are untouched, n = 1 gives each prompt's mean VADER score of its
+    reference samples, a rerun reuses ``curve-alt.json`` without refitting, and the summary ranks the routes
+    under the second gold."""
+    from privalign.models.scorers import VaderScorer
+
+    cfg, make_ctx = tiny
+    cfg = {**cfg, "routes": ["bon:RRIHT@8", "privbon:MLE@8"]}
+    plain = [r for r in _run_all(cfg, make_ctx(tmp_path / "run")) if r["kind"] == "frontier"]
+    assert not fr.alt_gold_records(plain)
+    alt_cfg = {**cfg, "alt_gold": "vader"}
+    recs = _run_all(alt_cfg, make_ctx(tmp_path / "run"))
+    curves = [r for r in recs if r["kind"] == "frontier"]
+    ref = json.loads((tmp_path / "run" / "records" / "reference.json").read_text())
+    vader = VaderScorer()
+    per_prompt = [float(np.mean(vader.score(row))) for row in ref["texts"]]
+    for r, r0 in zip(curves, plain):
+        assert r["route"] == r0["route"]
+        for p, p0 in zip(r["points"], r0["points"]):
+            assert {k: p[k] for k in p0} == p0  # the main gold, KL and x are unchanged
+            assert len(p["alt_per_prompt_gold"]) == 3 and p["alt_gold"] == pytest.approx(
+                np.mean(p["alt_per_prompt_gold"])
+            )
+        assert r["points"][0]["alt_per_prompt_gold"] == pytest.approx(per_prompt)  # n = 1: uniform
+        assert (fr._records_dir(r, make_ctx(tmp_path / "run")) / "curve-alt.json").is_file()
+
+    def boom(*a, **k):
+        raise AssertionError("refitted a reward model that has records")
+
+    monkeypatch.setattr(fr, "_fit_rm", boom)
+    again = [r for r in _run_all(alt_cfg, make_ctx(tmp_path / "run")) if r["kind"] == "frontier"]
+    assert json.dumps(again, sort_keys=True) == json.dumps(curves, sort_keys=True)
+    summ = fr._summarize(recs, alt_cfg)
+    assert summ["alt_gold"]["gold"] == "vader"
+    assert summ["alt_gold"]["routes"] == ["bon:RRIHT@8", "privbon:MLE@8"]
+    comps = summ["alt_gold"]["comparisons"]
+    assert comps and all(c["nonprivate_dpo_gold"] is None for c in comps)
+    for c in comps:
+        assert {r["route"] for r in c["ranking"]} == {"bon:RRIHT@8", "privbon:MLE@8"}
+    assert "alt_gold" not in fr._summarize(plain, cfg)

@@ -48,6 +48,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,10 @@ def _seeds(cfg: dict, fam: str) -> int:
 # ---------------------------------------------------------------------------------------------------------
 
 
+#: second golds of another family than the MiniLM gold (a robustness check of the best-of-n/PrivBoN routes)
+ALT_GOLDS = ("", "vader")
+
+
 def _schema() -> dict[str, Field]:
     from privalign.experiments.paper2 import _EST_FIELDS
 
@@ -253,6 +258,13 @@ def _schema() -> dict[str, Field]:
             ),
             "equivalence_margin": Field("float", 0.02, "a tie is shown within ± this gold", low=1e-12),
             "gold": Field("str", "pools/imdb-gold-minilm-logreg.json", "gold reward (LinearRewardScorer)"),
+            "alt_gold": Field(
+                "str",
+                "",
+                "a second gold of another family for the best-of-n and PrivBoN routes ('vader': VADER "
+                "(c + 1)/2; '' none)",
+                choices=ALT_GOLDS,
+            ),
             "prior_results": Field("str", "", "directory of records from an earlier session (RUN/records)"),
             "n_bootstrap": Field("int", 2000, "bootstrap resamples", low=100),
             "num_threads": Field("int", 1, "torch CPU threads", low=1),
@@ -777,10 +789,14 @@ _BON_KEYS = ("eval_prompts", "reference_samples", "max_new_tokens", "bon_ns", "g
 def _bon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     from privalign.experiments.rlhf_bon import bon_expected_gold, bon_kl_ties
 
+    def alt_points(alt: np.ndarray) -> list[np.ndarray]:
+        sel = _ref_scores(_fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx), ctx, cfg)
+        return [bon_expected_gold(sel, alt, n) for n in cfg["bon_ns"]]
+
     ident = _cell_ident(cell, cfg, ctx, _BON_KEYS)
     rec = _reuse(cell, cfg, ctx, "curve.json", ident)
     if rec is not None:
-        return rec["points"]
+        return _with_alt(cell, cfg, ctx, rec["points"], _BON_KEYS, alt_points)
     rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
     sel = _ref_scores(rm, ctx, cfg)
     gold = np.asarray(_reference(cfg, ctx)["gold"], float)
@@ -804,7 +820,62 @@ def _bon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
         for pg in [bon_expected_gold(sel, gold, n)]
     ]
     _write_json(_records_dir(cell, ctx) / "curve.json", {"identity": ident, "points": pts})
-    return pts
+    return _with_alt(cell, cfg, ctx, pts, _BON_KEYS, alt_points)
+
+
+def _alt_gold(cfg: dict, ctx: RunContext) -> np.ndarray | None:
+    """The second gold (``alt_gold``) of the reference samples, ``(P, m)``; ``None`` when not asked for."""
+    name = cfg.get("alt_gold") or ""
+    if not name:
+        return None
+    key = f"alt_gold:{name}"
+    if key not in ctx.cache:
+        from privalign.models.scorers import VaderScorer
+
+        texts = _reference(cfg, ctx)["texts"]
+        flat = [t for row in texts for t in row]
+        ctx.cache[key] = np.asarray(VaderScorer().score(flat), float).reshape(len(texts), -1)
+    return ctx.cache[key]
+
+
+def _with_alt(
+    cell: dict,
+    cfg: dict,
+    ctx: RunContext,
+    pts: list[dict],
+    keys: tuple[str, ...],
+    alt_points: Callable[[np.ndarray], list[np.ndarray]],
+) -> list[dict]:
+    """``pts`` with the second gold added to each point (``alt_gold``, ``alt_per_prompt_gold``), from the
+    record ``curve-alt.json`` (reused by identity, here or under ``prior_results``) or computed by
+    ``alt_points(alt)`` (per point, the per-prompt expected second gold of the same selection law)."""
+    alt = _alt_gold(cfg, ctx)
+    if alt is None:
+        return pts
+    ident = _cell_ident(cell, cfg, ctx, (*keys, "alt_gold"))
+    rec = _reuse(cell, cfg, ctx, "curve-alt.json", ident)
+    if rec is None:
+        per = [[float(v) for v in pg] for pg in alt_points(alt)]
+        rec = {"identity": ident, "alt_gold": cfg["alt_gold"], "per_prompt": per}
+        _write_json(_records_dir(cell, ctx) / "curve-alt.json", rec)
+    return [
+        {**p, "alt_gold": float(np.mean(pg)), "alt_per_prompt_gold": list(pg)}
+        for p, pg in zip(pts, rec["per_prompt"])
+    ]
+
+
+def alt_gold_records(records: list[dict]) -> list[dict]:
+    """The curve records that carry a second gold, with it in place of the gold (for
+    :func:`frontier_comparisons`): the best-of-n and PrivBoN routes of a run with ``alt_gold``."""
+    out = []
+    for r in records:
+        if r.get("kind") != RECORD_KIND or not r["points"]:
+            continue
+        if not all("alt_per_prompt_gold" in p for p in r["points"]):
+            continue
+        pts = [{**p, "gold": p["alt_gold"], "per_prompt_gold": p["alt_per_prompt_gold"]} for p in r["points"]]
+        out.append({**r, "points": pts})
+    return out
 
 
 def privbon_law(scores: np.ndarray, n: int, sigma: float) -> np.ndarray:
@@ -831,14 +902,23 @@ def privbon_law(scores: np.ndarray, n: int, sigma: float) -> np.ndarray:
 def _privbon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     from privalign.alignment.priv_bon import privbon_epsilon, privbon_scale
 
-    ident = _cell_ident(cell, cfg, ctx, (*_BON_KEYS, "privbon_bound"))
+    B = float(cfg["privbon_bound"])
+    sigma = privbon_scale(cell["epsilon"], 2 * B)
+
+    def shifted() -> np.ndarray:  # public range [0, 2B]: Δ_r = 2B for any pair change
+        rm = _fit_rm(cell["method"], None, cell["seed_index"], cfg, ctx)
+        return np.clip(_ref_scores(rm, ctx, cfg), -B, B) + B
+
+    def alt_points(alt: np.ndarray) -> list[np.ndarray]:
+        u = shifted()
+        return [(privbon_law(u, n, sigma) * alt).sum(axis=1) for n in cfg["bon_ns"]]
+
+    keys = (*_BON_KEYS, "privbon_bound")
+    ident = _cell_ident(cell, cfg, ctx, keys)
     rec = _reuse(cell, cfg, ctx, "curve.json", ident)
     if rec is not None:
-        return rec["points"]
-    rm = _fit_rm(cell["method"], None, cell["seed_index"], cfg, ctx)
-    B = float(cfg["privbon_bound"])
-    u = np.clip(_ref_scores(rm, ctx, cfg), -B, B) + B  # public range [0, 2B]: Δ_r = 2B for any pair change
-    sigma = privbon_scale(cell["epsilon"], 2 * B)
+        return _with_alt(cell, cfg, ctx, rec["points"], keys, alt_points)
+    u = shifted()
     gold = np.asarray(_reference(cfg, ctx)["gold"], float)
     m = gold.shape[1]
     g = _guarantee(
@@ -871,7 +951,7 @@ def _privbon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
             }
         )
     _write_json(_records_dir(cell, ctx) / "curve.json", {"identity": ident, "points": pts})
-    return pts
+    return _with_alt(cell, cfg, ctx, pts, keys, alt_points)
 
 
 # ---- trained policies ----------------------------------------------------------------------------------
@@ -1334,7 +1414,26 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
     v, m = frontier_verdict(records, epsilons=cfg["epsilons"], budgets=cfg["kl_budgets"])
     data = next((r for r in records if r.get("kind") == "data"), {})
     quick_grpo = not any(parse_route(r)["family"] == "grpo" for r in cfg["routes"])
+    alt = alt_gold_records(records)
+    alt_part = (
+        {
+            "alt_gold": {
+                "gold": cfg["alt_gold"],
+                "routes": sorted({r["route"] for r in alt}),
+                "note": (
+                    "the best-of-n and PrivBoN routes (same fits, same selection laws, same exact KL) "
+                    "judged by a second gold of another family than the MiniLM gold: does the ranking "
+                    "survive a judge that shares no backbone with the MiniLM reward models? Descriptive: "
+                    "B-3 is decided on the main gold"
+                ),
+                "comparisons": frontier_comparisons(alt, cfg["epsilons"], cfg["kl_budgets"]),
+            }
+        }
+        if alt
+        else {}
+    )
     return {
+        **alt_part,
         "verdict": v,
         "measured": m + (" | no GRPO route in this configuration" if quick_grpo else ""),
         "curves": frontier_curves(records),
