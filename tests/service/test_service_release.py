@@ -152,8 +152,8 @@ def test_service_answers_on_neighbouring_reward_models_differ_only_in_dp_outputs
         for s in scores:
             # a score as a number of its own: not a digit run inside a longer number (a grid-valued score such
             # as 0.74 is a substring of a timestamp like 1764640000.74 or a latency)
-            token = re.compile(r"(?<![\d.])" + re.escape(repr(float(s))) + r"(?![\d])")
-            assert not token.search(text) and f"{s:.6f}" not in text, s
+            for form in (repr(float(s)), f"{s:.6f}"):
+                assert not re.search(r"(?<![\d.])" + re.escape(form) + r"(?!\d)", text), (s, form)
 
 
 def test_a_failure_after_scoring_logs_where_not_the_message(tmp_path, monkeypatch, caplog):

@@ -734,16 +734,20 @@ def _fit_rm(method: str, eps: float | None, k: int, cfg: dict, ctx: RunContext) 
 
 
 def _ref_scores(rm: dict, ctx: RunContext, cfg: dict) -> np.ndarray:
-    d, ref = _pairs(cfg, ctx), _reference(cfg, ctx)
-    P = len(ref["texts"])
-    return (
-        rm["reward"]
-        .score(
-            [p for p, row in zip(d["eval"], ref["texts"]) for _ in row],
-            [t for row in ref["texts"] for t in row],
+    """The reward model's scores of the reference samples, ``(P, m)``; kept with the cached fit, so the main
+    and the second gold of a route score them once."""
+    if "ref_scores" not in rm:
+        d, ref = _pairs(cfg, ctx), _reference(cfg, ctx)
+        rm["ref_scores"] = (
+            rm["reward"]
+            .score(
+                [p for p, row in zip(d["eval"], ref["texts"]) for _ in row],
+                [t for row in ref["texts"] for t in row],
+            )
+            .reshape(len(ref["texts"]), -1)
         )
-        .reshape(P, -1)
-    )
+        rm["ref_scores"].flags.writeable = False  # shared by the routes of this fit
+    return rm["ref_scores"]
 
 
 def _cell_ident(cell: dict, cfg: dict, ctx: RunContext, keys: tuple[str, ...], step: Any = None) -> str:
