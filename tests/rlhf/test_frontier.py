@@ -338,6 +338,9 @@ def test_tiny_end_to_end_records_and_reuse(tiny, tmp_path, monkeypatch):
     cfg2 = {**cfg, "prior_results": str(tmp_path / "run1" / "records")}
     fresh = _run_all(cfg2, make_ctx(tmp_path / "run2"))
     assert [r.get("points") for r in fresh] == [r.get("points") for r in recs]
+    # …and their privacy statements (DPO's privacy event is a record of its own, reused with the steps)
+    assert [r.get("guarantee") for r in fresh] == [r.get("guarantee") for r in recs]
+    assert next(r for r in fresh if r["route"] == "dpo:label@8")["guarantee"]["privacy_event"] is not None
     assert (tmp_path / "run2" / "records").is_dir()
 
 

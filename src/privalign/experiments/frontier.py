@@ -33,7 +33,9 @@ P2-6, on CPU: SmolLM2-135M-Instruct completes IMDb review openings; a gold senti
 * **Resumable**: every (route, seed, checkpoint) evaluation is a JSON record under
   ``RUN/records/ROUTE/seed-K/`` with an identity hash (route, seed, the configuration keys that change it,
   the pairs file's identity); records with a matching identity are reused, also from ``prior_results``
-  (e.g. the committed ``docs/results/beyond-frontier/records``).
+  (e.g. the committed ``docs/results/beyond-frontier/records``). A trained route's privacy statement (its
+  privacy event; GRPO's reward-model prompt check) is a record too (``privacy.json``), so a fully recorded
+  route trains and fits nothing.
 * **Verdict** (:func:`frontier_verdict`, claim B-3): at each ε and KL budget, each route's best gold at KL ≤
   budget along its path (mixtures with the reference and between checkpoints are achievable, so the path is
   interpolated linearly), the winner vs the runner-up (one-sided bootstrap p-value over prompts × seeds,
@@ -1081,7 +1083,7 @@ def _dpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
             {"identity": idents[steps[-1]], "privacy": {k: v for k, v in priv.items() if k != "accounting"}},
         )
         del res
-    priv_rec = _load_json(_records_dir(cell, ctx) / "privacy.json", idents[steps[-1]])
+    priv_rec = _reuse(cell, cfg, ctx, "privacy.json", idents[steps[-1]])
     g = _guarantee(cell, cfg, (priv_rec or {}).get("privacy", {}).get("privacy_event"))
     if priv_rec is not None and m == "sample":
         g["delta"] = priv_rec["privacy"]["guarantee"]["delta"]
@@ -1105,7 +1107,16 @@ def _grpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     steps = _steps(cfg["grpo_steps"], cfg["grpo_eval_every"])
     idents = {s: _cell_ident(cell, cfg, ctx, _GRPO_KEYS, s) for s in steps}
     got = {s: _reuse(cell, cfg, ctx, f"step-{s:06d}.json", idents[s]) for s in steps}
-    rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
+    # the reward model's privacy event and prompt check: a record, so a fully recorded route refits nothing
+    priv = _reuse(cell, cfg, ctx, "privacy.json", idents[steps[-1]])
+    if priv is None or any(v is None for v in got.values()):
+        rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
+        priv = {
+            "identity": idents[steps[-1]],
+            "privacy_event": rm["event"],
+            "overlap_check": {k: v for k, v in rm["overlap"].items() if k != "overlapping_indices"},
+        }
+        _write_json(_records_dir(cell, ctx) / "privacy.json", priv)
     if any(v is None for v in got.values()):
         from transformers import TrainerCallback
 
@@ -1152,7 +1163,7 @@ def _grpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
         )
         for ckpt in (pol_dir / "checkpoints").glob("checkpoint-*"):
             shutil.rmtree(ckpt, ignore_errors=True)
-    g = _guarantee(cell, cfg, rm["event"])
+    g = _guarantee(cell, cfg, priv["privacy_event"], {"overlap_check": priv["overlap_check"]})
     return [{**_ref_point(cfg, ctx), "guarantee": g}] + _checkpoints(cell, got, steps)
 
 
