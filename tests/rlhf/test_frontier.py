@@ -195,6 +195,25 @@ def test_verdict_inconclusive_when_underpowered_or_alone():
     assert v2 == "inconclusive"
 
 
+def test_dpo_privacy_cost_rule_returns_each_outcome():
+    """Non-private minus private DPO at equal KL, Bonferroni (α = 0.05) over the pairs: a clear cost holds,
+    a gap shown inside the margin does not hold, a noisy small sample is inconclusive."""
+    base = _curve("dpo:none", [0.5, 0.7], [0, 1.0], 11, P=2000, noise=0.02)
+    costly = _curve("dpo:label@8", [0.5, 0.6], [0, 1.0], 12, P=2000, noise=0.02)
+    free = _curve("dpo:label@2", [0.5, 0.7], [0, 1.0], 13, P=2000, noise=0.02)
+    got = {c["route"]: c for c in fr.dpo_privacy_cost(base + costly + free, budgets=[1.0])}
+    assert got["dpo:label@8"]["verdict"] == "holds" and abs(got["dpo:label@8"]["cost"] - 0.1) < 0.01
+    assert got["dpo:label@2"]["verdict"] == "does not hold", got["dpo:label@2"]
+    # at KL ≤ 0.5 both paths are mixtures halfway to their first checkpoint: half the cost
+    half = fr.dpo_privacy_cost(base + costly, budgets=[0.5])[0]
+    assert abs(half["cost"] - 0.05) < 0.01 and half["where"]["private"]["kl"] == 0.5
+    noisy = _curve("dpo:none", [0.5, 0.6], [0, 1.0], 14, P=8, noise=0.3, seeds=2)
+    noisy += _curve("dpo:sample@8", [0.5, 0.58], [0, 1.0], 15, P=8, noise=0.3, seeds=2)
+    assert [c["verdict"] for c in fr.dpo_privacy_cost(noisy, budgets=[1.0])] == ["inconclusive"]
+    # nothing to compare without non-private DPO
+    assert fr.dpo_privacy_cost(costly + free, budgets=[1.0]) == []
+
+
 def test_plain_reading_names_winner_and_significance():
     from privalign.experiments.plain import READERS
 

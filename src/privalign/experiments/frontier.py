@@ -69,6 +69,7 @@ __all__ = [
     "privbon_law",
     "frontier_curves",
     "frontier_comparisons",
+    "dpo_privacy_cost",
     "frontier_verdict",
 ]
 
@@ -1425,6 +1426,61 @@ def frontier_verdict(
     )
 
 
+def dpo_privacy_cost(records: list[dict], budgets: list[float] | None = None) -> list[dict]:
+    """What privacy costs DPO at equal KL: per private DPO route and KL budget, non-private DPO's best gold at
+    KL ≤ budget minus the private route's (both along their paths, :func:`_at_budget`), with its 95% and
+    Bonferroni (1 − α/k over the k pairs) bootstrap intervals (prompts jointly, seeds independently).
+
+    Rule per pair (α = 0.05): ``holds`` (privacy costs gold) if the Bonferroni interval is above 0; ``does not
+    hold`` if it lies below ``equivalence_margin`` (any cost is shown smaller than the margin, or none);
+    else ``inconclusive``. Descriptive: not part of B-3, which ranks the private routes only. Empty without
+    non-private DPO or a private DPO route."""
+    from privalign.experiments.rlhf_bon import _boot
+
+    groups = _groups(records)
+    base = next((g for g in groups.values() if g[0]["family"] == "dpo" and g[0]["epsilon"] is None), None)
+    private = [g for g in groups.values() if g[0]["family"] == "dpo" and g[0]["epsilon"] is not None]
+    if base is None or not private:
+        return []
+    first = base[0]
+    budgets = budgets or list(first.get("kl_budgets") or [0.5, 1.0, 2.0])
+    B, margin = int(first.get("n_bootstrap", 2000)), float(first.get("equivalence_margin", 0.02))
+    k = len(private) * len(budgets)
+    out = []
+    for i, g in enumerate(sorted(private, key=lambda g: g[0]["route"])):
+        for b in budgets:
+            (Wn, at_n), (Wp, at_p) = _at_budget(base, b), _at_budget(g, b)
+            rng = np.random.default_rng(
+                np.random.SeedSequence(
+                    int(first.get("root_seed", 0)),
+                    spawn_key=(2**31, i, int(b * 1000)),
+                )
+            )
+            boot = _boot(rng, [Wn, Wp], B)
+            diffs = boot[:, 0] - boot[:, 1]
+            lo, hi = np.quantile(diffs, [0.025, 0.975])
+            blo, bhi = np.quantile(diffs, [ALPHA / (2 * k), 1 - ALPHA / (2 * k)])
+            verdict = "holds" if blo > 0 else ("does not hold" if bhi < margin else "inconclusive")
+            out.append(
+                {
+                    "route": g[0]["route"],
+                    "label": g[0]["label"],
+                    "epsilon": g[0]["epsilon"],
+                    "budget": b,
+                    "nonprivate_gold": float(Wn.mean()),
+                    "private_gold": float(Wp.mean()),
+                    "cost": float(Wn.mean() - Wp.mean()),
+                    "ci": [float(lo), float(hi)],
+                    "ci_bonferroni": [float(blo), float(bhi)],
+                    "margin": margin,
+                    "verdict": verdict,
+                    "where": {"nonprivate": at_n, "private": at_p},
+                    "seeds": [int(Wn.shape[0]), int(Wp.shape[0])],
+                }
+            )
+    return out
+
+
 def _summarize(records: list[dict], cfg: dict) -> dict:
     v, m = frontier_verdict(records, epsilons=cfg["epsilons"], budgets=cfg["kl_budgets"])
     data = next((r for r in records if r.get("kind") == "data"), {})
@@ -1453,6 +1509,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
         "measured": m + (" | no GRPO route in this configuration" if quick_grpo else ""),
         "curves": frontier_curves(records),
         "comparisons": frontier_comparisons(records, cfg["epsilons"], cfg["kl_budgets"]),
+        "dpo_privacy_cost": dpo_privacy_cost(records, cfg["kl_budgets"]),
         "reference_gold": data.get("reference_gold"),
         "data": {
             k: data.get(k)
