@@ -361,6 +361,22 @@ def test_tiny_end_to_end_records_and_reuse(tiny, tmp_path, monkeypatch):
     assert [r.get("guarantee") for r in fresh] == [r.get("guarantee") for r in recs]
     assert next(r for r in fresh if r["route"] == "dpo:label@8")["guarantee"]["privacy_event"] is not None
     assert (tmp_path / "run2" / "records").is_dir()
+    # records_only: more seeds than recorded fit and train nothing; the missing (route, seed) cells are
+    # pending, left out of the curves and named in the summary
+    import privalign.experiments.paper2 as p2
+
+    monkeypatch.setattr(p2, "make_estimator", boom)  # a linear reward-model fit
+    cfg3 = {**cfg2, "records_only": True, "dpo_seeds": 2, "bon_seeds": 3}
+    part = _run_all(cfg3, make_ctx(tmp_path / "run3"))
+    pending = sorted((r["route"], r["seed_index"]) for r in part if r["kind"] == "pending")
+    assert pending == [("bon:RRIHT@8", 2), ("dpo:label@8", 1)]
+    assert [r.get("points") for r in part if r["kind"] != "pending"] == [r.get("points") for r in recs]
+    s = fr._summarize(part, cfg3)
+    assert s["pending"] == ["bon:RRIHT@8 seed=2", "dpo:label@8 seed=1"] and "pending" in s["measured"]
+    assert {c["route"]: c["seeds"] for c in s["curves"]}["bon:RRIHT@8"] == 2
+    # …and without a reference record it refuses, naming the key
+    with pytest.raises(ExperimentError, match="records_only"):
+        _run_all({**cfg3, "prior_results": ""}, make_ctx(tmp_path / "run4"))
 
 
 def test_tiny_summary_and_figure(tiny, tmp_path):

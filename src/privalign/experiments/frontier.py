@@ -269,6 +269,12 @@ def _schema() -> dict[str, Field]:
                 choices=ALT_GOLDS,
             ),
             "prior_results": Field("str", "", "directory of records from an earlier session (RUN/records)"),
+            "records_only": Field(
+                "bool",
+                False,
+                "summarise the records that exist (here or under prior_results) and fit or train nothing: "
+                "a (route, seed) without all its records is listed as pending and left out of the curves",
+            ),
             "n_bootstrap": Field("int", 2000, "bootstrap resamples", low=100),
             "num_threads": Field("int", 1, "torch CPU threads", low=1),
         }
@@ -505,6 +511,11 @@ def _reference(cfg: dict, ctx: RunContext) -> dict[str, Any]:
     dst = ctx.run_dir / "records" / "reference.json"
     cands = [dst] + ([_resolve(cfg["prior_results"]) / "reference.json"] if cfg.get("prior_results") else [])
     rec = next((r for r in (_load_json(p, ident) for p in cands) if r is not None), None)
+    if rec is None and cfg.get("records_only"):
+        raise _err(
+            "records_only = true but there is no reference record with this configuration's identity in "
+            f"{dst.parent} or prior_results = {cfg.get('prior_results')!r}; run without records_only."
+        )
     if rec is None:
         from privalign.rlhf.evaluate import sample_with_logprobs
 
@@ -560,14 +571,28 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
     return cells
 
 
+class _Pending(Exception):
+    """Raised under ``records_only`` where a cell would fit a reward model, train or sample a policy."""
+
+
+def _no_work(cfg: dict, what: str) -> None:
+    if cfg.get("records_only"):
+        raise _Pending(what)
+
+
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
     if cell["route"] == "data":
         return [_data_record(cfg, ctx)]
     fam = cell["family"]
     t0 = time.perf_counter()
-    points = {"bon": _bon_points, "privbon": _privbon_points, "dpo": _dpo_points, "grpo": _grpo_points}[fam](
-        cell, cfg, ctx
-    )
+    try:
+        points = {"bon": _bon_points, "privbon": _privbon_points, "dpo": _dpo_points, "grpo": _grpo_points}[
+            fam
+        ](cell, cfg, ctx)
+    except _Pending as why:
+        print(f"{NAME}: {cell['cell']} pending (records_only: {why})", file=sys.stderr, flush=True)
+        pend = {"kind": "pending", "route": cell["route"], "seed_index": cell["seed_index"], "why": str(why)}
+        return [pend]
     rec = _curve_record(cell, cfg, ctx, points)
     _drop_unneeded_rms(cfg, ctx)
     print(
@@ -663,6 +688,7 @@ def _fit_rm(method: str, eps: float | None, k: int, cfg: dict, ctx: RunContext) 
     key = f"rm:{method}@{eps}:{k}"
     if key in ctx.cache:
         return ctx.cache[key]
+    _no_work(cfg, f"reward model {method}@{eps} seed {k} would be fitted")
     from privalign.estimation.persistence import save_model
     from privalign.rlhf.prompts import check_prompts_disjoint
     from privalign.rlhf.rewards import PrivateReward
@@ -1066,6 +1092,7 @@ def _dpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     idents = {s: _cell_ident(cell, cfg, ctx, _DPO_KEYS, s) for s in steps}
     got = {s: _reuse(cell, cfg, ctx, f"step-{s:06d}.json", idents[s]) for s in steps}
     if any(v is None for v in got.values()):
+        _no_work(cfg, f"no record of steps {[t for t, v in got.items() if v is None]}")
         model, tok, _ = _base(cfg, ctx)
         eta = _Eta(cell, total)
 
@@ -1486,6 +1513,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
     data = next((r for r in records if r.get("kind") == "data"), {})
     quick_grpo = not any(parse_route(r)["family"] == "grpo" for r in cfg["routes"])
     alt = alt_gold_records(records)
+    pending = [f"{r['route']} seed={r['seed_index']}" for r in records if r.get("kind") == "pending"]
     alt_part = (
         {
             "alt_gold": {
@@ -1506,7 +1534,10 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
     return {
         **alt_part,
         "verdict": v,
-        "measured": m + (" | no GRPO route in this configuration" if quick_grpo else ""),
+        "measured": m
+        + (" | no GRPO route in this configuration" if quick_grpo else "")
+        + (f" | pending (records_only, left out): {', '.join(pending)}" if pending else ""),
+        **({"pending": pending} if pending else {}),
         "curves": frontier_curves(records),
         "comparisons": frontier_comparisons(records, cfg["epsilons"], cfg["kl_budgets"]),
         "dpo_privacy_cost": dpo_privacy_cost(records, cfg["kl_budgets"]),
