@@ -1288,8 +1288,6 @@ def frontier_comparisons(
     winner − runner-up difference with its 95% bootstrap interval (prompts jointly, seeds independently),
     its one-sided bootstrap p-value (H0: winner ≤ runner-up) and Holm's adjusted decision across all the
     comparisons (α = 0.05); the non-private DPO's gold there for reference."""
-    from privalign.experiments.rlhf_bon import _boot
-
     groups = _groups(records)
     if not groups:
         return []
@@ -1328,13 +1326,8 @@ def frontier_comparisons(
             }
             if len(rows) >= 2:
                 a, r2 = rows[0], rows[1]
-                rng = np.random.default_rng(
-                    np.random.SeedSequence(
-                        int(first.get("root_seed", 0)), spawn_key=(2**30, int(e * 1000), int(b * 1000))
-                    )
-                )
-                boot = _boot(rng, [a["W"], r2["W"]], B)
-                diffs = boot[:, 0] - boot[:, 1]
+                key = (2**30, int(e * 1000), int(b * 1000))
+                diffs = _boot_diffs(int(first.get("root_seed", 0)), key, a["W"], r2["W"], B)
                 lo, hi = np.quantile(diffs, [0.025, 0.975])
                 c.update(
                     winner=a["route"],
@@ -1352,6 +1345,16 @@ def frontier_comparisons(
     for c in out:
         c.pop("diffs", None)
     return out
+
+
+def _boot_diffs(root_seed: int, key: tuple[int, ...], a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+    """``n`` bootstrap replicates of mean(a) − mean(b) for two ``(seeds, prompts)`` gold matrices (prompts
+    jointly, seeds independently), from the stream ``key`` of ``root_seed``."""
+    from privalign.experiments.rlhf_bon import _boot
+
+    rng = np.random.default_rng(np.random.SeedSequence(root_seed, spawn_key=key))
+    boot = _boot(rng, [a, b], n)
+    return boot[:, 0] - boot[:, 1]
 
 
 def _holm(comps: list[dict]) -> None:
@@ -1462,8 +1465,6 @@ def dpo_privacy_cost(records: list[dict], budgets: list[float] | None = None) ->
     hold`` if it lies below ``equivalence_margin`` (any cost is shown smaller than the margin, or none);
     else ``inconclusive``. Descriptive: not part of B-3, which ranks the private routes only. Empty without
     non-private DPO or a private DPO route."""
-    from privalign.experiments.rlhf_bon import _boot
-
     groups = _groups(records)
     base = next((g for g in groups.values() if g[0]["family"] == "dpo" and g[0]["epsilon"] is None), None)
     private = [g for g in groups.values() if g[0]["family"] == "dpo" and g[0]["epsilon"] is not None]
@@ -1477,14 +1478,7 @@ def dpo_privacy_cost(records: list[dict], budgets: list[float] | None = None) ->
     for i, g in enumerate(sorted(private, key=lambda g: g[0]["route"])):
         for b in budgets:
             (Wn, at_n), (Wp, at_p) = _at_budget(base, b), _at_budget(g, b)
-            rng = np.random.default_rng(
-                np.random.SeedSequence(
-                    int(first.get("root_seed", 0)),
-                    spawn_key=(2**31, i, int(b * 1000)),
-                )
-            )
-            boot = _boot(rng, [Wn, Wp], B)
-            diffs = boot[:, 0] - boot[:, 1]
+            diffs = _boot_diffs(int(first.get("root_seed", 0)), (2**31, i, int(b * 1000)), Wn, Wp, B)
             lo, hi = np.quantile(diffs, [0.025, 0.975])
             blo, bhi = np.quantile(diffs, [ALPHA / (2 * k), 1 - ALPHA / (2 * k)])
             verdict = "holds" if blo > 0 else ("does not hold" if bhi < margin else "inconclusive")
