@@ -21,13 +21,19 @@ Prints a markdown table and the audit; exits 1 if the audit fails.
 
 ``--attack``: the soak under attack, on **both ledgers** (SQLite, PostgreSQL), one server
 each with the default limits (``privalign serve``'s connection defences and per-key limits). Well-behaved
-tenants: ``--clients`` (default 8 in this mode) keep-alive clients over 4 keys send ``--requests``
-(default 2,000) light ``/v1/select`` requests. Baseline, same run and server: the same load alone. Attack:
-the same load while (a) 900 sockets from one address stay idle or half-open (part of a header block,
-then one byte every 0.5 s: slowloris), reopened as the server closes them, and (b) one key floods from 12
-threads with the heaviest request the limits allow (64 × 8,000 characters), ignoring ``Retry-After``.
-Reported: the tenants' p50/p99 and their ratio to the baseline; exits 1 if a tenant request failed or a
-flood refusal was charged.
+tenants: ``--clients`` (default 8 in this mode) keep-alive clients over 4 keys on 127.0.0.1 send
+``--requests`` (default 500) light ``/v1/select`` requests. Baseline, same run and server: the same load
+alone. Then the same load under each attack in turn: (a) 900 sockets from 127.0.0.2 stay idle or
+half-open (part of a header block, then one byte every 0.5 s: slowloris), reopened as the server closes
+them, while one key floods from 12 threads with the heaviest request the limits allow (64 × 8,000
+characters), ignoring ``Retry-After``; then the keyless attacks of issue 36 (``CONN_ATTACKS``, run by
+``tests/service/_conn_attack.py`` from 127.0.0.2 …): ``slowbody`` (320 sockets from 5 addresses send
+complete ``POST /v1/select`` headers, ``Content-Length: 4000``, and one body byte), ``halfopen`` (the
+same, 100 body bytes, then a half-close), ``churn`` (2 processes keep 300 idle sockets each from one
+address, reopening whatever the server closes) and ``rst`` (2 processes connect and reset in a loop).
+Reported: the tenants' p50/p99 and their ratios to the baseline; exits 1 if a tenant request failed,
+``/healthz`` did not answer 200, a flood refusal was charged, or a tenant key has a reservation without
+an answer.
 """
 
 from __future__ import annotations
@@ -48,6 +54,43 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from service_servers import PG_URL, Server, select_body, write_config, write_reward_model  # noqa: E402
+
+ROOT = HERE.parent
+#: The idle-socket attacker's address (the tenants use 127.0.0.1: a separate client, which the per-address
+#: connection rate tells apart).
+ATTACKER = "127.0.0.2"
+#: The keyless connection attacks of issue 36 (``tests/service/_conn_attack.py``, the same parameters as
+#: ``tests/service/test_service_conn_attacks.py``): mode -> (sockets per process, addresses, processes).
+CONN_ATTACKS = {"slowbody": (320, 5, 1), "halfopen": (320, 5, 1), "churn": (300, 1, 2), "rst": (0, 2, 2)}
+
+
+class _ConnAttack:
+    """One of :data:`CONN_ATTACKS`, in processes of its own (``_conn_attack.py``)."""
+
+    def __init__(self, mode: str, port: int) -> None:
+        self.mode, self.port = mode, port
+        self.stats: dict = {}
+
+    def __enter__(self) -> _ConnAttack:
+        import subprocess
+
+        script = ROOT / "tests" / "service" / "_conn_attack.py"
+        args = [str(v) for v in CONN_ATTACKS[self.mode]]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), self.mode, str(self.port), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "started"
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import json
+
+        out, _ = self.proc.communicate("stop\n", timeout=120)
+        self.stats = json.loads(out.strip().splitlines()[-1])
 
 
 def _load(urls: list[str], token: str | None, n: int, clients: int, epsilon: float) -> dict:
@@ -158,7 +201,7 @@ class _Attack:
         import socket
 
         try:
-            s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=5, source_address=(ATTACKER, 0))
             if i % 2:
                 s.sendall(b"POST /v1/select HTTP/1.1\r\nHost: x\r\nX-Slow: ")
             s.setblocking(False)
@@ -230,39 +273,70 @@ class _Attack:
         self._proc.join(30)
 
 
-def attack(args: argparse.Namespace) -> int:
-    """The ``--attack`` mode (see the module docstring)."""
+def _healthz(url: str) -> tuple[int, float]:
     import httpx
 
+    t0 = time.perf_counter()
+    try:
+        hz = httpx.get(url + "/healthz", timeout=30).status_code
+    except httpx.HTTPError:
+        hz = -1
+    return hz, (time.perf_counter() - t0) * 1000
+
+
+def attack(args: argparse.Namespace) -> int:
+    """The ``--attack`` mode (see the module docstring)."""
     from privalign.service import db
     from privalign.service.keys import create_key
     from privalign.service.store import SQLBudgetStore
 
     tmp = Path(tempfile.mkdtemp(prefix="privalign-soak-attack-"))
     write_reward_model(tmp / "reward.json")
-    rows_out, ok = [], True
+    rows_out, audits, ok = [], [], True
     load0 = os.getloadavg()
     for ledger in ("sqlite", "postgresql"):
         schema = f"privalign_soak_{uuid.uuid4().hex[:8]}" if ledger == "postgresql" else ""
         url = PG_URL if ledger == "postgresql" else f"sqlite:///{tmp / 'attack.db'}"
         eng = db.make_engine(url, schema=schema or None)
         db.create_schema(eng, schema=schema or None)
-        tokens = [create_key(eng, budget_epsilon=1.0)[1] for _ in range(4)]
+        made = [create_key(eng, budget_epsilon=1.0) for _ in range(4)]
+        tokens = [tok for _, tok in made]
         flood_id, flood_tok = create_key(eng, budget_epsilon=1.0)
         srv = Server(write_config(tmp, url, schema, "full", key_limits=True), True)
+        answered = 0
         try:
             base = _tenants(srv.url, tokens, args.requests, args.clients)
+            answered += base["codes"].get(200, 0)
+            rows_out.append((ledger, "baseline (tenants alone)", base, None, "", base))
             with _Attack(srv.port, srv.url, flood_tok) as att:
-                t0 = time.perf_counter()
-                try:
-                    hz = httpx.get(srv.url + "/healthz", timeout=30).status_code
-                except httpx.HTTPError:
-                    hz = -1
-                hz_ms = (time.perf_counter() - t0) * 1000
+                hz = _healthz(srv.url)
                 hit = _tenants(srv.url, tokens, args.requests, args.clients)
+            answered += hit["codes"].get(200, 0)
+            fc = dict(sorted(att.codes.items()))
+            rows_out.append(
+                (
+                    ledger,
+                    "idle/slowloris sockets + flooding key",
+                    hit,
+                    hz,
+                    f"flood {fc}; reopened {att.reopened}",
+                    base,
+                )
+            )
+            for mode in CONN_ATTACKS:
+                with _ConnAttack(mode, srv.port) as ca:
+                    hz_m = _healthz(srv.url)
+                    got = _tenants(srv.url, tokens, args.requests, args.clients)
+                answered += got["codes"].get(200, 0)
+                n, addrs, procs = CONN_ATTACKS[mode]
+                what = f"{procs} proc × {n} sockets, {addrs} addr" if n else f"{procs} proc, {addrs} addr"
+                rows_out.append((ledger, mode, got, hz_m, f"{what}; {ca.stats}", base))
+                ok &= set(got["codes"]) == {200} and hz_m[0] == 200
             time.sleep(2.0)  # deferred settles
-            reserves = sum(
-                r["action"] == "reserve" for r in SQLBudgetStore(eng).ledger_rows(flood_id, limit=10**6)
+            store = SQLBudgetStore(eng)
+            reserves = sum(r["action"] == "reserve" for r in store.ledger_rows(flood_id, limit=10**6))
+            tenant_reserves = sum(
+                r["action"] == "reserve" for kid, _ in made for r in store.ledger_rows(kid, limit=10**6)
             )
         finally:
             srv.stop()
@@ -270,35 +344,36 @@ def attack(args: argparse.Namespace) -> int:
                 with eng.begin() as conn:
                     conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             eng.dispose()
-        fc = dict(sorted(att.codes.items()))
         served = fc.get(200, 0)
-        ok &= set(base["codes"]) == set(hit["codes"]) == {200} and hz == 200
-        ok &= served <= reserves <= served + fc.get(-1, 0)
-        rows_out.append((ledger, base, hit, hz, hz_ms, fc, att.reopened, reserves))
+        ok &= set(base["codes"]) == set(hit["codes"]) == {200} and hz[0] == 200
+        ok &= served <= reserves <= served + fc.get(-1, 0) and tenant_reserves == answered
+        audits.append((ledger, served, reserves, answered, tenant_reserves))
     load1 = os.getloadavg()
     print(
         f"cpus={os.cpu_count()} loadavg start={tuple(round(x, 1) for x in load0)} "
         f"end={tuple(round(x, 1) for x in load1)}"
     )
     print(
-        "| ledger | run | tenant requests | clients | wall s | p50 ms | p99 ms | p99 vs baseline "
-        "| tenant codes | /healthz under attack | flood codes | idle sockets reopened |"
+        "| ledger | attack | tenant requests | wall s | p50 ms | p99 ms | p50 / p99 vs baseline "
+        "| tenant codes | /healthz under attack | attacker |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for ledger, base, hit, hz, hz_ms, fc, reopened, _ in rows_out:
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for ledger, name, r, hz, who, base in rows_out:
+        health = "" if hz is None else f"{hz[0]} in {hz[1]:.0f} ms"
         print(
-            f"| {ledger} | baseline (tenants alone) | {base['requests']} | {args.clients} | "
-            f"{base['wall_s']:.1f} | {base['p50_ms']:.1f} | {base['p99_ms']:.1f} | 1.00 | {base['codes']} "
-            "| | | |"
+            f"| {ledger} | {name} | {r['requests']} | {r['wall_s']:.1f} | {r['p50_ms']:.1f} | "
+            f"{r['p99_ms']:.1f} | {r['p50_ms'] / base['p50_ms']:.2f} / {r['p99_ms'] / base['p99_ms']:.2f} | "
+            f"{r['codes']} | {health} | {who} |"
         )
+    for ledger, served, reserves, answered, tenant_reserves in audits:
         print(
-            f"| {ledger} | under attack | {hit['requests']} | {args.clients} | {hit['wall_s']:.1f} | "
-            f"{hit['p50_ms']:.1f} | {hit['p99_ms']:.1f} | {hit['p99_ms'] / base['p99_ms']:.2f} | "
-            f"{hit['codes']} | {hz} in {hz_ms:.0f} ms | {fc} | {reopened} |"
+            f"audit {ledger}: flood answers {served}, flood reserve rows {reserves}; tenant answers "
+            f"{answered}, tenant reserve rows {tenant_reserves}"
         )
-    for ledger, *_, fc, _r, reserves in rows_out:
-        print(f"audit {ledger}: flood answers {fc.get(200, 0)}, flood reserve rows {reserves}")
-    print(f"audit: {'PASS' if ok else 'FAIL'}  every tenant request 200, /healthz 200, no refusal charged")
+    print(
+        f"audit: {'PASS' if ok else 'FAIL'}  every tenant request 200, /healthz 200, no refusal charged, "
+        "one reservation per tenant answer"
+    )
     return 0 if ok else 1
 
 
@@ -312,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attack", action="store_true", help="the soak under attack, on SQLite and PostgreSQL")
     args = ap.parse_args(argv)
     if args.attack:
-        args.requests = args.requests or 2_000
+        args.requests = args.requests or 500
         args.clients = args.clients or 8
         return attack(args)
     args.requests = args.requests or 10_000

@@ -161,17 +161,16 @@ class Server:
 
 
 def _serve(config: str, port: int, private: bool) -> None:
-    import uvicorn
-
     from privalign.service.app import create_app
     from privalign.service.config import load_config
+    from privalign.service.connections import GuardedServer
     from privalign.service.server import uvicorn_config
 
     cfg = load_config(config)
     app = create_app(cfg, private=private)
     conf = uvicorn_config(cfg, app, host="127.0.0.1", port=port)  # the connection defences of serve
     conf.log_level, conf.access_log = "error", False
-    uvicorn.Server(conf).run()
+    GuardedServer(conf).run()
 
 
 if __name__ == "__main__":

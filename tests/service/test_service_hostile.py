@@ -534,7 +534,8 @@ def test_readyz_is_false_until_the_generator_is_warm(tmp_path, reward_model, cap
             assert r.status_code == 200
             gen.release.set()
             t.join(10)
-            assert httpx.get(url + "/readyz").json() == {"ready": True}
+            ready = httpx.get(url + "/readyz").json()
+            assert ready["ready"] is True and ready["load"]["saturated"] is False
             r = httpx.post(
                 url + "/v1/completions",
                 headers={"Authorization": f"Bearer {token}"},

@@ -6,9 +6,10 @@ in :mod:`privalign.service.schemas`, the privacy-parameter checks in :mod:`priva
 module assembles them: middleware (body limit, metrics), error handlers (no stack traces; database errors
 → 503 before anything is released), and the routers.
 
-Order of refusals (nothing is charged by any of them): requests in flight 503/429 → body size 413 →
-schema 400 (strict types, encodable text) → parameters 400 (ranges, methods, seeds) → authentication
-401 → idempotency 409/422 → the key's concurrency and rate 429 → budget 429.
+Order of refusals (nothing is charged by any of them): a cached key over its limits 429 (before its body
+is read) → body size 413 → requests in flight 503/429 (counted once the body is in) → schema 400 (strict
+types, encodable text) → parameters 400 (ranges, methods, seeds) → authentication 401 → idempotency
+409/422 → the key's concurrency and rate 429 → budget 429.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from privalign.errors import ReservationError
 from privalign.service.config import ServiceConfig
-from privalign.service.connections import InFlightLimit
-from privalign.service.errors import ApiError, error_body
+from privalign.service.connections import InFlightLimit, ServerLoad, bearer_token
+from privalign.service.errors import ApiError, error_body, validation_code
 from privalign.service.fairness import KeyPrecheck
 from privalign.service.pipeline import ServiceState
 from privalign.service.routes import openai_router, ops_router, select_router
@@ -65,7 +66,11 @@ class _BodyLimit:
                     break
         if too_big:
             resp = JSONResponse(
-                error_body("invalid_request_error", f"Request body larger than {self.max_bytes} bytes."),
+                error_body(
+                    "invalid_request_error",
+                    f"Request body larger than {self.max_bytes} bytes.",
+                    code="request_too_large",
+                ),
                 status_code=413,
             )
             return await resp(scope, receive, send)
@@ -145,22 +150,35 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
         )
-    app.add_middleware(_BodyLimit, max_bytes=cfg.limits.max_body_bytes)
-    # a cached key over its limits is refused before its body is read (fairness.KeyPrecheck)
-    app.add_middleware(KeyPrecheck, state=state)
-    # requests in flight, in total and per client address (outside the body limit: refused unread)
+    # requests in flight, in total and per client address, counted once the body is complete (inside the
+    # body limit: a slow body holds no slot), with slots kept for keys this process has authenticated
+    load = ServerLoad()
+    app.state.load = load  # /readyz: requests in flight (and, under privalign serve, connections)
     app.add_middleware(
         InFlightLimit,
         total=cfg.server.max_in_flight,
         per_ip=cfg.server.max_in_flight_per_ip,
         counter=lambda reason: state.metrics.overload.labels(reason).inc(),
+        reserved=cfg.server.in_flight_reserved_for_keys if private else 0,
+        known_key=lambda scope: state.key_cache.verify(bearer_token(scope)) is not None,
+        load=load,
     )
+    app.add_middleware(_BodyLimit, max_bytes=cfg.limits.max_body_bytes)
+    # a cached key over its limits is refused before its body is read (fairness.KeyPrecheck)
+    app.add_middleware(KeyPrecheck, state=state)
 
     @app.middleware("http")
     async def _observe(request: Request, call_next):  # noqa: ANN001
         t0 = time.perf_counter()
         try:
             response = await call_next(request)
+        except RuntimeError as exc:
+            if str(exc) != "No response returned.":  # pragma: no cover - would be a bug
+                log.exception("unhandled error")
+                response = JSONResponse(error_body("internal_error", "Internal error."), status_code=500)
+            else:  # the client left before its body arrived (closed, timed out, evicted): nobody to answer,
+                # nothing reserved, and no log line (a slow-body attacker must not fill the log)
+                response = Response(status_code=499)
         except Exception:  # pragma: no cover - last line of defence: no stack traces to clients
             log.exception("unhandled error")
             response = JSONResponse(error_body("internal_error", "Internal error."), status_code=500)
@@ -185,11 +203,17 @@ def create_app(
         loc = _param_of(tuple(first.get("loc", ())))
         msg = str(first.get("msg", "invalid")).encode("utf-8", "replace").decode("utf-8")
         text = f"The '{loc}' parameter is invalid: {msg}." if loc else f"Invalid request body: {msg}."
-        return JSONResponse(error_body("invalid_request_error", text, param=loc or None), status_code=400)
+        code = validation_code(str(first.get("type", "")))
+        return JSONResponse(
+            error_body("invalid_request_error", text, param=loc or None, code=code), status_code=400
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body("invalid_request_error", str(exc.detail)), status_code=exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(
+            error_body("invalid_request_error", str(exc.detail), code=code), status_code=exc.status_code
+        )
 
     async def _db(_request: Request, exc: Exception):
         state.metrics.db_errors.inc()

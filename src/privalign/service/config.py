@@ -30,6 +30,15 @@ Sections (every key optional; defaults are the secure ones):
     max_in_flight = 256                       # requests running (503 beyond; /healthz, /readyz and
                                               # /metrics exempt); 0 = no cap
     max_in_flight_per_ip = 64                 # per client address (429 beyond); 0 = no cap
+                                              # (a request counts in flight once its body is complete)
+    in_flight_reserved_for_keys = 64          # of max_in_flight, kept for tokens of keys this process
+                                              # has authenticated (others: 503 beyond the rest)
+    max_body_waiting = 256                    # requests whose body is still arriving: beyond, the
+                                              # oldest is closed (nothing reserved); 0 = no cap
+    max_body_waiting_per_ip = 16              # per client address, same rule; 0 = no cap
+    min_body_bytes_per_s = 1024.0             # after 1 s, a slower body closes its connection; 0 = off
+    connection_rate_per_ip = 64.0             # new connections per second per address (2 s burst);
+                                              # beyond, dropped at once (nothing evicted); 0 = no limit
 
     [limits]
     max_n = 64                                # candidates generated / brought per request, for every
@@ -90,7 +99,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from privalign._validation import check_choice, check_int, check_real
+from privalign._validation import EPS_MAX, EPS_MIN, check_choice, check_int, check_real
 from privalign.alignment.selectors import check_method, method_class, methods, pool_size
 from privalign.errors import PrivacyParameterError
 
@@ -106,6 +115,8 @@ __all__ = [
     "default_config",
     "user_data_dir",
     "DEFAULT_REWARD_MODEL",
+    "DATABASE_SCHEMES",
+    "check_database_url",
 ]
 
 
@@ -129,6 +140,50 @@ def user_data_dir() -> Path:
     return Path(base).expanduser() / "privalign"
 
 
+#: The databases the ledger supports (``scheme://`` of the URL): SQLite and PostgreSQL through psycopg 3.
+DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
+
+
+def check_database_url(url: Any, name: str) -> None:
+    """A database URL of a supported kind (:data:`DATABASE_SCHEMES`; ``postgresql://`` too where SQLAlchemy's
+    default driver for it is psycopg 3); another database (``mysql://``) or driver (psycopg2) failed at
+    start-up as a missing module.
+
+    A string without ``://`` is left to SQLAlchemy's URL parser (the CLI words its error with an example
+    URL for the path).
+
+    Raises:
+      PrivacyParameterError: ``The 'NAME' parameter must be ...``, naming the supported kinds and the value.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        return
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in (*DATABASE_SCHEMES, "sqlite+pysqlite"):
+        return
+    if scheme == "postgresql" and _default_postgresql_driver() == "psycopg":  # SQLAlchemy >= 2.1
+        return
+    hint = (
+        " (for PostgreSQL write postgresql+psycopg://: the driver is psycopg 3)"
+        if scheme.startswith("postgres")
+        else f" (scheme {scheme!r}: not supported)"
+    )
+    raise PrivacyParameterError(
+        f"The '{name}' parameter must be a sqlite:///FILE or postgresql+psycopg://USER@HOST:PORT/DB URL (the "
+        f"supported databases: SQLite, PostgreSQL). Got {url!r}{hint}."
+    )
+
+
+def _default_postgresql_driver() -> str | None:
+    """The driver SQLAlchemy uses for a plain ``postgresql://`` URL (psycopg 3 from SQLAlchemy 2.1 on,
+    psycopg2 before), or ``None`` without SQLAlchemy."""
+    try:
+        from sqlalchemy.dialects import registry
+
+        return str(registry.load("postgresql").driver)
+    except ImportError:
+        return None
+
+
 @dataclass(frozen=True)
 class DatabaseConfig:
     url: str = "sqlite:///privalign-service.db"
@@ -150,6 +205,11 @@ class ServerConfig:
     max_connections_per_ip: int = 128
     max_in_flight: int = 256
     max_in_flight_per_ip: int = 64
+    in_flight_reserved_for_keys: int = 64
+    max_body_waiting: int = 256
+    max_body_waiting_per_ip: int = 16
+    min_body_bytes_per_s: float = 1024.0
+    connection_rate_per_ip: float = 64.0
 
 
 @dataclass(frozen=True)
@@ -230,6 +290,7 @@ class ServiceConfig:
 
     def _validate(self) -> ServiceConfig:
         lim, pv = self.limits, self.privacy
+        check_database_url(self.database.url, "database.url")
         check_choice(self.database.sync, "database.sync", ("full", "normal"))
         if not isinstance(self.database.group_commit, bool):
             raise PrivacyParameterError(
@@ -239,8 +300,9 @@ class ServiceConfig:
         check_int(lim.max_n, "limits.max_n", low=1, high=10_000)
         check_int(lim.max_text_chars, "limits.max_text_chars", low=1)
         check_int(lim.max_body_bytes, "limits.max_body_bytes", low=1024)
-        check_real(lim.max_epsilon, "limits.max_epsilon", low=0.0, high=1e6, closed="right")
-        check_real(lim.min_epsilon, "limits.min_epsilon", low=1e-9, high=lim.max_epsilon, closed="both")
+        # the library's one ε rule bounds both (privalign._validation: EPS_MIN = 1e-9, EPS_MAX = 700)
+        check_real(lim.max_epsilon, "limits.max_epsilon", low=EPS_MIN, high=EPS_MAX, closed="both")
+        check_real(lim.min_epsilon, "limits.min_epsilon", low=EPS_MIN, high=lim.max_epsilon, closed="both")
         check_real(lim.idempotency_ttl_s, "limits.idempotency_ttl_s", low=0.0)
         check_int(lim.max_tokens, "limits.max_tokens", low=1)
         check_real(lim.request_timeout_s, "limits.request_timeout_s", low=0.0)
@@ -296,8 +358,18 @@ class ServiceConfig:
         srv, lim = self.server, self.limits
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             check_real(getattr(srv, name), f"server.{name}", low=0.0, high=3600.0, closed="right")
-        for name in ("max_connections", "max_connections_per_ip", "max_in_flight", "max_in_flight_per_ip"):
+        for name in (
+            "max_connections",
+            "max_connections_per_ip",
+            "max_in_flight",
+            "max_in_flight_per_ip",
+            "in_flight_reserved_for_keys",
+            "max_body_waiting",
+            "max_body_waiting_per_ip",
+        ):
             check_int(getattr(srv, name), f"server.{name}", low=0, high=1_000_000)
+        for name in ("min_body_bytes_per_s", "connection_rate_per_ip"):
+            check_real(getattr(srv, name), f"server.{name}", low=0.0, high=1e12, closed="both")
         check_int(lim.key_concurrency, "limits.key_concurrency", low=0, high=1_000_000)
         check_real(lim.key_units_per_s, "limits.key_units_per_s", low=0.0, high=1e12, closed="both")
         check_real(lim.key_burst_units, "limits.key_burst_units", low=0.0, high=1e12, closed="both")
@@ -460,6 +532,7 @@ def config_with_overrides(
         options = dict(cfg.generator.options) if keep else {}
         cfg = replace(cfg, generator=replace(cfg.generator, kind=generator, options=options))
     if db is not None:
+        check_database_url(db, "db")  # named as the option (--db), not as the file's key
         cfg = replace(cfg, database=replace(cfg.database, url=db))
     if port is not None:
         cfg = replace(cfg, server=replace(cfg.server, port=port))
