@@ -237,3 +237,45 @@ def test_smollm2_usage_counts_tokens_and_a_cut_answer_finishes_with_length(tmp_p
     ids = ids if isinstance(ids, list) else ids["input_ids"]  # a BatchEncoding in newer transformers
     assert r.usage.prompt_tokens == len(ids) > len(prompt.split())
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 36, item 5: the answer's ``model`` is the served model that ``GET /v1/models`` lists, and every
+# error body has OpenAI's shape with a documented, non-null ``code``.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_answers_name_the_served_model_whatever_the_request_named(svc):
+    client, url, token = svc
+    served = [m.id for m in client.models.list()]
+    assert served == ["m"]  # the upstream generator's model option
+    kw = {"extra_body": {"privacy": {"epsilon": 0.25, "n": 2}}}
+    for asked in ("gpt-x", "m", "privalign"):
+        r = client.chat.completions.create(model=asked, messages=[{"role": "user", "content": "hi"}], **kw)
+        assert r.model == "m", asked
+        c = client.completions.create(model=asked, prompt="hi", **kw)
+        assert c.model == "m", asked
+        chunks = list(
+            client.chat.completions.create(
+                model=asked, messages=[{"role": "user", "content": "hi"}], stream=True, **kw
+            )
+        )
+        assert {ch.model for ch in chunks} == {"m"}, asked
+    # an Idempotency-Key replay is the stored answer: the served model too
+    h = {"Authorization": f"Bearer {token}", "Idempotency-Key": "model-1"}
+    body = {"model": "gpt-x", "prompt": "hi", "privacy": {"epsilon": 0.25, "n": 2}}
+    r1, r2 = (httpx.post(url + "/v1/completions", headers=h, json=body) for _ in range(2))
+    assert r2.headers.get("idempotent-replayed") == "true" and r1.json()["model"] == r2.json()["model"] == "m"
+
+
+def test_without_a_model_option_the_answer_names_privalign_as_v1_models_does(tmp_path, reward_model):
+    app = create_app(_cfg(tmp_path, reward_model), generator=lambda prompt, n, **kw: candidates_for("p", n))
+    _, token = create_key(app.state.service.engine, budget_epsilon=1.0)
+    with serve_in_thread(app) as url:
+        listed = httpx.get(url + "/v1/models").json()["data"]
+        r = httpx.post(
+            url + "/v1/completions",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"model": "gpt-x", "prompt": "p", "privacy": {"epsilon": 0.5, "n": 2}},
+        )
+    assert [m["id"] for m in listed] == ["privalign"] and r.json()["model"] == "privalign", r.text

@@ -52,8 +52,8 @@ class Plan:
     defaulted: tuple[str, ...] = ()
 
 
-def _bad(param: str, msg: str) -> ApiError:
-    return ApiError(400, "invalid_request_error", msg, param=param)
+def _bad(param: str, msg: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, "invalid_request_error", msg, param=param, code=code)
 
 
 def quantize_epsilon(eps: float) -> tuple[int, float]:
@@ -99,6 +99,7 @@ def _require_privacy(cfg: ServiceConfig, pp: PrivacyParams | None, private: bool
         f"The '{name}' parameter is required on this server (privacy.require_privacy = true): every request "
         'states the most it may spend, e.g. "privacy": {"epsilon": 0.5} (with the openai client: '
         'extra_body={"privacy": {"epsilon": 0.5}}). GET /v1/budget shows what is left. Nothing was charged.',
+        "missing_required_parameter",
     )
 
 

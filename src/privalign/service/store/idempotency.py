@@ -13,12 +13,16 @@ from privalign.service import db
 class IdempotencyConflict(Exception):
     """An attempt with this Idempotency-Key is in progress or was interrupted.
 
-    ``charged``: whether that attempt holds a reservation (``True``: a retry with this key is never run;
-    ``False``: it holds nothing yet, a later retry may run; ``None``: unknown, treated as charged)."""
+    ``charged``: whether that attempt holds a reservation (``True``: a retry with this key is never run
+    again; ``False``: it holds nothing yet, a later retry may run; ``None``: unknown, treated as charged).
+    ``final``: no retry with this key will ever be run or replayed (the attempt holds a charge and is
+    over without a stored answer); ``False``: the attempt may still be running, a later retry gets its
+    stored answer (or, if it holds nothing, runs)."""
 
-    def __init__(self, message: str, *, charged: bool | None = None) -> None:
+    def __init__(self, message: str, *, charged: bool | None = None, final: bool = False) -> None:
         super().__init__(message)
         self.charged = charged
+        self.final = final
 
 
 class IdempotencyMismatch(Exception):
@@ -28,6 +32,17 @@ class IdempotencyMismatch(Exception):
 _IN_PROGRESS = (
     "A request with this Idempotency-Key is in progress and holds no charge yet; retry in a few seconds. "
     "Nothing was charged for this one."
+)
+_IN_PROGRESS_CHARGED = (
+    "A request with this Idempotency-Key is in progress: it holds a charge (at most its reserved cost) and "
+    "its answer is not stored yet. Retry in a second with the same key and body: the stored answer is "
+    "replayed, never charged again. Nothing was charged for this one."
+)
+_ANSWER_LOST = (
+    "A request with this Idempotency-Key holds a charge (at most its reserved cost) and is over without a "
+    "stored answer (it was interrupted, or its answer could not be stored while the database failed). It is "
+    "neither run again nor replayed: send a new request with a new Idempotency-Key. Nothing was charged for "
+    "this one."
 )
 
 
@@ -45,6 +60,7 @@ class IdempotentAnswers:
         ttl_s: float,
         reservation_id: str | None = None,
         stale_after_s: float | None = None,
+        in_progress_s: float | None = None,
     ) -> tuple[int, str] | None:
         """Start an attempt of a request carrying an ``Idempotency-Key``.
 
@@ -54,6 +70,10 @@ class IdempotentAnswers:
           stale_after_s: a pending attempt older than this that holds no reservation (never reserved, or
             cancelled) is dead (the service passes ``privacy.reconcile_after_s``, after which it also
             charges open reservations as abandoned): this attempt takes its key over. ``None``: never.
+          in_progress_s: a pending attempt that holds a reservation (or may: none recorded) and is younger
+            than this may still be running (or storing its answer): the conflict is not ``final``. Older,
+            or ``None``: it is over without a stored answer, the conflict is ``final``. The service
+            passes ``privacy.reconcile_after_s``, the age after which it treats a request as dead.
 
         Returns:
           ``(status_code, response JSON text)`` of a completed, unexpired attempt with the same key and
@@ -62,7 +82,8 @@ class IdempotentAnswers:
 
         Raises:
           IdempotencyConflict: an attempt with this key is in progress or was interrupted; its
-            ``charged`` says whether it holds a reservation (read from the ledger).
+            ``charged`` says whether it holds a reservation (read from the ledger), its ``final``
+            whether it is over without a stored answer (see ``in_progress_s``).
           IdempotencyMismatch: this key was used with a different request.
         """
         t = db.now()
@@ -111,17 +132,10 @@ class IdempotentAnswers:
                 return None
         if charged is False:
             raise IdempotencyConflict(_IN_PROGRESS, charged=False)
-        raise IdempotencyConflict(
-            "A request with this Idempotency-Key "
-            + (
-                "reserved its budget and was not answered (it is in progress, or it was interrupted): it "
-                "holds a charge, at most its reserved cost"
-                if charged
-                else "is in progress or was interrupted; it may hold a charge, at most its reserved cost"
-            )
-            + ". It is not run again: send a new request with a new Idempotency-Key.",
-            charged=charged,
-        )
+        may = (lambda m: m) if charged else (lambda m: m.replace("holds a charge", "may hold a charge"))
+        if in_progress_s is not None and row["created_at"] > t - in_progress_s:
+            raise IdempotencyConflict(may(_IN_PROGRESS_CHARGED), charged=charged)
+        raise IdempotencyConflict(may(_ANSWER_LOST), charged=charged, final=True)
 
     def _attempt_charged(self, reservation_id: str | None) -> bool | None:
         """Whether the attempt that reserves under ``reservation_id`` holds a charge: its reservation is
@@ -146,7 +160,8 @@ class IdempotentAnswers:
         ttl_s: float,
         attempt: str | None = None,
     ) -> None:
-        """Store the answer of an attempt (``response`` JSON text), or, with ``response=None``, drop its
+        """Store the answer of an attempt (``response``: the answer's text, or the body of a charged error
+        with its ``status_code``; replayed as is), or, with ``response=None``, drop its
         pending row (a refusal that charged nothing: the client may retry with the same key).
         ``attempt``: the reservation id the attempt began with; only its own row is changed (not one a
         later attempt took over)."""
