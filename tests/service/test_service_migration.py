@@ -219,9 +219,10 @@ def test_v1_ledger_upgrades_in_place_postgres(pg_schema, via_alembic):
 
 def _pre_alembic_v2(engine) -> None:
     """A version-2 ledger created before Alembic: the current tables and the version row, no
-    ``alembic_version``."""
+    ``alembic_version`` (and no ``api_keys.user_name``, added by revision ``0003``)."""
     db.metadata.create_all(engine)
     with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE api_keys DROP COLUMN user_name")
         conn.execute(db.schema_version.insert().values(id=1, version=2))
 
 

@@ -89,10 +89,11 @@ def test_readme_train_then_pool_runs_verbatim(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     work = tmp_path / "work"
-    assert (work / "pool.jsonl.gz").is_file() and (work / "sim" / "results.json").is_file()
+    out = work / "runs" / "guide" / "pool"  # the guide's recipes write into runs/guide/NAME
+    assert (out / "pool.jsonl.gz").is_file() and (out / "sim" / "results.json").is_file()
     from privalign.data.pools import read_pool
 
-    recs = read_pool(work / "pool.jsonl.gz")
+    recs = read_pool(out / "pool.jsonl.gz")
     assert len(recs) == 2 and all(len(r.responses) == 8 for r in recs)
 
 

@@ -239,7 +239,7 @@ def test_serve_fails_with_one_line_on_a_busy_port(tmp_path, check):
 def test_serve_check_fails_on_an_address_it_cannot_listen_on(tmp_path):
     p = _serve(tmp_path, "--host", "192.0.2.1", "--port", "8000", "--check")  # TEST-NET-1: never local
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "--port" in p.stderr and "192.0.2.1:8000" in p.stderr and p.stdout == ""
+    assert "--host" in p.stderr and "192.0.2.1:8000" in p.stderr and p.stdout == ""  # not this machine's
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]

@@ -2,6 +2,10 @@
 
 Admin actions exist only here (direct database access), never over HTTP. The database comes from
 ``--db URL`` (plus ``--db-schema`` for PostgreSQL) or from a service config's ``[database]``.
+
+``create --user NAME`` gives a person several keys that share one budget: the first key of NAME creates
+the user's budget (``--budget-epsilon``, ``--budget-delta``, ``--accounting``); a further key of NAME joins
+it and may not state a budget (``top-up`` through any of the user's keys adds to it).
 """
 
 from __future__ import annotations
@@ -29,33 +33,68 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         sp.add_argument("--json", action="store_true", help="Print JSON on stdout.")
 
-    c = sub.add_parser("create", help="Create a key with a privacy budget; prints the token once.")
-    c.add_argument("--budget-epsilon", type=float, required=True, help="Budget ε (> 0).")
+    c = sub.add_parser(
+        "create",
+        help="Create a key with a privacy budget (or a further key of a user, sharing the user's budget); "
+        "prints the token once.",
+        description="Create a key; prints the token once. Without --user the key has a budget of its own. "
+        "With --user NAME every key of NAME spends from one budget: the first key of NAME creates it "
+        "(--budget-epsilon required), a further key joins it (no --budget-epsilon/--budget-delta; "
+        "--accounting, if given, must be the user's). A person holding several keys has one budget only "
+        "if all of them are created with the same --user.",
+    )
     c.add_argument(
-        "--budget-delta", type=float, default=0.0, help="Budget δ in [0, 1) (zcdp: δ of the conversion, > 0)."
+        "--budget-epsilon",
+        type=float,
+        default=None,
+        help="Budget ε (> 0); required for a key of its own or the first key of a user, refused for a "
+        "further key of a user.",
+    )
+    c.add_argument(
+        "--budget-delta",
+        type=float,
+        default=None,
+        help="Budget δ in [0, 1) (default 0; zcdp: δ of the conversion, > 0); refused for a further key "
+        "of a user.",
     )
     c.add_argument(
         "--accounting",
         choices=["pure", "zcdp", "ex-post"],
-        default="pure",
-        help="Accounting of this key's budget.",
+        default=None,
+        help="Accounting of the budget (default pure; a further key of a user has the user's).",
     )
     c.add_argument("--name", default="", help="A label.")
+    c.add_argument(
+        "--user",
+        default=None,
+        metavar="NAME",
+        help="The user whose budget the key shares (1-60 characters of letters, digits, '._@-'); the first "
+        "key of a user creates the user's budget.",
+    )
     common(c)
     c.set_defaults(func=_create)
 
-    ls = sub.add_parser("list", help="List keys with limit, spent, reserved, remaining.")
+    ls = sub.add_parser(
+        "list",
+        help="List keys with their user and their budget's limit, spent, reserved, remaining (for a key of "
+        "a user: the user's shared budget).",
+    )
     common(ls)
     ls.set_defaults(func=_list)
 
-    t = sub.add_parser("top-up", help="Add budget to a key.")
-    t.add_argument("key_id", help="the key's id (privalign keys list)")
+    t = sub.add_parser("top-up", help="Add budget to a key's budget (a key of a user: to the user's budget).")
+    t.add_argument(
+        "key_id", help="the key's id (privalign keys list); any active key of a user tops up the user"
+    )
     t.add_argument("--epsilon", type=float, default=0.0, help="ε to add to the key's budget (default 0)")
     t.add_argument("--delta", type=float, default=0.0, help="δ to add to the key's budget (default 0)")
     common(t)
     t.set_defaults(func=_top_up)
 
-    r = sub.add_parser("revoke", help="Revoke a key (401 from then on; its ledger is kept).")
+    r = sub.add_parser(
+        "revoke",
+        help="Revoke a key (401 from then on; its ledger is kept; a user's other keys and budget stay).",
+    )
     r.add_argument("key_id", help="the key's id (privalign keys list)")
     common(r)
     r.set_defaults(func=_revoke)
@@ -76,6 +115,10 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
     from privalign.service import db
 
     url, schema = args.db, args.db_schema
+    if url is not None:
+        from privalign.service.config import check_database_url
+
+        check_database_url(url, "db")  # another database failed as a missing driver module
     if url is None and args.config:
         import tomllib
 
@@ -94,31 +137,41 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
 
 
 def _create(args: argparse.Namespace) -> int:
-    from privalign.service.keys import create_key
+    from privalign.service.keys import create_key, list_keys
 
+    engine = _engine(args)
     key_id, token = create_key(
-        _engine(args),
+        engine,
         budget_epsilon=args.budget_epsilon,
         budget_delta=args.budget_delta,
         accounting=args.accounting,
         name=args.name,
+        user=args.user,
     )
+    row = next(r for r in list_keys(engine) if r["key_id"] == key_id)
+    joined = args.user is not None and args.budget_epsilon is None
     out = {
         "key_id": key_id,
         "token": token,
-        "accounting": args.accounting,
+        "user": args.user,
+        "accounting": row["accounting"],
         "budget_epsilon": args.budget_epsilon,
-        "budget_delta": args.budget_delta,
+        "budget_delta": None if joined else (args.budget_delta or 0.0),
+        "joined_user_budget": joined,
+        "remaining": row["remaining"],
     }
     if args.json:
         print(json.dumps(out))
     else:
         print(token)
-        print(
-            f"key {key_id} created ({args.accounting}, ε={args.budget_epsilon}, δ={args.budget_delta}); "
-            "the token is shown only once",
-            file=sys.stderr,
+        what = (
+            f"joined user {args.user}'s budget ({row['accounting']}, remaining {row['remaining']})"
+            if joined
+            else f"({row['accounting']}, ε={args.budget_epsilon}, δ={out['budget_delta']}"
+            + (f", budget of user {args.user}" if args.user else "")
+            + ")"
         )
+        print(f"key {key_id} created {what}; the token is shown only once", file=sys.stderr)
     return 0
 
 
@@ -131,7 +184,8 @@ def _list(args: argparse.Namespace) -> int:
     else:
         for r in rows:
             print(
-                f"{r['key_id']}  {r['accounting']:7s}  revoked={r['revoked']!s:5s}  limit={r['limit']}  "
+                f"{r['key_id']}  {r['accounting']:7s}  revoked={r['revoked']!s:5s}  "
+                f"user={r['user'] or '-'}  limit={r['limit']}  "
                 f"spent={r['spent']}  reserved={r['reserved']}  remaining={r['remaining']}  {r['name']}"
             )
     return 0

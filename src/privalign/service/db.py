@@ -12,7 +12,9 @@ Tables:
   the ledger row that changes them, so they are *derivable from rows* (:func:`derive_totals` recomputes
   them; the tests check equality).
 * ``api_keys``: key id, salt and salted HMAC-SHA256 of the secret (never the secret), accounting mode,
-  revocation time. The key id is the principal.
+  revocation time, and the key's user (``user_name``, ``NULL`` for a key of its own). The budget
+  principal of a key (:func:`key_principal`) is its key id when it has no user, else ``"u:" + user_name``:
+  every key of a user spends from the one budget row of the user.
 * ``budget_grants``: append-only; the budget limit of a principal is the sum of its grants (creation and
   top-ups).
 * ``ledger``: append-only; one row per action on a reservation (``reserve``, ``settle``, ``cancel``,
@@ -77,6 +79,8 @@ __all__ = [
     "units_up",
     "units_down",
     "from_units",
+    "key_principal",
+    "USER_PREFIX",
 ]
 
 #: Units per ε (or ρ): amounts are stored as integers of 10⁻⁹ ε.
@@ -85,8 +89,17 @@ EPS_SCALE = 10**9
 DELTA_SCALE = 10**18
 #: Largest amount a column may hold (int64 with room for the sum spent + reserved + cost in a check).
 MAX_UNITS = 2**61
-#: Version 1: float amounts, no ``expires_at``; version 2: integer units, idempotency expiry.
-SCHEMA_VERSION = 2
+#: Version 1: float amounts, no ``expires_at``; version 2: integer units, idempotency expiry; version 3:
+#: ``api_keys.user_name`` (budgets shared by the keys of a user).
+SCHEMA_VERSION = 3
+#: Principal of a user's shared budget: this prefix and the user name (a key id is 16 hex digits, so the
+#: two never collide).
+USER_PREFIX = "u:"
+
+
+def key_principal(key_id: str, user_name: str | None) -> str:
+    """The budget principal of a key: its own id, or its user's shared budget ``"u:" + user_name``."""
+    return key_id if user_name is None else USER_PREFIX + user_name
 
 
 def _exact(x: float | int | Fraction | Decimal) -> Fraction:
@@ -144,13 +157,15 @@ principals = Table(
 api_keys = Table(
     "api_keys",
     metadata,
-    Column("key_id", String(64), primary_key=True),  # == principal
+    Column("key_id", String(64), primary_key=True),  # the principal when user_name is NULL
     Column("name", String(200), nullable=False, default=""),
     Column("salt", String(64), nullable=False),
     Column("secret_hash", String(128), nullable=False),
     Column("accounting", String(16), nullable=False),  # pure | zcdp | ex-post
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float, nullable=True),
+    # the user whose shared budget the key spends (principal "u:" + user_name); NULL: the key's own budget
+    Column("user_name", String(60), nullable=True),
 )
 
 budget_grants = Table(

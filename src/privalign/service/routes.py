@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from privalign.service.schemas import (
 )
 from privalign.service.store import IdempotencyConflict, IdempotencyMismatch
 
-__all__ = ["openai_router", "select_router", "ops_router"]
+__all__ = ["openai_router", "select_router", "ops_router", "served_model"]
 
 openai_router = APIRouter()
 select_router = APIRouter()
@@ -115,57 +116,159 @@ def _handle(
             param="Idempotency-Key",
         )
     req_hash = hashlib.sha256(job.endpoint.encode() + b"\n" + raw).hexdigest()
-    ttl = cfg.limits.idempotency_ttl_s
+    # An attempt younger than privacy.reconcile_after_s may still be running: a retry that meets it is
+    # told to retry (409 idempotency_in_progress); after it, the attempt is over (see idempotency_begin).
+    window = cfg.privacy.reconcile_after_s
     attempt = uuid.uuid4().hex  # the id this attempt reserves under, recorded on its pending row
+    until = time.monotonic() + window - 1.0  # storing this attempt's answer is retried until then
     try:
         stored = state.store.idempotency_begin(
             key.key_id,
             idem_key,
             req_hash,
-            ttl_s=ttl,
+            ttl_s=cfg.limits.idempotency_ttl_s,
             reservation_id=attempt,
-            stale_after_s=cfg.privacy.reconcile_after_s,
+            stale_after_s=window,
+            in_progress_s=window,
         )
     except IdempotencyConflict as exc:
-        if exc.charged is False:  # in progress, nothing held yet: a later retry may run
-            raise ApiError(409, "conflict_error", str(exc), headers={"Retry-After": "2"}) from None
-        raise ApiError(409, "conflict_error", str(exc), retry=False) from None
+        raise _conflict(exc) from None
     except IdempotencyMismatch as exc:
-        raise ApiError(422, "invalid_request_error", str(exc), param="Idempotency-Key") from None
+        raise ApiError(
+            422, "invalid_request_error", str(exc), param="Idempotency-Key", code="idempotency_key_reused"
+        ) from None
     if stored is not None:
-        media = "text/event-stream" if stored[1].startswith("data:") else "application/json"
-        return Response(
-            stored[1].encode("utf-8"),
-            status_code=stored[0],
-            media_type=media,
-            headers={"Idempotent-Replayed": "true"},
-        )
+        return _replay(*stored)
+    stash = _Stash(state, key.key_id, idem_key, attempt, until)
     try:
         out = pipeline.run(state, key, job, reservation_id=attempt)
     except ApiError as exc:
         if not exc.charged:  # nothing was charged: the client may retry with the same key
             _forget_attempt(state, key.key_id, idem_key, attempt)
-        raise  # charged: the attempt stays pending (a retry is answered 409, never charged twice)
-    try:
-        if out.settle is not None:
-            _, rid, units, ev = out.settle
+        else:  # charged without an answer: this error is the key's answer (replayed, never run again)
+            stash.store(exc.status, bytes(JSONResponse(exc.body()).body).decode("utf-8"), None)
+        raise
+    if out.settle is not None:
+        _, rid, units, ev = out.settle
+        try:
             state.store.settle(rid, units=units, event=ev)
-        state.store.idempotency_finish(
-            key.key_id,
-            idem_key,
-            status_code=200,
-            response=out.content.decode("utf-8"),
-            reservation_id=out.reservation_id,
-            ttl_s=ttl,
-            attempt=attempt,
-        )
-    except Exception as exc:  # noqa: BLE001 - the answer is ready: send it; the reservation stays charged (reconciled)
-        state.metrics.settle_failures.inc()
-        pipeline.log.error(
-            "settle or answer storage failed (%s); answering, the reservation stays charged",
-            type(exc).__name__,
-        )
+        except Exception as exc:  # noqa: BLE001 - the reservation stays charged at its reserved cost (reconciled)
+            state.metrics.settle_failures.inc()
+            pipeline.log.error(
+                "settle failed (%s); the reservation stays charged at its reserved cost; the answer is "
+                "stored and sent",
+                type(exc).__name__,
+            )
+    stash.store(200, out.content.decode("utf-8"), out.reservation_id)
     return _send(out)
+
+
+def _conflict(exc: IdempotencyConflict) -> ApiError:
+    """The 409 for a pending attempt: ``idempotency_in_progress`` (retry; the stored answer is replayed
+    once the attempt stores it) or, final, ``idempotency_answer_lost`` (send a new key)."""
+    if exc.final:
+        return ApiError(
+            409,
+            "conflict_error",
+            str(exc),
+            retry=False,
+            param="Idempotency-Key",
+            code="idempotency_answer_lost",
+        )
+    return ApiError(
+        409,
+        "conflict_error",
+        str(exc),
+        retry=True,
+        headers={"Retry-After": "1"},
+        param="Idempotency-Key",
+        code="idempotency_in_progress",
+    )
+
+
+def _replay(status: int, text: str) -> Response:
+    """A stored answer, sent again (never charged again). A stored error is a charged one: no retry."""
+    headers = {"Idempotent-Replayed": "true"}
+    if status >= 400:
+        headers["x-should-retry"] = "false"
+    media = "text/event-stream" if text.startswith("data:") else "application/json"
+    return Response(text.encode("utf-8"), status_code=status, media_type=media, headers=headers)
+
+
+#: At most this many answers are retried in the background at once (a database outage under load must not
+#: start a thread per request).
+_STASHERS = threading.BoundedSemaphore(64)
+
+
+class _Stash:
+    """Stores an attempt's answer under its Idempotency-Key. If the database fails, storing is retried in
+    a background thread until ``until`` (monotonic; the end of the attempt's in-progress window), so that
+    the replay becomes reachable once the database is back; meanwhile a retry with the key is answered
+    409 ``idempotency_in_progress``, and after the window 409 ``idempotency_answer_lost``."""
+
+    def __init__(self, state: pipeline.ServiceState, key_id: str, idem_key: str, attempt: str, until: float):
+        self.state, self.key_id, self.idem_key, self.attempt, self.until = (
+            state,
+            key_id,
+            idem_key,
+            attempt,
+            until,
+        )
+
+    def _finish(self, status: int, text: str, reservation_id: str | None) -> None:
+        self.state.store.idempotency_finish(
+            self.key_id,
+            self.idem_key,
+            status_code=status,
+            response=text,
+            reservation_id=reservation_id,
+            ttl_s=self.state.cfg.limits.idempotency_ttl_s,
+            attempt=self.attempt,
+        )
+
+    def store(self, status: int, text: str, reservation_id: str | None) -> None:
+        try:
+            self._finish(status, text, reservation_id)
+        except Exception as exc:  # noqa: BLE001 - a database error: retried in the background
+            self.state.metrics.db_errors.inc()
+            pipeline.log.error(
+                "storing an Idempotency-Key answer failed (%s); retrying in the background",
+                type(exc).__name__,
+            )
+            if not _STASHERS.acquire(blocking=False):
+                pipeline.log.error("too many answers waiting to be stored; this one is not retried")
+                return
+            threading.Thread(
+                target=self._retry, args=(status, text, reservation_id), daemon=True, name="privalign-stash"
+            ).start()
+
+    def _retry(self, status: int, text: str, reservation_id: str | None) -> None:
+        try:
+            self._retry_until(status, text, reservation_id)
+        finally:
+            _STASHERS.release()
+
+    def _retry_until(self, status: int, text: str, reservation_id: str | None) -> None:
+        delay, tries = 0.25, 1
+        while time.monotonic() + delay < self.until:
+            time.sleep(delay)
+            tries += 1
+            try:
+                self._finish(status, text, reservation_id)
+            except Exception as exc:  # noqa: BLE001 - still failing
+                self.state.metrics.db_errors.inc()
+                pipeline.log.warning(
+                    "storing an Idempotency-Key answer failed again (%s)", type(exc).__name__
+                )
+                delay = min(2 * delay, 5.0)
+                continue
+            pipeline.log.warning("stored an Idempotency-Key answer after %d tries", tries)
+            return
+        pipeline.log.error(
+            "gave up storing an Idempotency-Key answer after %d tries; a retry with its key is answered 409 "
+            "idempotency_answer_lost",
+            tries,
+        )
 
 
 def _forget_attempt(state: pipeline.ServiceState, key_id: str, idem_key: str, attempt: str) -> None:
@@ -194,6 +297,7 @@ def _gen_kwargs(state: pipeline.ServiceState, req: _OpenAIBase, chat: bool) -> d
             "invalid_request_error",
             "The 'seed' parameter is not accepted: the service uses secure noise only.",
             param="seed",
+            code="unsupported_parameter",
         )
     for name in UNSUPPORTED_OPENAI_PARAMS:
         if getattr(req, name, None) is not None:
@@ -202,6 +306,7 @@ def _gen_kwargs(state: pipeline.ServiceState, req: _OpenAIBase, chat: bool) -> d
                 "invalid_request_error",
                 f"The '{name}' parameter is not supported by this server.",
                 param=name,
+                code="unsupported_parameter",
             )
     if req.n not in (None, 1):
         raise ApiError(
@@ -210,6 +315,7 @@ def _gen_kwargs(state: pipeline.ServiceState, req: _OpenAIBase, chat: bool) -> d
             f"The 'n' parameter must be 1 (one private selection per request; use "
             f"privacy.n for the candidate count). Got {req.n}.",
             param="n",
+            code="unsupported_value",
         )
     if req.stream_options is not None and not req.stream:
         raise ApiError(
@@ -268,15 +374,28 @@ def _stream(req: _OpenAIBase, fmt: Callable[..., bytes]) -> Callable[[dict], byt
     return lambda body: fmt(body, include_usage=include_usage)
 
 
+def served_model(state: pipeline.ServiceState) -> str:
+    """The id of the one model this server serves: the generator's ``model`` option, else ``privalign``.
+    ``GET /v1/models`` lists it and every answer's ``model`` field is it, whatever ``model`` the request
+    named (the request's ``model`` selects nothing: there is one model)."""
+    opts = state.cfg.generator.options
+    return str(opts.get("model") or "privalign") if state.cfg.generator.kind != "none" else "privalign"
+
+
 @openai_router.get("/v1/models", summary="OpenAI-compatible model list")
 def models(request: Request) -> JSONResponse:
     state = _state(request)
-    opts = state.cfg.generator.options
-    name = str(opts.get("model") or "privalign") if state.cfg.generator.kind != "none" else "privalign"
     return JSONResponse(
         {
             "object": "list",
-            "data": [{"id": name, "object": "model", "created": int(state.started), "owned_by": "privalign"}],
+            "data": [
+                {
+                    "id": served_model(state),
+                    "object": "model",
+                    "created": int(state.started),
+                    "owned_by": "privalign",
+                }
+            ],
         }
     )
 
@@ -304,6 +423,7 @@ def chat_completions(
             param="messages",
         )
     plan = make_plan(state.cfg, body.privacy, state.cfg.privacy.default_n)
+    model = served_model(state)
     msgs = [{"role": m.role, "content": t} for m, t in zip(body.messages, texts, strict=True)]
     score_prompt = "\n".join(f"{m['role']}: {m['content']}" for m in msgs)
 
@@ -312,7 +432,7 @@ def chat_completions(
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": body.model,
+            "model": model,
             "choices": [
                 {
                     "index": 0,
@@ -352,13 +472,14 @@ def completions(
     gk = _gen_kwargs(state, body, False)
     _check_text(state, body.prompt, "prompt")
     plan = make_plan(state.cfg, body.privacy, state.cfg.privacy.default_n)
+    model = served_model(state)
 
     def render(idx: int, text: str, block: dict, finish_reason: str, usage: dict | None) -> dict:
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": body.model,
+            "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
             "usage": usage,
             "privacy": block,
@@ -449,13 +570,15 @@ def _request_defaults(state: pipeline.ServiceState) -> dict[str, Any]:
 
 @select_router.get("/v1/budget", summary="The calling key's budget and its latest ledger rows (never waits)")
 def budget(request: Request, authorization: str | None = Header(None)) -> JSONResponse:
-    """The key's totals as committed now. Answers that this process sent but whose settle is not written
+    """The totals of the key's budget as committed now: the key's own budget, or, for a key of a user
+    (``user`` is the user's name, else ``null``), the user's budget shared by all of the user's keys, with
+    the ledger rows of every one of them. Answers that this process sent but whose settle is not written
     yet count at their reserved cost (``pending_settles`` says how many); the settle follows within
     milliseconds. Field names: ``epsilon`` (``rho`` for zCDP keys) and ``delta``."""
     state = _state(request)
     key = _auth(state, authorization)
-    snap = state.store.snapshot(key.key_id, units=True) or {}
-    rows = state.store.ledger_rows(key.key_id, limit=100)
+    snap = state.store.snapshot(key.principal, units=True) or {}
+    rows = state.store.ledger_rows(key.principal, limit=100)
     a = "rho" if key.accounting == "zcdp" else "epsilon"
 
     def pair(prefix: str) -> dict[str, float]:
@@ -470,13 +593,14 @@ def budget(request: Request, authorization: str | None = Header(None)) -> JSONRe
     return JSONResponse(
         {
             "key_id": key.key_id,
+            "user": key.user,
             "accounting": key.accounting,
             "unit": a,
             "limit": pair("limit"),
             "spent": pair("spent"),
             "reserved": pair("reserved"),
             "remaining": pipeline.remaining_dict(key, left),
-            "pending_settles": state.pending_settles(key.key_id),
+            "pending_settles": state.pending_settles(key.principal),
             "request_defaults": _request_defaults(state),
             "ledger": json.loads(pipeline.encode(rows)),
         }
@@ -516,7 +640,14 @@ async def readyz(request: Request) -> JSONResponse:
             else "loading the generator"
         )
         return JSONResponse({"ready": False, "reason": reason}, status_code=503, headers={"Retry-After": "5"})
-    return JSONResponse({"ready": True})
+    # saturation (connections.ServerLoad): every request slot taken, so a balancer routes elsewhere
+    load = request.app.state.load.snapshot() if hasattr(request.app.state, "load") else {}
+    if load.get("saturated"):
+        reason = f"saturated: {load['in_flight']} of {load['max_in_flight']} requests in flight"
+        return JSONResponse(
+            {"ready": False, "reason": reason, "load": load}, status_code=503, headers={"Retry-After": "1"}
+        )
+    return JSONResponse({"ready": True, "load": load})
 
 
 @ops_router.get("/metrics", summary="Prometheus metrics (text exposition format)")

@@ -52,7 +52,8 @@ class ServiceState:
         lim = cfg.limits
         self.limiter = KeyLimiter(lim.key_concurrency, lim.key_units_per_s, lim.key_burst_units)
         # Deferred settles: the worker threads are joined at interpreter exit, so the settles queued
-        # before a graceful shutdown are written. Not yet written: {key id: {reservation id: give-up time}}.
+        # before a graceful shutdown are written. Not yet written: {principal: {reservation id: give-up
+        # time}}, by budget principal (the key id, or the user's shared budget).
         self.settler = ThreadPoolExecutor(max_workers=2, thread_name_prefix="privalign-settle")
         self._pending: dict[str, dict[str, float]] = {}
         self._pending_cv = threading.Condition()
@@ -103,7 +104,7 @@ class ServiceState:
 
     # -- deferred settles ---------------------------------------------------------------------
     def settle_later(
-        self, key_id: str, reservation_id: str, units: tuple[int, int], event: dict
+        self, principal: str, reservation_id: str, units: tuple[int, int], event: dict
     ) -> Callable[[], Awaitable[None]]:
         """Register the settle of an answer that is about to be sent. Returns a coroutine function that the
         endpoint runs once the response has been sent (a Starlette background task, on the event loop); it
@@ -114,16 +115,16 @@ class ServiceState:
         dies first, the reservation stays open and reconciliation charges its reserved cost (fail closed).
         """
         with self._pending_cv:
-            self._pending.setdefault(key_id, {})[reservation_id] = (
+            self._pending.setdefault(principal, {})[reservation_id] = (
                 time.monotonic() + self.cfg.limits.request_timeout_s
             )
 
         async def after_response() -> None:
-            self.settler.submit(self._settle, key_id, reservation_id, units, event)
+            self.settler.submit(self._settle, principal, reservation_id, units, event)
 
         return after_response
 
-    def _settle(self, key_id: str, reservation_id: str, units: tuple[int, int], event: dict) -> None:
+    def _settle(self, principal: str, reservation_id: str, units: tuple[int, int], event: dict) -> None:
         try:
             self.store.settle(reservation_id, units=units, event=event)
         except ReservationError as exc:  # e.g. reconciled first: charged at the reserved cost
@@ -137,27 +138,28 @@ class ServiceState:
             )
         finally:
             with self._pending_cv:
-                mine = self._pending.get(key_id, {})
+                mine = self._pending.get(principal, {})
                 mine.pop(reservation_id, None)
                 if not mine:
-                    self._pending.pop(key_id, None)
+                    self._pending.pop(principal, None)
                 self._pending_cv.notify_all()
 
-    def pending_settles(self, key_id: str) -> int:
-        """How many deferred settles of ``key_id`` this process has not written yet (never blocks)."""
+    def pending_settles(self, principal: str) -> int:
+        """How many deferred settles of budget ``principal`` (a key id, or a user's ``"u:" + name``) this
+        process has not written yet (never blocks)."""
         with self._pending_cv:
-            return len(self._pending.get(key_id, {}))
+            return len(self._pending.get(principal, {}))
 
-    def wait_settled(self, key_id: str | None = None, timeout: float | None = None) -> bool:
-        """Wait until this process has written the deferred settles of ``key_id`` (of every key if
-        ``None``) registered so far (tests, graceful shutdown). A settle that has not run within
+    def wait_settled(self, principal: str | None = None, timeout: float | None = None) -> bool:
+        """Wait until this process has written the deferred settles of budget ``principal`` (of every
+        principal if ``None``) registered so far (tests, graceful shutdown). A settle that has not run within
         ``limits.request_timeout_s`` of its registration is given up. Returns ``False`` on ``timeout``."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._pending_cv:
             while True:
                 now = time.monotonic()
                 left = 0.0
-                for k in [key_id] if key_id is not None else list(self._pending):
+                for k in [principal] if principal is not None else list(self._pending):
                     mine = self._pending.get(k, {})
                     for rid, give_up in list(mine.items()):
                         if give_up <= now:

@@ -9,6 +9,8 @@ Revisions (``versions/``):
   recomputed from the converted rows), stored answers get an expiry, and the ``privalign_schema``
   version table (version 2) is added. On SQLite the column type changes use Alembic's batch mode
   (copy-and-recreate).
+* ``0003``: ``api_keys.user_name`` (budgets shared by the keys of a user); existing keys get ``NULL``
+  and keep their own budgets; version 3.
 
 :func:`upgrade` runs at start-up (:func:`privalign.service.db.create_schema`) inside the caller's
 transaction, under its lock (PostgreSQL advisory lock, SQLite ``BEGIN IMMEDIATE``):
@@ -31,7 +33,7 @@ from typing import Any
 __all__ = ["HEAD", "upgrade", "is_empty", "stamp_head", "current_revision", "alembic_config"]
 
 #: The newest revision.
-HEAD = "0002"
+HEAD = "0003"
 _HERE = Path(__file__).resolve().parent
 
 

@@ -1,4 +1,5 @@
-"""Step 1: reserve the worst case in the key's ledger row (429 before any score), or cancel."""
+"""Step 1: reserve the worst case in the ledger row of the key's budget principal (the key's own budget, or
+its user's shared one; 429 before any score), or cancel."""
 
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ def reserve(
     (``require_active``); if it writes nothing, the key is authenticated from the database (401) and the
     reservation decided again exactly as without the cache.
 
-    The reservation is committed (every later reservation of the key sees it) when this returns; with
-    group commit its flush to disk may still be pending (``receipt.ticket``): :func:`durable` must be
-    called before anything that depends on the private scores is released. ``overlap``: start that flush
-    now in the flusher's thread (the request goes on to generate, waiting on I/O); otherwise it runs at
-    the gate, in the request's thread, shared with every reservation committed by then.
+    The reservation is committed (every later reservation of the key's principal sees it) when this returns;
+    with group commit its flush to disk may still be pending (``receipt.ticket``): :func:`durable` must be
+    called before anything that depends on the private scores is released. ``overlap``: start that flush now
+    in the flusher's thread (the request goes on to generate, waiting on I/O); otherwise it runs at the gate,
+    in the request's thread, shared with every reservation committed by then.
 
     ``reservation_id``: the id to reserve under (default: a fresh one). Any failure other than a refusal
     (a database error) is answered 503 once the reservation is known not to stand: if the statement wrote
@@ -111,11 +112,12 @@ def _reserve(
     if reauth is not None:
         try:
             receipt = state.store.reserve(
-                key.key_id,
+                key.principal,
                 cost,
                 None,
                 event=event,
                 require_active=True,
+                active_key=key.key_id,  # this key, whose user's budget (if any) is the principal
                 wait=False,
                 background=overlap,
                 reservation_id=rid,
@@ -126,7 +128,7 @@ def _reserve(
     if receipt is None:
         try:
             receipt = state.store.reserve(
-                key.key_id, cost, None, event=event, wait=False, background=overlap, reservation_id=rid
+                key.principal, cost, None, event=event, wait=False, background=overlap, reservation_id=rid
             )
         except BudgetExhaustedError as exc:
             state.metrics.refusals.labels(endpoint).inc()
@@ -138,17 +140,22 @@ def _reserve(
                 429,
                 "budget_exhausted",
                 f"Privacy budget exhausted: this request needs {unit_name(key)}={cost[0]:.9g}, "
-                f"delta={cost[1]:.3g}; the key has "
+                f"delta={cost[1]:.3g}; {_holder(key)} has "
                 f"{unit_name(key)}={rem[unit_name(key)]:.9g}, delta={rem['delta']:.3g} left. "
                 "Nothing was charged. "
-                "GET /v1/budget shows the key's budget; ask the operator for a top-up, "
+                "GET /v1/budget shows the budget; ask the operator for a top-up, "
                 "or lower privacy.epsilon or privacy.n.",
                 retry=False,
                 remaining=rem,
             ) from None
     state.metrics.epsilon_reserved.labels(key.accounting).inc(db.from_units(receipt.cost[0], db.EPS_SCALE))
-    res = F.Reservation(id=receipt.reservation_id, principal=key.key_id, worst_case=plan.worst, cost=cost)
+    res = F.Reservation(id=receipt.reservation_id, principal=key.principal, worst_case=plan.worst, cost=cost)
     return Reserved(key, flt, res, receipt)
+
+
+def _holder(key: KeyInfo) -> str:
+    """Whose budget a refusal names: the key's own, or its user's (shared by the user's keys)."""
+    return "the key" if key.user is None else f"user {key.user!r} (shared by the user's keys)"
 
 
 def cancel(state: ServiceState, r: Reserved) -> None:

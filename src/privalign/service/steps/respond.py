@@ -68,7 +68,7 @@ def respond(
                 "reservation_id": rc.reservation_id,
             }
         )
-        settle = (key.key_id, rc.reservation_id, units, realized.to_dict())
+        settle = (key.principal, rc.reservation_id, units, realized.to_dict())
     else:
         # Non-private (bon, or the benchmark baseline): no guarantee, nothing charged; ε = ∞ is not JSON.
         block.update(

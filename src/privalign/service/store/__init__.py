@@ -13,7 +13,8 @@ Reserve-before-run and settle-after-run are single transactions:
   row (``ON CONFLICT DO NOTHING`` on the unique ``closes`` index) and updates the principal's totals from
   that row's ``RETURNING``, again in one statement. psycopg prepares each statement on its connection
   after a few executions. With ``require_active=True`` the reserving ``UPDATE`` also requires that the
-  principal is an API key that is not revoked (the service's key cache relies on it). The reserving
+  API key named by ``active_key`` (default: the principal) is not revoked (the service's key cache relies
+  on it; a key of a user names itself while its user's budget is the principal). The reserving
   statement returns the principal's totals after the reservation (:class:`Receipt`).
 * **SQLite**: every transaction starts with ``BEGIN IMMEDIATE`` (see
   :func:`privalign.service.db.make_engine`), so the read of the balance and the write of the reservation

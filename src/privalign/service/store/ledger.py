@@ -102,7 +102,7 @@ class LedgerStore(StoreConnection):
     _PG_RESERVE_SQL = {
         False: _PG_RESERVE.format(active=""),
         True: _PG_RESERVE.format(
-            active="AND EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(p)s AND revoked_at IS NULL) "
+            active="AND EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(k)s AND revoked_at IS NULL) "
         ),
     }
     # {realized}: the realized cost columns of the closing row; {check}: settle's realized ≤ reserved.
@@ -203,6 +203,7 @@ class LedgerStore(StoreConnection):
         *,
         event: dict | None = None,
         require_active: bool = False,
+        active_key: str | None = None,
         wait: bool = True,
         background: bool = True,
         reservation_id: str | None = None,
@@ -217,15 +218,18 @@ class LedgerStore(StoreConnection):
         this returns.
 
         Args:
-          principal: who pays (the API key id in the service).
+          principal: who pays (in the service: the key id, or ``"u:" + user`` for a key of a user).
           cost: worst-case cost ``(a, b)`` to reserve (rounded up to the unit).
           limit: the caller's budget ``(a, b)`` (rounded down to the unit); the granted budget, if any,
             caps it further. ``None``: the granted budget alone.
           event: optional JSON-able worst-case event, stored on the ledger row.
           require_active: also require, in the same statement (PostgreSQL) or transaction (SQLite), that
-            the principal is an API key that exists and is not revoked; raise
-            :class:`ActiveKeyCheckFailed` instead of deciding a refusal. The service uses it for a key
-            whose secret it checked against a remembered hash.
+            the API key ``active_key`` exists and is not revoked; raise :class:`ActiveKeyCheckFailed`
+            instead of deciding a refusal. The service uses it for a key whose secret it checked against
+            a remembered hash.
+          active_key: the key that ``require_active`` checks (default: ``principal``, a key with a budget
+            of its own); a key of a user names itself here and its user's budget as ``principal``, so a
+            revoked key of a user cannot spend while the user's other keys can.
           wait: with group commit, return only once the reservation is durable (default). ``False``:
             return as soon as it is committed (visible to every other reservation, so the budget check is
             unchanged) with the flush under way; the caller must call :meth:`wait_durable` on the receipt
@@ -258,6 +262,7 @@ class LedgerStore(StoreConnection):
         if self._pg:
             params = {
                 "p": principal,
+                "k": active_key or principal,
                 "a": ca,
                 "b": cb,
                 "la": None if lim is None else lim[0],
@@ -282,7 +287,7 @@ class LedgerStore(StoreConnection):
                     )
                 if require_active:
                     raise ActiveKeyCheckFailed(
-                        f"Reservation for key {principal!r} not confirmed; nothing was charged."
+                        f"Reservation for key {active_key or principal!r} not confirmed; nothing was charged."
                     )
                 # Refused, or no principal row yet: decide again under the row lock (a few more round
                 # trips, only on this path). This also names the remaining budget in the refusal.
@@ -296,7 +301,7 @@ class LedgerStore(StoreConnection):
             return self._receipt(rid, principal, (ca, cb), self._after_reserve(row, ca, cb), wait, background)
         with self._tx(durable=self.durable and flusher is None) as cur:
             if require_active:
-                key = self._one(cur, "key", {"p": principal})
+                key = self._one(cur, "key", {"p": active_key or principal})
                 locked = (
                     self._lock_principal(cur, principal, create=False)
                     if key is not None and key[0] is None
@@ -304,7 +309,7 @@ class LedgerStore(StoreConnection):
                 )
                 if locked is None or self._exhausted(principal, locked, ca, cb, lim) is not None:
                     raise ActiveKeyCheckFailed(
-                        f"Reservation for key {principal!r} not confirmed; nothing was charged."
+                        f"Reservation for key {active_key or principal!r} not confirmed; nothing was charged."
                     )
                 row = locked
             else:
@@ -513,8 +518,7 @@ class LedgerStore(StoreConnection):
         if conn is None:
             with self.engine.begin() as c:
                 return self.grant(principal, epsilon, delta, note=note, conn=c)
-        conn.execute(text(self._SQL["new"]), {"p": principal, "t": db.now()})
-        conn.execute(text(self._SQL["lock_pg" if self._pg else "lock"]), {"p": principal})
+        self.lock_principal_row(conn, principal)
         conn.execute(
             db.budget_grants.insert().values(
                 principal=principal, created_at=db.now(), epsilon=ua, delta=ub, note=note
@@ -529,6 +533,13 @@ class LedgerStore(StoreConnection):
             )
         )
         return None
+
+    def lock_principal_row(self, conn: Any, principal: str) -> None:
+        """On a SQLAlchemy connection in a transaction: create ``principal``'s row if missing and lock it
+        until the transaction ends (PostgreSQL ``SELECT … FOR UPDATE``; a SQLite transaction holds the
+        database write lock from its ``BEGIN IMMEDIATE``). Admin paths (grants, key creation)."""
+        conn.execute(text(self._SQL["new"]), {"p": principal, "t": db.now()})
+        conn.execute(text(self._SQL["lock_pg" if self._pg else "lock"]), {"p": principal})
 
     def snapshot(self, principal: str, *, units: bool = False) -> dict[str, Any] | None:
         """The cached totals row (limit, spent, reserved) of ``principal``, or ``None``: floats (ε, δ), or
