@@ -383,8 +383,9 @@ def test_audit_record_beside_out_is_refused_before_fitting(tmp_path, datasets, c
 
 
 def test_legacy_file_warns_and_upgrade_strips_it(tmp_path, datasets, capsys):
-    """A file written before the boundary (as 870caca wrote them) warns on load; the upgrade removes the
-    seed, the seed entropy, the exact accuracies and the candidates' validation accuracies."""
+    """A file written before the boundary (as 870caca wrote them) warns on load. Its noise seed and seed
+    entropy make it a refit, not an upgrade (issue 36: refused, nothing written); a file that held only exact
+    accuracies is upgraded without them (and without the candidates' validation accuracies)."""
     import warnings
 
     from privalign.errors import PrivacyWarning
@@ -393,29 +394,30 @@ def test_legacy_file_warns_and_upgrade_strips_it(tmp_path, datasets, capsys):
     rel = tmp_path / "new.json"
     _fit(datasets["D"], rel, "rr-iht", tune=True)
     doc = json.loads(rel.read_text())
-    doc["params"]["random_state"] = 3241444873
     doc["metadata"].pop("release")
-    doc["metadata"].update(seed_entropy=3241444873, heldout_accuracy=0.61)
+    doc["metadata"].update(heldout_accuracy=0.61)
     doc["metadata"]["tuning"]["candidates"] = [{"params": {}, "validation_accuracy": 0.7}]
+    seeded = json.loads(json.dumps(doc))
+    seeded["params"]["random_state"] = 3241444873
+    seeded["metadata"]["seed_entropy"] = 3241444873
+    doc["metadata"].pop("method")  # fit-reward's marker: without a seed, a file from the Python API
     old = tmp_path / "old.json"
-    old.write_text(json.dumps(doc))
+    for d, advice in ((seeded, "refit from fresh noise"), (doc, "upgrade-reward-model")):
+        old.write_text(json.dumps(d))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            load_model(old)
+        assert any(issubclass(w.category, PrivacyWarning) and advice in str(w.message) for w in seen)
+    old.write_text(json.dumps(seeded))
     capsys.readouterr()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        load_model(old)
-    assert any(
-        issubclass(w.category, PrivacyWarning) and "upgrade-reward-model" in str(w.message) for w in seen
-    )
+    assert main(["upgrade-reward-model", str(old), "--out", str(tmp_path / "up.json"), "--json"]) == 2
+    assert "noise seed is public" in capsys.readouterr().err and not (tmp_path / "up.json").exists()
+    old.write_text(json.dumps(doc))
     assert main(["upgrade-reward-model", str(old), "--out", str(tmp_path / "up.json"), "--json"]) == 0
     removed = json.loads(capsys.readouterr().out)["removed"]
-    assert set(removed) >= {
-        "params.random_state",
-        "metadata.seed_entropy",
-        "metadata.heldout_accuracy",
-        "metadata.tuning.candidates",
-    }
+    assert set(removed) >= {"metadata.heldout_accuracy", "metadata.tuning.candidates"}
     up = json.loads((tmp_path / "up.json").read_text())
-    assert "3241444873" not in json.dumps(up) and "0.61" not in json.dumps(up)
+    assert "0.61" not in json.dumps(up)
     load_model(tmp_path / "up.json")  # no warning: PrivacyWarning is an error in this suite
 
 

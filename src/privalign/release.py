@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,10 @@ __all__ = [
     "claims_privacy",
     "public_metadata",
     "sanitize_reward_model",
+    "KNOWN_REPLAYABLE_COEF",
+    "public_seed_evidence",
+    "refit_command",
+    "refuse_public_seed",
     "write_audit_record",
     "audit_record_path",
     "public_overlap_check",
@@ -116,6 +121,8 @@ REWARD_MODEL_METADATA = frozenset(
         "method",
         "estimator",
         "privacy_unit",
+        "max_pairs_per_user",
+        "user_level",
         "n_train",
         "n_test",
         "n_features",
@@ -233,18 +240,29 @@ def warn_if_not_releasable(doc: Mapping[str, Any], path: str | os.PathLike) -> N
     """Warn (:class:`~privalign.errors.PrivacyWarning`) when a reward-model file read from disk holds what a
     release may not: a file written before the release boundary (privalign 0.1.0 up to commit 870caca) can
     carry the seed of its own noise and exact accuracies. It loads and scores as before; it must not be
-    published, and ``privalign upgrade-reward-model`` rewrites it without those fields."""
+    published. One whose noise seed has been written down (:func:`public_seed_evidence`) must be refitted;
+    ``privalign upgrade-reward-model`` rewrites the others without those fields."""
     import warnings
 
     from privalign.errors import PrivacyWarning
 
+    found = public_seed_evidence(doc)
+    if found:
+        warnings.warn(
+            f"{path}: the noise seed of this reward model is public ({'; '.join(found)}): whoever holds it "
+            "replays the fit, so its privacy event does not hold. Do not publish it or anything trained on "
+            f"it; refit from fresh noise: {refit_command(doc)} (docs/privacy/release.md).",
+            PrivacyWarning,
+            stacklevel=3,
+        )
+        return
     try:
         check_reward_model(doc)
     except ReleaseBoundaryError as exc:
         warnings.warn(
             f"{path}: this reward-model file holds a field a release may not hold ({exc.field!r}): "
-            "written before privalign's release boundary, it may carry the seed of its own noise or exact "
-            "statistics of its training data, which undo its privacy. Do not publish it; "
+            "written before privalign's release boundary, it may carry exact statistics of its training "
+            "data, which undo its privacy. Do not publish it; "
             f"`privalign upgrade-reward-model {path} --out NEW.json` rewrites it without them "
             "(docs/privacy/release.md).",
             PrivacyWarning,
@@ -315,6 +333,117 @@ def sanitize_reward_model(doc: Mapping[str, Any]) -> tuple[dict[str, Any], list[
     clean["release"] = RELEASE_RULE
     out["metadata"] = clean
     return out, dropped
+
+
+#: Keys that hold a seed (of the noise, or its entropy) or a hash of the data, wherever they sit in a
+#: reward-model document (``seed``, ``random_state``, ``seed_entropy``, ``noise_seed_entropy``,
+#: ``data_sha256``, ``md5``, ``hash``...). ``metadata.split.seed`` is the public seed of the
+#: data-independent train/test split (``fit-reward --split-seed``), not a seed of the noise.
+_SEED_OR_HASH_KEY = re.compile(r"(^|_)(seeds?|random_state|entropy|sha\d*|md5|hash|digest|blake2\w*)(_|$)")
+_PUBLIC_SEED_PATHS = frozenset({"metadata.split.seed"})
+
+#: Reward models whose noise seed is public although the file in hand may no longer say so: the SHA-256 of
+#: their little-endian float64 coefficient bytes (a digest of a published DP output, not of any data) →
+#: what they are. A copy rewritten by ``upgrade-reward-model`` before it refused such files keeps the
+#: coefficients byte for byte.
+KNOWN_REPLAYABLE_COEF = {
+    "7440a4fa6c4177e499bc3a22b8793a991c8a0cbc93217e60806d59398ca428e7": (
+        "the HH-RLHF harmlessness RR-IHT model shipped at commit a836a1f (privalign 0.1.0), fitted with "
+        "noise seed 3241444873 (README's old '--seed 0'), which its file and the git history hold"
+    ),
+}
+
+
+def _coef_digest(doc: Mapping[str, Any]) -> str | None:
+    import base64
+    import hashlib
+
+    coef = doc.get("coef")
+    if not isinstance(coef, Mapping) or not isinstance(coef.get("b64"), str):
+        return None
+    try:
+        return hashlib.sha256(base64.b64decode(coef["b64"], validate=True)).hexdigest()
+    except ValueError:
+        return None
+
+
+def public_seed_evidence(doc: Mapping[str, Any]) -> list[str]:
+    """What in a reward-model document shows that the seed of its noise, or a hash of its data, has been
+    written down: ``"path = value"`` for every non-null seed, seed-entropy or hash field (anywhere but the
+    coefficients and the public feature map; ``metadata.split.seed`` is public), ``"coefficients = ..."``
+    for a model of :data:`KNOWN_REPLAYABLE_COEF`, and the marker of a ``fit-reward`` file written before the
+    release boundary (``metadata.method`` without ``metadata.release``: that ``fit-reward`` always recorded
+    ``params.random_state`` and ``metadata.seed_entropy``, so a copy without them was stripped). Empty for
+    a document that claims no privacy and comes from no privalign estimator (a reference model on public
+    data keeps its metadata: :func:`check_reward_model`).
+
+    Whoever holds such a seed replays the fit and reads the private labels off the coefficients; removing
+    the field from one copy cannot take it back from the others (or from version control), so such a file
+    is refitted, never upgraded (:func:`privalign.models.scorers.upgrade_reward_model`)."""
+    if not _checked(doc):
+        return []
+    found: list[str] = []
+
+    def walk(v: Any, path: str) -> None:
+        if isinstance(v, Mapping):
+            for k, x in v.items():
+                p = f"{path}.{k}" if path else str(k)
+                if p in ("coef", "feature_config"):
+                    continue
+                if _SEED_OR_HASH_KEY.search(str(k).lower()) and x is not None and p not in _PUBLIC_SEED_PATHS:
+                    found.append(f"{p} = {json.dumps(x, default=str)[:80]}")
+                else:
+                    walk(x, p)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, f"{path}[{i}]")
+
+    walk(doc, "")
+    known = KNOWN_REPLAYABLE_COEF.get(_coef_digest(doc) or "")
+    if known is not None:
+        found.append(f"coefficients = those of {known}")
+    meta = doc.get("metadata")
+    if isinstance(meta, Mapping) and "method" in meta and "release" not in meta and not found:
+        found.append(
+            "metadata.method without metadata.release = a fit-reward file written before the release "
+            "boundary, which always recorded its noise seed (params.random_state, metadata.seed_entropy)"
+        )
+    return found
+
+
+def refit_command(doc: Mapping[str, Any]) -> str:
+    """The ``privalign fit-reward`` command line that refits a reward-model document's method from fresh
+    noise (placeholders where the document does not say)."""
+    meta = doc.get("metadata")
+    params = doc.get("params")
+    meta = meta if isinstance(meta, Mapping) else {}
+    params = params if isinstance(params, Mapping) else {}
+    data, method, eps = meta.get("data"), meta.get("method"), params.get("epsilon")
+    cmd = f"privalign fit-reward --data {data if isinstance(data, str) and data else 'PAIRS'}"
+    cmd += f" --method {method if isinstance(method, str) and method else 'METHOD'}"
+    if isinstance(eps, int | float) and not isinstance(eps, bool) and 0 < eps < float("inf"):
+        cmd += f" --epsilon {eps:g}"
+    return cmd + " --out NEW.json"
+
+
+def refuse_public_seed(doc: Mapping[str, Any], source: str | os.PathLike) -> None:
+    """Refuse to rewrite a reward-model document whose noise seed (or data hash) has been written down
+    (:func:`public_seed_evidence`): its privacy event no longer holds, and no rewrite restores it.
+
+    Raises:
+      ReleaseBoundaryError: one line naming what was found and the refit command; ``field`` is the first
+        path found.
+    """
+    found = public_seed_evidence(doc)
+    if not found:
+        return
+    raise ReleaseBoundaryError(
+        f"refit: this file's noise seed is public ({source}: {'; '.join(found)}): whoever holds this file, a "
+        "copy of it or the history it was committed to replays the fit and reads the private labels off the "
+        "coefficients, so no rewrite can make its privacy event true again (nothing was written). Refit from "
+        f"fresh noise: {refit_command(doc)} (docs/privacy/release.md).",
+        field=found[0].split(" = ")[0],
+    )
 
 
 def audit_record_path(release_path: str | os.PathLike) -> Path:

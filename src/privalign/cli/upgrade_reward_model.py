@@ -1,4 +1,7 @@
-"""``privalign upgrade-reward-model OLD --out NEW``: rewrite a reward-model file in the current format."""
+"""``privalign upgrade-reward-model OLD --out NEW``: rewrite a reward-model file in the current format.
+
+A file whose noise seed was ever written down is refused (exit 2, nothing written): the seed is in every
+copy of the old file, so the rewrite could only hide it (issue 36); such a model is refitted."""
 
 from __future__ import annotations
 
@@ -15,11 +18,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "upgrade-reward-model",
         help="rewrite an older reward-model file in the current format (privalign.reward_model v2)",
         description="Read a reward-model file written by an older privalign ('privalign.reward_model' "
-        "version 1 from fit-reward, or 'privalign-linear-reward/1' from fit-imdb-reward) and write it in the "
+        "version 1, or 'privalign-linear-reward/1' from fit-imdb-reward) and write it in the "
         "current format (coefficients, estimator, public parameters, privacy event and feature map are "
-        "kept; the noise seed, data hashes and exact accuracies a release may not hold are removed and "
-        "listed). The retired service weights format cannot be converted (its features differ from the "
-        "trainer's): refit with 'privalign fit-reward'.",
+        "kept; exact accuracies a release may not hold are removed and listed). A private (or "
+        "privalign-estimator) file whose noise seed or data hash was ever written down is refused with "
+        "exit status 2 and nothing written: a non-null random_state, seed_entropy or hash field, a "
+        "fit-reward file from before the release boundary (it always recorded its seed), or the HH reward "
+        "model shipped at commit a836a1f (seed 3241444873). Whoever holds any copy of such a file replays "
+        "its fit, so removing the field cannot make its privacy event true: refit it with 'privalign "
+        "fit-reward --data PAIRS --method METHOD --epsilon EPS --out NEW.json' (docs/privacy/release.md). "
+        "What still upgrades: version-1 and current files that never held a seed, and "
+        "'privalign-linear-reward/1' reference models that claim no privacy. The retired service weights "
+        "format cannot be converted (its features "
+        "differ from the trainer's): refit with 'privalign fit-reward'.",
     )
     p.add_argument("model", help="the old reward-model file")
     p.add_argument("--out", required=True, help="destination file (must differ from MODEL)")

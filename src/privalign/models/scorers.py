@@ -300,12 +300,14 @@ def read_reward_model(path: str | os.PathLike) -> dict[str, Any]:
         raise DataFormatError(
             f"{p}: not a reward-model file (a JSON {type(doc).__name__}, expected an object)."
         )
-    from privalign.release import warn_if_not_releasable
+    from privalign.release import public_seed_evidence, refit_command, warn_if_not_releasable
 
     warn_if_not_releasable(doc, p)
     upgrade = (
         f"`privalign upgrade-reward-model {p} --out NEW.json` rewrites it in the current format "
         f"({FORMAT} v{VERSION})"
+        if not public_seed_evidence(doc)
+        else f"its noise seed is public, so it cannot be upgraded: refit it ({refit_command(doc)})"
     )
     fmt = doc.get("format")
     if fmt == FORMAT and doc.get("version") == VERSION:
@@ -368,10 +370,18 @@ def load_reward_model(path: str | os.PathLike) -> LinearRewardScorer:
 
 def upgrade_reward_model(path: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Rewrite a reward-model file of an older format in the current one: the coefficients keep their stored
-    dtype and bytes; estimator, public parameters, fitted attributes and privacy event are kept. Whatever a
-    release may not hold (:mod:`privalign.release`: the noise seed ``params.random_state``,
-    ``metadata.seed_entropy``, exact held-out or validation accuracies, data hashes) is removed; the removed
-    field paths are in :func:`upgrade_reward_model_report`."""
+    dtype and bytes; estimator, public parameters, fitted attributes and privacy event are kept. Whatever
+    else a release may not hold (:mod:`privalign.release`: exact held-out or validation accuracies) is
+    removed; the removed field paths are in :func:`upgrade_reward_model_report`.
+
+    A private (or privalign-estimator) file whose noise seed or data hash was ever written down (a non-null
+    ``random_state``, ``seed_entropy`` or hash field, a ``fit-reward`` file from before the release
+    boundary, the model shipped at commit a836a1f) is refused: whoever holds any copy replays its fit, so
+    no rewrite makes its privacy event true. Refit it (:func:`privalign.release.public_seed_evidence`).
+
+    Raises:
+      ReleaseBoundaryError: such a file (one line naming what was found and the refit command); nothing is
+        written."""
     return upgrade_reward_model_report(path, out)[0]
 
 
@@ -380,12 +390,15 @@ def upgrade_reward_model_report(path: str | os.PathLike, out: str | os.PathLike)
     import warnings
 
     from privalign.errors import PrivacyWarning
-    from privalign.release import sanitize_reward_model
+    from privalign.release import refuse_public_seed, sanitize_reward_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FormatUpgradeWarning)
-        warnings.simplefilter("ignore", PrivacyWarning)  # what it warns of is what the upgrade removes
+        warnings.simplefilter("ignore", PrivacyWarning)  # what it warns of is refused or removed below
         doc = read_reward_model(path)
+        # A file whose noise seed (or data hash) was ever written down is refitted, never upgraded: removing
+        # the field from this copy does not take it back from the others (issue 36).
+        refuse_public_seed(doc, path)
         # Check it as the loader will (coefficients, feature map) before writing anything: a malformed
         # source must fail naming the source, and leave no half-converted file behind.
         LinearRewardScorer.load(path)

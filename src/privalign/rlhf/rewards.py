@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,6 +127,14 @@ class PrivateReward:
             # Gaussian event is accounted
             "target_delta": ((self.metadata.get("tuning") or {}).get("privacy_budget") or {}).get("delta")
             or self.est.get_params().get("delta"),
+            # the finite ε the file states (public configuration, as target_delta): the statement of a
+            # policy trained on it says how its accounted ε stands to this one
+            "target_epsilon": _finite(
+                ((self.metadata.get("tuning") or {}).get("privacy_budget") or {}).get("epsilon")
+                or (self.metadata.get("user_level") or {}).get("epsilon")  # per user, not the ε/K per label
+                or self.est.get_params().get("epsilon")
+            ),
+            "max_pairs_per_user": self.metadata.get("max_pairs_per_user"),
             # a transformer map's weights (megabytes) summarised by count and hash, not copied
             "feature_config": describe_feature_config(self.feature_config),
             "training_data": self.metadata.get("data"),
@@ -133,6 +142,13 @@ class PrivateReward:
             # seed or exact accuracies, which a manifest must not copy (docs/privacy/release.md)
             "metadata": public_metadata(self.metadata),
         }
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a float when it is a finite number (an ε of ∞, or "inf" as JSON stores it, is ``None``)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
 
 
 class ScorerReward:
