@@ -23,7 +23,36 @@ __all__ = [
     "check_in_range",
     "check_choice",
     "parse_floats",
+    "EPS_MIN",
+    "EPS_MAX",
+    "EPSILON_RULE",
+    "epsilon_problem",
+    "check_epsilon_range",
 ]
+
+#: The one range of a mechanism's ε, applied by every entry point (library constructors, the command line,
+#: the service) before any work: ε must be finite and in ``[EPS_MIN, EPS_MAX]``.
+#:
+#: * ``EPS_MIN = 1e-9``: below it ε is not numerically meaningful in float64. Randomized response flips with
+#:   probability ρ = 1/(1+e^ε) = 1/2 − ε/4 + O(ε³); the few ulps (≈ 1e-16) of rounding in ρ must stay far
+#:   below ε/4 for the debiasing factor 1/(1−2ρ) to be right, and at 1e-9 they move it by under 1e-6
+#:   relative (at ε ≈ 2e-16 ρ rounds to exactly 1/2 and the factor is infinite). It is also the unit of the
+#:   service's ledger, the finest ε any privalign accounting records.
+#: * ``EPS_MAX = 700``: above ln(max float64) ≈ 709.78, e^ε, the factor the guarantee bounds a probability
+#:   ratio by, is not a float64 number; ε that large promises nothing anyway (a non-private run is asked for
+#:   by name, never reached through a huge ε).
+#:
+#: A mechanism may refuse a smaller range still, for a derived parameter (DP-SGD cannot calibrate its
+#: noise multiplier below 1e4 for a tiny ε); that refusal also names ε.
+EPS_MIN = 1e-9
+EPS_MAX = 700.0
+#: The rule in words, as the messages quote it.
+EPSILON_RULE = f"a finite ε in [{EPS_MIN:g}, {EPS_MAX:g}]"
+_TOO_SMALL = (
+    f"below {EPS_MIN:g} the noise is numerically meaningless (e.g. randomized response's flip rate "
+    "1/(1+e^ε) rounds to 1/2)"
+)
+_TOO_LARGE = f"above {EPS_MAX:g}, e^ε overflows float64 and no privacy is left to state"
 
 
 def _fmt_range(low: float | None, high: float | None, closed: str) -> str:
@@ -77,6 +106,51 @@ def check_real(
             f"The '{name}' parameter must be a float in the range {rng}. Got {v!r} instead."
         )
     return v
+
+
+def epsilon_problem(value: float) -> str | None:
+    """``None`` when ``value`` obeys the ε rule (finite, :data:`EPS_MIN` ≤ ε ≤ :data:`EPS_MAX`); else why
+    not, in words to follow the value in a message (the caller names its flag or parameter and the rule,
+    :data:`EPSILON_RULE`)."""
+    v = float(value)
+    if math.isnan(v) or math.isinf(v):
+        return "it is not finite"
+    if v <= 0:
+        return "ε must be > 0"
+    if v < EPS_MIN:
+        return _TOO_SMALL
+    if v > EPS_MAX:
+        return _TOO_LARGE
+    return None
+
+
+def check_epsilon_range(value: Any, name: str = "epsilon", *, allow_inf: bool = False) -> float:
+    """Return ``float(value)`` after checking the one ε rule: finite and in ``[EPS_MIN, EPS_MAX]``.
+
+    ``allow_inf`` accepts exactly ``+inf`` (a library's explicit "no privacy noise"); a finite ε above
+    :data:`EPS_MAX` is still refused (ask for ``inf`` by name instead).
+
+    Raises:
+      TypeError: not a real number.
+      PrivacyParameterError: NaN, infinite (unless allowed), ≤ 0 or outside the range; the message names
+        ``name``, the range and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"The '{name}' parameter must be a real number. Got {value!r} of type {type(value).__name__} "
+            "instead."
+        )
+    v = float(value)
+    if allow_inf and v == math.inf:
+        return v
+    why = epsilon_problem(v)
+    if why is None:
+        return v
+    extra = f": {why}" if why in (_TOO_SMALL, _TOO_LARGE) else ""
+    raise PrivacyParameterError(
+        f"The '{name}' parameter must be a finite float in the range [{EPS_MIN:g}, {EPS_MAX:g}]. Got {v!r} "
+        f"instead{extra}."
+    )
 
 
 def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:

@@ -35,7 +35,9 @@ def test_bun_steinke_delta_near_one_is_not_understated():  # F1
 
 def test_peeling_huge_epsilon_is_not_an_overflow():  # F2
     assert calibrate_peeling(1, 1000.0, 1e-5) > 0
-    Peeling(1, 2000.0, 1e-5, 1.0)
+    Peeling(1, 700.0, 1e-5, 1.0)  # EPS_MAX, the largest ε the rule allows (issue 36)
+    with pytest.raises(PrivacyParameterError, match="'epsilon'.*above 700"):  # by name, no overflow
+        Peeling(1, 2000.0, 1e-5, 1.0)
     assert advanced_composition_epsilon(800.0, 2, 1e-5) == math.inf
 
 
@@ -55,7 +57,7 @@ def test_gaussian_from_zcdp_never_undercharges(rho, sens):  # F5
     assert nm <= Fraction(m.sigma) / Fraction(sens)  # ρ = 1/(2nm²) computed from the event is ≥ the truth
 
 
-@pytest.mark.parametrize("eps", [0.1, 1.0, 5.0, 36.0, 40.0, 800.0])
+@pytest.mark.parametrize("eps", [0.1, 1.0, 5.0, 36.0, 40.0, 700.0])  # 700 = EPS_MAX: e^-ε ≈ 1e-304
 def test_randomized_response_loss_at_most_epsilon_and_never_in_the_clear(eps):  # F6
     p = RandomizedResponse(eps).flip_probability
     assert p >= 2.0**-52  # every bit stays randomized

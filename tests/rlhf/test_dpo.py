@@ -187,10 +187,10 @@ def test_cross_check_refuses_only_the_unsafe_direction(monkeypatch):
     from opacus.accountants import RDPAccountant as OpacusRDP
 
     real = OpacusRDP.get_epsilon
-    monkeypatch.setattr(OpacusRDP, "get_epsilon", lambda self, delta: 2.0 * real(self, delta))
+    monkeypatch.setattr(OpacusRDP, "get_epsilon", lambda self, delta, **k: 2.0 * real(self, delta, **k))
     with pytest.raises(PrivacyParameterError, match="cross-check"):
         dpo.opacus_cross_check(1.0, 0.01, 100, 1e-5)
-    monkeypatch.setattr(OpacusRDP, "get_epsilon", lambda self, delta: 0.5 * real(self, delta))
+    monkeypatch.setattr(OpacusRDP, "get_epsilon", lambda self, delta, **k: 0.5 * real(self, delta, **k))
     rec = dpo.opacus_cross_check(1.0, 0.01, 100, 1e-5)  # privalign more conservative: fine
     assert rec["agrees"] and rec["opacus_rdp_epsilon"] < rec["privalign_rdp_epsilon"]
 

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 from numpy.typing import ArrayLike
 
-from privalign._validation import check_real
+from privalign._validation import check_epsilon_range, check_real
 from privalign.accounting.events import NoisyArgmaxEvent, NonPrivateEvent, PrivacyEvent
 from privalign.alignment.base import (
     BatchSelection,
@@ -158,7 +158,7 @@ class PrivBoN(MethodBase):
         clip: bool = False,
         sigma_reg: float | None = None,
     ) -> None:
-        self.epsilon = check_real(epsilon, "epsilon", low=0.0, closed="neither", allow_inf=True)
+        self.epsilon = check_epsilon_range(epsilon, "epsilon", allow_inf=True)
         self.r_max = check_real(r_max, "r_max", low=0.0, closed="neither")
         self.sensitivity = (
             self.r_max

@@ -15,6 +15,7 @@ __all__ = [
     "pos_int",
     "port",
     "finite_float",
+    "epsilon_float",
     "EXTRA_OF",
     "extra_for",
 ]
@@ -75,6 +76,25 @@ def finite_float(what: str, *, if_infinite: str = "") -> Callable[[str], float]:
         raise argparse.ArgumentTypeError(msg)
 
     parse.__name__ = "float"  # argparse names the type in some messages
+    return parse
+
+
+def epsilon_float(if_infinite: str) -> Callable[[str], float]:
+    """The argparse ``type`` of every ε option: the one ε rule of the library
+    (:func:`privalign._validation.check_epsilon_range`: finite, in ``[EPS_MIN, EPS_MAX]``) checked at
+    parsing, before any work, quoting the text as typed: ``argument --epsilon: must be a finite ε in [1e-09,
+    700], got '1e-300'; below 1e-09 ...``."""
+
+    def parse(text: str) -> float:
+        from privalign._validation import EPSILON_RULE, epsilon_problem
+
+        v = finite_float(EPSILON_RULE, if_infinite=if_infinite)(text)
+        why = epsilon_problem(v)
+        if why is not None:
+            raise argparse.ArgumentTypeError(f"must be {EPSILON_RULE}, got {text!r}; {why}")
+        return v
+
+    parse.__name__ = "float"
     return parse
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
+from privalign.cli._args import INFINITE_EPSILON, emit_json, epsilon_float, finite_float
 
 __all__ = ["register"]
 
@@ -33,11 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--epsilon",
         required=True,
-        type=finite_float(
-            "a finite ε > 0",
+        type=epsilon_float(
             if_infinite=f"{INFINITE_EPSILON}: every mechanism satisfies it, so there is no claim to audit",
         ),
-        help="The mechanism's ε, finite and > 0 (per selection for noisy_top_k: the claim is then k·ε).",
+        help="The mechanism's ε, finite, in [1e-9, 700] (per selection for noisy_top_k: the claim is then "
+        "k·ε).",
     )
     p.add_argument(
         "--delta",

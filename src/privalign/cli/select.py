@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from privalign._validation import parse_floats
-from privalign.cli._args import INFINITE_EPSILON, emit_json, finite_float
+from privalign.cli._args import INFINITE_EPSILON, emit_json, epsilon_float
 from privalign.cli._methods import add_param_option, selector_spec
 
 __all__ = ["register", "add_selector_args", "build_selector"]
@@ -31,12 +31,11 @@ def add_selector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sensitivity", type=float, default=None, help="public Δ_r (default R_max)")
     p.add_argument(
         "--epsilon",
-        type=finite_float(
-            "a finite ε > 0",
+        type=epsilon_float(
             if_infinite=f"{INFINITE_EPSILON}: for the non-private selection use --method bon (no --epsilon)",
         ),
         default=None,
-        help="PrivBoN ε, finite and > 0 (the non-private selection is --method bon, not ε = inf)",
+        help="PrivBoN ε, finite, in [1e-9, 700] (the non-private selection is --method bon, not ε = inf)",
     )
     p.add_argument(
         "--sigma-reg",

@@ -101,7 +101,7 @@ def _print_summary(out: dict, path: Path, args) -> None:
 
 
 def register(subparsers) -> None:
-    from privalign.cli._args import INFINITE_EPSILON, finite_float, pos_int
+    from privalign.cli._args import INFINITE_EPSILON, epsilon_float, pos_int
 
     p = subparsers.add_parser(
         "session",
@@ -150,11 +150,9 @@ def register(subparsers) -> None:
     p.add_argument("--delta", type=float, default=None, help="PrivITP per-prompt δ (default 1e-6)")
     p.add_argument(
         "--epsilon",
-        type=finite_float(
-            "a finite ε > 0", if_infinite=f"{INFINITE_EPSILON}; a session serves private answers only"
-        ),
+        type=epsilon_float(if_infinite=f"{INFINITE_EPSILON}; a session serves private answers only"),
         default=None,
-        help="PrivBoN per-query ε, finite and > 0 (default 1)",
+        help="PrivBoN per-query ε, finite, in [1e-9, 700] (default 1)",
     )
     p.add_argument(
         "--r-max",

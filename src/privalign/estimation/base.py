@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import NotFittedError as _SkNotFittedError
 
-from privalign._validation import check_real
+from privalign._validation import check_epsilon_range
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
@@ -272,8 +272,9 @@ def preference_accuracy(rewards: np.ndarray, y: np.ndarray) -> float:
 
 
 def check_epsilon(value: Any, name: str = "epsilon", *, allow_inf: bool = True) -> float:
-    """ε in (0, ∞]; ``inf`` means "no privacy noise" where the estimator allows it."""
-    return check_real(value, name, low=0.0, closed="neither", allow_inf=allow_inf)
+    """ε by the one rule (finite, in ``[EPS_MIN, EPS_MAX]``; ``_validation.check_epsilon_range``);
+    ``inf`` means "no privacy noise" where the estimator allows it."""
+    return check_epsilon_range(value, name, allow_inf=allow_inf)
 
 
 class NotFittedError(PrivacyParameterError, _SkNotFittedError):

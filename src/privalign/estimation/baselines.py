@@ -339,8 +339,10 @@ def calibrate_dpsgd_noise(
     try:
         return bisect_monotone(ok, 0.1, 1.0, feasible="above", rtol=tol, limit=1e4)
     except CalibrationLimitError:
-        raise PrivacyParameterError(
-            f"Cannot reach epsilon={epsilon!r} with a noise multiplier below 1e4."
+        raise PrivacyParameterError(  # a derived parameter: reported in terms of the user's ε
+            f"The 'epsilon' parameter is too small for DP-SGD on this schedule: reaching it at δ={delta:.3g} "
+            f"(sampling rate {sampling_probability:.3g}, {steps} steps) needs a noise multiplier above 1e4, "
+            f"where the noise swamps any gradient; raise it (or use more data). Got {epsilon!r} instead."
         ) from None
 
 
@@ -427,6 +429,21 @@ class DPSGDLinear(RewardEstimator):
         self.clip = clip
         self.feature_norm_bound = feature_norm_bound
         self.random_state = random_state
+
+    def check_calibration(self, n: int) -> float:
+        """The noise multiplier for ``n`` training comparisons (cached, so ``fit`` reuses it): an ε too small
+        for the schedule is refused, naming ε, before the fit starts (0 at ε = ∞)."""
+        eps = check_epsilon(self.epsilon)
+        if math.isinf(eps):
+            return 0.0
+        n = check_int(n, "n", low=1)
+        b = default_batch_size(n)
+        if self.batch_size is not None:
+            b = check_int(self.batch_size, "batch_size", low=1, high=n)
+        steps = int(math.ceil(check_real(self.epochs, "epochs", low=0.0, closed="neither") * n / b))
+        accountant = check_choice(self.accountant, "accountant", ("pld", "rdp"))
+        delta = check_probability(self.delta, "delta")
+        return calibrate_dpsgd_noise(eps, delta, b / n, steps, accountant=accountant)
 
     def fit(self, X: Any, y: Any) -> DPSGDLinear:
         eps = check_epsilon(self.epsilon)

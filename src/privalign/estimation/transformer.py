@@ -208,6 +208,7 @@ class _Backbone:
         self.top_layers = check_int(top_layers, "top_layers", low=1, high=n_layers)
         self.n_bottom = n_layers - self.top_layers
         self.hidden = int(self.model.config.hidden_size)
+        self.max_length = int(max_length)
         self.tok = _tokenizer(max_length)
         self.top = _make_top(
             self.torch,
@@ -217,11 +218,22 @@ class _Backbone:
         for p in self.top.parameters():
             p.requires_grad_(True)
 
-    def encode(self, texts: Sequence[str]) -> tuple[Any, Any]:
+    def encode(self, texts: Sequence[str], *, fixed: bool = False) -> tuple[Any, Any]:
+        """Token ids and attention mask, padded to the longest text, or (``fixed``) to the public
+        ``max_length``, so that the shapes do not depend on what the texts are."""
         torch = self.torch
         encs = self.tok.encode_batch(list(texts))
-        ids = torch.tensor([e.ids for e in encs], dtype=torch.long)
-        mask = torch.tensor([e.attention_mask for e in encs], dtype=torch.long)
+        if not fixed:
+            ids = torch.tensor([e.ids for e in encs], dtype=torch.long)
+            mask = torch.tensor([e.attention_mask for e in encs], dtype=torch.long)
+            return ids, mask
+        L = self.max_length
+        ids = torch.zeros((len(encs), L), dtype=torch.long)  # [PAD] is id 0
+        mask = torch.zeros((len(encs), L), dtype=torch.long)
+        for i, e in enumerate(encs):
+            k = int(sum(e.attention_mask))  # truncated to max_length already
+            ids[i, :k] = torch.tensor(e.ids[:k], dtype=torch.long)
+            mask[i, :k] = 1
         return ids, mask
 
     def bottom(self, ids: Any, mask: Any) -> Any:
@@ -236,12 +248,18 @@ class _Backbone:
         return h
 
     def cache(self, texts: Sequence[str], batch_size: int = 64) -> list[Any]:
-        """The lower part's output of each text, trimmed to its length (computed once: it is frozen)."""
+        """The lower part's output of each text, trimmed to its length (computed once: it is frozen).
+
+        Record-independent: batches are formed by position (never by length) and every text is padded to
+        the public ``max_length``, so the shapes, and so each text's features, do not depend on the other
+        texts (replacing one text leaves every other text's cached features bit-identical). Sorting by length
+        and padding each group to its longest text let one text change 35 of 99 others' features (up to
+        6.6e-6), against the sample-DP premise that other records' gradients stay the same (as DPO, whose
+        pairs are padded to a public width)."""
         out: list[Any] = [None] * len(texts)
-        order = np.argsort([len(t) for t in texts], kind="stable")
         for s in range(0, len(texts), batch_size):
-            idx = order[s : s + batch_size]
-            ids, mask = self.encode([texts[i] for i in idx])
+            idx = range(s, min(s + batch_size, len(texts)))
+            ids, mask = self.encode([texts[i] for i in idx], fixed=True)
             h = self.bottom(ids, mask)
             lens = mask.sum(dim=1).tolist()
             for j, i in enumerate(idx):
@@ -249,9 +267,10 @@ class _Backbone:
         return out
 
     def batch(self, cached: Sequence[Any]) -> tuple[Any, Any]:
-        """Pad cached hidden states into ``(m, L, H)`` and the mask ``(m, L)``."""
+        """Pad cached hidden states into ``(m, L, H)`` and the mask ``(m, L)``, L the public ``max_length``
+        (not the batch's longest text: one comparison's length must not change the others' gradients)."""
         torch = self.torch
-        L = max(int(c.shape[0]) for c in cached)
+        L = self.max_length
         h = torch.zeros((len(cached), L, self.hidden), dtype=torch.float32)
         mask = torch.zeros((len(cached), L), dtype=torch.long)
         for i, c in enumerate(cached):
@@ -550,6 +569,13 @@ class DPTransformerRM(RewardEstimator):
         if self.use_prompt:
             return [f"{t[0]}\n{t[side]}" for t in triples]
         return [t[side] for t in triples]
+
+    def check_calibration(self, n: int) -> None:
+        """Check the parameters for ``n`` training comparisons and (``"sample"``) calibrate the noise (cached,
+        so ``fit`` reuses it): a too small ε is refused, naming ε, before any model loads."""
+        p = self._check_params(n)
+        if p["privacy"] == "sample":
+            _calibrated_noise(p["epsilon"], p["delta"], p["batch_size"] / n, p["steps"])
 
     def _check_params(self, n: int) -> dict[str, Any]:
         privacy = check_choice(self.privacy, "privacy", PRIVACY_MODES)

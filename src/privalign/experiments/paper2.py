@@ -577,12 +577,17 @@ def _feature_map(fm: str, cfg: dict):
     return HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
 
 
-def _acc_data(ds: str, cfg: dict, ctx: RunContext, fm: str = "hashed-ngram"):
-    """(train, test) of one data set under one feature map. Every map of a data set sees the same pairs, the
-    same orientation and the same split by prompt, so their test pairs coincide."""
-    key = f"data:{ds}:{fm}"
+def _acc_data(ds: str, cfg: dict, ctx: RunContext, fm: str = "hashed-ngram", *, unit: str = "label"):
+    """(train, test) of one data set under one feature map, split as the privacy ``unit`` allows
+    (:func:`privalign.estimation.preferences.train_test_split`, as ``fit-reward``): by row position for
+    sample-DP fits, whose unit includes the prompt (a split by prompt moved other records across when one
+    record changed), by prompt otherwise. Every map of a data set sees the same pairs, the same orientation
+    and, per unit, the same split, so the test pairs of two fits of one unit coincide (the paired
+    comparisons of ``SPARSE_DENSE`` are within a unit)."""
+    split = "sample" if unit == "sample" else "label"  # "none" splits as "label": by the public prompts
+    key = f"data:{ds}:{fm}:{split}"
     if key not in ctx.cache:
-        from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
+        from privalign.estimation.preferences import PreferenceData, train_test_split
 
         ss = np.random.SeedSequence(cfg["seed"], spawn_key=(2**21, 0 if ds == "hh-rlhf" else 1))
         s_load, s_orient, s_split = ss.spawn(3)
@@ -590,18 +595,26 @@ def _acc_data(ds: str, cfg: dict, ctx: RunContext, fm: str = "hashed-ngram"):
         if pkey not in ctx.cache:
             ctx.cache[pkey] = _load_pairs(ds, cfg, s_load)
         pairs = ctx.cache[pkey]
-        data = PreferenceData.from_text_pairs(
-            pairs.prompts,
-            pairs.chosen,
-            pairs.rejected,
-            _feature_map(fm, cfg),
-            prompt_ids=pairs.prompt_ids,
-            random_state=np.random.default_rng(s_orient),
-        )
-        ctx.cache[key] = train_test_split_by_prompt(
-            data, test_size=cfg["test_size"], random_state=np.random.default_rng(s_split)
+        fkey = f"features:{ds}:{fm}"  # featurised once, split once per unit
+        if fkey not in ctx.cache:
+            ctx.cache[fkey] = PreferenceData.from_text_pairs(
+                pairs.prompts,
+                pairs.chosen,
+                pairs.rejected,
+                _feature_map(fm, cfg),
+                prompt_ids=pairs.prompt_ids,
+                random_state=np.random.default_rng(s_orient),
+            )
+        data = ctx.cache[fkey]
+        ctx.cache[key] = train_test_split(
+            data, unit=split, test_size=cfg["test_size"], random_state=np.random.default_rng(s_split)
         )
     return ctx.cache[key]
+
+
+def _split_unit(method: str) -> str:
+    """The privacy unit of an estimator class name (``UNIT``), for :func:`_acc_data`."""
+    return "sample" if UNIT[method].startswith("sample") else "label"
 
 
 def _fit(est, train):
@@ -623,7 +636,7 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     if kind == "n_curve":
         return _n_curve_cell(cell, cfg, ctx, ss)
     fm = cell.get("features", "hashed-ngram")
-    train, test = _acc_data(cell["dataset"], cfg, ctx, fm)
+    train, test = _acc_data(cell["dataset"], cfg, ctx, fm, unit=_split_unit(cell["method"]))
     eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
     variant = cell.get("variant", _variants(cfg)[0])
     # Binary presence features: |φ| ≤ 1, so comparison features satisfy |x| ≤ c_x = 1 (public bound). The
@@ -770,7 +783,7 @@ def peeling_snr(
 def _snr_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     from privalign.estimation.tuning import experiment_param_grid
 
-    train, _ = _acc_data(cell["dataset"], cfg, ctx, cell["features"])
+    train, _ = _acc_data(cell["dataset"], cfg, ctx, cell["features"], unit="sample")  # SampleDPIHT's n
     n = int(train.y.shape[0])
     tuned = bool(cfg.get("tune", False))
     grid = (
@@ -810,10 +823,12 @@ def _snr_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
 
 def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
     """Sample-DP IHT (tuned as the accuracy cells, and untuned at s = ``sparsity`` and s/4) and non-private
-    IHT on the first n training pairs of a random order (data-independent), scored on one IMDb test split."""
+    IHT on the first n training pairs of a random order (data-independent), scored on one IMDb test split,
+    split by row position as sample-DP fits must be (``train_test_split(unit="sample")``; the non-private IHT
+    shares it, so both curves score the same test pairs)."""
     key = "data:imdb-curve"
     if key not in ctx.cache:
-        from privalign.estimation.preferences import PreferenceData, train_test_split_by_prompt
+        from privalign.estimation.preferences import PreferenceData, train_test_split
 
         s_load, s_orient, s_split, s_perm = np.random.SeedSequence(cfg["seed"], spawn_key=(2**22,)).spawn(4)
         pairs = _load_pairs("imdb", cfg, s_load, n_pairs=cfg["n_curve_pairs"])
@@ -825,8 +840,8 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
             prompt_ids=pairs.prompt_ids,
             random_state=np.random.default_rng(s_orient),
         )
-        train, test = train_test_split_by_prompt(
-            data, test_size=cfg["test_size"], random_state=np.random.default_rng(s_split)
+        train, test = train_test_split(
+            data, unit="sample", test_size=cfg["test_size"], random_state=np.random.default_rng(s_split)
         )
         ctx.cache[key] = (train, test, np.random.default_rng(s_perm).permutation(train.y.shape[0]))
     train, test, perm = ctx.cache[key]

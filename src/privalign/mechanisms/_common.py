@@ -7,7 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from privalign._validation import check_choice, check_finite_matrix, check_finite_vector, check_real
+from privalign._validation import (
+    check_choice,
+    check_epsilon_range,
+    check_finite_matrix,
+    check_finite_vector,
+    check_real,
+)
 from privalign.accounting.events import RELATIONS, UNITS
 
 __all__ = [
@@ -81,8 +87,9 @@ def gumbel_epsilon(sensitivity: float, scale: float) -> float:
 
 
 def check_epsilon(value: Any, name: str = "epsilon", *, allow_inf: bool = False) -> float:
-    """ε in (0, inf) (or (0, inf] when ``allow_inf``): NaN, ≤ 0 and (by default) ∞ are refused."""
-    return check_real(value, name, low=0.0, closed="neither", allow_inf=allow_inf)
+    """ε by the one rule (finite, in ``[EPS_MIN, EPS_MAX]``; ``_validation.check_epsilon_range``),
+    or exactly ∞ when ``allow_inf``: NaN, ≤ 0, tiny and huge finite ε are refused."""
+    return check_epsilon_range(value, name, allow_inf=allow_inf)
 
 
 def check_sensitivity(value: Any, name: str = "sensitivity") -> float:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from privalign._validation import check_epsilon_range
 from privalign.errors import DataFormatError, PrivacyParameterError, UtilityWarning
 
 __all__ = [
@@ -128,6 +129,7 @@ class DPOConfig:
             return
         if not _finite_in(self.epsilon, 0.0, math.inf):
             raise _fail("epsilon", f"must be a finite number > 0. Got {self.epsilon!r}.")
+        check_epsilon_range(self.epsilon, "epsilon")  # the one ε rule: [EPS_MIN, EPS_MAX], before any work
         if self.privacy == "label" and self.delta is not None:
             raise _fail("delta", "must not be given with privacy 'label' (randomized response is pure ε-DP).")
         if self.privacy == "sample":
@@ -342,7 +344,9 @@ def opacus_cross_check(
     """ε of the same schedule by privalign's RDP accountant and by Opacus's, both under add/remove-one
     (the relation Opacus accounts; the Rényi bound of the sampled Gaussian, Mironov, Talwar & Zhang 2019).
 
-    Both are upper bounds of the same quantity, so they must agree up to their grids of orders. The unsafe
+    Both are upper bounds of the same quantity, and Opacus is evaluated at privalign's orders (its own default
+    grid stops at α = 63, which at small ε, where the best order is larger, gave a bound ~30× looser and
+    refused ε = 0.1 as a "failed cross-check"), so they must agree up to rounding. The unsafe
     direction is Opacus certifying a *larger* ε than privalign: privalign's accounting would then claim more
     privacy than an independent implementation can certify, so the configuration is refused when
     ε_opacus > (1 + rtol)·ε_privalign. Opacus below privalign only means privalign is conservative: recorded,
@@ -373,7 +377,9 @@ def opacus_cross_check(
         absl.setLevel(level)
     op = OpacusRDP()
     op.history = [(float(noise_multiplier), float(q), int(steps))]
-    eps_op = float(op.get_epsilon(delta))
+    with warnings.catch_warnings():  # "Optimal order is the largest alpha ...": a note on its grid, not ours
+        warnings.simplefilter("ignore", UserWarning)
+        eps_op = float(op.get_epsilon(delta, alphas=[float(a) for a in ours.orders]))
     ok = eps_op <= (1.0 + rtol) * eps_ours
     rec = {
         "relation": "add_remove_one",
