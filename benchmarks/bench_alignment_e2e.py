@@ -24,6 +24,11 @@ machine load affects both. Ratios: authors / ours.
 ``--before-src DIR`` also times ``privalign simulate`` run from another source tree (``PYTHONPATH=DIR``; e.g.
 ``git archive <commit> src | tar -x`` in a scratch folder), interleaved in the same rounds.
 
+``--bytecode-cache`` also times each ``privalign simulate`` (ours, and ``--before-src``) with Python's
+bytecode cache as an installed package has it (``PYTHONDONTWRITEBYTECODE`` unset, ``PYTHONPYCACHEPREFIX`` in
+the work folder, filled by an untimed run first), in the same rounds: with ``PYTHONDONTWRITEBYTECODE=1`` in
+the environment and an editable install, every run compiles privalign's modules from source.
+
 ``--memory-pool PxC`` measures reading a P × C JSONL pool: the JSON reader (``ScoredPool.read``), the cache's
 first read (parse + write the columns) and a later read (memory-mapped), each in its own process; reported
 as the tracemalloc peak during the read (Python and numpy allocations) and the process's peak RSS minus its
@@ -92,6 +97,13 @@ def timed(cmd: list[str], *, cwd=None, env=None) -> dict:
     }
 
 
+def _with_pyc(env: dict, work: Path) -> dict:
+    """``env`` with Python's bytecode cache on, kept in ``work/pycache`` (nothing written into the source)."""
+    out = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    out["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    return out
+
+
 def ours_cmd(pool: Path, out: Path) -> list[str]:
     return [
         sys.executable,
@@ -156,6 +168,26 @@ def loop_baseline(pool_path: Path, prompts: int, replicates: int) -> dict:
     return {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0}
 
 
+def _add_series(row: dict, series: dict[str, list[dict]], base: list[dict], *, store: bool = True) -> None:
+    """Each series' runs (``store``) and, with the authors' runs, its per-round ratios (authors / it)."""
+    for side, runs in series.items():
+        if not runs:
+            continue
+        name = f"{side}_bytecode_cache" if store else side
+        if store:
+            row[name] = [{k: v for k, v in b.items() if k != "stdout"} for b in runs]
+        for k in ("cpu_s", "wall_s") if base else ():
+            row[f"{name}_ratio_per_round_{k[:-2]}"] = [b[k] / w[k] for b, w in zip(base, runs, strict=True)]
+
+
+def _clear_pool_cache(cache: Path) -> None:
+    import shutil
+
+    for d in cache.glob("*"):
+        if d.is_dir():
+            shutil.rmtree(d)
+
+
 def run_e2e(args) -> dict:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="privalign-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -165,18 +197,24 @@ def run_e2e(args) -> dict:
         pool = work / f"pool_{prompts}x{args.candidates}.jsonl"
         if not pool.exists():
             write_authors_pool(pool, prompts, args.candidates)
-        for d in (work / "cache").glob("*"):  # cold start: no cache entry for this pool
-            if d.is_dir():
-                import shutil
-
-                shutil.rmtree(d)
+        _clear_pool_cache(work / "cache")  # cold start: no cache entry for this pool
         cold = timed(ours_cmd(pool, work / f"ours_{prompts}_cold"), env=env)
         warm, base, before = [], [], []
+        pyc: dict[str, list[dict]] = {"ours": [], "before": []}
+        env_b = dict(env, PYTHONPATH=str(Path(args.before_src).resolve())) if args.before_src else None
+        if args.bytecode_cache:  # untimed runs that fill the bytecode cache
+            for e in (env, env_b):
+                if e is not None:
+                    timed(ours_cmd(pool, work / f"pyc_fill_{prompts}"), env=_with_pyc(e, work))
         for r in range(args.repeats):
             warm.append(timed(ours_cmd(pool, work / f"ours_{prompts}_{r}"), env=env))
-            if args.before_src:  # the same command on another source tree (e.g. the code before a change)
-                env_b = dict(env, PYTHONPATH=str(Path(args.before_src).resolve()))
+            if env_b is not None:  # the same command on another source tree (e.g. the code before a change)
                 before.append(timed(ours_cmd(pool, work / f"before_{prompts}_{r}"), env=env_b))
+            if args.bytecode_cache:
+                for side, e in (("ours", env), ("before", env_b)):
+                    if e is not None:
+                        out = work / f"{side}_pyc_{prompts}_{r}"
+                        pyc[side].append(timed(ours_cmd(pool, out), env=_with_pyc(e, work)))
             if args.authors_script:
                 script = Path(args.authors_script).resolve()
                 base.append(
@@ -189,6 +227,7 @@ def run_e2e(args) -> dict:
             "ours_warm": [{k: v for k, v in w.items() if k != "stdout"} for w in warm],
         }
         med = {k: statistics.median(w[k] for w in warm) for k in ("wall_s", "cpu_s")}
+        _add_series(row, pyc, base)
         if before:
             row["before_src"] = [{k: v for k, v in b.items() if k != "stdout"} for b in before]
             row["before_median"] = {k: statistics.median(b[k] for b in before) for k in ("wall_s", "cpu_s")}
@@ -208,6 +247,7 @@ def run_e2e(args) -> dict:
             )
             bmed = {k: m[k] * scale for k in ("wall_s", "cpu_s")}
             row["loop_measured"] = m
+        _add_series(row, {"before": before}, base, store=False)
         row["baseline_median"] = bmed
         row["ours_warm_median"] = med
         row["ratio_warm_median_wall"] = bmed["wall_s"] / med["wall_s"]
@@ -218,6 +258,7 @@ def run_e2e(args) -> dict:
     return {
         "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "loadavg": os.getloadavg(),
+        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
         "protocol": f"BoN, ITP β={BETA}, PrivBoN σ={SIGMA_GUMBEL}, PrivITP σx=σz={SIGMA_PHASE}; "
         f"N = 2^0..2^{MAX_LOG2_N}; {REPLICATES} replicates",
         "runs": rows,
@@ -296,6 +337,11 @@ def main(argv=None):
         help=(
             "also time `privalign simulate` from this src/ folder (PYTHONPATH), e.g. the code before a change"
         ),
+    )
+    ap.add_argument(
+        "--bytecode-cache",
+        action="store_true",
+        help="also time `privalign simulate` with the bytecode cache on (PYTHONDONTWRITEBYTECODE unset)",
     )
     ap.add_argument("--memory-pool", default=None, help="PxC: measure pool-reading memory instead")
     ap.add_argument(

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import special
 
 from privalign._validation import check_int, check_real
 from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
@@ -66,6 +65,8 @@ def log_G(z: ArrayLike) -> np.ndarray:
     z = −30 the asymptotic series ``G(z) = φ(z)·Σ_k (−1)^k (2k−1)!!/z^{2k+2}`` (6 terms, relative error
     < 1e-12) avoids the cancellation in ``1 + z·m(z)``.
     """
+    from scipy import special  # lazy: importing the accounting (or `privalign CMD --help`) needs no scipy
+
     z = np.asarray(z, dtype=np.float64)
     out = np.empty_like(z)
     logphi = -0.5 * z * z - _LOG_SQRT_2PI
@@ -112,6 +113,8 @@ def log_expected_phi(c: ArrayLike, b: ArrayLike, sigma: ArrayLike) -> np.ndarray
         lg_lo = log_G(lo)
         diff = lg_hi + _log1mexp(np.minimum(lg_lo - lg_hi, 0.0))
         val = diff - np.log(np.where(small, 1.0, width))
+    from scipy import special  # lazy (see log_G)
+
     mid = special.log_ndtr((lo + hi) / 2.0)
     return np.where(small, mid, val)
 

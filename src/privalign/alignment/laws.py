@@ -23,7 +23,6 @@ import math
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import special
 
 from privalign.accounting.expost import log_expected_phi
 
@@ -53,6 +52,8 @@ def softmax_law(scores: ArrayLike, scale: float) -> np.ndarray:
     r = np.asarray(scores, dtype=np.float64)
     if scale == 0.0:
         return bon_law(r)
+    from scipy import special  # lazy: `privalign CMD --help` and BoN-only runs never import scipy
+
     return special.softmax(r / scale, axis=-1)
 
 
@@ -87,6 +88,8 @@ def privitp_acceptance(
     # the log-space closed form elsewhere.
     hi, lo = c / sigma_z, (c - w) / sigma_z
     wide = (hi - lo) > 1e-3
+    from scipy import special  # lazy (see softmax_law)
+
     with np.errstate(invalid="ignore", divide="ignore"):
         g = lambda z: z * special.ndtr(z) + np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
         lin = np.clip((g(hi) - g(lo)) / (hi - lo), 0.0, 1.0)
@@ -130,6 +133,8 @@ def lambda_quadrature(
     zs = (inner[None, :] - lam.reshape(-1, 1)) / sigma_x
     dens = np.exp(-0.5 * zs * zs) / (sigma_x * math.sqrt(2 * math.pi))
     w_in = dens * inner_w[None, :]
+    from scipy import special  # lazy (see softmax_law)
+
     w_lo = special.ndtr((lo - lam.reshape(-1)) / sigma_x)
     w_hi = special.ndtr((lam.reshape(-1) - hi) / sigma_x)
     weights = np.concatenate([w_lo[:, None], w_in, w_hi[:, None]], axis=1)

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from privalign._json import to_jsonable
 from privalign._validation import check_choice, check_int, check_real
@@ -627,6 +626,8 @@ def _rejection_table(cp, nodes, w, sigma_z, top):
     """
     if not np.all(w / sigma_z > 1e-3):
         return 1.0 - privitp_acceptance(cp[None, :], nodes[:, None], w[:, None], sigma_z)
+    from scipy import special  # lazy: only PrivITP's kernel needs it
+
     inv_sqrt_2pi = 1.0 / math.sqrt(2.0 * math.pi)
 
     def g(x):  # G(x) = xΦ(x) + φ(x), with in-place temporaries

@@ -2,8 +2,9 @@
 
 Each subcommand lives in its own module ``privalign.cli.<name>`` exposing
 ``register(subparsers) -> None``; the parser built there sets ``func`` (a callable taking the parsed
-``argparse.Namespace`` and returning an exit code). Heavy imports stay inside the handlers so that
-``privalign --help`` is fast.
+``argparse.Namespace`` and returning an exit code), and is listed in :data:`COMMANDS`. ``main`` imports and
+registers only the module of the command it runs; heavy imports stay inside the handlers, so that
+``privalign --help`` and ``privalign CMD --help`` are fast (tests/core/test_core_import_budget.py).
 
 Exit codes: 0 ok; 1 unexpected error; 2 usage / invalid parameter / bad data; 3 budget exhausted;
 4 unsupported privacy event; 141 stdout closed by its reader (``| head``), silently. JSON goes to stdout,
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pkgutil
 import re
 import sys
 import warnings
@@ -27,13 +27,84 @@ from privalign.errors import (
     UnsupportedEventError,
 )
 
-__all__ = ["main", "build_parser", "entrypoint"]
+__all__ = ["COMMANDS", "main", "build_parser", "entrypoint"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_BUDGET, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a program killed by the closed pipe would report
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Every subcommand, in ``privalign --help`` order: ``(name, module under privalign.cli, one-line help)``.
+#: ``main`` imports only the module of the command it runs (``privalign simulate`` never imports the
+#: service's, the trainers' or the audit's parsers); the others appear in ``privalign --help`` from this
+#: table. tests/core/test_core_import_budget.py checks that it matches the modules' ``register``.
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("align", "align", "Train a policy with RL (TRL GRPO + LoRA) against a (private) reward model."),
+    ("audit", "audit", "Audit a built-in mechanism on worst-case neighbours (empirical ε lower bound)."),
+    (
+        "build-pool",
+        "build_pool",
+        "generate and score a candidate pool (scored-pool JSONL + manifest; resumable)",
+    ),
+    ("demo", "demo", "run the quick headline experiments and write the report (the main job)"),
+    ("dpo", "dpo", "Train a policy with DPO (LoRA) on preference pairs under label-DP or sample-DP."),
+    (
+        "fit-reward",
+        "fit_reward",
+        "Fit a (private) sparse linear BTL reward model, or a transformer one, on preference pairs.",
+    ),
+    ("keys", "keys", "Create, list, top up and revoke service API keys."),
+    ("law", "law", "exact selection law of BoN, ITP, PrivBoN or PrivITP"),
+    ("rescore-pool", "pool_tools", "re-score an existing pool with other proxy/true rewards (no generation)"),
+    (
+        "plant-hack",
+        "pool_tools",
+        "a planted reward-hacking control on real text: proxy + BONUS on a rare textual feature",
+    ),
+    (
+        "bon-curve",
+        "pool_tools",
+        "exact BoN curves of proxy and gold reward; paired test of over-optimisation",
+    ),
+    (
+        "fit-imdb-reward",
+        "pool_tools",
+        "fit an IMDb gold or proxy reward model (a reward-model file, privalign.reward_model v2)",
+    ),
+    (
+        "fit-hh-reward",
+        "pool_tools",
+        "fit the HH-RLHF gold (MiniLM Bradley-Terry) or a proxy (n-gram Bradley-Terry on gold-relabelled "
+        "pairs)",
+    ),
+    ("rates", "rates", "Synthetic rate experiments for the reward estimators (plots + results.json)."),
+    ("report", "report", "write report.html/report.md (claims table, figures) from run directories"),
+    (
+        "reproduce",
+        "reproduce",
+        "run a paper experiment into a run directory (manifest, results, figures, summary)",
+    ),
+    ("select", "select", "select one candidate with BoN, ITP, PrivBoN or PrivITP"),
+    ("serve", "serve", "Run the OpenAI-compatible private best-of-N service."),
+    ("session", "session", "serve a pool's prompts under a privacy budget"),
+    ("simulate", "simulate", "evaluation protocol (N = 2^0..2^k) on a scored pool"),
+    (
+        "upgrade-reward-model",
+        "upgrade_reward_model",
+        "rewrite an older reward-model file in the current format (privalign.reward_model v2)",
+    ),
+)
+
+
+def _chosen_module(argv: list[str]) -> str | None:
+    """The module of the subcommand ``argv`` names (its first non-option word), or ``None``."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return next((mod for name, mod, _ in COMMANDS if name == word), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``privalign`` parser. Without ``argv``: every subcommand's parser. With ``argv``: only the parser
+    of the subcommand it names is built (its module imported and registered); the other subcommands are
+    placeholders that carry their one-line help (``privalign --help`` lists them all the same)."""
     from privalign import __version__
     from privalign.cli._args import Parser
 
@@ -44,14 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"privalign {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    pkg = importlib.import_module("privalign.cli")
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"privalign.cli.{info.name}")
-        register = getattr(mod, "register", None)
-        if register is not None:
-            register(sub)
+    chosen = None if argv is None else _chosen_module(argv)
+    registered: set[str] = set()
+    for name, module, help_ in COMMANDS:
+        if argv is not None and module != chosen:
+            sub.add_parser(name, help=help_)  # a placeholder: never parses (its command was not named)
+        elif module not in registered:  # one register() adds all of its module's commands
+            registered.add(module)
+            importlib.import_module(f"privalign.cli.{module}").register(sub)
     return parser
 
 
@@ -133,7 +204,7 @@ def _flag_of_value(args: argparse.Namespace | None, filename: object) -> str | N
     target = os.fspath(filename) if isinstance(filename, str | os.PathLike) else None
     if target is None:
         return None
-    options = _options_of(build_parser(), args)
+    options = _options_of(build_parser([getattr(args, "command", None) or ""]), args)
     hits = []
     for dest, flag in options.items():
         v = getattr(args, dest, None)
@@ -263,11 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     import os
 
-    parser = build_parser()
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser(argv)
     try:
-        args, extra = parser.parse_known_args(
-            _join_negative_values(list(sys.argv[1:] if argv is None else argv))
-        )
+        args, extra = parser.parse_known_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if extra:  # reported by the subcommand, not by the top-level parser
