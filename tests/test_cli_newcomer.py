@@ -372,3 +372,226 @@ def test_audit_exits_1_on_a_violation_with_the_reason_on_stderr(capsys, monkeypa
     assert main(["audit", "--mechanism", "laplace", "--epsilon", "1", "--no-fail-on-violation"]) == 0
     monkeypatch.setattr(worst_case, "audit_builtin", lambda *a, **k: {**report, "verdict": "consistent"})
     assert main(["audit", "--mechanism", "laplace", "--epsilon", "1"]) == 0
+
+
+# --- issue 36: a new user's command-line edges ------------------------------------------------------------
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture
+def read_only(work, monkeypatch):
+    """A directory ``ro`` nobody may write into: mode 0555, and, for root (whom the mode does not stop, as a
+    read-only file system would), ``os.access`` answering as it does for a read-only file system."""
+    import os
+
+    ro = work / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.access(ro, os.W_OK):
+        real = os.access
+        monkeypatch.setattr(
+            os,
+            "access",
+            lambda p, mode, *a, **k: (
+                False if mode & os.W_OK and str(p).startswith(str(ro)) else real(p, mode)
+            ),
+        )
+    yield ro
+    ro.chmod(0o755)
+
+
+def _no_work(*a, **k):
+    raise AssertionError("work started before --out was checked")
+
+
+def _in_a_fresh_process(argv: list[str], ro: Path) -> tuple[int, list[str], bool]:
+    """``privalign ARGV`` in a new interpreter, with ``ro`` unwritable as in :func:`read_only`: (exit
+    status, stderr lines, whether torch was imported)."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import json, os, sys
+ro, real = {str(ro)!r}, os.access
+if real(ro, os.W_OK):  # root: answer as a read-only file system does
+    os.access = lambda p, m, *a, **k: False if m & os.W_OK and str(p).startswith(ro) else real(p, m)
+from privalign.cli import main
+rc = main({argv!r})
+print(json.dumps({{"rc": rc, "torch": "torch" in sys.modules}}))
+"""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=ro.parent, env=env, capture_output=True, text=True, timeout=300
+    )
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    return res["rc"], [ln for ln in p.stderr.splitlines() if ln.strip()], res["torch"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dpo", "--data", "pairs.jsonl", "--privacy", "none", "--out", "ro/run", "--no-progress"],
+        ["align", "--reward-model", "vader", "--prompts", "p.txt", "--out", "ro/run", "--no-progress"],
+    ],
+    ids=["dpo", "align"],
+)
+def test_a_read_only_out_is_refused_before_torch_is_imported(argv, work, read_only):
+    """A read-only --out was found only after the model had loaded and trained (dpo). Refused first, in a
+    process that never imports torch, so no model can have loaded."""
+    rc, err, torch = _in_a_fresh_process(argv, read_only)
+    assert rc == 2 and len(err) == 1, err
+    assert (
+        err[0].startswith(f"privalign {argv[0]}: error: argument --out: ro/run") and "cannot write" in err[0]
+    )
+    assert not torch and _files(read_only) == set()
+
+
+def test_build_pool_refuses_a_read_only_out_before_loading_anything(work, read_only, capsys, no_model):
+    ran, _, _ = no_model
+    one_line_error(_build_pool_argv("ro/pool.jsonl"), ["argument --out:", "ro/pool.jsonl"], capsys)
+    assert not ran and _files(read_only) == set()
+
+
+def test_reproduce_records_only_with_nothing_to_summarise_refuses_before_any_work(work, capsys, monkeypatch):
+    """It generated the private pairs (76 s), then refused, leaving manifest.json, results.jsonl and data/."""
+    for mod in ("torch", "transformers", "peft", "trl"):
+        pytest.importorskip(mod, reason="needs privalign[rlhf]")
+    import privalign.experiments.frontier as frontier
+
+    monkeypatch.setattr(frontier, "_generate_pairs", _no_work)
+    monkeypatch.setattr(frontier, "_base", _no_work)
+    argv = ["reproduce", "beyond-frontier", "--quick", "--set", "records_only=true", "--out", "new"]
+    one_line_error([*argv, "--no-progress"], ["records_only", "no reference record", "prior_results"], capsys)
+    assert _files(work) == set()
+
+
+def test_serve_check_writes_nothing(work, capsys):
+    """`serve --check --config configs/serve.example.toml` created configs/privalign-service.db (the
+    config's relative SQLite ledger) inside the checkout; --check opens the database read-only."""
+    pytest.importorskip("sqlalchemy", reason="needs privalign[serve]")
+    import shutil
+
+    from privalign.service.config import DEFAULT_REWARD_MODEL
+
+    root = Path(__file__).resolve().parents[1]
+    (work / "configs").mkdir()
+    shutil.copy(root / "configs" / "serve.example.toml", work / "configs")
+    shutil.copy(DEFAULT_REWARD_MODEL, work / "configs" / "reward.json")
+    before = _files(work)
+    argv = ["serve", "--check", "--config", "configs/serve.example.toml", "--port", "0"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert _files(work) == before
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["database"] == "sqlite" and summary["database_status"].startswith("absent")
+    # an existing ledger is read, not written (no -wal or -shm file either)
+    url = f"sqlite:///{work / 'configs' / 'privalign-service.db'}"
+    assert main(["keys", "create", "--budget-epsilon", "1", "--db", url, "--json"]) == 0
+    capsys.readouterr()
+    before = {p: p.stat().st_mtime_ns for p in work.rglob("*")}
+    assert main(argv) == 0, capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in work.rglob("*")} == before
+    assert "(current)" in json.loads(capsys.readouterr().out)["database_status"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--check", "--generator", "none", "--db", "mysql://x"],
+        ["keys", "list", "--db", "mysql://x"],
+    ],
+)
+def test_an_unsupported_database_names_the_supported_ones(argv, work, capsys):
+    """Was `internal error (ModuleNotFoundError): No module named 'MySQLdb'`, exit 1."""
+    pytest.importorskip("sqlalchemy", reason="needs privalign[serve]")
+    cmd = " ".join(argv[:2]) if argv[0] == "keys" else "serve"
+    needles = ["'--db'", "'mysql://x'", "sqlite:///", "postgresql+psycopg://"]
+    one_line_error(argv, needles, capsys, cmd=cmd)
+    assert _files(work) == set()
+
+
+def test_an_unsupported_database_in_the_config_names_the_key(work, capsys):
+    pytest.importorskip("sqlalchemy", reason="needs privalign[serve]")
+    Path("s.toml").write_text(
+        '[database]\nurl = "postgresql+psycopg2://u@h/db"\n[generator]\nkind = "none"\n'
+    )
+    line = one_line_error(["serve", "--check", "--config", "s.toml"], ["database.url", "psycopg"], capsys)
+    assert "postgresql+psycopg://" in line
+
+
+def test_serve_blames_the_host_for_an_address_that_is_not_one(work, capsys):
+    """`serve --host 256.1.1.1` was `argument --port: cannot listen on 256.1.1.1:8000 ...`."""
+    pytest.importorskip("sqlalchemy", reason="needs privalign[serve]")
+    argv = ["serve", "--check", "--generator", "none", "--host", "256.1.1.1", "--port", "0"]
+    line = one_line_error(argv, ["argument --host:", "256.1.1.1"], capsys)
+    assert "--port" not in line
+    assert _files(work) == set()
+
+
+def test_simulate_blames_max_log2_n_for_an_n_the_pool_cannot_hold(work, capsys):
+    """`simulate --max-log2-n 40` blamed '--epsilon', which was never passed (PrivITP's noise was calibrated
+    to N = 2^40 before the pool was checked)."""
+    argv = ["simulate", "--synthetic", "3,16", "--max-log2-n", "40", "--out", "o", "--no-progress"]
+    line = one_line_error(argv, ["argument --max-log2-n:", "2^40", "widest prompt has 16"], capsys)
+    assert "--epsilon" not in line and not (work / "o").exists()
+    argv[argv.index("40")] = "5"  # also with --skip-short: no prompt holds N = 32 (64 for PrivITP's pools)
+    one_line_error([*argv, "--skip-short"], ["argument --max-log2-n:", "2^5"], capsys)
+
+
+def test_align_says_what_differs_from_the_run_in_out_and_how_to_go_on(work, capsys):
+    pytest.importorskip("vaderSentiment", reason="needs privalign[models]")
+    from privalign.rlhf.prompts import prompts_sha256
+    from privalign.rlhf.train import AlignConfig
+    from privalign.rlhf.workflow import load_align_inputs
+
+    Path("p.txt").write_text("The film was\nI watched this movie and\n")
+    inputs = load_align_inputs("vader", prompts="p.txt")
+    (work / "run").mkdir()
+    (work / "run" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "privalign.align/1",
+                "run_hash": "0" * 64,  # an earlier run: the same reward and prompts, 20 steps at β = 0.05
+                "status": "complete",
+                "reward_model": inputs.reward.describe(),
+                "prompts": {"sha256": prompts_sha256(inputs.prompts)},
+                "config": AlignConfig(steps=20).to_dict(),
+                "base_model": "smollm2",
+            }
+        )
+    )
+    argv = ["align", "--reward-model", "vader", "--prompts", "p.txt", "--out", "run", "--steps", "30"]
+    line = one_line_error(argv, ["argument --out:", "'run'", "--steps 30, not 20", "new --out"], capsys)
+    assert "--beta" not in line and "reward" not in line.split("(")[1]
+
+
+def test_a_resumed_align_says_from_which_step(work, capsys, monkeypatch):
+    """The line comes from the library's ``on_resume`` hook (the real resumption: tests/rlhf, ``model``)."""
+    import privalign.rlhf.workflow as workflow
+
+    def resumed(*a, on_resume=None, **k):
+        assert on_resume is not None, "align was not asked to report a resumption"
+        on_resume(Path("run/checkpoints/checkpoint-5"), 5)
+        return {"steps_done": 20, "prompts": {"n": 2}, "training_log": [], "policy_dir": "run/policy",
+                "privacy": {"statement": "No privacy guarantee."}}  # fmt: skip
+
+    monkeypatch.setattr(workflow, "align", resumed)
+    assert main(["align", "--reward-model", "vader", "--out", "run", "--steps", "20", "--no-progress"]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "resum" in ln]
+    assert len(err) == 1 and "from step 5 of 20" in err[0] and "checkpoint-5" in err[0], err
+
+
+def test_a_non_private_fit_says_nothing_of_a_noise_seed(work, capsys):
+    with open(work / "pairs.jsonl", "w") as fh:
+        for i in range(40):
+            fh.write(json.dumps({"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}"}) + "\n")
+    argv = ["fit-reward", "--data", "pairs.jsonl", "--n-features", "64", "--out", "m.json"]
+    assert main([*argv, "--method", "mle"]) == 0
+    err = capsys.readouterr().err
+    assert "--audit-record" in err and "seed" not in err.lower(), err
+    assert main([*argv, "--method", "rr-iht", "--epsilon", "2", "--out", "m2.json"]) == 0
+    assert "noise seed" in capsys.readouterr().err  # a private fit's note is unchanged

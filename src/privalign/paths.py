@@ -14,6 +14,7 @@ from typing import Literal, overload
 
 __all__ = [
     "check_out_dir",
+    "check_out_file",
     "data_dir",
     "candidate_data_dirs",
     "repo_root",
@@ -111,19 +112,56 @@ def user_cache_dir() -> Path:
     return Path(base).expanduser() / "privalign"
 
 
-def check_out_dir(out: str | os.PathLike) -> None:
-    """An output directory ``out`` (a command's ``--out DIR``): refused up front when it is an existing file
-    or cannot be created (the work would otherwise run to the end and fail on the write).
+def _nearest_existing(path: str) -> str:
+    """``path`` itself if it exists, else its nearest existing ancestor."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    return p
+
+
+def _check_writable_dir(flag: str, path: str | os.PathLike, where: str) -> None:
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"argument {flag}: {os.fspath(path)}: cannot write into {where} (no write permission, or a "
+            "read-only file system); give a writable location"
+        )
+
+
+def check_out_dir(out: str | os.PathLike, *, flag: str = "--out", atomic: bool = False) -> None:
+    """An output directory ``out`` (a command's ``--out DIR``): refused up front when it is an existing file,
+    cannot be created, or cannot be written into (the work, e.g. loading and training a model, would
+    otherwise run to the end and fail on the write). Nothing is created. ``atomic``: the directory is built
+    beside it (``OUT.partial``) and renamed, so its parent must be writable too.
 
     Raises:
-      ValueError: ``argument --out: ...`` (the message names the flag every writing command uses).
+      ValueError: ``argument --out: ...`` (``flag`` names another option).
     """
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(
-            f"argument --out: {out} exists and is not a directory (an output directory is expected)"
+            f"argument {flag}: {os.fspath(out)} exists and is not a directory (an output directory is "
+            "expected)"
         )
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):  # the nearest existing ancestor must be a directory to create it in
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(f"argument --out: {out}: {parent} is a file, so the directory cannot be created")
+    where = _nearest_existing(os.fspath(out))
+    if not os.path.isdir(where):  # the nearest existing ancestor must be a directory to create it in
+        raise ValueError(
+            f"argument {flag}: {os.fspath(out)}: {where} is a file, so the directory cannot be created"
+        )
+    _check_writable_dir(flag, out, where)
+    if atomic and where == os.path.abspath(out):
+        _check_writable_dir(flag, out, os.path.dirname(where))
+
+
+def check_out_file(path: str | os.PathLike, *, flag: str = "--out") -> None:
+    """An output file ``path`` (e.g. ``build-pool --out POOL.jsonl``): refused up front when it is a
+    directory, or its folder cannot be created or written into. Nothing is created.
+
+    Raises:
+      ValueError: ``argument --out: ...`` (``flag`` names another option).
+    """
+    if os.path.isdir(path):
+        raise ValueError(f"argument {flag}: {os.fspath(path)} is a directory (a file is expected)")
+    where = _nearest_existing(os.path.dirname(os.path.abspath(path)))
+    if not os.path.isdir(where):
+        raise ValueError(f"argument {flag}: {os.fspath(path)}: {where} is a file, not a directory")
+    _check_writable_dir(flag, path, where)

@@ -78,16 +78,20 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
     m["status"] = "incomplete"
     (out / "manifest.json").write_text(json.dumps(m))
     assert main(argv) == 0
-    man2 = json.loads(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    man2 = json.loads(cap.out)
     assert (
         man2["resumed_from"].endswith("checkpoint-1")
         and man2["steps_done"] == 2
         and (policy / "config.json").is_file()
     )
+    said = [ln for ln in cap.err.splitlines() if "resuming" in ln]  # it did not say that it resumed
+    assert len(said) == 1 and "from step 1 of 2" in said[0] and "checkpoint-1" in said[0], cap.err
 
-    # other arguments on the same directory are refused
+    # other arguments on the same directory are refused, naming what differs and how to go on
     assert main([*argv[:-1], "--beta", "0.2"]) == 2
-    assert "--out" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--out" in err and "--beta 0.2, not 0.05" in err and "new --out" in err, err
 
     # the policy is the generator of build-pool ...
     pool = tmp_path / "pool.jsonl"

@@ -65,7 +65,8 @@ def test_align_refuses_an_out_that_is_a_file_before_any_model_loads(tmp_path, ma
 def test_cli_prints_the_overlap_warning_then_the_error(tmp_path, make_rm, capsys):
     rm = make_rm(tmp_path)
     out = tmp_path / "out"
-    out.write_text("keep me")
+    out.mkdir()  # a directory that holds no align run: refused after the inputs are read (a file as --out
+    (out / "keep.txt").write_text("keep me")  # is refused before, with no warning)
     argv = ["align", "--reward-model", str(rm), "--out", str(out), "--allow-overlap"]
     with warnings.catch_warnings():
         warnings.simplefilter("always", PrivacyWarning)  # the suite turns PrivacyWarning into an error
@@ -76,4 +77,4 @@ def test_cli_prints_the_overlap_warning_then_the_error(tmp_path, make_rm, capsys
         "given); the policy's privacy statement does not cover those prompts."
     )
     assert lines[1].startswith("privalign align: error: argument --out: ") and len(lines) == 2
-    assert out.read_text() == "keep me"
+    assert (out / "keep.txt").read_text() == "keep me"

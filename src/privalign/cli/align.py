@@ -9,7 +9,8 @@ the reference policy must be > 0.
 
 The trained policy (``OUT/policy``, a plain HF model directory) is post-processing of the reward model: it
 inherits the reward model's (ε, δ) and privacy unit, and adds no privacy cost. Re-running the same command
-resumes from the newest checkpoint in ``OUT/checkpoints``. Exit status 2 on bad input.
+resumes from the newest checkpoint in ``OUT/checkpoints`` (a line on stderr says from which step); other
+options on the same ``OUT`` are refused, naming what differs. Exit status 2 on bad input.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ def _run(args: argparse.Namespace) -> int:
     # cheap checks first (before any file or model is read)
     if not (isinstance(args.beta, float) and math.isfinite(args.beta) and args.beta > 0):
         return _fail(f"argument --beta: the KL coefficient must be a finite number > 0. Got {args.beta!r}.")
+    from privalign.paths import check_out_dir
+
+    try:  # before torch is imported or the reward model, the prompts or the base model load
+        check_out_dir(args.out)
+    except ValueError as exc:
+        return _fail(str(exc))
     from privalign.rlhf.train import AlignConfig
 
     try:
@@ -119,6 +126,12 @@ def _run(args: argparse.Namespace) -> int:
             allow_overlap=args.allow_overlap,
             num_threads=args.num_threads,
             progress=not args.no_progress,
+            on_resume=lambda ckpt, step: print(
+                f"privalign align: resuming the interrupted run in {args.out} from step {step} of "
+                f"{cfg.steps} (checkpoint {ckpt})",
+                file=sys.stderr,
+                flush=True,
+            ),
         )
     except (DataFormatError, PrivacyParameterError, MissingDependencyError) as exc:
         return _fail(str(exc))

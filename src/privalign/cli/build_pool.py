@@ -176,8 +176,10 @@ def _options(args: argparse.Namespace) -> PoolBuildOptions:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from privalign.paths import check_out_file
     from privalign.pipeline.workflow import build_pool_from_options, pool_capacity_lines
 
+    check_out_file(args.out)  # before any dataset or model loads
     manifest = build_pool_from_options(_options(args), args.out, progress=not args.no_progress)
     if args.json:
         emit_json(manifest)

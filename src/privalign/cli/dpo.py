@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from privalign.cli._args import epsilon_float
+
 __all__ = ["register"]
 
 
@@ -41,7 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--data", required=True, help=".jsonl of pairs (chosen, rejected, optional prompt)")
     p.add_argument("--privacy", required=True, choices=("label", "sample", "none"), help="privacy route")
-    p.add_argument("--epsilon", type=float, default=None, help="ε (> 0) for label/sample")
+    p.add_argument(
+        "--epsilon",
+        type=epsilon_float(if_infinite="ε = ∞ is no privacy at all: the non-private route is --privacy none"),
+        default=None,
+        help="ε for label/sample (finite, in [1e-9, 700])",
+    )
     p.add_argument(
         "--flip-rate", type=float, default=None, help="label only: the flip rate ρ in (0, 0.5) instead of ε"
     )
@@ -112,7 +119,17 @@ def _epsilon(args: argparse.Namespace) -> tuple[float | None, str | None]:
     rho = args.flip_rate
     if not (math.isfinite(rho) and 0.0 < rho < 0.5):
         return None, f"argument --flip-rate: the flip rate must be in (0, 0.5). Got {rho!r}."
-    return math.log((1.0 - rho) / rho), None
+    eps = math.log((1.0 - rho) / rho)
+    from privalign._validation import EPS_MAX, EPS_MIN, epsilon_problem
+
+    why = epsilon_problem(eps)
+    if why is not None:  # the ε rule, in terms of the flag given: ρ in [1/(1+e^EPS_MAX), 1/(1+e^EPS_MIN)]
+        lo, hi = 1.0 / (1.0 + math.exp(EPS_MAX)), 1.0 / (1.0 + math.exp(EPS_MIN))
+        return None, (
+            f"argument --flip-rate: the flip rate must be in [{lo:.3g}, {hi:.17g}] (ε = log((1 − ρ)/ρ) in "
+            f"[{EPS_MIN:g}, {EPS_MAX:g}]). Got {rho!r} (ε = {eps:.3g}): {why}."
+        )
+    return eps, None
 
 
 def _check_backbone(spec: str) -> str | None:
@@ -200,7 +217,12 @@ def _utility_warnings_as_lines() -> Iterator[None]:
 
 def _run(args: argparse.Namespace) -> int:
     from privalign.errors import MissingDependencyError, PrivacyParameterError
+    from privalign.paths import check_out_dir
 
+    try:  # first, in well under a second (before torch is imported): a read-only --out was found only after
+        check_out_dir(args.out, atomic=True)  # training; OUT is built in OUT.partial beside it, then renamed
+    except ValueError as exc:
+        return _fail(str(exc))
     cfg, _, err = _build(args)
     if err:
         return _fail(err)

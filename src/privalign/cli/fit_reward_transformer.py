@@ -30,6 +30,13 @@ def _refuse_unused(args: argparse.Namespace, privacy: str | None) -> None:
             "(not private)",
             args.method,
         )
+    if getattr(args, "privacy_unit", "record") != "record":
+        raise _refuse(
+            "--privacy-unit",
+            f"'user' is not implemented for --model {args.model} yet; it is available for the linear "
+            "label-DP methods rr and rr-iht (drop --model)",
+            args.privacy_unit,
+        )
     given = set(getattr(args, "options_given", ()))
     if "sparsity" in given:
         raise _refuse(
@@ -129,7 +136,7 @@ def run_transformer(args: argparse.Namespace, *, check_writable: Any, save: Any)
         + (f"; saved to {result['model']}" if args.out else "")
         + (f"; operator-private audit record {result['audit_record']}" if args.audit_record else "")
     )
-    if args.out and not args.audit_record:
+    if args.out and not args.audit_record and privacy != "none":  # a non-private fit draws no noise
         print(
             f"(no audit record: the noise seed is not kept anywhere; add --audit-record "
             f"{audit_record_path(args.out)} to keep it privately)",

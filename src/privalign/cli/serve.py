@@ -59,17 +59,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--check",
         action="store_true",
-        help="Validate the config, check that the host and port can be listened on, open the database and "
-        "the reward model, print a JSON summary and exit.",
+        help="Validate the config, check that the host and port can be listened on, open the database "
+        "(read-only) and the reward model, print a JSON summary and exit. Writes nothing: a ledger that does "
+        "not exist yet is reported, not created.",
     )
     p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from privalign.service.config import config_with_overrides, default_config
     from privalign.service.server import (
         check_listen,
-        check_summary,
+        check_service,
         ensure_ledger_folder,
         open_app,
         preload_generator,
@@ -83,13 +86,15 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
     )
-    ensure_ledger_folder(cfg)
-    if not args.print_openapi:  # serve --check validates the port too; serve binds before it prints a URL
-        check_listen(cfg.server.host, cfg.server.port)
-    if args.print_openapi or args.check:
-        app = open_app(cfg)
-        print(json.dumps(app.openapi() if args.print_openapi else check_summary(cfg, app)))
+    if args.print_openapi:  # the schema needs no ledger: an in-memory one, so that nothing is written
+        app = open_app(replace(cfg, database=replace(cfg.database, url="sqlite://", schema="")))
+        print(json.dumps(app.openapi()))
         return 0
+    check_listen(cfg.server.host, cfg.server.port)  # serve binds before it prints a URL; --check too
+    if args.check:  # writes nothing anywhere: the database is opened read-only, no folder or file is made
+        print(json.dumps(check_service(cfg)))
+        return 0
+    ensure_ledger_folder(cfg)
     from privalign.service.server import run
 
     app = open_app(cfg)  # fail here (one line) rather than inside uvicorn

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from privalign._validation import parse_floats
+from privalign._validation import EPSILON_RULE, parse_floats
 from privalign.cli._args import INFINITE_EPSILON, emit_json, nonneg_int
 from privalign.cli._methods import (
     FLAGS,
@@ -30,7 +30,7 @@ _CLI_DEFAULTS = {"beta": "0.05", "epsilon": "4"}
 #: Sweeps whose values must be finite, with the message's words.
 _FINITE = {
     "epsilon": (
-        "a finite ε > 0",
+        EPSILON_RULE,
         f"{INFINITE_EPSILON}: the non-private reference curve is --methods bon (or --sigma-gumbel 0)",
     ),
     "sigma": ("a finite σ ≥ 0", ""),
@@ -128,7 +128,19 @@ def _values(name: str, value) -> list:
         return [value]
     dest = FLAGS.get(name, name)
     if name in _FINITE:
-        return finite_sweep(value, dest, *_FINITE[name])
+        vals = finite_sweep(value, dest, *_FINITE[name])
+        if name == "epsilon":  # the one ε rule, as every --epsilon (privalign._validation.EPS_MIN/EPS_MAX)
+            from privalign._validation import epsilon_problem
+            from privalign.cli._methods import flag
+
+            for v in vals:
+                why = epsilon_problem(v)
+                if why is not None:
+                    raise PrivacyParameterError(
+                        f"argument {flag(dest)}: every value must be {EPSILON_RULE}, got {v!r} in {value!r}; "
+                        + why
+                    )
+        return vals
     return parse_floats(value, dest)
 
 
@@ -177,13 +189,22 @@ def _check_sizes(args, pool=None) -> None:
         )
 
 
-def _check_max_n(args, pool, specs, k: int) -> None:
+def _check_max_n(args, pool, methods: list[str], k: int) -> None:
     """With --max-log2-n given: every prompt has the candidates N = 2^k needs, or --skip-short (the engine's
-    message would name its parameters 'n_grid' and 'skip_short')."""
+    message would name its parameters 'n_grid' and 'skip_short'); and some prompt has them, even with
+    --skip-short. Checked before any noise is calibrated to the largest N (that calibration failed first,
+    naming --epsilon, for an N no prompt holds)."""
     from privalign.alignment.selectors import pool_size
     from privalign.errors import PrivacyParameterError
 
-    need = max(pool_size(s.kind, 2**k, fallback_candidate=False) for s in specs)
+    need = max(pool_size(m, 2**k, fallback_candidate=False) for m in methods)
+    widest = int(pool.counts.max()) if pool.counts.size else 0
+    if widest < need:
+        raise PrivacyParameterError(
+            f"argument --max-log2-n: N = 2^{k} needs {need} candidates per prompt"
+            f"{' (two pools)' if need != 2**k else ''}; the pool's widest prompt has {widest}, so "
+            "--skip-short would skip every prompt. Lower --max-log2-n."
+        )
     short = int((pool.counts < need).sum())
     if short and not args.skip_short:
         raise PrivacyParameterError(
@@ -276,8 +297,8 @@ def _run(args) -> int:
     _check_sizes(args, pool)
     lo, hi = _score_range(args)
     k = _max_log2_n(args, pool, [r.method for r in reads])
+    _check_max_n(args, pool, [r.method for r in reads], k)
     specs = _specs(reads, k, hi - lo)
-    _check_max_n(args, pool, specs, k)
     report = simulate(
         pool,
         specs,

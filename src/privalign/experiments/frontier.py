@@ -328,6 +328,10 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         "file": "RUN/data/pairs.jsonl (never committed)",
         "rule": cfg["label_rule"],
     }
+    if cfg.get("records_only") and _find_reference(cfg, ctx)[2] is None:
+        # every curve is drawn against the reference: without it there is nothing to summarise, and the
+        # data cell would first generate the pairs (minutes) for nothing
+        raise _no_reference(cfg, ctx)
 
 
 def _prompts(cfg: dict) -> dict[str, Any]:
@@ -499,23 +503,34 @@ def _generate_pairs(cfg: dict, ctx: RunContext, prompts: list[str], path: Path) 
     }
 
 
+def _find_reference(cfg: dict, ctx: RunContext) -> tuple[str, Path, dict | None]:
+    """The reference record's identity, its place in this run, and the record with that identity found here
+    or under ``prior_results`` (``None`` if neither has it)."""
+    ident = _ident(
+        {k: cfg.get(k) for k in ("seed", "eval_prompts", "reference_samples", "max_new_tokens", "gold")}
+    )
+    dst = ctx.run_dir / "records" / "reference.json"
+    cands = [dst] + ([_resolve(cfg["prior_results"]) / "reference.json"] if cfg.get("prior_results") else [])
+    return ident, dst, next((r for r in (_load_json(p, ident) for p in cands) if r is not None), None)
+
+
+def _no_reference(cfg: dict, ctx: RunContext) -> Exception:
+    return _err(
+        "records_only = true but there is no reference record with this configuration's identity in "
+        f"{ctx.run_dir / 'records'} or prior_results = {cfg.get('prior_results')!r}: nothing to summarise; "
+        "run without records_only, or point prior_results at the records of an earlier run."
+    )
+
+
 def _reference(cfg: dict, ctx: RunContext) -> dict[str, Any]:
     """The base policy's ``reference_samples`` samples per eval prompt and their gold (public: a public
     model on public prompts); kept with the records as ``RUN/records/reference.json`` and reused from there or
     from ``prior_results/reference.json``."""
     if "reference" in ctx.cache:
         return ctx.cache["reference"]
-    ident = _ident(
-        {k: cfg.get(k) for k in ("seed", "eval_prompts", "reference_samples", "max_new_tokens", "gold")}
-    )
-    dst = ctx.run_dir / "records" / "reference.json"
-    cands = [dst] + ([_resolve(cfg["prior_results"]) / "reference.json"] if cfg.get("prior_results") else [])
-    rec = next((r for r in (_load_json(p, ident) for p in cands) if r is not None), None)
+    ident, dst, rec = _find_reference(cfg, ctx)
     if rec is None and cfg.get("records_only"):
-        raise _err(
-            "records_only = true but there is no reference record with this configuration's identity in "
-            f"{dst.parent} or prior_results = {cfg.get('prior_results')!r}; run without records_only."
-        )
+        raise _no_reference(cfg, ctx)
     if rec is None:
         from privalign.rlhf.evaluate import sample_with_logprobs
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,12 +113,14 @@ def align(
     allow_overlap: bool = False,
     num_threads: int | None = None,
     progress: bool = True,
+    on_resume: Callable[[Path, int], None] | None = None,
 ) -> dict[str, Any]:
     """``privalign align`` as one call: :func:`load_align_inputs`, then
     :func:`~privalign.rlhf.train.align_policy` into ``out_dir`` (resumed from its newest checkpoint when it
     holds an interrupted run of the same arguments).
 
     ``num_threads`` sets torch's (process-wide) CPU thread count before training; ``None`` leaves it.
+    ``on_resume(checkpoint, step)`` is called before training resumes from a checkpoint.
 
     Returns:
       the manifest of :func:`~privalign.rlhf.train.align_policy` (``result["model"]`` and
@@ -154,6 +157,7 @@ def align(
             overlap_check=inputs.overlap_check,
             allow_overlap=allow_overlap,
             progress=progress,
+            on_resume=on_resume,
         )
     except PrivacyParameterError as exc:
         if "'out'" in str(exc):
