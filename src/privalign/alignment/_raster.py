@@ -158,7 +158,7 @@ def render_line_chart(
     def py(y: float) -> float:
         return B - (y - y0) / (y1 - y0) * (B - T)
 
-    ticks_font, label_font, title_font = _font(pt(10)), _font(pt(8)), _font(pt(12))
+    ticks_font, label_font, title_font = _font(pt(10)), _font(pt(9)), _font(pt(12))
     grid = (224, 224, 224)
     for t in yt:
         yy = py(t)
@@ -201,7 +201,7 @@ def render_line_chart(
         r = pt(1.5)
         for p in run:
             d.ellipse([p[0] - r, p[1] - r, p[0] + r, p[1] + r], fill=colour)
-    _legend(d, series, points, box=(L, T, R, B), font=_font(pt(7)), pt=pt)
+    _legend(d, series, points, box=(L, T, R, B), font=_font(pt(9)), pt=pt)
     out = Path(path)
     # box-filter downsampling (2 × 2 → 1): the antialiasing, at a fraction of a Lanczos resize's cost
     (img.reduce(S) if S > 1 else img).save(out, format="PNG", compress_level=1)

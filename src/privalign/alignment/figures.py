@@ -119,10 +119,10 @@ def plot_results(
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("N (candidates per pool)")
-        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=9)
         ax.set_title(title, y=1.0)  # explicit y: no automatic title placement (a tight-bbox pass per draw)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
         for fmt in formats:
             path = out / f"{stem}.{fmt}"
             # PNG: lossless at any zlib level; level 1 instead of the default 6 (same pixels, a slightly

@@ -15,8 +15,9 @@ def register(subparsers) -> None:
         "demo",
         help="run the quick headline experiments and write the report (the main job)",
         description="Run the quick configurations of the headline experiments of both papers into --out, "
-        "write OUT/report/report.html, and print the claims table: each claim's verdict and one line in "
-        "plain words (the report opens with the same lines; its claims table has the numbers and rules).",
+        "write OUT/report/report.html, and print the claims table: each claim's verdict, what the claim "
+        "says, and what the run found in plain words (the report opens with the same lines; its claims table "
+        "has the numbers and rules).",
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -25,18 +26,23 @@ def register(subparsers) -> None:
 
 
 def claims_table(claims: list[dict], width: int | None = None) -> str:
-    """The claims as a person reads them: id, verdict and the one-line reading in plain words, wrapped to
-    the terminal (never cut; the rule and every number are in the report)."""
+    """The claims as a person reads them: id, verdict, what the claim says (so that "does not hold" reads
+    against its own statement) and what this run found in plain words, wrapped to the terminal (never cut;
+    the rule and every number are in the report)."""
     import shutil
     import textwrap
 
     width = width or max(shutil.get_terminal_size((110, 24)).columns, 80)
-    lines = [f"{'claim':<6} {'verdict':<17} in plain words (numbers, rules and α: report.html)"]
+    lines = [f"{'claim':<6} {'verdict':<17} the claim; what this run found (rules, α: report.html)"]
     indent = " " * 25
-    for c in claims:
-        text = (c.get("plain") or c["measured"]).replace(" = ", "\xa0=\xa0")  # keep "N = 16" on one line
+
+    def wrap(text: str) -> list[str]:
+        text = text.replace(" = ", "\xa0=\xa0")  # keep "N = 16" on one line
         body = textwrap.wrap(text, width=width - len(indent), break_on_hyphens=False) or [""]
-        body = [b.replace("\xa0", " ") for b in body]
+        return [b.replace("\xa0", " ") for b in body]
+
+    for c in claims:
+        body = wrap("Claim: " + c["claim"]) + wrap("Found: " + (c.get("plain") or c["measured"]))
         lines.append(f"{c['id']:<6} {c['verdict']:<17} {body[0]}")
         lines += [indent + b for b in body[1:]]
     return "\n".join(lines)

@@ -628,7 +628,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
                 info["calibrated_on"] = "evaluation prompts (no calibration set: n_calib_prompts = 0)"
     truth_binary = bool(np.all(np.isin(pool.true[np.isfinite(pool.proxy)], (0.0, 1.0))))
     scale = 100.0 if truth_binary else 1.0
-    kind = "accuracy" if truth_binary else "true_reward"
+    truth = "accuracy" if truth_binary else "true_reward"  # what the lifts measure (their unit)
     label, kind = pool_label(cfg), pool_kind(cfg)
     out: list[dict] = []
     c_specs = [(m, s, info) for m, s, info in specs if not isinstance(s, float)]  # (a float: Gaussian's σ)
@@ -648,7 +648,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
                 "variant": m["name"],
                 "N": n,
                 "n_prompts": res["n_prompts"],
-                "truth_kind": kind,
+                "truth_kind": truth,
                 "pool_label": label,
                 "pool_kind": kind,
                 "replicates": cfg["replicates"],
@@ -683,7 +683,7 @@ def _scaling_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.Seed
                 "variant": f"PrivBoN-Gaussian σ={sigma:g}",
                 "N": n,
                 "n_prompts": k,
-                "truth_kind": kind,
+                "truth_kind": truth,
                 "pool_label": label,
                 "pool_kind": kind,
                 "lift": scale * float(lifts.mean()) if k else None,
