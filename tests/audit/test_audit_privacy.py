@@ -40,6 +40,18 @@ CASES = [
     ("randomized_response-bit0_vs_bit1-eps1", "randomized_response", {"epsilon": 1.0}, 10_000),
     ("randomized_response-bit0_vs_bit1-eps3", "randomized_response", {"epsilon": 3.0}, 20_000),
     ("laplace-0_vs_1-eps1", "laplace", {"epsilon": 1.0}, 10_000),
+    (
+        "user_randomized_response-K4_labels_all0_vs_all1-eps1",
+        "user_randomized_response",
+        {"epsilon": 1.0, "max_contributions": 4},
+        10_000,
+    ),
+    (
+        "user_randomized_response-K16_labels_all0_vs_all1-eps2",
+        "user_randomized_response",
+        {"epsilon": 2.0, "max_contributions": 16},
+        10_000,
+    ),
     ("gaussian-0_vs_1-eps1-delta1e-2", "gaussian", {"epsilon": 1.0, "delta": 1e-2}, 50_000),
 ]
 

@@ -40,6 +40,41 @@ HACKS = {"p1-scaling": {"manifest": {"status": "complete", "config": {"syn_hack_
 GROWS = [1, 1.2, 2, 4, 10, 30]
 
 
+def _user_attack(per_label: list[tuple[float, bool]], user: list[tuple[float, bool]]) -> list[dict]:
+    rows = [("per-label", s, b, v) for s, (b, v) in enumerate(per_label)]
+    rows += [("user", s, b, v) for s, (b, v) in enumerate(user)]
+    return [
+        {
+            "kind": "attack",
+            "variant": w,
+            "seed": s,
+            "stated_epsilon": 1.0,
+            "eps_lower_bound": b,
+            "violation": v,
+        }
+        for w, s, b, v in rows
+    ]
+
+
+def _user_utility(diffs: list[float]) -> list[dict]:
+    out = []
+    for s, d in enumerate(diffs):
+        for variant, k, acc in (("group", None, 0.55), ("user", 10, 0.55 + d)):
+            out.append(
+                {
+                    "kind": "utility",
+                    "seed": s,
+                    "method": "rr",
+                    "epsilon": 1.0,
+                    "variant": variant,
+                    "k": k,
+                    "accuracy": acc,
+                    "k_public": 10,
+                }
+            )
+    return out
+
+
 def _cases():
     """claim id → {verdict: (records by experiment, runs)}."""
     c: dict[str, dict] = {
@@ -119,6 +154,25 @@ def _cases():
             "holds": ({"beyond-frontier": _frontier(FRONTIER_WINS)}, None),
             "does not hold": ({"beyond-frontier": _frontier(FRONTIER_TIE, P=3000, noise=0.02)}, None),
             "inconclusive": ({"beyond-frontier": _frontier(FRONTIER_CLOSE, P=8, noise=0.3, seeds=2)}, None),
+        },
+        "U-1": {
+            "holds": ({"beyond-user-level": _user_attack([(3.0, True)] * 5, [(0.1, False)] * 5)}, None),
+            "does not hold": (
+                {"beyond-user-level": _user_attack([(3.0, True)] * 5, [(0.1, False)] * 4 + [(1.4, True)])},
+                None,
+            ),
+            "inconclusive": (
+                {"beyond-user-level": _user_attack([(3.0, True)] * 4 + [(0.8, False)], [(0.1, False)] * 5)},
+                None,
+            ),
+        },
+        "U-2": {
+            "holds": ({"beyond-user-level": _user_utility([0.05, 0.06, 0.055, 0.052, 0.058])}, None),
+            "does not hold": (
+                {"beyond-user-level": _user_utility([-0.05, -0.06, -0.055, -0.05, -0.057])},
+                None,
+            ),
+            "inconclusive": ({"beyond-user-level": _user_utility([0.1, -0.05, 0.12, -0.04, 0.08])}, None),
         },
         "B-2": {
             "holds": ({"beyond-membership": _audit(1.5, {2.0: 0.4, 8.0: 3.0})}, None),

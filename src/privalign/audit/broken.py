@@ -7,6 +7,8 @@ audit that cannot tell them apart is useless (style.md §8, "mandatory negative 
   of 2Δ/ε; for the exponential mechanism both bugs give the same scale);
 * ``gaussian`` / ``laplace``: ``half_scale`` (σ/2, b/2);
 * ``randomized_response``: ``wrong_flip`` (flip probability 1/(1+e^{2ε}) instead of 1/(1+e^ε));
+* ``user_randomized_response``: ``per_label_epsilon`` (each of a user's K labels flipped at ε instead of ε/K:
+  the per-label guarantee restated as the user's, the bug user-level privacy exists to prevent);
 * ``peeling``: ``sqrt_scale`` (``2λ·sqrt(3s·log(1/δ)/ε)``, i.e. ``sqrt(·/ε)`` instead of ``·/ε``; less noise
   than claimed when ε < 1; seen in public code, spec-reward-estimation §12).
 
@@ -42,6 +44,7 @@ BROKEN_VARIANTS: dict[str, tuple[str, ...]] = {
     "gaussian": ("half_scale",),
     "laplace": ("half_scale",),
     "randomized_response": ("wrong_flip",),
+    "user_randomized_response": ("per_label_epsilon",),
     "peeling": ("sqrt_scale",),
 }
 
@@ -121,6 +124,18 @@ class _BrokenRR:
 
 
 @dataclass(frozen=True)
+class _BrokenUserRR:
+    correct: Any  # UserRandomizedResponse
+
+    @property
+    def event(self):
+        return self.correct.event
+
+    def __call__(self, bits: Any, *, rng) -> np.ndarray:
+        return RandomizedResponse(self.correct.epsilon)(bits, rng=rng)  # BUG: ε per label, not ε/K
+
+
+@dataclass(frozen=True)
 class BrokenPeeling:
     """Peeling at the ``sqrt(·/ε)`` scale, claiming the requested (ε, δ). Negative control only."""
 
@@ -160,7 +175,10 @@ def broken_mechanism(correct: Any, variant: str) -> Any:
         return _BrokenAdditive(correct)
     if isinstance(correct, RandomizedResponse) and variant == "wrong_flip":
         return _BrokenRR(correct)
-    from privalign.mechanisms import Peeling
+    from privalign.mechanisms import Peeling, UserRandomizedResponse
+
+    if isinstance(correct, UserRandomizedResponse) and variant == "per_label_epsilon":
+        return _BrokenUserRR(correct)
 
     if isinstance(correct, Peeling) and variant == "sqrt_scale":
         return BrokenPeeling(correct.sparsity, correct.epsilon, correct.delta, correct.sensitivity)

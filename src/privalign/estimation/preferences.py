@@ -34,6 +34,8 @@ class PreferenceData:
       prompt_ids: ``(n,)`` group ids (comparisons sharing a prompt stay on one side of a split).
       texts: optional list of ``(prompt, a0, a1)`` triples, aligned with the rows.
       feature_config: the public feature map's config (``HashedNgramFeatures.get_config()``), if any.
+      user_ids: optional ``(n,)`` ids of the user who gave each label (user-level privacy,
+        :mod:`privalign.estimation.users`).
     """
 
     X: Any
@@ -41,6 +43,7 @@ class PreferenceData:
     prompt_ids: np.ndarray | None = None
     texts: list[tuple[str, str, str]] | None = None
     feature_config: dict | None = field(default=None)
+    user_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = self.X.shape[0] if getattr(self.X, "shape", None) else len(self.X)
@@ -58,6 +61,12 @@ class PreferenceData:
             if self.prompt_ids.shape != (n,):
                 raise PrivacyParameterError(
                     f"The 'prompt_ids' parameter must have shape ({n},). Got {self.prompt_ids.shape} instead."
+                )
+        if self.user_ids is not None:
+            self.user_ids = np.asarray(self.user_ids, dtype=object)
+            if self.user_ids.shape != (n,):
+                raise PrivacyParameterError(
+                    f"The 'user_ids' parameter must have shape ({n},). Got {self.user_ids.shape} instead."
                 )
         if self.texts is not None and len(self.texts) != n:
             raise PrivacyParameterError(
@@ -82,6 +91,7 @@ class PreferenceData:
             prompt_ids=self.prompt_ids[idx],
             texts=None if self.texts is None else [self.texts[int(i)] for i in idx],
             feature_config=self.feature_config,
+            user_ids=None if self.user_ids is None else self.user_ids[idx],
         )
 
     @classmethod
@@ -95,6 +105,7 @@ class PreferenceData:
         prompt_ids: Sequence[Any] | None = None,
         random_state: np.random.Generator | int | None = None,
         keep_texts: bool = False,
+        user_ids: Sequence[Any] | None = None,
     ) -> PreferenceData:
         """Build comparisons from (prompt, chosen, rejected) texts through a public feature map.
 
@@ -108,6 +119,7 @@ class PreferenceData:
           prompt_ids: group ids for splitting (default: the prompt text itself).
           random_state: seed of the orientation coins.
           keep_texts: keep ``(prompt, a0, a1)`` triples on the object.
+          user_ids: the user of each pair (kept on the object as ``user_ids``).
 
         Raises:
           PrivacyParameterError: mismatched lengths or no pairs.
@@ -133,7 +145,14 @@ class PreferenceData:
             X.eliminate_zeros()
         ids = np.asarray(list(prompts) if prompt_ids is None else list(prompt_ids), dtype=object)
         texts = [(p, x0, x1) for p, x0, x1 in zip(prompts, a0, a1)] if keep_texts else None
-        return cls(X=X, y=y, prompt_ids=ids, texts=texts, feature_config=feature_map.get_config())
+        return cls(
+            X=X,
+            y=y,
+            prompt_ids=ids,
+            texts=texts,
+            feature_config=feature_map.get_config(),
+            user_ids=None if user_ids is None else np.asarray(list(user_ids), dtype=object),
+        )
 
 
 def train_test_split_by_prompt(

@@ -6,8 +6,10 @@ estimator at every ε (non-private references once, at ε = ∞). :func:`format_
 as markdown.
 
 Protocol: the text pairs are featurised once through a public feature map (orientation coins from
-``SeedSequence(entropy)``); for each seed the comparisons are split 80/20 **by prompt** and every
-estimator is fitted on the training side with its own seed, then scored on the test side (ties ½).
+``SeedSequence(entropy)``); for each seed the comparisons are split 80/20 as each estimator's privacy unit
+allows (:func:`~privalign.estimation.preferences.train_test_split`, as ``fit-reward``: by row position for
+the sample-DP estimators, whose unit includes the prompt; by prompt for the others) and every estimator is
+fitted on the training side with its own seed, then scored on the test side (ties ½).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from privalign._validation import check_choice, check_int
+from privalign.errors import DataFormatError
 from privalign.estimation.rates import METHODS, PRIVACY_UNIT, make_estimator
 
 __all__ = ["load_preference_data", "real_data_accuracy", "format_accuracy_table", "REAL_DATA_DEFAULTS"]
@@ -41,6 +44,7 @@ def load_preference_data(
     ngram_range: tuple[int, int] = REAL_DATA_DEFAULTS["ngram_range"],
     n_pairs: int | None = None,
     random_state: Any = 0,
+    user_field: str | None = None,
 ) -> Any:
     """Load ``"hh-rlhf"``, ``"imdb"`` or a JSONL file of pairs and featurise it.
 
@@ -54,6 +58,8 @@ def load_preference_data(
       n_features, ngram_range: hashed n-gram settings (``"ngram"`` only).
       n_pairs: IMDb pairs to build (default all 12,500) / cap on the others.
       random_state: seed of the pairing and orientation coins.
+      user_field: read each pair's user from this field of a JSONL file (``PreferenceData.user_ids``); the
+        shipped data sets name no users (refused).
 
     Returns:
       ``(PreferenceData, feature_map)``; ``feature_bound`` of the comparisons is
@@ -70,22 +76,27 @@ def load_preference_data(
         check_choice(features, "features", ("ngram",))
         fmap = HashedNgramFeatures(n_features=n_features, ngram_range=tuple(ngram_range))
     rng = np.random.default_rng(random_state)
+    if user_field is not None and dataset in ("hh-rlhf", "imdb"):
+        raise DataFormatError(
+            f"argument --data: {dataset!r} names no user for its pairs, so user-level privacy cannot be "
+            "applied to it; bring a JSONL file whose lines carry a user field (docs/guide.md)"
+        )
     if dataset == "hh-rlhf":
         pairs = load_hh_rlhf_pairs(limit=n_pairs)
     elif dataset == "imdb":
         pairs = load_imdb_pairs(n_pairs, random_state=rng)
     else:
-        pairs = load_jsonl_pairs(dataset)
+        pairs = load_jsonl_pairs(dataset, user_field=user_field)
         if n_pairs is not None:
-            n = check_int(n_pairs, "n_pairs", low=1)
-            pairs.prompts, pairs.chosen, pairs.rejected, pairs.prompt_ids = (
-                pairs.prompts[:n],
-                pairs.chosen[:n],
-                pairs.rejected[:n],
-                pairs.prompt_ids[:n],
-            )
+            pairs = pairs.head(check_int(n_pairs, "n_pairs", low=1))
     data = PreferenceData.from_text_pairs(
-        pairs.prompts, pairs.chosen, pairs.rejected, fmap, prompt_ids=pairs.prompt_ids, random_state=rng
+        pairs.prompts,
+        pairs.chosen,
+        pairs.rejected,
+        fmap,
+        prompt_ids=pairs.prompt_ids,
+        random_state=rng,
+        user_ids=pairs.users,
     )
     return data, fmap
 
@@ -126,7 +137,7 @@ def real_data_accuracy(
       ``{"rows": [{"method", "unit", "epsilon", "mean_accuracy", "se", "accuracies", "n_train", "n_test"}],
       "meta": {...}}``.
     """
-    from privalign.estimation.preferences import train_test_split_by_prompt
+    from privalign.estimation.preferences import train_test_split
 
     seeds = check_int(seeds, "seeds", low=1)
     for m in methods:
@@ -155,14 +166,19 @@ def real_data_accuracy(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=seeds * len(cells), desc=f"accuracy {dataset}", leave=False)
-    n_train = n_test = 0
+    sizes: dict[str, tuple[int, int]] = {}
     for child in run_seed.spawn(seeds):
         split_seed, *est_seeds = child.spawn(1 + len(cells))
-        train, test = train_test_split_by_prompt(
-            data, test_size=test_size, random_state=np.random.default_rng(split_seed)
-        )
-        n_train, n_test = train.n_samples, test.n_samples
+        # one split per privacy unit, from the same seed: data-independent for what the unit protects
+        splits = {
+            u: train_test_split(
+                data, unit=u, test_size=test_size, random_state=np.random.default_rng(split_seed)
+            )
+            for u in sorted({PRIVACY_UNIT[m] for m, _ in cells})
+        }
         for (m, eps), es in zip(cells, est_seeds):
+            train, test = splits[PRIVACY_UNIT[m]]
+            sizes[m] = (train.n_samples, test.n_samples)
             est = make_estimator(
                 m,
                 epsilon=eps,
@@ -190,8 +206,8 @@ def real_data_accuracy(
                 "mean_accuracy": float(a.mean()),
                 "se": se,
                 "accuracies": a.tolist(),
-                "n_train": n_train,
-                "n_test": n_test,
+                "n_train": sizes[m][0],
+                "n_test": sizes[m][1],
             }
         )
     meta = {

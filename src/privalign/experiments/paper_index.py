@@ -129,6 +129,17 @@ ALGORITHMS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
         ("privalign.alignment", "privalign.audit.audit.epsilon_lower_bound"),
         ("beyond-membership",),
     ),
+    (
+        "beyond",
+        "user-level label-DP (≤ K labels per annotator, randomized response at ε/K) vs record-level: "
+        "accuracy at equal per-person ε and an attack on a heavy annotator's type, audited",
+        (
+            "privalign.mechanisms.user_level.UserRandomizedResponse",
+            "privalign.estimation.users",
+            "privalign.audit.audit.audit_threshold",
+        ),
+        ("beyond-user-level",),
+    ),
 ]
 
 _FIGURE = re.compile(r"""save_figure\(\s*fig\s*,\s*[a-z_]+\s*,\s*["']([A-Za-z0-9_-]+)["']""")

@@ -60,6 +60,16 @@ def generic(claim_text: str, verdict: str, facts: dict | None = None) -> str:
     return f"Could not tell whether {what[:1].lower() + what[1:]}" + (f" ({why})." if why else ".")
 
 
+#: The unit of a lift or regret, by what it measures (the rule's ``what`` fact): accuracy lifts are in
+#: percentage points of accuracy (×100 of a 0/1 truth); a true reward in the pool's own true-reward units.
+_UNITS = {"accuracy": " percentage points", "true reward": " true-reward units"}
+
+
+def _unit(f: dict) -> str:
+    """The unit after a number of ``f``'s ``what`` (``" percentage points"``, ``" true-reward units"``)."""
+    return _UNITS.get(f.get("what", "true reward"), f.get("unit", ""))
+
+
 def _method(m: str) -> str:
     return {"PrivITP-fixed": "PrivITP (at a fixed noise level)"}.get(m, m)
 
@@ -68,7 +78,7 @@ def _method(m: str) -> str:
 
 
 def p1_1(verdict: str, f: dict) -> str:
-    w, u = f.get("what", "true reward"), f.get("unit", "")
+    w, u = f.get("what", "true reward"), _unit(f)
     if verdict == "holds":
         return (
             f"BoN over-optimised (reward hacking): its {w} fell by {num(f['bon_drop'])}{u} from "
@@ -98,7 +108,7 @@ def monotone(verdict: str, f: dict) -> str:
         }
         parts = [f"{words.get(v, v)} at ε = {_list(es)}" for v, es in f["across_epsilon"].items()]
         return "Across the privacy sweep, " + "; ".join(parts) + "."
-    w, u = f.get("what", "true reward"), f.get("unit", "")
+    w, u = f.get("what", "true reward"), _unit(f)
     if verdict == "holds":
         return (
             f"{m} did not over-optimise where BoN did: its {w} did not fall up to N = "
@@ -129,7 +139,7 @@ def monotone(verdict: str, f: dict) -> str:
 
 
 def p1_5(verdict: str, f: dict) -> str:
-    w, u = f.get("what", "true reward"), f.get("unit", "")
+    w, u = f.get("what", "true reward"), _unit(f)
     eps = f"ε = {_list(f['epsilons'])}"
     if verdict == "does not hold":
         return (
@@ -186,12 +196,12 @@ def p1_7(verdict: str, f: dict) -> str:
     if verdict == "holds":
         return (
             f"From {star} up, PrivBoN paid no measurable price for privacy (largest extra regret "
-            f"{num(f['worst_excess'])}), while far below ε* it did."
+            f"{num(f['worst_excess'])} true-reward units), while far below ε* it did."
         )
     if verdict == "does not hold":
         return (
             f"PrivBoN paid a significant price for privacy even above {star} (extra regret "
-            f"{num(f['worst_excess'])} at ε = {num(f['worst_excess_epsilon'])})."
+            f"{num(f['worst_excess'])} true-reward units at ε = {num(f['worst_excess_epsilon'])})."
         )
     return f"Could not tell whether privacy is free for PrivBoN above {star}: {f['why']}."
 
@@ -200,12 +210,14 @@ def p1_8(verdict: str, f: dict) -> str:
     span = f"from N = {num(f['n_from'])} to {num(f['n_max'])}"
     if verdict == "holds":
         return (
-            f"PrivITP's realised privacy cost stayed flat {span} ({num(f['e_from'])} → {num(f['e_to'])}) "
-            f"while its worst case grew ({num(f['eps_max_from'])} → {num(f['eps_max_to'])})."
+            f"PrivITP's realised privacy cost stayed flat {span} (expected ε "
+            f"{num(f['e_from'])} → {num(f['e_to'])}) while its worst case grew (ε_max "
+            f"{num(f['eps_max_from'])} → {num(f['eps_max_to'])})."
         )
     if verdict == "does not hold":
         return (
-            f"PrivITP's realised privacy cost grew with N {span} ({num(f['e_from'])} → {num(f['e_to'])}), "
+            f"PrivITP's realised privacy cost grew with N {span} (expected ε "
+            f"{num(f['e_from'])} → {num(f['e_to'])}), "
             "like its worst case."
         )
     return f"Could not tell whether PrivITP's realised privacy cost depends on N {span}: {f['why']}."
@@ -241,8 +253,8 @@ def p2_4(verdict: str, f: dict) -> str:
     if verdict == "does not hold":
         return (
             f"Sparse private reward models did not beat dense ones ({eps}): dense significantly better "
-            f"in {num(f['dense_wins'])}, equally accurate (within 3 points) in {num(f['ties'])} "
-            f"of {k} comparisons."
+            f"in {num(f['dense_wins'])}, equally accurate (within 3 percentage points of accuracy) in "
+            f"{num(f['ties'])} of {k} comparisons."
         )
     return (
         f"Could not tell whether sparse private reward models beat dense ones ({eps}): sparse significantly "
@@ -365,6 +377,48 @@ def b_2(verdict: str, f: dict) -> str:
     )
 
 
+def u_1(verdict: str, f: dict) -> str:
+    eps = num(f.get("stated_epsilon"))
+    per, usr = f.get("per_label_bounds") or [], f.get("user_bounds") or []
+    if verdict == "holds":
+        return (
+            f"An attacker inferred a heavy annotator's type from the per-label ε = {eps} model beyond ε "
+            f"per person (audit ε ≥ {num(min(per))}, every seed) but never from the user-level ε = {eps} "
+            f"model (audit ε ≤ {num(max(usr))})."
+        )
+    if verdict == "does not hold":
+        return (
+            f"The audit found more than ε = {eps} per person against the user-level model (ε ≥ "
+            f"{num(max(usr))}): its per-person guarantee failed."
+        )
+    return (
+        f"Could not tell whether user-level training protects a heavy annotator better at ε = {eps}: the "
+        "attack on the per-label model did not exceed ε in every seed (no power), or too few seeds."
+    )
+
+
+def u_2(verdict: str, f: dict) -> str:
+    cells = f.get("cells") or []
+    k = f.get("k_public")
+    diffs = "; ".join(
+        f"{c['method']} ε = {num(c['epsilon'])}: {c['diff'] * 100:+.1f} accuracy points" for c in cells
+    )
+    if verdict == "holds":
+        return (
+            f"At equal privacy per person, keeping ≤ {k} labels per annotator beat group privacy ({diffs}; "
+            "significant)."
+        )
+    if verdict == "does not hold":
+        return (
+            f"At equal privacy per person, keeping ≤ {k} labels per annotator was no better than group "
+            f"privacy in some cell ({diffs})."
+        )
+    return (
+        f"Could not tell whether keeping ≤ {k} labels per annotator beats group privacy at equal privacy per "
+        f"person ({diffs or 'no paired seeds'})."
+    )
+
+
 #: Claim id → reader; a claim of :data:`~privalign.experiments.report.CLAIMS` may also name its own.
 READERS: dict[str, Reader] = {
     "P1-1": p1_1,
@@ -383,6 +437,8 @@ READERS: dict[str, Reader] = {
     "P2-6": p2_6,
     "B-1": b_1,
     "B-2": b_2,
+    "U-1": u_1,
+    "U-2": u_2,
     "B-3": b_3,
 }
 

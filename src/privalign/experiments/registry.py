@@ -22,6 +22,7 @@ _MODULES = (
     "privalign.experiments.rlhf",
     "privalign.experiments.rlhf_bon",
     "privalign.experiments.frontier",
+    "privalign.experiments.user_level",
 )
 
 EXPERIMENTS: dict[str, Experiment] = {}

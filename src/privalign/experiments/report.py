@@ -268,6 +268,29 @@ def _membership(records: Records, runs=None) -> Verdict:
     )
 
 
+def _user_attack(records: Records, runs=None) -> Verdict:
+    from privalign.experiments.user_level import attack_verdict
+
+    return attack_verdict(records["beyond-user-level"])
+
+
+def _user_utility(records: Records, runs=None) -> Verdict:
+    from privalign.experiments.user_level import utility_verdict
+
+    recs = records["beyond-user-level"]
+    # the run's public K: in its records, else (records written before they carried it) its configuration
+    k = next((r["k_public"] for r in recs if r.get("k_public")), None)
+    if k is None:
+        k = (
+            (((runs or {}).get("beyond-user-level") or {}).get("manifest") or {})
+            .get("config", {})
+            .get("k_public")
+        )
+    if k is None:
+        return "inconclusive", "no public K (k_public) in the records or the run's configuration"
+    return utility_verdict(recs, int(k))
+
+
 def _frontier(records: Records, runs=None) -> Verdict:
     from privalign.experiments.frontier import frontier_verdict
 
@@ -313,8 +336,9 @@ CLAIMS: list[Claim] = [
     Claim(
         "P1-1",
         "Paper 1",
-        "BoN is not scaling-monotonic: past a critical N its true reward falls (reward hacking). [paper; "
-        "Huang]",
+        "BoN is not scaling-monotonic: past a critical N its true reward falls (reward hacking). On a pool "
+        "with planted reward hacks (synthetic, or real text with a planted proxy bonus) the fall is built "
+        "in: there a 'holds' shows that the rules detect it. [paper; Huang]",
         "p1-scaling",
         "holds if BoN's lift at the largest N is significantly below its lift at some smaller N "
         f"({_PAIRED}); on a pool where BoN does not degrade: inconclusive on this pool (never 'does not "
@@ -326,7 +350,9 @@ CLAIMS: list[Claim] = [
     Claim(
         "P1-2",
         "Paper 1",
-        "PrivBoN is scaling-monotonic: its lift does not fall as N grows. [paper]",
+        "PrivBoN is scaling-monotonic: its lift does not fall as N grows. Decided only where BoN "
+        "over-optimises in the same run (on the shipped pools: those with planted reward hacks), so it tests "
+        "PrivBoN's resistance where hacks were planted. [paper]",
         "p1-scaling",
         "decided only with a positive control (BoN degrades significantly in the same run); then: does not "
         f"hold if the lift at N_max is significantly below a smaller N's ({_PAIRED}); holds if not and the "
@@ -339,7 +365,9 @@ CLAIMS: list[Claim] = [
     Claim(
         "P1-3",
         "Paper 1",
-        "PrivITP is scaling-monotonic. [paper]",
+        "PrivITP is scaling-monotonic. Decided only where BoN over-optimises in the same run (on the shipped "
+        "pools: those with planted reward hacks), so it tests PrivITP's resistance where hacks were planted. "
+        "[paper]",
         "p1-scaling",
         "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve "
         "re-matched to ε at every N is reported for contrast",
@@ -349,7 +377,9 @@ CLAIMS: list[Claim] = [
     Claim(
         "P1-4",
         "Paper 1",
-        "ITP is scaling-monotonic (attains the skyline; Huang et al.). [paper; Huang]",
+        "ITP is scaling-monotonic (attains the skyline; Huang et al.). Decided only where BoN over-optimises "
+        "in the same run (on the shipped pools: those with planted reward hacks), so it tests ITP's "
+        "resistance where hacks were planted. [paper; Huang]",
         "p1-scaling",
         "as P1-2, for ITP",
         _mono("ITP"),
@@ -525,7 +555,8 @@ CLAIMS: list[Claim] = [
         "Beyond",
         "On IMDb controlled sentiment, at each ε and KL budget one private alignment route (label- or "
         "sample-DP DPO; a private linear or MiniLM reward model with best-of-n or GRPO; PrivBoN per answer) "
-        "gives significantly more gold reward than every other. [our question]",
+        "gives significantly more gold reward than every other, judged by the gold model that also labelled "
+        "the private pairs (the MiniLM gold in the configs: a verdict under that judge only). [our question]",
         "beyond-frontier",
         "per (ε, KL budget): each route's best gold at KL ≤ budget along its path (mixtures interpolate); "
         "winner − runner-up, one-sided bootstrap p-value over prompts × seeds, Holm across the comparisons "
@@ -533,6 +564,29 @@ CLAIMS: list[Claim] = [
         "shown equal (Bonferroni interval inside ± the equivalence margin); else inconclusive, with the "
         "difference detectable at power ≈ 0.8",
         _frontier,
+    ),
+    Claim(
+        "U-1",
+        "Beyond",
+        "At the same stated ε, a record-level (per-label) label-DP reward model lets an attacker infer a "
+        "heavy annotator's type beyond ε per person; a user-level model (≤ K labels per annotator, "
+        "randomized response at ε/K) does not. [our question]",
+        "beyond-user-level",
+        "per seed, the audit's Clopper–Pearson lower bound on the per-person ε of each model (α/seeds "
+        "each): does not hold if any user-level bound exceeds ε; holds if every per-label bound does and no "
+        "user-level one does (≥ 2 seeds); else inconclusive (no power)",
+        _user_attack,
+    ),
+    Claim(
+        "U-2",
+        "Beyond",
+        "At equal ε per person, user-level label-DP with a contribution bound K fixed in advance is more "
+        "accurate than record-level label-DP at ε/M_max (group privacy). [our question]",
+        "beyond-user-level",
+        "per (method, ε): user(K) − group accuracy paired over seeds, one-sided Student t at α = 0.05 "
+        "Bonferroni over the cells: holds if every lower bound > 0; does not hold if some upper bound < 0.01 "
+        "(no better by a point); else inconclusive",
+        _user_utility,
     ),
 ]
 
@@ -699,6 +753,19 @@ def _fmt_md(v) -> str:
     return _fmt(v)
 
 
+def _claim_row(c: dict) -> str:
+    """One row of the HTML claims table: id, the claim, its verdict and the plain reading in view; the
+    experiment, the rule and the measured numbers (long) in a collapsed block."""
+    exps = " + ".join(f"<code>{html.escape(e)}</code>" for e in c["experiment"].split(" + "))
+    return (
+        f"<tr id='claim-{html.escape(c['id'])}'><td>{html.escape(c['id'])}</td><td class='stmt'>"
+        f"{html.escape(c['claim'])}</td><td class='v' style='background:{_COLORS.get(c['verdict'], '#fff')}'>"
+        f"{html.escape(c['verdict'])}</td><td>{html.escape(c.get('plain') or '')}</td><td><details><summary>"
+        f"rule and numbers</summary><p><b>experiment:</b> {exps}</p><p><b>rule:</b> {html.escape(c['rule'])}"
+        f"</p><p><b>measured:</b> {html.escape(c['measured'])}</p></details></td></tr>"
+    )
+
+
 def _scalar_items(summary: dict) -> list[tuple[str, object]]:
     skip = {"experiment", "title", "paper", "table"}
     return [(k, v) for k, v in summary.items() if k not in skip and not isinstance(v, list | dict)]
@@ -717,7 +784,8 @@ def _plain_section(claims: list[dict], runs: dict[str, dict]) -> tuple[str, list
             rest.setdefault(c["verdict"], []).append(c["id"])
     quick = [n for n, r in runs.items() if (r.get("manifest") or {}).get("quick")]
     note = (
-        "Each line is written from the claim's verdict and the numbers measured below (one-sided α = 0.05; "
+        "Each claim is stated, then its verdict, then what the run found, written from the verdict and the "
+        "numbers measured below (one-sided α = 0.05; "
         "“significant” means the test rejected at that level; “could not tell” means the run could not "
         "decide, and says why)."
         + (
@@ -734,11 +802,12 @@ def _plain_section(claims: list[dict], runs: dict[str, dict]) -> tuple[str, list
     md = ["## Key findings in plain words", ""]
     for c in shown:
         h.append(
-            f"<li><span class='v' style='background:{_COLORS[c['verdict']]}'>{html.escape(c['verdict'])}"
-            f"</span> <a href='#claim-{html.escape(c['id'])}'>{html.escape(c['id'])}</a> "
-            f"{html.escape(c['plain'])}</li>"
+            f"<li><a href='#claim-{html.escape(c['id'])}'>{html.escape(c['id'])}</a> "
+            f"<span class='stmt'>{html.escape(c['claim'])}</span> <span class='v' "
+            f"style='background:{_COLORS[c['verdict']]}'>{html.escape(c['verdict'])}</span>"
+            f"<div class='found'>{html.escape(c['plain'])}</div></li>"
         )
-        md.append(f"- **{c['id']}** ({c['verdict']}): {c['plain']}")
+        md.append(f"- **{c['id']}** {c['claim']} — **{c['verdict']}**. Found: {c['plain']}")
     h.append("</ul>")
     if rest:
         tail = "; ".join(f"{v}: {', '.join(ids)}" for v, ids in rest.items()) + " (reasons in the table)."
@@ -781,7 +850,11 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
         "img{max-width:100%;border:1px solid "
         "#ddd}figcaption{font-size:0.8em;color:#555}.v{font-weight:600;white-space:nowrap}"
         "code{background:#f4f4f4;padding:0 3px}ul.plain{padding-left:1.2em;line-height:1.5}ul.plain li{"
-        "margin:0.25em 0}.note{color:#555;font-size:0.92em}</style></head><body>",
+        "margin:0.45em 0}.note{color:#555;font-size:0.92em}.stmt{font-style:italic}"
+        # the claims table: fixed column widths (colgroup), text wraps inside its column, never into the next
+        "table.claims{table-layout:fixed;width:100%}table.claims td{overflow-wrap:anywhere;max-width:none}"
+        "table.claims td.v{white-space:normal}table.claims details p{margin:0.35em 0}"
+        "</style></head><body>",
         "<h1>privalign: reproduction report</h1>",
         plain_html,
         f"<p>Generated {utc_now()} from {len(dirs)} run director{'y' if len(dirs) == 1 else 'ies'}. "
@@ -789,17 +862,13 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
         "comparisons use a 2-standard-error margin. "
         + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items()))
         + ".</p>",
-        "<h2>Claims</h2><div "
-        "class='tw'><table><tr><th>id</th><th>claim</th><th>experiment</th><th>rule</th><th>measured</th><th>"
-        "verdict</th></tr>",
+        "<h2>Claims</h2><p class='note'>Each claim as stated, its verdict and what the run found in plain "
+        "words; the experiment, the rule and every number measured are under “rule and numbers”.</p>"
+        "<div class='tw'><table class='claims'><colgroup><col style='width:4.5em'><col style='width:26%'>"
+        "<col style='width:8em'><col style='width:38%'><col></colgroup><tr><th>id</th><th>claim</th>"
+        "<th>verdict</th><th>what this run found</th><th>experiment, rule, numbers</th></tr>",
     ]
-    for c in claims:
-        h.append(
-            f"<tr id='claim-{html.escape(c['id'])}'><td>{c['id']}</td><td>{html.escape(c['claim'])}</td>"
-            f"<td><code>{html.escape(c['experiment'])}</code></td>"
-            f"<td>{html.escape(c['rule'])}</td><td>{html.escape(c['measured'])}</td><td class='v' "
-            f"style='background:{_COLORS.get(c['verdict'], '#fff')}'>{html.escape(c['verdict'])}</td></tr>"
-        )
+    h += [_claim_row(c) for c in claims]
     h.append("</table></div>")
     h.append(
         "<h2>Runs</h2><div class='tw'><table><tr><th>experiment</th><th>status</th><th>quick</th><th>config "

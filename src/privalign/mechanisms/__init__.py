@@ -5,6 +5,7 @@
 * :class:`Peeling`: private top-s selection and release (Cai, Wang & Zhang 2021), accounted honestly.
 * :class:`GaussianMechanism`, :class:`LaplaceMechanism`: additive vector noise (ℓ2 / ℓ1 sensitivity).
 * :class:`RandomizedResponse`: binary randomized response.
+* :class:`UserRandomizedResponse`: randomized response at ε/K on each of a user's ≤ K labels (user-level).
 
 Every mechanism is a frozen dataclass validated at construction, takes ``rng`` keyword-only (a
 ``numpy.random.Generator`` or a :class:`privalign.rng.NoiseSource`) and exposes ``.event``, built from
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # imported on first access (module __getattr__ below)
     from privalign.mechanisms.additive import GaussianMechanism, LaplaceMechanism
     from privalign.mechanisms.randomized_response import RandomizedResponse
     from privalign.mechanisms.selection import NoisyArgmax, NoisyTopK, Peeling, softmax
+    from privalign.mechanisms.user_level import UserRandomizedResponse
 
 #: public name → the submodule defining it
 _LAZY = {
@@ -29,6 +31,7 @@ _LAZY = {
     "NoisyTopK": "selection",
     "Peeling": "selection",
     "softmax": "selection",
+    "UserRandomizedResponse": "user_level",
 }
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "NoisyTopK",
     "Peeling",
     "RandomizedResponse",
+    "UserRandomizedResponse",
     "softmax",
 ]
 

@@ -43,7 +43,7 @@ import random
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -153,8 +153,63 @@ def last_checkpoint(out: Path) -> Path | None:
     return max(cands)[1] if cands else None
 
 
+def _checkpoint_step(ckpt: Path) -> int:
+    """The optimiser step of a ``checkpoint-N`` folder."""
+    return int(ckpt.name.split("-")[1])
+
+
+#: AlignConfig field → the ``privalign align`` flag that sets it.
+_ALIGN_FLAGS = {
+    "steps": "--steps",
+    "beta": "--beta",
+    "learning_rate": "--learning-rate",
+    "num_generations": "--num-generations",
+    "prompts_per_step": "--prompts-per-step",
+    "max_new_tokens": "--max-new-tokens",
+    "lora_rank": "--lora-rank",
+    "lora_alpha": "--lora-rank (α = 2r)",
+    "seed": "--seed",
+    "save_steps": "--save-steps",
+}
+
+
+def _different_run(out: Path, old: dict[str, Any], ident: dict[str, Any]) -> str:
+    """The refusal of an ``out_dir`` that holds another align run: what differs between the run recorded in
+    its manifest (``old``) and this one (``ident``), and how to go on."""
+    diffs = []
+    rm = old.get("reward_model") or {}
+    before = rm.get("path") or rm.get("spec")
+    if (rm.get("sha256"), before) != (ident["reward_sha256"], ident["reward"]):
+        same_path = before == ident["reward"]
+        diffs.append(
+            f"the reward model (--reward-model): {ident['reward']}"
+            + (" has changed since" if same_path else f", not {before}")
+        )
+    if (old.get("prompts") or {}).get("sha256") != ident["prompts_sha256"]:
+        diffs.append("the prompts (--prompts, --num-prompts, --prompt-offset)")
+    was = old.get("config") or {}
+    diffs += [
+        f"{_ALIGN_FLAGS.get(k, k)} {v!r}, not {was.get(k)!r}"
+        for k, v in ident["config"].items()
+        if was.get(k) != v
+        and not (k == "lora_alpha" and was.get("lora_rank") != ident["config"]["lora_rank"])
+    ]
+    if not diffs:
+        diffs.append(
+            f"the base model (--base-model {ident['base_model']}; that run used {old.get('base_model')})"
+        )
+    return (
+        f"The 'out' (--out) directory {str(out)!r} holds a different align run ({'; '.join(diffs)}). "
+        "To keep both, give this run a new --out; to resume that run, rerun it with its own options; to "
+        f"replace it, delete {str(out)!r} first."
+    )
+
+
 def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) -> dict[str, Any]:
-    """The policy's privacy, as recorded in the manifest and printed by ``privalign align``."""
+    """The policy's privacy, as recorded in the manifest and printed by ``privalign align``: one (ε, δ), the
+    reward model's privacy event accounted by :func:`event_guarantee`, and how it relates to the budget the
+    model file states (``target_epsilon``/``target_delta`` of its description: the tuned search's
+    ``privacy_budget``, or the estimator's ε and δ)."""
     ev = reward_desc.get("privacy_event")
     unit = reward_desc.get("privacy_unit", "none")
     if ev is None or unit == "none":
@@ -169,7 +224,8 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
             "only through the model's scores; the base model and the RL prompts are public and disjoint "
             "from the preference data), so it inherits the reward model's guarantee exactly: "
             f"(ε={eps:.6g}, δ={delta:.3g})-DP ({how}; event {ev.get('kind')}), privacy unit "
-            f"'{unit}', the same neighbouring relation; no further privacy cost, and nothing better."
+            f"'{unit}'{_per_user(reward_desc, unit)}, the same neighbouring relation; "
+            f"{_relation_to_file(eps, delta, reward_desc)}no further privacy cost, and nothing better."
         )
     total = None if ev is None or unit == "none" else {"epsilon": eps, "delta": delta, "how": how}
     return {
@@ -181,13 +237,44 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
     }
 
 
+def _per_user(reward_desc: dict[str, Any], unit: str) -> str:
+    """`` (all of one user's labels, at most K pairs per user)`` for a user-level model, else empty."""
+    k = reward_desc.get("max_pairs_per_user")
+    if unit != "user":
+        return ""
+    return " (all of one user's labels together" + (f", at most {k} pairs per user)" if k else ")")
+
+
+def _relation_to_file(eps: float, delta: float, reward_desc: dict[str, Any]) -> str:
+    """How the accounted (ε, δ) stands to the budget the reward-model file states (a clause ending in
+    ``"; "``, empty when the file states no finite ε): the same, within it, or (never seen from privalign's
+    own writers) above it, which the clause explains instead of leaving two figures side by side."""
+    t_eps, t_delta = reward_desc.get("target_epsilon"), reward_desc.get("target_delta")
+    if not isinstance(t_eps, int | float) or isinstance(t_eps, bool) or not math.isfinite(t_eps):
+        return ""
+    t_delta = float(t_delta) if isinstance(t_delta, int | float) and not isinstance(t_delta, bool) else 0.0
+    stated = f"(ε={t_eps:.6g}, δ={t_delta:.3g})"
+    tol = 1 + 1e-9
+    if eps > t_eps * tol or delta > t_delta * tol:
+        return (
+            f"the model file states {stated} for this event by an accounting not re-derived here; only the "
+            "bound above is claimed for the policy; "
+        )
+    if f"{eps:.6g}" == f"{t_eps:.6g}" and f"{delta:.3g}" == f"{t_delta:.3g}":
+        return f"the budget the model file states, {stated}; "
+    return f"within the budget the model file states, {stated}; "
+
+
 def event_guarantee(event: dict[str, Any], *, delta: float | None = None) -> tuple[float, float, str]:
     """The total (ε, δ) of a reward model's privacy event (its ``to_dict()``), composed events included.
 
     Basic composition (:class:`~privalign.accounting.ApproxDPAccountant`: sums over sequential parts, maxima
-    over parallel ones) where every part has an (ε, δ) form; otherwise (DP-SGD's Poisson-sampled Gaussian
-    steps) the PLD accountant under replace-one (:class:`~privalign.accounting.rdp.RDPAccountant`,
-    ``method="pld"``) at ``delta`` (the model's target δ). Returns ``(ε, δ, how)``, rounded up.
+    over parallel ones) where every part has an (ε, δ) form, each Peeling call accounted as it was calibrated
+    (:func:`~privalign.accounting.peeling.peeling_epsilon` at its recorded ``target_delta``, which is ≤ its
+    target (ε, δ); the pure bound 3s/nm alone overstated a Sample-DP IHT model's ε against the budget its file
+    states, issue 36); otherwise (DP-SGD's Poisson-sampled Gaussian steps) the PLD accountant under
+    replace-one (:class:`~privalign.accounting.rdp.RDPAccountant`, ``method="pld"``) at ``delta`` (the
+    model's target δ). Returns ``(ε, δ, how)``, rounded up.
     """
     from privalign.accounting.accountant import ApproxDPAccountant
     from privalign.accounting.events import ParallelComposedEvent, event_from_dict
@@ -198,10 +285,12 @@ def event_guarantee(event: dict[str, Any], *, delta: float | None = None) -> tup
 
     def walk(ev: Any) -> tuple[float, float, str]:
         acc = ApproxDPAccountant()
+        calibrated, peeled = _peeling_as_calibrated(ev)
         try:
-            acc.compose(ev)
+            acc.compose(calibrated)
             eps, d = acc.get_total()
-            return eps, d, "basic composition of the event's parts"
+            how = "basic composition of the event's parts"
+            return eps, d, how + (", each Peeling call at the δ it was calibrated to" if peeled else "")
         except UnsupportedEventError:
             pass
         if isinstance(ev, ParallelComposedEvent):  # disjoint parts: the worst part's (ε, δ)
@@ -217,6 +306,34 @@ def event_guarantee(event: dict[str, Any], *, delta: float | None = None) -> tup
         return float(pld.get_epsilon(target)), target, "PLD accountant (replace-one)"
 
     return walk(event_from_dict(event))
+
+
+def _peeling_as_calibrated(ev: Any) -> tuple[Any, bool]:
+    """``ev`` with every Peeling call that records a target δ > 0 replaced by the (ε, δ) event
+    :func:`~privalign.accounting.peeling.peeling_epsilon` gives it at that δ (the accounting its noise was
+    calibrated with: a valid (ε, δ)-DP bound of the same call), and whether any was replaced."""
+    from privalign.accounting.events import (
+        ApproxDPEvent,
+        ComposedEvent,
+        ParallelComposedEvent,
+        PeelingEvent,
+        SelfComposedEvent,
+    )
+    from privalign.accounting.peeling import peeling_epsilon
+
+    if isinstance(ev, PeelingEvent):
+        if not ev.target_delta:
+            return ev, False
+        e, d = peeling_epsilon(ev.sparsity, ev.noise_multiplier, ev.target_delta)
+        return ApproxDPEvent(epsilon=e, delta=d, unit=ev.unit, relation=ev.relation), True
+    if isinstance(ev, ComposedEvent | ParallelComposedEvent):
+        parts = [_peeling_as_calibrated(e) for e in ev.events]
+        new = type(ev)(events=tuple(p[0] for p in parts), unit=ev.unit, relation=ev.relation)
+        return new, any(p[1] for p in parts)
+    if isinstance(ev, SelfComposedEvent):
+        inner, peeled = _peeling_as_calibrated(ev.event)
+        return SelfComposedEvent(event=inner, count=ev.count, unit=ev.unit, relation=ev.relation), peeled
+    return ev, False
 
 
 @contextlib.contextmanager
@@ -288,6 +405,7 @@ def align_policy(
     save_policy: bool = True,
     progress: bool = True,
     callbacks: list[Any] | None = None,
+    on_resume: Callable[[Path, int], None] | None = None,
 ) -> dict[str, Any]:
     """Train a policy against ``reward`` on ``prompts`` into ``out_dir`` (see the module docstring).
 
@@ -308,6 +426,8 @@ def align_policy(
       progress: tqdm bar (with ETA) on stderr.
       callbacks: extra transformers ``TrainerCallback`` objects (e.g. an evaluation at checkpoints); they
         must not draw from the global RNGs, or the run stops being reproducible across resumptions.
+      on_resume: called with the checkpoint and its step before training resumes from it (``privalign
+        align`` prints a line).
 
     Returns:
       the manifest dict; ``result["policy_dir"]`` is the saved policy; ``result["model"]`` holds the merged
@@ -345,11 +465,7 @@ def align_policy(
     if man_path.is_file():
         old = json.loads(man_path.read_text(encoding="utf-8"))
         if old.get("run_hash") != run_hash:
-            raise PrivacyParameterError(
-                f"The 'out' (--out) directory {str(out)!r} holds a different align run (run hash "
-                f"{str(old.get('run_hash'))[:12]}…, this one {run_hash[:12]}…); choose another directory or "
-                "delete it."
-            )
+            raise PrivacyParameterError(_different_run(out, old, ident))
         if old.get("status") == "complete" and (
             not save_policy or (out / "policy" / "config.json").is_file()
         ):
@@ -378,6 +494,8 @@ def align_policy(
         model, tok, model_id = copy.deepcopy(base[0]), base[1], base[2]
         model.train()
     ckpt = last_checkpoint(out)
+    if ckpt is not None and on_resume is not None:
+        on_resume(ckpt, _checkpoint_step(ckpt))
     bsz = config.num_generations * config.prompts_per_step
     targs: dict[str, Any] = dict(
         output_dir=str(out / "checkpoints"),
