@@ -58,3 +58,37 @@ def test_every_figure_the_script_quotes_is_in_the_docs_with_its_commands():
         for cmd in (*t.setup, *t.commands):
             shown = re.sub(r"\s+", " ", cmd.replace(" --no-progress", ""))  # (display only: not shown)
             assert shown in flat, f"{t.name}: the docs do not show {cmd!r}"
+
+
+def test_every_figure_states_wall_and_cpu_time_together():
+    """A wall-clock time alone misleads on a shared machine (issue 36): each entry quotes both, side by side
+    (within one table row or one parenthesis) somewhere in the docs."""
+    docs = re.sub(r"\s+", " ", " ".join(_text(d) for d in DOCS))
+    for t in _script().TIMINGS:
+        assert t.quoted_cpu, f"{t.name}: quote the CPU time too (quoted_cpu)"
+        near = re.escape(t.quoted) + r"(?![\w]).{0,40}?(?<![\w.])" + re.escape(t.quoted_cpu) + r"(?![\w])"
+        assert re.search(near, docs), (
+            f"{t.name}: the docs do not state {t.quoted} wall with {t.quoted_cpu} CPU"
+        )
+
+
+def test_every_long_command_of_the_guide_is_timed():
+    """Each command of the guide that trains, samples or reproduces is one the script runs (timed, or as the
+    set-up of a timed entry), so its recipe's time is measured, not guessed."""
+    text = _text("docs/guide.md")
+    timed = {  # (a set-up command is run by the script too, before the entry's timed commands)
+        re.sub(r"\s+", " ", c.replace(" --no-progress", ""))
+        for t in _script().TIMINGS
+        for c in (*t.setup, *t.commands)
+    }
+    long = re.compile(r"^privalign (?:align|dpo|build-pool|simulate|fit-reward|demo|reproduce (?!--list)) ")
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            cmd = re.sub(r"\s+", " ", line.split("  #")[0].replace(" --no-progress", "")).strip()
+            if long.match(cmd):
+                found.append(cmd)
+                assert cmd in timed, (
+                    f"docs/guide.md runs {cmd!r}, which benchmarks/readme_timings.py does not time"
+                )
+    assert len(found) >= 6, found
