@@ -72,7 +72,7 @@ def test_cli_audit_gaussian_needs_delta_and_reports_it(capsys):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--mechanism", "laplace", "--epsilon", "-1"], "'--epsilon'"),
+        (["--mechanism", "laplace", "--epsilon", "-1"], "argument --epsilon"),
         (["--mechanism", "laplace", "--epsilon", "1", "--alpha", "2"], "'--alpha'"),
         (["--mechanism", "laplace", "--epsilon", "1", "--samples", "0"], "'--samples'"),
         (["--mechanism", "laplace", "--epsilon", "1", "--broken", "wrong_flip"], "'--broken'"),
