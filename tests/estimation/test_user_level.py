@@ -323,3 +323,14 @@ def test_a_policy_from_a_user_level_model_states_the_per_user_budget(tmp_path):
     assert "'user'" in text and "at most 4 pairs per user" in text
     assert "the budget the model file states, (ε=2, δ=0)" in text
     check_reward_model(json.loads(out.read_text()))  # the file itself is inside the release boundary
+
+
+def test_split_by_user_keeps_each_users_pairs_on_one_side(rng):
+    from privalign.estimation.preferences import PreferenceData, train_test_split
+
+    users = [f"u{int(u)}" for u in rng.integers(0, 12, 200)]
+    data = PreferenceData(X=rng.normal(size=(200, 3)), y=rng.integers(0, 2, 200), user_ids=users)
+    train, test = train_test_split(data, unit="user", test_size=0.25, random_state=0)
+    assert set(train.user_ids.tolist()).isdisjoint(test.user_ids.tolist())
+    assert train.n_samples + test.n_samples == 200
+    assert list(train.prompt_ids) != list(train.user_ids)  # the prompts are kept, not replaced by the users

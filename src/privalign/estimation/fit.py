@@ -143,7 +143,7 @@ def reward_estimator(
 
 def _split_facts(unit: str, test_size: float, split_seed: int) -> dict[str, Any]:
     return {
-        "rule": "by row position" if unit == "sample" else "by prompt",
+        "rule": {"sample": "by row position", "user": "by user"}.get(unit, "by prompt"),
         "test_size": test_size,
         "seed": split_seed,
     }
@@ -200,33 +200,17 @@ def fit_reward_model(
     from privalign.estimation.rates import PRIVACY_UNIT
     from privalign.estimation.realdata import load_preference_data
 
-    unit = PRIVACY_UNIT[method]
-    if check_user_level(privacy_unit, method, max_pairs_per_user, tune):
-        return _fit_user_level(
-            data,
-            method=method,
-            features=features,
-            n_features=n_features,
-            n_pairs=n_pairs,
-            epsilon=epsilon,
-            max_pairs_per_user=int(max_pairs_per_user),  # type: ignore[arg-type]
-            user_field=user_field,
-            sparsity=sparsity,
-            step_size=step_size,
-            n_iter=n_iter,
-            test_size=test_size,
-            seed=seed,
-            split_seed=split_seed,
-            progress=progress,
-        )
+    user_k = max_pairs_per_user if check_user_level(privacy_unit, method, max_pairs_per_user, tune) else None
+    unit = "user" if user_k else PRIVACY_UNIT[method]
     # The data loading and the split use split_seed, which is public; the noise seed is not.
     noise = np.random.SeedSequence(seed)
     est_seed, search_seed = noise.spawn(2)
     data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
-    # Build the estimator first so that bad parameters fail before any data is loaded.
+    # Build the estimator first so that bad parameters fail before any data is loaded; at user level it runs
+    # at ε/K per label (user_level_label_fit restates its event for the user).
     est = reward_estimator(
         method,
-        epsilon=epsilon,
+        epsilon=_per_label_epsilon(epsilon, user_k) if user_k else epsilon,
         delta=delta,
         sparsity=sparsity,
         step_size=step_size,
@@ -239,7 +223,10 @@ def fit_reward_model(
         n_features=n_features,
         n_pairs=n_pairs,
         random_state=np.random.default_rng(data_seed),
+        user_field=user_field if user_k else None,
     )
+    if user_k:
+        pairs = _bounded_by_user(pairs, user_k, data, user_field)
     train, test = train_test_split(
         pairs, unit=unit, test_size=test_size, random_state=np.random.default_rng(split_ss)
     )
@@ -254,8 +241,22 @@ def fit_reward_model(
     else:
         if hasattr(est, "check_calibration"):  # DP-SGD: an ε it cannot reach, before "fitting"
             est.check_calibration(train.n_samples)
-        _say(progress, f"fitting {type(est).__name__} on {train.n_samples} pairs (d={train.n_features})")
-        est.fit(train.X, train.y)
+        at = f" at user level (≤ {user_k} pairs per user, ε/{user_k} per label)" if user_k else ""
+        _say(progress, f"fitting {type(est).__name__}{at} on {train.n_samples} pairs (d={train.n_features})")
+        if user_k:
+            from privalign.estimation.users import user_level_label_fit
+
+            user_level_label_fit(est, train.X, train.y, epsilon=epsilon, max_per_user=user_k)
+        else:
+            est.fit(train.X, train.y)
+    release_extra: dict[str, Any] = {"tuning": tuning} if tuning is not None else {}
+    if user_k:  # the per-user budget the file states (the estimator's own epsilon is the per-label ε/K)
+        release_extra["max_pairs_per_user"] = user_k
+        release_extra["user_level"] = {
+            "route": "label",
+            "epsilon": float(epsilon),
+            "per_label_epsilon": est.epsilon,
+        }
     return _reward_fit(
         est,
         fmap,
@@ -267,7 +268,7 @@ def fit_reward_model(
         heldout_accuracy=float(est.score(test.X, test.y)),
         split=_split_facts(unit, test_size, split_seed),
         noise_seed=str(noise.entropy) if seed is None else str(seed),
-        release_extra={"tuning": tuning} if tuning is not None else {},
+        release_extra=release_extra,
         audit_extra={"tuning": audit_tuning},
     )
 
@@ -301,92 +302,29 @@ def check_user_level(privacy_unit: str, method: str, max_pairs_per_user: int | N
     return True
 
 
-def _fit_user_level(
-    data: str,
-    *,
-    method: str,
-    features: Any,
-    n_features: int,
-    n_pairs: int | None,
-    epsilon: float,
-    max_pairs_per_user: int,
-    user_field: str,
-    sparsity: int,
-    step_size: float | None,
-    n_iter: int | None,
-    test_size: float,
-    seed: int | None,
-    split_seed: int,
-    progress: Progress,
-) -> RewardFit:
-    """A label-DP fit at user level: bound each user to K pairs, split by user, RR at ε/K per label."""
-    import dataclasses
-
-    from privalign.estimation.preferences import train_test_split_by_prompt
-    from privalign.estimation.realdata import load_preference_data
-    from privalign.estimation.users import bound_contributions, check_users, user_level_label_fit
+def _per_label_epsilon(epsilon: float, k: int) -> float:
+    """ε/K, refused (naming the flags) when it is not itself a valid ε; before anything is loaded."""
     from privalign.mechanisms.user_level import UserRandomizedResponse
 
-    k = max_pairs_per_user
-    try:  # ε/K must itself be a valid ε: refuse before loading anything
-        per_label = UserRandomizedResponse(epsilon, max_contributions=k).per_label
+    try:
+        return UserRandomizedResponse(epsilon, max_contributions=k).per_label_epsilon
     except Exception as exc:
         raise _refuse(
             "--epsilon", f"divided by --max-pairs-per-user {k} gives an invalid per-label ε ({exc})", epsilon
         ) from None
-    noise = np.random.SeedSequence(seed)
-    (est_seed,) = noise.spawn(1)
-    data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
-    est = reward_estimator(  # at ε/K per label; user_level_label_fit restates its event for the user
-        method,
-        epsilon=per_label.epsilon,
-        sparsity=sparsity,
-        step_size=step_size,
-        n_iter=n_iter,
-        random_state=np.random.default_rng(est_seed),
-    )
-    pairs, fmap = load_preference_data(
-        data,
-        features=features,
-        n_features=n_features,
-        n_pairs=n_pairs,
-        random_state=np.random.default_rng(data_seed),
-        user_field=user_field,
-    )
+
+
+def _bounded_by_user(pairs: Any, k: int, data: str, user_field: str) -> Any:
+    """The pairs each user keeps (the first ``k`` of each:
+    :func:`~privalign.estimation.users.bound_contributions`); refuses pairs without a user and data with fewer
+    than two users."""
+    from privalign.estimation.users import bound_contributions, check_users
+
     users = check_users(None if pairs.user_ids is None else list(pairs.user_ids), data, user_field)
     kept = pairs.subset(bound_contributions(users, k))
     if len(set(kept.user_ids.tolist())) < 2:
         raise _refuse("--data", "user-level fitting needs pairs from at least two users", data)
-    # Split by user: a user's pairs all land on one side (the split depends on the user ids and the public
-    # seed only; under label-DP the pairs and their users are public, the labels are not).
-    by_user = dataclasses.replace(kept, prompt_ids=kept.user_ids)
-    train, test = train_test_split_by_prompt(
-        by_user, test_size=test_size, random_state=np.random.default_rng(split_ss)
-    )
-    est.set_params(feature_bound=fmap.feature_bound)
-    _say(
-        progress,
-        f"fitting {type(est).__name__} at user level (≤ {k} pairs per user, ε/K = {epsilon / k:g} per label) "
-        f"on {train.n_samples} pairs",
-    )
-    user_level_label_fit(est, train.X, train.y, epsilon=epsilon, max_per_user=k)
-    return _reward_fit(
-        est,
-        fmap,
-        fmap.get_config(),
-        data=data,
-        method=method,
-        unit="user",
-        sizes=(train.n_samples, test.n_samples, train.n_features),
-        heldout_accuracy=float(est.score(test.X, test.y)),
-        split={"rule": "by user", "test_size": test_size, "seed": split_seed},
-        noise_seed=str(noise.entropy) if seed is None else str(seed),
-        release_extra={
-            "max_pairs_per_user": k,
-            # the per-user budget the file states (the estimator's own epsilon is the per-label ε/K)
-            "user_level": {"route": "label", "epsilon": float(epsilon), "per_label_epsilon": epsilon / k},
-        },
-    )
+    return kept
 
 
 def _reward_fit(

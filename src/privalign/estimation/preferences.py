@@ -156,14 +156,19 @@ class PreferenceData:
 
 
 def train_test_split_by_prompt(
-    data: PreferenceData, *, test_size: float = 0.2, random_state: np.random.Generator | int | None = None
+    data: PreferenceData,
+    *,
+    test_size: float = 0.2,
+    random_state: np.random.Generator | int | None = None,
+    groups: np.ndarray | None = None,
 ) -> tuple[PreferenceData, PreferenceData]:
-    """Split comparisons so that no prompt appears on both sides.
+    """Split comparisons so that no prompt (or other group) appears on both sides.
 
     Args:
       data: the comparisons.
       test_size: fraction of *prompts* assigned to the test side, in (0, 1).
       random_state: seed of the prompt permutation.
+      groups: the groups kept together instead of the prompts (e.g. ``data.user_ids``).
 
     Returns:
       ``(train, test)``.
@@ -173,7 +178,7 @@ def train_test_split_by_prompt(
     """
     test_size = check_real(test_size, "test_size", low=0.0, high=1.0, closed="neither")
     rng = as_generator(random_state)
-    ids = data.prompt_ids
+    ids = data.prompt_ids if groups is None else np.asarray(groups)
     assert ids is not None  # set by PreferenceData.__post_init__
     uniq, inverse = np.unique(ids.astype(str) if ids.dtype == object else ids, return_inverse=True)
     if uniq.shape[0] < 2:
@@ -227,14 +232,25 @@ def train_test_split(
       composition of fit and evaluation and the public n of the default iteration count.
     * ``unit="label"`` (features and prompts public, labels private) and ``unit="none"`` (no guarantee):
       :func:`train_test_split_by_prompt`, which depends on the public prompts only.
+    * ``unit="user"`` (user-level label-DP: the pairs and who gave them are public, every label of a user is
+      private): by user, so that all of a user's pairs land on one side (the groups are ``data.user_ids``).
 
     Raises:
-      PrivacyParameterError: ``unit`` not one of ``"sample"``, ``"label"``, ``"none"``, or as the splits.
+      PrivacyParameterError: ``unit`` not one of ``"sample"``, ``"label"``, ``"none"``, ``"user"``; ``"user"``
+        without ``user_ids``; or as the splits.
     """
     if unit == "sample":
         return train_test_split_by_row(data, test_size=test_size, random_state=random_state)
     if unit in ("label", "none"):
         return train_test_split_by_prompt(data, test_size=test_size, random_state=random_state)
+    if unit == "user":
+        if data.user_ids is None:
+            raise PrivacyParameterError(
+                "The 'data' parameter must carry user_ids to split by user. Got None."
+            )
+        return train_test_split_by_prompt(
+            data, test_size=test_size, random_state=random_state, groups=data.user_ids
+        )
     raise PrivacyParameterError(
-        f"The 'unit' parameter must be one of ['sample', 'label', 'none']. Got {unit!r} instead."
+        f"The 'unit' parameter must be one of ['sample', 'label', 'none', 'user']. Got {unit!r} instead."
     )
