@@ -233,7 +233,8 @@ def run_protocol(
 
     Returns:
       A JSON-able dict: ``config``, ``methods`` (per method: ``n``, ``true_lift``, ``true_lift_se``,
-      ``proxy``, ``proxy_se``, ``privacy``), ``n_prompts``, ``skipped_prompts``, ``seconds``.
+      ``proxy``, ``proxy_se``, ``privacy``), ``n_prompts``, ``skipped_prompts``, ``seconds`` (wall time of
+      the evaluation, including the first import of what it uses: ``scipy.special`` for PrivITP).
 
     Raises:
       PrivacyParameterError: bad parameters; pools with fewer candidates than needed (unless

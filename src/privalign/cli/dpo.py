@@ -6,9 +6,9 @@ pairs, under label-DP or sample-DP.
 * ``--privacy sample``: DP-SGD on the LoRA parameters (Opacus per-comparison gradients, Poisson sampling,
   clipping, Gaussian noise), (ε, δ)-DP under replace-one, accounted by privalign's PLD accountant and
   cross-checked against Opacus's. Unit: one comparison. The noise grows with the number of LoRA parameters d,
-  the signal does not: before the first step a warning line says when the best-case signal-to-noise ratio of
-  the run, B·√T/(σ·√d), is below 1 (the policy is then not expected to move; hundreds of pairs are too few at
-  rank 8, see docs/privacy/dpo-sample.md).
+  the signal does not: before the first step a warning line says when the isotropic signal-to-noise ceiling
+  of the run, B·√T/(σ·√d), is below 1 (the noise is then large against the signal; at 400 pairs and rank 8 the
+  one schedule tried did not move the policy, see docs/privacy/dpo-sample.md).
 * ``--privacy none``: non-private DPO (a reference).
 
 ``--data`` is a .jsonl file of ``{"prompt": ..., "chosen": ..., "rejected": ...}``. ``OUT/policy`` is a plain

@@ -29,7 +29,6 @@ from privalign.service.connections import (
 __all__ = [
     "check_listen",
     "check_service",
-    "check_summary",
     "ensure_ledger_folder",
     "guard_settings",
     "open_app",
@@ -212,25 +211,6 @@ def open_app(cfg: ServiceConfig) -> Any:
                 f"{type(exc).__name__}: {detail[:300]}"
             ) from None
         raise
-
-
-def check_summary(cfg: ServiceConfig, app: Any) -> dict[str, Any]:
-    """What ``privalign serve --check`` prints: the config's source, the database, the address, the
-    methods, the reward model (with its privacy event) and the generator."""
-    st = app.state.service
-    rm = getattr(st.scorer, "model", st.scorer)
-    return {
-        "config": cfg.source,
-        "database": st.engine.dialect.name,
-        "database_url": cfg.database.url,
-        "host": cfg.server.host,
-        "port": cfg.server.port,
-        "methods": list(cfg.privacy.allowed_methods),
-        "reward_model": cfg.reward_model.kind,
-        "reward_model_path": cfg.reward_model.options.get("path"),
-        "reward_model_privacy_event": getattr(rm, "privacy_event", None),
-        "generator": cfg.generator.kind,
-    }
 
 
 def check_service(cfg: ServiceConfig) -> dict[str, Any]:
