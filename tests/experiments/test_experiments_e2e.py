@@ -115,6 +115,7 @@ TINY: dict[str, dict] = {
         "attack_calibration": 4,
         "attack_fits": 12,
     },
+    "beyond-planted-sweep": {"bonuses": [1.0, 10.0], "n_prompts": 6},
     "p2-rlhf-bon": {
         "epsilons": [8.0],
         "replicates": 2,

@@ -140,6 +140,17 @@ ALGORITHMS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
         ),
         ("beyond-user-level",),
     ),
+    (
+        "beyond",
+        "grading the planted real-text control: best-of-N over-optimisation (paired max-t) and the capacity "
+        "diagnostic vs a planted bonus of 0.5–10 within-prompt SDs",
+        (
+            "privalign.pipeline.planted.feature_hits",
+            "privalign.pipeline.analysis.bon_curve",
+            "privalign.alignment.capacity.capacity_diagnostic",
+        ),
+        ("beyond-planted-sweep",),
+    ),
 ]
 
 _FIGURE = re.compile(r"""save_figure\(\s*fig\s*,\s*[a-z_]+\s*,\s*["']([A-Za-z0-9_-]+)["']""")

@@ -23,6 +23,7 @@ _MODULES = (
     "privalign.experiments.rlhf_bon",
     "privalign.experiments.frontier",
     "privalign.experiments.user_level",
+    "privalign.experiments.planted_sweep",
 )
 
 EXPERIMENTS: dict[str, Experiment] = {}

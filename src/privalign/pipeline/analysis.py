@@ -217,7 +217,12 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float | None:
 
 
 def bon_curve(
-    records: list, Ns: list[int] | None = None, *, alpha: float = 0.05, margin_fraction: float = 0.1
+    records: list,
+    Ns: list[int] | None = None,
+    *,
+    alpha: float = 0.05,
+    margin_fraction: float = 0.1,
+    random_state: np.random.Generator | None = None,
 ) -> dict[str, Any]:
     """Expected proxy and true reward of BoN(N) on each prompt; means and standard errors over prompts.
 
@@ -245,7 +250,8 @@ def bon_curve(
     ``power`` is the sign test's exact power at the Bonferroni level (:func:`sign_test_power`),
     ``wilcoxon_power`` the Wilcoxon test's (:func:`wilcoxon_power`). ``capacity`` is the pool's capacity
     diagnostic (:func:`privalign.alignment.capacity.capacity_diagnostic`): whether the pool *can* show a fall
-    at the N it holds at all.
+    at the N it holds at all. ``random_state`` draws the max-t test's sign flips (default: a generator seeded
+    with 0, so a pool's verdict is reproducible).
     """
     from privalign.alignment.capacity import capacity_diagnostic
 
@@ -294,7 +300,7 @@ def bon_curve(
     joint = max_t_signflip(
         np.array([per_prompt[-1] - per_prompt[k] for k in range(len(Ns) - 1)]).T.reshape(n, len(Ns) - 1),
         alpha=alpha,
-        random_state=np.random.default_rng(0),
+        random_state=np.random.default_rng(0) if random_state is None else random_state,
     )
     return {
         "num_prompts": len(records),
