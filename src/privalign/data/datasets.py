@@ -149,6 +149,31 @@ def imdb_prompts(num_prompts: int, *, num_words: int = 10, offset: int = 0) -> l
     return out
 
 
+def imdb_fit_part_openings(num_prompts: int, *, num_words: int = 10, offset: int = 0) -> list[Example]:
+    """The first ``num_words`` words of IMDb reviews from :func:`imdb_split`'s *fit* part (24,000 reviews, of
+    which the shipped gold and proxy reward models were fit on some), in a fixed order; opening ``i`` does not
+    depend on ``num_prompts``.
+
+    For private preference pairs beyond the 1,000 held-out openings (``reproduce beyond-frontier`` at large
+    ``n_pairs``): these reviews are never evaluation or RL prompts (those come from the held-out part only). A
+    reward model that scores completions without their prompt (the shipped MiniLM gold: ``use_prompt`` false)
+    never sees the review text of a pair's prompt beyond these words.
+    """
+    check_int(num_prompts, "num_prompts", low=1, high=24_000 - offset)
+    texts, labels = load_imdb()
+    _, fit_idx = imdb_split()
+    order = np.random.default_rng(11).permutation(fit_idx)
+    return [
+        Example(
+            prompt=" ".join(texts[k].split()[:num_words]),
+            label=int(labels[k]),
+            subject="imdb",
+            extra={"review_index": int(k)},
+        )
+        for k in order[offset : offset + num_prompts]
+    ]
+
+
 # ----------------------------------------------------------------------------------------------
 # GSM8K
 # ----------------------------------------------------------------------------------------------
