@@ -12,7 +12,8 @@ never copied) or ``scipy.sparse`` matrices (converted to CSR, never densified). 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,6 +24,7 @@ from privalign._validation import check_epsilon_range
 from privalign.errors import PrivacyParameterError
 
 __all__ = [
+    "EstimatorParam",
     "RewardEstimator",
     "NotFittedError",
     "check_features",
@@ -282,6 +284,57 @@ class NotFittedError(PrivacyParameterError, _SkNotFittedError):
     scikit-learn tools recognise it) and privalign's ``PrivacyParameterError`` (a ``ValueError``)."""
 
 
+@dataclass(frozen=True)
+class EstimatorParam:
+    """A hyper-parameter an estimator class exposes to the experiments' configurations (a TOML key).
+
+    Args:
+      name: The constructor keyword.
+      key: The configuration key; classes that share a key (``step_size`` of the IHT estimators) share its
+        declaration (the registry checks that they agree).
+      type: ``"int"`` or ``"float"`` (the configuration's type).
+      default: The experiments' default (not necessarily the constructor's).
+      help: What the key means, units included.
+      low: The smallest allowed value.
+      zero_means_default: ``0`` in a configuration means the constructor's own (data-dependent or
+        noise-aware) default, passed as ``None``.
+      at_most_n: The value is capped at the number of training pairs (a public quantity), e.g. DP-SGD's
+        expected batch size.
+    """
+
+    name: str
+    key: str
+    type: str
+    default: Any
+    help: str
+    low: float | None = None
+    zero_means_default: bool = False
+    at_most_n: bool = False
+
+    def value(self, config: dict[str, Any], n_train: int | None = None) -> Any:
+        """The constructor value of this parameter under ``config`` (a validated experiment configuration)."""
+        v = config[self.key]
+        if self.zero_means_default and not v:
+            return None
+        if self.at_most_n and n_train is not None:
+            return min(v, n_train)
+        return v
+
+
+#: Shared declarations of the IHT estimators' and the ridge estimators' experiment parameters.
+STEP_SIZE = EstimatorParam("step_size", "step_size", "float", 4.0, "IHT step size η", low=1e-12)
+RADIUS = EstimatorParam("radius", "radius", "float", 5.0, "IHT ℓ2 radius B_θ", low=1e-12)
+ALPHA = EstimatorParam(
+    "alpha",
+    "alpha",
+    "float",
+    1e-3,
+    "ℓ2 regularisation of MLE / DenseRR (0: 0.1·d/n)",
+    low=0.0,
+    zero_means_default=True,
+)
+
+
 class RewardEstimator(ClassifierMixin, BaseEstimator):
     """scikit-learn base class of the reward estimators: parameters are ``__init__`` keyword arguments
     stored unchanged; ``fit`` validates them and sets attributes ending in ``_``.
@@ -299,7 +352,23 @@ class RewardEstimator(ClassifierMixin, BaseEstimator):
     Privacy caveat: a scikit-learn tool that looks at the data (a fitted scaler in a ``Pipeline``, the
     validation folds of ``GridSearchCV``) is not accounted; only data-independent transforms keep the
     estimator's guarantee. :class:`~privalign.estimation.tuning.PrivateGridSearch` is the accounted tuner.
+
+    **What a subclass declares** (read by :mod:`privalign.estimation.registry`, which the CLI, the rates
+    scans, the experiments and the reports ask instead of comparing names): ``name``, its one name in
+    configurations, records and reports (the class name); ``aliases``, other accepted spellings (the CLI's
+    ``dp-iht``...); ``privacy_kind``, what its event protects (``"label"``, ``"sample"`` or ``"none"``,
+    checked against the fitted ``privacy_event_`` by a test); ``sparse`` (it keeps ``sparsity``
+    coordinates); ``title``, the display title; ``step_param``, the constructor keyword a generic
+    step-size option sets; ``params``, its experiment parameters (:class:`EstimatorParam`).
     """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    privacy_kind: ClassVar[str | None] = None
+    sparse: ClassVar[bool] = False
+    title: ClassVar[str] = ""
+    step_param: ClassVar[str] = "step_size"
+    params: ClassVar[tuple[EstimatorParam, ...]] = ()
 
     coef_: np.ndarray
 

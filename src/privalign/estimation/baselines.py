@@ -24,6 +24,8 @@ from privalign.accounting.events import (
 )
 from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import (
+    ALPHA,
+    EstimatorParam,
     RewardEstimator,
     check_epsilon,
     check_Xy,
@@ -121,6 +123,12 @@ class MLE(RewardEstimator):
       coef_, privacy_event_ (``NonPrivateEvent``).
     """
 
+    name = "MLE"
+    aliases = ("mle",)
+    privacy_kind = "none"
+    title = "MLE"
+    params = (ALPHA,)
+
     def __init__(
         self,
         *,
@@ -169,6 +177,12 @@ class DenseRR(RewardEstimator):
       Chowdhury, Zhou & Natarajan, "Differentially Private Reward Estimation with Preference
       Feedback", AISTATS 2024, arXiv:2310.19733v2 (RR + debiased MLE). Warner 1965.
     """
+
+    name = "DenseRR"
+    aliases = ("rr",)
+    privacy_kind = "label"
+    title = "dense RR"
+    params = (ALPHA,)
 
     def __init__(
         self,
@@ -398,6 +412,28 @@ class DPSGDLinear(RewardEstimator):
       Accounting of Differential Privacy via Characteristic Function", arXiv:2106.08567v3 (dominating
       pairs of the subsampled Gaussian under replace-one).
     """
+
+    name = "DPSGDLinear"
+    aliases = ("dp-sgd",)
+    privacy_kind = "sample"
+    title = "DP-SGD"
+    step_param = "learning_rate"
+    params = (
+        EstimatorParam("epochs", "dpsgd_epochs", "float", 5.0, "DP-SGD epochs", low=1e-6),
+        EstimatorParam(
+            "batch_size", "dpsgd_batch", "int", 256, "DP-SGD expected batch size", low=1, at_most_n=True
+        ),
+        EstimatorParam("clip_norm", "dpsgd_clip", "float", 1.0, "DP-SGD clip norm C", low=1e-12),
+        EstimatorParam(
+            "learning_rate",
+            "dpsgd_lr",
+            "float",
+            1.0,
+            "DP-SGD learning rate (0: noise-aware min(1, 0.03·b/(ν·√d)))",
+            low=0.0,
+            zero_means_default=True,
+        ),
+    )
 
     def __init__(
         self,

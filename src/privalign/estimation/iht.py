@@ -37,6 +37,8 @@ from privalign.accounting.events import (
 )
 from privalign.errors import PrivacyParameterError
 from privalign.estimation.base import (
+    RADIUS,
+    STEP_SIZE,
     RewardEstimator,
     _is_sparse,
     btl_gradient,
@@ -397,6 +399,13 @@ class IHT(RewardEstimator):
       n_iter_: T used. privacy_event_: ``NonPrivateEvent`` (no guarantee).
     """
 
+    name = "IHT"
+    aliases = ("iht",)
+    privacy_kind = "none"
+    sparse = True
+    title = "IHT"
+    params = (STEP_SIZE, RADIUS)
+
     def __init__(
         self,
         *,
@@ -595,6 +604,13 @@ class SampleDPIHT(RewardEstimator):
       composition). Dwork & Roth 2014, Thm. 3.20 (advanced composition).
     """
 
+    name = "SampleDPIHT"
+    aliases = ("dp-iht",)
+    privacy_kind = "sample"
+    sparse = True
+    title = "Sample-DP IHT"
+    params = (STEP_SIZE, RADIUS)
+
     def __init__(
         self,
         *,
@@ -776,6 +792,13 @@ class RRIHT(RewardEstimator):
       Privacy", arXiv:2102.06062v2, Def. 1 (label DP); Natarajan et al., "Learning with Noisy Labels",
       NeurIPS 2013, Lemma 1 (unbiased loss); Dwork & Roth 2014, Prop. 2.1 (post-processing).
     """
+
+    name = "RRIHT"
+    aliases = ("rr-iht",)
+    privacy_kind = "label"
+    sparse = True
+    title = "RR-IHT"
+    params = (STEP_SIZE, RADIUS)
 
     def __init__(
         self,

@@ -515,6 +515,9 @@ class DPTransformerRM(RewardEstimator):
       privacy_event_.
     """
 
+    name = "DPTransformerRM"
+    title = "transformer RM"  # privacy_kind None: its 'privacy' parameter chooses sample, label or none
+
     def __init__(
         self,
         *,
