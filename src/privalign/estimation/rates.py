@@ -21,29 +21,26 @@ from typing import Any
 import numpy as np
 
 from privalign._json import to_jsonable
-from privalign._validation import check_choice
 from privalign.errors import PrivacyParameterError
+from privalign.estimation import registry
 from privalign.rng import entropy_int
 
 __all__ = ["METHODS", "PRIVACY_UNIT", "make_estimator", "run_rates", "fit_slopes", "plot_rates", "RATE_GRIDS"]
 
-METHODS = ("mle", "iht", "dp-iht", "rr-iht", "rr", "dp-sgd")
-PRIVACY_UNIT = {
-    "mle": "none",
-    "iht": "none",
-    "dp-iht": "sample",
-    "rr-iht": "label",
-    "rr": "label",
-    "dp-sgd": "sample",
-}
-LABELS = {
-    "mle": "MLE (non-private)",
-    "iht": "IHT (non-private)",
-    "dp-iht": "Sample-DP IHT [sample-DP (ε,δ)]",
-    "rr-iht": "RR-IHT [label-DP ε]",
-    "rr": "dense RR [label-DP ε]",
-    "dp-sgd": "DP-SGD [sample-DP (ε,δ)]",
-}
+#: The estimators' short spellings (each class's first alias: ``mle``, ``iht``, ``dp-iht``, ``rr-iht``,
+#: ``rr``, ``dp-sgd``), the scans' default; any spelling of :func:`privalign.estimation.registry.spellings`
+#: is accepted.
+METHODS = tuple(registry.short_name(n) for n in registry.names())
+#: Every spelling → what its estimator's event protects (``"none"``, ``"label"``, ``"sample"``).
+PRIVACY_UNIT = {s: registry.privacy_kind(s) for s in registry.spellings()}
+#: The legend's privacy text of each privacy kind.
+_KIND_TEXT = {"none": "(non-private)", "label": "[label-DP ε]", "sample": "[sample-DP (ε,δ)]"}
+
+
+def label(method: str) -> str:
+    """The legend label of ``method``: its class's title and what it protects (``RR-IHT [label-DP ε]``)."""
+    return f"{registry.estimator_class(method).title} {_KIND_TEXT[registry.privacy_kind(method)]}"
+
 
 #: The base rate problem (d = 200, s* = 5, ε = 8 at the base point; n up to 128k). DP-SGD's
 #: hyper-parameters for it (``overrides``) were chosen on independent synthetic draws (seeds 0–1, estimator
@@ -93,37 +90,20 @@ def make_estimator(
     """Build the estimator behind a CLI/experiment method name with privalign's defaults.
 
     Args:
-      method: one of ``METHODS``: ``mle``, ``iht``, ``dp-iht`` (SampleDPIHT), ``rr-iht`` (RRIHT),
-        ``rr`` (DenseRR), ``dp-sgd`` (DPSGDLinear).
+      method: an estimator's name or alias (:func:`privalign.estimation.registry.spellings`): ``mle``,
+        ``iht``, ``dp-iht`` (SampleDPIHT), ``rr-iht`` (RRIHT), ``rr`` (DenseRR), ``dp-sgd`` (DPSGDLinear), or
+        a registered one.
       epsilon, delta, sparsity, feature_bound, random_state: passed where the estimator has them.
       overrides: further constructor parameters (e.g. ``step_size``).
     """
-    from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
-    from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
-
-    method = check_choice(method, "method", METHODS)
-    if method == "mle":
-        est: Any = MLE(feature_bound=feature_bound)
-    elif method == "iht":
-        est = IHT(sparsity=sparsity, feature_bound=feature_bound, random_state=random_state)
-    elif method == "dp-iht":
-        est = SampleDPIHT(
-            epsilon=epsilon,
-            delta=delta,
-            sparsity=sparsity,
-            feature_bound=feature_bound,
-            random_state=random_state,
-        )
-    elif method == "rr-iht":
-        est = RRIHT(
-            epsilon=epsilon, sparsity=sparsity, feature_bound=feature_bound, random_state=random_state
-        )
-    elif method == "rr":
-        est = DenseRR(epsilon=epsilon, feature_bound=feature_bound, random_state=random_state)
-    else:
-        est = DPSGDLinear(
-            epsilon=epsilon, delta=delta, feature_bound=feature_bound, random_state=random_state
-        )
+    est = registry.make_estimator(
+        method,
+        epsilon=epsilon,
+        delta=delta,
+        sparsity=sparsity,
+        feature_bound=feature_bound,
+        random_state=random_state,
+    )
     valid = set(est.get_params())
     est.set_params(**{k: v for k, v in overrides.items() if k in valid})
     return est
@@ -170,7 +150,7 @@ def run_rates(
     from privalign.estimation.synthetic import make_btl
 
     for m in methods:
-        check_choice(m, "methods", METHODS)
+        registry.check_name(m, "methods")
     g = grid if grid is not None else RATE_GRIDS["quick" if quick else "full"]
     ss = np.random.SeedSequence(entropy)
     out = Path(out_dir)
@@ -190,6 +170,8 @@ def run_rates(
 
         bar = tqdm(total=total, desc="rates", leave=False)
     rows: list[dict[str, Any]] = []
+    # the grid's per-estimator overrides, keyed by any spelling
+    overrides = {registry.canonical(k): v for k, v in g.get("overrides", {}).items()}
     job_seeds = ss.spawn(len(jobs))
     for (scan, value, cfg), js in zip(jobs, job_seeds):
         for rep, rs in enumerate(js.spawn(int(g["reps"]))):
@@ -202,7 +184,7 @@ def run_rates(
                     delta=delta,
                     sparsity=cfg["s_star"],
                     random_state=np.random.default_rng(es),
-                    **g.get("overrides", {}).get(method, {}),
+                    **overrides.get(registry.canonical(method), {}),
                 )
                 t0 = time.perf_counter()
                 est.fit(prob.X, prob.y)
@@ -213,7 +195,7 @@ def run_rates(
                         "value": value,
                         "rep": rep,
                         "method": method,
-                        "unit": PRIVACY_UNIT[method],
+                        "unit": registry.privacy_kind(method),
                         "n": cfg["n"],
                         "d": cfg["d"],
                         "s_star": cfg["s_star"],
@@ -305,7 +287,7 @@ def plot_rates(result: dict[str, Any], path: str | os.PathLike) -> Path:
                 if slope is None or (isinstance(slope, float) and math.isnan(slope))
                 else f"{slope:+.2f}"
             )
-            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{LABELS[method]} (slope {slope_txt})")
+            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{label(method)} (slope {slope_txt})")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(titles[scan], fontsize=9)

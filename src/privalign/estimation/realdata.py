@@ -21,7 +21,8 @@ import numpy as np
 
 from privalign._validation import check_choice, check_int
 from privalign.errors import DataFormatError
-from privalign.estimation.rates import METHODS, PRIVACY_UNIT, make_estimator
+from privalign.estimation import registry
+from privalign.estimation.rates import METHODS, make_estimator
 
 __all__ = ["load_preference_data", "real_data_accuracy", "format_accuracy_table", "REAL_DATA_DEFAULTS"]
 
@@ -141,7 +142,7 @@ def real_data_accuracy(
 
     seeds = check_int(seeds, "seeds", low=1)
     for m in methods:
-        check_choice(m, "methods", METHODS)
+        registry.check_name(m, "methods")
     ss = np.random.SeedSequence(entropy)
     data_seed, run_seed = ss.spawn(2)
     if data is None:
@@ -156,7 +157,7 @@ def real_data_accuracy(
         data, fmap = data
     cells: list[tuple[str, float]] = []
     for m in methods:
-        if PRIVACY_UNIT[m] == "none":
+        if registry.privacy_kind(m) == "none":
             cells.append((m, math.inf))
         else:
             cells.extend((m, float(e)) for e in epsilons)
@@ -174,10 +175,10 @@ def real_data_accuracy(
             u: train_test_split(
                 data, unit=u, test_size=test_size, random_state=np.random.default_rng(split_seed)
             )
-            for u in sorted({PRIVACY_UNIT[m] for m, _ in cells})
+            for u in sorted({registry.privacy_kind(m) for m, _ in cells})
         }
         for (m, eps), es in zip(cells, est_seeds):
-            train, test = splits[PRIVACY_UNIT[m]]
+            train, test = splits[registry.privacy_kind(m)]
             sizes[m] = (train.n_samples, test.n_samples)
             est = make_estimator(
                 m,
@@ -201,7 +202,7 @@ def real_data_accuracy(
         rows.append(
             {
                 "method": m,
-                "unit": PRIVACY_UNIT[m],
+                "unit": registry.privacy_kind(m),
                 "epsilon": eps,
                 "mean_accuracy": float(a.mean()),
                 "se": se,

@@ -39,6 +39,7 @@ __all__ = [
     "names",
     "privacy_kind",
     "register",
+    "short_name",
     "spellings",
     "unregister",
 ]
@@ -178,6 +179,12 @@ def names(kind: str | None = None) -> tuple[str, ...]:
         for c in _classes()
         if c.privacy_kind is not None and (kind is None or c.privacy_kind == kind)  # type: ignore[attr-defined]
     )
+
+
+def short_name(name: str) -> str:
+    """The short spelling of ``name`` (its class's first alias, e.g. ``dp-iht``; the name if it has none)."""
+    cls = estimator_class(name)
+    return str((*cls.aliases, cls.name)[0])
 
 
 def make_estimator(name: str, **params: Any) -> Any:
