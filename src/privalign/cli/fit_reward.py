@@ -40,7 +40,6 @@ from privalign.cli._args import emit_json, epsilon_float
 
 __all__ = ["register"]
 
-_METHODS = ("mle", "iht", "dp-iht", "rr-iht", "rr", "dp-sgd")
 _BACKBONES = ("minilm", "tiny-random")  # privalign.estimation.transformer.BACKBONES (imported lazily)
 
 
@@ -64,7 +63,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--features", default="ngram", choices=("ngram", "minilm"), help="Public feature map (default ngram)."
     )
-    p.add_argument("--method", required=True, choices=_METHODS, help="Estimator.")
+    from privalign.estimation import registry  # the estimators, registered ones included
+
+    short = ", ".join(registry.short_name(n) for n in registry.names())
+    p.add_argument(
+        "--method",
+        required=True,
+        choices=registry.spellings(),
+        metavar="METHOD",
+        help=f"Estimator: {short} (or its class name: {', '.join(registry.names())}).",
+    )
     p.add_argument(
         "--model",
         default="linear",
@@ -302,7 +310,7 @@ def _validate_params(est, args: argparse.Namespace) -> None:
     check_int(args.sparsity, "sparsity", low=1)
     check_int(args.n_features, "n_features", low=1)
     # the hashed n-gram map has exactly --n-features columns (MiniLM's width is known only once loaded)
-    if args.features == "ngram" and "iht" in args.method and args.sparsity > args.n_features:
+    if args.features == "ngram" and type(est).sparse and args.sparsity > args.n_features:
         raise PrivacyParameterError(
             f"The 'sparsity' parameter must be at most the number of features d={args.n_features} "
             f"(--n-features). Got {args.sparsity} instead."
@@ -373,7 +381,7 @@ def _refuse_unused(est, args: argparse.Namespace) -> None:
     given = set(getattr(args, "options_given", ()))
     given |= {k for k in ("step_size", "n_iter") if getattr(args, k) is not None}
     params = est.get_params()
-    reads = {"step_size": "learning_rate" if args.method == "dp-sgd" else "step_size"}
+    reads = {"step_size": type(est).step_param}
     for dest in ("epsilon", "delta", "sparsity", "step_size", "n_iter"):
         if dest in given and reads.get(dest, dest) not in params:
             flag = "--" + dest.replace("_", "-")

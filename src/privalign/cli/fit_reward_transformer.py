@@ -101,10 +101,10 @@ def run_transformer(args: argparse.Namespace, *, check_writable: Any, save: Any)
     """``fit-reward`` with a transformer ``--model``; ``check_writable(flag, path)`` and ``save(fit, args)``
     (writes --out and --audit-record, returns the result to print) are ``fit-reward``'s (passed in, so that
     this module does not import that one)."""
-    from privalign.estimation.fit import TRANSFORMER_PRIVACY, fit_transformer_reward_model
+    from privalign.estimation.fit import fit_transformer_reward_model, transformer_privacy
     from privalign.release import audit_record_path
 
-    privacy = TRANSFORMER_PRIVACY.get(args.method)
+    privacy = transformer_privacy(args.method)
     _refuse_unused(args, privacy)
     assert privacy is not None
     _validate(args, privacy, check_writable)

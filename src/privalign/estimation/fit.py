@@ -31,16 +31,25 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "TRANSFORMER_PRIVACY",
     "RewardFit",
     "data_sha256",
     "fit_reward_model",
     "fit_transformer_reward_model",
     "reward_estimator",
+    "transformer_privacy",
 ]
 
-#: transformer ``method`` → the transformer model's privacy mode
-TRANSFORMER_PRIVACY = {"dp-sgd": "sample", "rr": "label", "mle": "none"}
+
+def transformer_privacy(method: str) -> str | None:
+    """The transformer reward model's privacy mode for ``method`` (what the dense estimators' events protect:
+    ``dp-sgd`` → ``"sample"``, ``rr`` → ``"label"``, ``mle`` → ``"none"``, in any spelling); ``None`` for a
+    method a transformer does not train with (the sparse IHT estimators, or an unknown name)."""
+    from privalign.estimation import registry
+
+    if method not in registry.spellings() or registry.estimator_class(method).sparse:
+        return None
+    return registry.privacy_kind(method)
+
 
 Progress = Callable[[str], None] | None
 
@@ -130,10 +139,11 @@ def reward_estimator(
     """The unfitted estimator of ``method`` with ``fit-reward``'s defaults (``step_size`` is DP-SGD's
     ``learning_rate``); building it checks the parameters before any data is loaded."""
     from privalign.estimation.rates import make_estimator
+    from privalign.estimation.registry import estimator_class
 
     overrides: dict[str, Any] = {}
     if step_size is not None:
-        overrides["step_size" if method != "dp-sgd" else "learning_rate"] = step_size
+        overrides[estimator_class(method).step_param] = step_size
     if n_iter is not None:
         overrides["n_iter"] = n_iter
     return make_estimator(
@@ -502,9 +512,12 @@ def fit_transformer_reward_model(
     from privalign.estimation.preferences import PreferenceData, train_test_split
     from privalign.estimation.transformer import DPTransformerRM
 
-    privacy = TRANSFORMER_PRIVACY.get(method)
+    privacy = transformer_privacy(method)
     if privacy is None:
-        raise _refuse("--method", "a transformer model trains with dp-sgd, rr or mle", method)
+        from privalign.estimation import registry
+
+        dense = [registry.short_name(n) for n in registry.names() if transformer_privacy(n) is not None]
+        raise _refuse("--method", f"a transformer model trains with {', '.join(dense)}", method)
     noise = np.random.SeedSequence(seed)  # never written into the release
     (est_seed,) = noise.spawn(1)
     data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
