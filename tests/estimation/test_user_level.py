@@ -256,8 +256,8 @@ def test_user_level_release_differs_only_in_dp_outputs_between_neighbouring_user
     "extra,needles",
     [
         (
-            ["--method", "dp-iht", "--privacy-unit", "user", "--max-pairs-per-user", "3"],
-            ["--privacy-unit", "dp-iht"],
+            ["--method", "iht", "--privacy-unit", "user", "--max-pairs-per-user", "3"],
+            ["--privacy-unit", "iht", "not private"],
         ),
         (["--method", "rr-iht", "--privacy-unit", "user"], ["--max-pairs-per-user", "required"]),
         (

@@ -153,16 +153,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="record",
         choices=("record", "user"),
         help="What ε protects: 'record' (default: the method's own unit, one pair or one label) or 'user' "
-        "(all of one person's labels together: needs --max-pairs-per-user and a JSONL --data whose lines "
-        "name their user; label-DP methods rr and rr-iht; docs/privacy/user_level.md).",
+        "(all of one person's data together: needs --max-pairs-per-user and a JSONL --data whose lines "
+        "name their user; rr and rr-iht protect all of a user's labels, dp-sgd and dp-iht all of a user's "
+        "pairs; docs/privacy/user_level.md).",
     )
     p.add_argument(
         "--max-pairs-per-user",
         type=int,
         default=None,
         metavar="K",
-        help="With --privacy-unit user: each user keeps at most K pairs (the first K in file order); each "
-        "label is then randomized at epsilon/K.",
+        help="With --privacy-unit user: each user keeps at most K pairs (the first K in file order). rr, "
+        "rr-iht: each label is randomized at epsilon/K; dp-sgd: users are sampled and each user's summed "
+        "gradient clipped once; dp-iht: each user's pairs fall in one batch, Peeling at K times a pair's "
+        "sensitivity.",
     )
     p.add_argument(
         "--user-field",
@@ -256,7 +259,10 @@ def _run_linear(args: argparse.Namespace) -> int:
     what = f"{unit}-level privacy" if unit != "none" else "not private"
     if unit == "user":
         k = result["max_pairs_per_user"]
-        what += f": ε = {args.epsilon:g} per user, ≤ {k} pairs each, ε/{k} per label"
+        if result["user_level"]["route"] == "label":
+            what += f": ε = {args.epsilon:g} per user, ≤ {k} pairs each, ε/{k} per label"
+        else:
+            what += f": (ε, δ) = ({args.epsilon:g}, {args.delta:g}) per user, ≤ {k} pairs each"
     print(
         f"{result['estimator']} ({what}): held-out accuracy {fit.heldout_accuracy:.4f} on "
         f"{result['n_test']} pairs (exact, on private pairs: shown to you, not written into the release); "

@@ -48,6 +48,7 @@ __all__ = [
     "default_batch_size",
     "dpsgd_epsilon",
     "calibrate_dpsgd_noise",
+    "user_clip_factors",
 ]
 
 
@@ -360,6 +361,19 @@ def calibrate_dpsgd_noise(
         ) from None
 
 
+def user_clip_factors(Xb: Any, r: np.ndarray, groups: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Per-row factors that clip each *user's* summed gradient ``Σ_{i∈u} r_i·x_i`` to ℓ2 norm ``clip_norm``
+    once (user-level DP-SGD): row i gets ``min(1, C/‖Σ_{j∈u(i)} r_j x_j‖₂)``, so that ``Xbᵀ(r·factors)`` is
+    the sum of the clipped per-user gradients. ``groups`` holds each row's user (any integer labels)."""
+    _, inv = np.unique(groups, return_inverse=True)
+    m = r.shape[0]
+    agg = sp.csr_matrix((r, (inv, np.arange(m))), shape=(int(inv.max()) + 1, m))
+    G = agg @ Xb  # (users in the batch) × d: each user's summed gradient
+    sq = np.asarray(G.multiply(G).sum(axis=1)).ravel() if sp.issparse(G) else np.einsum("ij,ij->i", G, G)
+    factor = np.minimum(1.0, clip_norm / np.maximum(np.sqrt(sq), 1e-300))
+    return factor[inv]
+
+
 class DPSGDLinear(RewardEstimator):
     """DP-SGD on the linear BTL head (spec §7; Abadi et al. 2016).
 
@@ -388,6 +402,10 @@ class DPSGDLinear(RewardEstimator):
         (``PairFeatures.norm_bound``: 2 for MiniLM), used only to cap the default C; not checked on the data
         (the guarantee never relies on it: every gradient is clipped to C whatever ‖x‖ is).
       random_state: seed of the sampling and the Gaussian noise.
+      max_pairs_per_user: K ≥ 1 for **user-level** DP-SGD (McMahan et al. 2018), fitted with
+        ``fit(X, y, users=...)`` (each row's user; a user with more than K rows is refused): the Poisson
+        sampling, the batch size b, n and the steps count *users*, each sampled user's gradient is the sum of
+        its rows' gradients, clipped to C once. ``None`` (default): one comparison is the unit.
 
     Attributes:
       coef_, noise_multiplier_, sampling_probability_, steps_, clip_norm_, batch_size_, learning_rate_,
@@ -405,8 +423,20 @@ class DPSGDLinear(RewardEstimator):
       ``dp_accounting``'s PLD accountant (``PLDAccountant(REPLACE_ONE)``), ≤ the target.
       Event: ``SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(σ_noise)), steps, unit="sample")``.
 
+      With ``max_pairs_per_user=K`` — Unit: one user (every one of their ≤ K comparisons, features and
+      labels). Relation: replace-one user (the number of users U is public). Each step samples every user
+      independently with probability q = b/U; a sampled user u contributes ``clip_C(Σ_{i∈u} g_i)``, one
+      vector of ℓ2 norm ≤ C whatever K is; the update divides by the expected b (a fixed denominator, as
+      McMahan et al.'s ``f̃_f``). Replacing all of one user's rows changes the sum by ≤ 2C: the same
+      Poisson-subsampled Gaussian mechanism over users, accounted as above with n = U. Guarantee: (ε, δ)-DP
+      for the user. Event: the same ``SelfComposedEvent`` with ``unit="user"`` (K does not enter the
+      accounting: the clip bounds the user; K is stated in the release).
+
     References:
       Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, arXiv:1607.00133v2, Alg. 1.
+      McMahan, Ramage, Talwar & Zhang, "Learning Differentially Private Recurrent Language Models", ICLR 2018,
+      arXiv:1710.06963v3, Alg. 1 (DP-FedAvg/DP-FedSGD: user sampling, per-user clipping, fixed
+      denominator) and §3 (the moments accountant over users).
       Koskela, Jälkö & Honkela, arXiv:1906.03049 and Doroshenko et al., "Connect the Dots", PETS 2022,
       arXiv:2207.04380v1 (PLD accounting as implemented in dp_accounting); Zhu, Dong & Wang, "Optimal
       Accounting of Differential Privacy via Characteristic Function", arXiv:2106.08567v3 (dominating
@@ -451,6 +481,7 @@ class DPSGDLinear(RewardEstimator):
         averaging: float = 0.5,
         feature_norm_bound: float | None = None,
         random_state: Any = None,
+        max_pairs_per_user: int | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -465,10 +496,12 @@ class DPSGDLinear(RewardEstimator):
         self.clip = clip
         self.feature_norm_bound = feature_norm_bound
         self.random_state = random_state
+        self.max_pairs_per_user = max_pairs_per_user
 
     def check_calibration(self, n: int) -> float:
-        """The noise multiplier for ``n`` training comparisons (cached, so ``fit`` reuses it): an ε too small
-        for the schedule is refused, naming ε, before the fit starts (0 at ε = ∞)."""
+        """The noise multiplier for ``n`` training comparisons (``n`` users with ``max_pairs_per_user``;
+        cached, so ``fit`` reuses it): an ε too small for the schedule is refused, naming ε, before the fit
+        starts (0 at ε = ∞)."""
         eps = check_epsilon(self.epsilon)
         if math.isinf(eps):
             return 0.0
@@ -481,7 +514,8 @@ class DPSGDLinear(RewardEstimator):
         delta = check_probability(self.delta, "delta")
         return calibrate_dpsgd_noise(eps, delta, b / n, steps, accountant=accountant)
 
-    def fit(self, X: Any, y: Any) -> DPSGDLinear:
+    def fit(self, X: Any, y: Any, users: Any = None) -> DPSGDLinear:
+        """Fit; ``users`` (each row's user id) is required with ``max_pairs_per_user`` and refused without."""
         eps = check_epsilon(self.epsilon)
         delta = check_probability(self.delta, "delta")
         if self.clip_norm is not None:
@@ -497,7 +531,20 @@ class DPSGDLinear(RewardEstimator):
             else check_real(self.feature_norm_bound, "feature_norm_bound", low=0.0, closed="neither")
         )
         Xv, yv = check_Xy(X, y, feature_bound=fb, clip=bool(self.clip))
-        n, d = Xv.shape
+        n_rows, d = Xv.shape
+        codes: np.ndarray | None = None
+        if self.max_pairs_per_user is not None:  # user level: n counts users; each user's rows sum, then clip
+            from privalign.estimation.users import user_groups
+
+            codes, n = user_groups(users, n_rows, self.max_pairs_per_user)
+        elif users is not None:
+            raise PrivacyParameterError(
+                "The 'users' parameter is used only with 'max_pairs_per_user' (user-level DP-SGD). Got "
+                f"{type(users).__name__} without it."
+            )
+        else:
+            n = n_rows
+        unit = "sample" if codes is None else "user"
         C = default_clip_norm(d, fb, nb) if self.clip_norm is None else float(self.clip_norm)
         b = (
             default_batch_size(n)
@@ -531,14 +578,19 @@ class DPSGDLinear(RewardEstimator):
         theta_sum = np.zeros(d)
         n_avg = 0
         for step in range(steps):
-            idx = np.flatnonzero(rng.random(n) < q)
+            if codes is None:
+                idx = np.flatnonzero(rng.random(n) < q)
+            else:  # Poisson sampling of users: a sampled user brings all of their rows
+                idx = np.flatnonzero((rng.random(n) < q)[codes])
             total = np.zeros(d)
             if idx.size:
                 Xb = Xv[idx]
                 r = sigmoid(matvec(Xb, theta)) - yv[idx]
-                if private:
+                if private and codes is None:
                     gnorm = np.abs(r) * row_norms[idx]
                     r = r * np.minimum(1.0, C / np.maximum(gnorm, 1e-300))
+                elif private and codes is not None:
+                    r = r * user_clip_factors(Xb, r, codes[idx], C)
                 total = rmatvec(Xb, r)
             if private:
                 total = total + rng.normal(0.0, nm * C, size=d)
@@ -560,14 +612,14 @@ class DPSGDLinear(RewardEstimator):
             event: PrivacyEvent = SelfComposedEvent(
                 event=PoissonSampledEvent(
                     sampling_probability=q,
-                    event=GaussianEvent(noise_multiplier=nm, unit="sample"),
-                    unit="sample",
+                    event=GaussianEvent(noise_multiplier=nm, unit=unit),
+                    unit=unit,
                 ),
                 count=steps,
-                unit="sample",
+                unit=unit,
                 relation="replace_one",
             )
         else:
-            event = NonPrivateEvent(unit="sample", relation="replace_one")
+            event = NonPrivateEvent(unit=unit, relation="replace_one")
         self.privacy_event_ = event
         return self

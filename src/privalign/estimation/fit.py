@@ -201,32 +201,41 @@ def fit_reward_model(
       privacy_unit: ``"record"`` (the method's own unit: one pair or one label) or ``"user"``: every pair
         names its user in ``user_field`` (a JSONL file), each user keeps at most ``max_pairs_per_user`` = K
         pairs (the first K in file order, :func:`privalign.estimation.users.bound_contributions`), the split
-        is by user, and all of a user's labels together are ε-DP (randomized response at ε/K per label;
-        label-DP methods ``rr`` and ``rr-iht`` only; ``--tune`` not yet).
+        is by user, and all of a user's data together is private: for ``rr``, ``rr-iht`` all of their
+        labels (randomized response at ε/K per label, ε-DP); for ``dp-sgd`` all of their pairs (users
+        Poisson-sampled, each user's summed gradient clipped once, (ε, δ)-DP); for ``dp-iht`` all of their
+        pairs (each user's pairs in one batch, Peeling at the per-user sensitivity, (ε, δ)-DP) (``--tune``
+        not yet).
       max_pairs_per_user: K, required with ``privacy_unit="user"``.
       user_field: the JSONL field naming each pair's user.
     """
     from privalign.estimation.preferences import train_test_split
     from privalign.estimation.rates import PRIVACY_UNIT
     from privalign.estimation.realdata import load_preference_data
+    from privalign.estimation.users import USER_LEVEL_ROUTES
 
     user_k = max_pairs_per_user if check_user_level(privacy_unit, method, max_pairs_per_user, tune) else None
     unit = "user" if user_k else PRIVACY_UNIT[method]
+    route = USER_LEVEL_ROUTES[method] if user_k else None  # "label": ε/K per label; "sample": per-user DP
+    k_user = int(user_k or 0)
     # The data loading and the split use split_seed, which is public; the noise seed is not.
     noise = np.random.SeedSequence(seed)
     est_seed, search_seed = noise.spawn(2)
     data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
-    # Build the estimator first so that bad parameters fail before any data is loaded; at user level it runs
-    # at ε/K per label (user_level_label_fit restates its event for the user).
+    # Build the estimator first so that bad parameters fail before any data is loaded; at user level a
+    # label-DP one runs at ε/K per label (user_level_label_fit restates its event for the user), a sample-DP
+    # one at ε with max_pairs_per_user = K (it samples, clips or batches users).
     est = reward_estimator(
         method,
-        epsilon=_per_label_epsilon(epsilon, user_k) if user_k else epsilon,
+        epsilon=_per_label_epsilon(epsilon, k_user) if route == "label" else epsilon,
         delta=delta,
         sparsity=sparsity,
         step_size=step_size,
         n_iter=n_iter,
         random_state=np.random.default_rng(est_seed),
     )
+    if route == "sample":
+        est.set_params(max_pairs_per_user=user_k)
     pairs, fmap = load_preference_data(
         data,
         features=features,
@@ -249,24 +258,30 @@ def fit_reward_model(
             est, train, method, unit, epsilon, delta, sparsity, validation_fraction, search_seed, progress
         )
     else:
+        n_users = len(set(train.user_ids.tolist())) if user_k and train.user_ids is not None else 0
         if hasattr(est, "check_calibration"):  # DP-SGD: an ε it cannot reach, before "fitting"
-            est.check_calibration(train.n_samples)
-        at = f" at user level (≤ {user_k} pairs per user, ε/{user_k} per label)" if user_k else ""
-        _say(progress, f"fitting {type(est).__name__}{at} on {train.n_samples} pairs (d={train.n_features})")
+            est.check_calibration(n_users if route == "sample" else train.n_samples)
+        at = ""
         if user_k:
+            per = f"ε/{user_k} per label" if route == "label" else f"{n_users} users, each one unit"
+            at = f" at user level (≤ {user_k} pairs per user, {per})"
+        _say(progress, f"fitting {type(est).__name__}{at} on {train.n_samples} pairs (d={train.n_features})")
+        if route == "label":
             from privalign.estimation.users import user_level_label_fit
 
-            user_level_label_fit(est, train.X, train.y, epsilon=epsilon, max_per_user=user_k)
+            user_level_label_fit(est, train.X, train.y, epsilon=epsilon, max_per_user=k_user)
+        elif route == "sample":
+            est.fit(train.X, train.y, users=train.user_ids)
         else:
             est.fit(train.X, train.y)
     release_extra: dict[str, Any] = {"tuning": tuning} if tuning is not None else {}
-    if user_k:  # the per-user budget the file states (the estimator's own epsilon is the per-label ε/K)
+    if user_k:  # the per-user budget the file states (a label-DP estimator's own epsilon is ε/K per label)
         release_extra["max_pairs_per_user"] = user_k
-        release_extra["user_level"] = {
-            "route": "label",
-            "epsilon": float(epsilon),
-            "per_label_epsilon": est.epsilon,
-        }
+        release_extra["user_level"] = (
+            {"route": "label", "epsilon": float(epsilon), "per_label_epsilon": est.epsilon}
+            if route == "label"
+            else {"route": "sample", "epsilon": float(epsilon), "delta": float(delta)}
+        )
     return _reward_fit(
         est,
         fmap,
@@ -297,8 +312,8 @@ def check_user_level(privacy_unit: str, method: str, max_pairs_per_user: int | N
     if method not in USER_LEVEL_METHODS:
         raise _refuse(
             "--privacy-unit",
-            f"'user' is implemented for the label-DP methods {', '.join(USER_LEVEL_METHODS)} (randomized "
-            f"response at epsilon/K per label); --method {method} offers record-level privacy only",
+            f"'user' is implemented for --method {', '.join(USER_LEVEL_METHODS)}; --method {method} is not "
+            "private",
             privacy_unit,
         )
     if max_pairs_per_user is None:

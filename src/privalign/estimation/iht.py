@@ -20,7 +20,7 @@ import functools
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, cast
 
@@ -65,6 +65,7 @@ __all__ = [
     "gradient_step",
     "fused_btl_gradient",
     "peeling_threshold",
+    "user_batches",
 ]
 
 
@@ -167,6 +168,30 @@ def _batches(
         return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
     perm = rng.permutation(n)
     return [np.sort(chunk) for chunk in np.array_split(perm, T)]
+
+
+def user_batches(
+    codes: np.ndarray, n_users: int, T: int, rng: np.random.Generator, shuffle: bool = True
+) -> tuple[list[np.ndarray], list[int]]:
+    """T disjoint batches that partition the *users* (user-level Sample-DP IHT): the user slots ``0..U−1``
+    (a random permutation, or in order with ``shuffle=False``) split into T near-equal parts, each batch the
+    sorted rows of its part's users; returns the batches and each batch's number of users U_t. The
+    assignment depends on U, T and the random state only (never on the data), so U_t is public."""
+    if T > n_users:
+        raise PrivacyParameterError(
+            f"The 'n_iter' parameter must be at most the number of users U={n_users} for user-level "
+            f"batches (each batch holds at least one user). Got {T}."
+        )
+    order = rng.permutation(n_users) if shuffle else np.arange(n_users)
+    parts = np.array_split(order, T)
+    part_of = np.empty(n_users, dtype=np.int64)
+    for t, chunk in enumerate(parts):
+        part_of[chunk] = t
+    row_part = part_of[codes]
+    rows = np.argsort(row_part, kind="stable")
+    bounds = np.searchsorted(row_part[rows], np.arange(T + 1))
+    batches = [np.sort(rows[bounds[t] : bounds[t + 1]]) for t in range(T)]
+    return batches, [len(c) for c in parts]
 
 
 #: Rows per chunk of the fused dense pass are chosen so that a chunk is about this many bytes: small enough
@@ -330,11 +355,15 @@ def _iht_loop(
     step_size: float,
     radius: float,
     batches: list[Any] | None,
-    threshold: Callable[[np.ndarray, int], np.ndarray],
+    threshold: Callable[[np.ndarray, Any], np.ndarray],
     pending_bound: float | None = None,
     progress: bool = False,
+    denominators: Sequence[float] | None = None,
 ) -> np.ndarray:
     """The shared IHT loop; ``threshold(v, m_t)`` receives the batch size (for the sensitivity).
+
+    ``denominators`` (user level, one per batch): the gradient is ``(1/D_t) Σ_{i∈B_t} g_i`` with the public
+    ``D_t`` instead of the mean over the batch's rows, and ``threshold`` receives ``D_t``.
 
     Dense input goes through :func:`fused_btl_gradient` (one pass over the batch per iteration).
     ``pending_bound`` (from :func:`_check_common`) makes the first pass over each row also check it; a
@@ -363,13 +392,16 @@ def _iht_loop(
                 raise AssertionError(
                     "the fused bound check disagrees with check_features"
                 )  # pragma: no cover
-            v = theta - step_size * g
-            m = len(tb)
+            m: float = len(tb)
         else:
             Xb = X if rows is None else X[rows]
-            v = gradient_step(Xb, tb, theta, step_size)
+            g = btl_gradient(Xb, tb, theta)
             m = Xb.shape[0]
             del Xb  # free a copied batch before the next one is gathered
+        if denominators is not None:  # Σ g_i / D_t: the mean rescaled to the public denominator
+            g = g * (m / float(denominators[t]))
+            m = denominators[t]
+        v = theta - step_size * g
         theta = project_l2(threshold(v, m), radius)
     return theta
 
@@ -495,10 +527,15 @@ def advanced_composition_split(epsilon: float, delta: float, T: int) -> tuple[fl
     return adv if adv[0] > basic[0] else basic
 
 
-def peeling_sensitivity(step_size: float, feature_bound: float, batch_size: int) -> float:
-    """λ = 2·η·c_x/m: the ℓ∞ sensitivity of ``v = θ − η·g`` when one of the batch's m comparisons is
-    replaced (``|σ(·) − y| ≤ 1`` and ``‖x‖∞ ≤ c_x`` bound each per-example gradient by c_x in ℓ∞)."""
-    return 2.0 * step_size * feature_bound / batch_size
+def peeling_sensitivity(
+    step_size: float, feature_bound: float, batch_size: float, group_size: int = 1
+) -> float:
+    """λ = 2·η·c_x·k/m: the ℓ∞ sensitivity of ``v = θ − (η/m)·Σ_{i∈B} g_i`` when ``group_size`` = k of the
+    batch's terms change together (``|σ(·) − y| ≤ 1`` and ``‖x‖∞ ≤ c_x`` bound each per-example gradient by
+    c_x in ℓ∞, so k of them move the sum by ≤ 2k·c_x). k = 1: one comparison replaced (m = the batch's rows).
+    User level: k = K, the most rows a user holds, and m = K·U_t, the public denominator of a batch of U_t
+    users (λ = 2ηc_x/U_t)."""
+    return 2.0 * step_size * feature_bound * group_size / batch_size
 
 
 def gradient_step(X: Any, targets: np.ndarray, theta: np.ndarray, step_size: float) -> np.ndarray:
@@ -516,7 +553,7 @@ def _peeling(sparsity: int, epsilon: float, delta: float, sensitivity: float) ->
 
 def peeling_threshold(
     v: np.ndarray,
-    batch_size: int,
+    batch_size: float,
     *,
     sparsity: int,
     epsilon: float,
@@ -524,8 +561,11 @@ def peeling_threshold(
     step_size: float,
     feature_bound: float,
     rng: Any,
+    group_size: int = 1,
+    unit: str = "sample",
 ) -> tuple[np.ndarray, PeelingEvent]:
-    """The private thresholding of one Sample-DP IHT step: Peeling of ``v`` at λ = 2ηc_x/m.
+    """The private thresholding of one Sample-DP IHT step: Peeling of ``v`` at λ = 2ηc_x/m
+    (λ = 2ηc_x·K/m with ``group_size`` = K at user level, ``unit="user"``; :func:`peeling_sensitivity`).
 
     ``v`` may be a batch of vectors (2-D; rows thresholded independently, for audits).
 
@@ -533,7 +573,11 @@ def peeling_threshold(
       ``(sparse_v, event)``; the event records the per-call target (ε, δ) that B's Peeling was
       calibrated to (``calibrate_peeling``: accounted cost ≤ target) and its noise multiplier.
     """
-    lam = peeling_sensitivity(step_size, feature_bound, batch_size)
+    lam = (
+        peeling_sensitivity(step_size, feature_bound, batch_size)
+        if group_size == 1
+        else peeling_sensitivity(step_size, feature_bound, batch_size, group_size)
+    )
     mech = _peeling(int(sparsity), float(epsilon), float(delta), float(lam))
     out, _ = mech(v, rng=rng)
     # The event records the requested per-call target (ε, δ) (``mech.event`` records the accounted
@@ -544,7 +588,7 @@ def peeling_threshold(
         noise_multiplier=mech.noise_multiplier,
         target_epsilon=epsilon,
         target_delta=delta,
-        unit="sample",
+        unit=unit,
         relation="replace_one",
     )
     return out, ev
@@ -576,6 +620,12 @@ class SampleDPIHT(RewardEstimator):
       shuffle: batches from a random permutation (default; each batch is copied) or contiguous row
         blocks (views, no copy: use on data already in random order). Both splits are data-independent.
       random_state: seed of the batch permutation and of the Peeling noise.
+      max_pairs_per_user: K ≥ 1 for **user-level** privacy, fitted with ``fit(X, y, users=...)`` (each row's
+        user; a user with more than K rows is refused; ``"disjoint"`` only): the T batches partition the
+        *users* (a user's rows all fall in one batch), batch t of U_t users takes the step
+        ``θ − (η/(K·U_t))·Σ_{i∈B_t} g_i`` (a public denominator, the batch's capacity in rows) and Peeling
+        runs at ``λ = K·2ηc_x/(K·U_t) = 2ηc_x/U_t``; T ≤ U and the default T counts users. ``None``
+        (default): one comparison is the unit.
 
     Attributes:
       coef_, support_, n_iter_, noise_multiplier_ (Laplace scale / λ per call), privacy_event_.
@@ -597,6 +647,15 @@ class SampleDPIHT(RewardEstimator):
       composition, whichever allows more per-call budget).
       Event: ``ParallelComposedEvent([PeelingEvent]×T, unit="sample")`` (disjoint) or
       ``ComposedEvent([PeelingEvent]×T, unit="sample")`` (full); ``NonPrivateEvent`` at ε = ∞.
+
+      With ``max_pairs_per_user=K`` — Unit: one user (all of their ≤ K comparisons). Relation: replace-one
+      user (U, and so the user-to-batch assignment by user slot and every U_t, are public). Sensitivity:
+      the user's rows all lie in one batch t, and replacing them moves ``Σ_{i∈B_t} g_i`` by ≤ 2K·c_x in ℓ∞
+      (≤ K rows out, ≤ K rows in, each ≤ c_x), so ``‖v(D) − v(D′)‖∞ ≤ 2ηKc_x/(K·U_t) = 2ηc_x/U_t``; the
+      denominator K·U_t does not depend on how many rows the users hold (the row count would: a mean over
+      rows is not bounded this way). Guarantee: (ε, δ)-DP for the user by the same per-call Peeling
+      guarantee and parallel composition over the T disjoint user batches. Event:
+      ``ParallelComposedEvent([PeelingEvent(unit="user")]×T, unit="user")``.
 
     References:
       Cai, Wang & Zhang, "The Cost of Privacy", Ann. Statist. 2021, arXiv:1902.04495v5 (Peeling and
@@ -625,6 +684,7 @@ class SampleDPIHT(RewardEstimator):
         variant: str = "disjoint",
         shuffle: bool = True,
         random_state: Any = None,
+        max_pairs_per_user: int | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -637,8 +697,9 @@ class SampleDPIHT(RewardEstimator):
         self.variant = variant
         self.shuffle = shuffle
         self.random_state = random_state
+        self.max_pairs_per_user = max_pairs_per_user
 
-    def fit(self, X: Any, y: Any) -> SampleDPIHT:
+    def fit(self, X: Any, y: Any, users: Any = None) -> SampleDPIHT:
         """Fit privately; see the class docstring.
 
         Parameters, shapes and labels are validated before anything random happens. For dense ``X`` the
@@ -651,6 +712,23 @@ class SampleDPIHT(RewardEstimator):
         Xv, yv, s, pending = _check_common(self, X, y)
         variant = check_choice(self.variant, "variant", ("disjoint", "full"))
         n = Xv.shape[0]
+        codes: np.ndarray | None = None
+        if self.max_pairs_per_user is not None:  # user level: batches of users, T and n count users
+            from privalign.estimation.users import user_groups
+
+            if variant != "disjoint":
+                raise PrivacyParameterError(
+                    "The 'variant' parameter must be 'disjoint' with 'max_pairs_per_user' (user-level "
+                    f"Sample-DP IHT puts each user in one batch). Got {variant!r} instead."
+                )
+            k_user = check_int(self.max_pairs_per_user, "max_pairs_per_user", low=1)
+            codes, n = user_groups(users, Xv.shape[0], k_user)
+        elif users is not None:
+            raise PrivacyParameterError(
+                "The 'users' parameter is used only with 'max_pairs_per_user' (user-level Sample-DP IHT). "
+                f"Got {type(users).__name__} without it."
+            )
+        unit = "sample" if codes is None else "user"
         eta = float(self.step_size)
         c_x = float(self.feature_bound)
         if self.n_iter is not None:
@@ -663,7 +741,14 @@ class SampleDPIHT(RewardEstimator):
                 n, noise_multiplier=nm0, step_size=eta, feature_bound=c_x, n_features=Xv.shape[1]
             )
         rng = as_generator(self.random_state)
-        batches = _batches(n, T, variant, rng, bool(self.shuffle))
+        denominators: list[float] | None = None
+        group = 1
+        if codes is None:
+            batches = _batches(n, T, variant, rng, bool(self.shuffle))
+        else:
+            batches, n_per_batch = user_batches(codes, n, T, rng, bool(self.shuffle))
+            group = k_user
+            denominators = [float(k_user * u) for u in n_per_batch]
         events: list[PeelingEvent] = []
         if math.isinf(eps):
             threshold = lambda v, m: hard_threshold(v, s)  # noqa: E731
@@ -683,6 +768,8 @@ class SampleDPIHT(RewardEstimator):
                     step_size=eta,
                     feature_bound=c_x,
                     rng=rng,
+                    group_size=group,
+                    unit=unit,
                 )
                 events.append(ev)
                 return out
@@ -697,11 +784,12 @@ class SampleDPIHT(RewardEstimator):
             batches=batches,
             threshold=threshold,
             pending_bound=pending,
+            denominators=denominators,
         )
         if math.isinf(eps):
-            event: PrivacyEvent = NonPrivateEvent(unit="sample", relation="replace_one")
+            event: PrivacyEvent = NonPrivateEvent(unit=unit, relation="replace_one")
         elif variant == "disjoint":
-            event = ParallelComposedEvent(events=tuple(events), unit="sample", relation="replace_one")
+            event = ParallelComposedEvent(events=tuple(events), unit=unit, relation="replace_one")
             nm = events[0].noise_multiplier
         else:
             event = ComposedEvent(events=tuple(events), unit="sample", relation="replace_one")

@@ -11,6 +11,11 @@ keep pairs (e.g. oldest first), never in an order computed from other users' dat
 :func:`user_level_label_fit` does (2) for the label-DP estimators (``rr``, ``rr-iht``): randomized response on
 each label at ε/K (:class:`privalign.mechanisms.UserRandomizedResponse`), the debiased fit as usual, and the
 estimator's event restated for the user (``SelfComposedEvent(..., count=K, unit="user")``).
+
+:func:`user_groups` is what the sample-DP estimators read at user level (``DPSGDLinear`` and ``SampleDPIHT``
+with ``max_pairs_per_user=K``, fitted with ``users=``): each row's user as an index, refusing data in which a
+user holds more than K rows. DP-SGD then samples, sums and clips *users* (McMahan et al. 2018); Sample-DP IHT
+puts each user's rows in one batch and scales Peeling's sensitivity by K (``docs/privacy/user_level.md``).
 """
 
 from __future__ import annotations
@@ -23,10 +28,21 @@ import numpy as np
 from privalign._validation import check_int
 from privalign.errors import DataFormatError
 
-__all__ = ["USER_LEVEL_METHODS", "bound_contributions", "check_users", "user_level_label_fit"]
+__all__ = [
+    "USER_LEVEL_METHODS",
+    "USER_LEVEL_ROUTES",
+    "bound_contributions",
+    "check_users",
+    "user_groups",
+    "user_level_label_fit",
+]
 
-#: ``fit-reward`` methods that offer ``--privacy-unit user`` (label-DP: randomized response at ε/K per label).
-USER_LEVEL_METHODS = ("rr", "rr-iht")
+#: ``fit-reward`` method → how it protects a user at ``--privacy-unit user``: ``"label"`` (randomized response
+#: at ε/K on each label) or ``"sample"`` (the user's pairs, texts and labels, all of them: DP-SGD over users,
+#: Sample-DP IHT with per-user sensitivity).
+USER_LEVEL_ROUTES = {"rr": "label", "rr-iht": "label", "dp-sgd": "sample", "dp-iht": "sample"}
+#: ``fit-reward`` methods that offer ``--privacy-unit user``.
+USER_LEVEL_METHODS = tuple(USER_LEVEL_ROUTES)
 
 
 def check_users(users: Sequence[Any] | None, where: str, field: str = "user") -> list[str]:
@@ -66,6 +82,41 @@ def bound_contributions(users: Sequence[Any], max_per_user: int) -> np.ndarray:
             keep.append(i)
         seen[u] = c + 1
     return np.asarray(keep, dtype=np.int64)
+
+
+def user_groups(users: Any, n: int, max_per_user: Any) -> tuple[np.ndarray, int]:
+    """Each of the ``n`` rows' user as an index ``0..U−1`` (in order of first appearance) and U, the number of
+    users; refuses ``users`` of the wrong length and any user holding more than ``max_per_user`` = K rows (the
+    per-user sensitivity of the sample-DP estimators rests on that bound: it is checked, never assumed).
+
+    >>> codes, u = user_groups(["a", "b", "a"], 3, 2)
+    >>> codes.tolist(), u
+    ([0, 1, 0], 2)
+    """
+    from privalign.errors import PrivacyParameterError
+
+    k = check_int(max_per_user, "max_pairs_per_user", low=1)
+    if users is None:
+        raise PrivacyParameterError(
+            "The 'users' parameter is required when 'max_pairs_per_user' is set (user-level privacy): pass "
+            "each row's user id to fit(X, y, users=...). Got None instead."
+        )
+    ids = np.asarray(users, dtype=object).ravel()
+    if ids.shape != (n,):
+        raise PrivacyParameterError(
+            f"The 'users' parameter must name the user of each of the {n} rows. Got {ids.shape[0]} ids "
+            "instead."
+        )
+    index: dict[Any, int] = {}
+    codes = np.fromiter((index.setdefault(u, len(index)) for u in ids.tolist()), dtype=np.int64, count=n)
+    counts = np.bincount(codes, minlength=len(index))
+    if counts.size and int(counts.max()) > k:
+        worst = int(np.argmax(counts))
+        raise PrivacyParameterError(
+            f"The 'users' parameter gives user {list(index)[worst]!r} {int(counts[worst])} rows, more than "
+            f"max_pairs_per_user={k}: bound contributions first (bound_contributions). Got {k} as the bound."
+        )
+    return codes, len(index)
 
 
 def user_level_label_fit(estimator: Any, X: Any, y: np.ndarray, *, epsilon: float, max_per_user: int) -> Any:

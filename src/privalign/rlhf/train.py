@@ -238,11 +238,14 @@ def privacy_statement(reward_desc: dict[str, Any], prompt_info: dict[str, Any]) 
 
 
 def _per_user(reward_desc: dict[str, Any], unit: str) -> str:
-    """`` (all of one user's labels, at most K pairs per user)`` for a user-level model, else empty."""
+    """`` (all of one user's labels, at most K pairs per user)`` for a user-level model (``pairs`` for a
+    sample-DP one: texts and labels), else empty."""
     k = reward_desc.get("max_pairs_per_user")
     if unit != "user":
         return ""
-    return " (all of one user's labels together" + (f", at most {k} pairs per user)" if k else ")")
+    route = ((reward_desc.get("metadata") or {}).get("user_level") or {}).get("route")
+    what = "pairs" if route == "sample" else "labels"
+    return f" (all of one user's {what} together" + (f", at most {k} pairs per user)" if k else ")")
 
 
 def _relation_to_file(eps: float, delta: float, reward_desc: dict[str, Any]) -> str:
