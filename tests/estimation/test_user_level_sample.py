@@ -371,8 +371,9 @@ def test_fit_reward_user_level_sample_dp_release_states_the_user_and_k(tmp_path,
     meta = doc["metadata"]
     assert meta["estimator"] == estimator and meta["privacy_unit"] == "user"
     assert meta["max_pairs_per_user"] == 4 and doc["params"]["max_pairs_per_user"] == 4
-    assert meta["user_level"] == {"route": "sample", "epsilon": 2.0, "delta": 1e-5}
-    assert meta["split"]["rule"] == "by user" and meta["n_train"] + meta["n_test"] == 96
+    assert meta["user_level"] == {"route": "sample", "epsilon": 2.0, "delta": 1e-5, "counts": "users"}
+    # the counts are users (a user's number of pairs is private at this unit): 24 users, not 96 pairs
+    assert meta["split"]["rule"] == "by user" and meta["n_train"] + meta["n_test"] == 24
     st = privacy_statement(load_reward(str(out)).describe(), {"source": "test prompts"})
     assert "all of one user's pairs together, at most 4 pairs per user" in st["statement"]
     assert st["guarantee"]["epsilon"] <= 2.0 * (1 + 1e-9) and st["guarantee"]["delta"] <= 1e-5
@@ -389,9 +390,9 @@ def _flat(doc, prefix=""):
 
 @pytest.mark.parametrize("method", ["dp-sgd", "dp-iht"])
 def test_user_level_sample_dp_release_differs_only_in_dp_outputs_between_neighbouring_users(tmp_path, method):
-    """D vs D′: every pair of one user replaced (new texts, the labels reversed), the same number of pairs.
-    The model files differ only in the DP outputs (coefficients, support, nonzeros): no seed, hash or exact
-    statistic of the private pairs is written."""
+    """D vs D′: every pair of one user replaced (new texts, the labels reversed) and their number cut from 10
+    (4 kept) to 2. The model files differ only in the DP outputs (coefficients, support, nonzeros): no seed,
+    hash or exact statistic of the private pairs (not even the count of training pairs) is written."""
     recs = _records()
     other = _records(seed=99)
 
@@ -414,6 +415,8 @@ def test_user_level_sample_dp_release_differs_only_in_dp_outputs_between_neighbo
     for victim in [f"ann{u}" for u in range(24)]:  # a victim in the test split (or off the support) moves
         # nothing: try the next one
         nb = [dict(o, user=victim) if r["user"] == victim else r for r, o in zip(recs, other)]
+        mine = [i for i, r in enumerate(nb) if r["user"] == victim]
+        nb = [r for i, r in enumerate(nb) if i not in mine[2:]]  # the victim now gives 2 pairs, not 10
         for r in nb:
             if r["user"] == victim:
                 r["chosen"], r["rejected"] = r["rejected"], r["chosen"]

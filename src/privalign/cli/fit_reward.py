@@ -263,9 +263,11 @@ def _run_linear(args: argparse.Namespace) -> int:
             what += f": ε = {args.epsilon:g} per user, ≤ {k} pairs each, ε/{k} per label"
         else:
             what += f": (ε, δ) = ({args.epsilon:g}, {args.delta:g}) per user, ≤ {k} pairs each"
+    counted = "users' pairs" if (result.get("user_level") or {}).get("counts") == "users" else "pairs"
     print(
         f"{result['estimator']} ({what}): held-out accuracy {fit.heldout_accuracy:.4f} on "
-        f"{result['n_test']} pairs (exact, on private pairs: shown to you, not written into the release); "
+        f"{result['n_test']} {counted} (exact, on private pairs: shown to you, not written into the "
+        "release); "
         f"event {result['privacy_event']['kind']}"
         + (f"; saved to {result['model']}" if args.out else "")
         + (

@@ -424,7 +424,8 @@ class DPSGDLinear(RewardEstimator):
       Event: ``SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(σ_noise)), steps, unit="sample")``.
 
       With ``max_pairs_per_user=K`` — Unit: one user (every one of their ≤ K comparisons, features and
-      labels). Relation: replace-one user (the number of users U is public). Each step samples every user
+      labels, and how many there are). Relation: replace-one user (all of one user's 1..K pairs replaced by
+      1..K others; the roster of user ids, hence U, is public). Each step samples every user
       independently with probability q = b/U; a sampled user u contributes ``clip_C(Σ_{i∈u} g_i)``, one
       vector of ℓ2 norm ≤ C whatever K is; the update divides by the expected b (a fixed denominator, as
       McMahan et al.'s ``f̃_f``). Replacing all of one user's rows changes the sum by ≤ 2C: the same

@@ -280,8 +280,17 @@ def fit_reward_model(
         release_extra["user_level"] = (
             {"route": "label", "epsilon": float(epsilon), "per_label_epsilon": est.epsilon}
             if route == "label"
-            else {"route": "sample", "epsilon": float(epsilon), "delta": float(delta)}
+            else {"route": "sample", "epsilon": float(epsilon), "delta": float(delta), "counts": "users"}
         )
+    sizes = (train.n_samples, test.n_samples, train.n_features)
+    audit_extra: dict[str, Any] = {"tuning": audit_tuning}
+    if route == "sample":
+        # How many pairs a user gave is private here (the relation replaces all of a user's pairs, 1 to K of
+        # them): the release counts users (public with the roster), the exact pair counts go to the audit
+        # record only.
+        assert train.user_ids is not None and test.user_ids is not None
+        sizes = (len(set(train.user_ids.tolist())), len(set(test.user_ids.tolist())), train.n_features)
+        audit_extra.update(n_train_pairs=train.n_samples, n_test_pairs=test.n_samples)
     return _reward_fit(
         est,
         fmap,
@@ -289,12 +298,12 @@ def fit_reward_model(
         data=data,
         method=method,
         unit=unit,
-        sizes=(train.n_samples, test.n_samples, train.n_features),
+        sizes=sizes,
         heldout_accuracy=float(est.score(test.X, test.y)),
         split=_split_facts(unit, test_size, split_seed),
         noise_seed=str(noise.entropy) if seed is None else str(seed),
         release_extra=release_extra,
-        audit_extra={"tuning": audit_tuning},
+        audit_extra=audit_extra,
     )
 
 

@@ -648,8 +648,11 @@ class SampleDPIHT(RewardEstimator):
       Event: ``ParallelComposedEvent([PeelingEvent]×T, unit="sample")`` (disjoint) or
       ``ComposedEvent([PeelingEvent]×T, unit="sample")`` (full); ``NonPrivateEvent`` at ε = ∞.
 
-      With ``max_pairs_per_user=K`` — Unit: one user (all of their ≤ K comparisons). Relation: replace-one
-      user (U, and so the user-to-batch assignment by user slot and every U_t, are public). Sensitivity:
+      With ``max_pairs_per_user=K`` — Unit: one user (all of their ≤ K comparisons, and how many). Relation:
+      replace-one user (all of one user's 1..K pairs replaced; the roster of user ids, hence U and every
+      U_t, is public). The batches come from a secret uniform permutation of the users, so the output's law
+      depends on the users' data as a multiset and the victim can be matched to the same batch on both
+      sides (``shuffle=False`` is refused: slots by first appearance would move other users). Sensitivity:
       the user's rows all lie in one batch t, and replacing them moves ``Σ_{i∈B_t} g_i`` by ≤ 2K·c_x in ℓ∞
       (≤ K rows out, ≤ K rows in, each ≤ c_x), so ``‖v(D) − v(D′)‖∞ ≤ 2ηKc_x/(K·U_t) = 2ηc_x/U_t``; the
       denominator K·U_t does not depend on how many rows the users hold (the row count would: a mean over
@@ -720,6 +723,11 @@ class SampleDPIHT(RewardEstimator):
                 raise PrivacyParameterError(
                     "The 'variant' parameter must be 'disjoint' with 'max_pairs_per_user' (user-level "
                     f"Sample-DP IHT puts each user in one batch). Got {variant!r} instead."
+                )
+            if not self.shuffle:  # slots by first appearance would let one user's rows move the others
+                raise PrivacyParameterError(
+                    "The 'shuffle' parameter must be True with 'max_pairs_per_user' (user batches from a "
+                    "secret random permutation of the users). Got False instead."
                 )
             k_user = check_int(self.max_pairs_per_user, "max_pairs_per_user", low=1)
             codes, n = user_groups(users, Xv.shape[0], k_user)
