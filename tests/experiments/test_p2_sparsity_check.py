@@ -62,11 +62,12 @@ def test_sparse_dense_table_replicated_verdicts():
 def test_experiment_grids_give_every_method_the_same_protocol():
     """Issue 27: DP-SGD searched 4 candidates at ε/4 while Sample-DP IHT searched 2 at ε/2. Every method now
     searches EXPERIMENT_CANDIDATES candidates, so a compared pair splits its budget alike."""
+    from privalign.estimation.registry import names
     from privalign.estimation.tuning import EXPERIMENT_CANDIDATES, expand_grid, experiment_param_grid
-    from privalign.experiments.paper2 import ESTIMATORS, _fit, make_estimator
+    from privalign.experiments.paper2 import _fit, make_estimator
 
     for s in (4, 32, 64):
-        sizes = {m: len(expand_grid(experiment_param_grid(m, sparsity=s))) for m in ESTIMATORS}
+        sizes = {m: len(expand_grid(experiment_param_grid(m, sparsity=s))) for m in names()}
         assert set(sizes.values()) == {EXPERIMENT_CANDIDATES}, sizes
     # the candidates actually run at (ε/2, δ/2) for both sample-DP methods of P2-4
     from privalign.estimation.preferences import PreferenceData

@@ -38,25 +38,21 @@ from privalign._json import write_text_atomic
 from privalign.accounting.events import event_from_dict
 from privalign.errors import DataFormatError, PrivacyParameterError
 
-__all__ = ["save_model", "load_model", "ESTIMATORS", "FORMAT", "VERSION", "write_reward_model"]
+__all__ = ["save_model", "load_model", "FORMAT", "VERSION", "write_reward_model"]
 
 FORMAT = "privalign.reward_model"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 
-def _estimators() -> dict[str, type]:
-    from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
-    from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
-    from privalign.estimation.transformer import DPTransformerRM
+def _estimators() -> dict[str, Any]:
+    """The classes a model file may name: every registered estimator (privalign.estimation.registry), by its
+    one name. ``DPTransformerRM`` is a transformer reward model saved as a linear head over its feature map
+    (kind ``"transformer"``, whose ``feature_config`` holds the DP-trained upper layers): see
+    :mod:`privalign.estimation.transformer`."""
+    from privalign.estimation.registry import classes
 
-    return {c.__name__: c for c in (IHT, SampleDPIHT, RRIHT, MLE, DenseRR, DPSGDLinear, DPTransformerRM)}
-
-
-#: ``DPTransformerRM`` is a transformer reward model saved as a linear head over its feature map (kind
-#: ``"transformer"``, whose ``feature_config`` holds the DP-trained upper layers): see
-#: :mod:`privalign.estimation.transformer`.
-ESTIMATORS = ("IHT", "SampleDPIHT", "RRIHT", "MLE", "DenseRR", "DPSGDLinear", "DPTransformerRM")
+    return {c.name: c for c in classes()}
 
 
 def _jsonable(v: Any) -> Any:
@@ -114,10 +110,15 @@ def save_model(
       ReleaseBoundaryError: ``metadata`` or a fitted attribute outside the release allow-lists.
     """
     model_name, name = name, type(estimator).__name__
-    if name not in ESTIMATORS or not hasattr(estimator, "coef_") or not hasattr(estimator, "privacy_event_"):
+    known = _estimators()
+    if (
+        known.get(name) is not type(estimator)
+        or not hasattr(estimator, "coef_")
+        or not hasattr(estimator, "privacy_event_")
+    ):
         raise PrivacyParameterError(
             "The 'estimator' parameter must be a fitted privalign reward estimator "
-            f"({', '.join(ESTIMATORS)}). Got {estimator!r} instead."
+            f"({', '.join(known)}). Got {estimator!r} instead."
         )
     from privalign.release import RELEASE_RULE, SECRET_PARAMS
 

@@ -32,6 +32,7 @@ __all__ = [
     "KINDS",
     "canonical",
     "check_name",
+    "classes",
     "estimator_class",
     "experiment_estimator",
     "experiment_params",
@@ -60,11 +61,11 @@ _BUILTIN = (
     "privalign.estimation.transformer:DPTransformerRM",
 )
 #: Classes registered at run time (:func:`register`), by name, in registration order.
-_EXTRA: dict[str, type] = {}
-_LOADED: list[type] = []
+_EXTRA: dict[str, Any] = {}
+_LOADED: list[Any] = []
 
 
-def _builtin() -> list[type]:
+def _builtin() -> list[Any]:
     if not _LOADED:
         for spec in _BUILTIN:
             module, cls = spec.split(":")
@@ -72,12 +73,12 @@ def _builtin() -> list[type]:
     return _LOADED
 
 
-def _classes() -> list[type]:
+def _classes() -> list[Any]:
     return [*_builtin(), *_EXTRA.values()]
 
 
-def _spellings_of(cls: type) -> tuple[str, ...]:
-    return (cls.name, *cls.aliases)  # type: ignore[attr-defined]
+def _spellings_of(cls: Any) -> tuple[str, ...]:
+    return (cls.name, *cls.aliases)
 
 
 def _check_declaration(cls: type) -> None:
@@ -97,7 +98,7 @@ def _check_declaration(cls: type) -> None:
             )
 
 
-def register(cls: type) -> type:
+def register(cls: Any) -> Any:
     """Register an estimator class (a :class:`~privalign.estimation.base.RewardEstimator` subclass with a new
     ``name``, new ``aliases`` and a ``privacy_kind``): :func:`make_estimator`, ``fit-reward``, the rates
     scans and the experiments then accept it under any of its spellings. Usable as a class decorator;
@@ -114,11 +115,11 @@ def register(cls: type) -> type:
         raise PrivacyParameterError(
             f"An estimator class needs a new name and new aliases. Got {clash[0]!r} (taken: {sorted(taken)})."
         )
-    _EXTRA[cls.name] = cls  # type: ignore[attr-defined]
+    _EXTRA[cls.name] = cls
     try:
         experiment_params()  # shared keys must agree
     except PrivacyParameterError:
-        del _EXTRA[cls.name]  # type: ignore[attr-defined]
+        del _EXTRA[cls.name]
         raise
     return cls
 
@@ -128,15 +129,15 @@ def unregister(name: str) -> None:
     _EXTRA.pop(name, None)
 
 
+def classes() -> tuple[Any, ...]:
+    """Every registered estimator class, DPTransformerRM included (what a model file may name)."""
+    return tuple(_classes())
+
+
 def spellings(*, every: bool = False) -> tuple[str, ...]:
     """Every accepted spelling of the estimators of :func:`names` (each name, then its aliases);
     ``every=True`` adds the classes without a privacy kind (DPTransformerRM)."""
-    return tuple(
-        s
-        for cls in _classes()
-        if every or cls.privacy_kind is not None
-        for s in _spellings_of(cls)  # type: ignore[attr-defined]
-    )
+    return tuple(s for cls in _classes() if every or cls.privacy_kind is not None for s in _spellings_of(cls))
 
 
 def check_name(name: Any, param: str = "method") -> str:
@@ -175,9 +176,7 @@ def names(kind: str | None = None) -> tuple[str, ...]:
     if kind is not None:
         check_choice(kind, "kind", KINDS)
     return tuple(
-        c.name  # type: ignore[attr-defined]
-        for c in _classes()
-        if c.privacy_kind is not None and (kind is None or c.privacy_kind == kind)  # type: ignore[attr-defined]
+        c.name for c in _classes() if c.privacy_kind is not None and (kind is None or c.privacy_kind == kind)
     )
 
 
@@ -210,11 +209,11 @@ def experiment_params() -> dict[str, EstimatorParam]:
     """
     out: dict[str, EstimatorParam] = {}
     for cls in _classes():
-        for p in cls.params:  # type: ignore[attr-defined]
+        for p in cls.params:
             seen = out.setdefault(p.key, p)
             if (seen.type, seen.default, seen.help, seen.low) != (p.type, p.default, p.help, p.low):
                 raise PrivacyParameterError(
-                    f"The experiment parameter {p.key!r} of estimator {cls.name!r} disagrees with another "  # type: ignore[attr-defined]
+                    f"The experiment parameter {p.key!r} of estimator {cls.name!r} disagrees with another "
                     f"estimator's declaration: {p!r} vs {seen!r}."
                 )
     return out

@@ -31,6 +31,7 @@ __all__ = [
     "load_config",
     "validate_config",
     "config_hash",
+    "estimator_fields",
     "packaged_config_path",
     "SOURCE_TAGS",
 ]
@@ -149,6 +150,49 @@ def validate_config(raw: dict[str, Any], schema: dict[str, Field], *, source: st
                 raise ConfigError(f"{source}: key {key!r} must be >= {field.low:g}. Got {bad[0]!r} instead.")
         out[key] = value
     return out
+
+
+#: The order in which the published configurations list the shared estimator keys (a key an estimator
+#: declares beyond these follows them).
+_ESTIMATOR_KEY_ORDER = (
+    "seed",
+    "methods",
+    "delta",
+    "step_size",
+    "radius",
+    "alpha",
+    "tune",
+    "dpsgd_epochs",
+    "dpsgd_batch",
+    "dpsgd_clip",
+    "dpsgd_lr",
+)
+
+
+def estimator_fields() -> dict[str, Field]:
+    """The schema keys every experiment that fits reward estimators shares: ``seed``, ``methods`` (any
+    spelling of the registered estimators; default their names, the non-private references first and sparse
+    before dense), ``delta``, ``tune`` and each estimator's
+    declared experiment parameters (:func:`privalign.estimation.registry.experiment_params`)."""
+    from privalign.estimation import registry
+
+    def order(name: str) -> tuple[bool, bool]:
+        return registry.privacy_kind(name) != "none", not registry.estimator_class(name).sparse
+
+    fields = {
+        "seed": Field("int", 42, "root seed", low=0),
+        "methods": Field(
+            "list[str]", sorted(registry.names(), key=order), "estimators", choices=registry.spellings()
+        ),
+        "delta": Field("float", 1e-5, "δ of the sample-DP methods", low=1e-300),
+        "tune": Field(
+            "bool", False, "choose hyper-parameters by the accounted validation protocol", low=None
+        ),
+    }
+    for key, p in registry.experiment_params().items():
+        fields[key] = Field(p.type, p.default, p.help, low=p.low)
+    ordered = {k: fields[k] for k in _ESTIMATOR_KEY_ORDER if k in fields}
+    return ordered | {k: v for k, v in fields.items() if k not in ordered}
 
 
 def packaged_config_path(name: str) -> Path:

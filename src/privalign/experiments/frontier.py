@@ -213,9 +213,9 @@ ALT_GOLDS = ("", "vader")
 
 
 def _schema() -> dict[str, Field]:
-    from privalign.experiments.paper2 import _EST_FIELDS
+    from privalign.experiments.config import estimator_fields
 
-    s = {k: v for k, v in _EST_FIELDS.items() if k not in ("methods", "tune")}
+    s = {k: v for k, v in estimator_fields().items() if k not in ("methods", "tune")}
     s.update(
         {
             "sparsity": Field("int", 32, "s for the IHT methods", low=1),

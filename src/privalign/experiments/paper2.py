@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
-from privalign.experiments.config import Field
+from privalign.experiments.config import Field, estimator_fields
 from privalign.experiments.runner import read_results
 
 __all__ = [
@@ -56,16 +56,36 @@ __all__ = [
     "FEATURE_MAPS",
 ]
 
-ESTIMATORS = ("IHT", "MLE", "SampleDPIHT", "RRIHT", "DenseRR", "DPSGDLinear")
 FEATURE_MAPS = ("hashed-ngram", "harm-lexicon")
-UNIT = {
-    "IHT": "non-private",
-    "MLE": "non-private",
-    "SampleDPIHT": "sample-DP (ε, δ)",
-    "RRIHT": "label-DP ε",
-    "DenseRR": "label-DP ε",
-    "DPSGDLinear": "sample-DP (ε, δ)",
-}
+#: What each privacy kind of an estimator protects, as the records and figures say it.
+_KIND_TEXT = {"none": "non-private", "sample": "sample-DP (ε, δ)", "label": "label-DP ε"}
+
+
+class _UnitText(Mapping[str, str]):
+    """Estimator (any spelling) → the privacy text of its kind (``UNIT["RRIHT"] == "label-DP ε"``), asked of
+    the estimator registry on lookup."""
+
+    def __getitem__(self, method: str) -> str:
+        from privalign.errors import PrivacyParameterError
+        from privalign.estimation import registry
+
+        try:
+            return _KIND_TEXT[registry.privacy_kind(method)]
+        except PrivacyParameterError:
+            raise KeyError(method) from None
+
+    def __iter__(self) -> Iterator[str]:
+        from privalign.estimation import registry
+
+        return iter(registry.spellings())
+
+    def __len__(self) -> int:
+        from privalign.estimation import registry
+
+        return len(registry.spellings())
+
+
+UNIT: Mapping[str, str] = _UnitText()
 
 
 def make_estimator(
@@ -97,9 +117,10 @@ def make_estimator(
         return est
     # Tuned by the accounted protocol (privalign.estimation.tuning): validation split of the training pairs,
     # exponential-mechanism selection; the whole search costs (ε, δ) of the cell.
+    from privalign.estimation.registry import privacy_kind
     from privalign.estimation.tuning import PrivateGridSearch, experiment_param_grid
 
-    private = name not in ("IHT", "MLE") and math.isfinite(epsilon)
+    private = privacy_kind(name) != "none" and math.isfinite(epsilon)
     return PrivateGridSearch(
         est,
         experiment_param_grid(name, sparsity=sparsity),
@@ -121,62 +142,19 @@ def _make_estimator(
     cfg: dict,
     n_train: int,
 ):
-    from privalign.estimation.baselines import MLE, DenseRR, DPSGDLinear
-    from privalign.estimation.iht import IHT, RRIHT, SampleDPIHT
+    from privalign.estimation.registry import experiment_estimator
 
-    common: dict[str, Any] = {"feature_bound": feature_bound, "clip": True}
-    if name == "IHT":
-        return IHT(sparsity=sparsity, step_size=cfg["step_size"], radius=cfg["radius"], **common)
-    if name == "MLE":
-        return MLE(alpha=cfg["alpha"] or None, **common)  # 0: default_alpha = 0.1·d/n
-    if name == "SampleDPIHT":
-        return SampleDPIHT(
-            epsilon=epsilon,
-            delta=delta,
-            sparsity=sparsity,
-            step_size=cfg["step_size"],
-            radius=cfg["radius"],
-            random_state=random_state,
-            **common,
-        )
-    if name == "RRIHT":
-        return RRIHT(
-            epsilon=epsilon,
-            sparsity=sparsity,
-            step_size=cfg["step_size"],
-            radius=cfg["radius"],
-            random_state=random_state,
-            **common,
-        )
-    if name == "DenseRR":
-        return DenseRR(epsilon=epsilon, alpha=cfg["alpha"] or None, random_state=random_state, **common)
-    if name == "DPSGDLinear":
-        return DPSGDLinear(
-            epsilon=epsilon,
-            delta=delta,
-            epochs=cfg["dpsgd_epochs"],
-            batch_size=min(cfg["dpsgd_batch"], n_train),
-            clip_norm=cfg["dpsgd_clip"],
-            learning_rate=cfg["dpsgd_lr"] or None,
-            random_state=random_state,
-            **common,
-        )
-    raise ExperimentError(f"unknown estimator {name!r}")  # pragma: no cover
-
-
-_EST_FIELDS: dict[str, Field] = {
-    "seed": Field("int", 42, "root seed", low=0),
-    "methods": Field("list[str]", list(ESTIMATORS), "estimators", choices=ESTIMATORS),
-    "delta": Field("float", 1e-5, "δ of the sample-DP methods", low=1e-300),
-    "step_size": Field("float", 4.0, "IHT step size η", low=1e-12),
-    "radius": Field("float", 5.0, "IHT ℓ2 radius B_θ", low=1e-12),
-    "alpha": Field("float", 1e-3, "ℓ2 regularisation of MLE / DenseRR (0: 0.1·d/n)", low=0.0),
-    "tune": Field("bool", False, "choose hyper-parameters by the accounted validation protocol", low=None),
-    "dpsgd_epochs": Field("float", 5.0, "DP-SGD epochs", low=1e-6),
-    "dpsgd_batch": Field("int", 256, "DP-SGD expected batch size", low=1),
-    "dpsgd_clip": Field("float", 1.0, "DP-SGD clip norm C", low=1e-12),
-    "dpsgd_lr": Field("float", 1.0, "DP-SGD learning rate (0: noise-aware min(1, 0.03·b/(ν·√d)))", low=0.0),
-}
+    return experiment_estimator(
+        name,
+        cfg,
+        n_train=n_train,
+        epsilon=epsilon,
+        delta=delta,
+        sparsity=sparsity,
+        feature_bound=feature_bound,
+        clip=True,
+        random_state=random_state,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,7 +163,7 @@ _EST_FIELDS: dict[str, Field] = {
 
 
 def _rates_schema() -> dict[str, Field]:
-    s = dict(_EST_FIELDS)
+    s = estimator_fields()
     s.update(
         {
             "base_n": Field("int", 5000, "base sample size", low=2),
@@ -401,7 +379,7 @@ def _rates_plot(run_dir: Path) -> list[str]:
 
 
 def _acc_schema() -> dict[str, Field]:
-    s = dict(_EST_FIELDS)
+    s = estimator_fields()
     s.update(
         {
             "datasets": Field(
@@ -530,12 +508,14 @@ def _acc_preflight(cfg: dict, ctx: RunContext) -> None:
 
 
 def _acc_cells(cfg: dict, ctx: RunContext) -> list[dict]:
+    from privalign.estimation.registry import privacy_kind
+
     cells = []
     for ds in cfg["datasets"]:
         for fm in _maps_for(ds, cfg):
             tag = _tag(ds, fm)
             for m in cfg["methods"]:
-                eps_list = [None] if m in ("IHT", "MLE") else cfg["epsilons"]
+                eps_list = [None] if privacy_kind(m) == "none" else cfg["epsilons"]
                 for e, v, r in itertools.product(eps_list, _variants(cfg), range(cfg["replicates"])):
                     cells.append(
                         {

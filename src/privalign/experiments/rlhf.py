@@ -87,9 +87,9 @@ def parse_policy(spec: str) -> tuple[str, float | None]:
 
 
 def _schema() -> dict[str, Field]:
-    from privalign.experiments.paper2 import _EST_FIELDS
+    from privalign.experiments.config import estimator_fields
 
-    s = {k: v for k, v in _EST_FIELDS.items() if k != "methods"}
+    s = {k: v for k, v in estimator_fields().items() if k != "methods"}
     s.update(
         {
             "policies": Field(

@@ -153,9 +153,9 @@ JUDGE = {
 
 
 def _schema() -> dict[str, Field]:
-    from privalign.experiments.paper2 import _EST_FIELDS
+    from privalign.experiments.config import estimator_fields
 
-    s = dict(_EST_FIELDS)
+    s = estimator_fields()
     s.update(
         {
             "datasets": Field("list[str]", list(DATASETS), "prompt sets", choices=DATASETS),
