@@ -34,7 +34,7 @@ def _refuse_unused(args: argparse.Namespace, privacy: str | None) -> None:
         raise _refuse(
             "--privacy-unit",
             f"'user' is not implemented for --model {args.model} yet; it is available for the linear "
-            "label-DP methods rr and rr-iht (drop --model)",
+            "methods rr, rr-iht, dp-sgd and dp-iht (drop --model)",
             args.privacy_unit,
         )
     given = set(getattr(args, "options_given", ()))
