@@ -44,7 +44,7 @@ def transformer_privacy(method: str) -> str | None:
     """The transformer reward model's privacy mode for ``method`` (what the dense estimators' events protect:
     ``dp-sgd`` → ``"sample"``, ``rr`` → ``"label"``, ``mle`` → ``"none"``, in any spelling); ``None`` for a
     method a transformer does not train with (the sparse IHT estimators, or an unknown name)."""
-    from privalign.estimation import registry
+    import privalign.estimation.registry as registry
 
     if method not in registry.spellings() or registry.estimator_class(method).sparse:
         return None
@@ -538,7 +538,7 @@ def fit_transformer_reward_model(
 
     privacy = transformer_privacy(method)
     if privacy is None:
-        from privalign.estimation import registry
+        import privalign.estimation.registry as registry
 
         dense = [registry.short_name(n) for n in registry.names() if transformer_privacy(n) is not None]
         raise _refuse("--method", f"a transformer model trains with {', '.join(dense)}", method)

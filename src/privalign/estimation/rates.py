@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+import privalign.estimation.registry as registry
 from privalign._json import to_jsonable
 from privalign.errors import PrivacyParameterError
-from privalign.estimation import registry
 from privalign.rng import entropy_int
 
 __all__ = ["METHODS", "PRIVACY_UNIT", "make_estimator", "run_rates", "fit_slopes", "plot_rates", "RATE_GRIDS"]

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+import privalign.estimation.registry as registry
 from privalign._validation import check_choice, check_int
 from privalign.errors import DataFormatError
-from privalign.estimation import registry
 from privalign.estimation.rates import METHODS, make_estimator
 
 __all__ = ["load_preference_data", "real_data_accuracy", "format_accuracy_table", "REAL_DATA_DEFAULTS"]
