@@ -36,6 +36,7 @@ _BUILTIN = {
     "bon": "privalign.experiments.routes.bon:BestOfNRoute",
     "grpo": "privalign.experiments.routes.grpo:GRPORoute",
     "privbon": "privalign.experiments.routes.privbon:PrivBoNRoute",
+    "props": "privalign.experiments.routes.props:PROPSRoute",
 }
 _EXTRA: dict[str, type[Route]] = {}
 _LOADED: dict[str, type[Route]] = {}
