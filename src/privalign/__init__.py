@@ -3,7 +3,8 @@
 Layers, bottom to top (a package imports only its own modules and lower layers; enforced by
 ``tests/core/test_core_layers.py``, which lists no exception; a lower layer that needs an implementation
 from a higher one takes it as an argument from the caller, e.g. the feature maps built on models):
-``errors`` ← ``{_validation, rng, paths, _json, _lazy}`` ← ``{accounting, data, release, privalign}`` ←
+``errors`` ← ``{_validation, rng, paths, _json, _lazy}`` ← ``{accounting, data, release, stats,
+privalign}`` ←
 ``mechanisms`` ← ``{alignment, estimation, audit}`` ← ``models`` ← ``pipeline`` ← ``rlhf`` ←
 ``{experiments, service}`` ← ``cli``.
 """

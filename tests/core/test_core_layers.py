@@ -29,7 +29,7 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"_validation", "rng", "paths", "_json", "_lazy"},
-    {"accounting", "data", "release", "__init__"},
+    {"accounting", "data", "release", "stats", "__init__"},
     {"mechanisms"},
     {"alignment", "estimation", "audit"},
     {"models"},

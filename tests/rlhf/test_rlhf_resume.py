@@ -11,8 +11,6 @@ from privalign.experiments.base import RunContext
 from privalign.experiments.rlhf import (
     _curve,
     _eval_steps,
-    _import_prior_evals,
-    _load_eval_record,
     _run_cell,
     _summarize,
     _train_identity,
@@ -65,11 +63,12 @@ def test_prior_records_are_imported_only_when_their_identity_matches(tmp_path):
     (prior / "step-000050.json").write_text(json.dumps({"identity": "good", "step": 50}))
     (prior / "step-000100.json").write_text(json.dumps({"identity": "stale", "step": 100}))
     ctx = RunContext(run_dir=tmp_path / "run")
-    _import_prior_evals(cell, {**cfg, "prior_evals": str(tmp_path / "prior")}, ctx, "good")
-    curve = _curve(cell, cfg, ctx, "good")
+    assert [r and r["step"] for r in _curve(cell, cfg, ctx, "good")] == [None, None]  # no prior_evals
+    curve = _curve(cell, {**cfg, "prior_evals": str(tmp_path / "prior")}, ctx, "good")
     assert [r and r["step"] for r in curve] == [50, None]  # step 100 must be evaluated again
-    assert _load_eval_record(tmp_path / "run" / "evals" / "RRIHT_eps8" / "step-000100.json", "good") is None
-    assert _load_eval_record(tmp_path / "nowhere.json", "good") is None
+    # the matching record was copied into this run; the stale one was not
+    assert [r and r["step"] for r in _curve(cell, cfg, ctx, "good")] == [50, None]
+    assert not (tmp_path / "run" / "evals" / "RRIHT_eps8" / "step-000100.json").exists()
 
 
 def test_train_stats_average_the_logged_steps_of_the_interval():

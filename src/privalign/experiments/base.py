@@ -16,6 +16,7 @@ import numpy as np
 
 from privalign.errors import PrivalignError
 from privalign.experiments.config import Field
+from privalign.experiments.record_store import RecordStore, repo_path
 
 __all__ = ["Experiment", "RunContext", "ExperimentError", "RunDirectoryError"]
 
@@ -38,6 +39,8 @@ class RunContext:
       inputs: Input files and their provenance (recorded in the manifest); filled by ``preflight``.
       cache: Objects shared between cells (a loaded pool, a trained model); never written anywhere.
       progress: Whether to show progress bars.
+
+    Records that outlive a run (trained policies' evaluations, fitted curves) go through :meth:`records`.
     """
 
     run_dir: Path
@@ -45,6 +48,11 @@ class RunContext:
     inputs: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
     progress: bool | None = None
+
+    def records(self, folder: str = "records", *, prior: str | Path | None = None) -> RecordStore:
+        """The run's identity-checked record store under ``RUN/folder``, backed by ``prior`` (an earlier
+        run's copy of that folder, relative to the source checkout or absolute; ``None``/``""``: none)."""
+        return RecordStore(self.run_dir / folder, repo_path(prior) if prior else None)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,18 @@ import numpy as np
 
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
+from privalign.experiments.record_store import RecordStore, identity, repo_path
 from privalign.experiments.runner import read_results
+from privalign.stats import (
+    best_on_path,
+    bootstrap_diff,
+    bootstrap_means,
+    bootstrap_p_value,
+    holm,
+    interval,
+    stream,
+    within,
+)
 
 __all__ = [
     "EXPERIMENTS",
@@ -282,12 +293,6 @@ def _schema() -> dict[str, Field]:
     return s
 
 
-def _resolve(spec: str) -> Path:
-    from privalign.experiments.rlhf import _resolve as resolve_repo_path
-
-    return resolve_repo_path(spec)
-
-
 def _preflight(cfg: dict, ctx: RunContext) -> None:
     from privalign.experiments.manifest import file_sha256
     from privalign.models._resources import require
@@ -309,7 +314,7 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         raise _err("config key 'dpo_batch'/'trm_batch' must be at most n_pairs.")
     if any(route_kind(r) == "sample-DP" for r in routes) and cfg["delta"] >= 1 / cfg["n_pairs"]:
         raise _err(f"config key 'delta': {cfg['delta']} must be below 1/n_pairs.")
-    g = _resolve(cfg["gold"])
+    g = repo_path(cfg["gold"])
     if not g.is_file():
         raise _err(f"config key 'gold': {g} does not exist.")
     for mod in ("torch", "transformers", "peft"):
@@ -328,7 +333,7 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         "file": "RUN/data/pairs.jsonl (never committed)",
         "rule": cfg["label_rule"],
     }
-    if cfg.get("records_only") and _find_reference(cfg, ctx)[2] is None:
+    if cfg.get("records_only") and _store(cfg, ctx).find("reference.json", _reference_identity(cfg)) is None:
         # every curve is drawn against the reference: without it there is nothing to summarise, and the
         # data cell would first generate the pairs (minutes) for nothing
         raise _no_reference(cfg, ctx)
@@ -377,7 +382,7 @@ def _gold(cfg: dict, ctx: RunContext) -> Any:
     if "gold" not in ctx.cache:
         from privalign.models.scorers import LinearRewardScorer
 
-        ctx.cache["gold"] = LinearRewardScorer.load(_resolve(cfg["gold"]))
+        ctx.cache["gold"] = LinearRewardScorer.load(repo_path(cfg["gold"]))
     return ctx.cache["gold"]
 
 
@@ -388,26 +393,7 @@ def _base(cfg: dict, ctx: RunContext) -> tuple[Any, Any, str]:
     return load_cached(cfg, ctx)
 
 
-def _ident(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
 _DATA_KEYS = ("seed", "eval_prompts", "grpo_prompts", "n_pairs", "label_rule", "max_new_tokens", "gold")
-
-
-def _load_json(path: Path, ident: str) -> dict | None:
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) and rec.get("identity") == ident else None
-
-
-def _write_json(path: Path, rec: dict) -> None:
-    from privalign._json import write_json_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, rec)
 
 
 def _pairs(cfg: dict, ctx: RunContext) -> dict[str, Any]:
@@ -417,14 +403,12 @@ def _pairs(cfg: dict, ctx: RunContext) -> dict[str, Any]:
     from privalign.data.preferences_io import load_jsonl_pairs
 
     pr = _prompts(cfg)
-    ident = _ident({k: cfg.get(k) for k in _DATA_KEYS})
+    ident = identity({k: cfg.get(k) for k in _DATA_KEYS})
     path = ctx.run_dir / "data" / "pairs.jsonl"
-    meta_path = ctx.run_dir / "data" / "pairs.meta.json"
-    meta = _load_json(meta_path, ident) if path.is_file() else None
+    store = ctx.records("data")
+    meta = store.get("pairs.meta.json", ident) if path.is_file() else None
     if meta is None:
-        meta = _generate_pairs(cfg, ctx, pr["pairs"], path)
-        meta["identity"] = ident
-        _write_json(meta_path, meta)
+        meta = store.put("pairs.meta.json", _generate_pairs(cfg, ctx, pr["pairs"], path), ident)
     pairs = load_jsonl_pairs(path)
     disjoint = check_frontier_disjoint(pairs, pr["eval"], pr["grpo"])
     ctx.cache["pairs"] = {
@@ -503,15 +487,15 @@ def _generate_pairs(cfg: dict, ctx: RunContext, prompts: list[str], path: Path) 
     }
 
 
-def _find_reference(cfg: dict, ctx: RunContext) -> tuple[str, Path, dict | None]:
-    """The reference record's identity, its place in this run, and the record with that identity found here
-    or under ``prior_results`` (``None`` if neither has it)."""
-    ident = _ident(
+def _store(cfg: dict, ctx: RunContext) -> RecordStore:
+    """The run's records (``RUN/records``), backed by ``prior_results``."""
+    return ctx.records("records", prior=cfg.get("prior_results"))
+
+
+def _reference_identity(cfg: dict) -> str:
+    return identity(
         {k: cfg.get(k) for k in ("seed", "eval_prompts", "reference_samples", "max_new_tokens", "gold")}
     )
-    dst = ctx.run_dir / "records" / "reference.json"
-    cands = [dst] + ([_resolve(cfg["prior_results"]) / "reference.json"] if cfg.get("prior_results") else [])
-    return ident, dst, next((r for r in (_load_json(p, ident) for p in cands) if r is not None), None)
 
 
 def _no_reference(cfg: dict, ctx: RunContext) -> Exception:
@@ -528,7 +512,8 @@ def _reference(cfg: dict, ctx: RunContext) -> dict[str, Any]:
     from ``prior_results/reference.json``."""
     if "reference" in ctx.cache:
         return ctx.cache["reference"]
-    ident, dst, rec = _find_reference(cfg, ctx)
+    ident = _reference_identity(cfg)
+    rec = _store(cfg, ctx).get("reference.json", ident)
     if rec is None and cfg.get("records_only"):
         raise _no_reference(cfg, ctx)
     if rec is None:
@@ -548,15 +533,16 @@ def _reference(cfg: dict, ctx: RunContext) -> dict[str, Any]:
         )
         P = len(pr["eval"])
         gold = np.asarray(_gold(cfg, ctx).score([t for row in s["texts"] for t in row]), float).reshape(P, -1)
-        rec = {
-            "identity": ident,
-            "base_model": mid,
-            "texts": s["texts"],
-            "gold": gold.tolist(),
-            "seconds": time.perf_counter() - t0,
-        }
-    if _load_json(dst, ident) is None:
-        _write_json(dst, rec)
+        rec = _store(cfg, ctx).put(
+            "reference.json",
+            {
+                "base_model": mid,
+                "texts": s["texts"],
+                "gold": gold.tolist(),
+                "seconds": time.perf_counter() - t0,
+            },
+            ident,
+        )
     ctx.cache["reference"] = rec
     return rec
 
@@ -795,7 +781,7 @@ def _ref_scores(rm: dict, ctx: RunContext, cfg: dict) -> np.ndarray:
 
 
 def _cell_ident(cell: dict, cfg: dict, ctx: RunContext, keys: tuple[str, ...], step: Any = None) -> str:
-    return _ident(
+    return identity(
         {
             "route": cell["route"],
             "seed_index": cell["seed_index"],
@@ -806,29 +792,18 @@ def _cell_ident(cell: dict, cfg: dict, ctx: RunContext, keys: tuple[str, ...], s
     )
 
 
+def _cell_dir(cell: dict) -> str:
+    """The cell's folder, relative to ``RUN/records`` (and ``RUN/policies``): ``bon_RRIHT_eps8/seed-0``."""
+    return f"{cell['route'].replace(':', '_').replace('@', '_eps')}/seed-{cell['seed_index']}"
+
+
 def _records_dir(cell: dict, ctx: RunContext) -> Path:
-    return (
-        ctx.run_dir
-        / "records"
-        / cell["route"].replace(":", "_").replace("@", "_eps")
-        / f"seed-{cell['seed_index']}"
-    )
+    return ctx.run_dir / "records" / _cell_dir(cell)
 
 
-def _reuse(cell: dict, cfg: dict, ctx: RunContext, name: str, ident: str) -> dict | None:
-    """A record ``name`` of this cell with identity ``ident``, here or under ``prior_results`` (copied)."""
-    dst = _records_dir(cell, ctx) / name
-    rec = _load_json(dst, ident)
-    if rec is None and cfg.get("prior_results"):
-        src = (
-            _resolve(cfg["prior_results"])
-            / _records_dir(cell, ctx).relative_to(ctx.run_dir / "records")
-            / name
-        )
-        rec = _load_json(src, ident)
-        if rec is not None:
-            _write_json(dst, rec)
-    return rec
+def _key(cell: dict, name: str) -> str:
+    """The store key of the cell's record ``name`` (``curve.json``, ``step-000050.json``, ...)."""
+    return f"{_cell_dir(cell)}/{name}"
 
 
 _BON_KEYS = ("eval_prompts", "reference_samples", "max_new_tokens", "bon_ns", "gold")
@@ -842,7 +817,7 @@ def _bon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
         return [bon_expected_gold(sel, alt, n) for n in cfg["bon_ns"]]
 
     ident = _cell_ident(cell, cfg, ctx, _BON_KEYS)
-    rec = _reuse(cell, cfg, ctx, "curve.json", ident)
+    rec = _store(cfg, ctx).get(_key(cell, "curve.json"), ident)
     if rec is not None:
         return _with_alt(cell, cfg, ctx, rec["points"], _BON_KEYS, alt_points)
     rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
@@ -867,7 +842,7 @@ def _bon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
         for n in cfg["bon_ns"]
         for pg in [bon_expected_gold(sel, gold, n)]
     ]
-    _write_json(_records_dir(cell, ctx) / "curve.json", {"identity": ident, "points": pts})
+    _store(cfg, ctx).put(_key(cell, "curve.json"), {"points": pts}, ident)
     return _with_alt(cell, cfg, ctx, pts, _BON_KEYS, alt_points)
 
 
@@ -901,11 +876,11 @@ def _with_alt(
     if alt is None:
         return pts
     ident = _cell_ident(cell, cfg, ctx, (*keys, "alt_gold"))
-    rec = _reuse(cell, cfg, ctx, "curve-alt.json", ident)
+    rec = _store(cfg, ctx).get(_key(cell, "curve-alt.json"), ident)
     if rec is None:
         per = [[float(v) for v in pg] for pg in alt_points(alt)]
-        rec = {"identity": ident, "alt_gold": cfg["alt_gold"], "per_prompt": per}
-        _write_json(_records_dir(cell, ctx) / "curve-alt.json", rec)
+        rec = {"alt_gold": cfg["alt_gold"], "per_prompt": per}
+        rec = _store(cfg, ctx).put(_key(cell, "curve-alt.json"), rec, ident)
     return [
         {**p, "alt_gold": float(np.mean(pg)), "alt_per_prompt_gold": list(pg)}
         for p, pg in zip(pts, rec["per_prompt"])
@@ -963,7 +938,7 @@ def _privbon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
 
     keys = (*_BON_KEYS, "privbon_bound")
     ident = _cell_ident(cell, cfg, ctx, keys)
-    rec = _reuse(cell, cfg, ctx, "curve.json", ident)
+    rec = _store(cfg, ctx).get(_key(cell, "curve.json"), ident)
     if rec is not None:
         return _with_alt(cell, cfg, ctx, rec["points"], keys, alt_points)
     u = shifted()
@@ -998,7 +973,7 @@ def _privbon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
                 "guarantee": g,
             }
         )
-    _write_json(_records_dir(cell, ctx) / "curve.json", {"identity": ident, "points": pts})
+    _store(cfg, ctx).put(_key(cell, "curve.json"), {"points": pts}, ident)
     return _with_alt(cell, cfg, ctx, pts, keys, alt_points)
 
 
@@ -1105,7 +1080,7 @@ def _dpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     total = check_schedule(dcfg, len(pairs.prompts))
     steps = _steps(total, cfg["dpo_eval_every"])
     idents = {s: _cell_ident(cell, cfg, ctx, _DPO_KEYS, s) for s in steps}
-    got = {s: _reuse(cell, cfg, ctx, f"step-{s:06d}.json", idents[s]) for s in steps}
+    got = {s: _store(cfg, ctx).get(_key(cell, f"step-{s:06d}.json"), idents[s]) for s in steps}
     if any(v is None for v in got.values()):
         _no_work(cfg, f"no record of steps {[t for t, v in got.items() if v is None]}")
         model, tok, _ = _base(cfg, ctx)
@@ -1114,19 +1089,19 @@ def _dpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
         def on_step(t: int, policy: Any) -> None:
             eta(t)
             if t in got and got[t] is None:
-                rec = {**_evaluate(policy, cfg, ctx), "x": t, "x_kind": "step", "identity": idents[t]}
-                _write_json(_records_dir(cell, ctx) / f"step-{t:06d}.json", rec)
-                got[t] = rec
+                rec = {**_evaluate(policy, cfg, ctx), "x": t, "x_kind": "step"}
+                got[t] = _store(cfg, ctx).put(_key(cell, f"step-{t:06d}.json"), rec, idents[t])
 
         rng = np.random.default_rng(route_seed(cfg["seed"], cell["route"], cell["seed_index"]))
         res = train_dpo(pairs, dcfg, model=copy.deepcopy(model), tokenizer=tok, rng=rng, on_step=on_step)
         priv = res["privacy"]
-        _write_json(
-            _records_dir(cell, ctx) / "privacy.json",
-            {"identity": idents[steps[-1]], "privacy": {k: v for k, v in priv.items() if k != "accounting"}},
+        _store(cfg, ctx).put(
+            _key(cell, "privacy.json"),
+            {"privacy": {k: v for k, v in priv.items() if k != "accounting"}},
+            idents[steps[-1]],
         )
         del res
-    priv_rec = _reuse(cell, cfg, ctx, "privacy.json", idents[steps[-1]])
+    priv_rec = _store(cfg, ctx).get(_key(cell, "privacy.json"), idents[steps[-1]])
     g = _guarantee(cell, cfg, (priv_rec or {}).get("privacy", {}).get("privacy_event"))
     if priv_rec is not None and m == "sample":
         g["delta"] = priv_rec["privacy"]["guarantee"]["delta"]
@@ -1149,17 +1124,16 @@ def _grpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
 
     steps = _steps(cfg["grpo_steps"], cfg["grpo_eval_every"])
     idents = {s: _cell_ident(cell, cfg, ctx, _GRPO_KEYS, s) for s in steps}
-    got = {s: _reuse(cell, cfg, ctx, f"step-{s:06d}.json", idents[s]) for s in steps}
+    got = {s: _store(cfg, ctx).get(_key(cell, f"step-{s:06d}.json"), idents[s]) for s in steps}
     # the reward model's privacy event and prompt check: a record, so a fully recorded route refits nothing
-    priv = _reuse(cell, cfg, ctx, "privacy.json", idents[steps[-1]])
+    priv = _store(cfg, ctx).get(_key(cell, "privacy.json"), idents[steps[-1]])
     if priv is None or any(v is None for v in got.values()):
         rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
         priv = {
-            "identity": idents[steps[-1]],
             "privacy_event": rm["event"],
             "overlap_check": {k: v for k, v in rm["overlap"].items() if k != "overlapping_indices"},
         }
-        _write_json(_records_dir(cell, ctx) / "privacy.json", priv)
+        priv = _store(cfg, ctx).put(_key(cell, "privacy.json"), priv, idents[steps[-1]])
     if any(v is None for v in got.values()):
         from transformers import TrainerCallback
 
@@ -1173,10 +1147,9 @@ def _grpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
                 t = int(state.global_step)
                 eta(t)
                 if t in got and got[t] is None:
-                    rec = {**_evaluate(model, cfg, ctx), "x": t, "x_kind": "step", "identity": idents[t]}
+                    rec = {**_evaluate(model, cfg, ctx), "x": t, "x_kind": "step"}
                     model.train()
-                    _write_json(_records_dir(cell, ctx) / f"step-{t:06d}.json", rec)
-                    got[t] = rec
+                    got[t] = _store(cfg, ctx).put(_key(cell, f"step-{t:06d}.json"), rec, idents[t])
 
         seed = int(route_seed(cfg["seed"], cell["route"], cell["seed_index"]).generate_state(1)[0] >> 33)
         acfg = AlignConfig(
@@ -1191,7 +1164,7 @@ def _grpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
             seed=seed,
             save_steps=cfg["grpo_eval_every"],
         )
-        pol_dir = ctx.run_dir / "policies" / _records_dir(cell, ctx).relative_to(ctx.run_dir / "records")
+        pol_dir = ctx.run_dir / "policies" / _cell_dir(cell)
         align_policy(
             rm["reward"],
             d["grpo"],
@@ -1247,10 +1220,8 @@ def _mats(group: list[dict]) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
 
 def _at_budget(group: list[dict], budget: float) -> tuple[np.ndarray, dict]:
     """The route's best gold at KL ≤ ``budget`` along its path (seed-averaged KL; a segment crossing the
-    budget is interpolated: :func:`privalign.experiments.rlhf_bon.best_on_path`). Returns the
-    ``(seeds, P)`` per-prompt gold there and where."""
-    from privalign.experiments.rlhf_bon import best_on_path
-
+    budget is interpolated: :func:`privalign.stats.best_on_path`). Returns the ``(seeds, P)`` per-prompt
+    gold there and where."""
     ks, mats, xs = _mats(group)
     best = best_on_path(ks, mats, xs, budget)
     if best is None:  # every path starts at the reference (KL 0): a programming error
@@ -1261,16 +1232,14 @@ def _at_budget(group: list[dict], budget: float) -> tuple[np.ndarray, dict]:
 def frontier_curves(records: list[dict]) -> list[dict]:
     """Per route: the seed-averaged path (KL, gold) with 95% bootstrap intervals of the gold (prompts
     jointly, seeds independently), its ε, unit and label."""
-    from privalign.experiments.rlhf_bon import _boot
-
     out = []
     for route, g in _groups(records).items():
         ks, mats, xs = _mats(g)
-        rng = np.random.default_rng(np.random.SeedSequence(int(g[0].get("root_seed", 0)), spawn_key=(2**29,)))
+        rng = stream(int(g[0].get("root_seed", 0)), 2**29)
         B = max(100, int(g[0].get("n_bootstrap", 2000)) // 4)
         pts = []
         for k, W, x in zip(ks, mats, xs):
-            lo, hi = np.quantile(_boot(rng, [W], B)[:, 0], [0.025, 0.975])
+            lo, hi = interval(bootstrap_means(rng, [W], B)[:, 0])
             kse = [r["points"][i].get("kl_se", 0.0) for r in g for i in [xs.index(x)]]
             pts.append(
                 {
@@ -1341,16 +1310,16 @@ def frontier_comparisons(
             }
             if len(rows) >= 2:
                 a, r2 = rows[0], rows[1]
-                key = (2**30, int(e * 1000), int(b * 1000))
-                diffs = _boot_diffs(int(first.get("root_seed", 0)), key, a["W"], r2["W"], B)
-                lo, hi = np.quantile(diffs, [0.025, 0.975])
+                rng = stream(int(first.get("root_seed", 0)), 2**30, int(e * 1000), int(b * 1000))
+                diffs = bootstrap_diff(rng, a["W"], r2["W"], B)
+                lo, hi = interval(diffs)
                 c.update(
                     winner=a["route"],
                     runner_up=r2["route"],
                     diff=float(a["gold"] - r2["gold"]),
                     ci=[float(lo), float(hi)],
                     se=float(diffs.std(ddof=1)),
-                    p_value=float((1 + np.sum(diffs <= 0)) / (B + 1)),
+                    p_value=bootstrap_p_value(diffs),
                     diffs=diffs,
                     prompts=int(a["W"].shape[1]),
                     seeds=[int(a["W"].shape[0]), int(r2["W"].shape[0])],
@@ -1362,34 +1331,17 @@ def frontier_comparisons(
     return out
 
 
-def _boot_diffs(root_seed: int, key: tuple[int, ...], a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
-    """``n`` bootstrap replicates of mean(a) − mean(b) for two ``(seeds, prompts)`` gold matrices (prompts
-    jointly, seeds independently), from the stream ``key`` of ``root_seed``."""
-    from privalign.experiments.rlhf_bon import _boot
-
-    rng = np.random.default_rng(np.random.SeedSequence(root_seed, spawn_key=key))
-    boot = _boot(rng, [a, b], n)
-    return boot[:, 0] - boot[:, 1]
-
-
 def _holm(comps: list[dict]) -> None:
     """Holm's step-down over the comparisons with a p-value (α = 0.05); sets ``significant``,
     ``holm_alpha`` and ``equivalent`` (the (1 − α/k) interval inside ± margin: a tie shown)."""
     tested = [c for c in comps if "p_value" in c]
     k = len(tested)
-    order = sorted(tested, key=lambda c: c["p_value"])
-    stop = False
-    for i, c in enumerate(order):
-        c["holm_alpha"] = ALPHA / (k - i)
-        if not stop and c["p_value"] <= c["holm_alpha"]:
-            c["significant"] = True
-        else:
-            stop = True
-            c["significant"] = False
+    for c, (level, reject) in zip(tested, holm([c["p_value"] for c in tested], ALPHA)):
+        c["holm_alpha"], c["significant"] = level, reject
     for c in tested:
-        lo, hi = np.quantile(c["diffs"], [ALPHA / (2 * k), 1 - ALPHA / (2 * k)])
-        c["ci_bonferroni"] = [float(lo), float(hi)]
-        c["equivalent"] = bool(-c["margin"] < lo and hi < c["margin"])
+        lo, hi = interval(c["diffs"], ALPHA, k)
+        c["ci_bonferroni"] = [lo, hi]
+        c["equivalent"] = within(lo, hi, c["margin"])
         c["verdict"] = (
             "holds" if c["significant"] else ("does not hold" if c["equivalent"] else "inconclusive")
         )
@@ -1493,9 +1445,9 @@ def dpo_privacy_cost(records: list[dict], budgets: list[float] | None = None) ->
     for i, g in enumerate(sorted(private, key=lambda g: g[0]["route"])):
         for b in budgets:
             (Wn, at_n), (Wp, at_p) = _at_budget(base, b), _at_budget(g, b)
-            diffs = _boot_diffs(int(first.get("root_seed", 0)), (2**31, i, int(b * 1000)), Wn, Wp, B)
-            lo, hi = np.quantile(diffs, [0.025, 0.975])
-            blo, bhi = np.quantile(diffs, [ALPHA / (2 * k), 1 - ALPHA / (2 * k)])
+            diffs = bootstrap_diff(stream(int(first.get("root_seed", 0)), 2**31, i, int(b * 1000)), Wn, Wp, B)
+            lo, hi = interval(diffs)
+            blo, bhi = interval(diffs, ALPHA, k)
             verdict = "holds" if blo > 0 else ("does not hold" if bhi < margin else "inconclusive")
             out.append(
                 {

@@ -42,6 +42,7 @@ import numpy as np
 
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
+from privalign.experiments.record_store import RecordStore, identity, repo_path
 from privalign.experiments.runner import read_results
 
 __all__ = [
@@ -172,10 +173,7 @@ def _schema() -> dict[str, Field]:
 
 
 def _gold_path(cfg: dict) -> Path:
-    from privalign.paths import repo_root
-
-    p = Path(cfg["gold"]).expanduser()
-    return p if p.is_absolute() else repo_root() / p
+    return repo_path(cfg["gold"])
 
 
 def _preflight(cfg: dict, ctx: RunContext) -> None:
@@ -312,7 +310,6 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     s_fit, s_rl = ss.spawn(2)
     ident = _train_identity(cell, cfg, ss)
     if cfg.get("records_only"):
-        _import_prior_evals(cell, cfg, ctx, ident)
         recorded = _curve(cell, cfg, ctx, ident)
         if any(r is None for r in recorded):
             return [_pending_record(cell, cfg, recorded)]
@@ -348,25 +345,19 @@ _REF_KEYS = (
 def _reference_cached(cfg: dict, ctx: RunContext) -> dict:
     """The reference cell, reused from ``RUN/evals/reference.json`` or ``prior_evals`` when its identity
     matches (sampling 16 completions for each eval prompt is the costliest evaluation of a run)."""
-    import hashlib
-    import json
-
-    ident = hashlib.sha256(
-        json.dumps({k: cfg.get(k) for k in _REF_KEYS}, sort_keys=True, default=str).encode()
-    ).hexdigest()
-    dst = ctx.run_dir / "evals" / "reference.json"
-    for path in [dst] + ([_resolve(cfg["prior_evals"]) / "reference.json"] if cfg.get("prior_evals") else []):
-        rec = _load_eval_record(path, ident)
-        if rec is not None:
-            rec.pop("identity", None)
-            return rec
+    ident = identity({k: cfg.get(k) for k in _REF_KEYS})
+    store = _store(cfg, ctx)
+    rec = store.get("reference.json", ident)
+    if rec is not None:
+        rec.pop("identity", None)
+        return rec
     if cfg.get("records_only"):
         raise ExperimentError(
             "p2-rlhf: records_only = true but there is no reference record with this configuration's "
-            f"identity in {dst.parent} or prior_evals = {cfg.get('prior_evals')!r}; run without records_only."
+            f"identity in {store.root} or prior_evals = {cfg.get('prior_evals')!r}; run without records_only."
         )
     rec = _reference_cell(cfg, ctx)
-    _write_record(dst, {**rec, "identity": ident})
+    store.put("reference.json", rec, ident)
     return rec
 
 
@@ -473,15 +464,13 @@ _IDENT_KEYS = (
 
 
 def _train_identity(cell: dict, cfg: dict, ss: np.random.SeedSequence) -> str:
-    import hashlib
-    import json
-
-    obj = {
-        "policy": cell["policy"],
-        "cell_seed": [str(ss.entropy), [int(k) for k in ss.spawn_key]],
-        "config": {k: cfg.get(k) for k in _IDENT_KEYS},
-    }
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+    return identity(
+        {
+            "policy": cell["policy"],
+            "cell_seed": [str(ss.entropy), [int(k) for k in ss.spawn_key]],
+            "config": {k: cfg.get(k) for k in _IDENT_KEYS},
+        }
+    )
 
 
 def _eval_steps(cfg: dict) -> list[int]:
@@ -490,50 +479,21 @@ def _eval_steps(cfg: dict) -> list[int]:
     return sorted({*range(cfg["eval_every"], cfg["steps"] + 1, cfg["eval_every"]), cfg["steps"]})
 
 
-def _evals_dir(cell: dict, ctx: RunContext) -> Path:
-    return ctx.run_dir / "evals" / _policy_name(cell)
+def _store(cfg: dict, ctx: RunContext) -> RecordStore:
+    """The run's evaluation records (``RUN/evals``), backed by ``prior_evals`` (an earlier session's
+    ``RUN/evals``, e.g. the committed ``docs/results/p2-rlhf/evals``)."""
+    return ctx.records("evals", prior=cfg.get("prior_evals"))
 
 
-def _load_eval_record(path: Path, ident: str) -> dict | None:
-    import json
-
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) and rec.get("identity") == ident else None
-
-
-def _import_prior_evals(cell: dict, cfg: dict, ctx: RunContext, ident: str) -> None:
-    """Copy this policy's matching per-checkpoint records from ``prior_evals`` (an earlier session's
-    ``RUN/evals``, e.g. the committed ``docs/results/p2-rlhf/evals``) into this run."""
-    if not cfg.get("prior_evals"):
-        return
-    src = _resolve(cfg["prior_evals"]) / _policy_name(cell)
-    dst = _evals_dir(cell, ctx)
-    for step in _eval_steps(cfg):
-        name = f"step-{step:06d}.json"
-        rec = _load_eval_record(src / name, ident)
-        if rec is not None and _load_eval_record(dst / name, ident) is None:
-            _write_record(dst / name, rec)
-
-
-def _write_record(path: Path, rec: dict) -> None:
-    from privalign._json import write_json_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, rec)
-
-
-def _resolve(spec: str) -> Path:
-    from privalign.paths import repo_root
-
-    p = Path(spec).expanduser()
-    return p if p.is_absolute() else repo_root() / p
+def _step_key(cell: dict, step: int) -> str:
+    return f"{_policy_name(cell)}/step-{step:06d}.json"
 
 
 def _curve(cell: dict, cfg: dict, ctx: RunContext, ident: str) -> list[dict | None]:
-    return [_load_eval_record(_evals_dir(cell, ctx) / f"step-{s:06d}.json", ident) for s in _eval_steps(cfg)]
+    """This policy's per-checkpoint records with identity ``ident`` (``None`` where a step has none), from
+    this run or ``prior_evals`` (copied into this run)."""
+    store = _store(cfg, ctx)
+    return [store.get(_step_key(cell, s), ident) for s in _eval_steps(cfg)]
 
 
 def _train_policy(
@@ -546,7 +506,6 @@ def _train_policy(
     every checkpoint has its record. Returns the records in step order."""
     from privalign.rlhf.train import AlignConfig, align_policy
 
-    _import_prior_evals(cell, cfg, ctx, ident)
     curve = _curve(cell, cfg, ctx, ident)
     if all(r is not None for r in curve):
         return [r for r in curve if r is not None]
@@ -593,7 +552,7 @@ def _checkpoint_evaluator(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, 
     from transformers import TrainerCallback
 
     steps = set(_eval_steps(cfg))
-    out_dir = _evals_dir(cell, ctx)
+    store = _store(cfg, ctx)
     ref = _reference_record(cfg, ctx)
     remaining_policies = _policies_after(cell, cfg)
 
@@ -611,15 +570,13 @@ def _checkpoint_evaluator(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, 
                 _print_progress(cell, cfg, step, self.first_step, self.t0, remaining_policies)
             if step not in steps:
                 return
-            path = out_dir / f"step-{step:06d}.json"
-            if _load_eval_record(path, ident) is not None:
+            if store.get(_step_key(cell, step), ident) is not None:
                 return
             trained = (time.perf_counter() - self.last, step - int(self.last_step or 0))
             rec = _evaluate_policy(model, cfg, ctx, fitted, ref, step)
             model.train()
             self.last, self.last_step = time.perf_counter(), step
             rec.update(
-                identity=ident,
                 train_seconds=trained[0],
                 train_seconds_steps=trained[1],
                 policy=cell["policy"],
@@ -627,7 +584,7 @@ def _checkpoint_evaluator(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, 
                 train=_train_stats(state.log_history, step - cfg["eval_every"], step),
                 written_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             )
-            _write_record(path, rec)
+            store.put(_step_key(cell, step), rec, ident)
 
     return _Evaluator()
 
@@ -674,10 +631,10 @@ def _evaluate_policy(policy: Any, cfg: dict, ctx: RunContext, fitted: dict, ref:
     from privalign.rlhf.evaluate import (
         best_of_n_gold,
         kl_estimate,
-        paired_bootstrap_ci,
         sample_with_logprobs,
         win_probability,
     )
+    from privalign.stats import paired_bootstrap_ci
 
     d = _data(cfg, ctx)
     model, tok, _ = _base(cfg, ctx)
@@ -870,7 +827,7 @@ def rlhf_equal_kl_verdict(
 
     A policy's path is the reference (KL 0) followed by its checkpoints; its gold at KL ≤ b is the best
     point of the path within b, a segment that crosses b counting as the mixture of its end policies that
-    spends b (:func:`privalign.experiments.rlhf_bon.best_on_path`). A budget is compared when at least one
+    spends b (:func:`privalign.stats.best_on_path`). A budget is compared when at least one
     of the two paths reaches it (otherwise it repeats a smaller one). Per (pair, ε, budget), the difference
     sparse − dense with a paired percentile bootstrap over the evaluation prompts (one RL seed per policy:
     the interval holds the prompts' variance, not the RL seed's; the KL estimates are taken as given):
@@ -886,8 +843,8 @@ def rlhf_equal_kl_verdict(
     """
     from scipy import stats
 
-    from privalign.experiments.rlhf_bon import _boot, best_on_path
     from privalign.experiments.verdicts import Outcome, all_of
+    from privalign.stats import best_on_path, bootstrap_diff, interval, stream, within
 
     ref = next((r for r in records if r.get("kind") == "reference"), None)
     pol = {(r["method"], r["epsilon"]): r for r in records if r.get("kind") == "policy"}
@@ -911,19 +868,14 @@ def rlhf_equal_kl_verdict(
         got_a, got_b = best_on_path(*pa, bud), best_on_path(*pb, bud)
         assert got_a is not None and got_b is not None  # every path starts at the reference, KL 0
         (Wa, wa), (Wb, wb) = got_a, got_b
-        rng = np.random.default_rng(
-            np.random.SeedSequence(
-                int(first.get("root_seed", 0)), spawn_key=(2**24, 1, i, int(eps * 1000), int(bud * 1000))
-            )
-        )
-        boot = _boot(rng, [Wa, Wb], B)
-        d = boot[:, 0] - boot[:, 1]
-        lo, hi = (float(q) for q in np.quantile(d, [0.025, 0.975]))
-        lo_k, hi_k = (float(q) for q in np.quantile(d, [0.05 / (2 * k), 1 - 0.05 / (2 * k)]))
+        rng = stream(int(first.get("root_seed", 0)), 2**24, 1, i, int(eps * 1000), int(bud * 1000))
+        d = bootstrap_diff(rng, Wa, Wb, B)
+        lo, hi = interval(d)
+        lo_k, hi_k = interval(d, k=k)
         v = (
             "holds"
             if lo > 0
-            else ("does not hold" if hi_k < 0 or (-margin < lo_k and hi_k < margin) else "inconclusive")
+            else ("does not hold" if hi_k < 0 or within(lo_k, hi_k, margin) else "inconclusive")
         )
         comps.append(
             {

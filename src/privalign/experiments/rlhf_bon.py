@@ -36,10 +36,10 @@ import numpy as np
 
 from privalign.experiments.config import Field
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
+from privalign.stats import bootstrap_diff, bootstrap_means, interval, stream
 
 __all__ = [
     "EXPERIMENTS",
-    "best_on_path",
     "bon_expected_gold",
     "bon_selection_weights",
     "bon_verdict",
@@ -269,44 +269,6 @@ def _matrix(group: list[dict], n: int) -> np.ndarray:
     return np.array([r["per_prompt_gold"][str(n)] for r in sorted(group, key=lambda r: r["rep"])], float)
 
 
-def _boot(rng: np.random.Generator, mats: list[np.ndarray], B: int) -> np.ndarray:
-    """``(B, len(mats))`` bootstrap means: prompts resampled jointly, each matrix's replicates
-    independently."""
-    P = mats[0].shape[1]
-    out = np.empty((B, len(mats)))
-    for b in range(B):
-        p = rng.integers(0, P, P)
-        for k, W in enumerate(mats):
-            out[b, k] = W[rng.integers(0, W.shape[0], W.shape[0])][:, p].mean()
-    return out
-
-
-def best_on_path(
-    kls: np.ndarray, mats: list[np.ndarray], xs: list[Any], budget: float
-) -> tuple[np.ndarray, dict] | None:
-    """The best gold at KL ≤ ``budget`` along a policy's path: points ``(kls[j], mats[j])`` in training order
-    (``mats[j]``: ``(seeds, prompts)`` per-prompt gold; ``xs[j]``: the point's label, e.g. its step). A point
-    within the budget is a candidate as it is; a segment that crosses the budget contributes the mixture of
-    its two end policies that spends exactly the budget: the mixture's gold is the interpolated gold and its
-    KL is at most the interpolated KL (KL is convex in the policy), so it is a policy at KL ≤ budget.
-    Returns the best candidate's ``(seeds, prompts)`` gold and where it lies (``{"x", "kl"}``, plus
-    ``"mix"`` for a mixture), or ``None`` when no point is within the budget. KLs are taken as given (a
-    Monte Carlo estimate's error is not propagated)."""
-    best: tuple[float, np.ndarray, dict] | None = None
-    for j in range(len(kls)):
-        if kls[j] <= budget + 1e-12:
-            cand = (float(mats[j].mean()), mats[j], {"x": xs[j], "kl": float(kls[j])})
-        elif j > 0 and kls[j - 1] <= budget:
-            lam = (budget - kls[j - 1]) / (kls[j] - kls[j - 1])
-            W = (1 - lam) * mats[j - 1] + lam * mats[j]
-            cand = (float(W.mean()), W, {"x": [xs[j - 1], xs[j]], "mix": float(lam), "kl": float(budget)})
-        else:
-            continue
-        if best is None or cand[0] > best[0]:
-            best = cand
-    return None if best is None else (best[1], best[2])
-
-
 def bon_table(records: list[dict]) -> list[dict]:
     """Gold of best-of-n per (dataset, method, ε, n): mean over seeds and prompts, 95% bootstrap interval
     (prompts × seeds)."""
@@ -317,13 +279,10 @@ def bon_table(records: list[dict]) -> list[dict]:
     B = int(first.get("n_bootstrap", 2000))
     rows = []
     for (ds, m, e), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -(kv[0][2] or math.inf))):
-        rng = np.random.default_rng(
-            np.random.SeedSequence(int(first.get("root_seed", 0)), spawn_key=(2**25,))
-        )
+        rng = stream(int(first.get("root_seed", 0)), 2**25)
         for i, (n, kl) in enumerate(zip(g[0]["ns"], g[0]["kl"])):
             W = _matrix(g, n)
-            boot = _boot(rng, [W], max(100, B // 4))[:, 0]
-            lo, hi = np.quantile(boot, [0.025, 0.975])
+            lo, hi = interval(bootstrap_means(rng, [W], max(100, B // 4))[:, 0])
             rows.append(
                 {
                     "dataset": ds,
@@ -396,15 +355,10 @@ def _comparisons(records: list[dict], dataset: str, n: int | None) -> list[dict]
             Wa, Wb = _matrix(ga, n), _matrix(gb, n)
             where = {"kl_axis": "analytic (equal n)", "n": n}
             key = n
-        rng = np.random.default_rng(
-            np.random.SeedSequence(
-                int(ga[0].get("root_seed", 0)), spawn_key=(2**26, key, int(round(e * 1000)))
-            )
-        )
-        boot = _boot(rng, [Wa, Wb], int(ga[0].get("n_bootstrap", 2000)))
-        diffs = boot[:, 0] - boot[:, 1]
-        lo, hi = np.quantile(diffs, [0.025, 0.975])
-        lo_k, hi_k = np.quantile(diffs, [0.025 / k, 1 - 0.025 / k])
+        rng = stream(int(ga[0].get("root_seed", 0)), 2**26, key, int(round(e * 1000)))
+        diffs = bootstrap_diff(rng, Wa, Wb, int(ga[0].get("n_bootstrap", 2000)))
+        lo, hi = interval(diffs)
+        lo_k, hi_k = interval(diffs, k=k)
         out.append(
             {
                 "dataset": dataset,

@@ -720,19 +720,11 @@ def _paired_diff_ci(
     gb = [r for r in rows if r["dataset"] == ds and r["method"] == b and r["epsilon"] == epsilon]
     Wa = np.array([r["per_prompt"] for r in ga], float)
     Wb = np.array([r["per_prompt"] for r in gb], float)
-    B = int(ga[0].get("n_bootstrap", 2000))
-    rng = np.random.default_rng(np.random.SeedSequence(int(ga[0].get("root_seed", 0)), spawn_key=(2**24,)))
-    P = Wa.shape[1]
-    diffs = np.empty(B)
-    for k in range(B):
-        p = rng.integers(0, P, P)
-        diffs[k] = (
-            Wa[rng.integers(0, Wa.shape[0], Wa.shape[0])][:, p].mean()
-            - Wb[rng.integers(0, Wb.shape[0], Wb.shape[0])][:, p].mean()
-        )
-    lo, hi = np.quantile(diffs, [0.025, 0.975])
-    lo_k, hi_k = np.quantile(diffs, [0.025 / k, 1 - 0.025 / k])
-    return float(lo), float(hi), float(lo_k), float(hi_k)
+    from privalign.stats import bootstrap_diff, interval, stream
+
+    rng = stream(int(ga[0].get("root_seed", 0)), 2**24)
+    diffs = bootstrap_diff(rng, Wa, Wb, int(ga[0].get("n_bootstrap", 2000)))
+    return (*interval(diffs), *interval(diffs, k=k))
 
 
 def _summarize(records: list[dict], cfg: dict) -> dict:

@@ -13,7 +13,7 @@ against the reference policy with paired bootstrap intervals, and best-of-N at e
   true KL; Beirami et al. 2024), so RL and BoN can be drawn on one gold-reward-vs-KL axis.
 * Win rate vs the reference policy: per prompt, the probability that a policy sample's gold reward beats a
   reference sample's (ties ½), averaged over prompts; a 95% percentile bootstrap over prompts (paired: the
-  same resampled prompts for both policies).
+  same resampled prompts for both policies; :func:`privalign.stats.paired_bootstrap_ci`, re-exported here).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from privalign._validation import check_int
+from privalign.stats import paired_bootstrap_ci  # re-exported: the one bootstrap of the experiments
 
 __all__ = [
     "sample_with_logprobs",
@@ -200,18 +201,6 @@ def win_probability(gold_a: np.ndarray, gold_b: np.ndarray) -> np.ndarray:
     a = np.asarray(gold_a, float)[:, :, None]
     b = np.asarray(gold_b, float)[:, None, :]
     return (a > b).mean(axis=(1, 2)) + 0.5 * (a == b).mean(axis=(1, 2))
-
-
-def paired_bootstrap_ci(
-    per_prompt: np.ndarray, *, n_boot: int, rng: np.random.Generator, alpha: float = 0.05
-) -> tuple[float, float, float]:
-    """``(lo, hi, se)``: the (1 − alpha) percentile bootstrap interval of the mean over prompts (rows
-    resampled)."""
-    x = np.asarray(per_prompt, float)
-    idx = rng.integers(0, x.shape[0], size=(check_int(n_boot, "n_boot", low=10), x.shape[0]))
-    boot = x[idx].mean(axis=1)
-    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi), float(boot.std(ddof=1))
 
 
 def best_of_n_gold(selector: np.ndarray, gold: np.ndarray, ns: Sequence[int]) -> list[dict[str, float]]:
