@@ -505,7 +505,7 @@ DPO_MANIFEST_FIELDS = frozenset(
     }
 )
 _DPO_NESTED = {
-    "data": frozenset({"path", "n_pairs"}),
+    "data": frozenset({"path", "n_pairs", "n_users"}),  # n_pairs: not at user-level sample-DP (dpo.py)
     "config": frozenset(
         {
             "privacy",
@@ -518,6 +518,10 @@ _DPO_NESTED = {
             "max_length",
             "lora_rank",
             "clip_norm",
+            "privacy_unit",
+            "max_pairs_per_user",
+            "optimizer",
+            "weight_decay",
         }
     ),
     "privacy": frozenset(
@@ -530,6 +534,8 @@ _DPO_NESTED = {
             "relation",
             "flip_rate",
             "accounting",
+            "max_pairs_per_user",
+            "per_label_epsilon",
         }
     ),
 }

@@ -11,6 +11,19 @@ pairs, under label-DP or sample-DP.
   one schedule tried did not move the policy, see docs/privacy/dpo-sample.md).
 * ``--privacy none``: non-private DPO (a reference).
 
+``--privacy-unit user --max-pairs-per-user K`` protects one *user* (all of their pairs) instead of one record:
+every line of ``--data`` names its user (field ``--user-field``, default ``user``; a line without one is
+refused), each user keeps the first K of their pairs in file order, and
+  - with ``--privacy label``, each label is randomized at ε/K (a user's labels together cost ε; the texts and
+    who gave which pair are public); ``--flip-rate`` is refused (it fixes the per-label ε, not the user's);
+  - with ``--privacy sample``, user-level DP-SGD (McMahan et al. 2018): Poisson sampling of users
+    (``--batch-size`` counts expected users per step), each sampled user's gradient summed over their pairs
+    and clipped once to ``--clip-norm``, noise on the sum; (ε, δ) per user, δ < 1/(number of users). See
+    docs/privacy/dpo-user.md.
+
+``--optimizer {adam,adamw,sgd}`` (default adam; adamw: decoupled ``--weight-decay``, default 0.01) acts on the
+privatized gradient or the randomized labels only: the same ε whichever is chosen.
+
 ``--data`` is a .jsonl file of ``{"prompt": ..., "chosen": ..., "rejected": ...}``. ``OUT/policy`` is a plain
 HF model directory (``privalign build-pool --model OUT/policy``, or the generator model of ``privalign
 serve``); ``OUT/manifest.json`` holds the configuration and the privacy statement, never the seed, a hash of
@@ -52,7 +65,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--flip-rate", type=float, default=None, help="label only: the flip rate ρ in (0, 0.5) instead of ε"
     )
-    p.add_argument("--delta", type=float, default=None, help="sample only: δ in (0, 1/n) (default 1e-5)")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        help="sample only: δ in (0, 1/n) (default 1e-5); n = the number of users with --privacy-unit user",
+    )
+    p.add_argument(
+        "--privacy-unit",
+        choices=("record", "user"),
+        default="record",
+        help="what ε protects: 'record' (default: one label or one comparison) or 'user' (all of one "
+        "person's pairs: needs --max-pairs-per-user and a user field on every line; "
+        "docs/privacy/dpo-user.md)",
+    )
+    p.add_argument(
+        "--max-pairs-per-user",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --privacy-unit user: each user keeps at most K pairs (the first K in file order)",
+    )
+    p.add_argument(
+        "--user-field",
+        default="user",
+        help="with --privacy-unit user: the JSONL field naming each pair's user (default 'user')",
+    )
     p.add_argument("--out", required=True, help="output directory (new or empty): manifest.json, policy/")
     p.add_argument(
         "--base-model",
@@ -60,13 +98,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="'smollm2' (the shipped default) or a local HF model directory",
     )
     p.add_argument("--beta", type=float, default=0.1, help="DPO temperature β > 0 (default 0.1)")
-    p.add_argument("--learning-rate", type=float, default=5e-4, help="Adam step size (default 5e-4)")
-    p.add_argument("--batch-size", type=int, default=8, help="(expected) pairs per step (default 8)")
+    p.add_argument("--learning-rate", type=float, default=5e-4, help="step size (default 5e-4)")
+    p.add_argument(
+        "--optimizer",
+        choices=("adam", "adamw", "sgd"),
+        default="adam",
+        help="adam (default), adamw (decoupled weight decay; DP-AdamW of arXiv:2505.08849 on the sample "
+        "route, without its unconfirmed second-moment correction) or sgd; post-processing: the same ε",
+    )
+    p.add_argument(
+        "--weight-decay",
+        type=float,
+        default=None,
+        help="adamw only: decoupled weight decay λ ≥ 0 (default 0.01)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="(expected) pairs per step (default 8); expected users per step with --privacy sample "
+        "--privacy-unit user",
+    )
     p.add_argument("--epochs", type=int, default=1, help="passes over the pairs (default 1)")
     p.add_argument("--max-length", type=int, default=64, help="tokens per prompt+response (default 64)")
     p.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (default 8; α = 2r)")
     p.add_argument(
-        "--clip-norm", type=float, default=1.0, help="sample: per-comparison clipping norm (default 1)"
+        "--clip-norm",
+        type=float,
+        default=1.0,
+        help="sample: clipping norm of each comparison's gradient, or of each user's summed gradient with "
+        "--privacy-unit user (default 1)",
     )
     p.add_argument(
         "--seed", type=int, default=None, help="seed of all randomness (default: fresh; never recorded)"
@@ -83,6 +144,10 @@ def _fail(msg: str) -> int:
 
 
 _FLAGS = {
+    "privacy_unit": "--privacy-unit",
+    "max_pairs_per_user": "--max-pairs-per-user",
+    "weight_decay": "--weight-decay",
+    "optimizer": "--optimizer",
     "privacy": "--privacy",
     "epsilon": "--epsilon",
     "delta": "--delta",
@@ -114,6 +179,11 @@ def _epsilon(args: argparse.Namespace) -> tuple[float | None, str | None]:
         return args.epsilon, None
     if args.privacy != "label":
         return None, "argument --flip-rate: only with --privacy label."
+    if args.privacy_unit == "user":
+        return None, (
+            "argument --flip-rate: not with --privacy-unit user: a flip rate fixes the per-label ε, while "
+            "the user's ε is K times it; give the per-user --epsilon (each label is then randomized at ε/K)."
+        )
     if args.epsilon is not None:
         return None, "argument --flip-rate: give --epsilon or --flip-rate, not both."
     rho = args.flip_rate
@@ -147,7 +217,7 @@ def _check_backbone(spec: str) -> str | None:
 def _build(args: argparse.Namespace) -> tuple[object, object, str | None]:
     """(config, pairs, error): every check that needs no model."""
     from privalign.errors import DataFormatError, PrivacyParameterError
-    from privalign.rlhf.dpo import DPOConfig, _check_out, check_schedule, read_dpo_pairs
+    from privalign.rlhf.dpo import DPOConfig, _check_out, check_schedule, prepare_units, read_dpo_pairs
 
     eps, err = _epsilon(args)
     if err:
@@ -166,6 +236,10 @@ def _build(args: argparse.Namespace) -> tuple[object, object, str | None]:
             max_length=args.max_length,
             lora_rank=args.lora_rank,
             clip_norm=args.clip_norm,
+            privacy_unit=args.privacy_unit,
+            max_pairs_per_user=args.max_pairs_per_user,
+            optimizer=args.optimizer,
+            weight_decay=args.weight_decay,
         )
     except PrivacyParameterError as exc:
         return None, None, _flag_msg(exc)
@@ -183,13 +257,14 @@ def _build(args: argparse.Namespace) -> tuple[object, object, str | None]:
         return None, None, str(exc)
     try:
         _check_out(Path(args.out))
-        pairs = read_dpo_pairs(args.data)
+        pairs = read_dpo_pairs(args.data, user_field=args.user_field if cfg.user_level else None)
+        units = prepare_units(pairs, cfg, user_field=args.user_field)  # user level: bounded first
     except PrivacyParameterError as exc:
         return None, None, _flag_msg(exc)
     except (FileNotFoundError, DataFormatError) as exc:
         return None, None, f"argument --data: {exc}"
     try:
-        check_schedule(cfg, len(pairs.prompts))
+        check_schedule(cfg, units.n_units)
     except PrivacyParameterError as exc:
         return None, None, _flag_msg(exc)
     return cfg, pairs, None
@@ -249,6 +324,7 @@ def _run(args: argparse.Namespace) -> int:
                 base_model=args.base_model,
                 rng=rng,
                 progress=None if args.no_progress else progress,
+                user_field=args.user_field,
             )
     except PrivacyParameterError as exc:
         return _fail(_flag_msg(exc))
@@ -258,9 +334,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(man, indent=2, default=str))
     else:
-        print(
-            f"DPO ({args.privacy}) {man['steps']} steps on {man['data']['n_pairs']} pairs; policy saved to "
-            f"{man['policy_dir']}"
-        )
+        d = man["data"]
+        k = args.max_pairs_per_user
+        size = f"{d['n_pairs']} pairs" if "n_users" not in d else f"{d['n_users']} users (≤ {k} pairs each)"
+        print(f"DPO ({args.privacy}) {man['steps']} steps on {size}; policy saved to {man['policy_dir']}")
         print(man["privacy"]["statement"])
     return 0

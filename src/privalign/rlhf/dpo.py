@@ -22,9 +22,40 @@ Three routes, the same loop (``train_dpo``), the same task and the same ε:
   ``SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(σ)), steps, unit="sample")``.
 * ``privacy="none"`` — the non-private reference (standard sigmoid DPO loss, shuffled batches).
 
+**User level** (``privacy_unit="user"``, ``max_pairs_per_user`` = K; issue 39): every pair names its user;
+each user keeps the first K of their pairs in file order
+(:func:`privalign.estimation.users.bound_contributions`, before anything else), and ε protects one *user*,
+all of their pairs together.
+
+* ``label`` at user level — **ε-DP for the user's labels.** Randomized response on each label at ε/K
+  (:class:`privalign.mechanisms.UserRandomizedResponse`), the robust loss debiased at ρ = 1/(1+e^{ε/K}); a
+  user's ≤ K randomized labels compose to ε (Dwork & Roth 2014, Thm 3.16). Unit: one user (their labels; the
+  texts and who gave which pair are public). Relation: replace-one user. Event:
+  ``user_level_event(RandomizedResponseEvent(ε/K), K)`` = ``SelfComposedEvent(..., count=K, unit="user")``.
+* ``sample`` at user level — **(ε, δ)-DP for the user.** User-level DP-SGD (McMahan, Ramage, Talwar & Zhang,
+  "Learning Differentially Private Recurrent Language Models", ICLR 2018, arXiv:1710.06963v3, Algorithm 1
+  with the per-user clipping of its flat estimator): Poisson sampling of *users* at q = batch_size/n_users;
+  a sampled user's gradient is the sum of the per-pair gradients of their ≤ K pairs, clipped **once** to C;
+  Gaussian noise σC on the sum of the users' clipped gradients; division by the expected number of users per
+  step. One user is one sampled unit, so the accountant, the calibration and the Opacus cross-check are those
+  of the record route with n = n_users (δ must be < 1/n_users). Unit: one user (all of their pairs, texts and
+  labels). Relation: replace-one user (any or all of one user's ≤ K pairs replaced, their number too).
+  Event: ``SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(σ)), steps, unit="user")``; K is stated
+  beside it (``privacy.max_pairs_per_user``). The release states the number of users, never the number of
+  pairs kept (it changes with one user's data).
+
+**Optimizer** (``optimizer``): ``adam`` (default), ``adamw`` (decoupled weight decay ``weight_decay``,
+``torch.optim.AdamW``; the optimizer Chen, Tang, Liu & Xu, "Improved Algorithms for Differentially Private
+Language Model Alignment", arXiv:2505.08849v1, report best for private DPO at ε = 2–5) or ``sgd``. Each reads
+the data only through the privatized gradient (sample) or the randomized labels (label): post-processing, the
+same ε. Not confirmed: the primary text of arXiv:2505.08849 was not available here; a secondary summary says
+its DP-AdamW also subtracts the noise variance from the second moment (the DP-AdamBC correction of Tang,
+Shpilevskiy & Lécuyer, arXiv:2312.14334) and scales the step by √((1−β₁^{t+1})/(1−β₂^{t+1})); neither is
+implemented (``adamw`` is plain AdamW on the noisy gradient; LIMITATIONS.md).
+
 The reference policy is the base model (the LoRA adapter disabled); its log-probabilities are computed once
-before training. Notes: ``docs/privacy/dpo-label.md``, ``docs/privacy/dpo-sample.md``; user guide
-``docs/rlhf.md``.
+before training. Notes: ``docs/privacy/dpo-label.md``, ``docs/privacy/dpo-sample.md``,
+``docs/privacy/dpo-user.md``; user guide ``docs/rlhf.md``.
 """
 
 from __future__ import annotations
@@ -52,15 +83,22 @@ __all__ = [
     "robust_dpo_loss",
     "privatize_preferences",
     "clip_and_noise",
+    "clip_and_noise_by_unit",
+    "prepare_units",
     "sample_dp_accounting",
     "signal_to_noise_ceiling",
     "opacus_cross_check",
     "train_dpo",
+    "make_optimizer",
     "dpo_policy",
 ]
 
 DPO_FORMAT = "privalign.dpo/1"
 PRIVACY_ROUTES = ("label", "sample", "none")
+PRIVACY_UNITS = ("record", "user")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+#: AdamW's decoupled weight decay when none is given (torch.optim.AdamW's default)
+DEFAULT_WEIGHT_DECAY = 0.01
 #: relative tolerance of the Opacus cross-check (see :func:`opacus_cross_check`)
 CROSS_CHECK_RTOL = 0.05
 
@@ -95,7 +133,12 @@ class DPOConfig:
       epochs: passes over the data; steps = epochs · ⌊n / batch_size⌋.
       max_length: tokens kept per sequence (prompt + response).
       lora_rank: LoRA rank r (α = 2r).
-      clip_norm: per-comparison ℓ2 clipping norm C (``sample``).
+      clip_norm: per-comparison ℓ2 clipping norm C (``sample``; per user at user level).
+      privacy_unit: ``"record"`` (one label / one comparison) or ``"user"`` (all of one user's pairs; needs
+        ``max_pairs_per_user``; ``batch_size`` then counts expected *users* per step under ``sample``).
+      max_pairs_per_user: K ≥ 1, only with ``privacy_unit="user"``.
+      optimizer: ``"adam"``, ``"adamw"`` or ``"sgd"`` (post-processing: the same ε).
+      weight_decay: AdamW's decoupled weight decay λ ≥ 0 (``adamw`` only; default 0.01).
     """
 
     privacy: str = "label"
@@ -108,11 +151,17 @@ class DPOConfig:
     max_length: int = 64
     lora_rank: int = 8
     clip_norm: float = 1.0
+    privacy_unit: str = "record"
+    max_pairs_per_user: int | None = None
+    optimizer: str = "adam"
+    weight_decay: float | None = None
 
     def __post_init__(self) -> None:
         if self.privacy not in PRIVACY_ROUTES:
             raise _fail("privacy", f"must be one of {list(PRIVACY_ROUTES)}. Got {self.privacy!r}.")
         self._check_budget()
+        self._check_unit()
+        self._check_optimizer()
         for name in ("beta", "learning_rate", "clip_norm"):
             if not _finite_in(getattr(self, name), 0.0, math.inf):
                 raise _fail(name, f"must be a finite number > 0. Got {getattr(self, name)!r}.")
@@ -138,6 +187,59 @@ class DPOConfig:
             if not _finite_in(self.delta, 0.0, 1.0):
                 raise _fail("delta", f"must be a number in (0, 1). Got {self.delta!r}.")
 
+    def _check_unit(self) -> None:
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise _fail("privacy_unit", f"must be one of {list(PRIVACY_UNITS)}. Got {self.privacy_unit!r}.")
+        k = self.max_pairs_per_user
+        if self.privacy_unit == "record":
+            if k is not None:
+                raise _fail("max_pairs_per_user", f"is used only with privacy unit 'user'. Got {k!r}.")
+            return
+        if self.privacy == "none":
+            raise _fail(
+                "privacy_unit",
+                "'user' needs a private route (label or sample); privacy 'none' protects no unit.",
+            )
+        if not _pos_int(k):
+            raise _fail("max_pairs_per_user", f"must be an integer >= 1 with privacy unit 'user'. Got {k!r}.")
+        if self.privacy == "label":  # ε/K must itself be a valid ε (before any work)
+            from privalign.mechanisms.user_level import UserRandomizedResponse
+
+            try:
+                _ = UserRandomizedResponse(self.eps, max_contributions=int(k or 1)).per_label
+            except PrivacyParameterError as exc:
+                raise _fail(
+                    "epsilon",
+                    f"divided by max_pairs_per_user {k} gives an invalid per-label epsilon ({exc}). "
+                    f"Got {self.epsilon!r}.",
+                ) from None
+
+    def _check_optimizer(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise _fail("optimizer", f"must be one of {list(OPTIMIZERS)}. Got {self.optimizer!r}.")
+        if self.optimizer != "adamw":
+            if self.weight_decay is not None:
+                raise _fail(
+                    "weight_decay",
+                    "is AdamW's decoupled weight decay: only with optimizer 'adamw'. "
+                    f"Got {self.weight_decay!r}.",
+                )
+            return
+        if self.weight_decay is None:
+            object.__setattr__(self, "weight_decay", DEFAULT_WEIGHT_DECAY)
+        if not _finite_in(self.weight_decay, 0.0, math.inf, lo_open=False):
+            raise _fail("weight_decay", f"must be a finite number >= 0. Got {self.weight_decay!r}.")
+
+    @property
+    def user_level(self) -> bool:
+        """Whether ε protects one user (``privacy_unit="user"``)."""
+        return self.privacy_unit == "user"
+
+    @property
+    def per_label_epsilon(self) -> float:
+        """The ε of each label's randomized response: ε/K at user level, ε otherwise (label route)."""
+        return self.eps / self.max_pairs_per_user if self.user_level and self.max_pairs_per_user else self.eps
+
     @property
     def eps(self) -> float:
         """ε as a float (label/sample; validated non-None there)."""
@@ -150,8 +252,8 @@ class DPOConfig:
 
     @property
     def flip_rate(self) -> float:
-        """ρ = 1/(1 + e^ε) for ``label`` (0 otherwise)."""
-        return 1.0 / (1.0 + math.exp(self.eps)) if self.privacy == "label" else 0.0
+        """ρ = 1/(1 + e^ε) for ``label`` (1/(1 + e^{ε/K}) at user level; 0 otherwise)."""
+        return 1.0 / (1.0 + math.exp(self.per_label_epsilon)) if self.privacy == "label" else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,8 +264,9 @@ class DPOConfig:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def read_dpo_pairs(path: str | Path) -> Any:
-    """The pairs of a ``.jsonl`` preference file (``chosen``, ``rejected``, optional ``prompt``).
+def read_dpo_pairs(path: str | Path, *, user_field: str | None = None) -> Any:
+    """The pairs of a ``.jsonl`` preference file (``chosen``, ``rejected``, optional ``prompt``; with
+    ``user_field``, every line's user in that field, read into ``.users``).
 
     Raises:
       FileNotFoundError: no such file.
@@ -176,7 +279,7 @@ def read_dpo_pairs(path: str | Path) -> Any:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"The 'data' parameter must be an existing file. Got {str(path)!r}.")
-    pairs = load_jsonl_pairs(p)
+    pairs = load_jsonl_pairs(p, user_field=user_field)
     for i, (c, r) in enumerate(zip(pairs.chosen, pairs.rejected, strict=True)):
         if not c.strip() or not r.strip():
             side = "chosen" if not c.strip() else "rejected"
@@ -188,6 +291,52 @@ def read_dpo_pairs(path: str | Path) -> Any:
                 f"{p}: pair {i + 1} has identical 'chosen' and 'rejected' texts; 'data' is unusable."
             )
     return pairs
+
+
+@dataclass(frozen=True)
+class Units:
+    """The pairs a run trains on and who owns each: ``pairs`` (after contribution bounding at user level),
+    ``owner[i]`` (the sampling unit of pair i: i itself at record level, its user's index at user level),
+    ``n_units`` (the size of the population that is sampled or batched: pairs, or users under user-level
+    ``sample``) and ``n_users`` (None at record level)."""
+
+    pairs: Any
+    owner: np.ndarray
+    n_units: int
+    n_users: int | None
+
+
+class _Subset:
+    def __init__(self, pairs: Any, keep: np.ndarray, users: list[str]) -> None:
+        self.prompts = [pairs.prompts[i] for i in keep]
+        self.chosen = [pairs.chosen[i] for i in keep]
+        self.rejected = [pairs.rejected[i] for i in keep]
+        self.users = [users[i] for i in keep]
+
+
+def prepare_units(pairs: Any, config: DPOConfig, *, user_field: str = "user") -> Units:
+    """Bound each user's contributions (user level) and name each pair's sampling unit.
+
+    At user level every pair must name its user (``pairs.users``; refused otherwise, naming the first pair
+    without one: :func:`privalign.estimation.users.check_users`), then each user keeps the first K of their
+    pairs in order (:func:`privalign.estimation.users.bound_contributions`), a rule that reads no other user's
+    data. Users are numbered by first appearance. At record level nothing changes.
+
+    Raises:
+      DataFormatError: a pair without a usable user id (user level).
+    """
+    n = len(pairs.prompts)
+    if not config.user_level:
+        return Units(pairs, np.arange(n, dtype=np.int64), n, None)
+    from privalign.estimation.users import bound_contributions, check_users
+
+    users = check_users(getattr(pairs, "users", None), "data", user_field)
+    keep = bound_contributions(users, int(config.max_pairs_per_user or 1))
+    kept = _Subset(pairs, keep, users)
+    ids: dict[str, int] = {}
+    owner = np.asarray([ids.setdefault(u, len(ids)) for u in kept.users], dtype=np.int64)
+    n_users = len(ids)
+    return Units(kept, owner, n_users if config.privacy == "sample" else len(keep), n_users)
 
 
 def _encode_pairs(tok: Any, pairs: Any, max_length: int) -> dict[str, Any]:
@@ -295,6 +444,37 @@ def clip_and_noise(
         noise = torch.randn(s.shape, generator=generator, dtype=s.dtype) * (noise_multiplier * clip_norm)
         out.append(s + noise)
     return out
+
+
+def clip_and_noise_by_unit(
+    per_pair: Sequence[Any], owners: Any, clip_norm: float, noise_multiplier: float, generator: Any
+) -> list[Any]:
+    """One DP-SGD step's Gaussian mechanism with one clipped gradient per *unit*: Σ_u clip_C(Σ_{i∈u} g_i) +
+    N(0, (σC)² I).
+
+    ``per_pair[k]`` has shape ``(m, *param_k.shape)``; ``owners`` (m integers) names the unit of each row.
+    The rows of a unit are summed first, then each unit's sum is clipped once (:func:`clip_and_noise`).
+    At record level every row is its own unit (the sum of one row is that row, exactly); at user level a
+    unit is a user, so replacing all of one user's pairs moves the sum by ≤ 2C, whatever K (McMahan et al.
+    2018, arXiv:1710.06963v3). Clipping each pair instead would let one user move it by 2KC.
+    """
+    import torch
+
+    own = np.asarray(owners, dtype=np.int64).reshape(-1)
+    m = per_pair[0].shape[0] if per_pair else 0
+    if len(own) != m:
+        raise _fail("owners", f"must name one unit per gradient row ({m}). Got {len(own)}.")
+    if m == 0:
+        return clip_and_noise(per_pair, clip_norm, noise_multiplier, generator)
+    uniq, inv = np.unique(own, return_inverse=True)
+    if len(uniq) == m and np.array_equal(uniq, own):  # one row per unit, in order: nothing to sum
+        return clip_and_noise(per_pair, clip_norm, noise_multiplier, generator)
+    index = torch.as_tensor(inv.reshape(-1))
+    per_unit = [
+        torch.zeros((len(uniq), *g.shape[1:]), dtype=g.dtype, device=g.device).index_add_(0, index, g)
+        for g in per_pair
+    ]
+    return clip_and_noise(per_unit, clip_norm, noise_multiplier, generator)
 
 
 def signal_to_noise_ceiling(n_params: int, noise_multiplier: float, batch_size: float, steps: int) -> float:
@@ -430,13 +610,19 @@ def _add_lora(model: Any, config: DPOConfig, gen: Any) -> Any:
     return model
 
 
-def _batches(config: DPOConfig, n: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Index sets of the steps: Poisson subsamples (rate b/n) for ``sample``, shuffled full batches else."""
+def _batches(
+    config: DPOConfig, n: int, rng: np.random.Generator, owner: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Index sets (of pairs) of the steps: Poisson subsamples of the ``n`` units (rate b/n) for ``sample`` —
+    every pair of a sampled unit (``owner``: the unit of each pair; a pair is its own unit by default) —,
+    shuffled full batches of pairs else."""
     per_epoch = n // config.batch_size
     steps = config.epochs * per_epoch
     if config.privacy == "sample":
         q = config.batch_size / n
-        return [np.flatnonzero(rng.random(n) < q) for _ in range(steps)]
+        if owner is None or len(owner) == n and np.array_equal(owner, np.arange(n)):
+            return [np.flatnonzero(rng.random(n) < q) for _ in range(steps)]
+        return [np.flatnonzero(np.isin(owner, np.flatnonzero(rng.random(n) < q))) for _ in range(steps)]
     out: list[np.ndarray] = []
     for _ in range(config.epochs):
         perm = rng.permutation(n)
@@ -445,16 +631,20 @@ def _batches(config: DPOConfig, n: int, rng: np.random.Generator) -> list[np.nda
 
 
 def check_schedule(config: DPOConfig, n: int) -> int:
-    """The number of steps; refuses a batch size that leaves no full step and a δ ≥ 1/n (``sample``)."""
+    """The number of steps; refuses a batch size that leaves no full step and a δ ≥ 1/n (``sample``).
+
+    ``n`` is the number of units batched or sampled (:attr:`Units.n_units`): pairs, or users under user-level
+    ``sample``."""
+    what = "users" if config.user_level and config.privacy == "sample" else "pairs"
     if n < 1:
         raise DataFormatError("The 'data' parameter holds no preference pairs.")
     if config.batch_size > n:
         raise _fail(
             "batch_size",
-            f"must be at most the number of pairs ({n}) to make one full step. Got {config.batch_size}.",
+            f"must be at most the number of {what} ({n}) to make one full step. Got {config.batch_size}.",
         )
     if config.privacy == "sample" and float(config.delta or 0.0) >= 1.0 / n:
-        raise _fail("delta", f"must be below 1/n = {1.0 / n:.3g} for {n} pairs. Got {config.delta!r}.")
+        raise _fail("delta", f"must be below 1/n = {1.0 / n:.3g} for {n} {what}. Got {config.delta!r}.")
     return config.epochs * (n // config.batch_size)
 
 
@@ -490,8 +680,13 @@ def train_dpo(
     progress: Callable[[int, int], None] | None = None,
     accounting: dict[str, Any] | None = None,
     on_step: Callable[[int, Any], None] | None = None,
+    user_field: str = "user",
 ) -> dict[str, Any]:
     """Train a LoRA policy with (private) DPO on ``pairs``; the model is modified in place.
+
+    At user level (``config.privacy_unit == "user"``) ``pairs.users`` names each pair's user (``user_field``
+    is only named in the refusal of a pair without one); contributions are bounded first
+    (:func:`prepare_units`).
 
     ``on_step(t, policy)`` is called after step ``t`` (1-based) with the live LoRA policy (adapter enabled),
     e.g. to evaluate checkpoints along training; it must leave the policy's weights unchanged and draw no
@@ -499,7 +694,9 @@ def train_dpo(
     iterate is a post-processing of the same mechanism's outputs, so evaluating it costs no privacy.
 
     Returns ``{"model": merged model, "privacy": {...}, "steps": int, "losses": [...],
-    "signal_to_noise_ceiling": float | None}``; ``losses`` (the per-step training loss on private data) is
+    "signal_to_noise_ceiling": float | None, "n_pairs": pairs trained on, "n_users": users or None}``
+    (``n_pairs`` at user-level sample-DP depends on one user's data: not for a release); ``losses`` (the
+    per-step training loss on private data) is
     an exact statistic of the private data and never goes into a release. The ceiling (sample-DP only, from
     public sizes; :func:`signal_to_noise_ceiling`) is below 1 when the noise swamps every step; a
     :class:`~privalign.errors.UtilityWarning` says so before the first step. Randomness comes only from
@@ -509,20 +706,27 @@ def train_dpo(
 
     if not isinstance(config, DPOConfig):
         raise _fail("config", f"must be a DPOConfig. Got {type(config).__name__}.")
+    units = prepare_units(pairs, config, user_field=user_field)  # user level: bounded before anything else
+    pairs = units.pairs
     n = len(pairs.prompts)
-    steps = check_schedule(config, n)
+    steps = check_schedule(config, units.n_units)
     acct = accounting
     if config.privacy == "sample" and (
         acct is None
         or acct.get("steps") != steps
-        or acct.get("sampling_probability") != config.batch_size / n
+        or acct.get("sampling_probability") != config.batch_size / units.n_units
         or acct.get("delta") != config.dlt
     ):  # an accounting computed for another schedule is not used
-        acct = sample_dp_accounting(config.eps, config.dlt, n, config.batch_size, steps)
+        acct = sample_dp_accounting(config.eps, config.dlt, units.n_units, config.batch_size, steps)
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
     data = _encode_pairs(tokenizer, pairs, config.max_length)
     labels, event = np.ones(n, dtype=np.int64), None
-    if config.privacy == "label":
+    if config.privacy == "label" and config.user_level:  # each label at ε/K: a user's ≤ K labels cost ε
+        from privalign.mechanisms.user_level import UserRandomizedResponse
+
+        urr = UserRandomizedResponse(config.eps, max_contributions=int(config.max_pairs_per_user or 1))
+        labels, _, event = privatize_preferences(labels, config.eps, rng, mechanism=urr)
+    elif config.privacy == "label":
         labels, _, event = privatize_preferences(labels, config.eps, rng)
     swap = torch.as_tensor(labels == 0)  # ỹ = 0: the pair is used as (rejected, chosen)
     for k in ("ids", "attn", "resp"):  # post-processing of ỹ: reorder the rows of swapped pairs
@@ -542,8 +746,8 @@ def train_dpo(
             ]
         )
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=config.learning_rate)
-    batches = _batches(config, n, rng)
+    opt = make_optimizer(config, params)
+    batches = _batches(config, units.n_units, rng, units.owner)
     losses: list[float] = []
     snr = None
     if config.privacy == "sample":
@@ -566,7 +770,9 @@ def train_dpo(
         with warnings.catch_warnings():  # Opacus's hooks on the frozen embedding input: harmless, noisy
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             for t, idx in enumerate(batches):
-                losses.append(_sample_dp_step(gsm, params, opt, data, idx, ref, config, acct, gen))
+                losses.append(
+                    _sample_dp_step(gsm, params, opt, data, idx, ref, config, acct, gen, units.owner[idx])
+                )
                 if progress is not None:
                     progress(t + 1, steps)
                 if on_step is not None:
@@ -593,7 +799,24 @@ def train_dpo(
         "steps": steps,
         "losses": losses,
         "signal_to_noise_ceiling": snr,
+        "n_pairs": n,
+        "n_users": units.n_users,
     }
+
+
+def make_optimizer(config: DPOConfig, params: list[Any]) -> Any:
+    """The optimizer of ``config.optimizer`` at ``config.learning_rate``: Adam, AdamW (decoupled weight decay
+    ``config.weight_decay``; Loshchilov & Hutter, ICLR 2019, arXiv:1711.05101v3) or plain SGD (no momentum).
+    It sees only the privatized gradient (sample) or gradients of the randomized labels' loss (label):
+    post-processing, so the choice does not change ε."""
+    import torch
+
+    if config.optimizer == "adamw":
+        wd = float(config.weight_decay or 0.0)
+        return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=wd)
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.learning_rate)
+    return torch.optim.Adam(params, lr=config.learning_rate)
 
 
 def _sample_dp_step(
@@ -606,8 +829,11 @@ def _sample_dp_step(
     config: DPOConfig,
     acct: Any,
     gen: Any,
+    owners: Any = None,
 ) -> float:
-    """One DP-SGD step on the Poisson subsample ``idx`` (possibly empty: then only noise)."""
+    """One DP-SGD step on the Poisson subsample ``idx`` (possibly empty: then only noise); ``owners`` (the
+    unit of each pair of ``idx``; default: each pair its own) groups the per-pair gradients before clipping
+    (:func:`clip_and_noise_by_unit`)."""
     import torch
 
     opt.zero_grad(set_to_none=True)
@@ -619,9 +845,10 @@ def _sample_dp_step(
         loss_val = float(losses.detach().mean())
     else:
         per_pair = [torch.zeros((0, *p.shape), dtype=p.dtype) for p in params]
-    noisy = clip_and_noise(per_pair, config.clip_norm, acct["noise_multiplier"], gen)
+    own = np.asarray(idx if owners is None else owners)
+    noisy = clip_and_noise_by_unit(per_pair, own, config.clip_norm, acct["noise_multiplier"], gen)
     for p, g in zip(params, noisy, strict=True):
-        p.grad = g / config.batch_size  # the expected batch size: a public constant
+        p.grad = g / config.batch_size  # the expected batch size (pairs or users): a public constant
     opt.step()
     return loss_val
 
@@ -630,6 +857,8 @@ def _privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None, n: int)
     """The release's privacy record (statement, event, guarantee, unit)."""
     from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 
+    if config.user_level:
+        return _user_privacy(config, event, acct)
     if config.privacy == "label":
         eps = config.eps
         return {
@@ -681,6 +910,59 @@ def _privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None, n: int)
     }
 
 
+def _user_privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None) -> dict[str, Any]:
+    """The privacy record at user level (unit ``user``, K stated)."""
+    from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
+
+    k = int(config.max_pairs_per_user or 1)
+    if config.privacy == "label":
+        return {
+            "route": "label",
+            "statement": (
+                f"ε-DP per user with ε={config.eps:.6g}: each user keeps at most K={k} pairs (the first K "
+                "in file order); randomized response on each of their labels at "
+                f"ε/K={config.per_label_epsilon:.6g} (flip rate ρ={config.flip_rate:.6g}), so a user's "
+                "labels together cost ε; then DPO with the debiased loss for ρ (post-processing). Privacy "
+                "unit: one user (all of their labels); the prompts, the response texts and which user gave "
+                "which pair are treated as public; relation: replace-one user."
+            ),
+            "privacy_event": event.to_dict(),
+            "guarantee": {"epsilon": config.eps, "delta": 0.0, "how": "randomized response at ε/K, K-fold"},
+            "privacy_unit": "user",
+            "relation": "replace_one",
+            "flip_rate": config.flip_rate,
+            "max_pairs_per_user": k,
+            "per_label_epsilon": config.per_label_epsilon,
+        }
+    assert acct is not None
+    ev = SelfComposedEvent(
+        event=PoissonSampledEvent(
+            sampling_probability=acct["sampling_probability"],
+            event=GaussianEvent(noise_multiplier=acct["noise_multiplier"], unit="user"),
+            unit="user",
+        ),
+        count=acct["steps"],
+        unit="user",
+    )
+    return {
+        "route": "sample",
+        "statement": (
+            f"(ε={acct['epsilon']:.6g}, δ={acct['delta']:.3g})-DP per user (target ε={config.eps:.6g}): "
+            f"user-level DP-SGD on the LoRA parameters (McMahan et al. 2018): each user keeps at most K={k} "
+            "pairs (the first K in file order); Poisson sampling of users, each sampled user's gradient "
+            "summed over their pairs and clipped once, Gaussian noise, accounted by the PLD accountant under "
+            "replace-one with one user as the unit and cross-checked against Opacus. Privacy unit: one user "
+            "(all of their pairs); relation: replace-one user."
+        ),
+        "privacy_event": ev.to_dict(),
+        "guarantee": {"epsilon": acct["epsilon"], "delta": acct["delta"], "how": acct["how"]},
+        "privacy_unit": "user",
+        "relation": "replace_one",
+        "accounting": acct,
+        "max_pairs_per_user": k,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the output directory
 # ---------------------------------------------------------------------------------------------------------
@@ -706,6 +988,7 @@ def dpo_policy(
     base: tuple[Any, Any, str] | None = None,
     rng: np.random.Generator | None = None,
     progress: Callable[[int, int], None] | None = None,
+    user_field: str = "user",
 ) -> dict[str, Any]:
     """Train with :func:`train_dpo` on the pairs of ``data`` and write ``out_dir`` atomically:
     ``manifest.json`` (release: public configuration, the privacy statement and event; no seed, no data hash,
@@ -716,6 +999,11 @@ def dpo_policy(
     Args:
       rng: the only source of randomness (default: fresh OS entropy; a seed is never recorded).
       base: an already loaded ``(model, tokenizer, model_id)`` (the model is deep-copied).
+      user_field: the JSONL field naming each pair's user (read only at user level).
+
+    At user level the manifest's ``data`` states the number of users (and, for ``label``, whose pairs are
+    public, the number of pairs kept); under user-level ``sample`` the number of pairs is not stated: it
+    changes with one user's data.
     """
     import copy
 
@@ -727,10 +1015,11 @@ def dpo_policy(
     require("peft", purpose="privalign dpo (pip install 'privalign[rlhf]')")
     if config.privacy == "sample":
         require("opacus", purpose="privalign dpo --privacy sample (pip install 'privalign[rlhf]')")
-    pairs = read_dpo_pairs(data)
-    steps = check_schedule(config, len(pairs.prompts))
+    pairs = read_dpo_pairs(data, user_field=user_field if config.user_level else None)
+    units = prepare_units(pairs, config, user_field=user_field)
+    steps = check_schedule(config, units.n_units)
     acct = (  # before the model loads: a failed cross-check costs nothing
-        sample_dp_accounting(config.eps, config.dlt, len(pairs.prompts), config.batch_size, steps)
+        sample_dp_accounting(config.eps, config.dlt, units.n_units, config.batch_size, steps)
         if config.privacy == "sample"
         else None
     )
@@ -750,6 +1039,7 @@ def dpo_policy(
         rng=rng or np.random.default_rng(),
         progress=progress,
         accounting=acct,
+        user_field=user_field,
     )
     from privalign.rlhf.train import _versions
 
@@ -758,7 +1048,7 @@ def dpo_policy(
         "status": "complete",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "privacy": res["privacy"],
-        "data": {"path": str(data), "n_pairs": len(pairs.prompts)},
+        "data": _data_facts(data, config, res),
         "base_model": model_id,
         "algorithm": (
             "DPO with a LoRA adapter (peft) on the attention and MLP projections; reference = the base model "
@@ -768,6 +1058,16 @@ def dpo_policy(
                 "sample": "DP-SGD (Opacus per-sample gradients, Poisson sampling, clipping, Gaussian noise)",
                 "none": "standard sigmoid DPO loss (non-private)",
             }[config.privacy]
+            + (
+                {
+                    "label": "; user level: at most K pairs per user, each label at ε/K",
+                    "sample": "; user level: at most K pairs per user, Poisson sampling of users, each "
+                    "user's gradient summed over their pairs and clipped once",
+                }[config.privacy]
+                if config.user_level
+                else ""
+            )
+            + f"; optimizer {config.optimizer}"
         ),
         "config": config.to_dict(),
         "steps": res["steps"],
@@ -799,6 +1099,15 @@ def dpo_policy(
         "model": merged,
         "losses": res["losses"],
     }
+
+
+def _data_facts(data: str | Path, config: DPOConfig, res: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``data``: the path and public sizes (never the pairs kept under user-level sample)."""
+    if not config.user_level:
+        return {"path": str(data), "n_pairs": res["n_pairs"]}
+    if config.privacy == "label":  # the pairs and their users are public under label privacy
+        return {"path": str(data), "n_pairs": res["n_pairs"], "n_users": res["n_users"]}
+    return {"path": str(data), "n_users": res["n_users"]}
 
 
 def _opacus_version() -> str | None:
