@@ -1,11 +1,14 @@
-"""The CLI's cold start: what ``privalign [CMD] --help`` may import, and the command table it relies on.
+"""The CLI's cold start: what ``privalign [CMD] --help`` and a PrivITP run may import, and the command table
+the CLI relies on.
 
 ``privalign CMD ...`` imports only ``privalign.cli.<module of CMD>`` (``privalign.cli.COMMANDS`` lists the
-commands, their modules and their one-line help for ``privalign --help``), and ``scipy.special`` is
-imported inside the functions that evaluate the PrivITP laws and the ex-post accounting. The budget: the
-modules below must not be loaded by a ``--help`` or by importing the alignment and accounting modules.
-Checked on ``sys.modules`` of a fresh interpreter (``python -X importtime`` does not list modules imported
-through ``importlib.import_module``, which is how the CLI loads its command modules).
+commands, their modules and their one-line help for ``privalign --help``). The PrivITP laws, the engine and
+the ex-post accounting take Φ, log Φ and erfcx from ``privalign.accounting.normal`` (numpy), not from
+``scipy.special``. The budget: the modules below must not be loaded by a ``--help``, by importing the
+alignment and accounting modules, or by a whole ``privalign simulate`` / ``select`` / ``law`` run with
+PrivITP (``simulate`` may load Pillow, which draws its PNGs, and threadpoolctl, which keeps BLAS on one
+thread). Checked on ``sys.modules`` of a fresh interpreter (``python -X importtime`` does not list modules
+imported through ``importlib.import_module``, which is how the CLI loads its command modules).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import pkgutil
 import subprocess
 import sys
@@ -57,9 +61,9 @@ print(json.dumps({"rc": rc, "modules": sorted(sys.modules)}))
 """
 
 
-def _loaded(argv: list[str]) -> tuple[int, set[str]]:
+def _loaded(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, set[str]]:
     res = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(argv)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _CHILD, json.dumps(argv)], capture_output=True, text=True, check=True, env=env
     )
     out = json.loads(res.stdout)
     return out["rc"], set(out["modules"])
@@ -89,6 +93,46 @@ def test_importing_laws_and_accounting_loads_no_scipy():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[]"
+
+
+#: What ``privalign simulate`` may load of :data:`HEAVY`: Pillow draws its PNGs, threadpoolctl keeps BLAS on
+#: one thread while the engine runs.
+SIMULATE_MAY_LOAD = {"PIL", "threadpoolctl"}
+
+_PRIVITP = ["--beta", "0.1", "--sigma-x", "0.5", "--sigma-z", "0.3"]
+
+
+def test_privitp_runs_load_no_heavy_module(tmp_path):
+    """A whole PrivITP run (the laws, the engine's rejection table, the ex-post and phase-1 accounting)
+    imports no scipy: ``privalign simulate`` with all four methods, ``select`` and ``law`` with PrivITP."""
+    from privalign.alignment.synthetic import make_synthetic_pool
+    from privalign.data.pools import write_pool
+
+    pool = tmp_path / "pool.jsonl"
+    write_pool(pool, make_synthetic_pool(3, 64, random_state=0).to_records())
+    env = dict(os.environ, PRIVALIGN_CACHE_DIR=str(tmp_path / "cache"))
+    scores = ["--scores", "0.1,0.5,0.9", "--scores-b", "0.2,0.8,0.4"]
+    runs = [
+        [
+            "simulate",
+            "--pool",
+            str(pool),
+            "--out",
+            str(tmp_path / "sim"),
+            "--methods",
+            "bon,itp,privbon,privitp",
+        ]
+        + _PRIVITP
+        + ["--max-log2-n", "3", "--replicates", "3", "--no-progress"],
+        ["select", "--method", "privitp", *_PRIVITP, *scores, "--seed", "1", "--json"],
+        ["law", "--method", "privitp", *_PRIVITP, *scores, "--json"],
+    ]
+    for argv in runs:
+        rc, mods = _loaded(argv, env)
+        assert rc == 0, argv
+        allowed = SIMULATE_MAY_LOAD if argv[0] == "simulate" else set()
+        assert sorted((set(HEAVY) - allowed) & mods) == [], argv[0]
+    assert (tmp_path / "sim" / "results.json").is_file()  # the run did write (and so drew its figures)
 
 
 def _registered() -> list[tuple[str, str, str | None]]:

@@ -23,6 +23,7 @@ from fractions import Fraction
 
 from privalign._validation import check_real
 from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
+from privalign.accounting.normal import log_ndtr
 
 __all__ = [
     "zcdp_to_approx_dp",
@@ -187,19 +188,18 @@ def pure_to_zcdp(epsilon: float) -> float:
     return fraction_to_float_up(Fraction(epsilon) ** 2 / 2)
 
 
-# Relative error allowed for scipy's ``log_ndtr`` + ``exp`` on each term; the worst observed against a
-# 50-digit mpmath oracle is below 1e-13 for results above 1e-280 (tests: test_accounting_soundness.py).
+# Relative error allowed for ``log_ndtr`` (``privalign.accounting.normal``; scipy's before) + ``exp`` on each
+# term; the worst observed against a 60-digit mpmath oracle is below 1e-13 for results above 1e-280 (tests:
+# test_accounting_soundness.py, test_accounting_normal.py), for scipy's function and for ours alike.
 _TERM_RTOL = 2e-12
 _DELTA_FLOOR = 1e-280
 
 
 def _gaussian_delta_terms(noise_multiplier: float, epsilon: float) -> tuple[float, float]:
-    from scipy import special  # lazy import
-
     a = 1.0 / (2.0 * noise_multiplier)
     b = epsilon * noise_multiplier
-    log_first = float(special.log_ndtr(a - b))
-    log_second = epsilon + float(special.log_ndtr(-a - b))
+    log_first = float(log_ndtr(a - b))
+    log_second = epsilon + float(log_ndtr(-a - b))
     first = math.exp(log_first)
     second = math.exp(log_second) if log_second < 700 else math.inf
     return first, second
@@ -210,10 +210,11 @@ def gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
 
     δ(ε) = Φ(1/(2·nm) − ε·nm) − e^ε·Φ(−1/(2·nm) − ε·nm), with nm = σ/Δ₂.
 
-    The two terms are computed with scipy's ``log_ndtr`` (observed relative error < 1e-13); the first is
-    inflated and the second deflated by a relative 2e-12, and results below 1e-280 are reported as 1e-280,
-    so the returned value is never below the exact curve (checked against a 60-digit mpmath oracle in the
-    tests); it exceeds it by at most a relative ~1e-6 when the two terms nearly cancel.
+    The two terms are computed with ``privalign.accounting.normal.log_ndtr`` (observed relative error
+    < 1e-13 after ``exp``); the first is inflated and the second deflated by a relative 2e-12, and results
+    below 1e-280 are reported as 1e-280, so the returned value is never below the exact curve (checked against
+    a 60-digit mpmath oracle in the tests); it exceeds it by at most a relative ~1e-6 when the two terms
+    nearly cancel.
 
     Args:
       noise_multiplier: σ/Δ₂ > 0.

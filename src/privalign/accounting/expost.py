@@ -12,9 +12,9 @@ scores in the public range ``[0, R_max]`` whose neighbours differ by at most Δ 
   which is smaller whenever ℓ1 > ℓ2).
 
 ``E_U Φ((c + b·U)/σ)`` has the closed form ``(σ/b)·[G((c+b)/σ) − G(c/σ)]`` with ``G(z) = zΦ(z) + φ(z)``
-(``G′ = Φ``); it is evaluated in log space with ``scipy.special.erfcx`` (no grid). Both orderings of each
-neighbour pair are evaluated and the larger kept (the reverse ratios are ≤ 0 by log-concavity, but we do
-not rely on it).
+(``G′ = Φ``); it is evaluated in log space with ``erfcx`` (``privalign.accounting.normal``; no grid). Both
+orderings of each neighbour pair are evaluated and the larger kept (the reverse ratios are ≤ 0 by
+log-concavity, but we do not rely on it).
 
 Phase 1 releases ``λ̂ + N(0, σ_X²)``; λ̂ is 1-Lipschitz in ℓ∞ (proof: ``docs/privacy/privitp.md``), so
 this is the Gaussian mechanism with sensitivity Δ: ``ρ1 = Δ²/(2σ_X²)``-zCDP (Bun & Steinke 2016,
@@ -37,6 +37,7 @@ from numpy.typing import ArrayLike
 
 from privalign._validation import check_int, check_real
 from privalign.accounting.calibration import CalibrationLimitError, bisect_monotone
+from privalign.accounting.normal import erfcx, log_ndtr, ndtr
 
 __all__ = [
     "log_G",
@@ -65,16 +66,14 @@ def log_G(z: ArrayLike) -> np.ndarray:
     z = −30 the asymptotic series ``G(z) = φ(z)·Σ_k (−1)^k (2k−1)!!/z^{2k+2}`` (6 terms, relative error
     < 1e-12) avoids the cancellation in ``1 + z·m(z)``.
     """
-    from scipy import special  # lazy: importing the accounting (or `privalign CMD --help`) needs no scipy
-
     z = np.asarray(z, dtype=np.float64)
     out = np.empty_like(z)
     logphi = -0.5 * z * z - _LOG_SQRT_2PI
     pos = z >= 0
-    out[pos] = np.log(z[pos] * special.ndtr(z[pos]) + np.exp(logphi[pos]))
+    out[pos] = np.log(z[pos] * ndtr(z[pos]) + np.exp(logphi[pos]))
     mid = (~pos) & (z >= -30.0)
     zm = z[mid]
-    out[mid] = logphi[mid] + np.log1p(zm * _SQRT_HALF_PI * special.erfcx(-zm / math.sqrt(2.0)))
+    out[mid] = logphi[mid] + np.log1p(zm * _SQRT_HALF_PI * erfcx(-zm / math.sqrt(2.0)))
     far = z < -30.0
     zf = z[far]
     inv2 = 1.0 / (zf * zf)
@@ -113,9 +112,7 @@ def log_expected_phi(c: ArrayLike, b: ArrayLike, sigma: ArrayLike) -> np.ndarray
         lg_lo = log_G(lo)
         diff = lg_hi + _log1mexp(np.minimum(lg_lo - lg_hi, 0.0))
         val = diff - np.log(np.where(small, 1.0, width))
-    from scipy import special  # lazy (see log_G)
-
-    mid = special.log_ndtr((lo + hi) / 2.0)
+    mid = log_ndtr((lo + hi) / 2.0)
     return np.where(small, mid, val)
 
 

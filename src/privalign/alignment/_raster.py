@@ -204,7 +204,11 @@ def render_line_chart(
     _legend(d, series, points, box=(L, T, R, B), font=_font(pt(9)), pt=pt)
     out = Path(path)
     # box-filter downsampling (2 × 2 → 1): the antialiasing, at a fraction of a Lanczos resize's cost
-    (img.reduce(S) if S > 1 else img).save(out, format="PNG", compress_level=1)
+    small = img.reduce(S) if S > 1 else img
+    if out.suffix.lower() == ".png":  # Pillow then imports its PNG plugin alone (format="PNG" loads five)
+        small.save(out, compress_level=1)
+    else:
+        small.save(out, format="PNG", compress_level=1)
     return out
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from privalign.accounting.expost import log_expected_phi
+from privalign.accounting.normal import ndtr
 
 __all__ = [
     "bon_law",
@@ -52,9 +53,9 @@ def softmax_law(scores: ArrayLike, scale: float) -> np.ndarray:
     r = np.asarray(scores, dtype=np.float64)
     if scale == 0.0:
         return bon_law(r)
-    from scipy import special  # lazy: `privalign CMD --help` and BoN-only runs never import scipy
-
-    return special.softmax(r / scale, axis=-1)
+    z = r / scale
+    e = np.exp(z - z.max(axis=-1, keepdims=True))  # scipy.special.softmax's arithmetic, without scipy
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def sequential_law(accept: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -88,10 +89,8 @@ def privitp_acceptance(
     # the log-space closed form elsewhere.
     hi, lo = c / sigma_z, (c - w) / sigma_z
     wide = (hi - lo) > 1e-3
-    from scipy import special  # lazy (see softmax_law)
-
     with np.errstate(invalid="ignore", divide="ignore"):
-        g = lambda z: z * special.ndtr(z) + np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+        g = lambda z: z * ndtr(z) + np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
         lin = np.clip((g(hi) - g(lo)) / (hi - lo), 0.0, 1.0)
     if wide.all():
         return lin
@@ -133,11 +132,9 @@ def lambda_quadrature(
     zs = (inner[None, :] - lam.reshape(-1, 1)) / sigma_x
     dens = np.exp(-0.5 * zs * zs) / (sigma_x * math.sqrt(2 * math.pi))
     w_in = dens * inner_w[None, :]
-    from scipy import special  # lazy (see softmax_law)
-
-    w_lo = special.ndtr((lo - lam.reshape(-1)) / sigma_x)
-    w_hi = special.ndtr((lam.reshape(-1) - hi) / sigma_x)
-    weights = np.concatenate([w_lo[:, None], w_in, w_hi[:, None]], axis=1)
+    w_lo = ndtr((lo - lam.reshape(-1)) / sigma_x)
+    w_hi = ndtr((lam.reshape(-1) - hi) / sigma_x)
+    weights = np.column_stack([w_lo, w_in, w_hi])
     return nodes, weights.reshape(lam.shape + (nodes.size,))
 
 

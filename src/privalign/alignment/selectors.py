@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: The built-in methods, non-private first, each ``module:class`` (imported on first use: the CLI's
-#: ``--help`` must not pay for scipy).
+#: ``--help`` imports none of them).
 _BUILTIN = {
     "bon": "privalign.alignment.bon:BestOfN",
     "itp": "privalign.alignment.itp:InferenceTimePessimism",

@@ -36,6 +36,7 @@ import numpy as np
 from privalign._json import to_jsonable
 from privalign._validation import check_choice, check_int, check_real
 from privalign.accounting.expost import ell1, ell2
+from privalign.accounting.normal import ndtr
 from privalign.alignment.bon import BestOfN
 from privalign.alignment.figures import plot_results  # re-exported: plotting lives in alignment.figures
 from privalign.alignment.itp import InferenceTimePessimism
@@ -234,7 +235,7 @@ def run_protocol(
     Returns:
       A JSON-able dict: ``config``, ``methods`` (per method: ``n``, ``true_lift``, ``true_lift_se``,
       ``proxy``, ``proxy_se``, ``privacy``), ``n_prompts``, ``skipped_prompts``, ``seconds`` (wall time of
-      the evaluation, including the first import of what it uses: ``scipy.special`` for PrivITP).
+      the evaluation).
 
     Raises:
       PrivacyParameterError: bad parameters; pools with fewer candidates than needed (unless
@@ -627,12 +628,10 @@ def _rejection_table(cp, nodes, w, sigma_z, top):
     """
     if not np.all(w / sigma_z > 1e-3):
         return 1.0 - privitp_acceptance(cp[None, :], nodes[:, None], w[:, None], sigma_z)
-    from scipy import special  # lazy: only PrivITP's kernel needs it
-
     inv_sqrt_2pi = 1.0 / math.sqrt(2.0 * math.pi)
 
     def g(x):  # G(x) = xΦ(x) + φ(x), with in-place temporaries
-        out = special.ndtr(x)
+        out = ndtr(x)
         out *= x
         phi = np.multiply(x, x)
         phi *= -0.5
