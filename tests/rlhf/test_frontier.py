@@ -479,7 +479,9 @@ def test_alt_gold_judges_the_same_selections_and_is_reused(tiny, tmp_path, monke
     def boom(*a, **k):
         raise AssertionError("refitted a reward model that has records")
 
-    monkeypatch.setattr(fr, "_fit_rm", boom)
+    from privalign.experiments.routes import _reward
+
+    monkeypatch.setattr(_reward, "fit_rm", boom)
     again = [r for r in _run_all(alt_cfg, make_ctx(tmp_path / "run")) if r["kind"] == "frontier"]
     assert json.dumps(again, sort_keys=True) == json.dumps(curves, sort_keys=True)
     summ = fr._summarize(recs, alt_cfg)

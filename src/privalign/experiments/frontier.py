@@ -14,7 +14,12 @@ P2-6, on CPU: SmolLM2-135M-Instruct completes IMDb review openings; a gold senti
   (``label_rule``: ``"bt"`` draws the label from Bradley–Terry on the gold logits, ``"argmax"`` takes the
   higher gold). Cached under ``RUN/data/pairs.jsonl`` (a rerun does not regenerate). Privacy unit
   everywhere: one preference pair (for the label-DP routes: its label, the texts public).
-* **Routes** (``routes``: ``FAMILY:METHOD[@EPS]``), each a curve of gold against KL(π ‖ π_ref), one per seed:
+* **Routes** (``routes``: ``FAMILY:METHOD[@EPS]``), each a curve of gold against KL(π ‖ π_ref), one per seed.
+  The families come from the route registry (:mod:`privalign.experiments.routes`): each route class declares
+  its methods and their privacy kinds, its seeds key and record keys, and fits (a
+  :class:`~privalign.experiments.routes.base.PolicyRoute` hands each checkpoint to :func:`_evaluate`; a
+  :class:`~privalign.experiments.routes.base.SelectorRoute` hands a selection law over the reference samples);
+  this module evaluates, records and decides. Built in:
 
   - ``dpo:none`` / ``dpo:label@ε`` / ``dpo:sample@ε``: :func:`privalign.rlhf.dpo.train_dpo`, evaluated at
     checkpoints on the eval prompts (gold mean; KL from the samples' log-probabilities).
@@ -25,6 +30,8 @@ P2-6, on CPU: SmolLM2-135M-Instruct completes IMDb review openings; a gold senti
     :func:`~privalign.experiments.rlhf_bon.bon_kl_ties`).
   - ``grpo:RM@ε``: GRPO (:func:`privalign.rlhf.train.align_policy`, TRL + LoRA) on the same reward model
     (the same fit as ``bon:RM@ε`` of the same seed), evaluated at checkpoints like DPO.
+  - ``props:dpo@ε``: PROPS (Teku et al. 2025), label-DP DPO in ``props_stages`` stages
+    (:mod:`privalign.experiments.routes.props`).
   - ``privbon:RM@ε``: PrivBoN at inference (:class:`privalign.alignment.priv_bon.PrivBoN`) on a
     NON-private reward model fitted on the same pairs, scores clipped to ``[−B, B]`` (``privbon_bound``), so
     Δ_r = 2B for any change of one pair: ε-DP **per answer**; k answers cost kε (the trained routes pay ε
@@ -45,7 +52,6 @@ P2-6, on CPU: SmolLM2-135M-Instruct completes IMDb review openings; a gold senti
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import sys
@@ -56,9 +62,12 @@ from typing import Any
 
 import numpy as np
 
+from privalign.experiments import routes
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.record_store import RecordStore, identity, repo_path
+from privalign.experiments.routes import KIND_UNITS, PolicyRoute, Route, SelectorRoute, _reward
+from privalign.experiments.routes.privbon import privbon_law
 from privalign.experiments.runner import read_results
 from privalign.stats import (
     best_on_path,
@@ -85,12 +94,13 @@ __all__ = [
 ]
 
 NAME = "beyond-frontier"
-FAMILIES = ("dpo", "bon", "grpo", "privbon")
+#: The built-in route families (the registry, :mod:`privalign.experiments.routes`, may hold more).
+FAMILIES = ("dpo", "bon", "grpo", "privbon", "props")
 DPO_METHODS = ("none", "label", "sample")
-LINEAR_PRIVATE = ("RRIHT", "DenseRR", "SampleDPIHT", "DPSGDLinear")
-LINEAR_NONPRIVATE = ("MLE", "IHT")
-TRM = {"TRM-sample": "sample", "TRM-label": "label", "TRM-none": "none"}
-LABEL_DP = ("RRIHT", "DenseRR", "TRM-label")
+LINEAR_PRIVATE = _reward.LINEAR_PRIVATE
+LINEAR_NONPRIVATE = _reward.LINEAR_NONPRIVATE
+TRM = _reward.TRM
+LABEL_DP = _reward.LABEL_DP
 RECORD_KIND = "frontier"
 #: rows per batched generation call (prompts × samples) [our choice]: a CPU reads the weights once per token
 #: step for all rows (privalign.rlhf.evaluate.sample_with_logprobs's ``batch_rows``)
@@ -108,51 +118,13 @@ def _err(msg: str) -> ExperimentError:
     return ExperimentError(f"{NAME}: {msg}")
 
 
-_UNIT = {
-    "non-private": "non-private",
-    "label-DP": "ε-label-DP (unit: one pair's label; texts public)",
-    "sample-DP": "(ε, δ)-DP (unit: one pair)",
-    "per-answer": "ε-DP PER ANSWER (unit: one pair; k answers cost kε)",
-}
-_RMS = LINEAR_PRIVATE + LINEAR_NONPRIVATE + tuple(TRM)
-#: What each route family is: its methods, each method's privacy kind, how it is named and drawn, its seeds
-#: key and its place in the run order (cheap first). The families are looked up here, never compared by name.
-FAMILY_INFO: dict[str, dict[str, Any]] = {
-    "dpo": {
-        "methods": {"none": "non-private", "label": "label-DP", "sample": "sample-DP"},
-        "names": {"none": "DPO (non-private)", "label": "label-DP DPO", "sample": "sample-DP DPO"},
-        "order": 2,
-        "line": "-",
-        "trained": True,
-    },
-    "bon": {
-        "methods": {m: ("label-DP" if m in LABEL_DP else "sample-DP") for m in (*LINEAR_PRIVATE, *TRM)}
-        | {m: "non-private" for m in (*LINEAR_NONPRIVATE, "TRM-none")},
-        "after": "RM → best-of-n",
-        "order": 0,
-        "line": "--",
-        "trained": False,
-    },
-    "grpo": {
-        "methods": {m: ("label-DP" if m in LABEL_DP else "sample-DP") for m in (*LINEAR_PRIVATE, *TRM)}
-        | {m: "non-private" for m in (*LINEAR_NONPRIVATE, "TRM-none")},
-        "after": "RM → GRPO",
-        "order": 3,
-        "line": "-",
-        "trained": True,
-    },
-    "privbon": {
-        "methods": {m: "per-answer" for m in (*LINEAR_NONPRIVATE, "TRM-none")},
-        "prefix": "PrivBoN per answer",
-        "order": 1,
-        "line": ":",
-        "trained": False,
-    },
-}
+def _route_class(family: str) -> type[Route]:
+    return routes.route_class(family)
 
 
 def parse_route(spec: str) -> dict[str, Any]:
-    """``"dpo:label@8"`` → ``{"family": "dpo", "method": "label", "epsilon": 8.0}``.
+    """``"dpo:label@8"`` → ``{"family": "dpo", "method": "label", "epsilon": 8.0}``; the family is looked up
+    in the route registry (:mod:`privalign.experiments.routes`).
 
     Raises:
       ExperimentError: naming the config key ``routes`` (unknown family/method, a missing or extra ε, ε ≤ 0,
@@ -160,10 +132,12 @@ def parse_route(spec: str) -> dict[str, Any]:
     """
     s = str(spec)
     fam, sep, rest = s.partition(":")
-    if not sep or fam not in FAMILY_INFO:
-        raise _err(f"config key 'routes': {s!r}: expected FAMILY:METHOD[@EPS] with FAMILY in {FAMILIES}.")
+    if not sep or fam not in routes.families():
+        raise _err(
+            f"config key 'routes': {s!r}: expected FAMILY:METHOD[@EPS] with FAMILY in {routes.families()}."
+        )
     method, _, eps = rest.partition("@")
-    kinds = FAMILY_INFO[fam]["methods"]
+    kinds = _route_class(fam).methods
     if method not in kinds:
         raise _err(f"config key 'routes': {s!r}: method must be one of {tuple(kinds)} for {fam!r}.")
     if kinds[method] == "non-private":
@@ -182,25 +156,20 @@ def parse_route(spec: str) -> dict[str, Any]:
 
 
 def route_kind(r: dict) -> str:
-    """``"non-private"``, ``"label-DP"``, ``"sample-DP"`` or ``"per-answer"``."""
-    return str(FAMILY_INFO[r["family"]]["methods"][r["method"]])
+    """``"non-private"``, ``"label-DP"``, ``"sample-DP"`` or ``"per-answer"`` (the route class says)."""
+    return str(_route_class(r["family"]).kind(r["method"]))
 
 
 def route_unit(r: dict) -> str:
     """The route's guarantee and unit in words (the record, the legend and the reading say it)."""
-    return _UNIT[route_kind(r)]
+    return KIND_UNITS[route_kind(r)]
 
 
 def route_label(spec: str) -> str:
     """A short name for a person: ``"label-DP DPO"``, ``"RRIHT RM → best-of-n"``, ``"PrivBoN per answer
     (MLE RM)"``."""
     r = parse_route(spec)
-    info, m = FAMILY_INFO[r["family"]], r["method"]
-    if "names" in info:
-        return str(info["names"][m])
-    if "prefix" in info:
-        return f"{info['prefix']} ({m} RM)"
-    return f"{m} {info['after']}"
+    return _route_class(r["family"]).label(r["method"])
 
 
 def route_seed(root_seed: int, key: str, k: int) -> np.random.SeedSequence:
@@ -211,7 +180,7 @@ def route_seed(root_seed: int, key: str, k: int) -> np.random.SeedSequence:
 
 
 def _seeds(cfg: dict, fam: str) -> int:
-    return int(cfg[f"{fam}_seeds"])
+    return int(cfg[_route_class(fam).seeds_key])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -290,6 +259,7 @@ def _schema() -> dict[str, Field]:
             "num_threads": Field("int", 1, "torch CPU threads", low=1),
         }
     )
+    s.update(routes.fields())  # the keys the built-in routes add (their own seeds and settings)
     return s
 
 
@@ -297,8 +267,8 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
     from privalign.experiments.manifest import file_sha256
     from privalign.models._resources import require
 
-    routes = [parse_route(r) for r in cfg["routes"]]
-    if not routes:
+    routes_ = [parse_route(r) for r in cfg["routes"]]
+    if not routes_:
         raise _err("config key 'routes' is empty.")
     if len(set(cfg["routes"])) != len(cfg["routes"]):
         raise _err("config key 'routes' has duplicates.")
@@ -308,18 +278,22 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
             f"config key 'n_pairs': eval_prompts + grpo_prompts + n_pairs = {total} > 1000 (the held-out "
             "IMDb openings)."
         )
+    for r in routes_:
+        problem = _route_class(r["family"]).check(r, cfg)
+        if problem:
+            raise _err(problem)
     if max(cfg["bon_ns"]) > cfg["reference_samples"]:
         raise _err(f"config key 'bon_ns': max {max(cfg['bon_ns'])} > reference_samples.")
     if cfg["dpo_batch"] > cfg["n_pairs"] or cfg["trm_batch"] > cfg["n_pairs"]:
         raise _err("config key 'dpo_batch'/'trm_batch' must be at most n_pairs.")
-    if any(route_kind(r) == "sample-DP" for r in routes) and cfg["delta"] >= 1 / cfg["n_pairs"]:
+    if any(route_kind(r) == "sample-DP" for r in routes_) and cfg["delta"] >= 1 / cfg["n_pairs"]:
         raise _err(f"config key 'delta': {cfg['delta']} must be below 1/n_pairs.")
     g = repo_path(cfg["gold"])
     if not g.is_file():
         raise _err(f"config key 'gold': {g} does not exist.")
     for mod in ("torch", "transformers", "peft"):
         require(mod, purpose=f"{NAME} (pip install 'privalign[rlhf]')")
-    if any(r["family"] == "grpo" for r in routes):
+    if any(r["family"] == "grpo" for r in routes_):
         require("trl", purpose=f"{NAME} (pip install 'privalign[rlhf]')")
     ctx.inputs["gold"] = {"path": str(g), "sha256": file_sha256(g), "what": "MiniLM gold, P(positive)"}
     E, G = cfg["eval_prompts"], cfg["grpo_prompts"]
@@ -565,8 +539,8 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
     """``data`` first, then every (route, seed): the cheap families first (best-of-n, PrivBoN), then DPO,
     then GRPO, so an interrupted full run has its cheap curves."""
     cells: list[dict[str, Any]] = [{"cell": "data", "route": "data"}]
-    routes = sorted((parse_route(r) for r in cfg["routes"]), key=lambda r: FAMILY_INFO[r["family"]]["order"])
-    for r in routes:
+    specs = sorted((parse_route(r) for r in cfg["routes"]), key=lambda r: _route_class(r["family"]).order)
+    for r in specs:
         for k in range(_seeds(cfg, r["family"])):
             cells.append({"cell": f"{r['route']} seed={k}", **r, "seed_index": k})
     return cells
@@ -587,9 +561,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
     fam = cell["family"]
     t0 = time.perf_counter()
     try:
-        points = {"bon": _bon_points, "privbon": _privbon_points, "dpo": _dpo_points, "grpo": _grpo_points}[
-            fam
-        ](cell, cfg, ctx)
+        points = _points(_route_class(fam)(), cell, cfg, ctx)
     except _Pending as why:
         print(f"{NAME}: {cell['cell']} pending (records_only: {why})", file=sys.stderr, flush=True)
         pend = {"kind": "pending", "route": cell["route"], "seed_index": cell["seed_index"], "why": str(why)}
@@ -610,10 +582,11 @@ def _drop_unneeded_rms(cfg: dict, ctx: RunContext) -> None:
     import gc
 
     keep = {
-        f"rm:{r['method']}@{r['epsilon']}:{k}"
+        key
         for r in map(parse_route, cfg["routes"])
-        if FAMILY_INFO[r["family"]]["trained"] and r["method"] in _RMS
         for k in range(_seeds(cfg, r["family"]))
+        for key in [_route_class(r["family"]).reuses_rm({**r, "seed_index": k})]
+        if key
     }
     for key in [k for k in ctx.cache if str(k).startswith("rm:") and k not in keep]:
         del ctx.cache[key]
@@ -674,112 +647,6 @@ def _curve_record(cell: dict, cfg: dict, ctx: RunContext, points: list[dict]) ->
     }
 
 
-# ---- reward models -------------------------------------------------------------------------------------
-
-
-_RM_KEYS = (
-    "seed", "delta", "step_size", "radius", "alpha", "dpsgd_epochs", "dpsgd_batch", "dpsgd_clip", "dpsgd_lr",
-    "sparsity", "n_features", "ngram_max", "trm_epochs", "trm_batch", "trm_lr", "trm_clip",
-)  # fmt: skip
-
-
-def _fit_rm(method: str, eps: float | None, k: int, cfg: dict, ctx: RunContext) -> dict[str, Any]:
-    """Fit reward model ``method`` at ε (seed index ``k``; the same fit for every route that uses it), save
-    it (public facts only), check the eval/GRPO prompts against its private data; cached per run."""
-    key = f"rm:{method}@{eps}:{k}"
-    if key in ctx.cache:
-        return ctx.cache[key]
-    _no_work(cfg, f"reward model {method}@{eps} seed {k} would be fitted")
-    from privalign.estimation.persistence import save_model
-    from privalign.rlhf.prompts import check_prompts_disjoint
-    from privalign.rlhf.rewards import PrivateReward
-
-    d = _pairs(cfg, ctx)
-    pairs = d["pairs"]
-    ss = route_seed(cfg["seed"], f"rm:{method}@{eps}", k)
-    s_orient, s_fit = ss.spawn(2)
-    n = len(pairs.prompts)
-    if method in TRM:
-        from privalign.estimation.transformer import DPTransformerRM
-
-        orient = np.random.default_rng(s_orient).random(n) < 0.5  # True: (prompt, rejected, chosen), y = 1
-        X = [
-            (p, r, c) if o else (p, c, r)
-            for p, c, r, o in zip(pairs.prompts, pairs.chosen, pairs.rejected, orient)
-        ]
-        y = orient.astype(int)
-        est: Any = DPTransformerRM(
-            privacy=TRM[method],
-            epsilon=eps if eps is not None else 1.0,
-            delta=cfg["delta"],
-            batch_size=cfg["trm_batch"],
-            epochs=cfg["trm_epochs"],
-            learning_rate=cfg["trm_lr"],
-            clip_norm=cfg["trm_clip"],
-            random_state=np.random.default_rng(s_fit),
-        )
-        est.fit(X, y)
-        fcfg = est.feature_map().get_config()
-    else:
-        from privalign.estimation.features import HashedNgramFeatures
-        from privalign.estimation.preferences import PreferenceData
-        from privalign.experiments.paper2 import make_estimator
-
-        fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
-        train = PreferenceData.from_text_pairs(
-            pairs.prompts,
-            pairs.chosen,
-            pairs.rejected,
-            fmap,
-            prompt_ids=pairs.prompt_ids,
-            random_state=np.random.default_rng(s_orient),
-        )
-        est = make_estimator(
-            method,
-            epsilon=math.inf if eps is None else eps,
-            delta=cfg["delta"],
-            sparsity=cfg["sparsity"],
-            feature_bound=1.0,
-            random_state=int(s_fit.generate_state(1)[0] >> 1),
-            cfg={**cfg, "tune": False},
-            n_train=n,
-        )
-        est.fit(train.X, train.y)
-        fcfg = fmap.get_config()
-    name = f"{method}_eps{eps}_seed{k}".replace("@", "_")
-    path = save_model(
-        est,
-        ctx.run_dir / "reward_models" / f"{name}.json",
-        feature_config=fcfg,
-        metadata={"data": str(d["path"]), "estimator": type(est).__name__, "n_train": n},
-    )
-    reward = PrivateReward(path)
-    overlap = (
-        check_prompts_disjoint([*d["eval"], *d["grpo"]], reward)
-        if reward.is_private
-        else {"checked": False, "why": "non-private reward model (checked by check_frontier_disjoint)"}
-    )
-    ctx.cache[key] = {"reward": reward, "path": path, "overlap": overlap, "event": reward.event.to_dict()}
-    return ctx.cache[key]
-
-
-def _ref_scores(rm: dict, ctx: RunContext, cfg: dict) -> np.ndarray:
-    """The reward model's scores of the reference samples, ``(P, m)``; kept with the cached fit, so the main
-    and the second gold of a route score them once."""
-    if "ref_scores" not in rm:
-        d, ref = _pairs(cfg, ctx), _reference(cfg, ctx)
-        rm["ref_scores"] = (
-            rm["reward"]
-            .score(
-                [p for p, row in zip(d["eval"], ref["texts"]) for _ in row],
-                [t for row in ref["texts"] for t in row],
-            )
-            .reshape(len(ref["texts"]), -1)
-        )
-        rm["ref_scores"].flags.writeable = False  # shared by the routes of this fit
-    return rm["ref_scores"]
-
-
 def _cell_ident(cell: dict, cfg: dict, ctx: RunContext, keys: tuple[str, ...], step: Any = None) -> str:
     return identity(
         {
@@ -787,7 +654,7 @@ def _cell_ident(cell: dict, cfg: dict, ctx: RunContext, keys: tuple[str, ...], s
             "seed_index": cell["seed_index"],
             "step": step,
             "data": _pairs(cfg, ctx)["data_identity"],
-            "config": {k: cfg.get(k) for k in (*_RM_KEYS, *keys)},
+            "config": {k: cfg.get(k) for k in (*_reward.RM_KEYS, *keys)},
         }
     )
 
@@ -804,46 +671,6 @@ def _records_dir(cell: dict, ctx: RunContext) -> Path:
 def _key(cell: dict, name: str) -> str:
     """The store key of the cell's record ``name`` (``curve.json``, ``step-000050.json``, ...)."""
     return f"{_cell_dir(cell)}/{name}"
-
-
-_BON_KEYS = ("eval_prompts", "reference_samples", "max_new_tokens", "bon_ns", "gold")
-
-
-def _bon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
-    from privalign.experiments.rlhf_bon import bon_expected_gold, bon_kl_ties
-
-    def alt_points(alt: np.ndarray) -> list[np.ndarray]:
-        sel = _ref_scores(_fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx), ctx, cfg)
-        return [bon_expected_gold(sel, alt, n) for n in cfg["bon_ns"]]
-
-    ident = _cell_ident(cell, cfg, ctx, _BON_KEYS)
-    rec = _store(cfg, ctx).get(_key(cell, "curve.json"), ident)
-    if rec is not None:
-        return _with_alt(cell, cfg, ctx, rec["points"], _BON_KEYS, alt_points)
-    rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
-    sel = _ref_scores(rm, ctx, cfg)
-    gold = np.asarray(_reference(cfg, ctx)["gold"], float)
-    g = _guarantee(
-        cell,
-        cfg,
-        rm["event"],
-        {"overlap_check": {k: v for k, v in rm["overlap"].items() if k != "overlapping_indices"}},
-    )
-    pts = [
-        {
-            "x": int(n),
-            "x_kind": "n",
-            "kl": float(bon_kl_ties(sel, n).mean()),
-            "kl_se": 0.0,
-            "gold": float(pg.mean()),
-            "per_prompt_gold": [float(v) for v in pg],
-            "guarantee": g,
-        }
-        for n in cfg["bon_ns"]
-        for pg in [bon_expected_gold(sel, gold, n)]
-    ]
-    _store(cfg, ctx).put(_key(cell, "curve.json"), {"points": pts}, ident)
-    return _with_alt(cell, cfg, ctx, pts, _BON_KEYS, alt_points)
 
 
 def _alt_gold(cfg: dict, ctx: RunContext) -> np.ndarray | None:
@@ -901,82 +728,6 @@ def alt_gold_records(records: list[dict]) -> list[dict]:
     return out
 
 
-def privbon_law(scores: np.ndarray, n: int, sigma: float) -> np.ndarray:
-    """Per prompt (rows), the probability that PrivBoN over a uniformly random ``n``-subset of the row's
-    ``m`` candidates (Gumbel noisy arg-max of scale σ, i.e. the softmax ``exp(u/σ)`` within the subset)
-    returns each candidate; exact (the subsets are enumerated). ``σ = 0`` is plain best-of-n (ties split)."""
-    u = np.asarray(scores, float)
-    P, m = u.shape
-    if not 1 <= n <= m:
-        raise ValueError(f"n must be in [1, {m}]; got {n}")
-    combos = np.array(list(itertools.combinations(range(m), n)), dtype=np.int64)
-    q = np.zeros((P, m))
-    for p in range(P):
-        z = u[p][combos]
-        if sigma > 0:
-            w = np.exp((z - z.max(axis=1, keepdims=True)) / sigma)
-        else:
-            w = (z >= z.max(axis=1, keepdims=True) - 1e-12).astype(float)
-        w /= w.sum(axis=1, keepdims=True)
-        q[p] = np.bincount(combos.ravel(), weights=w.ravel(), minlength=m) / len(combos)
-    return q
-
-
-def _privbon_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
-    from privalign.alignment.priv_bon import privbon_epsilon, privbon_scale
-
-    B = float(cfg["privbon_bound"])
-    sigma = privbon_scale(cell["epsilon"], 2 * B)
-
-    def shifted() -> np.ndarray:  # public range [0, 2B]: Δ_r = 2B for any pair change
-        rm = _fit_rm(cell["method"], None, cell["seed_index"], cfg, ctx)
-        return np.clip(_ref_scores(rm, ctx, cfg), -B, B) + B
-
-    def alt_points(alt: np.ndarray) -> list[np.ndarray]:
-        u = shifted()
-        return [(privbon_law(u, n, sigma) * alt).sum(axis=1) for n in cfg["bon_ns"]]
-
-    keys = (*_BON_KEYS, "privbon_bound")
-    ident = _cell_ident(cell, cfg, ctx, keys)
-    rec = _store(cfg, ctx).get(_key(cell, "curve.json"), ident)
-    if rec is not None:
-        return _with_alt(cell, cfg, ctx, rec["points"], keys, alt_points)
-    u = shifted()
-    gold = np.asarray(_reference(cfg, ctx)["gold"], float)
-    m = gold.shape[1]
-    g = _guarantee(
-        cell,
-        cfg,
-        {"kind": "noisy_argmax", "epsilon": privbon_epsilon(sigma, 2 * B), "per": "answer"},
-        {
-            "sensitivity": 2 * B,
-            "gumbel_scale": sigma,
-            "epsilon_charged_per_answer": privbon_epsilon(sigma, 2 * B),
-            "composition": "k answers cost k·ε (basic composition); the trained routes pay ε once",
-            "reward_model": f"{cell['method']} (non-private), scores clipped to [−{B:g}, {B:g}]",
-        },
-    )
-    pts = []
-    for n in cfg["bon_ns"]:
-        q = privbon_law(u, n, sigma)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kl = np.where(q > 0, q * np.log(q * m), 0.0).sum(axis=1)
-        pg = (q * gold).sum(axis=1)
-        pts.append(
-            {
-                "x": int(n),
-                "x_kind": "n",
-                "kl": float(kl.mean()),
-                "kl_se": 0.0,
-                "gold": float(pg.mean()),
-                "per_prompt_gold": [float(v) for v in pg],
-                "guarantee": g,
-            }
-        )
-    _store(cfg, ctx).put(_key(cell, "curve.json"), {"points": pts}, ident)
-    return _with_alt(cell, cfg, ctx, pts, keys, alt_points)
-
-
 # ---- trained policies ----------------------------------------------------------------------------------
 
 
@@ -1023,10 +774,6 @@ def _ref_point(cfg: dict, ctx: RunContext) -> dict:
     }
 
 
-def _steps(total: int, every: int) -> list[int]:
-    return sorted({*range(every, total + 1, every), total})
-
-
 class _Eta:
     """Progress lines with an ETA (seconds per step measured so far, evaluations included)."""
 
@@ -1050,136 +797,124 @@ class _Eta:
         )
 
 
-_DPO_KEYS = (
-    "dpo_beta", "dpo_lr", "dpo_batch", "dpo_epochs", "dpo_max_length", "dpo_lora_rank", "dpo_clip",
-    "dpo_eval_every", "eval_prompts", "eval_samples", "max_new_tokens", "gold",
-)  # fmt: skip
+# ---- the routes' fits, evaluated here --------------------------------------------------------------------
 
 
-def _dpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
-    """Train DPO once; each checkpoint's evaluation is a record (reused when its identity matches; training
-    is skipped when every checkpoint has one)."""
-    import copy
+class _Bench:
+    """What the frontier lends a route for one cell (:class:`privalign.experiments.routes.base.Bench`)."""
 
-    from privalign.rlhf.dpo import DPOConfig, check_schedule, train_dpo
+    def __init__(self, cell: dict, cfg: dict, ctx: RunContext) -> None:
+        self.cell, self.cfg, self.ctx = cell, cfg, ctx
+        self.cache = ctx.cache
+        self.run_dir = ctx.run_dir
 
-    pairs = _pairs(cfg, ctx)["pairs"]
-    m, e = cell["method"], cell["epsilon"]
-    dcfg = DPOConfig(
-        privacy=m,
-        epsilon=e,
-        delta=cfg["delta"] if m == "sample" else None,
-        beta=cfg["dpo_beta"],
-        learning_rate=cfg["dpo_lr"],
-        batch_size=cfg["dpo_batch"],
-        epochs=cfg["dpo_epochs"],
-        max_length=cfg["dpo_max_length"],
-        lora_rank=cfg["dpo_lora_rank"],
-        clip_norm=cfg["dpo_clip"],
-    )
-    total = check_schedule(dcfg, len(pairs.prompts))
-    steps = _steps(total, cfg["dpo_eval_every"])
-    idents = {s: _cell_ident(cell, cfg, ctx, _DPO_KEYS, s) for s in steps}
-    got = {s: _store(cfg, ctx).get(_key(cell, f"step-{s:06d}.json"), idents[s]) for s in steps}
-    if any(v is None for v in got.values()):
-        _no_work(cfg, f"no record of steps {[t for t, v in got.items() if v is None]}")
-        model, tok, _ = _base(cfg, ctx)
-        eta = _Eta(cell, total)
+    def pairs(self) -> dict[str, Any]:
+        return _pairs(self.cfg, self.ctx)
+
+    def reference(self) -> dict[str, Any]:
+        return _reference(self.cfg, self.ctx)
+
+    def base(self) -> tuple[Any, Any, str]:
+        return _base(self.cfg, self.ctx)
+
+    def seed(self, key: str, k: int | None = None) -> np.random.SeedSequence:
+        return route_seed(self.cfg["seed"], key, self.cell["seed_index"] if k is None else k)
+
+    def pending(self, what: str) -> None:
+        _no_work(self.cfg, what)
+
+    def records_dir(self) -> Path:
+        return _records_dir(self.cell, self.ctx)
+
+    def progress(self, total: int) -> Callable[[int], None]:
+        return _Eta(self.cell, total)
+
+
+def _points(route: Route, cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    """The cell's curve: a selector route's law evaluated over the reference samples, or a policy route's
+    checkpoints evaluated on the eval prompts (each a record, reused by identity)."""
+    bench = _Bench(cell, cfg, ctx)
+    if isinstance(route, SelectorRoute):
+        return _selector_points(route, bench)
+    if isinstance(route, PolicyRoute):
+        return _policy_points(route, bench)
+    raise _err(
+        f"route family {cell['family']!r}: a route is a SelectorRoute or a PolicyRoute."
+    )  # pragma: no cover
+
+
+def _selector_points(route: SelectorRoute, bench: _Bench) -> list[dict]:
+    """Expected gold and exact KL of the route's selection law at each x (``curve.json``); the second gold of
+    the same law (``curve-alt.json``, :func:`_with_alt`)."""
+    cell, cfg, ctx = bench.cell, bench.cfg, bench.ctx
+    keys = route.keys
+    xs = route.xs(bench)
+
+    def alt_points(alt: np.ndarray) -> list[np.ndarray]:
+        sel = route.selection(bench)
+        return [sel.expected(alt, x) for x in xs]
+
+    ident = _cell_ident(cell, cfg, ctx, keys)
+    rec = _store(cfg, ctx).get(_key(cell, "curve.json"), ident)
+    if rec is not None:
+        return _with_alt(cell, cfg, ctx, rec["points"], keys, alt_points)
+    sel = route.selection(bench)
+    gold = np.asarray(_reference(cfg, ctx)["gold"], float)
+    event, extra = route.guarantee(bench)
+    g = _guarantee(cell, cfg, event, extra)
+    pts = [
+        {
+            "x": int(x),
+            "x_kind": "n",
+            "kl": sel.kl(x),
+            "kl_se": 0.0,
+            "gold": float(pg.mean()),
+            "per_prompt_gold": [float(v) for v in pg],
+            "guarantee": g,
+        }
+        for x in xs
+        for pg in [sel.expected(gold, x)]
+    ]
+    _store(cfg, ctx).put(_key(cell, "curve.json"), {"points": pts}, ident)
+    return _with_alt(cell, cfg, ctx, pts, keys, alt_points)
+
+
+def _policy_points(route: PolicyRoute, bench: _Bench) -> list[dict]:
+    """Train the route's policy once; each checkpoint's evaluation is a record (reused when its identity
+    matches; training is skipped when every checkpoint has one), and so is its privacy statement
+    (``privacy.json``)."""
+    cell, cfg, ctx = bench.cell, bench.cfg, bench.ctx
+    store = _store(cfg, ctx)
+    steps = route.steps(bench)
+    idents = {s: _cell_ident(cell, cfg, ctx, route.keys, s) for s in steps}
+    got = {s: store.get(_key(cell, f"step-{s:06d}.json"), idents[s]) for s in steps}
+    missing = [t for t, v in got.items() if v is None]
+    priv = store.get(_key(cell, "privacy.json"), idents[steps[-1]])
+    if route.privacy_first() and (priv is None or missing):
+        # the privacy statement is a record, so a fully recorded route refits nothing
+        priv = store.put(
+            _key(cell, "privacy.json"), route.privacy_without_training(bench) or {}, idents[steps[-1]]
+        )
+    if missing:
+        _no_work(cfg, f"no record of steps {missing}")
+        eta = bench.progress(steps[-1])
 
         def on_step(t: int, policy: Any) -> None:
             eta(t)
             if t in got and got[t] is None:
                 rec = {**_evaluate(policy, cfg, ctx), "x": t, "x_kind": "step"}
-                got[t] = _store(cfg, ctx).put(_key(cell, f"step-{t:06d}.json"), rec, idents[t])
+                got[t] = store.put(_key(cell, f"step-{t:06d}.json"), rec, idents[t])
 
-        rng = np.random.default_rng(route_seed(cfg["seed"], cell["route"], cell["seed_index"]))
-        res = train_dpo(pairs, dcfg, model=copy.deepcopy(model), tokenizer=tok, rng=rng, on_step=on_step)
-        priv = res["privacy"]
-        _store(cfg, ctx).put(
-            _key(cell, "privacy.json"),
-            {"privacy": {k: v for k, v in priv.items() if k != "accounting"}},
-            idents[steps[-1]],
-        )
-        del res
-    priv_rec = _store(cfg, ctx).get(_key(cell, "privacy.json"), idents[steps[-1]])
-    g = _guarantee(cell, cfg, (priv_rec or {}).get("privacy", {}).get("privacy_event"))
-    if priv_rec is not None and m == "sample":
-        g["delta"] = priv_rec["privacy"]["guarantee"]["delta"]
-        g["epsilon_accounted"] = priv_rec["privacy"]["guarantee"]["epsilon"]
-    return [{**_ref_point(cfg, ctx), "guarantee": g}] + _checkpoints(cell, got, steps)
-
-
-_GRPO_KEYS = (
-    "grpo_steps", "grpo_eval_every", "grpo_beta", "grpo_lr", "num_generations", "grpo_lora_rank",
-    "grpo_prompts",
-    "eval_prompts", "eval_samples", "max_new_tokens", "gold",
-)  # fmt: skip
-
-
-def _grpo_points(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
-    """GRPO (p2-rlhf's trainer, :func:`privalign.rlhf.train.align_policy`) on the seed's reward model,
-    evaluated at checkpoints by a trainer callback; resumable like DPO (and from the trainer's
-    checkpoints)."""
-    import shutil
-
-    steps = _steps(cfg["grpo_steps"], cfg["grpo_eval_every"])
-    idents = {s: _cell_ident(cell, cfg, ctx, _GRPO_KEYS, s) for s in steps}
-    got = {s: _store(cfg, ctx).get(_key(cell, f"step-{s:06d}.json"), idents[s]) for s in steps}
-    # the reward model's privacy event and prompt check: a record, so a fully recorded route refits nothing
-    priv = _store(cfg, ctx).get(_key(cell, "privacy.json"), idents[steps[-1]])
-    if priv is None or any(v is None for v in got.values()):
-        rm = _fit_rm(cell["method"], cell["epsilon"], cell["seed_index"], cfg, ctx)
-        priv = {
-            "privacy_event": rm["event"],
-            "overlap_check": {k: v for k, v in rm["overlap"].items() if k != "overlapping_indices"},
-        }
-        priv = _store(cfg, ctx).put(_key(cell, "privacy.json"), priv, idents[steps[-1]])
-    if any(v is None for v in got.values()):
-        from transformers import TrainerCallback
-
-        from privalign.rlhf.train import AlignConfig, align_policy
-
-        d = _pairs(cfg, ctx)
-        eta = _Eta(cell, cfg["grpo_steps"])
-
-        class _Eval(TrainerCallback):
-            def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-                t = int(state.global_step)
-                eta(t)
-                if t in got and got[t] is None:
-                    rec = {**_evaluate(model, cfg, ctx), "x": t, "x_kind": "step"}
-                    model.train()
-                    got[t] = _store(cfg, ctx).put(_key(cell, f"step-{t:06d}.json"), rec, idents[t])
-
-        seed = int(route_seed(cfg["seed"], cell["route"], cell["seed_index"]).generate_state(1)[0] >> 33)
-        acfg = AlignConfig(
-            steps=cfg["grpo_steps"],
-            beta=cfg["grpo_beta"],
-            learning_rate=cfg["grpo_lr"],
-            num_generations=cfg["num_generations"],
-            prompts_per_step=1,
-            max_new_tokens=cfg["max_new_tokens"],
-            lora_rank=cfg["grpo_lora_rank"],
-            lora_alpha=2.0 * cfg["grpo_lora_rank"],
-            seed=seed,
-            save_steps=cfg["grpo_eval_every"],
-        )
-        pol_dir = ctx.run_dir / "policies" / _cell_dir(cell)
-        align_policy(
-            rm["reward"],
-            d["grpo"],
-            d["grpo_info"],
-            pol_dir,
-            acfg,
-            base=_base(cfg, ctx),
-            overlap_check=rm["overlap"],
-            save_policy=False,
-            progress=False,
-            callbacks=[_Eval()],
-        )
-        for ckpt in (pol_dir / "checkpoints").glob("checkpoint-*"):
-            shutil.rmtree(ckpt, ignore_errors=True)
-    g = _guarantee(cell, cfg, priv["privacy_event"], {"overlap_check": priv["overlap_check"]})
+        priv = store.put(_key(cell, "privacy.json"), route.train(bench, on_step), idents[steps[-1]])
+    elif priv is None:
+        payload_or_none = route.privacy_without_training(bench)
+        if payload_or_none is not None:
+            priv = store.put(_key(cell, "privacy.json"), payload_or_none, idents[steps[-1]])
+    event, extra = route.guarantee(
+        bench, None if priv is None else {k: v for k, v in priv.items() if k != "identity"}
+    )
+    g = _guarantee(cell, cfg, event)
+    g.update(extra)
     return [{**_ref_point(cfg, ctx), "guarantee": g}] + _checkpoints(cell, got, steps)
 
 
@@ -1554,7 +1289,7 @@ def _plot(run_dir: Path) -> list[str]:
                 continue
             key = c["route"].split("@")[0]
             color = _COLORS.get(key, _COLORS.get(c["family"], "grey"))
-            ls = FAMILY_INFO[c["family"]]["line"]
+            ls = _route_class(c["family"]).line
             pts = c["points"]
             lab = (
                 f"{c['label']}"
@@ -1567,7 +1302,7 @@ def _plot(run_dir: Path) -> list[str]:
                 xerr=[2 * p["kl_se"] for p in pts],
                 yerr=[[p["gold"] - p["ci"][0] for p in pts], [p["ci"][1] - p["gold"] for p in pts]],
                 fmt=ls,
-                marker="o" if FAMILY_INFO[c["family"]]["trained"] else ".",
+                marker="o" if _route_class(c["family"]).trained else ".",
                 markersize=3,
                 color=color,
                 capsize=2,
