@@ -24,7 +24,8 @@ refused), each user keeps the first K of their pairs in file order, and
 ``--optimizer {adam,adamw,sgd}`` (default adam; adamw: decoupled ``--weight-decay``, default 0.01) acts on the
 privatized gradient or the randomized labels only: the same ε whichever is chosen.
 
-``--data`` is a .jsonl file of ``{"prompt": ..., "chosen": ..., "rejected": ...}``. ``OUT/policy`` is a plain
+``--data`` is a .jsonl file of ``{"prompt": ..., "chosen": ..., "rejected": ...}`` (plus the user field at
+user level). ``OUT/policy`` is a plain
 HF model directory (``privalign build-pool --model OUT/policy``, or the generator model of ``privalign
 serve``); ``OUT/manifest.json`` holds the configuration and the privacy statement, never the seed, a hash of
 the data or the training loss. OUT is written only when training has finished. Exit status 2 on bad input.
@@ -119,7 +120,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="(expected) pairs per step (default 8); expected users per step with --privacy sample "
         "--privacy-unit user",
     )
-    p.add_argument("--epochs", type=int, default=1, help="passes over the pairs (default 1)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="passes over the pairs (over the users under user-level sample; default 1)",
+    )
     p.add_argument("--max-length", type=int, default=64, help="tokens per prompt+response (default 64)")
     p.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (default 8; α = 2r)")
     p.add_argument(
