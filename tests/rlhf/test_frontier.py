@@ -76,7 +76,8 @@ def test_bad_config_values_name_the_key(key, value):
 @pytest.mark.parametrize(
     "kw,key",
     [
-        ({"n_pairs": 950}, "n_pairs"),
+        ({"n_pairs": 20_001}, "n_pairs"),
+        ({"eval_prompts": 900, "grpo_prompts": 100}, "eval_prompts"),
         ({"bon_ns": [1, 32]}, "bon_ns"),
         ({"routes": ["dpo:none", "dpo:none"]}, "routes"),
         ({"routes": ["dpo:sample@8"], "delta": 0.5}, "delta"),

@@ -272,12 +272,13 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         raise _err("config key 'routes' is empty.")
     if len(set(cfg["routes"])) != len(cfg["routes"]):
         raise _err("config key 'routes' has duplicates.")
-    total = cfg["eval_prompts"] + cfg["grpo_prompts"] + cfg["n_pairs"]
-    if total > 1000:
+    if cfg["eval_prompts"] + cfg["grpo_prompts"] >= HELDOUT_OPENINGS:
         raise _err(
-            f"config key 'n_pairs': eval_prompts + grpo_prompts + n_pairs = {total} > 1000 (the held-out "
-            "IMDb openings)."
+            f"config keys 'eval_prompts' + 'grpo_prompts' = {cfg['eval_prompts'] + cfg['grpo_prompts']} "
+            f"must be below {HELDOUT_OPENINGS} (the held-out IMDb openings)."
         )
+    if cfg["n_pairs"] > 20_000:
+        raise _err(f"config key 'n_pairs': {cfg['n_pairs']} > 20000 (the IMDb openings available for pairs).")
     for r in routes_:
         problem = _route_class(r["family"]).check(r, cfg)
         if problem:
@@ -301,8 +302,14 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         "source": "IMDb openings (privalign.data.datasets.imdb_prompts)",
         "eval": [0, E],
         "grpo": [E, E + G],
-        "pairs": [E + G, E + G + cfg["n_pairs"]],
+        "pairs": [E + G, min(E + G + cfg["n_pairs"], HELDOUT_OPENINGS)],
+        "pairs_beyond_heldout": max(0, E + G + cfg["n_pairs"] - HELDOUT_OPENINGS),
     }
+    if E + G + cfg["n_pairs"] > HELDOUT_OPENINGS:
+        ctx.inputs["prompts"]["pairs_beyond_source"] = (
+            "openings of fit-part IMDb reviews (privalign.data.datasets.imdb_fit_part_openings), never eval "
+            "or GRPO prompts; the MiniLM gold scores completions without their prompt"
+        )
     ctx.inputs["private_pairs"] = {
         "file": "RUN/data/pairs.jsonl (never committed)",
         "rule": cfg["label_rule"],
@@ -320,7 +327,10 @@ def _prompts(cfg: dict) -> dict[str, Any]:
     E, G = cfg["eval_prompts"], cfg["grpo_prompts"]
     ev, ev_info = imdb_rl_prompts(E, offset=0)
     gr, gr_info = imdb_rl_prompts(G, offset=E)
-    tr, tr_info = imdb_rl_prompts(cfg["n_pairs"], offset=E + G)
+    held = min(cfg["n_pairs"], HELDOUT_OPENINGS - E - G)
+    tr, tr_info = imdb_rl_prompts(held, offset=E + G)
+    if cfg["n_pairs"] > held:
+        tr, tr_info = _more_pair_prompts(cfg["n_pairs"] - held, tr, tr_info, ev + gr)
     return {
         "eval": ev,
         "eval_info": ev_info,
@@ -329,6 +339,48 @@ def _prompts(cfg: dict) -> dict[str, Any]:
         "pairs": tr,
         "pairs_info": tr_info,
     }
+
+
+#: The held-out IMDb openings (the prompt part of :func:`privalign.data.datasets.imdb_split`): evaluation and
+#: GRPO prompts come only from these; private pairs take the rest of them first.
+HELDOUT_OPENINGS = 1000
+
+
+def _more_pair_prompts(
+    k: int, held: list[str], held_info: dict[str, Any], public: list[str]
+) -> tuple[list[str], dict[str, Any]]:
+    """``held`` followed by ``k`` openings of fit-part reviews (:func:`privalign.data.datasets.
+    imdb_fit_part_openings`, fixed order), skipping any whose text equals an evaluation/GRPO prompt or an
+    earlier pair prompt (public texts only: which openings are skipped depends on no private data)."""
+    from privalign.data.datasets import imdb_fit_part_openings
+    from privalign.rlhf.prompts import _norm
+
+    seen = {_norm(p) for p in public} | {_norm(p) for p in held}
+    extra: list[str] = []
+    idx: list[int] = []
+    pos = 0
+    while len(extra) < k:
+        want = min(24_000 - pos, 2 * (k - len(extra)) + 16)
+        if want <= 0:
+            raise _err(
+                f"config key 'n_pairs': only {len(held) + len(extra)} distinct IMDb openings available."
+            )
+        for ex in imdb_fit_part_openings(want, offset=pos):
+            if len(extra) < k and _norm(ex.prompt) not in seen:
+                seen.add(_norm(ex.prompt))
+                extra.append(ex.prompt)
+                idx.append(int(ex.extra["review_index"]))
+        pos += want
+    info = {
+        **held_info,
+        "fit_part": {
+            "selection": "privalign.data.datasets.imdb_fit_part_openings (fit part of imdb_split, fixed "
+            "order; openings equal to an eval/GRPO prompt or an earlier pair prompt skipped)",
+            "count": len(extra),
+            "review_indices": idx,
+        },
+    }
+    return held + extra, info
 
 
 def check_frontier_disjoint(pairs: Any, eval_prompts: list[str], rl_prompts: list[str]) -> dict[str, Any]:
