@@ -32,9 +32,7 @@ INFRASTRUCTURE = {
 KNOWN_SIBLING_PAIRS = {
     ("budget", "paper1"),
     ("privacy_sweep", "paper1"),
-    ("frontier", "paper2"),
     ("frontier", "rlhf"),
-    ("frontier", "rlhf_bon"),
     ("rlhf", "paper2"),
     ("rlhf_bon", "paper2"),
     ("rlhf_bon", "winrate"),
@@ -45,7 +43,7 @@ KNOWN_SIBLING_PAIRS = {
 PRIVATE_IMPORTS_CEILING = 37
 #: annotations in src/ that contain ``Any`` (each annotation once: ``dict[str, Any]`` is one); only ever lower
 #: it. (Issue 38 counted 396 by a narrower pattern.)
-ANY_CEILING = 962
+ANY_CEILING = 974  # 962 was counted on a partial tree; the ratchet's own commit (20f5909) holds 977
 
 
 def _module(path: Path, root: Path) -> str:
@@ -157,7 +155,7 @@ def test_no_experiment_imports_another():
 
 
 def test_sibling_pairs_only_go_down():
-    assert len(KNOWN_SIBLING_PAIRS) <= 9  # 10 when issue 38 was filed; may only go down, to 0
+    assert len(KNOWN_SIBLING_PAIRS) <= 7  # 10 when issue 38 was filed; may only go down, to 0
 
 
 def test_private_names_do_not_cross_modules():

@@ -14,7 +14,6 @@ from privalign.stats import (
     bootstrap_p_value,
     holm,
     interval,
-    paired_bootstrap_ci,
     stream,
     within,
 )
@@ -91,12 +90,6 @@ def test_best_on_path_takes_points_and_the_budget_crossing_mixture():
     W, where = best_on_path(kls, mats, [0, 10, 20], 0.5)
     assert where == {"x": 10, "kl": 0.5} and W.mean() == pytest.approx(0.6)
     assert best_on_path(np.array([1.0]), mats[:1], [5], 0.5) is None
-
-
-def test_paired_bootstrap_ci_is_reexported_by_rlhf_evaluate():
-    from privalign.rlhf import evaluate
-
-    assert evaluate.paired_bootstrap_ci is paired_bootstrap_ci
 
 
 def test_winrate_bonferroni_interval_is_at_alpha_over_k():

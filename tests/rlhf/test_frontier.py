@@ -121,15 +121,16 @@ def test_disjointness_check_fails_on_overlap(eval_prompts, rl_prompts):
 
 def test_privbon_law_limits_and_normalisation():
     from privalign.experiments.rlhf_bon import bon_expected_gold
+    from privalign.experiments.routes.privbon import privbon_law
 
     rng = np.random.default_rng(0)
     s, g = rng.normal(size=(5, 8)), rng.random((5, 8))
     for n in (1, 3, 8):
-        q0 = fr.privbon_law(s, n, 0.0)  # σ = 0: plain best-of-n over a random n-subset
+        q0 = privbon_law(s, n, 0.0)  # σ = 0: plain best-of-n over a random n-subset
         np.testing.assert_allclose(q0.sum(axis=1), 1.0)
         np.testing.assert_allclose((q0 * g).sum(axis=1), bon_expected_gold(s, g, n), atol=1e-12)
-        np.testing.assert_allclose(fr.privbon_law(s, n, 1e9), 1 / 8, atol=1e-6)  # σ → ∞: uniform
-    q = fr.privbon_law(s, 8, 1.0)  # n = m: the softmax itself
+        np.testing.assert_allclose(privbon_law(s, n, 1e9), 1 / 8, atol=1e-6)  # σ → ∞: uniform
+    q = privbon_law(s, 8, 1.0)  # n = m: the softmax itself
     np.testing.assert_allclose(q, np.exp(s) / np.exp(s).sum(axis=1, keepdims=True), atol=1e-12)
 
 

@@ -66,8 +66,13 @@ from privalign.experiments import routes
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.record_store import RecordStore, identity, repo_path
-from privalign.experiments.routes import KIND_UNITS, PolicyRoute, Route, SelectorRoute, _reward
-from privalign.experiments.routes.privbon import privbon_law
+from privalign.experiments.routes import (
+    KIND_UNITS,
+    RM_KEYS,
+    PolicyRoute,
+    Route,
+    SelectorRoute,
+)
 from privalign.experiments.runner import read_results
 from privalign.stats import (
     best_on_path,
@@ -86,7 +91,6 @@ __all__ = [
     "route_label",
     "route_seed",
     "check_frontier_disjoint",
-    "privbon_law",
     "frontier_curves",
     "frontier_comparisons",
     "dpo_privacy_cost",
@@ -97,10 +101,6 @@ NAME = "beyond-frontier"
 #: The built-in route families (the registry, :mod:`privalign.experiments.routes`, may hold more).
 FAMILIES = ("dpo", "bon", "grpo", "privbon", "props")
 DPO_METHODS = ("none", "label", "sample")
-LINEAR_PRIVATE = _reward.LINEAR_PRIVATE
-LINEAR_NONPRIVATE = _reward.LINEAR_NONPRIVATE
-TRM = _reward.TRM
-LABEL_DP = _reward.LABEL_DP
 RECORD_KIND = "frontier"
 #: rows per batched generation call (prompts × samples) [our choice]: a CPU reads the weights once per token
 #: step for all rows (privalign.rlhf.evaluate.sample_with_logprobs's ``batch_rows``)
@@ -353,7 +353,9 @@ def _more_pair_prompts(
     imdb_fit_part_openings`, fixed order), skipping any whose text equals an evaluation/GRPO prompt or an
     earlier pair prompt (public texts only: which openings are skipped depends on no private data)."""
     from privalign.data.datasets import imdb_fit_part_openings
-    from privalign.rlhf.prompts import _norm
+
+    def _norm(text: str) -> str:
+        return " ".join(str(text).split())
 
     seen = {_norm(p) for p in public} | {_norm(p) for p in held}
     extra: list[str] = []
@@ -706,7 +708,7 @@ def _cell_ident(cell: dict, cfg: dict, ctx: RunContext, keys: tuple[str, ...], s
             "seed_index": cell["seed_index"],
             "step": step,
             "data": _pairs(cfg, ctx)["data_identity"],
-            "config": {k: cfg.get(k) for k in (*_reward.RM_KEYS, *keys)},
+            "config": {k: cfg.get(k) for k in (*RM_KEYS, *keys)},
         }
     )
 

@@ -13,7 +13,7 @@ against the reference policy with paired bootstrap intervals, and best-of-N at e
   true KL; Beirami et al. 2024), so RL and BoN can be drawn on one gold-reward-vs-KL axis.
 * Win rate vs the reference policy: per prompt, the probability that a policy sample's gold reward beats a
   reference sample's (ties ½), averaged over prompts; a 95% percentile bootstrap over prompts (paired: the
-  same resampled prompts for both policies; :func:`privalign.stats.paired_bootstrap_ci`, re-exported here).
+  same resampled prompts for both policies; :func:`privalign.stats.paired_bootstrap_ci`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ from typing import Any
 import numpy as np
 
 from privalign._validation import check_int
-from privalign.stats import paired_bootstrap_ci  # re-exported: the one bootstrap of the experiments
+from privalign.stats import paired_bootstrap_ci
 
 __all__ = [
     "sample_with_logprobs",
     "kl_estimate",
     "bon_kl",
     "win_probability",
-    "paired_bootstrap_ci",
     "best_of_n_gold",
     "sparse_vs_dense_verdict",
 ]

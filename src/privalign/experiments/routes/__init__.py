@@ -16,10 +16,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from privalign.experiments.routes._reward import LABEL_DP, LINEAR_NONPRIVATE, LINEAR_PRIVATE, RM_KEYS, TRM
 from privalign.experiments.routes.base import KIND_UNITS, PolicyRoute, Route, SelectorRoute
 
 __all__ = [
     "KIND_UNITS",
+    "LABEL_DP",
+    "LINEAR_NONPRIVATE",
+    "LINEAR_PRIVATE",
+    "RM_KEYS",
+    "TRM",
     "PolicyRoute",
     "Route",
     "SelectorRoute",
