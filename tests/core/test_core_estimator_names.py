@@ -63,7 +63,6 @@ CEILINGS: dict[str, tuple[int, int, int]] = {
     "estimation/rates.py": (0, 2, 0),  # RATE_GRIDS' DP-SGD overrides (configuration data)
     "estimation/sparsity.py": (2, 1, 0),
     "estimation/tuning.py": (0, 2, 0),  # the tuning grids per estimator
-    "estimation/users.py": (0, 1, 0),  # USER_LEVEL_ROUTES
     "experiments/paper2.py": (9, 1, 1),
     "experiments/plotting.py": (0, 1, 0),  # STYLE
     "experiments/report.py": (0, 0, 3),

@@ -208,7 +208,7 @@ def _fit(data: Path, out: Path, *extra: str) -> dict:
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("method", ["rr-iht", "rr"])
+@pytest.mark.parametrize("method", ["rr-iht", "rr", "RRIHT"])  # any spelling of a user-level class
 def test_fit_reward_user_level_release_states_the_user_and_k(tmp_path, capsys, method):
     data = _write(tmp_path / "D", _records())
     out = tmp_path / "rm.json"
@@ -257,7 +257,7 @@ def test_user_level_release_differs_only_in_dp_outputs_between_neighbouring_user
     [
         (
             ["--method", "iht", "--privacy-unit", "user", "--max-pairs-per-user", "3"],
-            ["--privacy-unit", "iht", "not private"],
+            ["--privacy-unit", "iht", "does not offer it"],
         ),
         (["--method", "rr-iht", "--privacy-unit", "user"], ["--max-pairs-per-user", "required"]),
         (

@@ -359,7 +359,9 @@ class RewardEstimator(ClassifierMixin, BaseEstimator):
     ``dp-iht``...); ``privacy_kind``, what its event protects (``"label"``, ``"sample"`` or ``"none"``,
     checked against the fitted ``privacy_event_`` by a test); ``sparse`` (it keeps ``sparsity``
     coordinates); ``title``, the display title; ``step_param``, the constructor keyword a generic
-    step-size option sets; ``params``, its experiment parameters (:class:`EstimatorParam`).
+    step-size option sets; ``params``, its experiment parameters (:class:`EstimatorParam`); ``user_level``,
+    whether ``fit-reward --privacy-unit user`` offers it (label-DP: its ``epsilon`` is set to ε/K; sample-DP:
+    it takes ``max_pairs_per_user`` and ``fit(X, y, users=...)``).
     """
 
     name: ClassVar[str] = ""
@@ -369,6 +371,7 @@ class RewardEstimator(ClassifierMixin, BaseEstimator):
     title: ClassVar[str] = ""
     step_param: ClassVar[str] = "step_size"
     params: ClassVar[tuple[EstimatorParam, ...]] = ()
+    user_level: ClassVar[bool] = False
 
     coef_: np.ndarray
 

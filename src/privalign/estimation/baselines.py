@@ -181,6 +181,7 @@ class DenseRR(RewardEstimator):
 
     name = "DenseRR"
     aliases = ("rr",)
+    user_level = True
     privacy_kind = "label"
     title = "dense RR"
     params = (ALPHA,)
@@ -446,6 +447,7 @@ class DPSGDLinear(RewardEstimator):
 
     name = "DPSGDLinear"
     aliases = ("dp-sgd",)
+    user_level = True
     privacy_kind = "sample"
     title = "DP-SGD"
     step_param = "learning_rate"

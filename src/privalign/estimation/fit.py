@@ -210,13 +210,15 @@ def fit_reward_model(
       user_field: the JSONL field naming each pair's user.
     """
     from privalign.estimation.preferences import train_test_split
-    from privalign.estimation.rates import PRIVACY_UNIT
     from privalign.estimation.realdata import load_preference_data
-    from privalign.estimation.users import USER_LEVEL_ROUTES
+    from privalign.estimation.registry import privacy_kind
 
     user_k = max_pairs_per_user if check_user_level(privacy_unit, method, max_pairs_per_user, tune) else None
-    unit = "user" if user_k else PRIVACY_UNIT[method]
-    route = USER_LEVEL_ROUTES[method] if user_k else None  # "label": ε/K per label; "sample": per-user DP
+    kind = privacy_kind(method)
+    unit = "user" if user_k else kind
+    # how a user is protected: "label" (randomized response at ε/K per label) or "sample" (all of the user's
+    # pairs: DP-SGD over users, Sample-DP IHT with per-user sensitivity)
+    route = kind if user_k else None
     k_user = int(user_k or 0)
     # The data loading and the split use split_seed, which is public; the noise seed is not.
     noise = np.random.SeedSequence(seed)
@@ -310,7 +312,8 @@ def fit_reward_model(
 def check_user_level(privacy_unit: str, method: str, max_pairs_per_user: int | None, tune: bool) -> bool:
     """Whether the fit is user-level; refuses (naming the flag) what user-level fitting does not offer."""
     from privalign._validation import check_int
-    from privalign.estimation.users import USER_LEVEL_METHODS
+    from privalign.estimation.registry import short_name
+    from privalign.estimation.users import user_level_methods
 
     if privacy_unit not in ("record", "user"):
         raise _refuse("--privacy-unit", "must be 'record' or 'user'", privacy_unit)
@@ -318,11 +321,11 @@ def check_user_level(privacy_unit: str, method: str, max_pairs_per_user: int | N
         if max_pairs_per_user is not None:
             raise _refuse("--max-pairs-per-user", "is used only with --privacy-unit user", max_pairs_per_user)
         return False
-    if method not in USER_LEVEL_METHODS:
+    offered = user_level_methods()
+    if short_name(method) not in offered:
         raise _refuse(
             "--privacy-unit",
-            f"'user' is implemented for --method {', '.join(USER_LEVEL_METHODS)}; --method {method} is not "
-            "private",
+            f"'user' is implemented for --method {', '.join(offered)}; --method {method} does not offer it",
             privacy_unit,
         )
     if max_pairs_per_user is None:

@@ -668,6 +668,7 @@ class SampleDPIHT(RewardEstimator):
 
     name = "SampleDPIHT"
     aliases = ("dp-iht",)
+    user_level = True
     privacy_kind = "sample"
     sparse = True
     title = "Sample-DP IHT"
@@ -891,6 +892,7 @@ class RRIHT(RewardEstimator):
 
     name = "RRIHT"
     aliases = ("rr-iht",)
+    user_level = True
     privacy_kind = "label"
     sparse = True
     title = "RR-IHT"

@@ -25,14 +25,12 @@ from privalign._json import to_jsonable
 from privalign.errors import PrivacyParameterError
 from privalign.rng import entropy_int
 
-__all__ = ["METHODS", "PRIVACY_UNIT", "make_estimator", "run_rates", "fit_slopes", "plot_rates", "RATE_GRIDS"]
+__all__ = ["METHODS", "make_estimator", "run_rates", "fit_slopes", "plot_rates", "RATE_GRIDS"]
 
 #: The estimators' short spellings (each class's first alias: ``mle``, ``iht``, ``dp-iht``, ``rr-iht``,
 #: ``rr``, ``dp-sgd``), the scans' default; any spelling of :func:`privalign.estimation.registry.spellings`
 #: is accepted.
 METHODS = tuple(registry.short_name(n) for n in registry.names())
-#: Every spelling → what its estimator's event protects (``"none"``, ``"label"``, ``"sample"``).
-PRIVACY_UNIT = {s: registry.privacy_kind(s) for s in registry.spellings()}
 #: The legend's privacy text of each privacy kind.
 _KIND_TEXT = {"none": "(non-private)", "label": "[label-DP ε]", "sample": "[sample-DP (ε,δ)]"}
 

@@ -29,20 +29,20 @@ from privalign._validation import check_int
 from privalign.errors import DataFormatError
 
 __all__ = [
-    "USER_LEVEL_METHODS",
-    "USER_LEVEL_ROUTES",
     "bound_contributions",
     "check_users",
     "user_groups",
     "user_level_label_fit",
+    "user_level_methods",
 ]
 
-#: ``fit-reward`` method → how it protects a user at ``--privacy-unit user``: ``"label"`` (randomized response
-#: at ε/K on each label) or ``"sample"`` (the user's pairs, texts and labels, all of them: DP-SGD over users,
-#: Sample-DP IHT with per-user sensitivity).
-USER_LEVEL_ROUTES = {"rr": "label", "rr-iht": "label", "dp-sgd": "sample", "dp-iht": "sample"}
-#: ``fit-reward`` methods that offer ``--privacy-unit user``.
-USER_LEVEL_METHODS = tuple(USER_LEVEL_ROUTES)
+
+def user_level_methods() -> tuple[str, ...]:
+    """The ``fit-reward`` methods (short spellings) that offer ``--privacy-unit user``: the registered
+    estimators whose class declares ``user_level``."""
+    from privalign.estimation.registry import estimator_class, names, short_name
+
+    return tuple(short_name(n) for n in names() if estimator_class(n).user_level)
 
 
 def check_users(users: Sequence[Any] | None, where: str, field: str = "user") -> list[str]:

@@ -63,7 +63,8 @@ class Experiment:
       name: Registry name (``privalign reproduce NAME``).
       title: One line for the report.
       paper: ``"paper1"``, ``"paper2"`` or ``"beyond"``.
-      schema: Configuration schema.
+      schema: Configuration schema, or a function returning it (read on each use: a schema that lists the
+        registered estimators' parameters sees an estimator registered after this module was imported).
       preflight: ``(config, ctx) -> None``; checks inputs and raises before any work.
       cells: ``(config, ctx) -> list[dict]``; each cell dict has a unique ``"cell"`` string.
       run_cell: ``(cell, config, ctx, seed_sequence) -> list[dict]`` records (JSON-serialisable, finite).
@@ -74,12 +75,18 @@ class Experiment:
     name: str
     title: str
     paper: str
-    schema: dict[str, Field]
+    schema_source: dict[str, Field] | Callable[[], dict[str, Field]]
     preflight: Callable[[dict, RunContext], None]
     cells: Callable[[dict, RunContext], list[dict]]
     run_cell: Callable[[dict, dict, RunContext, np.random.SeedSequence], list[dict]]
     summarize: Callable[[list[dict], dict], dict]
     plot: Callable[[Path], list[str]]
+
+    @property
+    def schema(self) -> dict[str, Field]:
+        """The configuration schema (see ``schema_source``)."""
+        src = self.schema_source
+        return src() if callable(src) else src
 
     @property
     def config_name(self) -> str:

@@ -1384,7 +1384,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "and "
         "MiniLM reward models → best-of-n and GRPO, and PrivBoN per answer, at ε ∈ {2, 8}",
         "beyond",
-        _schema(),
+        _schema,
         _preflight,
         _cells,
         _run_cell,

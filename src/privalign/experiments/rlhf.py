@@ -1061,7 +1061,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "Private RLHF: GRPO policies on private reward models — gold reward vs KL, win rates, "
         "best-of-N at equal KL (IMDb, SmolLM2-135M)",
         "paper2",
-        _schema(),
+        _schema,
         _preflight,
         _cells,
         _run_cell,

@@ -884,7 +884,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "Win rates of best-of-16 SmolLM2 with privately trained reward models "
         "(IMDb positive sentiment, HH-RLHF harmlessness)",
         "paper2",
-        _schema(),
+        _schema,
         _preflight,
         _cells,
         _run_cell,
