@@ -5,6 +5,9 @@ Threads POST the body to ``URL/v1/select`` as fast as they can, retrying at once
 status code (``-1`` for a transport error: a refusal closes its connection, rarely mid-upload) and the
 first 50 refusals (status, headers, body). Run apart from the test so that its threads do not compete for
 the measuring process's interpreter lock: a victim's latency must be the server's, not the flooder's.
+The flooder connects from ``127.0.0.2`` (loopback), another address than the victim's ``127.0.0.1``, as two
+tenants would: its reconnects after refusals would otherwise count against the victim's own per-address
+connection rate (64/s), and the server would rightly reset the victim's new connections.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def main() -> None:
 
     def flood() -> None:
         headers = {"Authorization": f"Bearer {token}", "content-type": "application/json"}
-        with httpx.Client(timeout=60.0) as c:
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(timeout=60.0, transport=transport) as c:
             while not stop.is_set():
                 try:
                     r = c.post(url + "/v1/select", content=body, headers=headers)
