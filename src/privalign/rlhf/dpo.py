@@ -69,12 +69,15 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from privalign._validation import check_epsilon_range
 from privalign.errors import DataFormatError, PrivacyParameterError, UtilityWarning
+
+if TYPE_CHECKING:
+    from privalign.accounting.events import SelfComposedEvent
 
 __all__ = [
     "DPOConfig",
@@ -855,7 +858,6 @@ def _sample_dp_step(
 
 def _privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None, n: int) -> dict[str, Any]:
     """The release's privacy record (statement, event, guarantee, unit)."""
-    from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 
     if config.user_level:
         return _user_privacy(config, event, acct)
@@ -878,15 +880,7 @@ def _privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None, n: int)
         }
     if config.privacy == "sample":
         assert acct is not None
-        ev = SelfComposedEvent(
-            event=PoissonSampledEvent(
-                sampling_probability=acct["sampling_probability"],
-                event=GaussianEvent(noise_multiplier=acct["noise_multiplier"], unit="sample"),
-                unit="sample",
-            ),
-            count=acct["steps"],
-            unit="sample",
-        )
+        ev = _dpsgd_event(acct["sampling_probability"], acct["noise_multiplier"], acct["steps"], "sample")
         return {
             "route": "sample",
             "statement": (
@@ -910,9 +904,24 @@ def _privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None, n: int)
     }
 
 
+def _dpsgd_event(q: float, noise_multiplier: float, steps: int, unit: str) -> SelfComposedEvent:
+    """DP-SGD's event: ``steps`` Poisson-sampled (rate q) Gaussian steps; the unit one comparison or one
+    user."""
+    from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
+
+    return SelfComposedEvent(
+        event=PoissonSampledEvent(
+            sampling_probability=q,
+            event=GaussianEvent(noise_multiplier=noise_multiplier, unit=unit),
+            unit=unit,
+        ),
+        count=steps,
+        unit=unit,
+    )
+
+
 def _user_privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None) -> dict[str, Any]:
     """The privacy record at user level (unit ``user``, K stated)."""
-    from privalign.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 
     k = int(config.max_pairs_per_user or 1)
     if config.privacy == "label":
@@ -935,15 +944,7 @@ def _user_privacy(config: DPOConfig, event: Any, acct: dict[str, Any] | None) ->
             "per_label_epsilon": config.per_label_epsilon,
         }
     assert acct is not None
-    ev = SelfComposedEvent(
-        event=PoissonSampledEvent(
-            sampling_probability=acct["sampling_probability"],
-            event=GaussianEvent(noise_multiplier=acct["noise_multiplier"], unit="user"),
-            unit="user",
-        ),
-        count=acct["steps"],
-        unit="user",
-    )
+    ev = _dpsgd_event(acct["sampling_probability"], acct["noise_multiplier"], acct["steps"], "user")
     return {
         "route": "sample",
         "statement": (
