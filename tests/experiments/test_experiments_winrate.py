@@ -11,12 +11,12 @@ import pytest
 
 from privalign.alignment.win_rate import bon_win_probability
 from privalign.cli import main
+from privalign.data.winrate_pools import pool_build_command
 from privalign.experiments.report import evaluate_claims
 from privalign.experiments.runner import read_results
 from privalign.experiments.winrate import (
     PAPER_ORDER,
     order_verdict,
-    pool_build_command,
     power_statement,
     winrate_table,
 )

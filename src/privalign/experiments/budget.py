@@ -24,7 +24,7 @@ import numpy as np
 
 from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
-from privalign.experiments.paper1 import POOL_FIELDS, load_scored_pool, pool_label, pool_preflight
+from privalign.experiments.pools import POOL_FIELDS, load_scored_pool, pool_label, pool_preflight
 from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS"]

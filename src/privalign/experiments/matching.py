@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-__all__ = ["MATCHINGS", "MATCH_NOTE", "calibrate_worst", "calibrate_expected", "sigma_rule"]
+__all__ = ["MATCHINGS", "MATCH_NOTE", "calibrate_worst", "calibrate_expected", "sigma_rule", "privitp_for"]
 
 MATCHINGS = ("worst", "expected", "sigma")
 
@@ -173,3 +173,40 @@ def calibrate_expected(
         "rel_error": abs(e_best - epsilon) / epsilon,
         "iterations": it,
     }
+
+
+def privitp_for(
+    cfg: dict, n: int, eps: float, match: str, *, ratio: float, L: float, calib, ss, rtol: float = 1e-10
+) -> dict:
+    """PrivITP's parameters matched to PrivBoN at ``eps`` for pool size ``n`` (the config's
+    ``privitp_beta``, ``privitp_delta``, ``sensitivity``, ``score_low``/``score_high`` and, for 'expected',
+    ``transform``, ``calib_replicates``, ``quad_order``). ``calib`` is the calibration pool ('expected'
+    matching); when it is ``None`` the caller passes the evaluation pool and the record says so."""
+    common = dict(beta=cfg["privitp_beta"], sensitivity=cfg["sensitivity"], L=L)
+    if match == "worst":
+        return calibrate_worst(
+            eps,
+            cfg["privitp_delta"],
+            n,
+            r_max=cfg["score_high"] - cfg["score_low"],
+            ratio=ratio,
+            rtol=rtol,
+            **common,
+        )
+    if match == "expected":
+        return calibrate_expected(
+            eps,
+            cfg["privitp_delta"],
+            n,
+            calib,
+            r_max_range=(cfg["score_low"], cfg["score_high"]),
+            ratio=ratio,
+            transform=cfg["transform"],
+            replicates=cfg["calib_replicates"],
+            quad_order=cfg["quad_order"],
+            seed=ss,
+            **common,
+        )
+    out = sigma_rule(eps, cfg["sensitivity"])
+    out["L"] = L
+    return out

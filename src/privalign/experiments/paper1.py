@@ -19,50 +19,30 @@ selected response (in the units of ``transform``); both with standard errors ove
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from privalign.data.scored_pools import resolve_pool_spec
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
-from privalign.experiments.matching import MATCHINGS
+from privalign.experiments.matching import MATCHINGS, privitp_for
+from privalign.experiments.pools import (
+    POOL_FIELDS,
+    CellProtocol,
+    load_scored_pool,
+    pool_kind,
+    pool_label,
+    pool_preflight,
+    split_pool,
+)
 from privalign.experiments.records import is_method, of_method
 from privalign.experiments.runner import read_results
 
-__all__ = ["EXPERIMENTS", "gaussian_rnm_outcomes", "load_scored_pool", "pool_preflight"]
+__all__ = ["EXPERIMENTS", "gaussian_rnm_outcomes"]
 
 METHODS = ("BoN", "ITP", "PrivBoN", "PrivBoN-Gaussian", "PrivITP")
-
-
-POOL_FIELDS: dict[str, Field] = {
-    "seed": Field("int", 42, "root seed (SeedSequence entropy)", low=0),
-    "pool": Field(
-        "str", "synthetic", "'synthetic', 'shipped' (falls back to synthetic, labelled) or a pool file"
-    ),
-    "n_prompts": Field("int", 100, "synthetic: number of prompts; file pools: the first n_prompts", low=1),
-    "pool_size": Field("int", 1024, "synthetic: candidates per prompt", low=1),
-    "syn_p_correct": Field("float", 0.3, "synthetic: mean base accuracy (coverage ≈ 1/p)", low=1e-6),
-    "syn_gap": Field("float", 0.3, "synthetic: proxy mean gap between correct and incorrect", low=0.0),
-    "syn_noise": Field("float", 0.1, "synthetic: proxy noise std (reward-model error)", low=0.0),
-    "syn_hack_rate": Field(
-        "float", 0.002, "synthetic: fraction of reward hacks (true 0, high proxy)", low=0.0
-    ),
-    "syn_hack_reward": Field("float", 0.97, "synthetic: proxy reward of a hack", low=0.0),
-    "transform": Field("str", "none", "score normalisation", choices=("none", "global_z")),
-    "score_low": Field("float", 0.0, "public clipping range, low end (shifted to 0)"),
-    "score_high": Field("float", 1.0, "public clipping range, high end (R_max = high − low)"),
-    "sensitivity": Field("float", 1.0, "Δ_r used for the reported ε (public)", low=1e-12),
-    "replicates": Field("int", 50, "subsets per (prompt, N)", low=1),
-    "n_calib_prompts": Field(
-        "int",
-        0,
-        "prompts held out for calibration/tuning (after the n_prompts evaluation "
-        "prompts; disjoint from them); 0 = none",
-        low=0,
-    ),
-}
 
 
 def _with_defaults(schema: dict[str, Field], **defaults) -> dict[str, Field]:
@@ -139,229 +119,8 @@ def _scaling_schema(**defaults) -> dict[str, Field]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Pools
-# ---------------------------------------------------------------------------------------------------
-
-
-def _resolve_pool(spec: str) -> tuple[str, Path | None]:
-    from privalign.paths import repo_root
-
-    if spec == "synthetic":
-        return "synthetic", None
-    if spec == "shipped":
-        p = repo_root() / "pools" / "imdb-smollm2.jsonl.gz"
-        return ("file", p) if p.is_file() else ("synthetic-fallback", None)
-    p = Path(spec).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"Pool file not found: {p} (config key 'pool').")
-    return "file", p
-
-
-def load_scored_pool(cfg: dict, ctx: RunContext):
-    """The experiment's :class:`privalign.data.pools.ScoredPool` (cached in ``ctx``)."""
-    if "pool" not in ctx.cache:
-        from privalign.alignment.synthetic import make_synthetic_pool
-
-        ctx.cache["pool"] = make_synthetic_pool(
-            cfg["n_prompts"] + cfg.get("n_calib_prompts", 0),
-            cfg["pool_size"],
-            p_correct=cfg["syn_p_correct"],
-            gap=cfg["syn_gap"],
-            noise=cfg["syn_noise"],
-            hack_rate=cfg["syn_hack_rate"],
-            hack_reward=cfg["syn_hack_reward"],
-            random_state=np.random.default_rng(np.random.SeedSequence(cfg["seed"], spawn_key=(2**20,))),
-        )
-    return ctx.cache["pool"]
-
-
-def split_pool(pool, cfg: dict):
-    """``(evaluation pool, calibration pool or None)``: the first ``n_prompts`` prompts are evaluated, the
-    next ``n_calib_prompts`` (disjoint) are only used to calibrate or tune free choices."""
-    from privalign.data.pools import ScoredPool
-
-    n_eval, n_cal = cfg["n_prompts"], cfg.get("n_calib_prompts", 0)
-
-    def part(a, b):
-        return ScoredPool(
-            pool.proxy[a:b], pool.true[a:b], pool.counts[a:b], pool.prompts[a:b] if pool.prompts else ()
-        )
-
-    if n_cal == 0 and pool.proxy.shape[0] <= n_eval:
-        return pool, None
-    return part(0, n_eval), (part(n_eval, n_eval + n_cal) if n_cal else None)
-
-
-@dataclass(frozen=True)
-class CellProtocol:
-    """The :func:`~privalign.alignment.simulation.run_protocol` settings every paper-1 cell shares, read once
-    from the experiment config (paper1 and privacy_sweep): the score ``transform``, the public
-    ``score_range`` (``score_low``, ``score_high``), Δ_r (``sensitivity``) and PrivITP's ``quad_order``
-    (``None`` where the config has none, e.g. p1-epsilon-star: ``run_protocol``'s default); prompts with too
-    few candidates are skipped and no progress bar is shown."""
-
-    transform: str
-    score_range: tuple[float, float]
-    sensitivity: float
-    quad_order: int | None = None
-
-    @classmethod
-    def from_config(cls, cfg: dict) -> CellProtocol:
-        return cls(
-            cfg["transform"], (cfg["score_low"], cfg["score_high"]), cfg["sensitivity"], cfg.get("quad_order")
-        )
-
-    def run(
-        self,
-        pool,
-        specs: list,
-        *,
-        n: int,
-        replicates: int,
-        random_state: np.random.SeedSequence,
-        per_prompt: bool = False,
-    ) -> dict[str, Any]:
-        """``run_protocol`` on the one-point grid ``[n]`` with these settings."""
-        from privalign.alignment.simulation import run_protocol
-
-        quad = {} if self.quad_order is None else {"quad_order": self.quad_order}
-        return run_protocol(
-            pool,
-            specs,
-            n_grid=[n],
-            replicates=replicates,
-            random_state=random_state,
-            transform=self.transform,
-            score_range=self.score_range,
-            sensitivity=self.sensitivity,
-            skip_short=True,
-            progress=False,
-            per_prompt=per_prompt,
-            **quad,
-        )
-
-
-def pool_label(cfg: dict, ctx_inputs: dict | None = None) -> str:
-    """``"synthetic (planted reward hacking)"``, ``"synthetic"`` or ``"real: <file name>"``."""
-    kind, path = _resolve_pool(cfg["pool"])
-    if kind == "file" and path is not None:
-        return f"real: {path.name}"
-    planted = cfg.get("syn_hack_rate", 0.0) > 0
-    note = " (planted reward hacking)" if planted else ""
-    return f"synthetic{note}" + (" [the shipped pool was absent]" if kind == "synthetic-fallback" else "")
-
-
-def pool_kind(cfg: dict) -> str:
-    """The pool's kind, a key of :data:`privalign.alignment.capacity.POOL_KINDS`: a pool file's manifest may
-    declare it (``plant-hack`` writes ``planted-real``), else a file is ``natural``; the synthetic pool is
-    ``planted-synthetic`` when it plants hacks (``syn_hack_rate > 0``)."""
-    import json
-
-    from privalign.pipeline.build_pool import manifest_path
-
-    kind, path = _resolve_pool(cfg["pool"])
-    if kind == "file" and path is not None:
-        mp = manifest_path(path)
-        declared = json.loads(mp.read_text(encoding="utf-8")).get("pool_kind") if mp.is_file() else None
-        return str(declared or "natural")
-    return "planted-synthetic" if cfg.get("syn_hack_rate", 0.0) > 0 else "synthetic"
-
-
-def pool_preflight(cfg: dict, ctx: RunContext, *, min_size: int) -> None:
-    """Check the pool before any work: it exists, parses, has true rewards, and is large enough."""
-    from privalign.data.pools import ScoredPool
-
-    if not cfg["score_high"] > cfg["score_low"]:
-        raise ExperimentError(
-            f"Configuration: score_high ({cfg['score_high']}) must exceed score_low ({cfg['score_low']})."
-        )
-    kind, path = _resolve_pool(cfg["pool"])
-    if kind == "file" and path is not None:
-        from privalign.data.pools import ReadStats
-        from privalign.experiments.manifest import file_sha256
-
-        stats = ReadStats()
-        pool = ScoredPool.read(path, stats=stats)
-        want = cfg["n_prompts"] + cfg.get("n_calib_prompts", 0)
-        if cfg.get("n_calib_prompts", 0) and pool.proxy.shape[0] < want:
-            raise ExperimentError(
-                f"Pool {path} has {pool.proxy.shape[0]} prompts; n_prompts + n_calib_prompts = {want}. Lower "
-                "n_prompts or n_calib_prompts (the calibration prompts must be disjoint from the evaluation "
-                "ones)."
-            )
-        if not pool.has_true:
-            raise ExperimentError(
-                f"Pool {path} has responses without a true reward ('is_correct' or 'true_reward'); this "
-                "experiment measures the true-reward lift and needs one for every response."
-            )
-        if pool.proxy.shape[0] > want:
-            pool = ScoredPool(pool.proxy[:want], pool.true[:want], pool.counts[:want], pool.prompts[:want])
-        if int(pool.counts.max()) < min_size:
-            raise ExperimentError(
-                f"Pool {path}: the largest prompt has {int(pool.counts.max())} candidates; this "
-                f"configuration needs {min_size} (2·N_max for the two-pool methods). Lower n_max_log2."
-            )
-        ctx.cache["pool"] = pool
-        ctx.inputs["pool"] = {
-            "kind": "file",
-            "path": str(path),
-            "sha256": file_sha256(path),
-            "prompts": int(pool.proxy.shape[0]),
-            "read": stats.to_dict(),
-        }
-    else:
-        if cfg["pool_size"] < min_size:
-            raise ExperimentError(
-                f"Configuration: pool_size = {cfg['pool_size']}, but this experiment needs {min_size} "
-                "candidates per prompt (2·N_max for the two-pool methods). Raise pool_size or lower "
-                "n_max_log2."
-            )
-        ctx.inputs["pool"] = {
-            "kind": kind,
-            "note": "synthetic pool (privalign.alignment.synthetic)"
-            + (": the shipped IMDb pool is absent" if kind == "synthetic-fallback" else ""),
-        }
-
-
-# ---------------------------------------------------------------------------------------------------
 # Scaling family (p1-scaling, p1-sigma-sweep, p1-beta-sweep, p1-itp-vs-privitp)
 # ---------------------------------------------------------------------------------------------------
-
-
-def _r_max(cfg: dict) -> float:
-    return cfg["score_high"] - cfg["score_low"]
-
-
-def _privitp_for(
-    cfg: dict, n: int, eps: float, match: str, *, ratio: float, L: float, calib, ss, rtol: float = 1e-10
-) -> dict:
-    """PrivITP's parameters matched to PrivBoN at ``eps`` for pool size ``n`` (see
-    :mod:`privalign.experiments.matching`). ``calib`` is the calibration pool ('expected' matching); when
-    it is ``None`` the caller passes the evaluation pool and the record says so."""
-    from privalign.experiments.matching import calibrate_expected, calibrate_worst, sigma_rule
-
-    common = dict(beta=cfg["privitp_beta"], sensitivity=cfg["sensitivity"], L=L)
-    if match == "worst":
-        return calibrate_worst(
-            eps, cfg["privitp_delta"], n, r_max=_r_max(cfg), ratio=ratio, rtol=rtol, **common
-        )
-    if match == "expected":
-        return calibrate_expected(
-            eps,
-            cfg["privitp_delta"],
-            n,
-            calib,
-            r_max_range=(cfg["score_low"], cfg["score_high"]),
-            ratio=ratio,
-            transform=cfg["transform"],
-            replicates=cfg["calib_replicates"],
-            quad_order=cfg["quad_order"],
-            seed=ss,
-            **common,
-        )
-    out = sigma_rule(eps, cfg["sensitivity"])
-    out["L"] = L
-    return out
 
 
 def _privitp_label(match: str, eps: float, delta: float) -> str:
@@ -461,7 +220,7 @@ def _privitp_curves(cfg: dict, n, calib, ss_list) -> list[tuple[str, Any, dict]]
         raise ExperimentError(f"PrivITP matched by {match!r} is calibrated per N: the cell's N is required.")
     pool_note = "calibration prompts (disjoint)" if calib is not None else "evaluation prompts"
     for e, sse in zip(cfg["epsilons"], ss_list):
-        info = _privitp_for(
+        info = privitp_for(
             cfg, n, e, match, ratio=cfg["privitp_ratio"], L=cfg["privitp_L"], calib=calib, ss=sse
         )
         if match == "expected":
@@ -489,7 +248,7 @@ def _privitp_curves(cfg: dict, n, calib, ss_list) -> list[tuple[str, Any, dict]]
 def _privitp_fixed_curve(cfg: dict) -> tuple[str, Any, dict]:
     from privalign.alignment.simulation import MethodSpec
 
-    info = _privitp_for(
+    info = privitp_for(
         cfg,
         cfg["privitp_fixed_N"],
         cfg["epsilons"][0],
@@ -576,7 +335,7 @@ def _n_max_log2(cfg: dict, two: bool) -> int:
     largest prompt has 2^k (two-pool methods: 2·2^k) candidates, at most 12."""
     if cfg["n_max_log2"] >= 0:
         return int(cfg["n_max_log2"])
-    kind, path = _resolve_pool(cfg["pool"])
+    kind, path = resolve_pool_spec(cfg["pool"])
     if kind != "file" or path is None:
         return 12
     from privalign.data.pools import ScoredPool

@@ -27,11 +27,10 @@ import numpy as np
 from privalign.alignment.selectors import label as method_label
 from privalign.experiments.base import Experiment, RunContext
 from privalign.experiments.config import Field
-from privalign.experiments.matching import MATCH_NOTE, MATCHINGS
-from privalign.experiments.paper1 import (
+from privalign.experiments.matching import MATCH_NOTE, MATCHINGS, privitp_for
+from privalign.experiments.pools import (
     POOL_FIELDS,
     CellProtocol,
-    _privitp_for,
     load_scored_pool,
     pool_kind,
     pool_label,
@@ -93,7 +92,7 @@ def _tune(cfg: dict, n: int, eps: float, match: str, tune_pool, ss) -> tuple[dic
     combos = [(r, L) for r in ratios for L in cfg["tune_Ls"]]
     infos, specs = [], []
     for r, L in combos:
-        info = _privitp_for(
+        info = privitp_for(
             cfg,
             n,
             eps,
@@ -126,7 +125,7 @@ def _tune(cfg: dict, n: int, eps: float, match: str, tune_pool, ss) -> tuple[dic
     best = infos[k]
     if match != "sigma":  # the winner recalibrated at full precision (ε_max within ~1e-9 of ε)
         best = {
-            **_privitp_for(cfg, n, eps, "worst", ratio=best["ratio"], L=best["L"], calib=None, ss=None),
+            **privitp_for(cfg, n, eps, "worst", ratio=best["ratio"], L=best["L"], calib=None, ss=None),
             "ratio": best["ratio"],
         }
     return best, trials
@@ -169,7 +168,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
             k += 1
             info = dict(best)
             if match == "expected":
-                info = _privitp_for(
+                info = privitp_for(
                     cfg, n, e, "expected", ratio=best["ratio"], L=best["L"], calib=tune_pool, ss=cal_seeds[j]
                 )
                 info["ratio"] = best["ratio"]

