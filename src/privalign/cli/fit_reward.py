@@ -22,7 +22,9 @@ methods, ``--sparsity`` with ``mle``/``rr``/``dp-sgd``, ``--n-iter`` with ``mle`
 Opacus DP-SGD (``--method dp-sgd``, sample-DP ε, δ), on randomized-response labels with the debiased loss
 (``--method rr``, label-DP ε) or without privacy (``--method mle``). It is saved in the same reward-model
 format (the trained layers inside the file's feature map), so ``serve --reward-model``, ``build-pool
---proxy-reward linear:PATH`` and ``align`` read it unchanged.
+--proxy-reward linear:PATH`` and ``align`` read it unchanged. With ``--privacy-unit user --max-pairs-per-user
+K`` it protects one user: ``rr`` randomizes each label at ε/K, ``dp-sgd`` samples users and clips each
+user's summed gradient once (``--batch-size`` then counts users).
 
 ``--tune`` chooses the hyper-parameters (a small grid per method, ``privalign.estimation.tuning``) on a
 validation split of the *training* prompts (``--validation-fraction``), never the test prompts; the
@@ -155,7 +157,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="What ε protects: 'record' (default: the method's own unit, one pair or one label) or 'user' "
         "(all of one person's data together: needs --max-pairs-per-user and a JSONL --data whose lines "
         "name their user; rr and rr-iht protect all of a user's labels, dp-sgd and dp-iht all of a user's "
-        "pairs; docs/privacy/user_level.md).",
+        "pairs, with the linear and the transformer --model (rr, dp-sgd); docs/privacy/user_level.md).",
     )
     p.add_argument(
         "--max-pairs-per-user",
@@ -164,8 +166,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="K",
         help="With --privacy-unit user: each user keeps at most K pairs (the first K in file order). rr, "
         "rr-iht: each label is randomized at epsilon/K; dp-sgd: users are sampled and each user's summed "
-        "gradient clipped once; dp-iht: each user's pairs fall in one batch, Peeling at K times a pair's "
-        "sensitivity.",
+        "gradient clipped once (also with a transformer --model); dp-iht: each user's pairs fall in one "
+        "batch, Peeling at K times a pair's sensitivity.",
     )
     p.add_argument(
         "--user-field",

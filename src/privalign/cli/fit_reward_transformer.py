@@ -30,13 +30,6 @@ def _refuse_unused(args: argparse.Namespace, privacy: str | None) -> None:
             "(not private)",
             args.method,
         )
-    if getattr(args, "privacy_unit", "record") != "record":
-        raise _refuse(
-            "--privacy-unit",
-            f"'user' is not implemented for --model {args.model} yet; it is available for the linear "
-            "methods rr, rr-iht, dp-sgd and dp-iht (drop --model)",
-            args.privacy_unit,
-        )
     given = set(getattr(args, "options_given", ()))
     if "sparsity" in given:
         raise _refuse(
@@ -45,7 +38,11 @@ def _refuse_unused(args: argparse.Namespace, privacy: str | None) -> None:
     if args.n_iter is not None:
         raise _refuse("--n-iter", f"not used by --model {args.model}; use --epochs", args.n_iter)
     if args.tune:
-        raise _refuse("--tune", f"not available with --model {args.model}; drop --tune", True)
+        raise _refuse(
+            "--tune",
+            f"not available with --model {args.model} (it is for the linear models); drop --tune",
+            True,
+        )
     if args.n_features != 2**12:
         raise _refuse(
             "--n-features", f"not used by --model {args.model} (no hashed n-grams)", args.n_features
@@ -69,6 +66,9 @@ def _validate(args: argparse.Namespace, privacy: str, check_writable: Any) -> No
     from pathlib import Path
 
     from privalign._validation import check_int, check_probability, check_real
+    from privalign.estimation.fit import check_user_level
+
+    check_user_level(args.privacy_unit, args.method, args.max_pairs_per_user, False)
 
     if privacy != "none":
         check_real(args.epsilon, "epsilon", low=0.0, closed="neither")
@@ -123,15 +123,29 @@ def run_transformer(args: argparse.Namespace, *, check_writable: Any, save: Any)
         seed=args.seed,
         split_seed=args.split_seed,
         progress=lambda line: print(line, file=sys.stderr),
+        privacy_unit=args.privacy_unit,
+        max_pairs_per_user=args.max_pairs_per_user,
+        user_field=args.user_field,
     )
     result = save(fit, args)
     if args.json:
         emit_json(result, indent=2)
         return 0
     what = f"{privacy}-level privacy" if privacy != "none" else "not private"
+    counted = "pairs"
+    if result["privacy_unit"] == "user":
+        k = result["max_pairs_per_user"]
+        if privacy == "label":
+            what = f"user-level privacy: ε = {args.epsilon:g} per user, ≤ {k} pairs each, ε/{k} per label"
+        else:
+            what = (
+                f"user-level privacy: (ε, δ) = ({args.epsilon:g}, {args.delta:g}) per user, ≤ {k} pairs each"
+            )
+            counted = "users' pairs"
     print(
         f"DPTransformerRM {args.model} ({what}): held-out accuracy {fit.heldout_accuracy:.4f} on "
-        f"{result['n_test']} pairs (exact, on private pairs: shown to you, not written into the release); "
+        f"{result['n_test']} {counted} (exact, on private pairs: shown to you, not written into the "
+        "release); "
         f"event {result['privacy_event']['kind']}"
         + (f"; saved to {result['model']}" if args.out else "")
         + (f"; operator-private audit record {result['audit_record']}" if args.audit_record else "")

@@ -478,7 +478,9 @@ def _refuse(flag: str, why: str, value: Any) -> Exception:
     return PrivacyParameterError(f"argument {flag}: {why} (got {value!r})")
 
 
-def _load_text_pairs(data: str, n_pairs: int | None, rng: np.random.Generator) -> Any:
+def _load_text_pairs(
+    data: str, n_pairs: int | None, rng: np.random.Generator, user_field: str | None = None
+) -> Any:
     from privalign.data.preferences_io import load_hh_rlhf_pairs, load_imdb_pairs, load_jsonl_pairs
 
     if data == "hh-rlhf":
@@ -486,15 +488,9 @@ def _load_text_pairs(data: str, n_pairs: int | None, rng: np.random.Generator) -
     elif data == "imdb":
         pairs = load_imdb_pairs(n_pairs, random_state=rng)
     else:
-        pairs = load_jsonl_pairs(data)
+        pairs = load_jsonl_pairs(data, user_field=user_field)
         if n_pairs is not None:
-            n = n_pairs
-            pairs.prompts, pairs.chosen, pairs.rejected, pairs.prompt_ids = (
-                pairs.prompts[:n],
-                pairs.chosen[:n],
-                pairs.rejected[:n],
-                pairs.prompt_ids[:n],
-            )
+            pairs = pairs.head(n_pairs)
     for i, (c, r) in enumerate(zip(pairs.chosen, pairs.rejected)):
         if c == r:
             raise _refuse(
@@ -522,6 +518,9 @@ def fit_transformer_reward_model(
     seed: int | None = None,
     split_seed: int = 0,
     progress: Progress = None,
+    privacy_unit: str = "record",
+    max_pairs_per_user: int | None = None,
+    user_field: str = "user",
 ) -> RewardFit:
     """Fit a transformer reward model (:class:`~privalign.estimation.transformer.DPTransformerRM`) on
     preference pairs, as ``privalign fit-reward --model BACKBONE``, with the same data, split rule, release
@@ -534,6 +533,11 @@ def fit_transformer_reward_model(
       batch_size: expected batch size (default 64, at most the number of training pairs).
       epochs, top_layers, step_size: passes over the data, upper layers trained, Adam's learning rate
         (``DPTransformerRM``'s defaults when ``None``).
+      privacy_unit, max_pairs_per_user, user_field: ``"user"`` protects all of one user's data (each user
+        keeps the first K = ``max_pairs_per_user`` pairs, the split is by user): ``rr`` randomizes each label
+        at ε/K (ε-DP for the user's labels), ``dp-sgd`` is user-level DP-SGD (users Poisson-sampled,
+        ``batch_size`` counting users, each user's summed gradient clipped once; (ε, δ)-DP for the user).
+        ``mle`` refuses it.
       The others as :func:`fit_reward_model`.
     """
     from privalign.estimation.preferences import PreferenceData, train_test_split
@@ -545,11 +549,30 @@ def fit_transformer_reward_model(
 
         dense = [registry.short_name(n) for n in registry.names() if transformer_privacy(n) is not None]
         raise _refuse("--method", f"a transformer model trains with {', '.join(dense)}", method)
+    user_k = max_pairs_per_user if check_user_level(privacy_unit, method, max_pairs_per_user, False) else None
+    k_user = int(user_k or 0)
+    per_label = _per_label_epsilon(epsilon, k_user) if user_k and privacy == "label" else None
     noise = np.random.SeedSequence(seed)  # never written into the release
     (est_seed,) = noise.spawn(1)
     data_seed, split_ss = np.random.SeedSequence(split_seed).spawn(2)
     data_rng = np.random.default_rng(data_seed)
-    pairs = _load_text_pairs(data, n_pairs, data_rng)
+    pairs = _load_text_pairs(data, n_pairs, data_rng, user_field if user_k else None)
+    users: list[str] | None = None
+    if user_k:  # the first K pairs of each user, before anything else (a rule reading no other user's data)
+        from privalign.estimation.users import bound_contributions, check_users
+
+        all_users = check_users(pairs.users, data, user_field)
+        keep = bound_contributions(all_users, k_user).tolist()
+        users = [all_users[i] for i in keep]
+        pairs.prompts, pairs.chosen, pairs.rejected, pairs.prompt_ids = (
+            [pairs.prompts[i] for i in keep],
+            [pairs.chosen[i] for i in keep],
+            [pairs.rejected[i] for i in keep],
+            [pairs.prompt_ids[i] for i in keep],
+        )
+        if len(set(users)) < 2:
+            raise _refuse("--data", "user-level fitting needs pairs from at least two users", data)
+    unit = "user" if user_k else privacy
     n = len(pairs.chosen)
     # orientation by a fair, data-independent coin, as PreferenceData.from_text_pairs
     y = (data_rng.random(n) < 0.5).astype(np.float64)
@@ -557,18 +580,26 @@ def fit_transformer_reward_model(
         (k, r, c) if yi else (k, c, r) for k, c, r, yi in zip(pairs.prompts, pairs.chosen, pairs.rejected, y)
     ]
     rows = PreferenceData(
-        X=np.arange(n, dtype=np.float64)[:, None], y=y, prompt_ids=np.asarray(pairs.prompt_ids, dtype=object)
+        X=np.arange(n, dtype=np.float64)[:, None],
+        y=y,
+        prompt_ids=np.asarray(pairs.prompt_ids, dtype=object),
+        user_ids=None if users is None else np.asarray(users, dtype=object),
     )
     train, test = train_test_split(
-        rows, unit=privacy, test_size=test_size, random_state=np.random.default_rng(split_ss)
+        rows, unit=unit, test_size=test_size, random_state=np.random.default_rng(split_ss)
     )
     tr_idx = train.X[:, 0].astype(np.int64)
     te_idx = test.X[:, 0].astype(np.int64)
+    user_sample = bool(user_k) and privacy == "sample"  # the schedule counts users
+    tr_users = None if users is None else [users[i] for i in tr_idx]
+    n_units = len(set(tr_users or ())) if user_sample else tr_idx.size
+    what = "training users" if user_sample else "training pairs"
+    batch_size = min(64, n_units) if batch_size is None and user_sample else batch_size
     batch_size = 64 if batch_size is None else batch_size
-    if batch_size > tr_idx.size:
+    if batch_size > n_units:
         raise _refuse(
             "--batch-size",
-            f"must be at most the {tr_idx.size} training pairs (a larger batch leaves no full step)",
+            f"must be at most the {n_units} {what} (a larger batch leaves no full step)",
             batch_size,
         )
     kw: dict[str, Any] = {
@@ -578,16 +609,46 @@ def fit_transformer_reward_model(
         "random_state": np.random.default_rng(est_seed),
     }
     if privacy != "none":
-        kw["epsilon"] = epsilon
+        kw["epsilon"] = epsilon if per_label is None else per_label  # user-level label: ε/K per label
     if privacy == "sample":
         kw["delta"] = delta
+    if user_sample:
+        kw["max_pairs_per_user"] = user_k
     for param, value in (("epochs", epochs), ("top_layers", top_layers), ("learning_rate", step_size)):
         if value is not None:
             kw[param] = value
     est = DPTransformerRM(**kw)
-    est.check_calibration(tr_idx.size)  # before "fitting" and before the backbone loads
-    _say(progress, f"fitting DPTransformerRM ({backbone}, privacy {privacy}) on {tr_idx.size} pairs")
-    est.fit([triples[i] for i in tr_idx], train.y)
+    est.check_calibration(n_units)  # before "fitting" and before the backbone loads
+    at = ""
+    if user_k:
+        per = f"ε/{user_k} per label" if privacy == "label" else f"{n_units} users, each one unit"
+        at = f" at user level (≤ {user_k} pairs per user, {per})"
+    _say(progress, f"fitting DPTransformerRM ({backbone}, privacy {privacy}){at} on {tr_idx.size} pairs")
+    est.fit([triples[i] for i in tr_idx], train.y, **({"users": tr_users} if user_sample else {}))
+    release_extra: dict[str, object] = {}
+    sizes = (tr_idx.size, te_idx.size, est.n_features_in_)
+    audit_extra: dict[str, object] = {}
+    if user_k:
+        from privalign.mechanisms.user_level import user_level_event
+
+        release_extra["max_pairs_per_user"] = user_k
+        if privacy == "label":  # each label at ε/K: a user's ≤ K labels together cost ε
+            est.privacy_event_ = user_level_event(est.privacy_event_, k_user)
+            release_extra["user_level"] = {
+                "route": "label",
+                "epsilon": float(epsilon),
+                "per_label_epsilon": float(est.epsilon),
+            }
+        else:  # a user's number of pairs is private: the release counts users, the audit record pairs
+            release_extra["user_level"] = {
+                "route": "sample",
+                "epsilon": float(epsilon),
+                "delta": float(delta),
+                "counts": "users",
+            }
+            assert users is not None
+            sizes = (n_units, len({users[i] for i in te_idx}), est.n_features_in_)
+            audit_extra.update(n_train_pairs=int(tr_idx.size), n_test_pairs=int(te_idx.size))
     fm = est.feature_map()
     return _reward_fit(
         est,
@@ -595,10 +656,12 @@ def fit_transformer_reward_model(
         fm.describe_config(),
         data=data,
         method=method,
-        unit=privacy,
-        sizes=(tr_idx.size, te_idx.size, est.n_features_in_),
+        unit=unit,
+        sizes=sizes,
         heldout_accuracy=est.score_texts([triples[i] for i in te_idx], test.y, feature_map=fm),
-        split=_split_facts(privacy, test_size, split_seed),
+        split=_split_facts(unit, test_size, split_seed),
         noise_seed=str(noise.entropy) if seed is None else str(seed),
+        release_extra=release_extra,
         summary_extra={"model_kind": f"transformer ({backbone}, {est.top_layers} upper layer(s) trained)"},
+        audit_extra=audit_extra,
     )

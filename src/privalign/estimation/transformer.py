@@ -30,6 +30,15 @@ Privacy (:class:`DPTransformerRM`):
   by randomized response on the labels (flip rate ρ = 1/(1 + e^ε)), applied once; training on the debiased
   labels ŷ = (ỹ − ρ)/(1 − 2ρ) (:func:`privalign.estimation.labels.debiased_labels`, as RR-IHT) is
   post-processing. Event: the RR event.
+  ``privacy="sample"`` with ``max_pairs_per_user=K`` (user level, issue 39): Unit: one user (every one of
+  their ≤ K comparisons, and how many there are). Relation: replace-one user (all of one user's 1..K
+  comparisons replaced by 1..K others; the roster of user ids, hence U, is public). Guarantee: (ε, δ)-DP for
+  the user. User-level DP-SGD (McMahan, Ramage, Talwar & Zhang, ICLR 2018, arXiv:1710.06963v3, Alg. 1):
+  Poisson sampling of *users* at q = b/U, a sampled user's per-comparison gradients summed over their
+  pairs (:func:`user_grad_samples`) and the sum clipped **once** to C by Opacus, Gaussian noise N(0, σ²C²) on
+  the sum of the users' clipped gradients, divided by the expected number of users b. Replacing all of one
+  user's comparisons moves the sum by ≤ 2C whatever K is: the same subsampled Gaussian mechanism over
+  users, accounted as above with n = U. Event: the same ``SelfComposedEvent`` with ``unit="user"``.
   ``privacy="none"``: not private (``NonPrivateEvent``).
 
 Proof notes: ``docs/privacy/transformer-reward.md``.
@@ -44,7 +53,7 @@ import importlib
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -59,6 +68,9 @@ from privalign.errors import DataFormatError, MissingDependencyError, PrivacyPar
 from privalign.estimation.base import RewardEstimator, check_epsilon, check_labels, preference_accuracy
 from privalign.rng import as_generator
 
+if TYPE_CHECKING:  # torch is imported lazily at run time
+    import torch
+
 __all__ = [
     "BACKBONES",
     "PRIVACY_MODES",
@@ -67,6 +79,7 @@ __all__ = [
     "describe_feature_config",
     "pair_grad_samples",
     "opacus_epsilon",
+    "user_grad_samples",
 ]
 
 #: Backbones privalign ships (offline): ``"minilm"`` (all-MiniLM-L6-v2 fp32, 6 layers, 384-d) and
@@ -468,6 +481,37 @@ def pair_grad_samples(params: Sequence[Any], n_pairs: int) -> None:
         p.grad_sample = gs[:n_pairs] + gs[n_pairs:]
 
 
+class _GradSampled(Protocol):
+    """A parameter carrying Opacus's per-sample gradients (a torch tensor, or ``None``)."""
+
+    grad_sample: torch.Tensor | None
+
+
+def user_grad_samples(params: Sequence[_GradSampled], owners: Sequence[int] | np.ndarray) -> None:
+    """Turn per-*comparison* gradients into per-*user* gradients, in place (user-level DP-SGD).
+
+    ``owners[i]`` names the user of the batch's comparison i; each parameter's ``grad_sample`` (one row per
+    comparison, after :func:`pair_grad_samples`) becomes one row per user of the batch, the sum of that user's
+    rows (exact: the loss is a sum over comparisons). DP-SGD then clips one vector per *user*, so replacing
+    all of a user's comparisons moves the clipped sum by ≤ 2C whatever their number (McMahan et al. 2018,
+    arXiv:1710.06963v3); clipping each comparison instead would let a user with K of them move it by 2KC.
+    """
+    torch = _import("torch", "the transformer reward model")
+    own = np.asarray(owners, dtype=np.int64).reshape(-1)
+    _, inverse = np.unique(own, return_inverse=True)
+    n_units = int(inverse.max()) + 1 if own.size else 0
+    index = torch.as_tensor(inverse.reshape(-1))
+    for p in params:
+        gs = getattr(p, "grad_sample", None)
+        if gs is None:
+            continue
+        if gs.shape[0] != own.size:
+            raise PrivacyParameterError(
+                f"per-comparison gradients have {gs.shape[0]} rows, expected {own.size} (one per comparison)."
+            )
+        p.grad_sample = torch.zeros((n_units, *gs.shape[1:]), dtype=gs.dtype).index_add_(0, index, gs)
+
+
 @functools.lru_cache(maxsize=64)
 def _calibrated_noise(epsilon: float, delta: float, q: float, steps: int) -> float:
     """σ for the schedule: ``calibrate_dpsgd_noise`` (PLD, replace-one, rounded up), a pure function of public
@@ -505,6 +549,10 @@ class DPTransformerRM(RewardEstimator):
       epochs: passes over the data; steps = ⌈epochs·n/b⌉. learning_rate: Adam's step size.
       clip_norm: C, the per-comparison gradient norm bound (``"sample"``).
       optimizer: ``"adam"`` (default) or ``"sgd"``, applied to the privatised gradient (post-processing).
+      max_pairs_per_user: K ≥ 1 for **user-level** DP-SGD (``"sample"`` only), fitted with
+        ``fit(X, y, users=...)`` (each comparison's user; a user with more than K is refused): users are
+        Poisson-sampled, ``batch_size`` and the schedule count users, each user's summed gradient is clipped
+        once; ε, δ protect one user. ``None`` (default): record level.
       random_state: seed of the sampling, the noise and RR (never written into a release).
 
     Privacy: see the module docstring (unit, relation and guarantee of each mode).
@@ -533,6 +581,7 @@ class DPTransformerRM(RewardEstimator):
         learning_rate: float = 1e-3,
         clip_norm: float = 1.0,
         optimizer: str = "adam",
+        max_pairs_per_user: int | None = None,
         random_state: Any = None,
     ) -> None:
         self.privacy = privacy
@@ -547,6 +596,7 @@ class DPTransformerRM(RewardEstimator):
         self.learning_rate = learning_rate
         self.clip_norm = clip_norm
         self.optimizer = optimizer
+        self.max_pairs_per_user = max_pairs_per_user
         self.random_state = random_state
 
     # -- input ---------------------------------------------------------------------------------
@@ -574,8 +624,9 @@ class DPTransformerRM(RewardEstimator):
         return [t[side] for t in triples]
 
     def check_calibration(self, n: int) -> None:
-        """Check the parameters for ``n`` training comparisons and (``"sample"``) calibrate the noise (cached,
-        so ``fit`` reuses it): a too small ε is refused, naming ε, before any model loads."""
+        """Check the parameters for ``n`` training comparisons (``n`` users with ``max_pairs_per_user``) and
+        (``"sample"``) calibrate the noise (cached, so ``fit`` reuses it): a too small ε is refused, naming ε,
+        before any model loads."""
         p = self._check_params(n)
         if p["privacy"] == "sample":
             _calibrated_noise(p["epsilon"], p["delta"], p["batch_size"] / n, p["steps"])
@@ -599,14 +650,34 @@ class DPTransformerRM(RewardEstimator):
         p["epochs"] = check_real(self.epochs, "epochs", low=0.0, closed="neither")
         p["learning_rate"] = check_real(self.learning_rate, "learning_rate", low=0.0, closed="neither")
         p["optimizer"] = check_choice(self.optimizer, "optimizer", ("adam", "sgd"))
+        if self.max_pairs_per_user is not None:
+            check_int(self.max_pairs_per_user, "max_pairs_per_user", low=1)
+            if privacy != "sample":
+                raise PrivacyParameterError(
+                    "The 'max_pairs_per_user' parameter is used only with privacy='sample' (user-level "
+                    "DP-SGD; user-level label privacy randomizes each label at epsilon/K instead). Got "
+                    f"privacy={privacy!r}."
+                )
         p["steps"] = int(math.ceil(p["epochs"] * n / p["batch_size"]))
         return p
 
     # -- fit -----------------------------------------------------------------------------------
-    def fit(self, X: Any, y: Any) -> DPTransformerRM:
+    def fit(self, X: Any, y: Any, users: Sequence[object] | np.ndarray | None = None) -> DPTransformerRM:
+        """Fit on ``(prompt, a0, a1)`` triples; ``users`` (each comparison's user id) is required with
+        ``max_pairs_per_user`` and refused without."""
         triples = self._triples(X)
+        yv = check_labels(y, len(triples))
+        codes: np.ndarray | None = None
         n = len(triples)
-        yv = check_labels(y, n)
+        if self.max_pairs_per_user is not None:  # user level: the schedule counts users
+            from privalign.estimation.users import user_groups
+
+            codes, n = user_groups(users, len(triples), self.max_pairs_per_user)
+        elif users is not None:
+            raise PrivacyParameterError(
+                "The 'users' parameter is used only with 'max_pairs_per_user' (user-level DP-SGD). Got "
+                f"{type(users).__name__} without it."
+            )
         p = self._check_params(n)
         rng = as_generator(self.random_state)
         net = _Backbone(self.backbone, self.top_layers, self.max_length)
@@ -614,7 +685,7 @@ class DPTransformerRM(RewardEstimator):
         cache0 = net.cache(self._texts(triples, 1))
         cache1 = net.cache(self._texts(triples, 2))
         if p["privacy"] == "sample":
-            self._fit_sample(net, cache0, cache1, yv, p, rng)
+            self._fit_sample(net, cache0, cache1, yv, p, rng, codes)
         else:
             targets = yv
             if p["privacy"] == "label":
@@ -644,14 +715,24 @@ class DPTransformerRM(RewardEstimator):
         return _bt_loss(torch, r[m:] - r[:m], torch.from_numpy(t.astype(np.float32)))
 
     def _fit_sample(
-        self, net: _Backbone, cache0: list, cache1: list, y: np.ndarray, p: dict, rng: np.random.Generator
+        self,
+        net: _Backbone,
+        cache0: list,
+        cache1: list,
+        y: np.ndarray,
+        p: dict,
+        rng: np.random.Generator,
+        codes: np.ndarray | None = None,
     ) -> None:
-        """Opacus DP-SGD with Poisson sampling; per-comparison clipping (:func:`pair_grad_samples`)."""
+        """Opacus DP-SGD with Poisson sampling; per-comparison clipping (:func:`pair_grad_samples`), or, with
+        ``codes`` (each comparison's user index), Poisson sampling of users and per-user clipping
+        (:func:`user_grad_samples`)."""
         torch = net.torch
         gsm_mod = _import("opacus", "sample-DP training of the transformer reward model")
         from opacus.optimizers import DPOptimizer
 
-        n = len(cache0)
+        n = len(cache0) if codes is None else int(codes.max()) + 1  # comparisons, or users
+        unit = "sample" if codes is None else "user"
         b, steps, C = p["batch_size"], p["steps"], p["clip_norm"]
         q = b / n
         nm = _calibrated_noise(p["epsilon"], p["delta"], q, steps)
@@ -663,12 +744,15 @@ class DPTransformerRM(RewardEstimator):
             noise_multiplier=nm,
             max_grad_norm=C,
             expected_batch_size=b,
-            loss_reduction="mean",  # (Σ clipped + noise)/b, as DPSGDLinear
+            loss_reduction="mean",  # (Σ clipped + noise)/b, as DPSGDLinear (b: expected users at user level)
             generator=gen,
         )
         module.train()
         for _ in range(steps):
-            idx = np.flatnonzero(rng.random(n) < q)  # Poisson sampling: each comparison w.p. q
+            if codes is None:
+                idx = np.flatnonzero(rng.random(n) < q)  # Poisson sampling: each comparison w.p. q
+            else:  # each user w.p. q; a sampled user brings all of their comparisons
+                idx = np.flatnonzero((rng.random(n) < q)[codes])
             opt.zero_grad(set_to_none=True)
             if idx.size:
                 loss = self._step_loss(
@@ -680,6 +764,8 @@ class DPTransformerRM(RewardEstimator):
                     warnings.filterwarnings("ignore", message="Full backward hook is firing")
                     loss.backward()
                 pair_grad_samples(params, int(idx.size))
+                if codes is not None:  # one row per user: Opacus then clips each user's sum once
+                    user_grad_samples(params, codes[idx])
             else:  # an empty batch still releases the noise
                 for q_ in params:
                     q_.grad_sample = torch.zeros((1, *q_.shape))
@@ -689,10 +775,10 @@ class DPTransformerRM(RewardEstimator):
         self.clip_norm_ = float(C)
         self.privacy_event_ = SelfComposedEvent(
             event=PoissonSampledEvent(
-                sampling_probability=q, event=GaussianEvent(noise_multiplier=nm, unit="sample"), unit="sample"
+                sampling_probability=q, event=GaussianEvent(noise_multiplier=nm, unit=unit), unit=unit
             ),
             count=steps,
-            unit="sample",
+            unit=unit,
             relation="replace_one",
         )
         module._close()
