@@ -43,6 +43,7 @@ _BUILTIN = {
     "grpo": "privalign.experiments.routes.grpo:GRPORoute",
     "privbon": "privalign.experiments.routes.privbon:PrivBoNRoute",
     "props": "privalign.experiments.routes.props:PROPSRoute",
+    "dpprefsyn": "privalign.experiments.routes.dpprefsyn:DPPrefSynRoute",
 }
 _EXTRA: dict[str, type[Route]] = {}
 _LOADED: dict[str, type[Route]] = {}
