@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from privalign.estimation.iht import NOISE_SCALE_TARGET, _peeling, default_n_iter
-from privalign.experiments.paper2 import peeling_snr, replicated_comparisons, sparse_dense_table
+from privalign.estimation.iht import NOISE_SCALE_TARGET, _peeling, default_n_iter, peeling_snr
+from privalign.experiments.paper2 import replicated_comparisons, sparse_dense_table
 
 
 def _rec(ds, fm, method, eps, correct, rep=0, variant="tuned"):
@@ -63,8 +63,13 @@ def test_experiment_grids_give_every_method_the_same_protocol():
     """Issue 27: DP-SGD searched 4 candidates at ε/4 while Sample-DP IHT searched 2 at ε/2. Every method now
     searches EXPERIMENT_CANDIDATES candidates, so a compared pair splits its budget alike."""
     from privalign.estimation.registry import names
-    from privalign.estimation.tuning import EXPERIMENT_CANDIDATES, expand_grid, experiment_param_grid
-    from privalign.experiments.paper2 import _fit, make_estimator
+    from privalign.estimation.tuning import (
+        EXPERIMENT_CANDIDATES,
+        expand_grid,
+        experiment_param_grid,
+        make_experiment_estimator,
+    )
+    from privalign.experiments.paper2 import _fit
 
     for s in (4, 32, 64):
         sizes = {m: len(expand_grid(experiment_param_grid(m, sparsity=s))) for m in names()}
@@ -87,7 +92,7 @@ def test_experiment_grids_give_every_method_the_same_protocol():
         "dpsgd_lr": 1.0,
     }
     for name in ("SampleDPIHT", "DPSGDLinear"):
-        est = make_estimator(
+        est = make_experiment_estimator(
             name,
             epsilon=4.0,
             delta=1e-5,

@@ -365,9 +365,9 @@ def test_tiny_end_to_end_records_and_reuse(tiny, tmp_path, monkeypatch):
     assert (tmp_path / "run2" / "records").is_dir()
     # records_only: more seeds than recorded fit and train nothing; the missing (route, seed) cells are
     # pending, left out of the curves and named in the summary
-    import privalign.experiments.paper2 as p2
+    import privalign.estimation.tuning as tuning
 
-    monkeypatch.setattr(p2, "make_estimator", boom)  # a linear reward-model fit
+    monkeypatch.setattr(tuning, "make_experiment_estimator", boom)  # a linear reward-model fit
     cfg3 = {**cfg2, "records_only": True, "dpo_seeds": 2, "bon_seeds": 3}
     part = _run_all(cfg3, make_ctx(tmp_path / "run3"))
     pending = sorted((r["route"], r["seed_index"]) for r in part if r["kind"] == "pending")

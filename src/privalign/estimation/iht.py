@@ -66,6 +66,7 @@ __all__ = [
     "fused_btl_gradient",
     "peeling_threshold",
     "user_batches",
+    "peeling_snr",
 ]
 
 
@@ -959,3 +960,61 @@ class RRIHT(RewardEstimator):
         self.flip_probability_ = float(rho)
         self.privacy_event_ = rr_event
         return self
+
+
+def peeling_snr(
+    X,
+    y,
+    *,
+    epsilon: float,
+    delta: float,
+    sparsity: int,
+    step_size: float,
+    feature_bound: float,
+    n_candidates: int = 1,
+    n_fit: int | None = None,
+) -> dict:
+    """Non-private diagnostic: can Peeling find the top coordinates of Sample-DP IHT's first step?
+
+    On the pairs ``(X, y)``, the gradient at θ = 0 is ``g = (1/n)·Σ (½ − y_i)·x_i``; Sample-DP IHT's first
+    thresholding sees ``v = −η·g`` plus Laplace noise of scale ``b = ν·λ``, ``λ = 2ηc_x/m``, with m = n_fit/T
+    pairs per batch (T = :func:`default_n_iter`) and ν Peeling's noise multiplier at
+    (ε/K, δ/K) for K tuned candidates. The expected largest of the d noise magnitudes is ``b·H_d`` (H_d the
+    d-th harmonic number: |Laplace(b)| is Exponential with mean b). A coordinate j can be picked for its
+    signal only if ``η·|g_j|`` exceeds that; with T = 1 this needs ``n ≥ 2·c_x·ν·H_d/|g_j|``
+    (``n_needed_top1`` for the largest |g_j|, ``n_needed_top_s`` for the s-th largest). The gradient
+    magnitudes are those of the given pairs (they estimate population means, so they do not shrink with n).
+
+    Not private: it reads the labels. It explains a result; nothing is chosen with it.
+    """
+    Xv = X.tocsr() if hasattr(X, "tocsr") else np.asarray(X, dtype=float)
+    n, d = Xv.shape
+    n_fit = int(n_fit or n)
+    yv = np.asarray(y, dtype=float)
+    g = np.abs(np.asarray(Xv.T @ (0.5 - yv)).ravel()) / n
+    top = np.sort(g)[::-1]
+    eps_c, delta_c = epsilon / n_candidates, delta / n_candidates
+    nu = float(_peeling(int(sparsity), float(eps_c), float(delta_c), 1.0).noise_multiplier)
+    T = default_n_iter(
+        n_fit, noise_multiplier=nu, step_size=step_size, feature_bound=feature_bound, n_features=d
+    )
+    b = nu * 2.0 * step_size * feature_bound / (n_fit // T)
+    h_d = float(np.sum(1.0 / np.arange(1, d + 1)))
+    k = min(int(sparsity), d) - 1
+    need = lambda gj: None if gj <= 0 else 2.0 * feature_bound * nu * h_d / gj  # None: no signal at all
+    return {
+        "epsilon": float(epsilon),
+        "candidates": int(n_candidates),
+        "epsilon_per_candidate": float(eps_c),
+        "sparsity": int(sparsity),
+        "noise_multiplier": nu,
+        "n_fit": n_fit,
+        "T": int(T),
+        "laplace_scale": b,
+        "expected_max_noise": b * h_d,
+        "signal_top1": step_size * float(top[0]),
+        "signal_top_s": step_size * float(top[k]),
+        "n_needed_top1": need(float(top[0])),
+        "n_needed_top_s": need(float(top[k])),
+        "selectable_top_s": bool(step_size * top[k] > b * h_d),
+    }

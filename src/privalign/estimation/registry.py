@@ -30,6 +30,7 @@ from privalign.estimation.base import EstimatorParam
 
 __all__ = [
     "KINDS",
+    "PRIVACY_TEXT",
     "canonical",
     "check_name",
     "classes",
@@ -39,6 +40,7 @@ __all__ = [
     "make_estimator",
     "names",
     "privacy_kind",
+    "privacy_text",
     "register",
     "short_name",
     "spellings",
@@ -168,6 +170,19 @@ def privacy_kind(name: str) -> str:
     """What ``name``'s event protects: ``"label"``, ``"sample"`` or ``"none"``."""
     kind = estimator_class(check_name(name)).privacy_kind
     return str(kind)
+
+
+#: What each privacy kind protects, as the experiments' records and figures say it.
+PRIVACY_TEXT = {"none": "non-private", "sample": "sample-DP (ε, δ)", "label": "label-DP ε"}
+
+
+def privacy_text(name: str) -> str:
+    """What ``name``'s event protects, in the experiments' words (``privacy_text("RRIHT") == "label-DP ε"``).
+
+    Raises:
+      PrivacyParameterError: unknown name (the message lists the spellings).
+    """
+    return PRIVACY_TEXT[privacy_kind(name)]
 
 
 def names(kind: str | None = None) -> tuple[str, ...]:

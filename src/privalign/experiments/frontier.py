@@ -24,7 +24,7 @@ P2-6, on CPU: SmolLM2-135M-Instruct completes IMDb review openings; a gold senti
   - ``dpo:none`` / ``dpo:label@ε`` / ``dpo:sample@ε``: :func:`privalign.rlhf.dpo.train_dpo`, evaluated at
     checkpoints on the eval prompts (gold mean; KL from the samples' log-probabilities).
   - ``bon:RM@ε``: a private reward model (linear ``RRIHT``, ``DenseRR``, ``SampleDPIHT``, ``DPSGDLinear``
-    via :func:`privalign.experiments.paper2.make_estimator`; MiniLM ``TRM-sample`` (DP-SGD) / ``TRM-label``
+    via ``estimation.tuning.make_experiment_estimator``; MiniLM ``TRM-sample`` (DP-SGD) / ``TRM-label``
     (RR) :class:`~privalign.estimation.transformer.DPTransformerRM`), then best-of-n from the eval prompts'
     reference samples at exact tie-aware KL (:func:`privalign.experiments.rlhf_bon.bon_expected_gold`,
     :func:`~privalign.experiments.rlhf_bon.bon_kl_ties`).
@@ -32,9 +32,6 @@ P2-6, on CPU: SmolLM2-135M-Instruct completes IMDb review openings; a gold senti
     (the same fit as ``bon:RM@ε`` of the same seed), evaluated at checkpoints like DPO.
   - ``props:dpo@ε``: PROPS (Teku et al. 2025), label-DP DPO in ``props_stages`` stages
     (:mod:`privalign.experiments.routes.props`).
-  - ``dpprefsyn:dpo@ε``: DPPrefSyn (Gao & Yang 2026), (ε, δ)-DP (unit one pair): a DP-PCA → DP k-means →
-    per-cluster DP-SGD linear Bradley–Terry model labels the base policy's completions of the public GRPO
-    prompts, then non-private DPO on those synthetic pairs (:mod:`privalign.experiments.routes.dpprefsyn`).
   - ``privbon:RM@ε``: PrivBoN at inference (:class:`privalign.alignment.priv_bon.PrivBoN`) on a
     NON-private reward model fitted on the same pairs, scores clipped to ``[−B, B]`` (``privbon_bound``), so
     Δ_r = 2B for any change of one pair: ε-DP **per answer**; k answers cost kε (the trained routes pay ε
@@ -102,7 +99,7 @@ __all__ = [
 
 NAME = "beyond-frontier"
 #: The built-in route families (the registry, :mod:`privalign.experiments.routes`, may hold more).
-FAMILIES = ("dpo", "bon", "grpo", "privbon", "props", "dpprefsyn")
+FAMILIES = ("dpo", "bon", "grpo", "privbon", "props")
 DPO_METHODS = ("none", "label", "sample")
 RECORD_KIND = "frontier"
 #: rows per batched generation call (prompts × samples) [our choice]: a CPU reads the weights once per token

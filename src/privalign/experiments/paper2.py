@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -45,118 +44,16 @@ __all__ = [
     "EXPERIMENTS",
     "fit_slope",
     "learning_regime",
-    "make_estimator",
     "record_variant",
     "replicated_comparisons",
     "sparse_beats_dense_verdict",
     "sparse_dense_table",
-    "peeling_snr",
     "SPARSE_DENSE",
     "TUNING_PROTOCOL",
     "FEATURE_MAPS",
 ]
 
 FEATURE_MAPS = ("hashed-ngram", "harm-lexicon")
-#: What each privacy kind of an estimator protects, as the records and figures say it.
-_KIND_TEXT = {"none": "non-private", "sample": "sample-DP (ε, δ)", "label": "label-DP ε"}
-
-
-class _UnitText(Mapping[str, str]):
-    """Estimator (any spelling) → the privacy text of its kind (``UNIT["RRIHT"] == "label-DP ε"``), asked of
-    the estimator registry on lookup."""
-
-    def __getitem__(self, method: str) -> str:
-        from privalign.errors import PrivacyParameterError
-        from privalign.estimation import registry
-
-        try:
-            return _KIND_TEXT[registry.privacy_kind(method)]
-        except PrivacyParameterError:
-            raise KeyError(method) from None
-
-    def __iter__(self) -> Iterator[str]:
-        from privalign.estimation import registry
-
-        return iter(registry.spellings())
-
-    def __len__(self) -> int:
-        from privalign.estimation import registry
-
-        return len(registry.spellings())
-
-
-UNIT: Mapping[str, str] = _UnitText()
-
-
-def make_estimator(
-    name: str,
-    *,
-    epsilon: float,
-    delta: float,
-    sparsity: int,
-    feature_bound: float,
-    random_state,
-    cfg: dict,
-    n_train: int,
-):
-    """Build one of D's estimators with this experiment's hyper-parameters (DP-SGD's expected batch is
-    capped at the training-set size n, a public quantity)."""
-    tuned = bool(cfg.get("tune", False))
-    # Tuned candidates are fitted on ≈ 80% of the training pairs: DP-SGD's batch is capped at 3/4 of n.
-    est = _make_estimator(
-        name,
-        epsilon=epsilon,
-        delta=delta,
-        sparsity=sparsity,
-        feature_bound=feature_bound,
-        random_state=random_state,
-        cfg=cfg,
-        n_train=max(1, (3 * n_train) // 4) if tuned else n_train,
-    )
-    if not tuned:
-        return est
-    # Tuned by the accounted protocol (privalign.estimation.tuning): validation split of the training pairs,
-    # exponential-mechanism selection; the whole search costs (ε, δ) of the cell.
-    from privalign.estimation.registry import privacy_kind
-    from privalign.estimation.tuning import PrivateGridSearch, experiment_param_grid
-
-    private = privacy_kind(name) != "none" and math.isfinite(epsilon)
-    return PrivateGridSearch(
-        est,
-        experiment_param_grid(name, sparsity=sparsity),
-        epsilon=epsilon if private else None,
-        delta=delta,
-        selection_epsilon=1.0 if private else math.inf,
-        random_state=random_state,
-    )
-
-
-def _make_estimator(
-    name: str,
-    *,
-    epsilon: float,
-    delta: float,
-    sparsity: int,
-    feature_bound: float,
-    random_state,
-    cfg: dict,
-    n_train: int,
-):
-    from privalign.estimation.registry import experiment_estimator
-
-    return experiment_estimator(
-        name,
-        cfg,
-        n_train=n_train,
-        epsilon=epsilon,
-        delta=delta,
-        sparsity=sparsity,
-        feature_bound=feature_bound,
-        clip=True,
-        random_state=random_state,
-    )
-
-
 # ---------------------------------------------------------------------------------------------------
 # p2-rates
 # ---------------------------------------------------------------------------------------------------
@@ -213,7 +110,9 @@ def _rates_cells(cfg: dict, ctx: RunContext) -> list[dict]:
 
 
 def _rates_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
+    from privalign.estimation.registry import privacy_text
     from privalign.estimation.synthetic import make_btl
+    from privalign.estimation.tuning import make_experiment_estimator
 
     p = {"n": cfg["base_n"], "d": cfg["base_d"], "s": cfg["base_s"], "eps": cfg["base_epsilon"]}
     p[cell["sweep"]] = cell["value"]
@@ -227,7 +126,7 @@ def _rates_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSe
     )
     out = []
     for name, sse in zip(cfg["methods"], ss_est):
-        est = make_estimator(
+        est = make_experiment_estimator(
             name,
             epsilon=float(p["eps"]),
             delta=cfg["delta"],
@@ -244,7 +143,7 @@ def _rates_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSe
                 "value": cell["value"],
                 "rep": cell["rep"],
                 "method": name,
-                "unit": UNIT[name],
+                "unit": privacy_text(name),
                 "n": int(p["n"]),
                 "d": int(p["d"]),
                 "s_star": int(p["s"]),
@@ -276,7 +175,7 @@ def fit_slope(records: list[dict], sweep: str, method: str) -> dict | None:
         return None
     x = np.array([v for v, _ in pts], dtype=float)
     if sweep == "eps":
-        x = np.exp(x) / np.expm1(x) ** 2 if UNIT.get(method, "").startswith("label") else 1.0 / x**2
+        x = np.exp(x) / np.expm1(x) ** 2 if _is_label_dp(method) else 1.0 / x**2
     lx, ly = np.log(x), np.log([e for _, e in pts])
     res = stats.linregress(lx, ly)
     tq = stats.t.ppf(0.975, len(pts) - 2)
@@ -325,6 +224,7 @@ def _rates_summarize(records: list[dict], cfg: dict) -> dict:
 
 
 def _rates_plot(run_dir: Path) -> list[str]:
+    from privalign.estimation.registry import privacy_text
     from privalign.experiments.plotting import STYLE, new_figure, save_figure
 
     recs = read_results(run_dir)
@@ -352,7 +252,7 @@ def _rates_plot(run_dir: Path) -> list[str]:
             se = [
                 float(np.std(pts[x], ddof=1) / math.sqrt(len(pts[x]))) if len(pts[x]) > 1 else 0.0 for x in xs
             ]
-            ax.errorbar(xs, ys, yerr=se, capsize=3, label=f"{m} [{UNIT[m]}]", **STYLE.get(m, {}))
+            ax.errorbar(xs, ys, yerr=se, capsize=3, label=f"{m} [{privacy_text(m)}]", **STYLE.get(m, {}))
         ax.set_xscale("log")
         ax.set_yscale("log")
         grid = sorted({r["value"] for r in recs if r["sweep"] == sweep})
@@ -592,9 +492,22 @@ def _acc_data(ds: str, cfg: dict, ctx: RunContext, fm: str = "hashed-ngram", *, 
     return ctx.cache[key]
 
 
+def _is_label_dp(method: str) -> bool:
+    """Whether ``method`` is a label-DP estimator (False for a name the registry does not know)."""
+    from privalign.errors import PrivacyParameterError
+    from privalign.estimation.registry import privacy_kind
+
+    try:
+        return privacy_kind(method) == "label"
+    except PrivacyParameterError:
+        return False
+
+
 def _split_unit(method: str) -> str:
-    """The privacy unit of an estimator class name (``UNIT``), for :func:`_acc_data`."""
-    return "sample" if UNIT[method].startswith("sample") else "label"
+    """The privacy unit of an estimator class name (its privacy text), for :func:`_acc_data`."""
+    from privalign.estimation.registry import privacy_text
+
+    return "sample" if privacy_text(method).startswith("sample") else "label"
 
 
 def _fit(est, train):
@@ -608,6 +521,9 @@ def _fit(est, train):
 
 
 def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
+    from privalign.estimation.registry import privacy_text
+    from privalign.estimation.tuning import make_experiment_estimator
+
     kind = cell.get("kind", "accuracy")
     if kind == "sparsity":
         return _sparsity_cell(cell, cfg, ctx)
@@ -622,7 +538,7 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     # Binary presence features: |φ| ≤ 1, so comparison features satisfy |x| ≤ c_x = 1 (public bound). The
     # cell's seed (a child of the config seed, distinct per fit seed `rep`) drives every random draw of the
     # fit: the DP noise, the tuning split, the candidates' seeds and the selection noise.
-    est = make_estimator(
+    est = make_experiment_estimator(
         cell["method"],
         epsilon=eps,
         delta=cfg["delta"],
@@ -647,7 +563,7 @@ def _acc_run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
         "dataset": cell["dataset"],
         "features": fm,
         "method": cell["method"],
-        "unit": UNIT[cell["method"]],
+        "unit": privacy_text(cell["method"]),
         "epsilon": cell["epsilon"],
         "variant": variant,
         "rep": int(cell.get("rep", 0)),
@@ -700,67 +616,8 @@ def _sparsity_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     ]
 
 
-def peeling_snr(
-    X,
-    y,
-    *,
-    epsilon: float,
-    delta: float,
-    sparsity: int,
-    step_size: float,
-    feature_bound: float,
-    n_candidates: int = 1,
-    n_fit: int | None = None,
-) -> dict:
-    """Non-private diagnostic: can Peeling find the top coordinates of Sample-DP IHT's first step?
-
-    On the pairs ``(X, y)``, the gradient at θ = 0 is ``g = (1/n)·Σ (½ − y_i)·x_i``; Sample-DP IHT's first
-    thresholding sees ``v = −η·g`` plus Laplace noise of scale ``b = ν·λ``, ``λ = 2ηc_x/m``, with m = n_fit/T
-    pairs per batch (T = :func:`~privalign.estimation.iht.default_n_iter`) and ν Peeling's noise multiplier at
-    (ε/K, δ/K) for K tuned candidates. The expected largest of the d noise magnitudes is ``b·H_d`` (H_d the
-    d-th harmonic number: |Laplace(b)| is Exponential with mean b). A coordinate j can be picked for its
-    signal only if ``η·|g_j|`` exceeds that; with T = 1 this needs ``n ≥ 2·c_x·ν·H_d/|g_j|``
-    (``n_needed_top1`` for the largest |g_j|, ``n_needed_top_s`` for the s-th largest). The gradient
-    magnitudes are those of the given pairs (they estimate population means, so they do not shrink with n).
-
-    Not private: it reads the labels. It explains a result; nothing is chosen with it.
-    """
-    from privalign.estimation.iht import _peeling, default_n_iter
-
-    Xv = X.tocsr() if hasattr(X, "tocsr") else np.asarray(X, dtype=float)
-    n, d = Xv.shape
-    n_fit = int(n_fit or n)
-    yv = np.asarray(y, dtype=float)
-    g = np.abs(np.asarray(Xv.T @ (0.5 - yv)).ravel()) / n
-    top = np.sort(g)[::-1]
-    eps_c, delta_c = epsilon / n_candidates, delta / n_candidates
-    nu = float(_peeling(int(sparsity), float(eps_c), float(delta_c), 1.0).noise_multiplier)
-    T = default_n_iter(
-        n_fit, noise_multiplier=nu, step_size=step_size, feature_bound=feature_bound, n_features=d
-    )
-    b = nu * 2.0 * step_size * feature_bound / (n_fit // T)
-    h_d = float(np.sum(1.0 / np.arange(1, d + 1)))
-    k = min(int(sparsity), d) - 1
-    need = lambda gj: None if gj <= 0 else 2.0 * feature_bound * nu * h_d / gj  # None: no signal at all
-    return {
-        "epsilon": float(epsilon),
-        "candidates": int(n_candidates),
-        "epsilon_per_candidate": float(eps_c),
-        "sparsity": int(sparsity),
-        "noise_multiplier": nu,
-        "n_fit": n_fit,
-        "T": int(T),
-        "laplace_scale": b,
-        "expected_max_noise": b * h_d,
-        "signal_top1": step_size * float(top[0]),
-        "signal_top_s": step_size * float(top[k]),
-        "n_needed_top1": need(float(top[0])),
-        "n_needed_top_s": need(float(top[k])),
-        "selectable_top_s": bool(step_size * top[k] > b * h_d),
-    }
-
-
 def _snr_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
+    from privalign.estimation.iht import peeling_snr
     from privalign.estimation.tuning import experiment_param_grid
 
     train, _ = _acc_data(cell["dataset"], cfg, ctx, cell["features"], unit="sample")  # SampleDPIHT's n
@@ -806,6 +663,8 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     IHT on the first n training pairs of a random order (data-independent), scored on one IMDb test split,
     split by row position as sample-DP fits must be (``train_test_split(unit="sample")``; the non-private IHT
     shares it, so both curves score the same test pairs)."""
+    from privalign.estimation.tuning import make_experiment_estimator
+
     key = "data:imdb-curve"
     if key not in ctx.cache:
         from privalign.estimation.preferences import PreferenceData, train_test_split
@@ -834,7 +693,7 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     variants += [("IHT", f"s={cfg['sparsity']}", cfg["sparsity"])]
     for (name, label, s), sse in zip(variants, ss.spawn(len(variants))):
         c = dict(cfg) if label == "tuned" else {**cfg, "tune": False}
-        est = make_estimator(
+        est = make_experiment_estimator(
             name,
             epsilon=eps if name != "IHT" else math.inf,
             delta=cfg["delta"],
@@ -1305,6 +1164,7 @@ def _acc_summarize(records: list[dict], cfg: dict) -> dict:
 
 
 def _acc_plot(run_dir: Path) -> list[str]:
+    from privalign.estimation.registry import privacy_text
     from privalign.experiments.plotting import STYLE, new_figure, save_figure
 
     recs = read_results(run_dir)
@@ -1331,7 +1191,7 @@ def _acc_plot(run_dir: Path) -> list[str]:
                         [r["accuracy"] for r in pts],
                         yerr=[r["accuracy_se"] for r in pts],
                         capsize=3,
-                        label=f"{m} {v} [{UNIT[m]}]",
+                        label=f"{m} {v} [{privacy_text(m)}]",
                         **style,
                     )
             ref = [r for r in rows if r["method"] == m and r["epsilon"] is None]

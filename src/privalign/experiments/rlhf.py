@@ -403,14 +403,14 @@ def _fit_reward_model(cell: dict, cfg: dict, ctx: RunContext, s_fit: np.random.S
     """Fit the cell's reward model on the private pairs, save it (a release: public facts only) and check
     that the RL/eval prompts are disjoint from its private data."""
     from privalign.estimation.persistence import save_model
-    from privalign.experiments.paper2 import make_estimator
+    from privalign.estimation.tuning import make_experiment_estimator
     from privalign.rlhf.prompts import check_prompts_disjoint
     from privalign.rlhf.rewards import PrivateReward
 
     d = _data(cfg, ctx)
     train = d["train"]
     eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
-    est = make_estimator(
+    est = make_experiment_estimator(
         cell["method"],
         epsilon=eps,
         delta=cfg["delta"],
@@ -690,7 +690,7 @@ def _evaluate_policy(policy: Any, cfg: dict, ctx: RunContext, fitted: dict, ref:
 def _policy_record(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, curve: list[dict]) -> dict:
     """The results record of a trained policy: its last checkpoint's evaluation, the fit's facts and the
     whole curve (one point per checkpoint)."""
-    from privalign.experiments.paper2 import UNIT
+    from privalign.estimation.registry import privacy_text
 
     last = curve[-1]
     reward = fitted["reward"]
@@ -701,7 +701,7 @@ def _policy_record(cell: dict, cfg: dict, ctx: RunContext, fitted: dict, curve: 
         "policy": cell["policy"],
         "method": cell["method"],
         "epsilon": cell["epsilon"],
-        "unit": UNIT[cell["method"]],
+        "unit": privacy_text(cell["method"]),
         "privacy_event": reward.event.to_dict(),
         "reward_model": str(fitted["rm_path"]),
         "reward_model_sha256": reward.sha256,

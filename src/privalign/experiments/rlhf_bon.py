@@ -197,11 +197,12 @@ def _selector(
     cell: dict, cfg: dict, d: dict, ss: np.random.SeedSequence, gold: np.ndarray
 ) -> tuple[np.ndarray, dict]:
     """The candidates' selector scores ``(P, N)`` and the fit's facts."""
-    from privalign.experiments.paper2 import UNIT, make_estimator
+    from privalign.estimation.registry import privacy_text
+    from privalign.estimation.tuning import make_experiment_estimator
 
     if cell["method"] == ORACLE:
         return gold, {"unit": "reference (selects by the gold itself: the upper envelope)"}
-    est = make_estimator(
+    est = make_experiment_estimator(
         cell["method"],
         epsilon=math.inf if cell["epsilon"] is None else cell["epsilon"],
         delta=cfg["delta"],
@@ -213,7 +214,7 @@ def _selector(
     )
     est.fit(d["train"].X, d["train"].y)
     facts = {
-        "unit": UNIT[cell["method"]],
+        "unit": privacy_text(cell["method"]),
         "privacy_event": est.privacy_event_.to_dict(),
         "train_accuracy": float(est.score(d["train"].X, d["train"].y)),
     }

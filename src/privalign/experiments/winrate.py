@@ -5,10 +5,11 @@ scorer that never saw the private preference data — the SmolLM2 analogue of th
 * Candidates: pre-generated SmolLM2-135M-Instruct pools (``pools/winrate-imdb.jsonl.gz``: held-out IMDb
   review openings; ``pools/winrate-hh.jsonl.gz``: single-turn HH-RLHF harmless prompts, built by
   :func:`build_hh_pool`). **The experiment never runs the LM**: it reads the pools, so it is fast and CI-safe.
-* Reward models: engineer D's estimators (via :func:`privalign.experiments.paper2.make_estimator`) on binary
-  hashed n-gram features of the response, trained on preference pairs that share no prompt with the pools
-  (IMDb: the reviews of ``imdb_split``'s prompt part, which the gold model never saw, minus the prompt
-  reviews; HH-RLHF: the harmless-base test pairs minus those whose first Human turn is a pool prompt).
+* Reward models: engineer D's estimators (via
+  :func:`privalign.estimation.tuning.make_experiment_estimator`) on binary hashed n-gram features of the
+  response, trained on preference pairs that share no prompt with the pools (IMDb: the reviews of
+  ``imdb_split``'s prompt part, which the gold model never saw, minus the prompt reviews; HH-RLHF: the
+  harmless-base test pairs minus those whose first Human turn is a pool prompt).
 * Win rate: the exact probability that the best-of-N pick beats one uniformly random candidate of the same
   prompt (the base policy's single sample), ties ½ (:func:`bon_win_probability`), averaged over prompts and
   seeds, with 95% bootstrap intervals over prompts and seeds (:func:`winrate_table`).
@@ -200,13 +201,13 @@ def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
 
 def _regime_cell(cell: dict, cfg: dict, ctx: RunContext) -> list[dict]:
     """Can Sample-DP IHT learn at this n? Per ε, Peeling's first-step need
-    (:func:`privalign.experiments.paper2.peeling_snr`: the training pairs needed for the top-s gradient
+    (:func:`privalign.estimation.iht.peeling_snr`: the training pairs needed for the top-s gradient
     coordinates to beat the expected largest noise draw) against the available training pairs, at the
     estimator's default T: each of its T disjoint batches holds n/T pairs, so the need is T times the
     one-batch need, and the regime holds iff the top-s coordinates are selectable at this n
     (``selectable_top_s``). A non-private diagnostic on the training pairs: it explains a result; nothing
     is chosen with it."""
-    from privalign.experiments.paper2 import peeling_snr
+    from privalign.estimation.iht import peeling_snr
 
     d = winrate_data(cell["dataset"], cfg, ctx)
     train = d["train"]
@@ -254,7 +255,8 @@ def regime_mismatch(records: list[dict], epsilon: float) -> list[dict]:
 
 
 def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence) -> list[dict]:
-    from privalign.experiments.paper2 import UNIT, make_estimator
+    from privalign.estimation.registry import privacy_text
+    from privalign.estimation.tuning import make_experiment_estimator
 
     if cell.get("kind") == "regime":
         return _regime_cell(cell, cfg, ctx)
@@ -281,7 +283,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         sel, out["unit"] = pool["proxy"], "reference (the pool's VADER proxy; not trained on private data)"
     else:
         eps = math.inf if cell["epsilon"] is None else cell["epsilon"]
-        est = make_estimator(
+        est = make_experiment_estimator(
             cell["method"],
             epsilon=eps,
             delta=cfg["delta"],
@@ -293,7 +295,7 @@ def _run_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequence
         )
         est.fit(d["train"].X, d["train"].y)
         sel = est.predict_reward(d["phi"]).reshape(d["P"], d["N"])
-        out["unit"] = UNIT[cell["method"]]
+        out["unit"] = privacy_text(cell["method"])
         out["privacy_event"] = est.privacy_event_.to_dict()
         out["train_accuracy"] = float(est.score(d["train"].X, d["train"].y))
         out["distinct_selector_values"] = float(np.mean([len(np.unique(np.round(r, 12))) for r in sel]))

@@ -95,7 +95,7 @@ def fit_rm(method: str, eps: float | None, k: int, bench: Bench) -> dict[str, An
     else:
         from privalign.estimation.features import HashedNgramFeatures
         from privalign.estimation.preferences import PreferenceData
-        from privalign.experiments.paper2 import make_estimator
+        from privalign.estimation.tuning import make_experiment_estimator
 
         fmap = HashedNgramFeatures(n_features=cfg["n_features"], ngram_range=(1, cfg["ngram_max"]))
         train = PreferenceData.from_text_pairs(
@@ -106,7 +106,7 @@ def fit_rm(method: str, eps: float | None, k: int, bench: Bench) -> dict[str, An
             prompt_ids=pairs.prompt_ids,
             random_state=np.random.default_rng(s_orient),
         )
-        est = make_estimator(
+        est = make_experiment_estimator(
             method,
             epsilon=math.inf if eps is None else eps,
             delta=cfg["delta"],
