@@ -29,6 +29,7 @@ __all__ = [
     "fit_rm",
     "overlap_facts",
     "ref_scores",
+    "rm_backbone",
     "rm_key",
 ]
 
@@ -48,6 +49,14 @@ RM_KEYS = (
     "seed", "delta", "step_size", "radius", "alpha", "dpsgd_epochs", "dpsgd_batch", "dpsgd_clip", "dpsgd_lr",
     "sparsity", "n_features", "ngram_max", "trm_epochs", "trm_batch", "trm_lr", "trm_clip",
 )  # fmt: skip
+
+
+def rm_backbone(method: str) -> str:
+    """The text encoder of reward model ``method``: all-MiniLM-L6-v2 (fine-tuned) for ``TRM-*``, hashed word
+    n-grams for the linear ones (the family of the n-gram gold's features)."""
+    from privalign.experiments.routes.labellers import MINILM, NGRAM
+
+    return MINILM if method in TRM else NGRAM
 
 
 def rm_key(method: str, eps: float | None, k: int) -> str:

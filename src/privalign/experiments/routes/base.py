@@ -109,6 +109,13 @@ class Route:
         return cls.methods[method]
 
     @classmethod
+    def backbone(cls, method: str) -> str | None:
+        """The pretrained text encoder the method's reward model (or policy) scores with; ``None``: none
+        that a labeller or judge could share (:mod:`privalign.experiments.routes.labellers`). Default:
+        ``None``."""
+        return None
+
+    @classmethod
     def check(cls, cell: dict[str, Any], cfg: dict[str, Any]) -> str | None:
         """A configuration problem of this route (``None`` if none): the frontier's preflight raises it."""
         return None

@@ -52,6 +52,10 @@ class BestOfNRoute(SelectorRoute):
     def label(cls, method: str) -> str:
         return f"{method} RM → best-of-n"
 
+    @classmethod
+    def backbone(cls, method: str) -> str | None:
+        return _reward.rm_backbone(method)
+
     def _rm(self, bench: Bench) -> dict[str, Any]:
         c = bench.cell
         return _reward.fit_rm(c["method"], c["epsilon"], c["seed_index"], bench)

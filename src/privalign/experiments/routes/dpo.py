@@ -67,6 +67,12 @@ class DPORoute(PolicyRoute):
     def label(cls, method: str) -> str:
         return cls._NAMES[method]
 
+    @classmethod
+    def backbone(cls, method: str) -> str | None:
+        """DPO's implicit reward is the policy's own log-ratio: the SmolLM2-135M base, which no labeller or
+        judge shares."""
+        return "SmolLM2-135M-Instruct"
+
     def steps(self, bench: Bench) -> list[int]:
         from privalign.rlhf.dpo import check_schedule
 

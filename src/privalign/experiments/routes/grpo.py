@@ -41,6 +41,10 @@ class GRPORoute(PolicyRoute):
         return f"{method} RM → GRPO"
 
     @classmethod
+    def backbone(cls, method: str) -> str | None:
+        return _reward.rm_backbone(method)
+
+    @classmethod
     def reuses_rm(cls, cell: dict[str, Any]) -> str | None:
         return _reward.rm_key(cell["method"], cell["epsilon"], cell["seed_index"])
 

@@ -79,6 +79,10 @@ class PrivBoNRoute(SelectorRoute):
     def label(cls, method: str) -> str:
         return f"PrivBoN per answer ({method} RM)"
 
+    @classmethod
+    def backbone(cls, method: str) -> str | None:
+        return _reward.rm_backbone(method)
+
     def _sigma(self, bench: Bench) -> tuple[float, float]:
         from privalign.alignment.priv_bon import privbon_scale
 

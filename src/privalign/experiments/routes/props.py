@@ -38,6 +38,10 @@ class PROPSRoute(PolicyRoute):
     def label(cls, method: str) -> str:
         return "PROPS (staged label-DP DPO)"
 
+    @classmethod
+    def backbone(cls, method: str) -> str | None:
+        return DPORoute.backbone("label")
+
     def _stage_steps(self, bench: Bench) -> list[int]:
         from privalign.rlhf.dpo import check_schedule
 
