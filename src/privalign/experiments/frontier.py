@@ -76,6 +76,8 @@ from privalign.experiments.routes import (
     Route,
     SelectorRoute,
 )
+from privalign.experiments.routes.base import Selection
+from privalign.experiments.routes.labellers import LABELLERS, independent, labeller_logits
 from privalign.experiments.runner import read_results
 from privalign.stats import (
     best_on_path,
@@ -251,6 +253,30 @@ def _schema() -> dict[str, Field]:
                 "(c + 1)/2; '' none)",
                 choices=ALT_GOLDS,
             ),
+            "labeller": Field(
+                "str",
+                "minilm",
+                "who draws the private pairs' Bradley–Terry labels (routes/labellers.py)",
+                choices=tuple(LABELLERS),
+            ),
+            "labeller_scale": Field(
+                "float", 1.0, "the labeller's temperature s: P(a ≻ b) = σ(s·(ℓ(a) − ℓ(b)))", low=1e-12
+            ),
+            "judges": Field(
+                "str",
+                "",
+                "comma-separated judges of every route, on the same selected texts ('' none)",
+            ),
+            "leads": Field(
+                "str",
+                "",
+                "comma-separated claims 'FAMILY:X>FAMILY:Y' (X leads Y at each ε), for leads_verdict",
+            ),
+            "labeller_runs": Field(
+                "str",
+                "",
+                "comma-separated records of other labellers' runs, 'LABELLER=DIR' (leads_verdict)",
+            ),
             "prior_results": Field("str", "", "directory of records from an earlier session (RUN/records)"),
             "records_only": Field(
                 "bool",
@@ -292,6 +318,7 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         raise _err("config key 'dpo_batch'/'trm_batch' must be at most n_pairs.")
     if any(route_kind(r) == "sample-DP" for r in routes_) and cfg["delta"] >= 1 / cfg["n_pairs"]:
         raise _err(f"config key 'delta': {cfg['delta']} must be below 1/n_pairs.")
+    _check_labellers(cfg)
     g = repo_path(cfg["gold"])
     if not g.is_file():
         raise _err(f"config key 'gold': {g} does not exist.")
@@ -321,6 +348,27 @@ def _preflight(cfg: dict, ctx: RunContext) -> None:
         # every curve is drawn against the reference: without it there is nothing to summarise, and the
         # data cell would first generate the pairs (minutes) for nothing
         raise _no_reference(cfg, ctx)
+
+
+def _check_labellers(cfg: dict) -> None:
+    """The keys of issue 37 item 2: ``judges`` and ``labeller_runs`` name known, distinct labellers (a run of
+    another labeller than this one's), ``leads`` parse.
+
+    Raises:
+      ExperimentError: naming the key.
+    """
+    for key in ("judges", "labeller_runs"):
+        names = [j.partition("=")[0] for j in csv(cfg, key)]
+        bad = [j for j in names if j not in LABELLERS]
+        if key == "labeller_runs":
+            bad += [j for j in names if j == cfg.get("labeller", "minilm")]
+        if bad or len(set(names)) != len(names):
+            raise _err(
+                f"config key '{key}': {cfg[key]!r}: names must be distinct, among {tuple(LABELLERS)}"
+                + (" and not this run's labeller." if key == "labeller_runs" else ".")
+            )
+    for lead in csv(cfg, "leads"):
+        parse_lead(lead)
 
 
 def _prompts(cfg: dict) -> dict[str, Any]:
@@ -427,6 +475,16 @@ def _base(cfg: dict, ctx: RunContext) -> tuple[Any, Any, str]:
 _DATA_KEYS = ("seed", "eval_prompts", "grpo_prompts", "n_pairs", "label_rule", "max_new_tokens", "gold")
 
 
+def data_identity(cfg: dict) -> str:
+    """The identity of the private pairs' generating configuration (public): ``_DATA_KEYS``, plus the
+    labeller and its scale where they differ from the MiniLM gold at s = 1 (so the records of the first runs
+    keep their identities)."""
+    ident = {k: cfg.get(k) for k in _DATA_KEYS}
+    if cfg.get("labeller", "minilm") != "minilm" or float(cfg.get("labeller_scale", 1.0)) != 1.0:
+        ident |= {"labeller": cfg["labeller"], "labeller_scale": float(cfg["labeller_scale"])}
+    return identity(ident)
+
+
 def _pairs(cfg: dict, ctx: RunContext) -> dict[str, Any]:
     """The private pairs (generated once, cached under ``RUN/data``) and the prompt slices."""
     if "pairs" in ctx.cache:
@@ -434,7 +492,7 @@ def _pairs(cfg: dict, ctx: RunContext) -> dict[str, Any]:
     from privalign.data.preferences_io import load_jsonl_pairs
 
     pr = _prompts(cfg)
-    ident = identity({k: cfg.get(k) for k in _DATA_KEYS})
+    ident = data_identity(cfg)
     path = ctx.run_dir / "data" / "pairs.jsonl"
     store = ctx.records("data")
     meta = store.get("pairs.meta.json", ident) if path.is_file() else None
@@ -495,10 +553,12 @@ def _generate_pairs(cfg: dict, ctx: RunContext, prompts: list[str], path: Path) 
             file=sys.stderr,
             flush=True,
         )
-    g = np.asarray(gold.score([t for _, a, c in out for t in (a, c)]), float).reshape(-1, 2)
+    name = cfg.get("labeller", "minilm")
+    score = gold.score if name == "minilm" else LABELLERS[name].load()
+    g = np.asarray(score([t for _, a, c in out for t in (a, c)]), float).reshape(-1, 2)
     rng = np.random.default_rng(s_lab)
     if cfg["label_rule"] == "bt":
-        lg = np.log(np.clip(g, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(g, 1e-6, 1 - 1e-6))
+        lg = float(cfg.get("labeller_scale", 1.0)) * labeller_logits(name, g)
         first = rng.random(len(out)) < 1.0 / (1.0 + np.exp(-(lg[:, 0] - lg[:, 1])))
     else:
         first = (g[:, 0] > g[:, 1]) | ((g[:, 0] == g[:, 1]) & (rng.random(len(out)) < 0.5))
@@ -514,6 +574,8 @@ def _generate_pairs(cfg: dict, ctx: RunContext, prompts: list[str], path: Path) 
         "base_model": mid,
         "sampler": "privalign.rlhf.evaluate.sample_with_logprobs (HF fp32, temperature 1, no truncation)",
         "label_rule": cfg["label_rule"],
+        "labeller": name,
+        "labeller_scale": float(cfg.get("labeller_scale", 1.0)),
         "generation_seconds": time.perf_counter() - t0,
     }
 
@@ -659,10 +721,13 @@ def _data_record(cfg: dict, ctx: RunContext) -> dict:
         "route": "data",
         "n_pairs": d["meta"]["n_pairs"],
         "label_rule": d["meta"]["label_rule"],
+        "labeller": d["meta"].get("labeller", "minilm"),
+        "labeller_scale": d["meta"].get("labeller_scale", 1.0),
         "sampler": d["meta"]["sampler"],
         "base_model": d["meta"]["base_model"],
         "prompt_slices": {k: d[f"{k}_info"]["offset"] for k in ("eval", "grpo", "pairs")},
         "disjoint": d["disjoint"],
+        **({"labeller_match": labeller_match(cfg, ctx)} if cfg.get("labeller", "minilm") != "minilm" else {}),
         "eval_prompts": int(g.shape[0]),
         "reference_samples": int(g.shape[1]),
         "reference_gold": float(g.mean()),
@@ -807,9 +872,12 @@ def _evaluate(policy: Any, cfg: dict, ctx: RunContext) -> dict:
         batch_rows=ROWS,
     )
     P = len(d["eval"])
-    gold = np.asarray(_gold(cfg, ctx).score([t for row in s["texts"] for t in row]), float).reshape(P, -1)
+    flat = [t for row in s["texts"] for t in row]
+    gold = np.asarray(_gold(cfg, ctx).score(flat), float).reshape(P, -1)
     kl, kl_se = kl_estimate(s["logp"], s["logp_ref"])
+    judges = {j: _judge(cfg, ctx, j)(flat).reshape(P, -1).mean(axis=1).tolist() for j in _judge_names(cfg)}
     return {
+        **({"judges": judges} if judges else {}),
         "kl": float(kl),
         "kl_se": float(kl_se),
         "gold": float(gold.mean()),
@@ -914,7 +982,8 @@ def _selector_points(route: SelectorRoute, bench: _Bench) -> list[dict]:
     ident = _cell_ident(cell, cfg, ctx, keys)
     rec = _store(cfg, ctx).get(_key(cell, "curve.json"), ident)
     if rec is not None:
-        return _with_alt(cell, cfg, ctx, rec["points"], keys, alt_points)
+        pts = _with_alt(cell, cfg, ctx, rec["points"], keys, alt_points)
+        return _with_judges(route, bench, pts, rec, None)
     sel = route.selection(bench)
     gold = np.asarray(_reference(cfg, ctx)["gold"], float)
     event, extra = route.guarantee(bench)
@@ -932,8 +1001,125 @@ def _selector_points(route: SelectorRoute, bench: _Bench) -> list[dict]:
         for x in xs
         for pg in [sel.expected(gold, x)]
     ]
-    _store(cfg, ctx).put(_key(cell, "curve.json"), {"points": pts}, ident)
-    return _with_alt(cell, cfg, ctx, pts, keys, alt_points)
+    laws = selection_laws(sel, xs, gold.shape) if _judge_names(cfg) else None
+    curve = {"points": pts} | ({"selection": selection_fingerprint(laws)} if laws is not None else {})
+    curve = _store(cfg, ctx).put(_key(cell, "curve.json"), curve, ident)
+    return _with_judges(route, bench, _with_alt(cell, cfg, ctx, pts, keys, alt_points), curve, laws)
+
+
+def csv(cfg: dict, key: str) -> list[str]:
+    """A comma-separated configuration key as its items (blank: none)."""
+    return [t.strip() for t in str(cfg.get(key) or "").split(",") if t.strip()]
+
+
+def _judge_names(cfg: dict) -> list[str]:
+    return csv(cfg, "judges")
+
+
+def _judge(cfg: dict, ctx: RunContext, name: str) -> Callable[[list[str]], np.ndarray]:
+    """Judge ``name`` as ``texts → scores`` (the run's gold where it is the same file), loaded once."""
+    key = f"judge:{name}"
+    if key not in ctx.cache:
+        j = LABELLERS[name]
+        if j.path and repo_path(j.path).resolve() == repo_path(cfg["gold"]).resolve():
+            gold = _gold(cfg, ctx)
+            ctx.cache[key] = lambda texts: np.asarray(gold.score(list(texts)), float)
+        else:
+            ctx.cache[key] = j.load()
+    return ctx.cache[key]
+
+
+def _judge_ref(cfg: dict, ctx: RunContext, name: str) -> np.ndarray:
+    """Judge ``name``'s scores of the reference samples, ``(P, m)`` (the recorded gold where the judge is the
+    run's gold)."""
+    key = f"judge-ref:{name}"
+    if key not in ctx.cache:
+        j, ref = LABELLERS[name], _reference(cfg, ctx)
+        if j.path and repo_path(j.path).resolve() == repo_path(cfg["gold"]).resolve():
+            ctx.cache[key] = np.asarray(ref["gold"], float)
+        else:
+            flat = [t for row in ref["texts"] for t in row]
+            ctx.cache[key] = _judge(cfg, ctx, name)(flat).reshape(len(ref["texts"]), -1)
+    return ctx.cache[key]
+
+
+def selection_laws(sel: Selection, xs: list[int], shape: tuple[int, ...]) -> list[np.ndarray]:
+    """Per x, the selection law ``(P, m)`` over the reference samples (each column's probability: the law's
+    expected value of the column's indicator)."""
+    P, m = shape
+    laws = []
+    for x in xs:
+        q = np.zeros((P, m))
+        for j in range(m):
+            e = np.zeros((P, m))
+            e[:, j] = 1.0
+            q[:, j] = sel.expected(e, x)
+        laws.append(q)
+    return laws
+
+
+def selection_fingerprint(laws: list[np.ndarray]) -> str:
+    """sha256 of the selection laws rounded to 1e-9 (public: a function of the released model's scores of
+    public reference samples)."""
+    h = hashlib.sha256()
+    for q in laws:
+        h.update(np.ascontiguousarray(np.round(q, 9) + 0.0).tobytes())
+    return h.hexdigest()
+
+
+def _same_selection(cell: dict, curve: dict, laws: list[np.ndarray], gold: np.ndarray) -> None:
+    """Refuse to judge a refitted selection that is not the recorded one: its fingerprint (records written
+    with ``judges``), or else the main gold it gives, prompt by prompt, against the recorded points.
+
+    Raises:
+      ExperimentError: naming the cell and how many (prompt, x) cells differ.
+    """
+    if "selection" in curve:
+        if curve["selection"] == selection_fingerprint(laws):
+            return
+        bad, total = -1, 0
+    else:
+        got = np.array([(q * gold).sum(axis=1) for q in laws])
+        want = np.array([p["per_prompt_gold"] for p in curve["points"]], float)
+        diff = np.abs(got - want) > 1e-9 * np.maximum(1.0, np.abs(want))
+        bad, total = int(diff.sum()), int(diff.size)
+        if bad == 0:
+            return
+    raise _err(
+        f"{cell['cell']}: the refitted selection is not the recorded one "
+        + (f"({bad} of {total} prompt × x cells differ)" if bad >= 0 else "(fingerprints differ)")
+        + "; the judges would score other texts than the main records. Delete its curve.json to recompute "
+        "both, or leave 'judges' out."
+    )
+
+
+def _with_judges(
+    route: SelectorRoute, bench: _Bench, pts: list[dict], curve: dict, laws: list[np.ndarray] | None
+) -> list[dict]:
+    """``pts`` with every judge's per-prompt score of the same selection (``judges``), from the record
+    ``curve-judges.json`` (reused by identity) or computed from the selection laws; a judge added after the
+    main records refits the selection and checks it is the recorded one (:func:`_same_selection`)."""
+    cell, cfg, ctx = bench.cell, bench.cfg, bench.ctx
+    names = _judge_names(cfg)
+    if not names:
+        return pts
+    store = _store(cfg, ctx)
+    ident = _cell_ident(cell, cfg, ctx, (*route.keys, "judges"))
+    have = dict((store.get(_key(cell, "curve-judges.json"), ident) or {}).get("judges") or {})
+    missing = [j for j in names if j not in have]
+    if missing:
+        xs = route.xs(bench)
+        gold = np.asarray(_reference(cfg, ctx)["gold"], float)
+        if laws is None:
+            _no_work(cfg, f"judges {missing} of a recorded selection (refit)")
+            laws = selection_laws(route.selection(bench), xs, gold.shape)
+            _same_selection(cell, curve, laws, gold)
+        for j in missing:
+            v = _judge_ref(cfg, ctx, j)
+            have[j] = [[float(e) for e in (q * v).sum(axis=1)] for q in laws]
+        rec = {"judges": have, "selection": selection_fingerprint(laws)}
+        store.put(_key(cell, "curve-judges.json"), rec, ident)
+    return [{**p, "judges": {j: have[j][i] for j in names}} for i, p in enumerate(pts)]
 
 
 def _policy_points(route: PolicyRoute, bench: _Bench) -> list[dict]:
@@ -1261,6 +1447,296 @@ def dpo_privacy_cost(records: list[dict], budgets: list[float] | None = None) ->
     return out
 
 
+# ---- labellers and judges (issue 37 item 2) ----------------------------------------------------------------
+
+
+def parse_lead(spec: str) -> tuple[dict, dict]:
+    """``"bon:TRM-label>bon:SampleDPIHT"`` → the two routes without ε (``family``, ``method``).
+
+    Raises:
+      ExperimentError: naming the config key ``leads``.
+    """
+    x, sep, y = str(spec).partition(">")
+    out = []
+    for part in (x, y):
+        fam, _, method = part.strip().partition(":")
+        if not sep or fam not in routes.families() or method not in _route_class(fam).methods:
+            raise _err(f"config key 'leads': {spec!r}: expected FAMILY:METHOD>FAMILY:METHOD of known routes.")
+        out.append({"family": fam, "method": method})
+    return out[0], out[1]
+
+
+def judge_records(records: list[dict], judge: str, main: str = "minilm") -> list[dict]:
+    """The curve records judged by ``judge`` (its per-prompt score of the same selection in place of the
+    gold): the records themselves for the run's main gold ``main``; else from each point's ``judges``; else,
+    for ``"vader"``, from the second gold of ``alt_gold`` (older records: marked ``selection_verified:
+    False``, their selection was refitted without a fingerprint). Records without the judge are left out."""
+    out = []
+    for r in records:
+        if r.get("kind") != RECORD_KIND or not r["points"]:
+            continue
+        pts = r["points"]
+        if judge == main:
+            out.append(r)
+        elif all(judge in (p.get("judges") or {}) for p in pts):
+            new = [
+                {**p, "gold": float(np.mean(p["judges"][judge])), "per_prompt_gold": p["judges"][judge]}
+                for p in pts
+            ]
+            out.append({**r, "points": new})
+        elif judge == "vader" and all("alt_per_prompt_gold" in p for p in pts):
+            alt = alt_gold_records([r])
+            out += [{**a, "selection_verified": False} for a in alt]
+    return out
+
+
+def labeller_records(records_dir: str | Path) -> list[dict]:
+    """The selector routes' curve records of a run under another labeller, read from its record folder
+    (``ROUTE/seed-K/curve.json`` with ``curve-judges.json`` and ``curve-alt.json`` beside it), in the shape of
+    :func:`_curve_record`; the run's configuration is the one committed with it (identities not checked
+    here: the folder is a committed run's records)."""
+    root = repo_path(str(records_dir))
+    out = []
+    for f in sorted(root.glob("*/seed-*/curve.json")):
+        spec = f.parent.parent.name.replace("_eps", "@").replace("_", ":", 1)
+        try:
+            r = parse_route(spec)
+        except ExperimentError:
+            continue
+        pts = json.loads(f.read_text(encoding="utf-8"))["points"]
+        alt = f.parent / "curve-alt.json"
+        jud = f.parent / "curve-judges.json"
+        if alt.is_file():
+            per = json.loads(alt.read_text(encoding="utf-8"))["per_prompt"]
+            pts = [{**p, "alt_gold": float(np.mean(a)), "alt_per_prompt_gold": a} for p, a in zip(pts, per)]
+        if jud.is_file():
+            js = json.loads(jud.read_text(encoding="utf-8"))["judges"]
+            pts = [{**p, "judges": {j: v[i] for j, v in js.items()}} for i, p in enumerate(pts)]
+        g = pts[0].get("guarantee") or {"unit": route_unit(r)}
+        out.append(
+            {
+                "kind": RECORD_KIND,
+                **{k: r[k] for k in ("route", "family", "method", "epsilon")},
+                "seed_index": int(f.parent.name.split("-")[1]),
+                "label": route_label(spec),
+                "guarantee": g,
+                "points": [{k: v for k, v in p.items() if k != "guarantee"} for p in pts],
+            }
+        )
+    return out
+
+
+def _lead_tests(runs: dict[str, list[dict]], leads: list[str], epsilons: list[float], budgets: list[float],
+                judges: list[str], main: str, root_seed: int, B: int) -> list[dict]:  # fmt: skip
+    """Every (lead, labeller, judge, ε, budget) test: X − Y of the best gold at KL ≤ budget, its one-sided
+    bootstrap p-value (prompts jointly, seeds independently); ``missing`` where a route or judge has no
+    records."""
+    tests = []
+    for li, lead in enumerate(leads):
+        x, y = parse_lead(lead)
+        for lab, recs in runs.items():
+            for ji, j in enumerate(judges):
+                groups = _groups(judge_records(recs, j, main))
+                for e in epsilons:
+                    gx, gy = ({k: g for k, g in groups.items() if _is(g[0], r, e)} for r in (x, y))
+                    for b in budgets:
+                        t: dict = {
+                            "lead": lead,
+                            "labeller": lab,
+                            "judge": j,
+                            "epsilon": e,
+                            "budget": b,
+                        }
+                        if not gx or not gy:
+                            tests.append(t | {"missing": True})
+                            continue
+                        (Wx, _), (Wy, _) = (
+                            _at_budget(next(iter(gx.values())), b),
+                            _at_budget(next(iter(gy.values())), b),
+                        )
+                        rng = stream(root_seed, 2**26, li, ji, int(e * 1000), int(b * 1000), len(tests))
+                        diffs = bootstrap_diff(rng, Wx, Wy, B)
+                        lo, hi = interval(diffs)
+                        t |= {
+                            "diff": float(Wx.mean() - Wy.mean()),
+                            "ci": [lo, hi],
+                            "p_value": bootstrap_p_value(diffs),
+                            "seeds": [int(Wx.shape[0]), int(Wy.shape[0])],
+                            "prompts": int(Wx.shape[1]),
+                            "diffs": diffs,
+                        }
+                        tests.append(t)
+    return tests
+
+
+def _is(rec: dict, r: dict, e: float) -> bool:
+    return bool(rec["family"] == r["family"] and rec["method"] == r["method"] and rec["epsilon"] == e)
+
+
+def leads_verdict(
+    runs: dict[str, list[dict]],
+    leads: list[str],
+    *,
+    epsilons: list[float],
+    budgets: list[float],
+    judges: list[str],
+    main: str = "minilm",
+    margin: float = 0.02,
+    root_seed: int = 0,
+    n_bootstrap: int = 2000,
+):
+    """The pre-registered lead claims ``"X>Y"`` under every labeller's run (``runs``: labeller → records)
+    and every judge.
+
+    Each (lead, labeller, judge, ε, KL budget) is one test of X − Y (best gold at KL ≤ budget along each
+    path; one-sided bootstrap p-value over prompts × seeds); Holm over *all* the tests (α = 0.05); a test
+    ``holds`` if rejected, ``does not hold`` if its Bonferroni (1 − α/k) interval lies below ``margin`` (X's
+    lead shown smaller than the margin, or none), else ``inconclusive`` (also where a route or judge has no
+    records). A claim at ε decides over the tests of the labellers whose backbone X does not share
+    (:func:`privalign.experiments.routes.labellers.independent`), every judge and budget: ``holds`` if all
+    hold, ``does not hold`` if any does not, else ``inconclusive`` (also with no such labeller). Overall: the
+    same rule over the claims. The facts name the (labeller, judge, budget) where each claim holds.
+    """
+    from privalign.experiments.verdicts import Outcome, all_of
+
+    tests = _lead_tests(runs, leads, epsilons, budgets, judges, main, root_seed, n_bootstrap)
+    tested = [t for t in tests if "p_value" in t]
+    k = max(1, len(tested))
+    for t, (level, reject) in zip(tested, holm([t["p_value"] for t in tested], ALPHA)):
+        lo, hi = interval(t.pop("diffs"), ALPHA, k)
+        t |= {"holm_alpha": level, "significant": reject, "ci_bonferroni": [lo, hi]}
+        t["verdict"] = "holds" if reject else ("does not hold" if hi < margin else "inconclusive")
+    for t in tests:
+        t.setdefault("verdict", "inconclusive")
+    claims: list[dict] = []
+    for lead in leads:
+        x, _ = parse_lead(lead)
+        bb = _route_class(x["family"]).backbone(x["method"])
+        indep = [lab for lab in runs if independent(bb, lab)]
+        for e in epsilons:
+            mine = [t for t in tests if t["lead"] == lead and t["epsilon"] == e and t["labeller"] in indep]
+            claims.append(
+                {
+                    "lead": lead,
+                    "epsilon": e,
+                    "backbone": bb,
+                    "independent_labellers": indep,
+                    "verdict": all_of([t["verdict"] for t in mine]) if mine else "inconclusive",
+                    "holds_under": [
+                        [t["labeller"], t["judge"], t["budget"]]
+                        for t in tests
+                        if t["lead"] == lead and t["epsilon"] == e and t["verdict"] == "holds"
+                    ],
+                }
+            )
+    v = all_of([c["verdict"] for c in claims]) if claims else "inconclusive"
+    parts = [
+        f"{c['lead']} at ε = {c['epsilon']:g}: {c['verdict']} (labellers independent of its backbone: "
+        f"{', '.join(c['independent_labellers']) or 'none'}; holds under {len(c['holds_under'])} of {n} "
+        "(labeller, judge, budget))"
+        for c in claims
+        for n in [sum(t["lead"] == c["lead"] and t["epsilon"] == c["epsilon"] for t in tests)]
+    ]
+    facts = {
+        "claims": claims,
+        "tests": tests,
+        "holm_k": len(tested),
+        "labellers": list(runs),
+        "judges": judges,
+    }
+    return Outcome(v, f"Holm over {len(tested)} tests | " + " | ".join(parts), facts)
+
+
+def _judges_part(records: list[dict], cfg: dict) -> dict:
+    """The summary's ``judges`` (per judge, the comparisons of :func:`frontier_comparisons` on the same
+    selections) and ``leads`` (:func:`leads_verdict` over this run and ``labeller_runs``)."""
+    names, main = _judge_names(cfg), _main_judge(cfg)
+    if not names and not csv(cfg, "leads"):
+        return {}
+    lab = cfg.get("labeller", "minilm")
+    out: dict = {
+        "labeller": {
+            "name": lab,
+            "scale": float(cfg.get("labeller_scale", 1.0)),
+            "backbone": LABELLERS[lab].backbone,
+        },
+        "judges": {
+            "names": names,
+            "main": main,
+            "backbones": {j: LABELLERS[j].backbone for j in names},
+            "per_judge": {
+                j: {
+                    "routes": sorted({r["route"] for r in jr}),
+                    "selection_unverified": sorted(
+                        {r["route"] for r in jr if r.get("selection_verified") is False}
+                    ),
+                    "comparisons": frontier_comparisons(jr, cfg["epsilons"], cfg["kl_budgets"]),
+                }
+                for j in names
+                for jr in [judge_records(records, j, main)]
+            },
+        },
+    }
+    if csv(cfg, "leads"):
+        others = [e.partition("=")[::2] for e in csv(cfg, "labeller_runs")]
+        runs = {lab: records} | {name: labeller_records(d.strip()) for name, d in others}
+        res = leads_verdict(
+            runs,
+            csv(cfg, "leads"),
+            epsilons=list(cfg["epsilons"]),
+            budgets=list(cfg["kl_budgets"]),
+            judges=names or [main],
+            main=main,
+            margin=float(cfg["equivalence_margin"]),
+            root_seed=int(cfg["seed"]),
+            n_bootstrap=int(cfg["n_bootstrap"]),
+        )
+        out["leads"] = {
+            "verdict": res[0],
+            "measured": res[1],
+            "runs": {lab: "this run"} | {name: d.strip() for name, d in others},
+            **res.facts,
+        }
+    return out
+
+
+#: the public pool of the labeller-scale match (base-policy completions of public IMDb openings)
+SCALE_POOL = "pools/winrate-imdb-400.jsonl.gz"
+
+
+def labeller_match(cfg: dict, ctx: RunContext) -> dict:
+    """The label-noise match of the labeller's scale on public pairs (:func:`privalign.experiments.routes.
+    labellers.public_pairs` of :data:`SCALE_POOL`, the evaluation and GRPO prompts skipped): the MiniLM gold's
+    mean ``|P − ½|`` at s = 1, the labeller's at ``labeller_scale``, and the scale that matches exactly."""
+    from privalign.experiments.routes.labellers import label_noise, match_scale, public_pairs
+
+    name, scale = cfg.get("labeller", "minilm"), float(cfg.get("labeller_scale", 1.0))
+    pr = _prompts(cfg)
+    pairs = public_pairs(repo_path(SCALE_POOL), [*pr["eval"], *pr["grpo"]])
+    flat = [t for ab in pairs for t in ab]
+
+    def diff(who: str) -> np.ndarray:
+        lg = labeller_logits(who, _judge(cfg, ctx, who)(flat)).reshape(-1, 2)
+        return lg[:, 0] - lg[:, 1]
+
+    ref, mine = diff("minilm"), diff(name)
+    target = label_noise(ref, 1.0)
+    return {
+        "pool": SCALE_POOL,
+        "pairs": len(pairs),
+        "minilm_mean_abs_p_minus_half": target,
+        "labeller_mean_abs_p_minus_half": label_noise(mine, scale),
+        "labeller_scale": scale,
+        "matched_scale": match_scale(mine, target),
+    }
+
+
+def _main_judge(cfg: dict) -> str:
+    """The judge whose file is the run's ``gold`` (``"minilm"`` for the shipped configurations)."""
+    g = repo_path(cfg["gold"]).resolve()
+    return next((n for n, j in LABELLERS.items() if j.path and repo_path(j.path).resolve() == g), "gold")
+
+
 def _summarize(records: list[dict], cfg: dict) -> dict:
     v, m = frontier_verdict(records, epsilons=cfg["epsilons"], budgets=cfg["kl_budgets"])
     data = next((r for r in records if r.get("kind") == "data"), {})
@@ -1286,6 +1762,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
     )
     return {
         **alt_part,
+        **_judges_part(records, cfg),
         "verdict": v,
         "measured": m
         + (" | no GRPO route in this configuration" if quick_grpo else "")
@@ -1298,7 +1775,8 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
         "data": {
             k: data.get(k)
             for k in ("n_pairs", "label_rule", "sampler", "base_model", "eval_prompts", "reference_samples")
-        },
+        }
+        | {k: data[k] for k in ("labeller", "labeller_scale", "labeller_match") if k in data},
         "note": (
             "gold = MiniLM gold P(positive) of the completion (never trained on the private pairs); "
             "KL(π ‖ π_ref) "
@@ -1377,7 +1855,46 @@ def _plot(run_dir: Path) -> list[str]:
         ax.set_ylabel("gold reward, MiniLM P(positive) (95% CI: prompts × seeds)")
         ax.legend(fontsize=5.5, loc="best")
     fig.tight_layout()
-    return [save_figure(fig, run_dir, "frontier_gold_vs_kl")]
+    return [save_figure(fig, run_dir, "frontier_gold_vs_kl"), *_plot_judges(recs, eps, run_dir)]
+
+
+def _plot_judges(recs: list[dict], eps: list[float], run_dir: Path) -> list[str]:
+    """Where the records carry ``judges``: one row per judge, one column per ε, each route's curve under that
+    judge (the same selections, the same KL)."""
+    from privalign.experiments.plotting import new_figure, save_figure
+
+    first = next((r for r in recs if r.get("kind") == RECORD_KIND and r["points"]), None)
+    names = list((first["points"][0].get("judges") or {}) if first else {})
+    if not names:
+        return []
+    fig, axes = new_figure(len(names), len(eps), width=5.0 * len(eps), height=3.6 * len(names))
+    axes = np.atleast_2d(axes).reshape(len(names), len(eps))
+    for i, j in enumerate(names):
+        curves = frontier_curves(judge_records(recs, j, main=""))
+        for ax, e in zip(axes[i], eps):
+            for c in curves:
+                if c["epsilon"] not in (e, None):
+                    continue
+                key = c["route"].split("@")[0]
+                pts = c["points"]
+                ax.errorbar(
+                    [p["kl"] for p in pts],
+                    [p["gold"] for p in pts],
+                    yerr=[[p["gold"] - p["ci"][0] for p in pts], [p["ci"][1] - p["gold"] for p in pts]],
+                    fmt=_route_class(c["family"]).line,
+                    marker=".",
+                    markersize=3,
+                    color=_COLORS.get(key, _COLORS.get(c["family"], "grey")),
+                    capsize=2,
+                    linewidth=1.0,
+                    label=f"{c['label']}, {c['seeds']} seeds",
+                )
+            ax.set_title(f"judge {j} ({LABELLERS[j].what}), ε = {e:g}", fontsize=8)
+            ax.set_xlabel("KL(π ‖ π_ref) [nats]")
+            ax.set_ylabel(f"{j} score (95% CI: prompts × seeds)")
+        axes[i][0].legend(fontsize=5.5, loc="best")
+    fig.tight_layout()
+    return [save_figure(fig, run_dir, "frontier_judges")]
 
 
 EXPERIMENTS: dict[str, Experiment] = {
