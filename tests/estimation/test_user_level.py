@@ -268,10 +268,6 @@ def test_user_level_release_differs_only_in_dp_outputs_between_neighbouring_user
             ["--method", "rr-iht", "--max-pairs-per-user", "3"],
             ["--max-pairs-per-user", "--privacy-unit user"],
         ),
-        (
-            ["--method", "rr-iht", "--privacy-unit", "user", "--max-pairs-per-user", "3", "--tune"],
-            ["--tune"],
-        ),
     ],
 )
 def test_fit_reward_user_level_refusals_are_one_line_and_write_nothing(tmp_path, capsys, extra, needles):

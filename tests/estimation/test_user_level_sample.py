@@ -439,10 +439,6 @@ def test_user_level_sample_dp_release_differs_only_in_dp_outputs_between_neighbo
             ["--method", "mle", "--privacy-unit", "user", "--max-pairs-per-user", "3"],
             ["--privacy-unit", "mle"],
         ),
-        (
-            ["--method", "dp-sgd", "--privacy-unit", "user", "--max-pairs-per-user", "3", "--tune"],
-            ["--tune"],
-        ),
     ],
 )
 def test_fit_reward_user_level_sample_refusals(tmp_path, capsys, extra, needles):

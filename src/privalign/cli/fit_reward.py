@@ -30,6 +30,8 @@ user's summed gradient once (``--batch-size`` then counts users).
 validation split of the *training* prompts (``--validation-fraction``), never the test prompts; the
 selection is the exponential mechanism on validation accuracy and the whole search, selection included,
 costs the ``--epsilon``/``--delta`` given (candidates run at ε/K, δ/K), as the saved privacy event records.
+With ``--privacy-unit user`` (rr, rr-iht, dp-sgd, dp-iht) the validation split is by user, every candidate is
+fitted at user level and scored by its accuracy averaged per user; the whole search costs ε (δ) per user.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tune",
         action="store_true",
-        help="Choose hyper-parameters on a validation split of the training prompts (privacy accounted).",
+        help="Choose hyper-parameters on a validation split of the training prompts (of the training users, "
+        "scored per user, with --privacy-unit user; privacy accounted).",
     )
     p.add_argument(
         "--validation-fraction",

@@ -204,8 +204,8 @@ def fit_reward_model(
         is by user, and all of a user's data together is private: for ``rr``, ``rr-iht`` all of their
         labels (randomized response at ε/K per label, ε-DP); for ``dp-sgd`` all of their pairs (users
         Poisson-sampled, each user's summed gradient clipped once, (ε, δ)-DP); for ``dp-iht`` all of their
-        pairs (each user's pairs in one batch, Peeling at the per-user sensitivity, (ε, δ)-DP) (``--tune``
-        not yet).
+        pairs (each user's pairs in one batch, Peeling at the per-user sensitivity, (ε, δ)-DP). With
+        ``tune`` the search splits by user and scores each candidate by its accuracy averaged per user.
       max_pairs_per_user: K, required with ``privacy_unit="user"``.
       user_field: the JSONL field naming each pair's user.
     """
@@ -257,7 +257,14 @@ def fit_reward_model(
     tuning = audit_tuning = None
     if tune:
         est, tuning, audit_tuning = _tune(
-            est, train, method, unit, epsilon, delta, sparsity, validation_fraction, search_seed, progress
+            est,
+            train,
+            method,
+            unit,
+            (epsilon, delta, sparsity, validation_fraction),
+            search_seed,
+            progress,
+            user_k,
         )
     else:
         n_users = len(set(train.user_ids.tolist())) if user_k and train.user_ids is not None else 0
@@ -334,8 +341,7 @@ def check_user_level(privacy_unit: str, method: str, max_pairs_per_user: int | N
         check_int(max_pairs_per_user, "max_pairs_per_user", low=1)
     except Exception:
         raise _refuse("--max-pairs-per-user", "must be an integer ≥ 1", max_pairs_per_user) from None
-    if tune:
-        raise _refuse("--tune", "is not available with --privacy-unit user yet; drop --tune", True)
+    del tune  # --tune runs at user level too (the search splits, fits and scores by user)
     return True
 
 
@@ -424,15 +430,15 @@ def _tune(
     train: Any,
     method: str,
     unit: str,
-    epsilon: float,
-    delta: float,
-    sparsity: int,
-    validation_fraction: float | None,
+    budget: tuple[float, float, int, float | None],
     search_seed: np.random.SeedSequence,
     progress: Progress,
+    user_k: int | None = None,
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The private grid search; returns the best estimator (carrying the whole search's privacy event), the
-    public tuning facts and the exact validation accuracies (audit record only)."""
+    """The private grid search (``budget`` = ε, δ, s, validation fraction; at user level, ``user_k`` = K:
+    split by user, candidates fitted at user level, validation accuracy averaged per user); returns the best
+    estimator (carrying the whole search's privacy event), the public tuning facts and the exact validation
+    accuracies (audit record only)."""
     from privalign.estimation.tuning import (
         PrivateGridSearch,
         default_param_grid,
@@ -440,6 +446,7 @@ def _tune(
         validation_groups,
     )
 
+    epsilon, delta, sparsity, validation_fraction = budget
     private = unit != "none"
     grid = default_param_grid(method, sparsity=sparsity)
     search = PrivateGridSearch(
@@ -449,14 +456,19 @@ def _tune(
         epsilon=epsilon if private else None,
         delta=delta,
         selection_epsilon=float("inf") if not private else 1.0,
+        max_pairs_per_user=user_k,
         random_state=np.random.default_rng(search_seed),
     )
+    at = f" at user level (≤ {user_k} pairs per user, split and scored by user)" if user_k else ""
     _say(
         progress,
-        f"tuning {type(est).__name__} over {len(expand_grid(search.param_grid))} candidates on "
+        f"tuning {type(est).__name__}{at} over {len(expand_grid(search.param_grid))} candidates on "
         f"{train.n_samples} training pairs",
     )
-    search.fit(train.X, train.y, groups=validation_groups(est, train.prompt_ids))
+    if user_k:
+        search.fit(train.X, train.y, users=train.user_ids)
+    else:
+        search.fit(train.X, train.y, groups=validation_groups(est, train.prompt_ids))
     tuning = {
         "best_params": search.best_params_,
         "grid": grid,

@@ -14,6 +14,16 @@ The protocol (``docs/estimation.md``, "Tuning protocol"):
    plain argmax, in which case nothing about it is private and the result says so.
 4. The selected candidate (fitted on A) is the result; ``refit=True`` refits it on A ∪ B.
 
+**User level** (``max_pairs_per_user=K`` and ``fit(X, y, users=...)``; issue 39): the unit is one user (all of
+their ≤ K pairs, or their labels for the label-DP estimators). The split is by user (the roster of user ids
+is public at this unit), so every user falls wholly in A or in B; each candidate is fitted at user level on A
+(label-DP: each label at ε/K, :func:`privalign.estimation.users.user_level_label_fit`; sample-DP: the
+estimator's own user-level fit, ``fit(X, y, users=...)``), and the validation score is the *per-user*
+accuracy averaged over B's users (each user's accuracy on their own pairs, ties ½), whose sensitivity to
+replacing one user is 1/|B_users| whatever the number of pairs each user holds (a mean over B's pairs would
+move by up to K/|B| and divide by a private count). The accounting below then holds with "one user" for "one
+pair"; ``n_fit_`` and ``n_validation_`` count users.
+
 Privacy accounting (``selection="exponential"``), under replace-one of one pair (or one label):
 a pair in A influences the K candidate fits (sequential composition: Σ ε_k, Σ δ_k), while the selection
 is post-processing of those fits and of B; a pair in B influences only the selection (ε_sel). A and B
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +58,7 @@ from privalign.accounting.events import (
     PrivacyEvent,
 )
 from privalign.errors import PrivacyParameterError
-from privalign.estimation.base import RewardEstimator, check_Xy
+from privalign.estimation.base import Matrix, RewardEstimator, check_Xy
 from privalign.rng import as_generator
 
 __all__ = [
@@ -60,6 +71,7 @@ __all__ = [
     "experiment_param_grid",
     "make_experiment_estimator",
     "EXPERIMENT_CANDIDATES",
+    "per_user_accuracy",
 ]
 
 
@@ -181,6 +193,9 @@ class PrivateGridSearch(RewardEstimator):
       delta: total δ (used with ``epsilon`` for sample-DP estimators: each candidate gets δ/K).
       selection_epsilon: ε_sel of the exponential mechanism when ``epsilon`` is ``None`` (default 1).
       refit: refit the selected parameters on all the data passed in (costs one more fit).
+      max_pairs_per_user: K ≥ 1 for **user-level** tuning (``fit(X, y, users=...)``; module docstring): split
+        by user, candidates fitted at user level, the validation score averaged per user. A sample-DP base
+        estimator must carry the same ``max_pairs_per_user``. ``None`` (default): record level.
       random_state: seed of the split, the candidates' seeds and the selection noise.
 
     Attributes:
@@ -213,6 +228,7 @@ class PrivateGridSearch(RewardEstimator):
         delta: float = 1e-5,
         selection_epsilon: float = 1.0,
         refit: bool = False,
+        max_pairs_per_user: int | None = None,
         random_state: Any = None,
     ) -> None:
         self.estimator = estimator
@@ -223,11 +239,15 @@ class PrivateGridSearch(RewardEstimator):
         self.delta = delta
         self.selection_epsilon = selection_epsilon
         self.refit = refit
+        self.max_pairs_per_user = max_pairs_per_user
         self.random_state = random_state
 
-    def fit(self, X: Any, y: Any, groups: Any = None) -> PrivateGridSearch:
+    def fit(
+        self, X: Any, y: Any, groups: Any = None, users: Sequence[object] | np.ndarray | None = None
+    ) -> PrivateGridSearch:
         """Run the protocol on ``(X, y)`` (the training data only); ``groups`` keeps groups on one side
-        (label-level estimators, or ``selection="public"``, only: groups must be public)."""
+        (label-level estimators, or ``selection="public"``, only: groups must be public); ``users`` (each
+        row's user, with ``max_pairs_per_user``) makes the search user-level."""
         from privalign.mechanisms.selection import NoisyArgmax
 
         if self.estimator is None or not hasattr(self.estimator, "get_params"):
@@ -260,6 +280,10 @@ class PrivateGridSearch(RewardEstimator):
         Xv, yv = check_Xy(X, y, check_values=False)
         rng = as_generator(self.random_state)
         unit = _privacy_unit(base)
+        route = unit  # how a candidate protects its unit: "label" (RR) or "sample"
+        codes = self._user_codes(base, users, n, groups)
+        if codes is not None:
+            unit, groups = "user", codes
         if groups is not None and unit == "sample" and selection == "exponential":
             raise PrivacyParameterError(
                 "The 'groups' parameter must be None for a sample-level estimator "
@@ -270,33 +294,13 @@ class PrivateGridSearch(RewardEstimator):
                 "Split by row position (groups=None), or declare the data public with selection='public'."
             )
         fit_idx, val_idx = split_validation(n, frac, rng, groups)
-        K = len(cands)
-        shared_rr = unit == "label" and not any("epsilon" in c or "random_state" in c for c in cands)
-        rr_seed = int(rng.integers(2**63 - 1))
-        built = []
-        for c in cands:
-            est = _clone(base).set_params(**c)
-            params = est.get_params()
-            if total_eps is not None and "epsilon" in params:
-                est.set_params(epsilon=total_eps if shared_rr else total_eps / K)
-                if "delta" in params:
-                    est.set_params(delta=total_delta / K)
-            if "random_state" in params and "random_state" not in c:
-                est.set_params(random_state=rr_seed if shared_rr else int(rng.integers(2**63 - 1)))
-            need = _min_pairs(est)
-            if need is not None and fit_idx.shape[0] < need[0]:
-                raise PrivacyParameterError(
-                    f"The 'validation_fraction' parameter ({frac!r}) leaves {fit_idx.shape[0]} fitting "
-                    f"pairs, fewer than the candidate's {need[1]}: lower validation_fraction or the batch "
-                    "count."
-                )
-            built.append(est)
-        XA, yA, XB, yB = Xv[fit_idx], yv[fit_idx], Xv[val_idx], yv[val_idx]
-        scores = []
-        for est in built:
-            est.fit(XA, yA)
-            scores.append(float(est.score(XB, yB)))
-        n_val = int(val_idx.shape[0])
+        shared_rr = route == "label" and not any("epsilon" in c or "random_state" in c for c in cands)
+        n_fit_units = int(fit_idx.shape[0]) if codes is None else len(np.unique(codes[fit_idx]))
+        built = self._build(cands, base, total_eps, total_delta, shared_rr, rng, (frac, n_fit_units, codes))
+        # each candidate's (ε, δ) before fitting (a user-level label fit rewrites its ε to ε/K per label)
+        costs = [_cost(est, route) for est in built]
+        scores = [self._fit_and_score(est, Xv, yv, (fit_idx, val_idx), codes, route) for est in built]
+        n_val = int(val_idx.shape[0]) if codes is None else len(np.unique(codes[val_idx]))
         if selection == "exponential":
             mech = NoisyArgmax(sel_eps, 1.0 / n_val, unit=unit, relation="replace_one")
             best = int(mech(np.asarray(scores), rng=rng))
@@ -305,14 +309,13 @@ class PrivateGridSearch(RewardEstimator):
             best = int(np.argmax(scores))
             sel_event = NonPrivateEvent(unit=unit, relation="replace_one")
         cand_events = [e.privacy_event_ for e in built]
-        private = selection == "exponential" and all(_is_private(e.get_params()) for e in built)
+        private = selection == "exponential" and all(math.isfinite(c[0]) for c in costs)
         if shared_rr:
-            a_event = cand_events[0]
-            a_eps, a_delta = float(built[0].epsilon), 0.0
+            a_event: PrivacyEvent = cand_events[0]
+            a_eps, a_delta = costs[0][0], 0.0
         else:
             a_event = ComposedEvent(events=tuple(cand_events), unit=unit, relation="replace_one")
-            a_eps = sum(float(e.get_params().get("epsilon", math.inf)) for e in built)
-            a_delta = sum(float(e.get_params().get("delta", 0.0)) if unit == "sample" else 0.0 for e in built)
+            a_eps, a_delta = sum(c[0] for c in costs), sum(c[1] for c in costs)
         event: PrivacyEvent = ParallelComposedEvent(
             events=(a_event, sel_event), unit=unit, relation="replace_one"
         )
@@ -320,25 +323,26 @@ class PrivateGridSearch(RewardEstimator):
         delta_total = a_delta
         chosen = built[best]
         if self.refit:
-            chosen = _clone(chosen).set_params(
-                **(
-                    {"random_state": int(rng.integers(2**63 - 1))}
-                    if "random_state" in chosen.get_params()
-                    else {}
-                )
-            )
-            chosen.fit(Xv, yv)
+            again: dict[str, float | int] = {}
+            if "random_state" in chosen.get_params():
+                again["random_state"] = int(rng.integers(2**63 - 1))
+            if codes is not None and route == "label":  # its fit rewrote ε to ε/K per label: the user's again
+                again["epsilon"] = costs[best][0]
+            chosen = _clone(built[best]).set_params(**again)
+            refit_cost = _cost(chosen, route)
+            everything = np.arange(Xv.shape[0])
+            self._fit_and_score(chosen, Xv, yv, (everything, None), codes, route)
             event = ComposedEvent(events=(event, chosen.privacy_event_), unit=unit, relation="replace_one")
             if private:
-                eps_total += float(chosen.get_params()["epsilon"])
-                delta_total += float(chosen.get_params().get("delta", 0.0)) if unit == "sample" else 0.0
+                eps_total += refit_cost[0]
+                delta_total += refit_cost[1]
         if selection == "public":
             event = NonPrivateEvent(unit=unit, relation="replace_one")
         self.candidates_ = [{"params": c, "validation_accuracy": s} for c, s in zip(cands, scores)]
         self.best_index_ = best
         self.best_params_ = dict(cands[best])
         self.best_estimator_ = chosen
-        self.n_fit_ = int(fit_idx.shape[0])
+        self.n_fit_ = n_fit_units
         self.n_validation_ = n_val
         self.shared_label_noise_ = bool(shared_rr)
         self.tuning_privacy_ = "accounted" if selection == "exponential" else "public data: not private"
@@ -355,6 +359,123 @@ class PrivateGridSearch(RewardEstimator):
         self.coef_ = chosen.coef_
         self.n_features_in_ = int(Xv.shape[1])
         return self
+
+    def _build(
+        self,
+        cands: list[dict[str, object]],
+        base: RewardEstimator,
+        total_eps: float | None,
+        total_delta: float,
+        shared_rr: bool,
+        rng: np.random.Generator,
+        split: tuple[float, int, np.ndarray | None],
+    ) -> list[RewardEstimator]:
+        """The unfitted candidates, at (ε/K, δ/K) each (or ε for a shared randomized-response draw) when the
+        total ε is given; refuses a split leaving fewer fitting pairs (users) than a candidate's batches."""
+        frac, n_fit_units, codes = split
+        K = len(cands)
+        rr_seed = int(rng.integers(2**63 - 1))
+        built = []
+        for c in cands:
+            est = _clone(base).set_params(**c)
+            params = est.get_params()
+            if total_eps is not None and "epsilon" in params:
+                est.set_params(epsilon=total_eps if shared_rr else total_eps / K)
+                if "delta" in params:
+                    est.set_params(delta=total_delta / K)
+            if "random_state" in params and "random_state" not in c:
+                est.set_params(random_state=rr_seed if shared_rr else int(rng.integers(2**63 - 1)))
+            need = _min_pairs(est)
+            if need is not None and n_fit_units < need[0]:
+                what = "pairs" if codes is None else "users"
+                raise PrivacyParameterError(
+                    f"The 'validation_fraction' parameter ({frac!r}) leaves {n_fit_units} fitting "
+                    f"{what}, fewer than the candidate's {need[1]}: lower validation_fraction or the batch "
+                    "count."
+                )
+            built.append(est)
+        return built
+
+    def _fit_and_score(
+        self,
+        est: RewardEstimator,
+        X: Matrix,
+        y: np.ndarray,
+        split: tuple[np.ndarray, np.ndarray | None],
+        codes: np.ndarray | None,
+        route: str,
+    ) -> float:
+        """Fit ``est`` on the rows ``split[0]`` and return its validation score on ``split[1]`` (``nan``
+        without one): the preference accuracy, or at user level the per-user accuracy averaged over the
+        validation users (:func:`per_user_accuracy`)."""
+        fit_idx, val_idx = split
+        if codes is None:
+            est.fit(X[fit_idx], y[fit_idx])
+            return math.nan if val_idx is None else float(est.score(X[val_idx], y[val_idx]))
+        if route == "label":  # each label at ε/K: the candidate's ε is the user's
+            from privalign.estimation.users import user_level_label_fit
+
+            k = int(self.max_pairs_per_user or 1)
+            user_level_label_fit(est, X[fit_idx], y[fit_idx], epsilon=float(est.epsilon), max_per_user=k)
+        else:
+            est.fit(X[fit_idx], y[fit_idx], users=codes[fit_idx])
+        if val_idx is None:
+            return math.nan
+        return per_user_accuracy(est.predict_reward(X[val_idx]), y[val_idx], codes[val_idx])
+
+    def _user_codes(
+        self, base: RewardEstimator, users: Sequence[object] | np.ndarray | None, n: int, groups: object
+    ) -> np.ndarray | None:
+        """Each row's user index at user level (``max_pairs_per_user`` set), ``None`` at record level; refuses
+        ``users`` without the bound (or the reverse), ``groups`` with ``users``, a user above K rows and a
+        sample-DP base estimator not bounded to the same K."""
+        from privalign.estimation.users import user_groups
+
+        k = self.max_pairs_per_user
+        if k is None:
+            if users is not None:
+                raise PrivacyParameterError(
+                    "The 'users' parameter is used only with 'max_pairs_per_user' (user-level tuning). Got "
+                    f"{type(users).__name__} without it."
+                )
+            return None
+        if groups is not None:
+            raise PrivacyParameterError(
+                "The 'groups' parameter must be None at user level: the split is by user. Got groups."
+            )
+        codes, _ = user_groups(users, n, k)
+        if _privacy_unit(base) == "sample" and base.get_params().get("max_pairs_per_user") != k:
+            raise PrivacyParameterError(
+                f"The 'estimator' parameter must be a user-level estimator with max_pairs_per_user={k} (the "
+                f"search's K). Got {type(base).__name__} with "
+                f"{base.get_params().get('max_pairs_per_user')!r}."
+            )
+        return codes
+
+
+def per_user_accuracy(rewards: np.ndarray, y: np.ndarray, users: np.ndarray) -> float:
+    """The validation score at user level: each user's preference accuracy on their own pairs (ties ½),
+    averaged over the users. Replacing all of one user's pairs (1..K of them) moves it by at most 1/U.
+
+    >>> r, y = np.array([1.0, -1.0, 2.0, 0.0]), np.array([1.0, 1.0, 1.0, 0.0])
+    >>> per_user_accuracy(r, y, np.array([0, 0, 1, 1]))  # user 0: ½, user 1: (1 + ½)/2
+    0.625
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    pred = np.where(r > 0, 1.0, np.where(r < 0, 0.0, 0.5))
+    agree = np.where(pred == 0.5, 0.5, (pred == np.asarray(y, dtype=np.float64)).astype(np.float64))
+    _, inverse = np.unique(np.asarray(users), return_inverse=True)
+    sums = np.bincount(inverse.reshape(-1), weights=agree)
+    counts = np.bincount(inverse.reshape(-1))
+    return float(np.mean(sums / counts))
+
+
+def _cost(est: RewardEstimator, route: str) -> tuple[float, float]:
+    """A candidate's (ε, δ) as configured (before its fit): per record, or per user at user level."""
+    params = est.get_params()
+    eps = params.get("epsilon")
+    eps_f = math.inf if not _is_private(params) else float(eps)
+    return eps_f, float(params.get("delta", 0.0)) if route == "sample" else 0.0
 
 
 def _clone(est: Any) -> Any:
