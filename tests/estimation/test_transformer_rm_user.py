@@ -213,8 +213,13 @@ def test_fit_reward_transformer_user_level_sample_release_states_the_user_and_k(
     assert meta["user_level"] == {"route": "sample", "epsilon": 2.0, "delta": 1e-5, "counts": "users"}
     # 18 users, 14 train + 4 test; counts in users (a user's number of pairs is private at this unit)
     assert meta["split"]["rule"] == "by user" and (meta["n_train"], meta["n_test"]) == (14, 4)
-    st = privacy_statement(load_reward(str(out)).describe(), {"source": "test prompts"})
+    desc = load_reward(
+        str(out)
+    ).describe()  # what align's manifest copies ("reward_model") beside the statement
+    assert desc["max_pairs_per_user"] == 3 and desc["privacy_unit"] == "user"
+    st = privacy_statement(desc, {"source": "test prompts"})
     assert "all of one user's pairs together, at most 3 pairs per user" in st["statement"]
+    assert st["privacy_unit"] == "user" and event_from_dict(st["privacy_event"]).unit == "user"
     assert st["guarantee"]["epsilon"] <= 2.0 * (1 + 1e-9) and st["guarantee"]["delta"] <= 1e-5
 
 

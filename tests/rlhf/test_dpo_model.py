@@ -54,3 +54,35 @@ def test_dpo_sample_two_steps_then_generate(tmp_path, capsys):
     assert main(argv) == 0
     rec = json.loads(pool.read_text().splitlines()[0])
     assert len(rec["responses"]) == 1 and rec["meta"]["generator"] == str(policy)
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_dpo_sample_user_level_two_steps(tmp_path, capsys):
+    """User-level DP-SGD on SmolLM2 (issue 39): 8 users with 3 pairs each, each keeps its first K = 2; the
+    batch counts users (4 of 8: q = 1/2, 2 steps); the manifest states unit ``user``, K and (ε, δ) per user,
+    and no count of the pairs kept (it depends on one user's data)."""
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [
+        {
+            "prompt": f"Review {k}:",
+            "chosen": f" A moving, brilliant film {k}.",
+            "rejected": f" Dull and weak {k}.",
+            "user": f"u{k % 8}",
+        }
+        for k in range(24)
+    ]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "dpo"
+    argv = ["dpo", "--data", str(pairs), "--privacy", "sample", "--epsilon", "8", "--delta", "1e-2"]
+    argv += ["--privacy-unit", "user", "--max-pairs-per-user", "2"]
+    argv += ["--out", str(out), "--batch-size", "4", "--lora-rank", "2", "--max-length", "24"]
+    argv += ["--num-threads", "1", "--no-progress", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    man = json.loads(capsys.readouterr().out)
+    priv = man["privacy"]
+    assert man["steps"] == 2 and priv["privacy_unit"] == "user" and priv["max_pairs_per_user"] == 2
+    assert priv["privacy_event"]["unit"] == "user"
+    assert priv["accounting"]["sampling_probability"] == 0.5 and priv["accounting"]["cross_check"]["agrees"]
+    assert priv["guarantee"]["epsilon"] <= 8.0 and priv["guarantee"]["delta"] <= 1e-2
+    assert "n_pairs" not in json.dumps(man)
+    assert (out / "policy" / "config.json").is_file()
