@@ -139,3 +139,36 @@ def test_align_resume_then_serve_and_build_pool(tmp_path, make_rm, capsys):
     out = gen("This movie was", 1, max_tokens=4, temperature=1.0, top_p=1.0, chat=False)
     texts = out.texts  # a Generation: candidates with token counts and finish reasons
     assert len(texts) == 1 and isinstance(texts[0], str) and 0 <= out.candidates[0].num_tokens <= 4
+
+
+def test_align_on_a_user_level_reward_model_states_the_user_and_k(tmp_path, capsys):
+    """``privalign align`` (1 step) on a ``fit-reward --privacy-unit user`` model: the manifest's privacy
+    event has unit ``user``, the reward model it copies states K, and the statement says ε per user and K."""
+    words = (["great", "superb", "moving", "lovely"], ["dull", "awful", "boring", "weak"])
+    rows = [
+        {
+            "prompt": "",
+            "chosen": f"{words[0][k % 4]} {words[0][(k + 1) % 4]} film {k}",
+            "rejected": f"{words[1][k % 4]} {words[1][(k + 2) % 4]} film {k}",
+            "user": f"ann{k % 20}",
+        }
+        for k in range(100)
+    ]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    rm = tmp_path / "rm.json"
+    argv = ["fit-reward", "--data", str(pairs), "--method", "rr", "--epsilon", "8", "--n-features", "256"]
+    assert main([*argv, "--privacy-unit", "user", "--max-pairs-per-user", "3", "--out", str(rm)]) == 0
+    capsys.readouterr()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The film was\n")
+    argv = ["align", "--reward-model", str(rm), "--out", str(tmp_path / "run"), "--prompts", str(prompts)]
+    argv += ["--steps", "1", "--num-generations", "2", "--max-new-tokens", "4", "--lora-rank", "2"]
+    assert main([*argv, "--num-threads", "1", "--seed", "3", "--no-progress", "--json"]) == 0
+    man = json.loads(capsys.readouterr().out)
+    priv = man["privacy"]
+    assert man["status"] == "complete" and priv["privacy_unit"] == "user"
+    assert priv["privacy_event"]["unit"] == "user" and priv["privacy_event"]["count"] == 3
+    assert man["reward_model"]["max_pairs_per_user"] == 3
+    assert "at most 3 pairs per user" in priv["statement"]
+    assert priv["guarantee"]["epsilon"] <= 8.0 * (1 + 1e-9)
