@@ -466,10 +466,11 @@ def _gold(cfg: dict, ctx: RunContext) -> Any:
 
 
 def _base(cfg: dict, ctx: RunContext) -> tuple[Any, Any, str]:
-    """The base policy, loaded once per run (p2-rlhf's loader: the same model, threads and cache key)."""
-    from privalign.experiments.rlhf import _base as load_cached
+    """The base policy, loaded once per run (:func:`privalign.rlhf.train.load_base_model_once`: the same
+    model, threads and cache key as p2-rlhf)."""
+    from privalign.rlhf.train import load_base_model_once
 
-    return load_cached(cfg, ctx)
+    return load_base_model_once(ctx.cache, num_threads=cfg["num_threads"])
 
 
 _DATA_KEYS = ("seed", "eval_prompts", "grpo_prompts", "n_pairs", "label_rule", "max_new_tokens", "gold")

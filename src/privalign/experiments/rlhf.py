@@ -255,16 +255,9 @@ def _data(cfg: dict, ctx: RunContext) -> dict:
 
 
 def _base(cfg: dict, ctx: RunContext):
-    if "base" not in ctx.cache:
-        import torch
+    from privalign.rlhf.train import load_base_model_once
 
-        from privalign.rlhf.train import load_base_model
-
-        torch.set_num_threads(cfg["num_threads"])
-        m, tok, mid = load_base_model("smollm2")
-        m.eval()
-        ctx.cache["base"] = (m, tok, mid)
-    return ctx.cache["base"]
+    return load_base_model_once(ctx.cache, num_threads=cfg["num_threads"])
 
 
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:

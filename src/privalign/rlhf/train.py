@@ -54,7 +54,14 @@ from privalign._validation import check_int, check_real
 from privalign.errors import PrivacyParameterError
 from privalign.release import public_overlap_check
 
-__all__ = ["AlignConfig", "align_policy", "load_base_model", "last_checkpoint", "privacy_statement"]
+__all__ = [
+    "AlignConfig",
+    "align_policy",
+    "load_base_model",
+    "load_base_model_once",
+    "last_checkpoint",
+    "privacy_statement",
+]
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -138,6 +145,20 @@ def load_base_model(model: str | None = "smollm2") -> tuple[Any, Any, str]:
     if tok.pad_token_id is None:  # pragma: no cover - SmolLM2 has one
         tok.pad_token = tok.eos_token
     return m, tok, g.model_id
+
+
+def load_base_model_once(cache: dict, *, num_threads: int, model: str = "smollm2"):
+    """:func:`load_base_model` in eval mode with torch at ``num_threads`` threads, loaded once per ``cache``
+    (a run's cache: the experiments that evaluate or train from the base policy share one copy under the key
+    ``"base"``). Returns ``(model, tokenizer, model_id)``."""
+    if "base" not in cache:
+        import torch
+
+        torch.set_num_threads(num_threads)
+        m, tok, mid = load_base_model(model)
+        m.eval()
+        cache["base"] = (m, tok, mid)
+    return cache["base"]
 
 
 def last_checkpoint(out: Path) -> Path | None:
