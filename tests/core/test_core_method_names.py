@@ -29,6 +29,7 @@ NAMES = frozenset(
         "PrivITP",
         "PrivBoN-Gaussian",
         "PrivITP-matched",
+        "PrivITP-fixed",  # p1-scaling's fixed-noise PrivITP curve (experiments/records.py: fixed_label)
     }
 )
 #: where a method is defined: its selector module, the registry, the shared base

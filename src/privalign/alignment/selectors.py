@@ -29,7 +29,6 @@ from privalign.errors import PrivacyParameterError
 
 __all__ = [
     "METHODS",
-    "TWO_POOL_METHODS",
     "Selector",
     "SelectorSpec",
     "check_method",
@@ -57,8 +56,6 @@ _LOADED: dict[str, type] = {}
 
 #: The built-in selection methods, non-private first (``methods()`` adds the registered ones).
 METHODS = tuple(_BUILTIN)
-#: Built-in methods that draw a phase-1 pool A, a fresh phase-2 pool B and one fallback candidate.
-TWO_POOL_METHODS = frozenset({"itp", "privitp"})
 
 
 @runtime_checkable

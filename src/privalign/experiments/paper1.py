@@ -37,7 +37,7 @@ from privalign.experiments.pools import (
     pool_preflight,
     split_pool,
 )
-from privalign.experiments.records import is_method, of_method
+from privalign.experiments.records import fixed_label, is_method, of_method
 from privalign.experiments.runner import read_results
 
 __all__ = ["EXPERIMENTS", "gaussian_rnm_outcomes"]
@@ -259,7 +259,7 @@ def _privitp_fixed_curve(cfg: dict) -> tuple[str, Any, dict]:
         ss=None,
     )
     return (
-        "PrivITP-fixed",
+        fixed_label("privitp"),
         MethodSpec(
             "privitp",
             beta=cfg["privitp_beta"],
@@ -517,7 +517,7 @@ def _scaling_plot_factory(stem: str, title: str):
         if not recs:
             return []
         kind = recs[0]["truth_kind"]
-        main = [r for r in recs if r["method"] != "PrivITP-fixed"]
+        main = [r for r in recs if r["method"] != fixed_label("privitp")]
         names: dict[str, list[dict]] = {}
         for r in main:
             names.setdefault(r["variant"], []).append(r)

@@ -71,7 +71,9 @@ def _unit(f: dict) -> str:
 
 
 def _method(m: str) -> str:
-    return {"PrivITP-fixed": "PrivITP (at a fixed noise level)"}.get(m, m)
+    from privalign.experiments.records import fixed_label
+
+    return "PrivITP (at a fixed noise level)" if m == fixed_label("privitp") else m
 
 
 # --- paper 1 ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from privalign.alignment.selectors import label as method_label
 
-__all__ = ["is_method", "of_method"]
+__all__ = ["fixed_label", "is_method", "of_method"]
 
 
 def is_method(record: Mapping[str, Any], *methods: str, key: str = "method") -> bool:
@@ -27,3 +27,9 @@ def of_method(records: Iterable[dict], method: str, *, key: str = "method", **wh
     fields equal ``where`` (``of_method(recs, "privitp", privacy_match="worst")``), in their order."""
     want = method_label(method)
     return [r for r in records if r.get(key) == want and all(r.get(k) == v for k, v in where.items())]
+
+
+def fixed_label(method: str) -> str:
+    """The display label of ``method`` (a registered name) run at one fixed noise level for every N
+    (p1-scaling's ``privitp_fixed_N`` curve: ``fixed_label("privitp") == "PrivITP-fixed"``)."""
+    return f"{method_label(method)}-fixed"

@@ -29,6 +29,7 @@ from privalign._json import write_json_atomic
 from privalign.experiments.base import ExperimentError
 from privalign.experiments.manifest import read_manifest, utc_now
 from privalign.experiments.plain import READERS, Reader, reading
+from privalign.experiments.records import fixed_label
 from privalign.experiments.runner import read_results, read_summary
 
 __all__ = ["Claim", "CLAIMS", "evaluate_claims", "write_report"]
@@ -147,7 +148,8 @@ def _mono(method: str, fallback: str | None = None, *, across_epsilon: bool = Fa
             m = method if any(r.get("method") == method for r in recs) or fallback is None else fallback
             res = monotone_rule(recs, m)
             v, txt = res
-            if m == "PrivITP-fixed":  # the paper's setting is a fixed noise level; also report equal-ε curves
+            # the paper's setting is a fixed noise level; also report equal-ε curves
+            if m == fixed_label("privitp"):
                 v2, t2 = monotone_rule(recs, "PrivITP")
                 txt += f" | for contrast, PrivITP re-matched to ε at every N (ε_max(N) = ε): {v2}"
             out.append((e, Outcome(v, txt, facts_of(res))))
@@ -371,7 +373,7 @@ CLAIMS: list[Claim] = [
         "p1-scaling",
         "as P1-2, for PrivITP at a fixed noise level (σ with ε_max(16) = ε; the paper's setting); the curve "
         "re-matched to ε at every N is reported for contrast",
-        _mono("PrivITP-fixed", fallback="PrivITP"),
+        _mono(fixed_label("privitp"), fallback="PrivITP"),
         also=("p1-scaling-imdb",),
     ),
     Claim(

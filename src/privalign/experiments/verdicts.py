@@ -33,7 +33,7 @@ import numpy as np
 from scipy import stats
 
 from privalign.alignment.selectors import label as method_label
-from privalign.experiments.records import of_method
+from privalign.experiments.records import fixed_label, of_method
 
 __all__ = [
     "all_of",
@@ -784,7 +784,7 @@ def p1_8_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     rows = [
         r
         for r in records
-        if r.get("method") == "PrivITP-fixed" and r.get("expected_epsilon_realized") is not None
+        if r.get("method") == fixed_label("privitp") and r.get("expected_epsilon_realized") is not None
     ]
     src = "PrivITP at a fixed σ"
     if not rows:
