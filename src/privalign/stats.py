@@ -15,14 +15,20 @@ replicates in every caller.
 * **Holm's step-down** over p-values at family-wise level α (:func:`holm`; Holm 1979).
 * **Equivalence**: a difference is shown within ``± margin`` when a (1 − α/k) interval lies inside it
   (:func:`within`; the interval form of two one-sided tests, Schuirmann 1987).
+* **Student-t tests** (scipy, imported when called): the exact quantile at a possibly fractional
+  (Welch–Satterthwaite) df (:func:`t_quantile`), one-sided critical values at α/k (:func:`t_crit`), the
+  minimal detectable difference at power ≈ 0.8 (:func:`mdd`), the paired TOST of two classifiers on the same
+  test pairs (:func:`paired_tost`) and one replicated comparison over fit seeds (:func:`replicated_test`).
 * **Best point on a KL path** (:func:`best_on_path`): the best gold at KL ≤ budget along a policy's path,
   a segment crossing the budget counting as the mixture of its end policies that spends the budget.
 
-numpy only (no scipy at import: this module sits low, under ``rlhf`` and ``experiments``).
+numpy only at import (scipy is imported inside the t-test functions: this module sits low, under ``rlhf``
+and ``experiments``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,10 +46,21 @@ __all__ = [
     "holm",
     "within",
     "best_on_path",
+    "Z80",
+    "t_quantile",
+    "t_crit",
+    "mdd",
+    "paired_tost",
+    "replicated_test",
 ]
 
 #: The family-wise false-positive rate of the experiments' verdicts.
 ALPHA = 0.05
+#: z_{0.8}, the standard normal 0.8-quantile (scipy.stats.norm.ppf(0.8)): a one-sided test at critical value
+#: c detects a true difference of (c + z_{0.8})·SE with power ≈ 0.8.
+Z80 = 0.8416212335729143
+#: An SE at or below this is zero (the tests then decide on the sign of the mean alone).
+_TINY = 1e-12
 
 
 def stream(root_seed: int, *key: int) -> np.random.Generator:
@@ -148,3 +165,90 @@ def best_on_path(
         if best is None or cand[0] > best[0]:
             best = cand
     return None if best is None else (best[1], best[2])
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Exact Student-t quantile ``t_{p, df}`` at a (possibly fractional, Welch–Satterthwaite) df ≥ 1."""
+    from scipy import stats
+
+    return float(stats.t.ppf(p, max(df, 1.0)))
+
+
+def t_crit(df: int, alpha: float = ALPHA, k: int = 1) -> float:
+    """One-sided critical value ``t_{1−α/k, df}`` (exact Student t quantile; Bonferroni over ``k``)."""
+    return t_quantile(1.0 - alpha / k, df)
+
+
+def mdd(se: float, df: int, alpha: float = ALPHA, k: int = 1) -> float:
+    """Minimum detectable difference at power ≈ 0.8: ``(t_{1−α/k, df} + z_0.8)·se``."""
+    return (t_crit(df, alpha, k) + Z80) * se
+
+
+def paired_tost(b: int, c: int, n: int, *, margin: float, alpha: float = ALPHA) -> dict:
+    """Paired TOST (two one-sided tests) that two classifiers' accuracies on the same ``n`` test pairs
+    differ by less than ``margin``.
+
+    The per-pair differences are +1 (``b`` pairs only the first gets right), −1 (``c`` pairs only the
+    second) and 0 otherwise; D = (b − c)/n is their mean, SE its standard error. Equivalence is shown at
+    level ``alpha`` when both ``(D + margin)/SE`` and ``(margin − D)/SE`` exceed the exact Student-t
+    quantile ``t_{1−α, n−1}`` (equivalently, the (1 − 2α) interval lies inside ±margin). The p-value is the
+    larger of the two one-sided p-values. With SE = 0 (no discordant pairs) equivalence holds iff
+    |D| < margin.
+    """
+    from scipy import stats
+
+    mean = (b - c) / n
+    var = ((b + c) - n * mean**2) / max(n - 1, 1)
+    se = math.sqrt(max(var, 0.0) / n)
+    df = max(n - 1, 1)
+    if se <= _TINY:
+        p = 0.0 if abs(mean) < margin else 1.0
+    else:
+        p = float(max(stats.t.sf((mean + margin) / se, df), stats.t.sf((margin - mean) / se, df)))
+    crit = t_crit(df, alpha)
+    return {
+        "diff": mean,
+        "se": se,
+        "p": p,
+        "equivalent": p < alpha,
+        "lo": mean - crit * se,
+        "hi": mean + crit * se,
+        "margin": margin,
+        "alpha": alpha,
+    }
+
+
+def replicated_test(c: dict, *, alpha: float, margin: float, min_seeds: int = 2) -> dict:
+    """One replicated comparison (fields ``mean``, ``se``, ``df``, ``R``: the seed-averaged paired difference,
+    its SE, Welch–Satterthwaite df and number of fit seeds) at level ``alpha``: one-sided t-tests both ways,
+    TOST within ±``margin``, the (1 − 2α) interval and the minimal detectable difference
+    ``(t_{1−α, df} + z_0.8)·SE`` (power ≈ 0.8). ``{"ok": False}`` with no SE or fewer than ``min_seeds``
+    fit seeds (one fit says nothing about the DP noise)."""
+    from scipy import stats
+
+    if c.get("se") is None or (c.get("R") or 0) < min_seeds:
+        return {"ok": False}
+    m, se, df = float(c["mean"]), float(c["se"]), float(c["df"])
+    tq = t_quantile(1.0 - alpha, df)
+    if se <= _TINY:
+        better, worse, equiv = m > _TINY, m < -_TINY, abs(m) < margin
+        p_b = 0.0 if better else 1.0
+        p_w = 0.0 if worse else 1.0
+        p_eq = 0.0 if equiv else 1.0
+    else:
+        p_b = float(stats.t.sf(m / se, df))
+        p_w = float(stats.t.sf(-m / se, df))
+        p_eq = float(max(stats.t.sf((m + margin) / se, df), stats.t.sf((margin - m) / se, df)))
+        better, worse, equiv = p_b < alpha, p_w < alpha, p_eq < alpha
+    return {
+        "ok": True,
+        "better": bool(better),
+        "worse": bool(worse),
+        "equivalent": bool(equiv),
+        "p_better": p_b,
+        "p_worse": p_w,
+        "p_equivalent": p_eq,
+        "lo": m - tq * se,
+        "hi": m + tq * se,
+        "mdd": (tq + Z80) * se,
+    }

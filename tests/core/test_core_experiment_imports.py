@@ -32,7 +32,7 @@ INFRASTRUCTURE = {
 KNOWN_SIBLING_PAIRS: set[tuple[str, str]] = set()
 
 #: ``from privalign.x import _name`` across modules (was 40 when issue 38 was filed); only ever lower it.
-PRIVATE_IMPORTS_CEILING = 32
+PRIVATE_IMPORTS_CEILING = 31
 #: annotations in src/ that contain ``Any`` (each annotation once: ``dict[str, Any]`` is one); only ever lower
 #: it. (Issue 38 counted 396 by a narrower pattern.)
 ANY_CEILING = 974  # 962 was counted on a partial tree; the ratchet's own commit (20f5909) holds 977

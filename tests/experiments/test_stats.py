@@ -69,11 +69,47 @@ def test_holm_step_down():
     assert [r for _, r in holm([0.001, 0.03, 0.049], alpha=0.05)] == [True, False, False]
 
 
-def test_holm_agrees_with_statsmodels():
-    sm = pytest.importorskip("statsmodels.stats.multitest")
-    p = np.random.default_rng(5).uniform(0, 0.06, size=12)
-    ours = [r for _, r in holm(list(p))]
-    assert ours == list(sm.multipletests(p, alpha=0.05, method="holm")[0])
+def _holm_adjusted_reject(p: np.ndarray, alpha: float) -> list[bool]:
+    """Reference: Holm by adjusted p-values (Wright 1992), p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)),
+    rejected iff p̃ ≤ α: another algorithm than the step-down loop of :func:`holm`."""
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adj = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    out = np.empty(m, dtype=bool)
+    out[order] = adj <= alpha
+    return out.tolist()
+
+
+def test_holm_agrees_with_adjusted_p_values():
+    # always runs (was a statsmodels comparison, skipped where statsmodels is absent); α = 0.05 and 0.1
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        p = rng.uniform(0, 0.06, size=int(rng.integers(1, 15)))
+        for alpha in (0.05, 0.1):
+            assert [r for _, r in holm(list(p), alpha=alpha)] == _holm_adjusted_reject(p, alpha)
+    # a hand-worked case: sorted 0.005 ≤ 0.05/4, 0.01 ≤ 0.05/3, then 0.03 > 0.05/2 stops
+    assert _holm_adjusted_reject(np.array([0.01, 0.04, 0.03, 0.005]), 0.05) == [True, False, False, True]
+
+
+def test_t_quantiles_and_replicated_test():
+    from scipy import stats
+
+    from privalign.stats import Z80, mdd, replicated_test, t_crit, t_quantile
+
+    assert Z80 == float(stats.norm.ppf(0.8))
+    assert t_quantile(0.975, 7.5) == pytest.approx(float(stats.t.ppf(0.975, 7.5)))  # a fractional df
+    assert t_quantile(0.95, 0.2) == t_quantile(0.95, 1.0)  # df below 1 counts as 1
+    assert t_crit(10, 0.05, 5) == t_quantile(0.99, 10)
+    assert mdd(0.1, 10) == pytest.approx((t_crit(10) + Z80) * 0.1)
+    c = {"mean": 0.05, "se": 0.01, "df": 9.0, "R": 3}
+    t = replicated_test(c, alpha=0.05, margin=0.03)
+    assert t["better"] and not t["worse"] and not t["equivalent"]
+    assert t["p_better"] == pytest.approx(float(stats.t.sf(5.0, 9.0)))
+    assert t["lo"] == pytest.approx(0.05 - float(stats.t.ppf(0.95, 9.0)) * 0.01)
+    tie = replicated_test({**c, "mean": 0.001}, alpha=0.05, margin=0.03)
+    assert tie["equivalent"] and not tie["better"]
+    assert replicated_test({**c, "R": 1}, alpha=0.05, margin=0.03) == {"ok": False}  # one seed: no test
+    assert replicated_test({**c, "R": 2}, alpha=0.05, margin=0.03, min_seeds=3) == {"ok": False}
 
 
 def test_within_is_strict():

@@ -13,6 +13,7 @@ import pytest
 
 from privalign.experiments import verdicts as V
 from privalign.experiments.report import evaluate_claims
+from privalign.stats import paired_tost, t_crit
 
 P = 40  # prompts
 NS = [1, 4, 16, 64, 256, 1024]
@@ -62,8 +63,8 @@ def test_paired_diff_matches_prompts_and_cancels_prompt_effects():
 
 
 def test_exact_critical_values_and_mcnemar():
-    assert V.t_crit(10) == pytest.approx(1.812461, abs=1e-6)  # t_{0.95, 10}
-    assert V.t_crit(10, k=5) == pytest.approx(2.763769, abs=1e-6)  # t_{0.99, 10}
+    assert t_crit(10) == pytest.approx(1.812461, abs=1e-6)  # t_{0.95, 10}
+    assert t_crit(10, k=5) == pytest.approx(2.763769, abs=1e-6)  # t_{0.99, 10}
     # P(X >= 9), X ~ Bin(10, 1/2) = 11/1024
     assert V.mcnemar_exact(9, 1) == pytest.approx(11 / 1024)
     assert V.mcnemar_exact(0, 0) == 1.0
@@ -559,18 +560,20 @@ def test_p2_4_untuned_is_printed_beside_and_does_not_decide():
 
 def test_paired_tost_exact_t_quantiles_and_the_motivating_tie():
     # 30 / 30 discordant of 2,000: Δ̂ = 0, SE = √(60/1999/2000); equivalence within ±0.03 at α = 0.05
-    t = V.paired_tost(30, 30, 2000, margin=0.03, alpha=0.05)
+    t = paired_tost(30, 30, 2000, margin=0.03, alpha=0.05)
     se = math.sqrt(60 / 1999 / 2000)
     assert t["se"] == pytest.approx(se) and t["equivalent"]
     assert t["p"] == pytest.approx(stats_t_sf(0.03 / se, 1999))
     # the powered tie of the real-data run (IMDb ε = 8, RR-IHT vs dense RR, 16 / 18 of 462): equivalent
     # within ±0.03 at α = 0.05 for one comparison, not after Bonferroni over the 12 comparisons of P2-4
     # (TOST p = 0.021)
-    tie = V.paired_tost(16, 18, 462, margin=0.03, alpha=0.05)
+    tie = paired_tost(16, 18, 462, margin=0.03, alpha=0.05)
     assert tie["equivalent"] and tie["p"] == pytest.approx(0.0214, abs=5e-4)
-    assert not V.paired_tost(16, 18, 462, margin=0.03, alpha=0.05 / 12)["equivalent"]
-    assert not V.paired_tost(60, 10, 400)["equivalent"]  # a clear difference is not equivalence
-    assert V.paired_tost(0, 0, 100)["equivalent"]  # identical predictions: SE = 0, |Δ̂| = 0 < margin
+    assert not paired_tost(16, 18, 462, margin=0.03, alpha=0.05 / 12)["equivalent"]
+    assert not paired_tost(60, 10, 400, margin=0.03)["equivalent"]  # a clear difference is not equivalence
+    assert paired_tost(0, 0, 100, margin=0.03)[
+        "equivalent"
+    ]  # identical predictions: SE = 0, |Δ̂| = 0 < margin
 
 
 def stats_t_sf(x, df):

@@ -804,13 +804,14 @@ def sparse_dense_table(records: list[dict], *, variant: str = "tuned") -> list[d
     the fit-seed (DP noise) and test-pair parts, the two-sided 95% interval (exact t quantile), one-sided
     p-values both ways and the per-row verdict at α = 0.05 Bonferroni over the rows, with the minimal
     detectable difference (power ≈ 0.8) at that level."""
-    from privalign.experiments.verdicts import ALPHA, EQUIVALENCE_MARGIN, _t_q, replicated_test
+    from privalign.experiments.verdicts import ALPHA, EQUIVALENCE_MARGIN, MIN_FIT_SEEDS
+    from privalign.stats import replicated_test, t_quantile
 
     rows = replicated_comparisons(records, variant=variant)
     k = max(1, len(rows))
     out = []
     for c in rows:
-        t = replicated_test(c, alpha=ALPHA / k, margin=EQUIVALENCE_MARGIN)
+        t = replicated_test(c, alpha=ALPHA / k, margin=EQUIVALENCE_MARGIN, min_seeds=MIN_FIT_SEEDS)
         row = {
             "dataset": c["dataset"],
             "epsilon": c["epsilon"],
@@ -828,7 +829,7 @@ def sparse_dense_table(records: list[dict], *, variant: str = "tuned") -> list[d
         if not t["ok"]:
             out.append({**row, "verdict": f"unreplicated ({c['R']} fit seed): DP-noise variance unmeasured"})
             continue
-        hw = _t_q(0.975, c["df"]) * c["se"]
+        hw = t_quantile(0.975, c["df"]) * c["se"]
         out.append(
             {
                 **row,

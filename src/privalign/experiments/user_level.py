@@ -43,7 +43,8 @@ import numpy as np
 from privalign.experiments.base import Experiment, ExperimentError, RunContext
 from privalign.experiments.config import Field
 from privalign.experiments.runner import read_results
-from privalign.experiments.verdicts import ALPHA, Outcome, all_of, t_crit
+from privalign.experiments.verdicts import ALPHA, Outcome, all_of
+from privalign.stats import t_crit
 
 __all__ = ["EXPERIMENTS", "attack_verdict", "utility_verdict"]
 

@@ -34,16 +34,14 @@ from scipy import stats
 
 from privalign.alignment.selectors import label as method_label
 from privalign.experiments.records import fixed_label, of_method
+from privalign.stats import Z80, mdd, paired_tost, replicated_test, t_crit
 
 __all__ = [
     "all_of",
     "ALPHA",
     "Outcome",
     "paired_diff",
-    "t_crit",
-    "mdd",
     "mcnemar_exact",
-    "paired_tost",
     "EQUIVALENCE_MARGIN",
     "bon_degradation",
     "monotone_rule",
@@ -64,7 +62,6 @@ __all__ = [
 
 #: Significance level of every test in the claims table (one-sided unless stated).
 ALPHA = 0.05
-_Z80 = float(stats.norm.ppf(0.8))
 #: Differences and standard errors below this are rounding (e.g. two curves with the same σ and seed).
 _TINY = 1e-12
 
@@ -105,16 +102,6 @@ def facts_of(result: tuple) -> dict:
     return dict(getattr(result, "facts", None) or {})
 
 
-def t_crit(df: int, alpha: float = ALPHA, k: int = 1) -> float:
-    """One-sided critical value ``t_{1−α/k, df}`` (exact Student t quantile)."""
-    return float(stats.t.ppf(1.0 - alpha / k, max(df, 1)))
-
-
-def mdd(se: float, df: int, alpha: float = ALPHA, k: int = 1) -> float:
-    """Minimum detectable difference at power ≈ 0.8: ``(t_{1−α/k, df} + z_0.8)·se``."""
-    return (t_crit(df, alpha, k) + _Z80) * se
-
-
 def paired_diff(a: dict, b: dict) -> dict | None:
     """Mean and SE over prompts of ``b.lift_pp − a.lift_pp``, matched on the records' ``prompts``.
 
@@ -151,38 +138,6 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 #: P2-4's equivalence margin (accuracy): a sparse gain smaller than 0.03 is not "beating" the dense method.
 EQUIVALENCE_MARGIN = 0.03
-
-
-def paired_tost(b: int, c: int, n: int, *, margin: float = EQUIVALENCE_MARGIN, alpha: float = ALPHA) -> dict:
-    """Paired TOST (two one-sided tests) that two classifiers' accuracies on the same ``n`` test pairs
-    differ by less than ``margin``.
-
-    The per-pair differences are +1 (``b`` pairs only the first gets right), −1 (``c`` pairs only the
-    second) and 0 otherwise; D = (b − c)/n is their mean, SE its standard error. Equivalence is shown at
-    level ``alpha`` when both ``(D + margin)/SE`` and ``(margin − D)/SE`` exceed the exact Student-t
-    quantile ``t_{1−α, n−1}`` (equivalently, the (1 − 2α) interval lies inside ±margin). The p-value is the
-    larger of the two one-sided p-values. With SE = 0 (no discordant pairs) equivalence holds iff
-    |D| < margin.
-    """
-    mean = (b - c) / n
-    var = ((b + c) - n * mean**2) / max(n - 1, 1)
-    se = math.sqrt(max(var, 0.0) / n)
-    df = max(n - 1, 1)
-    if se <= _TINY:
-        p = 0.0 if abs(mean) < margin else 1.0
-    else:
-        p = float(max(stats.t.sf((mean + margin) / se, df), stats.t.sf((margin - mean) / se, df)))
-    crit = t_crit(df, alpha)
-    return {
-        "diff": mean,
-        "se": se,
-        "p": p,
-        "equivalent": p < alpha,
-        "lo": mean - crit * se,
-        "hi": mean + crit * se,
-        "margin": margin,
-        "alpha": alpha,
-    }
 
 
 def _series(records: list[dict], method: str) -> dict[str, list[dict]]:
@@ -290,7 +245,7 @@ def bon_degradation(records: list[dict], *, min_n: int = 64, alpha: float = ALPH
         }
     t = _drop_tests(rows, alpha)
     w, wr = t["worst"], t["worst_r"]
-    power = (t["crit"] + _Z80) * w["se"]
+    power = (t["crit"] + Z80) * w["se"]
     text = (
         f"BoN lift {t['last']['lift']:.3g} at N={t['last']['N']} vs {wr['lift']:.3g} at N={wr['N']}: paired "
         f"drop {-w['mean']:.3g} ± {w['se']:.3g} SE over {w['n']} prompts (one-sided α={alpha:g}, {t['how']} "
@@ -1017,43 +972,6 @@ def seed_paired_diff(correct_a, correct_b) -> dict:
     }
 
 
-def _t_q(p: float, df: float) -> float:
-    """Exact Student-t quantile at a (possibly fractional, Welch–Satterthwaite) df."""
-    return float(stats.t.ppf(p, max(df, 1.0)))
-
-
-def replicated_test(c: dict, *, alpha: float, margin: float) -> dict:
-    """One replicated comparison (:func:`seed_paired_diff` fields ``mean``, ``se``, ``df``, ``R``) at level
-    ``alpha``: one-sided t-tests both ways, TOST within ±``margin``, the (1 − 2α) interval and the minimal
-    detectable difference ``(t_{1−α, df} + z_0.8)·SE`` (power ≈ 0.8)."""
-    if c.get("se") is None or (c.get("R") or 0) < MIN_FIT_SEEDS:
-        return {"ok": False}
-    m, se, df = float(c["mean"]), float(c["se"]), float(c["df"])
-    tq = _t_q(1.0 - alpha, df)
-    if se <= _TINY:
-        better, worse, equiv = m > _TINY, m < -_TINY, abs(m) < margin
-        p_b = 0.0 if better else 1.0
-        p_w = 0.0 if worse else 1.0
-        p_eq = 0.0 if equiv else 1.0
-    else:
-        p_b = float(stats.t.sf(m / se, df))
-        p_w = float(stats.t.sf(-m / se, df))
-        p_eq = float(max(stats.t.sf((m + margin) / se, df), stats.t.sf((margin - m) / se, df)))
-        better, worse, equiv = p_b < alpha, p_w < alpha, p_eq < alpha
-    return {
-        "ok": True,
-        "better": bool(better),
-        "worse": bool(worse),
-        "equivalent": bool(equiv),
-        "p_better": p_b,
-        "p_worse": p_w,
-        "p_equivalent": p_eq,
-        "lo": m - tq * se,
-        "hi": m + tq * se,
-        "mdd": (tq + _Z80) * se,
-    }
-
-
 def replicated_rule(
     comparisons: list[dict],
     *,
@@ -1096,7 +1014,7 @@ def replicated_rule(
     a = alpha / k
     parts, wins, losses, ties, unrep = [], 0, 0, 0, 0
     for c in comparisons:
-        t = replicated_test(c, alpha=a, margin=margin)
+        t = replicated_test(c, alpha=a, margin=margin, min_seeds=MIN_FIT_SEEDS)
         head = (
             f"{c['dataset']} ε={c['epsilon']:g}: {c['sparse']} {c['acc_a']:.3f} vs {c['dense']} "
             f"{c['acc_b']:.3f} ({c['R']} seed{'s' if c['R'] != 1 else ''}"
@@ -1251,7 +1169,7 @@ def b1_rule(records: list[dict], *, alpha: float = ALPHA) -> tuple[str, str]:
     head = (
         f"one-sided tests at α={alpha:g}, Bonferroni over the {k} values of T "
         f"({'paired over the evaluation queries' if paired else 'unpaired'}); detectable difference at the "
-        f"largest T ≈ {(_b1_crit(d_last, alpha / k) + _Z80) * d_last['se']:.3f}. "
+        f"largest T ≈ {(_b1_crit(d_last, alpha / k) + Z80) * d_last['se']:.3f}. "
     )
     facts = {"t_max": last, "diff_at_t_max": d_last["mean"], "crossover_T": ahead[0] if ahead else None}
     if _b1_z(d_last) < -_b1_crit(d_last, alpha):
