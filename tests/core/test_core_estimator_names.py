@@ -16,7 +16,8 @@ outside the owners, in both vocabularies (the class names ``SampleDPIHT``... and
   subscript whose value is an estimator name: ``method="RRIHT"``, ``grid["dp-sgd"]``).
 
 The ceilings below may only go down: a module above its ceiling fails (a new branch), and so does a module
-below it (lower the ceiling here). Comparisons are at 0 outside the modules listed. ``accounting/`` is not
+below it (lower the ceiling here). Comparisons are at 0 everywhere outside the owners (a record selection
+asks ``registry.is_estimator``, a property ``registry.kind_of`` / the class). ``accounting/`` is not
 scanned: its ``"rr"`` is the randomized-response atom of the RDP accountant, and the layer rule keeps
 accounting from knowing the estimators.
 """
@@ -61,16 +62,16 @@ SKIP = ("accounting/",)
 #: module → (comparisons, tables, selections): today's count, which may only go down.
 CEILINGS: dict[str, tuple[int, int, int]] = {
     "estimation/rates.py": (0, 2, 0),  # RATE_GRIDS' DP-SGD overrides (configuration data)
-    "estimation/sparsity.py": (2, 1, 0),
+    "estimation/sparsity.py": (0, 1, 0),
     "estimation/tuning.py": (0, 2, 0),  # the tuning grids per estimator
-    "experiments/paper2.py": (9, 1, 1),
+    "experiments/paper2.py": (0, 1, 1),
     "experiments/plotting.py": (0, 1, 0),  # STYLE
     "experiments/report.py": (0, 0, 3),
     "experiments/rlhf.py": (0, 3, 0),
     "experiments/rlhf_bon.py": (0, 3, 0),
     "experiments/routes/_reward.py": (0, 3, 0),  # LINEAR_PRIVATE, LINEAR_NONPRIVATE, LABEL_DP
-    "experiments/user_level.py": (1, 1, 0),
-    "experiments/winrate.py": (5, 1, 0),
+    "experiments/user_level.py": (0, 1, 0),
+    "experiments/winrate.py": (0, 1, 0),
 }
 
 
@@ -143,7 +144,7 @@ def test_no_new_estimator_name_branch_outside_the_classes():
 
 
 def test_comparisons_only_go_down():
-    assert sum(c[0] for c in CEILINGS.values()) <= 17  # may only go down (33 before the registry)
+    assert sum(c[0] for c in CEILINGS.values()) == 0  # 33 before the registry, 17 before is_estimator/kind_of
 
 
 def test_a_planted_branch_table_and_selection_are_found(tmp_path):

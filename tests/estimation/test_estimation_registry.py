@@ -93,3 +93,13 @@ def test_register_refuses_a_taken_spelling_a_bad_kind_and_a_disagreeing_key():
         with pytest.raises(PrivacyParameterError, match=match):
             registry.register(cls)
     assert "BadKey" not in registry.names()
+
+
+def test_is_estimator_and_kind_of_ask_the_registry():
+    # any spelling of the same class matches; a record's reference row (not an estimator) matches nothing
+    assert registry.is_estimator("dp-iht", "SampleDPIHT") and registry.is_estimator("SampleDPIHT", "dp-iht")
+    assert not registry.is_estimator("RRIHT", "SampleDPIHT")
+    assert not registry.is_estimator("Oracle (judge)", "IHT") and not registry.is_estimator(None, "IHT")
+    assert registry.kind_of("rr") == "label" and registry.kind_of("MLE") == "none"
+    assert registry.kind_of("DPSGDLinear") == "sample"
+    assert registry.kind_of("Pool proxy (VADER)") is None and registry.kind_of(3) is None

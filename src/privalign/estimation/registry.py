@@ -35,6 +35,8 @@ __all__ = [
     "check_name",
     "classes",
     "estimator_class",
+    "is_estimator",
+    "kind_of",
     "experiment_estimator",
     "experiment_params",
     "make_estimator",
@@ -164,6 +166,22 @@ def estimator_class(name: str) -> Any:
 def canonical(name: str) -> str:
     """The class's one name for ``name`` (``"dp-iht"`` → ``"SampleDPIHT"``)."""
     return str(estimator_class(name).name)
+
+
+def is_estimator(value: object, name: str) -> bool:
+    """Whether ``value`` (a record's ``method``, any spelling) names the estimator ``name``
+    (``is_estimator("dp-iht", "SampleDPIHT")``); False for a value the registry does not know (a reference
+    row such as ``"Oracle (judge)"``)."""
+    if not isinstance(value, str) or value not in spellings(every=True):
+        return False
+    return canonical(value) == canonical(name)
+
+
+def kind_of(value: object) -> str | None:
+    """:func:`privacy_kind` of ``value``, or None for a value the registry does not know."""
+    if not isinstance(value, str) or value not in spellings():
+        return None
+    return privacy_kind(value)
 
 
 def privacy_kind(name: str) -> str:

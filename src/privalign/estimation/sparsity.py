@@ -278,14 +278,16 @@ def run_sparsity_check(
 
 
 def _markdown(records: list[dict]) -> str:
+    from privalign.estimation.registry import is_estimator
+
     lines = ["| data set | features | d | IHT accuracy by s (± SE) | dense MLE |", "|---|---|---:|---|---:|"]
     keys = sorted({(r["dataset"], r["features"]) for r in records if r["kind"] == "sparsity"})
     for ds, f in keys:
         rows = [r for r in records if r["kind"] == "sparsity" and r["dataset"] == ds and r["features"] == f]
         iht = ", ".join(
-            f"s={r['s']}: {r['accuracy']:.3f}±{r['se']:.3f}" for r in rows if r["method"] == "IHT"
+            f"s={r['s']}: {r['accuracy']:.3f}±{r['se']:.3f}" for r in rows if is_estimator(r["method"], "IHT")
         )
-        mle = next(r for r in rows if r["method"] == "MLE")
+        mle = next(r for r in rows if is_estimator(r["method"], "MLE"))
         lines.append(f"| {ds} | {f} | {rows[0]['d']} | {iht} | {mle['accuracy']:.3f}±{mle['se']:.3f} |")
     lines += [
         "",

@@ -663,6 +663,7 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
     IHT on the first n training pairs of a random order (data-independent), scored on one IMDb test split,
     split by row position as sample-DP fits must be (``train_test_split(unit="sample")``; the non-private IHT
     shares it, so both curves score the same test pairs)."""
+    from privalign.estimation.registry import privacy_kind
     from privalign.estimation.tuning import make_experiment_estimator
 
     key = "data:imdb-curve"
@@ -695,7 +696,7 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
         c = dict(cfg) if label == "tuned" else {**cfg, "tune": False}
         est = make_experiment_estimator(
             name,
-            epsilon=eps if name != "IHT" else math.inf,
+            epsilon=eps if privacy_kind(name) != "none" else math.inf,
             delta=cfg["delta"],
             sparsity=s or cfg["sparsity"],
             feature_bound=1.0,
@@ -713,7 +714,7 @@ def _n_curve_cell(cell: dict, cfg: dict, ctx: RunContext, ss: np.random.SeedSequ
                 "features": "hashed-ngram",
                 "method": name,
                 "variant": label,
-                "epsilon": None if name == "IHT" else eps,
+                "epsilon": None if privacy_kind(name) == "none" else eps,
                 "n": int(cell["n"]),
                 "rep": int(cell.get("rep", 0)),
                 "d": int(sub.X.shape[1]),
@@ -921,12 +922,14 @@ def _acc_means(records: list[dict]) -> list[dict]:
 
 
 def _sparsity_rows(records: list[dict]) -> list[dict]:
+    from privalign.estimation.registry import is_estimator
+
     rows = [r for r in records if r.get("kind") == "sparsity"]
     out = []
     for ds, fm in sorted({(r["dataset"], r["features"]) for r in rows}):
         g = [r for r in rows if r["dataset"] == ds and r["features"] == fm]
-        iht = sorted([r for r in g if r["method"] == "IHT"], key=lambda r: r["s"])
-        mle = next((r for r in g if r["method"] == "MLE"), None)
+        iht = sorted([r for r in g if is_estimator(r["method"], "IHT")], key=lambda r: r["s"])
+        mle = next((r for r in g if is_estimator(r["method"], "MLE")), None)
         best = max(iht, key=lambda r: r["accuracy"]) if iht else None
         # effective sparsity: the smallest s whose accuracy is within one SE of the best s
         s_eff = next((r["s"] for r in iht if best and r["accuracy"] >= best["accuracy"] - best["se"]), None)
@@ -985,6 +988,8 @@ def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> s
     Sample-DP IHT's accuracy there and elsewhere (within 2 SE of chance or not); the n curve's endpoints.
     ``acc`` and ``curve`` rows are seed means (:func:`_acc_means`, :func:`_curve_means`); ``acc`` rows of
     the tuned variant are read when there are any."""
+    from privalign.estimation.registry import is_estimator
+
     parts = []
     tuned = [r for r in acc if r.get("variant", "tuned") == "tuned"]
     acc = tuned or acc
@@ -1006,7 +1011,7 @@ def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> s
                     for r in acc
                     if r["dataset"] == ds
                     and r.get("features", "hashed-ngram") == fm
-                    and r["method"] == "SampleDPIHT"
+                    and is_estimator(r["method"], "SampleDPIHT")
                     and r["epsilon"] == e
                 ),
                 None,
@@ -1025,9 +1030,10 @@ def _sample_dp_reading(snr: list[dict], acc: list[dict], curve: list[dict]) -> s
         "expected largest noise draw with the default T disjoint batches; non-private diagnostic): "
         + " | ".join(parts)
     )
-    for v in sorted({(r["variant"]) for r in curve if r["method"] == "SampleDPIHT"}):
+    for v in sorted({(r["variant"]) for r in curve if is_estimator(r["method"], "SampleDPIHT")}):
         g = sorted(
-            [r for r in curve if r["method"] == "SampleDPIHT" and r["variant"] == v], key=lambda r: r["n"]
+            [r for r in curve if is_estimator(r["method"], "SampleDPIHT") and r["variant"] == v],
+            key=lambda r: r["n"],
         )
         if len(g) >= 2:
             text += (
@@ -1165,7 +1171,7 @@ def _acc_summarize(records: list[dict], cfg: dict) -> dict:
 
 
 def _acc_plot(run_dir: Path) -> list[str]:
-    from privalign.estimation.registry import privacy_text
+    from privalign.estimation.registry import is_estimator, privacy_text
     from privalign.experiments.plotting import STYLE, new_figure, save_figure
 
     recs = read_results(run_dir)
@@ -1230,11 +1236,20 @@ def _acc_plot(run_dir: Path) -> list[str]:
         colors = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
         for (ds, fm), col in zip(sorted({(r["dataset"], r["features"]) for r in sp}), colors):
             g = sorted(
-                [r for r in sp if r["dataset"] == ds and r["features"] == fm and r["method"] == "IHT"],
+                [
+                    r
+                    for r in sp
+                    if r["dataset"] == ds and r["features"] == fm and is_estimator(r["method"], "IHT")
+                ],
                 key=lambda r: r["s"],
             )
             mle = next(
-                (r for r in sp if r["dataset"] == ds and r["features"] == fm and r["method"] == "MLE"), None
+                (
+                    r
+                    for r in sp
+                    if r["dataset"] == ds and r["features"] == fm and is_estimator(r["method"], "MLE")
+                ),
+                None,
             )
             ax.errorbar(
                 [r["s"] for r in g],

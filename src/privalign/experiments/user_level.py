@@ -158,12 +158,12 @@ def _pairs(cfg: dict, ctx: RunContext) -> dict[str, Any]:
 
 
 def _estimator(method: str, epsilon: float, cfg: dict, fb: float, rng: np.random.Generator) -> Any:
-    from privalign.estimation.baselines import DenseRR
-    from privalign.estimation.iht import RRIHT
+    from privalign.estimation.registry import make_estimator
 
-    if method == "rr":
-        return DenseRR(epsilon=epsilon, feature_bound=fb, random_state=rng)
-    return RRIHT(epsilon=epsilon, sparsity=cfg["sparsity"], feature_bound=fb, random_state=rng)
+    # the class takes what it declares: DenseRR no sparsity
+    return make_estimator(
+        method, epsilon=epsilon, sparsity=cfg["sparsity"], feature_bound=fb, random_state=rng
+    )
 
 
 def _population(cfg: dict, seed: int, data: dict) -> dict[str, Any]:

@@ -161,20 +161,26 @@ POWER_TARGET = 0.05
 
 def _sparsity_of(method: str, cfg: dict) -> int:
     """The s a method is fitted with: ``sample_dp_sparsity`` for Sample-DP IHT when set, else ``sparsity``."""
+    from privalign.estimation.registry import is_estimator
+
     return (
-        int(cfg.get("sample_dp_sparsity") or cfg["sparsity"]) if method == "SampleDPIHT" else cfg["sparsity"]
+        int(cfg.get("sample_dp_sparsity") or cfg["sparsity"])
+        if is_estimator(method, "SampleDPIHT")
+        else cfg["sparsity"]
     )
 
 
 def _cells(cfg: dict, ctx: RunContext) -> list[dict]:
+    from privalign.estimation.registry import is_estimator, kind_of
+
     cells = []
     for ds in cfg["datasets"]:
-        if "SampleDPIHT" in cfg["methods"]:
+        if any(is_estimator(m, "SampleDPIHT") for m in cfg["methods"]):
             cells.append({"cell": f"{ds} regime", "kind": "regime", "dataset": ds, "method": "SampleDPIHT"})
         for ref in REFERENCES:
             cells.append({"cell": f"{ds} {ref}", "dataset": ds, "method": ref, "epsilon": None, "rep": 0})
         for m in cfg["methods"]:
-            if m in ("IHT", "MLE"):  # deterministic non-private references: one fit
+            if kind_of(m) == "none":  # deterministic non-private references: one fit
                 cells.append(
                     {
                         "cell": f"{ds} {m} eps=None rep=0",
@@ -569,6 +575,7 @@ def _summarize(records: list[dict], cfg: dict) -> dict:
 
 
 def _plot(run_dir: Path) -> list[str]:
+    from privalign.estimation.registry import kind_of
     from privalign.experiments.plotting import STYLE, new_figure, save_figure
 
     recs = [r for r in read_results(run_dir) if r.get("kind") == "winrate"]
@@ -613,8 +620,8 @@ def _plot(run_dir: Path) -> list[str]:
                 capsize=2,
                 error_kw={"ecolor": "k", "alpha": 1.0},
             )
-        names = [f"{m}\n({'label-DP' if m in ('RRIHT', 'DenseRR') else 'sample-DP'})" for m in private] + [
-            t["method"].replace(" (", "\n(") + ("\nnon-private" if t["method"] in ("IHT", "MLE") else "")
+        names = [f"{m}\n({'label-DP' if kind_of(m) == 'label' else 'sample-DP'})" for m in private] + [
+            t["method"].replace(" (", "\n(") + ("\nnon-private" if kind_of(t["method"]) == "none" else "")
             for t in refs
         ]
         ax.set_xticks(range(len(names)), names, fontsize=7)
