@@ -1530,8 +1530,9 @@ def labeller_records(records_dir: str | Path) -> list[dict]:
 def _lead_tests(runs: dict[str, list[dict]], leads: list[str], epsilons: list[float], budgets: list[float],
                 judges: list[str], main: str, root_seed: int, B: int) -> list[dict]:  # fmt: skip
     """Every (lead, labeller, judge, ε, budget) test: X − Y of the best gold at KL ≤ budget, its one-sided
-    bootstrap p-value (prompts jointly, seeds independently); ``missing`` where a route or judge has no
-    records."""
+    bootstrap p-value (prompts jointly, seeds independently) from ``max(B, ⌈10·k/α⌉)`` replicates, k the
+    number of tests (so the p-value's floor 1/(B + 1) is below every Holm level α/k); ``missing`` where a
+    route or judge has no records."""
     tests = []
     for li, lead in enumerate(leads):
         x, y = parse_lead(lead)
@@ -1555,18 +1556,23 @@ def _lead_tests(runs: dict[str, list[dict]], leads: list[str], epsilons: list[fl
                             _at_budget(next(iter(gx.values())), b),
                             _at_budget(next(iter(gy.values())), b),
                         )
-                        rng = stream(root_seed, 2**26, li, ji, int(e * 1000), int(b * 1000), len(tests))
-                        diffs = bootstrap_diff(rng, Wx, Wy, B)
-                        lo, hi = interval(diffs)
-                        t |= {
-                            "diff": float(Wx.mean() - Wy.mean()),
-                            "ci": [lo, hi],
-                            "p_value": bootstrap_p_value(diffs),
-                            "seeds": [int(Wx.shape[0]), int(Wy.shape[0])],
-                            "prompts": int(Wx.shape[1]),
-                            "diffs": diffs,
-                        }
-                        tests.append(t)
+                        key = (li, ji, int(e * 1000), int(b * 1000), len(tests))
+                        tests.append(t | {"W": (Wx, Wy), "key": key})
+    B = max(B, math.ceil(10 * sum("W" in t for t in tests) / ALPHA))
+    for t in tests:
+        if "W" in t:
+            Wx, Wy = t.pop("W")
+            diffs = bootstrap_diff(stream(root_seed, 2**26, *t.pop("key")), Wx, Wy, B)
+            lo, hi = interval(diffs)
+            t |= {
+                "diff": float(Wx.mean() - Wy.mean()),
+                "ci": [lo, hi],
+                "p_value": bootstrap_p_value(diffs),
+                "n_bootstrap": B,
+                "seeds": [int(Wx.shape[0]), int(Wy.shape[0])],
+                "prompts": int(Wx.shape[1]),
+                "diffs": diffs,
+            }
     return tests
 
 
@@ -1868,8 +1874,8 @@ def _plot_judges(recs: list[dict], eps: list[float], run_dir: Path) -> list[str]
     names = list((first["points"][0].get("judges") or {}) if first else {})
     if not names:
         return []
-    fig, axes = new_figure(len(names), len(eps), width=5.0 * len(eps), height=3.6 * len(names))
-    axes = np.atleast_2d(axes).reshape(len(names), len(eps))
+    fig, flat = new_figure(len(eps), len(names), width=5.6, height=4.2)  # one row per judge
+    axes = [flat[i * len(eps) : (i + 1) * len(eps)] for i in range(len(names))]
     for i, j in enumerate(names):
         curves = frontier_curves(judge_records(recs, j, main=""))
         for ax, e in zip(axes[i], eps):
@@ -1893,7 +1899,7 @@ def _plot_judges(recs: list[dict], eps: list[float], run_dir: Path) -> list[str]
             ax.set_title(f"judge {j} ({LABELLERS[j].what}), ε = {e:g}", fontsize=8)
             ax.set_xlabel("KL(π ‖ π_ref) [nats]")
             ax.set_ylabel(f"{j} score (95% CI: prompts × seeds)")
-        axes[i][0].legend(fontsize=5.5, loc="best")
+    axes[0][0].legend(fontsize=5, loc="upper left")
     fig.tight_layout()
     return [save_figure(fig, run_dir, "frontier_judges")]
 
