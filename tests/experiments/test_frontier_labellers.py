@@ -400,3 +400,17 @@ def test_records_only_leaves_an_unjudged_selection_pending(tiny, tmp_path):
     _run_all(cfg, make_ctx(tmp_path / "run"))
     part = _run_all({**cfg, "judges": "vader", "records_only": True}, make_ctx(tmp_path / "run"))
     assert [r["kind"] for r in part] == ["pending"] and "judges" in part[0]["why"]
+
+
+@pytest.mark.parametrize("name", ["beyond_frontier_vader", "beyond_frontier_vader_quick"])
+def test_the_vader_configs_load_and_name_existing_runs(name):
+    from privalign.experiments.config import load_config, packaged_config_path
+    from privalign.experiments.record_store import repo_path
+
+    cfg = load_config(packaged_config_path(name), fr.EXPERIMENTS["beyond-frontier"].schema)
+    fr._check_labellers(cfg)
+    assert cfg["labeller"] == "vader" and fr.csv(cfg, "judges") == ["minilm", "vader", "ngram"]
+    assert all(fr.parse_route(r)["family"] in ("bon", "privbon") for r in cfg["routes"])  # no DPO/GRPO refit
+    for entry in fr.csv(cfg, "labeller_runs"):
+        assert repo_path(entry.partition("=")[2]).is_dir()
+    assert fr.data_identity(cfg) != fr.data_identity({**cfg, "labeller": "minilm", "labeller_scale": 1.0})
