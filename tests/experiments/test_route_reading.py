@@ -48,6 +48,14 @@ def test_committed_runs_load_with_their_n_labeller_and_both_judges():
     assert {c.epsilon for c in src.comparisons} == {2.0, 8.0}
 
 
+def test_the_vader_labeller_run_loads_with_three_judges():
+    src = rr.load_source(ROOT / "docs/results/beyond-frontier-vader")
+    assert (src.n, src.labeller) == (400, "vader")
+    assert {c.judge for c in src.comparisons} == {"minilm", "vader", "ngram"}
+    # the main comparisons are the MiniLM judge's, read once
+    assert sum(c.judge == "minilm" for c in src.comparisons) == 6
+
+
 def test_detectable_margin_is_the_normal_power_formula():
     # z_{0.95} + z_{0.8} = 1.6449 + 0.8416
     assert rr.detectable_margin(1.0, 0.05) == pytest.approx(2.4865, abs=1e-4)
@@ -93,7 +101,7 @@ def test_labeller_and_extra_judges_are_read(tmp_path):
     comps = [_comparison(2.0, 1.0, 0.02, 0.01, 0.1)]
     d = _summary(
         tmp_path, "v", 400, comps, data={"labeller": "vader"},
-        judges={"ngram": {"comparisons": comps}, "vader": {"comparisons": comps}},
+        judges={"main": "minilm", "per_judge": {j: {"comparisons": comps} for j in ("minilm", "ngram", "vader")}},  # noqa: E501
     )  # fmt: skip
     src = rr.load_source(d)
     assert src.labeller == "vader"

@@ -116,10 +116,11 @@ def _comparison(judge: str, c: dict) -> Comparison:
 
 
 def load_source(path: str | Path) -> Source:
-    """Read one run: ``path`` is its ``summary.json`` or the folder holding it. The main comparisons are
-    the judge ``data.judge`` (default: the MiniLM gold); ``alt_gold`` adds its judge; ``judges`` (a mapping
-    name → ``{"comparisons": [...]}``) adds any others. Raises ``ValueError`` naming the file when it is not
-    a ``beyond-frontier`` summary."""
+    """Read one run: ``path`` is its ``summary.json`` or the folder holding it. The labeller is
+    ``data.labeller`` (default: the MiniLM gold); the main ``comparisons`` are judged by ``judges.main``
+    (default: the MiniLM gold); ``alt_gold`` (runs before several judges) adds its judge, and
+    ``judges.per_judge`` (name → ``{"comparisons": [...]}``) the others. Raises ``ValueError`` naming the file
+    when it is not a ``beyond-frontier`` summary."""
     p = Path(path)
     if p.is_dir():
         p = p / "summary.json"
@@ -141,11 +142,16 @@ def load_source(path: str | Path) -> Source:
         seen.add(judge)
         comps.extend(_comparison(judge, c) for c in cs)
 
-    add(str(data.get("judge", DEFAULT_JUDGE)), s["comparisons"])
+    judges = s.get("judges") or {}
+    per_judge = judges.get("per_judge", {}) if isinstance(judges, dict) else {}
+    add(
+        str(judges.get("main", DEFAULT_JUDGE) if isinstance(judges, dict) else DEFAULT_JUDGE),
+        s["comparisons"],
+    )
     alt = s.get("alt_gold")
     if isinstance(alt, dict) and alt.get("comparisons"):
         add(str(alt["gold"]), alt["comparisons"])
-    for judge, block in (s.get("judges") or {}).items():
+    for judge, block in per_judge.items():
         if isinstance(block, dict) and block.get("comparisons"):
             add(str(judge), block["comparisons"])
     return Source(str(p), int(data["n_pairs"]), str(data.get("labeller", DEFAULT_LABELLER)), comps)
