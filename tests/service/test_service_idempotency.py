@@ -317,7 +317,7 @@ def test_a_concurrent_duplicate_is_told_to_retry_and_then_gets_the_replay(
 
     def held(prompt, candidates):
         entered.set()
-        assert release.wait(15)
+        assert release.wait(60)
         return real(prompt, candidates)
 
     state.scorer = held
@@ -325,13 +325,17 @@ def test_a_concurrent_duplicate_is_told_to_retry_and_then_gets_the_replay(
     h = {"Authorization": f"Bearer {token}", "Idempotency-Key": "dup"}
     with serve_in_thread(app) as url, ThreadPoolExecutor(1) as ex:
         first = ex.submit(httpx.post, url + "/v1/select", headers=h, json=body, timeout=30)
-        assert entered.wait(15)
+        assert entered.wait(60)
         assert _totals(state, key_id)["reserved_epsilon"] == 250_000_000  # the first attempt holds it
-        _in_progress(httpx.post(url + "/v1/select", headers=h, json=body))
-        release.set()
+        # generous client timeouts: on a loaded 2-core machine httpx's default 5 s read timeout was seen to
+        # expire before the duplicate's 409 arrived (and the held scorer then timed out too)
+        try:
+            _in_progress(httpx.post(url + "/v1/select", headers=h, json=body, timeout=30))
+        finally:
+            release.set()
         r1 = first.result()
         assert r1.status_code == 200 and "idempotent-replayed" not in r1.headers, r1.text
-        r2 = httpx.post(url + "/v1/select", headers=h, json=body)
+        r2 = httpx.post(url + "/v1/select", headers=h, json=body, timeout=30)
         assert r2.status_code == 200 and r2.headers.get("idempotent-replayed") == "true", r2.text
         assert r2.content == r1.content
         assert state.wait_settled(timeout=10)
