@@ -28,11 +28,11 @@ the load of a shared machine; wall seconds beside them):
   ``grpo_steps``). These rows are marked *extrapolated*; checkpoint evaluations are excluded everywhere.
 
 The pairs the fits see at n: the frontier's own pair prompts for n (``frontier._prompts``), with stand-in
-completions (12-word windows of IMDb reviews, one from a positive and one from a negative review; the positive
-one chosen with probability 0.75), because generating 8,000 pairs with SmolLM2 takes ≈ 1 h of this machine. A
-fit's cost depends on n and the texts' lengths, which the stand-ins match (16 tokens ≈ 12 words); the
-reference samples are stand-ins of the same kind. Progress lines go to stderr; the JSON record and a Markdown
-table are written to ``--out-json``/``--out-md``.
+completions (12-word windows of fit-part IMDb reviews, one from a positive and one from a negative review;
+the positive one chosen with probability 0.75), because generating 8,000 pairs with SmolLM2 takes ≈ 1 h of
+this machine. A fit's cost depends on n and the texts' lengths, which the stand-ins match (16 tokens ≈ 12
+words); the reference samples are stand-ins of the same kind. Progress lines go to stderr; the JSON record and
+a Markdown table are written to ``--out-json``/``--out-md`` after every n.
 """
 
 from __future__ import annotations
@@ -120,15 +120,17 @@ class StubBench:
 
 
 def standin_texts(k: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:
-    """``k`` (positive, negative) 12-word windows of IMDb reviews."""
-    from privalign.data.datasets import load_imdb
+    """``k`` (positive, negative) 12-word windows of fit-part IMDb reviews (never a held-out review, whose
+    opening may be an eval/GRPO prompt; never a review's first 10 words, which may be a pair prompt)."""
+    from privalign.data.datasets import imdb_split, load_imdb
 
     texts, labels = load_imdb()
-    pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    _, fit = imdb_split()
+    pos, neg = fit[labels[fit] == 1], fit[labels[fit] == 0]
 
     def window(i: int) -> str:
         w = texts[i].split()
-        s = int(rng.integers(0, max(1, len(w) - WORDS)))
+        s = int(rng.integers(10, max(11, len(w) - WORDS)))
         return " ".join(w[s : s + WORDS])
 
     return [window(int(i)) for i in rng.choice(pos, k)], [window(int(i)) for i in rng.choice(neg, k)]
@@ -391,6 +393,44 @@ def policy_rows(n: int, per_step: dict, steps: dict[str, int]) -> list[dict]:
     return rows
 
 
+def write_report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    started: str,
+    load0: tuple[float, float, float],
+    gen: dict | None,
+    per_step: dict,
+    rows: list[dict],
+    ns: list[int],
+    base_cpu: dict[int, float],
+) -> str:
+    """Write the JSON record and the Markdown table of the n done so far (after every n: a run that stops
+    keeps what it measured); returns the table."""
+    report = {
+        "command": "OMP_NUM_THREADS=1 nice python benchmarks/bench_frontier_routes.py "
+        + " ".join(argv or sys.argv[1:]),
+        "started_utc": started,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "load_average_start": load0,
+        "load_average_end": os.getloadavg(),
+        "epsilon": EPS,
+        "baseline": "fit MLE (non-private linear Bradley–Terry, the frontier's fit_rm)",
+        "generation": None if gen is None else {k: v for k, v in gen.items() if k != "ctx"},
+        "policy_step_cpu": per_step,
+        "rows": rows,
+    }
+    md = table(rows, ns, base_cpu)
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.out_md:
+        Path(args.out_md).write_text(md + "\n", encoding="utf-8")
+    return md
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ns", default="400,2000,8000")
@@ -446,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         ref_texts = [texts[i * m : (i + 1) * m] for i in range(len(ev))]
         ref = {"texts": ref_texts, "gold": np.asarray(gold.score(texts), float).reshape(len(ev), m)}
         base_cpu: dict[int, float] = {}
+        md = ""
         per_step: dict[str, float] = {}
         trm_per_step: dict[str, float] = {}
         for n in ns:
@@ -478,28 +519,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formula=f"{s} steps × {c:.2f} CPU s")
                         )  # fmt: skip
             log(f"n={n} done")
-    report = {
-        "command": "OMP_NUM_THREADS=1 nice python benchmarks/bench_frontier_routes.py "
-        + " ".join(argv or sys.argv[1:]),
-        "started_utc": started,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "load_average_start": load0,
-        "load_average_end": os.getloadavg(),
-        "epsilon": EPS,
-        "baseline": "fit MLE (non-private linear Bradley–Terry, the frontier's fit_rm)",
-        "generation": None if gen is None else {k: v for k, v in gen.items() if k != "ctx"},
-        "policy_step_cpu": per_step,
-        "rows": rows,
-    }
-    md = table(rows, ns, base_cpu)
-    if args.out_json:
-        Path(args.out_json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    if args.out_md:
-        Path(args.out_md).write_text(md + "\n", encoding="utf-8")
+            done = [m for m in ns if m in base_cpu]
+            md = write_report(args, argv, started, load0, gen, per_step, rows, done, base_cpu)
     print(md)
     return 0
 
