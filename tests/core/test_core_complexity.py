@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (file, function) pairs above the limit when it was introduced.
 KNOWN_COMPLEX: set[tuple[str, str]] = {
     ("benchmarks/bench_service_select.py", "main"),
-    ("src/privalign/rlhf/train.py", "align_policy"),
 }
 
 

@@ -43,16 +43,22 @@ import random
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from privalign._validation import check_int, check_real
 from privalign.errors import PrivacyParameterError
 from privalign.release import public_overlap_check
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+    from trl import GRPOTrainer
 
 __all__ = [
     "AlignConfig",
@@ -460,71 +466,141 @@ def align_policy(
     Raises:
       PrivacyParameterError: ``prompts`` empty or ``out_dir`` holds a different run.
     """
-    import copy
+    # 1. the run's identity, and what ``out_dir`` already holds (refused, finished, or to be resumed)
+    _check_align_args(config, prompts)
+    out = Path(out_dir)
+    rdesc = reward.describe()
+    ident = _run_identity(rdesc, prompts, config, base[2] if base is not None else (base_model or "smollm2"))
+    run_hash = _hash(ident)
+    old = _previous_run(out, run_hash, ident)
+    if old is not None and _is_finished(old, out, save_policy):
+        old["resumed"] = False
+        return old
+    out.mkdir(parents=True, exist_ok=True)
+    # 2. the base policy and the checkpoint to resume from
+    _import_trl()
+    model, tok, model_id = _trainable_base(base, base_model)
+    ckpt = last_checkpoint(out)
+    if ckpt is not None and on_resume is not None:
+        on_resume(ckpt, _checkpoint_step(ckpt))
+    # 3. the manifest of the run ("running"), then GRPO (the manifest says "incomplete" if it fails)
+    targs, lora = _grpo_args(config, out, progress), _lora_args(config)
+    manifest = _start_manifest(
+        run_hash,
+        old,
+        rdesc,
+        prompt_info,
+        overlap_check,
+        allow_overlap,
+        prompts,
+        model_id,
+        config,
+        targs,
+        lora,
+    )
+    manifest["resumed_from"] = str(ckpt) if ckpt else None
+    man_path = out / "manifest.json"
+    _write_json(man_path, manifest)
+    trainer, seconds = _train_recording_failure(
+        _GrpoInputs(model, tok, reward, prompts, config, out, progress, callbacks), ckpt, manifest, man_path
+    )
+    # 4. the merged policy, and the manifest of the finished run
+    merged = _merged_policy(trainer)
+    policy_dir = out / "policy"
+    if save_policy:
+        _save_policy(merged, tok, out, policy_dir)
+    manifest.update(_completion(trainer, seconds, policy_dir if save_policy else None))
+    manifest.pop("error", None)
+    _write_json(man_path, manifest)
+    return {**manifest, "model": merged, "tokenizer": tok, "resumed": ckpt is not None}
 
+
+def _check_align_args(config: object, prompts: list[str]) -> None:
+    """The user errors :func:`align_policy` raises before it reads anything."""
     if not isinstance(config, AlignConfig):
         raise PrivacyParameterError(
             f"The 'config' parameter must be an AlignConfig. Got {type(config).__name__}."
         )
     if not prompts:
         raise PrivacyParameterError("The 'prompts' parameter must hold at least one prompt. Got 0.")
-    out = Path(out_dir)
-    rdesc = reward.describe()
+
+
+def _run_identity(
+    rdesc: dict[str, object], prompts: list[str], config: AlignConfig, base_model: str
+) -> dict[str, object]:
+    """What makes two align runs the same run (its hash is the manifest's ``run_hash``)."""
     from privalign.rlhf.prompts import prompts_sha256
 
-    ident = {
+    return {
         "reward_sha256": rdesc.get("sha256"),
         "reward": rdesc.get("path") or rdesc.get("spec"),
         "prompts_sha256": prompts_sha256(prompts),
         "config": config.to_dict(),
-        "base_model": base[2] if base is not None else (base_model or "smollm2"),
+        "base_model": base_model,
     }
-    run_hash = _hash(ident)
+
+
+def _previous_run(out: Path, run_hash: str, ident: dict[str, object]) -> dict[str, object] | None:
+    """The manifest of the run ``out`` holds (``None`` when ``out`` is absent or empty); refuses a file, a
+    directory holding another align run, and a non-empty directory holding none."""
     man_path = out / "manifest.json"
     if out.exists() and not out.is_dir():
         raise PrivacyParameterError(
             f"The 'out' (--out) parameter must be a directory. Got the file {str(out)!r}."
         )
-    old = None
     if man_path.is_file():
-        old = json.loads(man_path.read_text(encoding="utf-8"))
+        old: dict[str, object] = json.loads(man_path.read_text(encoding="utf-8"))
         if old.get("run_hash") != run_hash:
             raise PrivacyParameterError(_different_run(out, old, ident))
-        if old.get("status") == "complete" and (
-            not save_policy or (out / "policy" / "config.json").is_file()
-        ):
-            old["resumed"] = False
-            return old
-    elif out.is_dir() and any(out.iterdir()):
+        return old
+    if out.is_dir() and any(out.iterdir()):
         raise PrivacyParameterError(
             f"The 'out' (--out) directory {str(out)!r} is not empty and holds no align run."
         )
-    out.mkdir(parents=True, exist_ok=True)
+    return None
 
+
+def _is_finished(old: dict[str, object], out: Path, save_policy: bool) -> bool:
+    """The recorded run is complete, with its policy saved when one is asked for: nothing to redo."""
+    return old.get("status") == "complete" and (not save_policy or (out / "policy" / "config.json").is_file())
+
+
+def _import_trl() -> None:
+    """TRL and peft, or the install hint; then transformers' logging is quietened to errors."""
     from privalign.models._resources import require
 
     require("trl", purpose="privalign align (pip install 'privalign[rlhf]')")
     require("peft", purpose="privalign align (pip install 'privalign[rlhf]')")
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
+    # loaded here, before the base model and before the logging level is set, as align_policy always did
+    import torch  # noqa: F401
+    from datasets import Dataset  # noqa: F401
+    from peft import LoraConfig  # noqa: F401
     from transformers.utils import logging as hf_logging
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer  # noqa: F401
 
     hf_logging.set_verbosity_error()
+
+
+def _trainable_base(
+    base: tuple[PreTrainedModel, PreTrainedTokenizerBase, str] | None, base_model: str | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """``(model, tokenizer, model_id)`` in train mode: ``base``'s model deep-copied, or ``base_model``
+    loaded."""
+    import copy
+
     if base is None:
-        model, tok, model_id = load_base_model(base_model)
-    else:
-        model, tok, model_id = copy.deepcopy(base[0]), base[1], base[2]
-        model.train()
-    ckpt = last_checkpoint(out)
-    if ckpt is not None and on_resume is not None:
-        on_resume(ckpt, _checkpoint_step(ckpt))
-    bsz = config.num_generations * config.prompts_per_step
-    targs: dict[str, Any] = dict(
+        return load_base_model(base_model)
+    model = copy.deepcopy(base[0])
+    model.train()
+    return model, base[1], base[2]
+
+
+def _grpo_args(config: AlignConfig, out: Path, progress: bool) -> dict[str, Any]:
+    """The ``GRPOConfig`` keyword arguments of a run (all but ``output_dir`` go into the manifest)."""
+    return dict(
         output_dir=str(out / "checkpoints"),
         max_steps=config.steps,
-        per_device_train_batch_size=bsz,
+        per_device_train_batch_size=config.num_generations * config.prompts_per_step,
         gradient_accumulation_steps=1,
         num_generations=config.num_generations,
         max_completion_length=config.max_new_tokens,
@@ -553,7 +629,11 @@ def align_policy(
         scale_rewards="group",
         shuffle_dataset=True,
     )
-    lora: dict[str, Any] = dict(
+
+
+def _lora_args(config: AlignConfig) -> dict[str, Any]:
+    """The ``peft.LoraConfig`` keyword arguments of a run (recorded in the manifest)."""
+    return dict(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
         lora_dropout=0.0,
@@ -561,7 +641,26 @@ def align_policy(
         task_type="CAUSAL_LM",
         bias="none",
     )
-    manifest = {
+
+
+def _start_manifest(
+    run_hash: str,
+    old: dict[str, object] | None,
+    rdesc: dict[str, object],
+    prompt_info: dict[str, object],
+    overlap_check: Mapping[str, object] | None,
+    allow_overlap: bool,
+    prompts: list[str],
+    model_id: str,
+    config: AlignConfig,
+    targs: Mapping[str, object],
+    lora: dict[str, object],
+) -> dict[str, object]:
+    """The manifest of a run that starts (or resumes: ``old``'s start time is kept), up to
+    ``resumed_from``."""
+    from privalign.rlhf.prompts import prompts_sha256
+
+    return {
         "format": "privalign.align/1",
         "run_hash": run_hash,
         "status": "running",
@@ -581,40 +680,41 @@ def align_policy(
         "trl_config": {k: v for k, v in targs.items() if k != "output_dir"},
         "lora": lora,
         "versions": _versions(),
-        "resumed_from": str(ckpt) if ckpt else None,
     }
-    _write_json(man_path, manifest)
+
+
+@dataclass(frozen=True)
+class _GrpoInputs:
+    """What the GRPO trainer of a run is built from (its keyword arguments: :func:`_grpo_args`,
+    :func:`_lora_args`)."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    reward: Callable[..., list[float | None]]
+    prompts: list[str]
+    config: AlignConfig
+    out: Path
+    progress: bool
+    callbacks: list[TrainerCallback] | None
+
+
+def _train_recording_failure(
+    job: _GrpoInputs, ckpt: Path | None, manifest: dict[str, object], man_path: Path
+) -> tuple[GRPOTrainer, float]:
+    """Train (from ``ckpt`` when resuming) with the process-global RNGs saved and restored around it; on any
+    exception the manifest is rewritten as ``"incomplete"`` with the error. Returns the trainer and the
+    seconds this session trained."""
+    import torch
+    from datasets import Dataset
 
     # dataset: enough rows for every step (TRL samples prompts without replacement within an epoch)
-    ds = Dataset.from_dict({"prompt": list(prompts)})
+    ds = Dataset.from_dict({"prompt": list(job.prompts)})
     # Trainer re-seeds the legacy global RNGs; save and restore them (we never draw from them ourselves)
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state())  # noqa: NPY002
     t0 = time.perf_counter()
     with _third_party_quiet():
         try:
-            from peft import get_peft_model
-
-            # peft initialises the adapter from the global torch RNG; draw that (throw-away) initialisation
-            # inside a forked RNG, then re-initialise every LoRA A matrix from an explicit Generator seeded by
-            # `seed` (peft's own law: Kaiming-uniform with a = √5; B stays zero), so the run is reproducible
-            # without seeding globals.
-            with torch.random.fork_rng(devices=[]):
-                model = get_peft_model(model, LoraConfig(**lora))
-            lora_gen = torch.Generator().manual_seed(int(config.seed))
-            with torch.no_grad():
-                for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-                    if ".lora_A." in name:
-                        torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=lora_gen)
-            trainer = GRPOTrainer(
-                model=model,
-                reward_funcs=reward,
-                args=GRPOConfig(**targs),
-                train_dataset=ds,
-                processing_class=tok,
-            )
-            _quiet_trainer_logs(trainer, progress)
-            for cb in callbacks or ():
-                trainer.add_callback(cb)
+            trainer = _grpo_trainer(job, ds)
             trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         except BaseException as exc:
             manifest["status"] = "incomplete"
@@ -625,51 +725,89 @@ def align_policy(
             random.setstate(states[0])
             np.random.set_state(states[1])  # noqa: NPY002
             torch.set_rng_state(states[2])
-    seconds = time.perf_counter() - t0
-    log = [
-        {
-            k: float(v)
-            for k, v in h.items()
-            if isinstance(v, int | float)
-            and k
-            in (
-                "step",
-                "reward",
-                "reward_std",
-                "kl",
-                "entropy",
-                "loss",
-                "completions/mean_length",
-                "step_time",
-            )
-        }
-        for h in trainer.state.log_history
-        if "reward" in h
-    ]
+    return trainer, time.perf_counter() - t0
+
+
+def _grpo_trainer(job: _GrpoInputs, ds: Dataset) -> GRPOTrainer:
+    """The LoRA-wrapped policy (adapter drawn from the run's seed) in a ``GRPOTrainer`` with quiet logs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from trl import GRPOConfig, GRPOTrainer
+
+    # peft initialises the adapter from the global torch RNG; draw that (throw-away) initialisation
+    # inside a forked RNG, then re-initialise every LoRA A matrix from an explicit Generator seeded by
+    # `seed` (peft's own law: Kaiming-uniform with a = √5; B stays zero), so the run is reproducible
+    # without seeding globals.
+    with torch.random.fork_rng(devices=[]):
+        model = cast("PeftModel", get_peft_model(job.model, LoraConfig(**_lora_args(job.config))))
+    lora_gen = torch.Generator().manual_seed(int(job.config.seed))
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if ".lora_A." in name:
+                torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=lora_gen)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=job.reward,
+        args=GRPOConfig(**_grpo_args(job.config, job.out, job.progress)),
+        train_dataset=ds,
+        processing_class=job.tokenizer,
+    )
+    _quiet_trainer_logs(trainer, job.progress)
+    for cb in job.callbacks or ():
+        trainer.add_callback(cb)
+    return trainer
+
+
+def _merged_policy(trainer: GRPOTrainer) -> PreTrainedModel:
+    """The trained adapter merged into the base, in eval mode, without a GGUF quantisation marker."""
     merged = cast(Any, trainer.model).merge_and_unload()  # the peft wrapper (typed as a plain Module)
     merged.eval()
     if hasattr(merged.config, "quantization_config"):
         del merged.config.quantization_config
-    policy_dir = out / "policy"
-    if save_policy:
-        tmp = out / "policy.partial"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        merged.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        if policy_dir.exists():
-            shutil.rmtree(policy_dir)
-        tmp.rename(policy_dir)
-    manifest.update(
-        {
-            "status": "complete",
-            "ended_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "train_seconds_this_session": seconds,
-            "steps_done": int(trainer.state.global_step),
-            "training_log": log,
-            "policy_dir": str(policy_dir.resolve()) if save_policy else None,
-        }
-    )
-    manifest.pop("error", None)
-    _write_json(man_path, manifest)
-    return {**manifest, "model": merged, "tokenizer": tok, "resumed": ckpt is not None}
+    return merged
+
+
+def _save_policy(merged: PreTrainedModel, tok: PreTrainedTokenizerBase, out: Path, policy_dir: Path) -> None:
+    """Write the merged policy and tokenizer to ``policy_dir`` through ``out/policy.partial``."""
+    tmp = out / "policy.partial"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if policy_dir.exists():
+        shutil.rmtree(policy_dir)
+    tmp.rename(policy_dir)
+
+
+#: the keys of a GRPO step's log entry that the manifest's training log keeps
+_LOG_KEYS = (
+    "step",
+    "reward",
+    "reward_std",
+    "kl",
+    "entropy",
+    "loss",
+    "completions/mean_length",
+    "step_time",
+)
+
+
+def _training_log(history: Sequence[Mapping[str, object]]) -> list[dict[str, float]]:
+    """The numeric :data:`_LOG_KEYS` of every logged training step (the entries that carry a reward)."""
+    return [
+        {k: float(v) for k, v in h.items() if isinstance(v, int | float) and k in _LOG_KEYS}
+        for h in history
+        if "reward" in h
+    ]
+
+
+def _completion(trainer: GRPOTrainer, seconds: float, policy_dir: Path | None) -> dict[str, object]:
+    """The manifest fields of a finished run."""
+    return {
+        "status": "complete",
+        "ended_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "train_seconds_this_session": seconds,
+        "steps_done": int(trainer.state.global_step),
+        "training_log": _training_log(trainer.state.log_history),
+        "policy_dir": str(policy_dir.resolve()) if policy_dir is not None else None,
+    }
